@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Installs what weft needs on a fresh Debian machine (run as root): the C++ libraries from Debian,
+# the Python build and test tools from PyPI. Safe to run twice.
+set -euo pipefail
+pkgs=(build-essential cmake pkg-config libeigen3-dev coinor-libcbc-dev libfmt-dev doctest-dev nlohmann-json3-dev)
+missing=()
+for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+if [ ${#missing[@]} -gt 0 ]; then
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
+fi
+python3 -m pip install -q --disable-pip-version-check "scikit-build-core>=0.10" "pybind11>=2.12" numpy pytest matplotlib tqdm
