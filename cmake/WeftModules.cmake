@@ -1,10 +1,11 @@
-# Modules in dependency order. Add a module here when its src/<name>/ folder exists.
+# Modules in dependency order. A module is built once src/<name>/ holds a .cpp file.
 # weft_add_module(<name> DEPS <modules it uses> LIBS <external targets>)
 foreach(m ir cluster sharding cost solver spmd schedule sim reshard pipeline plan models exec)
   set(WEFT_HAVE_${m} OFF)
 endforeach()
 macro(weft_module_if_present name)
-  if(EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/src/${name})
+  file(GLOB _weft_srcs ${CMAKE_CURRENT_SOURCE_DIR}/src/${name}/*.cpp)
+  if(_weft_srcs)
     weft_add_module(${name} ${ARGN})
     set(WEFT_HAVE_${name} ON)
   endif()
