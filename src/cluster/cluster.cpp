@@ -1,0 +1,222 @@
+// Cluster: nodes of identical GPUs, presets with the papers' hardware, JSON round trip, concat.
+// Numbers are vendor datasheet peaks (dense, no sparsity); see docs/modules/cluster.md.
+#include "weft/cluster/cluster.hpp"
+
+#include <fmt/format.h>
+
+#include <nlohmann/json.hpp>
+
+#include "weft/core/error.hpp"
+
+namespace weft::cluster {
+namespace {
+
+constexpr double kT = 1e12;  // TFLOP/s
+constexpr double kGB = 1e9;  // GB (decimal) for bandwidths
+constexpr double kGiB = 1073741824.0;
+constexpr double kGbps = 1e9 / 8;  // Gb/s -> bytes/s
+
+DeviceSpec dev(std::string kind, double f64, double f32, double f16, double bf16, double mem_gib,
+               double bw_gbs) {
+  DeviceSpec d;
+  d.kind = std::move(kind);
+  d.peak_flops[DType::F64] = f64 * kT;
+  d.peak_flops[DType::F32] = f32 * kT;
+  d.peak_flops[DType::F16] = f16 * kT;
+  if (bf16 > 0) d.peak_flops[DType::BF16] = bf16 * kT;
+  d.memory_bytes = mem_gib * kGiB;
+  d.memory_bandwidth = bw_gbs * kGB;
+  return d;
+}
+
+NodeSpec node_preset(std::string_view name) {
+  NodeSpec n;
+  n.name = std::string(name);
+  if (name == "M8") {  // Rhino platform M8: 8x V100-SXM2-32GB, NVLink2, 1x 100G RoCE
+    n.num_devices = 8;
+    n.device = dev("V100-SXM2-32GB", 7.8, 15.7, 125, 0, 32, 900);
+    n.intra = {130 * kGB, 5e-6};  // NVLink2 hybrid cube-mesh, ring bus bandwidth
+    n.nic = {100 * kGbps, 10e-6};
+  } else if (name == "S1") {  // Rhino platform S1: 1x V100S-PCIE-32GB, 1x 100G RoCE
+    n.num_devices = 1;
+    n.device = dev("V100S-PCIE-32GB", 8.2, 16.4, 130, 0, 32, 1134);
+    n.intra = {12 * kGB, 10e-6};  // unused: one GPU per node
+    n.nic = {100 * kGbps, 10e-6};
+  } else if (name == "p3.8xlarge") {  // AWS: 4x V100-SXM2-16GB, NVLink, 10 Gbps
+    n.num_devices = 4;
+    n.device = dev("V100-SXM2-16GB", 7.8, 15.7, 125, 0, 16, 900);
+    n.intra = {100 * kGB, 5e-6};
+    n.nic = {10 * kGbps, 25e-6};
+  } else if (name == "DGX-A100") {  // 8x A100-SXM4-80GB, NVLink3 (300 GB/s/dir), 8x 200 Gb/s HDR
+    n.num_devices = 8;
+    n.device = dev("A100-SXM4-80GB", 19.5, 19.5, 312, 312, 80, 2039);
+    n.intra = {300 * kGB, 3e-6};
+    n.nic = {8 * 200 * kGbps, 5e-6};
+  } else if (name == "H100") {  // DGX-H100: 8x H100-SXM5-80GB, NVLink4 (450 GB/s/dir), 8x 400 Gb/s
+    n.num_devices = 8;
+    n.device = dev("H100-SXM5-80GB", 67, 67, 989, 989, 80, 3350);
+    n.intra = {450 * kGB, 3e-6};
+    n.nic = {8 * 400 * kGbps, 5e-6};
+  } else if (name == "P100") {  // 8x P100-PCIE-16GB over PCIe 3.0 x16, 100 Gb/s (assumed)
+    n.num_devices = 8;
+    n.device = dev("P100-PCIE-16GB", 4.7, 9.3, 18.7, 0, 16, 732);
+    n.intra = {12 * kGB, 10e-6};
+    n.nic = {100 * kGbps, 10e-6};
+  } else if (name == "T4") {  // g4dn.12xlarge: 4x T4-16GB over PCIe 3.0, 50 Gb/s
+    n.num_devices = 4;
+    n.device = dev("T4-16GB", 0.25, 8.1, 65, 0, 16, 320);
+    n.intra = {12 * kGB, 10e-6};
+    n.nic = {50 * kGbps, 15e-6};
+  } else {
+    fail("unknown cluster preset '{}' (known: M8, S1, p3.8xlarge, DGX-A100, H100, P100, T4)", name);
+  }
+  return n;
+}
+
+void check_link(const LinkSpec& l, const std::string& what) {
+  WEFT_CHECK(l.bandwidth > 0, "{}: link bandwidth must be > 0 (got {})", what, l.bandwidth);
+  WEFT_CHECK(l.latency >= 0, "{}: link latency must be >= 0 (got {})", what, l.latency);
+}
+
+}  // namespace
+
+double DeviceSpec::peak(DType t) const {
+  auto it = peak_flops.find(t);
+  WEFT_CHECK(it != peak_flops.end(), "device '{}' has no peak FLOP/s for dtype {}", kind, dtype_name(t));
+  return it->second;
+}
+
+Cluster::Cluster(std::vector<NodeSpec> nodes) : nodes_(std::move(nodes)) {
+  WEFT_CHECK(!nodes_.empty(), "a cluster needs at least one node");
+  int id = 0;
+  for (std::size_t i = 0; i < nodes_.size(); ++i) {
+    const NodeSpec& n = nodes_[i];
+    const std::string what = fmt::format("node {} ('{}')", i, n.name);
+    WEFT_CHECK(n.num_devices >= 1, "{}: num_devices must be >= 1 (got {})", what, n.num_devices);
+    WEFT_CHECK(n.device.memory_bytes > 0, "{}: device memory must be > 0", what);
+    WEFT_CHECK(n.device.memory_bandwidth > 0, "{}: device memory bandwidth must be > 0", what);
+    WEFT_CHECK(!n.device.peak_flops.empty(), "{}: device needs at least one peak FLOP/s entry", what);
+    for (auto& [t, f] : n.device.peak_flops)
+      WEFT_CHECK(f > 0, "{}: peak FLOP/s for {} must be > 0", what, dtype_name(t));
+    check_link(n.intra, what + " intra-node link");
+    check_link(n.nic, what + " NIC");
+    for (int d = 0; d < n.num_devices; ++d) devices_.push_back(Device{id++, static_cast<int>(i), n.device});
+  }
+}
+
+Cluster Cluster::preset(std::string_view name, int nodes) {
+  WEFT_CHECK(nodes >= 1, "preset '{}': nodes must be >= 1 (got {})", name, nodes);
+  NodeSpec n = node_preset(name);
+  return Cluster(std::vector<NodeSpec>(static_cast<std::size_t>(nodes), n));
+}
+
+std::vector<std::string> Cluster::preset_names() {
+  return {"M8", "S1", "p3.8xlarge", "DGX-A100", "H100", "P100", "T4"};
+}
+
+Cluster Cluster::concat(const Cluster& a, const Cluster& b) {
+  std::vector<NodeSpec> n = a.nodes_;
+  n.insert(n.end(), b.nodes_.begin(), b.nodes_.end());
+  return Cluster(std::move(n));
+}
+
+const Device& Cluster::device(int id) const {
+  WEFT_CHECK(id >= 0 && id < num_devices(), "device id {} out of range [0, {})", id, num_devices());
+  return devices_[static_cast<std::size_t>(id)];
+}
+int Cluster::node_of(int device_id) const { return device(device_id).node; }
+const LinkSpec& Cluster::intra_link(int node) const {
+  WEFT_CHECK(node >= 0 && node < num_nodes(), "node {} out of range [0, {})", node, num_nodes());
+  return nodes_[static_cast<std::size_t>(node)].intra;
+}
+const LinkSpec& Cluster::nic(int node) const {
+  WEFT_CHECK(node >= 0 && node < num_nodes(), "node {} out of range [0, {})", node, num_nodes());
+  return nodes_[static_cast<std::size_t>(node)].nic;
+}
+std::vector<int> Cluster::devices_of_node(int node) const {
+  WEFT_CHECK(node >= 0 && node < num_nodes(), "node {} out of range [0, {})", node, num_nodes());
+  std::vector<int> r;
+  for (const Device& d : devices_)
+    if (d.node == node) r.push_back(d.id);
+  return r;
+}
+bool Cluster::homogeneous() const {
+  for (const NodeSpec& n : nodes_)
+    if (!(n == nodes_.front())) return false;
+  return true;
+}
+
+std::string Cluster::to_string() const {
+  std::string s = "Cluster(";
+  std::size_t i = 0;
+  while (i < nodes_.size()) {
+    std::size_t j = i;
+    while (j < nodes_.size() && nodes_[j] == nodes_[i]) ++j;
+    if (i) s += " + ";
+    s += fmt::format("{}x {}[{}x {}]", j - i, nodes_[i].name, nodes_[i].num_devices, nodes_[i].device.kind);
+    i = j;
+  }
+  return s + ")";
+}
+
+// JSON: {"nodes": [{"name", "count" (optional, repeats the node), "num_devices",
+//   "device": {"kind", "peak_flops": {"f32": ..}, "memory_bytes", "memory_bandwidth"},
+//   "intra": {"bandwidth", "latency"}, "nic": {...}} | {"preset": "M8", "count": 2}]}
+Cluster Cluster::from_json(std::string_view text) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    fail("cluster JSON does not parse: {}", e.what());
+  }
+  try {
+    WEFT_CHECK(j.is_object() && j.contains("nodes") && j["nodes"].is_array(),
+               "cluster JSON needs an object with a 'nodes' array");
+    std::vector<NodeSpec> nodes;
+    for (const auto& jn : j["nodes"]) {
+      int count = jn.value("count", 1);
+      WEFT_CHECK(count >= 1, "cluster JSON: node count must be >= 1 (got {})", count);
+      NodeSpec n;
+      if (jn.contains("preset")) {
+        n = node_preset(jn["preset"].get<std::string>());
+      } else {
+        n.name = jn.value("name", std::string("node"));
+        n.num_devices = jn.at("num_devices").get<int>();
+        const auto& jd = jn.at("device");
+        n.device.kind = jd.at("kind").get<std::string>();
+        for (auto it = jd.at("peak_flops").begin(); it != jd.at("peak_flops").end(); ++it)
+          n.device.peak_flops[parse_dtype(it.key())] = it.value().get<double>();
+        n.device.memory_bytes = jd.at("memory_bytes").get<double>();
+        n.device.memory_bandwidth = jd.at("memory_bandwidth").get<double>();
+        n.intra = {jn.at("intra").at("bandwidth").get<double>(), jn.at("intra").at("latency").get<double>()};
+        n.nic = {jn.at("nic").at("bandwidth").get<double>(), jn.at("nic").at("latency").get<double>()};
+      }
+      for (int c = 0; c < count; ++c) nodes.push_back(n);
+    }
+    return Cluster(std::move(nodes));
+  } catch (const nlohmann::json::exception& e) {
+    fail("cluster JSON: missing or mistyped field: {}", e.what());
+  }
+}
+
+std::string Cluster::to_json() const {
+  nlohmann::json j;
+  j["nodes"] = nlohmann::json::array();
+  for (const NodeSpec& n : nodes_) {
+    nlohmann::json jn;
+    jn["name"] = n.name;
+    jn["num_devices"] = n.num_devices;
+    nlohmann::json pf = nlohmann::json::object();
+    for (auto& [t, f] : n.device.peak_flops) pf[std::string(dtype_name(t))] = f;
+    jn["device"] = {{"kind", n.device.kind},
+                    {"peak_flops", pf},
+                    {"memory_bytes", n.device.memory_bytes},
+                    {"memory_bandwidth", n.device.memory_bandwidth}};
+    jn["intra"] = {{"bandwidth", n.intra.bandwidth}, {"latency", n.intra.latency}};
+    jn["nic"] = {{"bandwidth", n.nic.bandwidth}, {"latency", n.nic.latency}};
+    j["nodes"].push_back(jn);
+  }
+  return j.dump();
+}
+
+}  // namespace weft::cluster
