@@ -1,0 +1,99 @@
+#pragma once
+// The graph of the IR: tensors and ops, a builder API whose every call derives the op's index map
+// (so a built graph is always shape-consistent), validation for graphs that come from outside
+// (JSON), topological order, and the aggregate numbers the planner needs.
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "weft/ir/op.hpp"
+#include "weft/ir/op_rules.hpp"
+#include "weft/ir/tensor.hpp"
+
+namespace weft::ir {
+
+class Graph {
+ public:
+  Graph() = default;
+  explicit Graph(std::string name) : name_(std::move(name)) {}
+
+  // ---- leaves
+  TensorId input(std::string name, Shape shape, DType dtype = DType::F32);
+  TensorId parameter(std::string name, Shape shape, DType dtype = DType::F32);
+  TensorId constant(std::string name, Shape shape, DType dtype = DType::F32);
+  TensorId add_tensor(TensorInfo info);  // any role; producer must be kNoOp
+
+  // ---- generic op: derives output shapes and the index map; returns the outputs
+  std::vector<TensorId> add_op(OpKind kind, const std::vector<TensorId>& inputs, OpAttrs attrs = {},
+                               std::string name = {}, Role output_role = Role::Activation);
+
+  // ---- builders for the forward op kinds (names are optional; a unique one is made)
+  TensorId einsum(const std::string& equation, const std::vector<TensorId>& operands, std::string name = {});
+  TensorId matmul(TensorId a, TensorId b, std::string name = {});  // [..., m, k] x [k, n]
+  TensorId unary(UnaryFn fn, TensorId x, std::string name = {}, double scalar = 0);
+  TensorId binary(BinaryFn fn, TensorId a, TensorId b, std::string name = {});
+  TensorId add(TensorId a, TensorId b, std::string name = {}) { return binary(BinaryFn::Add, a, b, std::move(name)); }
+  TensorId mul(TensorId a, TensorId b, std::string name = {}) { return binary(BinaryFn::Mul, a, b, std::move(name)); }
+  TensorId reduce(ReduceFn fn, TensorId x, std::vector<int> axes, std::string name = {});
+  TensorId softmax(TensorId x, int axis = -1, std::string name = {});
+  TensorId layer_norm(TensorId x, TensorId gamma, TensorId beta, double eps = 1e-5, std::string name = {});
+  TensorId embedding(TensorId table, TensorId ids, std::string name = {});
+  TensorId cross_entropy(TensorId logits, TensorId labels, std::string name = {});
+  TensorId transpose(TensorId x, std::vector<int> perm, std::string name = {});
+  TensorId reshape(TensorId x, Shape shape, std::string name = {});
+  TensorId concat(const std::vector<TensorId>& xs, int axis, std::string name = {});
+  TensorId slice(TensorId x, int axis, std::int64_t begin, std::int64_t end, std::string name = {});
+  TensorId conv2d(TensorId x, TensorId w, std::int64_t stride = 1, std::int64_t pad = 0, std::string name = {});
+  TensorId pool2d(ReduceFn fn, TensorId x, std::int64_t kernel, std::int64_t stride, std::int64_t pad = 0,
+                  std::string name = {});
+  TensorId opaque(const std::vector<TensorId>& inputs, Shape out_shape, double flops, std::string name = {});
+
+  // ---- outputs: the loss (a scalar) and any other tensors a caller wants kept
+  void set_loss(TensorId t);
+  std::optional<TensorId> loss() const { return loss_; }
+  void mark_output(TensorId t);
+  const std::vector<TensorId>& outputs() const { return outputs_; }
+
+  // ---- access
+  const std::string& name() const { return name_; }
+  void set_name(std::string n) { name_ = std::move(n); }
+  const std::vector<TensorInfo>& tensors() const { return tensors_; }
+  const std::vector<Op>& ops() const { return ops_; }
+  const TensorInfo& tensor(TensorId t) const;
+  const Op& op(OpId o) const;
+  std::optional<TensorId> find_tensor(const std::string& name) const;
+  std::vector<OpId> consumers(TensorId t) const;  // in op order
+  // Bookkeeping for autodiff: which forward tensor a gradient/optimizer tensor belongs to.
+  void set_grad_of(TensorId grad, TensorId of);
+  std::optional<TensorId> grad_of(TensorId grad) const;
+  std::optional<TensorId> grad(TensorId of) const;  // the gradient of a forward tensor, if made
+
+  // ---- analysis
+  std::vector<OpId> topo_order() const;  // throws weft::Error on a cycle
+  // Full check for graphs from outside: ids in range, each tensor produced at most once,
+  // no dangling tensor, no cycle, every op's stored index map and output shapes equal to what
+  // its rule derives. Throws weft::Error with a precise message.
+  void validate() const;
+  std::int64_t num_params() const;       // elements of Parameter tensors
+  std::int64_t param_bytes() const;
+  double flops() const;                   // Σ op FLOPs of this graph as it is
+  std::string dump() const;               // one line per op
+
+  bool operator==(const Graph&) const = default;
+
+  // Used by the JSON loader: append an op exactly as stored (no derivation; validate() checks).
+  OpId add_op_unchecked(Op op);
+
+ private:
+  std::string unique_name(const std::string& base);
+  std::string name_;
+  std::vector<TensorInfo> tensors_;
+  std::vector<Op> ops_;
+  std::vector<TensorId> outputs_;
+  std::optional<TensorId> loss_;
+  std::vector<TensorId> grad_of_;  // per tensor: the forward tensor it is the gradient of, or -1
+  int name_counter_ = 0;
+};
+
+}  // namespace weft::ir

@@ -1,0 +1,86 @@
+#pragma once
+// An op of the IR: its kind and attributes say what it computes (for the interpreter and
+// autodiff); its index map says how its dimensions relate (for everything else).
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "weft/ir/index_map.hpp"
+#include "weft/ir/tensor.hpp"
+
+namespace weft::ir {
+
+enum class OpKind : std::uint8_t {
+  // forward ops
+  Einsum,        // attrs.equation "bsh,hf->bsf"; matmul, batched matmul, MoE dispatch/combine
+  Unary,         // attrs.unary; attrs.scalar for Scale / Pow
+  Binary,        // attrs.binary, numpy broadcasting (trailing alignment)
+  Reduce,        // attrs.reduce over attrs.axes (dims removed)
+  Softmax,       // over attrs.axes[0]
+  LayerNorm,     // (x, gamma, beta) over the last dim, eps = attrs.scalar
+  Embedding,     // (table[v,h], ids[...]) -> [..., h]
+  CrossEntropy,  // (logits[..., v], labels[...] int) -> scalar mean loss
+  Transpose,     // attrs.axes = permutation: out dim i = in dim perm[i]
+  Reshape,       // row-major reshape to attrs.ints
+  Concat,        // along attrs.axes[0]
+  Slice,         // attrs.axes[0], attrs.ints = {begin, end}
+  Conv2d,        // (x[n,c,H,W], w[o,c,r,t]) attrs.ints = {stride, pad}
+  Pool2d,        // x[n,c,H,W], attrs.reduce Max|Mean, attrs.ints = {kernel, stride, pad}
+  Opaque,        // dims can only be replicated; attrs.ints = output shape, attrs.scalar = FLOPs
+  // ops made by autodiff and the optimizer
+  UnaryGrad,         // (x, dy) -> dx for attrs.unary
+  BroadcastTo,       // x -> attrs.ints shape, inserting the dims in attrs.axes (reduce/binary grads)
+  SoftmaxGrad,       // (y, dy) -> dx over attrs.axes[0]
+  LayerNormGrad,     // (x, gamma, dy) -> dx, eps = attrs.scalar
+  LayerNormParamGrad,  // (x, dy) -> (dgamma, dbeta), eps = attrs.scalar
+  EmbeddingGrad,     // (ids, dy) -> dtable, table shape in attrs.ints
+  CrossEntropyGrad,  // (logits, labels, dloss) -> dlogits
+  Pad,               // inverse of Slice along attrs.axes[0]: attrs.ints = {begin, end, full size}
+  Conv2dGradInput,   // (dy, w) -> dx, attrs.ints = {stride, pad, H, W}
+  Conv2dGradWeight,  // (x, dy) -> dw, attrs.ints = {stride, pad, r, t}
+  Pool2dGrad,        // (x, y, dy) -> dx, same attrs as Pool2d
+  SgdUpdate,         // (param, grad) -> param', lr = attrs.scalars[0]
+  AdamUpdate,        // (param, grad, m, v) -> (param', m', v'), attrs.scalars = {lr, b1, b2, eps, step}
+};
+
+enum class UnaryFn : std::uint8_t { Identity, Neg, Relu, Gelu, Tanh, Exp, Log, Sigmoid, Sqrt, Rsqrt, Square, Scale };
+enum class BinaryFn : std::uint8_t { Add, Sub, Mul, Div, Max };
+enum class ReduceFn : std::uint8_t { Sum, Max, Mean };
+
+std::string_view op_kind_name(OpKind k);
+OpKind parse_op_kind(std::string_view name);
+std::string_view unary_fn_name(UnaryFn f);
+UnaryFn parse_unary_fn(std::string_view name);
+std::string_view binary_fn_name(BinaryFn f);
+BinaryFn parse_binary_fn(std::string_view name);
+std::string_view reduce_fn_name(ReduceFn f);
+ReduceFn parse_reduce_fn(std::string_view name);
+
+// Attributes of every kind in one plain struct (see OpKind for which fields a kind reads), so
+// that ops stay value types that compare, copy and serialise without a variant per kind.
+struct OpAttrs {
+  std::string equation;
+  UnaryFn unary = UnaryFn::Identity;
+  BinaryFn binary = BinaryFn::Add;
+  ReduceFn reduce = ReduceFn::Sum;
+  std::vector<int> axes;
+  std::vector<std::int64_t> ints;
+  double scalar = 0;
+  std::vector<double> scalars;
+  bool operator==(const OpAttrs&) const = default;
+};
+
+struct Op {
+  OpKind kind = OpKind::Opaque;
+  std::string name;
+  std::vector<TensorId> inputs;
+  std::vector<TensorId> outputs;
+  OpAttrs attrs;
+  IndexMap index_map;  // derived from (kind, attrs, shapes) by op_rules; never set by hand
+
+  double flops() const { return index_map.flops(); }
+  bool operator==(const Op&) const = default;
+};
+
+}  // namespace weft::ir

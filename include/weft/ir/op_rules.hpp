@@ -1,0 +1,31 @@
+#pragma once
+// One rule per op kind: from the kind, the attributes and the operand shapes, the result shapes
+// and the index map. This is the only place that knows what a kind means dimension-wise; the
+// solvers read index maps, never kinds.
+#include <cstdint>
+#include <vector>
+
+#include "weft/ir/op.hpp"
+
+namespace weft::ir {
+
+using Shape = std::vector<std::int64_t>;
+
+struct OpSignature {
+  std::vector<Shape> output_shapes;
+  std::vector<DType> output_dtypes;
+  IndexMap index_map;
+};
+
+// Throws weft::Error naming the op and the problem (shape mismatch, bad attribute, ...).
+OpSignature derive_signature(OpKind kind, const OpAttrs& attrs, const std::vector<Shape>& input_shapes,
+                             const std::vector<DType>& input_dtypes, std::string_view op_name);
+
+// The factor grouping of a row-major reshape: the common refinement of the two shapes, each
+// input/output dim as a list of factor sizes (major to minor). Returns false when the shapes
+// have no common refinement into a divisibility chain within a group (then the op's factors
+// need replication).
+bool reshape_factors(const Shape& in, const Shape& out, std::vector<std::vector<std::int64_t>>& in_dims,
+                     std::vector<std::vector<std::int64_t>>& out_dims);
+
+}  // namespace weft::ir

@@ -1,0 +1,34 @@
+#pragma once
+// A tensor of the IR: shape, element type and the role it plays in a training step.
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "weft/core/dtype.hpp"
+
+namespace weft::ir {
+
+using TensorId = std::int32_t;
+using OpId = std::int32_t;
+inline constexpr OpId kNoOp = -1;
+
+enum class Role : std::uint8_t { Input, Parameter, Activation, Gradient, OptimizerState, Constant };
+
+std::string_view role_name(Role r);
+Role parse_role(std::string_view name);  // throws weft::Error on an unknown name
+
+struct TensorInfo {
+  std::string name;
+  std::vector<std::int64_t> shape;
+  DType dtype = DType::F32;
+  Role role = Role::Activation;
+  OpId producer = kNoOp;  // the op that writes it; kNoOp for inputs, parameters, constants
+
+  std::int64_t numel() const;
+  std::int64_t bytes() const { return numel() * dtype_size(dtype); }
+  int rank() const { return static_cast<int>(shape.size()); }
+  bool operator==(const TensorInfo&) const = default;
+};
+
+}  // namespace weft::ir
