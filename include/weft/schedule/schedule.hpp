@@ -1,0 +1,103 @@
+#pragma once
+// Pipeline schedules as a static per-device order of compute ops over the pipeline task graph.
+//
+// A pipeline has S logical stages (S = D·v: D devices, v virtual stages per device; logical stage
+// s lives on device s mod D, so v = 1 gives stage s on device s) and M micro-batches. Per stage s
+// and micro-batch m the task graph holds F(s,m); B(s,m) (the whole backward, or only the input
+// gradient when the backward is split) and W(s,m) (weight gradient, split schedules only); the
+// activation send/recv s→s+1 after F and the gradient send/recv s+1→s after B; and per stage one
+// optimizer step after its last backward (Rhino's CG = B/W, LA = the local accumulate fused into
+// B/W, AG = the optimizer step). A Schedule fixes the order of the compute ops on each device;
+// sends follow their producer's order and receives are posted ahead in the consumer's order.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace weft::schedule {
+
+enum class OpKind : std::uint8_t { F, B, W };
+const char* op_kind_name(OpKind k);
+
+struct Op {
+  OpKind kind = OpKind::F;
+  std::int32_t stage = 0;  // logical stage
+  std::int32_t micro = 0;
+  bool operator==(const Op&) const = default;
+};
+std::string to_string(const Op& op);  // "F(s1,m3)"
+
+class Schedule {
+ public:
+  // Validates shapes and completeness: every (stage, micro) has exactly one F and one B (and one
+  // W iff split_backward) on the device of that stage, and nothing else.
+  Schedule(std::string name, int num_stages, int num_devices, int num_micro, bool split_backward,
+           std::vector<std::vector<Op>> order);
+
+  const std::string& name() const { return name_; }
+  int num_stages() const { return num_stages_; }
+  int num_devices() const { return num_devices_; }
+  int num_micro() const { return num_micro_; }
+  int virtual_stages() const { return num_stages_ / num_devices_; }
+  bool split_backward() const { return split_; }
+  int device_of(int stage) const { return stage % num_devices_; }
+  const std::vector<std::vector<Op>>& order() const { return order_; }
+  const std::vector<Op>& device_order(int d) const { return order_.at(static_cast<std::size_t>(d)); }
+  std::size_t num_ops() const;
+
+  // In-flight activations of stage s: micro-batches whose F has run and whose last backward op
+  // (B, or W when split) has not. Its maximum over the device's order (independent of timing,
+  // since a device runs its ops one at a time).
+  std::vector<int> peak_in_flight() const;         // per logical stage
+  std::vector<int> peak_in_flight_device() const;  // per device, all its stages together
+
+  std::string to_string() const;  // one line
+  std::string to_text() const;    // one line per device: "d0: F0 F1 B0 ..."
+  std::string to_json() const;
+  static Schedule from_json(const std::string& text);
+  bool operator==(const Schedule&) const = default;
+  std::size_t hash() const;
+
+ private:
+  std::string name_;
+  int num_stages_, num_devices_, num_micro_;
+  bool split_;
+  std::vector<std::vector<Op>> order_;
+};
+
+// ---- generators (S stages on S devices unless said otherwise; M micro-batches) ----
+Schedule gpipe(int S, int M);
+Schedule one_f_one_b(int S, int M);
+// kFkB (Ada-Grouper): groups of k consecutive micro-batches (the last group holds M mod k when k
+// does not divide M); per stage s with G = ceil(M/k) groups and w = min(S−s−1, G): F of groups
+// 0..w−1, then (F of group w+i, B of group i) while groups remain, then the remaining B groups.
+// k = 1 is exactly one_f_one_b, k >= M exactly gpipe.
+Schedule kfkb(int S, int M, int k);
+// Eager-1F1B (cross-mesh resharding paper): stage i runs min(M, 2(S−i)−1) forwards before its
+// first backward, then alternates one backward and one forward, then the remaining backwards.
+Schedule eager_1f1b(int S, int M);
+// Megatron interleaved 1F1B: D devices, v virtual stages per device (S = D·v logical stages,
+// stage c·D+d on device d). Needs M % D == 0.
+Schedule interleaved_1f1b(int D, int v, int M);
+// Zero-bubble ZB-H1 (Qi et al.): B split into B (input grad) and W (weight grad). Stage i walks
+// x = 0 .. M+S−2 and emits F(x), B(x−(S−1−i)), W(x−(S−1)) when those indices lie in [0, M).
+Schedule zb_h1(int S, int M);
+// By name: "gpipe", "1f1b", "kfkb" (k), "eager_1f1b", "interleaved" (v; S = D·v with D = S/v),
+// "zb_h1". S is the number of devices; "interleaved" has S·v logical stages.
+Schedule make_schedule(const std::string& kind, int S, int M, int k = 1, int v = 1);
+
+// ---- static checks ----
+struct OrderCheck {
+  bool ok = true;
+  std::vector<std::string> problems;  // empty when ok
+  std::string to_string() const;
+};
+// Dependency check (the per-device orders plus the data edges F(s−1,m)→F(s,m), F(s,m)→B(s,m),
+// B(s+1,m)→B(s,m), B(s,m)→W(s,m) must be acyclic, i.e. the order can make progress) and send/recv
+// pairing check (for each directed device pair the messages in the sender's order equal the
+// messages in the receiver's posting order, as FIFO p2p channels such as NCCL's require).
+OrderCheck check_order(const Schedule& s);
+OrderCheck check_dependencies(const Schedule& s);  // the cycle part alone
+OrderCheck check_pairing(const Schedule& s);       // the send/recv part alone
+
+}  // namespace weft::schedule
