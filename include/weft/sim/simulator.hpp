@@ -1,0 +1,80 @@
+#pragma once
+// Discrete-event simulation of a pipeline schedule (weft::schedule::Schedule) on devices joined by
+// links with time-varying bandwidth. See docs/modules/sim.md for the exact timing model.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "weft/cluster/bandwidth_trace.hpp"
+#include "weft/schedule/schedule.hpp"
+
+namespace weft::sim {
+
+// Per-micro-batch description of one logical pipeline stage.
+struct StageSpec {
+  double forward_time = 1.0;       // F
+  double backward_time = 2.0;      // B: input gradient (the whole backward in non-split schedules is B + W)
+  double weight_time = 0.0;        // W: weight gradient
+  double activation_bytes = 0.0;   // sent stage s → s+1 per micro-batch; its gradient (same size) s+1 → s
+  double activation_memory = 0.0;  // bytes held per in-flight micro-batch (F done, last backward not)
+  double static_memory = 0.0;      // parameters, gradients, optimizer state
+  double optimizer_time = 0.0;     // the optimizer step after the stage's last backward
+  bool operator==(const StageSpec&) const = default;
+};
+
+// A directed-pair link between neighbouring devices (full duplex: each direction is its own FIFO
+// wire). A transfer of b bytes starting at t occupies its direction until
+// trace.finish_time(t + latency, b, bandwidth) (trace read at absolute time, see SimOptions).
+struct LinkSpec {
+  double bandwidth = 1e300;  // nominal bytes/s (> 0; 1e300 ~ infinite)
+  double latency = 0.0;      // seconds, >= 0
+  cluster::BandwidthTrace trace;
+  bool operator==(const LinkSpec&) const = default;
+};
+
+// stages: one per logical stage, or one for all. links: link d joins device d and device d+1
+// (the last, d = D−1, joins D−1 and 0 and is needed only by interleaved schedules): give D−1 or D
+// links, or one for all boundaries, or none (no communication cost).
+struct Pipeline {
+  std::vector<StageSpec> stages;
+  std::vector<LinkSpec> links;
+};
+
+struct SimOptions {
+  double trace_offset = 0.0;  // simulation time 0 reads the traces at this absolute time
+  bool check_pairing = true;  // refuse orders whose send/recv channels do not pair (weft::Error)
+  bool record_timeline = true;
+};
+
+enum class TaskKind : std::uint8_t { F, B, W, Optimizer, SendActivation, SendGradient };
+const char* task_kind_name(TaskKind k);
+
+struct TimelineEntry {
+  TaskKind kind;
+  std::int32_t stage;   // producing stage for transfers
+  std::int32_t micro;   // -1 for the optimizer
+  std::int32_t device;  // compute device, or the sending device of a transfer
+  std::int32_t peer;    // receiving device of a transfer, -1 for compute
+  double start, end;
+};
+
+struct SimResult {
+  double step_time = 0.0;                  // end of the last compute task
+  double bubble_fraction = 0.0;            // 1 − Σ_d busy_d / (D · step_time)
+  std::vector<double> busy_time;           // per device, compute only
+  std::vector<int> peak_in_flight;         // per logical stage
+  std::vector<int> peak_in_flight_device;  // per device
+  std::vector<double> peak_memory;         // per device: Σ static + max_t Σ in-flight · activation_memory
+  std::size_t events = 0;                  // task completions processed
+  std::size_t num_tasks = 0;
+  bool deadlock = false;
+  std::string deadlock_report;
+  std::vector<TimelineEntry> timeline;  // empty unless record_timeline
+  std::string to_chrome_trace() const;  // Chrome trace-event JSON (chrome://tracing, Perfetto)
+  std::string to_string() const;
+};
+
+SimResult simulate(const schedule::Schedule& sched, const Pipeline& pipe, const SimOptions& opt = {});
+
+}  // namespace weft::sim
