@@ -1,0 +1,235 @@
+// Resharding search on one mesh (the transitions and costs are listed in reshard.hpp).
+// Dijkstra on the graph whose nodes are valid specs of the tensor and whose edges are
+// single-axis collectives; key = (time, steps). Neighbours of a spec are generated per axis from
+// the candidate placements of that axis (R, P, Shard(d, s) for the strides allowed).
+#include "weft/sharding/reshard.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+#include <queue>
+#include <unordered_map>
+
+#include "weft/cluster/alpha_beta.hpp"
+#include "weft/core/error.hpp"
+
+namespace weft::sharding {
+namespace {
+
+using Key = std::pair<double, int>;  // (time, steps)
+
+struct Node {
+  ShardingSpec spec;
+  Key key;
+  int parent;           // index into nodes, -1 for the source
+  CollectiveKind kind;  // edge from parent
+  int axis;
+  double bytes, time;
+};
+
+}  // namespace
+
+const char* collective_name(CollectiveKind k) {
+  switch (k) {
+    case CollectiveKind::AllGather: return "all-gather";
+    case CollectiveKind::ReduceScatter: return "reduce-scatter";
+    case CollectiveKind::AllReduce: return "all-reduce";
+    case CollectiveKind::AllToAll: return "all-to-all";
+    case CollectiveKind::LocalSlice: return "local-slice";
+    case CollectiveKind::LocalPartial: return "local-partial";
+  }
+  return "?";
+}
+
+std::string ReshardStep::to_string() const {
+  return fmt::format("{}@{}: {} -> {} ({} B, {:.3g} s)", collective_name(kind), axis, from.to_string(),
+                     to.to_string(), bytes, time);
+}
+
+std::string ReshardPlan::to_string() const {
+  if (steps.empty()) return "no-op (0 s)";
+  std::vector<std::string> s;
+  for (const auto& x : steps) s.push_back(x.to_string());
+  return fmt::format("{}; total {:.3g} s", fmt::join(s, "; "), time);
+}
+
+ReshardPlanner::ReshardPlanner(std::vector<cluster::AxisLink> links, int element_bytes, ReshardOptions opt)
+    : links_(std::move(links)), elem_(element_bytes), opt_(opt) {
+  WEFT_CHECK(element_bytes >= 1, "element size must be >= 1 byte (got {})", element_bytes);
+  WEFT_CHECK(opt_.max_states >= 1, "max_states must be >= 1");
+}
+
+const ReshardPlan& ReshardPlanner::plan(const ShardingSpec& from, const ShardingSpec& to) {
+  auto key = std::make_pair(from, to);
+  auto it = cache_.find(key);
+  if (it != cache_.end()) return it->second;
+  ReshardPlan p = search(from, to);
+  ++searches_;
+  return cache_.emplace(std::move(key), std::move(p)).first->second;
+}
+
+ReshardPlan ReshardPlanner::search(const ShardingSpec& A, const ShardingSpec& B) const {
+  WEFT_CHECK(A.tensor_shape() == B.tensor_shape(), "resharding needs the same tensor shape ([{}] vs [{}])",
+             fmt::join(A.tensor_shape(), ","), fmt::join(B.tensor_shape(), ","));
+  WEFT_CHECK(A.mesh_shape() == B.mesh_shape(), "resharding on one mesh needs the same mesh shape ({} vs {})",
+             fmt::join(A.mesh_shape(), "x"), fmt::join(B.mesh_shape(), "x"));
+  WEFT_CHECK(static_cast<int>(links_.size()) == A.mesh_ndim(), "{} axis links for a {}-D mesh", links_.size(),
+             A.mesh_ndim());
+  for (int a = 0; a < A.mesh_ndim(); ++a)
+    WEFT_CHECK(links_[static_cast<std::size_t>(a)].size == A.mesh_shape()[static_cast<std::size_t>(a)],
+               "axis link {} has size {} but the mesh axis has {}", a,
+               links_[static_cast<std::size_t>(a)].size, A.mesh_shape()[static_cast<std::size_t>(a)]);
+  const auto rA = A.reduce_kind(), rB = B.reduce_kind();
+  WEFT_CHECK(!rA || !rB || *rA == *rB, "cannot reshard a partial-{} spec into a partial-{} spec",
+             *rA == ReduceKind::Sum ? "sum" : "max", *rB == ReduceKind::Sum ? "sum" : "max");
+  const ReduceKind red = rA ? *rA : (rB ? *rB : ReduceKind::Sum);
+  const bool padding = A.allow_padding() || B.allow_padding();
+
+  // Candidate shard placements per axis.
+  const auto& shape = A.tensor_shape();
+  const auto& mesh = A.mesh_shape();
+  std::vector<std::vector<Placement>> shard_opts(mesh.size());
+  for (std::size_t a = 0; a < mesh.size(); ++a) {
+    for (int d = 0; d < static_cast<int>(shape.size()); ++d) {
+      std::vector<int64_t> strides{0};
+      const int64_t n = shape[static_cast<std::size_t>(d)];
+      if (opt_.strided_intermediates && n % mesh[a] == 0)
+        for (int64_t s = 1; s <= n / mesh[a]; ++s)
+          if ((n / mesh[a]) % s == 0) strides.push_back(s);
+      for (const auto* S : {&A, &B})
+        for (const auto& p : S->per_axis())
+          if (p.kind == Placement::Shard && p.dim == d) strides.push_back(p.stride);
+      std::sort(strides.begin(), strides.end());
+      strides.erase(std::unique(strides.begin(), strides.end()), strides.end());
+      for (int64_t s : strides) shard_opts[a].push_back(Placement::shard(d, s));
+    }
+  }
+
+  auto bytes_of = [&](const ShardingSpec& s) { return static_cast<double>(s.max_local_elements()) * elem_; };
+  std::vector<Node> nodes;
+  std::unordered_map<ShardingSpec, int> index;
+  using QE = std::pair<Key, int>;
+  std::priority_queue<QE, std::vector<QE>, std::greater<QE>> pq;
+  auto relax = [&](ShardingSpec s, Key k, int parent, CollectiveKind kind, int axis, double bytes,
+                   double time) {
+    auto it = index.find(s);
+    if (it != index.end()) {
+      Node& n = nodes[static_cast<std::size_t>(it->second)];
+      if (!(k < n.key)) return;
+      n.key = k;
+      n.parent = parent;
+      n.kind = kind;
+      n.axis = axis;
+      n.bytes = bytes;
+      n.time = time;
+      pq.push({k, it->second});
+      return;
+    }
+    int id = static_cast<int>(nodes.size());
+    index.emplace(s, id);
+    nodes.push_back(Node{std::move(s), k, parent, kind, axis, bytes, time});
+    pq.push({k, id});
+  };
+  // Normalise the source's padding flag so both ends live in one graph.
+  ShardingSpec src(A.tensor_shape(), A.mesh_shape(), A.per_axis(), padding);
+  ShardingSpec dst(B.tensor_shape(), B.mesh_shape(), B.per_axis(), padding);
+  relax(src, {0.0, 0}, -1, CollectiveKind::LocalSlice, -1, 0, 0);
+  std::size_t settled = 0;
+  int goal = -1;
+  std::vector<char> done;
+  while (!pq.empty()) {
+    auto [k, id] = pq.top();
+    pq.pop();
+    if (static_cast<std::size_t>(id) < done.size() && done[static_cast<std::size_t>(id)]) continue;
+    if (done.size() < nodes.size()) done.resize(nodes.size(), 0);
+    done[static_cast<std::size_t>(id)] = 1;
+    if (nodes[static_cast<std::size_t>(id)].spec == dst) {
+      goal = id;
+      break;
+    }
+    WEFT_CHECK(++settled <= opt_.max_states, "resharding search from '{}' to '{}' exceeded {} states",
+               A.to_string(), B.to_string(), opt_.max_states);
+    const ShardingSpec cur = nodes[static_cast<std::size_t>(id)].spec;
+    const double b_cur = bytes_of(cur);
+    auto go_free = [&](int a, Placement q, auto cost_fn) {
+      std::vector<Placement> v = cur.per_axis();
+      v[static_cast<std::size_t>(a)] = q;
+      try {
+        ShardingSpec nxt(shape, mesh, std::move(v), padding);
+        if (nxt == cur) return;
+        auto [bytes, t] = cost_fn(nxt);
+        relax(std::move(nxt), {k.first + t, k.second + 1}, id, CollectiveKind::LocalSlice, a, bytes, t);
+      } catch (const Error&) {
+        // not a valid spec: no edge
+      }
+    };
+    for (int a = 0; a < cur.mesh_ndim(); ++a) {
+      const auto& link = links_[static_cast<std::size_t>(a)];
+      const Placement& p = cur.placement(a);
+      if (mesh[static_cast<std::size_t>(a)] == 1) {  // a size-1 axis: relabelling moves no data
+        auto free = [](const ShardingSpec&) { return std::pair{0.0, 0.0}; };
+        if (p.kind != Placement::Replicate) go_free(a, Placement::replicate(), free);
+        if (p.kind != Placement::Partial) go_free(a, Placement::partial(red), free);
+        for (const auto& q : shard_opts[static_cast<std::size_t>(a)]) go_free(a, q, free);
+        continue;
+      }
+      auto go = [&](Placement q, CollectiveKind kind, auto cost_fn) {
+        std::vector<Placement> v = cur.per_axis();
+        v[static_cast<std::size_t>(a)] = q;
+        try {
+          ShardingSpec nxt(shape, mesh, std::move(v), padding);
+          if (nxt == cur) return;
+          auto [bytes, t] = cost_fn(nxt);
+          relax(std::move(nxt), {k.first + t, k.second + 1}, id, kind, a, bytes, t);
+        } catch (const Error&) {
+          // not a valid spec (strides overlap with other axes on the dim): no edge
+        }
+      };
+      if (p.kind == Placement::Shard) {
+        go(Placement::replicate(), CollectiveKind::AllGather, [&](const ShardingSpec& n) {
+          const double b = bytes_of(n);
+          return std::pair{b, cluster::all_gather_time(link, b)};
+        });
+        for (const auto& q : shard_opts[static_cast<std::size_t>(a)])
+          go(q, CollectiveKind::AllToAll, [&](const ShardingSpec&) {
+            return std::pair{b_cur, cluster::all_to_all_time(link, b_cur)};
+          });
+      } else if (p.kind == Placement::Partial) {
+        go(Placement::replicate(), CollectiveKind::AllReduce, [&](const ShardingSpec&) {
+          return std::pair{b_cur, cluster::all_reduce_time(link, b_cur)};
+        });
+        for (const auto& q : shard_opts[static_cast<std::size_t>(a)])
+          go(q, CollectiveKind::ReduceScatter, [&](const ShardingSpec&) {
+            return std::pair{b_cur, cluster::reduce_scatter_time(link, b_cur)};
+          });
+      } else {
+        for (const auto& q : shard_opts[static_cast<std::size_t>(a)])
+          go(q, CollectiveKind::LocalSlice, [&](const ShardingSpec&) { return std::pair{0.0, 0.0}; });
+        go(Placement::partial(red), CollectiveKind::LocalPartial, [&](const ShardingSpec&) {
+          return std::pair{0.0, 0.0};
+        });
+      }
+    }
+  }
+  WEFT_CHECK(goal >= 0, "no resharding path from '{}' to '{}'", A.to_string(), B.to_string());
+  ReshardPlan plan;
+  for (int v = goal; nodes[static_cast<std::size_t>(v)].parent >= 0;
+       v = nodes[static_cast<std::size_t>(v)].parent) {
+    const Node& n = nodes[static_cast<std::size_t>(v)];
+    plan.steps.push_back(
+        ReshardStep{n.kind, n.axis, nodes[static_cast<std::size_t>(n.parent)].spec, n.spec, n.bytes, n.time});
+  }
+  std::reverse(plan.steps.begin(), plan.steps.end());
+  plan.time = nodes[static_cast<std::size_t>(goal)].key.first;
+  return plan;
+}
+
+ReshardPlan reshard_on_mesh(const ShardingSpec& from, const ShardingSpec& to,
+                            const std::vector<cluster::AxisLink>& links, int element_bytes,
+                            const ReshardOptions& opt) {
+  ReshardPlanner p(links, element_bytes, opt);
+  return p.plan(from, to);
+}
+
+}  // namespace weft::sharding
