@@ -12,12 +12,28 @@
 namespace weft::ir {
 
 std::string Graph::unique_name(const std::string& base) {
-  return fmt::format("{}_{}", base, name_counter_++);
+  // Skip names already taken (by the user or by a loaded graph) so auto names never collide.
+  std::string n;
+  do n = fmt::format("{}_{}", base, name_counter_++);
+  while (op_names_.count(n));
+  return n;
+}
+
+bool Graph::operator==(const Graph& o) const {
+  return name_ == o.name_ && tensors_ == o.tensors_ && ops_ == o.ops_ && outputs_ == o.outputs_ &&
+         loss_ == o.loss_ && grad_of_ == o.grad_of_;
+}
+
+TensorId Graph::add_tensor_unchecked(TensorInfo info) {
+  tensors_.push_back(std::move(info));
+  grad_of_.push_back(-1);
+  return static_cast<TensorId>(tensors_.size()) - 1;
 }
 
 TensorId Graph::add_tensor(TensorInfo info) {
   WEFT_CHECK(info.producer == kNoOp, "tensor '{}': add_tensor makes leaves only", info.name);
-  for (auto s : info.shape) WEFT_CHECK(s >= 1, "tensor '{}': shape {} has a non-positive dimension", info.name, info.shape);
+  for (auto s : info.shape)
+    WEFT_CHECK(s >= 1, "tensor '{}': shape {} has a non-positive dimension", info.name, info.shape);
   if (info.name.empty()) info.name = unique_name("t");
   tensors_.push_back(std::move(info));
   grad_of_.push_back(-1);
@@ -35,23 +51,26 @@ TensorId Graph::constant(std::string name, Shape shape, DType dtype) {
 }
 
 const TensorInfo& Graph::tensor(TensorId t) const {
-  WEFT_CHECK(t >= 0 && t < static_cast<TensorId>(tensors_.size()), "tensor id {} out of range (graph has {})", t,
-             tensors_.size());
+  WEFT_CHECK(t >= 0 && t < static_cast<TensorId>(tensors_.size()), "tensor id {} out of range (graph has {})",
+             t, tensors_.size());
   return tensors_[t];
 }
 
 const Op& Graph::op(OpId o) const {
-  WEFT_CHECK(o >= 0 && o < static_cast<OpId>(ops_.size()), "op id {} out of range (graph has {})", o, ops_.size());
+  WEFT_CHECK(o >= 0 && o < static_cast<OpId>(ops_.size()), "op id {} out of range (graph has {})", o,
+             ops_.size());
   return ops_[o];
 }
 
-std::vector<TensorId> Graph::add_op(OpKind kind, const std::vector<TensorId>& inputs, OpAttrs attrs, std::string name,
-                                    Role output_role) {
+std::vector<TensorId> Graph::add_op(OpKind kind, const std::vector<TensorId>& inputs, OpAttrs attrs,
+                                    std::string name, Role output_role) {
   if (name.empty()) name = unique_name(std::string(op_kind_name(kind)));
+  WEFT_CHECK(!op_names_.count(name), "op name '{}' is already used in graph '{}'", name, name_);
   std::vector<Shape> shapes;
   std::vector<DType> dtypes;
   for (TensorId t : inputs) {
-    WEFT_CHECK(t >= 0 && t < static_cast<TensorId>(tensors_.size()), "op '{}': operand id {} does not exist", name, t);
+    WEFT_CHECK(t >= 0 && t < static_cast<TensorId>(tensors_.size()), "op '{}': operand id {} does not exist",
+               name, t);
     shapes.push_back(tensors_[t].shape);
     dtypes.push_back(tensors_[t].dtype);
   }
@@ -64,11 +83,13 @@ std::vector<TensorId> Graph::add_op(OpKind kind, const std::vector<TensorId>& in
     grad_of_.push_back(-1);
     op.outputs.push_back(static_cast<TensorId>(tensors_.size()) - 1);
   }
+  op_names_.insert(name);
   ops_.push_back(std::move(op));
   return ops_.back().outputs;
 }
 
 OpId Graph::add_op_unchecked(Op op) {
+  op_names_.insert(op.name);
   ops_.push_back(std::move(op));
   return static_cast<OpId>(ops_.size()) - 1;
 }
@@ -82,8 +103,8 @@ TensorId Graph::einsum(const std::string& equation, const std::vector<TensorId>&
 TensorId Graph::matmul(TensorId a, TensorId b, std::string name) {
   const auto& sa = tensor(a).shape;
   const auto& sb = tensor(b).shape;
-  WEFT_CHECK(sa.size() >= 2 && sa.size() <= 20 && sb.size() == 2, "matmul: expected [..., m, k] x [k, n], got {} x {}",
-             sa, sb);
+  WEFT_CHECK(sa.size() >= 2 && sa.size() <= 20 && sb.size() == 2,
+             "matmul: expected [..., m, k] x [k, n], got {} x {}", sa, sb);
   std::string lead;
   for (std::size_t i = 0; i + 1 < sa.size(); ++i) lead += static_cast<char>('a' + i);
   return einsum(fmt::format("{}y,yz->{}z", lead, lead), {a, b}, std::move(name));
@@ -176,7 +197,8 @@ TensorId Graph::opaque(const std::vector<TensorId>& inputs, Shape out_shape, dou
 }
 
 void Graph::set_loss(TensorId t) {
-  WEFT_CHECK(tensor(t).shape.empty(), "loss '{}' must be a scalar, has shape {}", tensor(t).name, tensor(t).shape);
+  WEFT_CHECK(tensor(t).shape.empty(), "loss '{}' must be a scalar, has shape {}", tensor(t).name,
+             tensor(t).shape);
   loss_ = t;
 }
 
@@ -208,7 +230,21 @@ void Graph::set_grad_of(TensorId grad, TensorId of) {
   tensor(grad);
   tensor(of);
   if (grad_of_.size() < tensors_.size()) grad_of_.resize(tensors_.size(), -1);
+  TensorId old = grad_of_[grad];
   grad_of_[grad] = of;
+  if (old >= 0 && old < static_cast<TensorId>(grad_index_.size()) && grad_index_[old] == grad) {
+    grad_index_[old] = -1;  // re-pointed: rebuild the old entry (rare)
+    for (std::size_t i = 0; i < grad_of_.size(); ++i)
+      if (grad_of_[i] == old) index_grad(static_cast<TensorId>(i), old);
+  }
+  index_grad(grad, of);
+}
+
+void Graph::index_grad(TensorId grad, TensorId of) {
+  Role r = tensors_[grad].role;
+  if (r != Role::Gradient && r != Role::Constant) return;
+  if (grad_index_.size() <= static_cast<std::size_t>(of)) grad_index_.resize(tensors_.size(), -1);
+  if (grad_index_[of] < 0 || grad < grad_index_[of]) grad_index_[of] = grad;
 }
 
 std::optional<TensorId> Graph::grad_of(TensorId grad) const {
@@ -217,9 +253,8 @@ std::optional<TensorId> Graph::grad_of(TensorId grad) const {
 }
 
 std::optional<TensorId> Graph::grad(TensorId of) const {
-  for (std::size_t i = 0; i < grad_of_.size(); ++i)
-    if (grad_of_[i] == of) return static_cast<TensorId>(i);
-  return std::nullopt;
+  if (of < 0 || of >= static_cast<TensorId>(grad_index_.size()) || grad_index_[of] < 0) return std::nullopt;
+  return grad_index_[of];
 }
 
 std::vector<OpId> Graph::topo_order() const {
@@ -270,29 +305,32 @@ void Graph::validate() const {
     }
     for (TensorId t : op.outputs) {
       WEFT_CHECK(t >= 0 && t < nt, "op '{}': result id {} does not exist", op.name, t);
-      WEFT_CHECK(tensors_[t].producer == static_cast<OpId>(o), "op '{}': result '{}' records producer {}", op.name,
-                 tensors_[t].name, tensors_[t].producer);
+      WEFT_CHECK(tensors_[t].producer == static_cast<OpId>(o), "op '{}': result '{}' records producer {}",
+                 op.name, tensors_[t].name, tensors_[t].producer);
       ++written[t];
     }
     OpSignature sig = derive_signature(op.kind, op.attrs, shapes, dtypes, op.name);
-    WEFT_CHECK(sig.output_shapes.size() == op.outputs.size(), "op '{}' ({}): has {} results, its rule makes {}",
-               op.name, op_kind_name(op.kind), op.outputs.size(), sig.output_shapes.size());
+    WEFT_CHECK(sig.output_shapes.size() == op.outputs.size(),
+               "op '{}' ({}): has {} results, its rule makes {}", op.name, op_kind_name(op.kind),
+               op.outputs.size(), sig.output_shapes.size());
     for (std::size_t i = 0; i < op.outputs.size(); ++i) {
       const auto& t = tensors_[op.outputs[i]];
-      WEFT_CHECK(t.shape == sig.output_shapes[i], "op '{}': result '{}' has shape {} but the op makes {}", op.name,
-                 t.name, t.shape, sig.output_shapes[i]);
-      WEFT_CHECK(t.dtype == sig.output_dtypes[i], "op '{}': result '{}' has dtype {} but the op makes {}", op.name,
-                 t.name, dtype_name(t.dtype), dtype_name(sig.output_dtypes[i]));
+      WEFT_CHECK(t.shape == sig.output_shapes[i], "op '{}': result '{}' has shape {} but the op makes {}",
+                 op.name, t.name, t.shape, sig.output_shapes[i]);
+      WEFT_CHECK(t.dtype == sig.output_dtypes[i], "op '{}': result '{}' has dtype {} but the op makes {}",
+                 op.name, t.name, dtype_name(t.dtype), dtype_name(sig.output_dtypes[i]));
     }
-    WEFT_CHECK(op.index_map == sig.index_map, "op '{}': stored index map {} differs from its rule's {}", op.name,
-               op.index_map.to_string(), sig.index_map.to_string());
+    WEFT_CHECK(op.index_map == sig.index_map, "op '{}': stored index map {} differs from its rule's {}",
+               op.name, op.index_map.to_string(), sig.index_map.to_string());
   }
   for (TensorId t = 0; t < nt; ++t) {
     const auto& ti = tensors_[t];
-    for (auto s : ti.shape) WEFT_CHECK(s >= 1, "tensor '{}' has a non-positive dimension in {}", ti.name, ti.shape);
+    for (auto s : ti.shape)
+      WEFT_CHECK(s >= 1, "tensor '{}' has a non-positive dimension in {}", ti.name, ti.shape);
     if (ti.producer == kNoOp) {
       WEFT_CHECK(written[t] == 0, "tensor '{}' is written by an op but records no producer", ti.name);
-      WEFT_CHECK(ti.role != Role::Activation, "tensor '{}' is an activation that no op produces (dangling)", ti.name);
+      WEFT_CHECK(ti.role != Role::Activation, "tensor '{}' is an activation that no op produces (dangling)",
+                 ti.name);
     } else {
       WEFT_CHECK(ti.producer >= 0 && ti.producer < static_cast<OpId>(ops_.size()),
                  "tensor '{}' records producer {} which does not exist", ti.name, ti.producer);
@@ -310,14 +348,14 @@ void Graph::validate() const {
 std::int64_t Graph::num_params() const {
   std::int64_t n = 0;
   for (const auto& t : tensors_)
-    if (t.role == Role::Parameter) n += t.numel();
+    if (t.role == Role::Parameter && t.producer == kNoOp) n += t.numel();
   return n;
 }
 
 std::int64_t Graph::param_bytes() const {
   std::int64_t n = 0;
   for (const auto& t : tensors_)
-    if (t.role == Role::Parameter) n += t.bytes();
+    if (t.role == Role::Parameter && t.producer == kNoOp) n += t.bytes();
   return n;
 }
 
@@ -328,16 +366,17 @@ double Graph::flops() const {
 }
 
 std::string Graph::dump() const {
-  std::string s = fmt::format("graph {} ({} ops, {} tensors, {} params)\n", name_, ops_.size(), tensors_.size(),
-                              num_params());
+  std::string s = fmt::format("graph {} ({} ops, {} tensors, {} params)\n", name_, ops_.size(),
+                              tensors_.size(), num_params());
   for (OpId o : topo_order()) {
     const Op& op = ops_[o];
     std::vector<std::string> ins, outs;
     for (TensorId t : op.inputs) ins.push_back(tensors_[t].name);
     for (TensorId t : op.outputs)
-      outs.push_back(fmt::format("{}{}:{}", tensors_[t].name, tensors_[t].shape, dtype_name(tensors_[t].dtype)));
-    s += fmt::format("  {} = {}[{}]({})  {}  flops={:.4g}\n", fmt::join(outs, ", "), op_kind_name(op.kind), op.name,
-                     fmt::join(ins, ", "), op.index_map.to_string(), op.flops());
+      outs.push_back(
+          fmt::format("{}{}:{}", tensors_[t].name, tensors_[t].shape, dtype_name(tensors_[t].dtype)));
+    s += fmt::format("  {} = {}[{}]({})  {}  flops={:.4g}\n", fmt::join(outs, ", "), op_kind_name(op.kind),
+                     op.name, fmt::join(ins, ", "), op.index_map.to_string(), op.flops());
   }
   return s;
 }

@@ -654,6 +654,7 @@ OpSignature derive_signature(OpKind kind, const OpAttrs& a, const std::vector<Sh
     case OpKind::SgdUpdate:
       check_arity(in, 2, op, kname);
       WEFT_CHECK(in[0] == in[1], "op '{}': param {} and grad {} differ", op, in[0], in[1]);
+      WEFT_CHECK(a.scalars.size() == 1, "op '{}': sgd needs scalars {{lr}}", op);
       return {{in[0]}, {dt[0]}, same_shape_map(in[0], 2, 1, 2)};
     case OpKind::AdamUpdate:
       check_arity(in, 4, op, kname);

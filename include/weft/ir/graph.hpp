@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "weft/ir/op.hpp"
@@ -24,7 +25,9 @@ class Graph {
   TensorId constant(std::string name, Shape shape, DType dtype = DType::F32);
   TensorId add_tensor(TensorInfo info);  // any role; producer must be kNoOp
 
-  // ---- generic op: derives output shapes and the index map; returns the outputs
+  // ---- generic op: derives output shapes and the index map; returns the outputs. Op names are
+  // unique within a graph (validate() requires it): a name already used throws weft::Error; an
+  // empty name gets a fresh "<kind>_<n>".
   std::vector<TensorId> add_op(OpKind kind, const std::vector<TensorId>& inputs, OpAttrs attrs = {},
                                std::string name = {}, Role output_role = Role::Activation);
 
@@ -33,8 +36,12 @@ class Graph {
   TensorId matmul(TensorId a, TensorId b, std::string name = {});  // [..., m, k] x [k, n]
   TensorId unary(UnaryFn fn, TensorId x, std::string name = {}, double scalar = 0);
   TensorId binary(BinaryFn fn, TensorId a, TensorId b, std::string name = {});
-  TensorId add(TensorId a, TensorId b, std::string name = {}) { return binary(BinaryFn::Add, a, b, std::move(name)); }
-  TensorId mul(TensorId a, TensorId b, std::string name = {}) { return binary(BinaryFn::Mul, a, b, std::move(name)); }
+  TensorId add(TensorId a, TensorId b, std::string name = {}) {
+    return binary(BinaryFn::Add, a, b, std::move(name));
+  }
+  TensorId mul(TensorId a, TensorId b, std::string name = {}) {
+    return binary(BinaryFn::Mul, a, b, std::move(name));
+  }
   TensorId reduce(ReduceFn fn, TensorId x, std::vector<int> axes, std::string name = {});
   TensorId softmax(TensorId x, int axis = -1, std::string name = {});
   TensorId layer_norm(TensorId x, TensorId gamma, TensorId beta, double eps = 1e-5, std::string name = {});
@@ -44,7 +51,8 @@ class Graph {
   TensorId reshape(TensorId x, Shape shape, std::string name = {});
   TensorId concat(const std::vector<TensorId>& xs, int axis, std::string name = {});
   TensorId slice(TensorId x, int axis, std::int64_t begin, std::int64_t end, std::string name = {});
-  TensorId conv2d(TensorId x, TensorId w, std::int64_t stride = 1, std::int64_t pad = 0, std::string name = {});
+  TensorId conv2d(TensorId x, TensorId w, std::int64_t stride = 1, std::int64_t pad = 0,
+                  std::string name = {});
   TensorId pool2d(ReduceFn fn, TensorId x, std::int64_t kernel, std::int64_t stride, std::int64_t pad = 0,
                   std::string name = {});
   TensorId opaque(const std::vector<TensorId>& inputs, Shape out_shape, double flops, std::string name = {});
@@ -63,11 +71,15 @@ class Graph {
   const TensorInfo& tensor(TensorId t) const;
   const Op& op(OpId o) const;
   std::optional<TensorId> find_tensor(const std::string& name) const;
-  std::vector<OpId> consumers(TensorId t) const;  // in op order
+  bool has_op_name(const std::string& name) const { return op_names_.count(name) > 0; }
+  std::vector<OpId> consumers(TensorId t) const;  // in op order; O(#ops): build an index for loops
   // Bookkeeping for autodiff: which forward tensor a gradient/optimizer tensor belongs to.
   void set_grad_of(TensorId grad, TensorId of);
   std::optional<TensorId> grad_of(TensorId grad) const;
-  std::optional<TensorId> grad(TensorId of) const;  // the gradient of a forward tensor, if made
+  // The gradient of a forward tensor, if made: the lowest-id tensor with grad_of == of whose role
+  // is Gradient or Constant (the dloss seed); optimizer states and updated parameters that also
+  // record grad_of are not gradients. O(1).
+  std::optional<TensorId> grad(TensorId of) const;
 
   // ---- analysis
   std::vector<OpId> topo_order() const;  // throws weft::Error on a cycle
@@ -75,14 +87,19 @@ class Graph {
   // no dangling tensor, no cycle, every op's stored index map and output shapes equal to what
   // its rule derives. Throws weft::Error with a precise message.
   void validate() const;
-  std::int64_t num_params() const;       // elements of Parameter tensors
+  // Elements / bytes of the Parameter leaves (an updated parameter made by an optimizer op is a
+  // Parameter tensor with a producer and is not counted again).
+  std::int64_t num_params() const;
   std::int64_t param_bytes() const;
-  double flops() const;                   // Σ op FLOPs of this graph as it is
-  std::string dump() const;               // one line per op
+  double flops() const;      // Σ op FLOPs of this graph as it is
+  std::string dump() const;  // one line per op
 
-  bool operator==(const Graph&) const = default;
+  // Content equality: name, tensors, ops, outputs, loss and grad_of (not the name counter).
+  bool operator==(const Graph& o) const;
 
-  // Used by the JSON loader: append an op exactly as stored (no derivation; validate() checks).
+  // Used by the JSON loader: append a tensor / an op exactly as stored (no derivation, any
+  // producer; validate() checks).
+  TensorId add_tensor_unchecked(TensorInfo info);
   OpId add_op_unchecked(Op op);
 
  private:
@@ -93,7 +110,12 @@ class Graph {
   std::vector<TensorId> outputs_;
   std::optional<TensorId> loss_;
   std::vector<TensorId> grad_of_;  // per tensor: the forward tensor it is the gradient of, or -1
+  // Indices derived from the above (not part of equality): op names in use, and per forward tensor
+  // its gradient (what grad() returns), so that builders and autodiff stay linear.
+  std::unordered_set<std::string> op_names_;
+  std::vector<TensorId> grad_index_;
   int name_counter_ = 0;
+  void index_grad(TensorId grad, TensorId of);
 };
 
 }  // namespace weft::ir

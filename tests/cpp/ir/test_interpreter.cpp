@@ -1,0 +1,176 @@
+// The reference interpreter against hand-derived values and independent brute-force loops.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "weft/core/error.hpp"
+#include "weft/ir/interpreter.hpp"
+
+using namespace weft::ir;
+
+namespace {
+
+HostTensor rnd(const Shape& s, std::mt19937& gen) {
+  std::uniform_real_distribution<double> u(-1, 1);
+  HostTensor t{s, {}};
+  for (std::int64_t i = 0; i < t.numel(); ++i) t.data.push_back(u(gen));
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("interpreter: matmul, batched einsum and a 3-operand einsum against brute-force loops") {
+  std::mt19937 gen(1);
+  Graph g("e");
+  auto a = g.input("a", {2, 3, 4});
+  auto b = g.input("b", {4, 5});
+  auto c = g.input("c", {2, 5});
+  auto y = g.matmul(a, b);
+  auto z = g.einsum("bij,jk,bk->ik", {a, b, c});  // sums over b and j
+  auto A = rnd({2, 3, 4}, gen), B = rnd({4, 5}, gen), C = rnd({2, 5}, gen);
+  auto v = interpret(g, {{a, A}, {b, B}, {c, C}});
+  REQUIRE(v[y].shape == Shape{2, 3, 5});
+  for (int bb = 0; bb < 2; ++bb)
+    for (int i = 0; i < 3; ++i)
+      for (int k = 0; k < 5; ++k) {
+        double s = 0;
+        for (int j = 0; j < 4; ++j) s += A.data[(bb * 3 + i) * 4 + j] * B.data[j * 5 + k];
+        CHECK(v[y].data[(bb * 3 + i) * 5 + k] == doctest::Approx(s));
+      }
+  for (int i = 0; i < 3; ++i)
+    for (int k = 0; k < 5; ++k) {
+      double s = 0;
+      for (int bb = 0; bb < 2; ++bb)
+        for (int j = 0; j < 4; ++j)
+          s += A.data[(bb * 3 + i) * 4 + j] * B.data[j * 5 + k] * C.data[bb * 5 + k];
+      CHECK(v[z].data[i * 5 + k] == doctest::Approx(s));
+    }
+}
+
+TEST_CASE("interpreter: unary, broadcasting binary, reduce, transpose, reshape, concat, slice") {
+  Graph g;
+  auto x = g.input("x", {2, 3});
+  auto r = g.input("r", {3});
+  auto gl = g.unary(UnaryFn::Gelu, x);
+  auto sc = g.unary(UnaryFn::Scale, x, "sc", 2.5);
+  auto sub = g.binary(BinaryFn::Sub, x, r);
+  auto mx = g.binary(BinaryFn::Max, x, r);
+  auto s0 = g.reduce(ReduceFn::Sum, x, {0});
+  auto m1 = g.reduce(ReduceFn::Mean, x, {1});
+  auto mxall = g.reduce(ReduceFn::Max, x, {0, 1});
+  auto t = g.transpose(x, {1, 0});
+  auto rs = g.reshape(x, {3, 2});
+  auto cc = g.concat({x, x}, 1);
+  auto sl = g.slice(x, 1, 1, 3);
+  HostTensor X{{2, 3}, {1, -2, 3, -4, 5, 6}}, R{{3}, {0, 1, 2}};
+  auto v = interpret(g, {{x, X}, {r, R}});
+  double x0 = 1;
+  CHECK(v[gl].data[0] == doctest::Approx(0.5 * x0 * (1 + std::tanh(std::sqrt(2 / M_PI) * (x0 + 0.044715)))));
+  CHECK(v[sc].data == std::vector<double>{2.5, -5, 7.5, -10, 12.5, 15});
+  CHECK(v[sub].data == std::vector<double>{1, -3, 1, -4, 4, 4});
+  CHECK(v[mx].data == std::vector<double>{1, 1, 3, 0, 5, 6});
+  CHECK(v[s0].data == std::vector<double>{-3, 3, 9});
+  CHECK(v[m1].data[0] == doctest::Approx(2.0 / 3));
+  CHECK(v[m1].data[1] == doctest::Approx(7.0 / 3));
+  CHECK(v[mxall].shape.empty());
+  CHECK(v[mxall].data == std::vector<double>{6});
+  CHECK(v[t].data == std::vector<double>{1, -4, -2, 5, 3, 6});
+  CHECK(v[rs].data == X.data);
+  CHECK(v[cc].data == std::vector<double>{1, -2, 3, 1, -2, 3, -4, 5, 6, -4, 5, 6});
+  CHECK(v[sl].data == std::vector<double>{-2, 3, 5, 6});
+}
+
+TEST_CASE("interpreter: softmax, layer norm and cross entropy closed forms") {
+  Graph g;
+  auto x = g.input("x", {2, 3});
+  auto gm = g.parameter("g", {3});
+  auto bt = g.parameter("b", {3});
+  auto lab = g.input("lab", {2}, weft::DType::I32);
+  auto sm = g.softmax(x, 1);
+  auto ln = g.layer_norm(x, gm, bt, 0.0);
+  auto ce = g.cross_entropy(x, lab);
+  HostTensor X{{2, 3}, {1, 2, 3, 0, 0, 0}};
+  auto v = interpret(g, {{x, X}, {gm, {{3}, {1, 1, 2}}}, {bt, {{3}, {0, 1, 0}}}, {lab, {{2}, {2, 0}}}});
+  double z = std::exp(1) + std::exp(2) + std::exp(3);
+  CHECK(v[sm].data[2] == doctest::Approx(std::exp(3) / z));
+  CHECK(v[sm].data[4] == doctest::Approx(1.0 / 3));
+  // Row [1,2,3]: mean 2, variance 2/3, x̂ = [-1,0,1]·√1.5.
+  CHECK(v[ln].data[0] == doctest::Approx(-std::sqrt(1.5)));
+  CHECK(v[ln].data[1] == doctest::Approx(1.0));
+  CHECK(v[ln].data[2] == doctest::Approx(2 * std::sqrt(1.5)));
+  // Row 2 is constant: x̂ = 0 (eps = 0 gives 0/0 only for var 0 — here (0-0)·inf is nan, so skip it).
+  double expect = ((std::log(z) - 3) + (std::log(3.0) - 0)) / 2;
+  CHECK(v[ce].data[0] == doctest::Approx(expect));
+}
+
+TEST_CASE("interpreter: conv2d with stride and padding, pools, embedding") {
+  std::mt19937 gen(7);
+  Graph g;
+  auto x = g.input("x", {1, 2, 5, 5});
+  auto w = g.parameter("w", {3, 2, 3, 3});
+  auto y = g.conv2d(x, w, 2, 1);
+  auto pm = g.pool2d(ReduceFn::Max, x, 2, 2, 1);
+  auto pa = g.pool2d(ReduceFn::Mean, x, 3, 1, 0);
+  auto table = g.parameter("table", {4, 2});
+  auto ids = g.input("ids", {3}, weft::DType::I64);
+  auto e = g.embedding(table, ids);
+  auto X = rnd({1, 2, 5, 5}, gen), W = rnd({3, 2, 3, 3}, gen);
+  HostTensor T{{4, 2}, {0, 1, 10, 11, 20, 21, 30, 31}}, I{{3}, {3, 0, 3}};
+  auto v = interpret(g, {{x, X}, {w, W}, {table, T}, {ids, I}});
+  REQUIRE(v[y].shape == Shape{1, 3, 3, 3});
+  auto xat = [&](int c, int h, int ww) {
+    return (h < 0 || h >= 5 || ww < 0 || ww >= 5) ? 0.0 : X.data[(c * 5 + h) * 5 + ww];
+  };
+  for (int o = 0; o < 3; ++o)
+    for (int p = 0; p < 3; ++p)
+      for (int q = 0; q < 3; ++q) {
+        double s = 0;
+        for (int c = 0; c < 2; ++c)
+          for (int r = 0; r < 3; ++r)
+            for (int t = 0; t < 3; ++t)
+              s += xat(c, 2 * p + r - 1, 2 * q + t - 1) * W.data[((o * 2 + c) * 3 + r) * 3 + t];
+        CHECK(v[y].data[(o * 3 + p) * 3 + q] == doctest::Approx(s));
+      }
+  REQUIRE(v[pm].shape == Shape{1, 2, 3, 3});
+  CHECK(v[pm].data[0] == X.data[0]);  // window {(-1..0)x(-1..0)}: only x[0,0] in bounds
+  CHECK(v[pm].data[4] == std::max({xat(0, 1, 1), xat(0, 1, 2), xat(0, 2, 1), xat(0, 2, 2)}));
+  REQUIRE(v[pa].shape == Shape{1, 2, 3, 3});
+  double s = 0;
+  for (int h = 0; h < 3; ++h)
+    for (int ww = 0; ww < 3; ++ww) s += xat(1, h + 1, ww + 2);
+  CHECK(v[pa].data[9 + 1 * 3 + 2] == doctest::Approx(s / 9));
+  CHECK(v[e].data == std::vector<double>{30, 31, 0, 1, 30, 31});
+  CHECK_THROWS_WITH_AS(interpret(g, {{x, X}, {w, W}, {table, T}, {ids, {{3}, {3, 4, 0}}}}),
+                       doctest::Contains("not an integer in [0, 4)"), weft::Error);
+}
+
+TEST_CASE("interpreter: bad feeds and opaque ops are clear errors") {
+  Graph g;
+  auto x = g.input("x", {2});
+  auto y = g.unary(UnaryFn::Exp, x, "y");
+  CHECK_THROWS_WITH_AS(interpret(g, {}), doctest::Contains("no feed for input 'x'"), weft::Error);
+  CHECK_THROWS_WITH_AS(interpret(g, {{x, {{3}, {1, 2, 3}}}}), doctest::Contains("has shape [3]"),
+                       weft::Error);
+  CHECK_THROWS_WITH_AS(interpret(g, {{x, {{2}, {1, 2}}}, {y, {{2}, {1, 2}}}}),
+                       doctest::Contains("only leaves"), weft::Error);
+  g.opaque({y}, {2}, 10, "blackbox");
+  CHECK_THROWS_WITH_AS(interpret(g, {{x, {{2}, {1, 2}}}}), doctest::Contains("'blackbox' is opaque"),
+                       weft::Error);
+}
+
+TEST_CASE("graph: op names are unique, auto names skip taken ones, equality ignores the name counter") {
+  Graph g;
+  auto x = g.input("x", {2});
+  g.unary(UnaryFn::Relu, x, "unary_0");
+  auto y = g.unary(UnaryFn::Relu, x);  // would have been "unary_0"
+  CHECK(g.op(g.tensor(y).producer).name == "unary_1");
+  CHECK_THROWS_WITH_AS(g.unary(UnaryFn::Relu, x, "unary_0"), doctest::Contains("already used"), weft::Error);
+  Graph h;
+  auto hx = h.input("x", {2});
+  h.unary(UnaryFn::Relu, hx, "unary_0");
+  h.unary(UnaryFn::Relu, hx, "unary_1");
+  CHECK(g == h);
+  g.validate();
+}
