@@ -1,0 +1,143 @@
+#pragma once
+// The model zoo: forward graphs (with a scalar loss) of the models the papers evaluate, built on
+// the IR with the configurations of their tables (Rhino Tables 1-4, Alpa's benchmark suites).
+// Every builder takes a config struct (validated: weft::Error on a bad field) and returns an
+// ir::Graph; ir::build_training_graph turns it into a training step. Presets name the papers'
+// configurations ("GPT-2.7B", "MoE-16E-2.4B", "WR-6B", ...); docs/modules/models.md lists each
+// preset's config and its computed parameter count against the named one.
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "weft/core/dtype.hpp"
+#include "weft/ir/graph.hpp"
+
+namespace weft::models {
+
+// GPT (Megatron-LM / Alpa): pre-LN decoder blocks, fused QKV, FFN = 4h with GeLU, learned
+// position embedding, logits through the tied token embedding, cross-entropy on i32 labels.
+struct GptConfig {
+  std::string name = "gpt";
+  std::int64_t layers = 24, hidden = 1024, heads = 16;
+  std::int64_t ffn = 0;  // 0: 4 * hidden
+  std::int64_t seq = 1024, vocab = 51200, batch = 1;
+  DType dtype = DType::F32;
+  void validate() const;  // weft::Error naming the bad field
+  std::int64_t ffn_size() const { return ffn > 0 ? ffn : 4 * hidden; }
+  std::string to_string() const;
+  bool operator==(const GptConfig&) const = default;
+};
+
+// GShard MoE (Alpa's suite): GPT-like blocks where every `moe_every`-th block (the odd ones for
+// 2) replaces its FFN by `experts` expert FFNs with top-2 gating; expert capacity
+// ceil(2 * seq * capacity_factor / experts); one routing group per sequence.
+struct MoeConfig {
+  std::string name = "moe";
+  std::int64_t layers = 8, hidden = 768, heads = 16;
+  std::int64_t ffn = 0;  // 0: 8 * hidden (Alpa's MoE suite)
+  std::int64_t experts = 8;
+  std::int64_t moe_every = 2;
+  double capacity_factor = 1.0;
+  std::int64_t seq = 1024, vocab = 32000, batch = 1;
+  DType dtype = DType::F32;
+  void validate() const;
+  std::int64_t ffn_size() const { return ffn > 0 ? ffn : 8 * hidden; }
+  std::int64_t capacity() const;  // tokens per expert per group
+  std::string to_string() const;
+  bool operator==(const MoeConfig&) const = default;
+};
+
+// Wide-ResNet (Alpa's Flax model): ResNet-50/101 bottleneck blocks whose 3x3 conv has
+// width_factor times the block's base filters; `channels` is the stem's filter count.
+// BatchNorm is modelled as a per-channel affine scale and shift (2 parameters per channel).
+struct WideResNetConfig {
+  std::string name = "wide_resnet";
+  std::int64_t layers = 50;  // 50 or 101
+  std::int64_t channels = 320, width_factor = 2;
+  std::int64_t classes = 1024, image = 224, batch = 1;
+  DType dtype = DType::F32;
+  void validate() const;
+  std::string to_string() const;
+  bool operator==(const WideResNetConfig&) const = default;
+};
+
+// U-Net (Ronneberger et al.): `depth` down levels of two 3x3 conv + BN + ReLU with 2x2 max
+// pooling, a bottleneck, then `depth` up levels of a 2x2 stride-2 transposed conv, a concat
+// with the encoder's skip tensor of that level (the long skip connection) and two 3x3 convs; a
+// final 1x1 conv to `classes` per-pixel logits. Padded convs: spatial sizes halve exactly.
+struct UNetConfig {
+  std::string name = "unet";
+  std::int64_t base_channels = 64, depth = 4, in_channels = 3, classes = 2;
+  std::int64_t image = 256, batch = 1;
+  DType dtype = DType::F32;
+  void validate() const;
+  std::string to_string() const;
+  bool operator==(const UNetConfig&) const = default;
+};
+
+// VGG19 (configuration E) with 3x3 convs + bias + ReLU, 5 max pools, FC 4096-4096-classes.
+// classes = 1'000'000 gives the million-way classifier of Whale's and Rhino's experiments.
+struct Vgg19Config {
+  std::string name = "vgg19";
+  std::int64_t classes = 1000, image = 224, batch = 1;
+  DType dtype = DType::F32;
+  void validate() const;
+  std::string to_string() const;
+  bool operator==(const Vgg19Config&) const = default;
+};
+
+// BERT (post-LN encoder): token + position + segment embeddings with LN, blocks of attention
+// and a 4h GeLU FFN, the masked-LM head (dense + GeLU + LN, decoder tied to the token
+// embedding, output bias) and cross-entropy over every position. No pooler / NSP head.
+struct BertConfig {
+  std::string name = "bert";
+  std::int64_t layers = 24, hidden = 1024, heads = 16;
+  std::int64_t ffn = 0;  // 0: 4 * hidden
+  std::int64_t seq = 512, vocab = 30522, type_vocab = 2, batch = 1;
+  DType dtype = DType::F32;
+  void validate() const;
+  std::int64_t ffn_size() const { return ffn > 0 ? ffn : 4 * hidden; }
+  std::string to_string() const;
+  bool operator==(const BertConfig&) const = default;
+};
+
+ir::Graph gpt(const GptConfig& config);
+ir::Graph moe(const MoeConfig& config);
+ir::Graph wide_resnet(const WideResNetConfig& config);
+ir::Graph unet(const UNetConfig& config);
+ir::Graph vgg19(const Vgg19Config& config);
+ir::Graph bert(const BertConfig& config);
+
+// Megatron-LM's model FLOPs of one training step (forward + backward, no recomputation):
+// 72·B·S·L·h²·(1 + S/(6h) + V/(12·L·h)). Counts only matmuls (2 FLOPs per MAC); assumes
+// FFN = 4h.
+double megatron_flops(const GptConfig& config);
+
+// ---- presets: the papers' named configurations
+struct Preset {
+  std::string name;     // canonical name, e.g. "GPT-2.7B"
+  std::string family;   // "gpt" | "moe" | "wide_resnet" | "unet" | "vgg19" | "bert"
+  double named_params;  // the parameter count the paper's name / table states
+  std::string source;   // where the config comes from
+  bool operator==(const Preset&) const = default;
+};
+const std::vector<Preset>& presets();
+const Preset& find_preset(std::string_view name);  // canonical names and aliases ("GPT-3")
+
+// Config of a preset of that family, with the given batch and dtype (weft::Error for an unknown
+// name or a name of another family).
+GptConfig gpt_config(std::string_view preset, std::int64_t batch = 1, DType dtype = DType::F32);
+MoeConfig moe_config(std::string_view preset, std::int64_t batch = 1, DType dtype = DType::F32);
+WideResNetConfig wide_resnet_config(std::string_view preset, std::int64_t batch = 1,
+                                    DType dtype = DType::F32);
+UNetConfig unet_config(std::string_view preset, std::int64_t batch = 1, DType dtype = DType::F32);
+Vgg19Config vgg19_config(std::string_view preset, std::int64_t batch = 1, DType dtype = DType::F32);
+BertConfig bert_config(std::string_view preset, std::int64_t batch = 1, DType dtype = DType::F32);
+
+ir::Graph gpt_preset(std::string_view preset, std::int64_t batch = 1, DType dtype = DType::F32);
+ir::Graph moe_preset(std::string_view preset, std::int64_t batch = 1, DType dtype = DType::F32);
+// Any preset of any family.
+ir::Graph build_preset(std::string_view preset, std::int64_t batch = 1, DType dtype = DType::F32);
+
+}  // namespace weft::models
