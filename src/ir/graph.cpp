@@ -240,6 +240,12 @@ void Graph::set_grad_of(TensorId grad, TensorId of) {
   index_grad(grad, of);
 }
 
+void Graph::set_role(TensorId t, Role role) {
+  tensor(t);
+  tensors_[t].role = role;
+  if (grad_of_[t] >= 0) set_grad_of(t, grad_of_[t]);  // re-index: grad() depends on the role
+}
+
 void Graph::index_grad(TensorId grad, TensorId of) {
   Role r = tensors_[grad].role;
   if (r != Role::Gradient && r != Role::Constant) return;

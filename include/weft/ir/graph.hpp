@@ -71,6 +71,7 @@ class Graph {
   const TensorInfo& tensor(TensorId t) const;
   const Op& op(OpId o) const;
   std::optional<TensorId> find_tensor(const std::string& name) const;
+  void set_role(TensorId t, Role role);  // e.g. an optimizer op's state results
   bool has_op_name(const std::string& name) const { return op_names_.count(name) > 0; }
   std::vector<OpId> consumers(TensorId t) const;  // in op order; O(#ops): build an index for loops
   // Bookkeeping for autodiff: which forward tensor a gradient/optimizer tensor belongs to.
