@@ -15,4 +15,11 @@ except ImportError:  # a development build: _weft on sys.path (PYTHONPATH=python
 from ._weft import dtype_size
 
 __all__ = ["dtype_size"]
+# schedule / sim (pipeline schedules, simulator, Ada-Grouper)
+from ._weft import BandwidthTrace, Candidate, LinkSpec, Schedule, StageModel, StageSpec, check_order
+from .schedules import schedule
+from .simulation import SimulationResult, simulate
+from . import adagrouper
+__all__ += ["BandwidthTrace", "Candidate", "LinkSpec", "Schedule", "StageModel", "StageSpec", "check_order",
+            "schedule", "simulate", "SimulationResult", "adagrouper"]
 __version__ = "0.1.0"

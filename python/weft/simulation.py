@@ -1,0 +1,111 @@
+"""Discrete-event simulation of pipeline schedules (``weft.simulate``), Chrome trace and Gantt chart.
+
+Timing model (docs/modules/sim.md): one compute stream per device running its ops in the
+schedule's order; each op starts when its inputs are there and the previous op ended. Activation
+and gradient transfers run on separate streams, serialised per link and direction in the
+sender's order, with ``latency + bytes / (bandwidth * trace fraction)`` integrated exactly over
+the bandwidth trace; receives are posted ahead.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Optional, Sequence, Union
+
+from ._weft import LinkSpec, Schedule, SimResult, StageSpec
+from . import _weft
+
+
+@dataclass(frozen=True)
+class SimulationResult:
+    """A :class:`SimResult` plus exports. Attribute access falls through to the C++ result."""
+
+    raw: SimResult
+    schedule: Schedule
+
+    def __getattr__(self, name):  # step_time, bubble_fraction, peak_in_flight, peak_memory, ...
+        return getattr(self.raw, name)
+
+    def __repr__(self) -> str:
+        return repr(self.raw)
+
+    def to_chrome_trace(self, path: Optional[str] = None) -> dict:
+        """The timeline as Chrome trace-event JSON (open in chrome://tracing or Perfetto).
+
+        Model time is written as seconds (ts in microseconds). Returns the dict; writes it to
+        ``path`` when given."""
+        doc = json.loads(self.raw.chrome_trace_json())
+        if path is not None:
+            with open(path, "w") as f:
+                json.dump(doc, f)
+        return doc
+
+    def plot_gantt(self, path: Optional[str] = None, *, show_transfers: bool = True, title: Optional[str] = None):
+        """Draw the timeline as a Gantt chart with matplotlib (Agg backend); save to ``path``.
+
+        One row per device (F blue, B green, W orange, optimizer grey, labelled with the
+        micro-batch) and, when ``show_transfers``, one row per directed link with its transfers.
+        Returns the matplotlib Figure."""
+        import matplotlib
+
+        matplotlib.use("Agg", force=False)
+        import matplotlib.pyplot as plt
+
+        colors = {"F": "#4C72B0", "B": "#55A868", "W": "#DD8452", "Opt": "#8C8C8C", "act": "#8172B3", "grad": "#C44E52"}
+        tl = self.raw.timeline
+        D = self.schedule.num_devices
+        links = sorted({(d, p) for (k, s, m, d, p, a, b) in tl if p >= 0}) if show_transfers else []
+        rows = [f"device {d}" for d in range(D)] + [f"{a}->{b}" for a, b in links]
+        row_of_link = {l: D + i for i, l in enumerate(links)}
+        fig, ax = plt.subplots(figsize=(max(8.0, 0.25 * self.schedule.num_micro * 2), 0.5 * len(rows) + 1.5))
+        for kind, stage, micro, dev, peer, start, end in tl:
+            if peer >= 0 and not show_transfers:
+                continue
+            row = dev if peer < 0 else row_of_link[(dev, peer)]
+            ax.barh(row, end - start, left=start, height=0.8, color=colors.get(kind, "k"), edgecolor="white", linewidth=0.3)
+            if peer < 0 and micro >= 0 and self.schedule.num_micro <= 64:
+                ax.text((start + end) / 2, row, str(micro), ha="center", va="center", fontsize=6, color="white")
+        ax.set_yticks(range(len(rows)))
+        ax.set_yticklabels(rows)
+        ax.invert_yaxis()
+        ax.set_xlabel("time")
+        ax.set_title(title or f"{self.schedule.name}: step {self.raw.step_time:.4g}, bubble {self.raw.bubble_fraction:.1%}")
+        from matplotlib.patches import Patch
+
+        ax.legend(handles=[Patch(color=c, label=k) for k, c in colors.items()], loc="upper right", fontsize=7, ncol=6)
+        fig.tight_layout()
+        if path is not None:
+            fig.savefig(path, dpi=120)
+        plt.close(fig)
+        return fig
+
+
+def _as_list(x, cls):
+    if x is None:
+        return []
+    if isinstance(x, cls):
+        return [x]
+    return list(x)
+
+
+def simulate(
+    schedule: Schedule,
+    stages: Union[StageSpec, Sequence[StageSpec], None] = None,
+    links: Union[LinkSpec, Sequence[LinkSpec], None] = None,
+    *,
+    trace_offset: float = 0.0,
+    check_pairing: bool = True,
+    record_timeline: bool = True,
+) -> SimulationResult:
+    """Simulate one training step of ``schedule``.
+
+    stages: one StageSpec for all stages or one per logical stage (default: F=1, B=2, no bytes).
+    links: none (no communication cost), one for every device boundary, or one per boundary
+    (link d joins device d and d+1; interleaved schedules on more than two devices also need link
+    D-1 joining D-1 and 0). trace_offset: absolute trace time at simulation time 0.
+    A cyclic order is reported (``deadlock`` True, ``deadlock_report``), not raised.
+    """
+    st = _as_list(stages, StageSpec) or [StageSpec()]
+    ln = _as_list(links, LinkSpec)
+    raw = _weft._simulate(schedule, st, ln, trace_offset, check_pairing, record_timeline)
+    return SimulationResult(raw, schedule)
