@@ -1,0 +1,42 @@
+#pragma once
+// Compute cost of one IR op on one device under a split of its index map's factors.
+//
+//   local FLOPs  = op FLOPs / Π_{f ∈ work_factors} shards(f)
+//   local bytes  = Σ over operands and results of numel / Π_{f in the tensor} shards(f) × dtype size
+//   time         = max(local FLOPs / peak(dtype), local bytes / memory bandwidth)      (roofline)
+//
+// shards(f) is the number of pieces factor f is cut into (product of the mesh axis sizes a
+// strategy assigns to it; 1 = not split). Partial results count at full size (each device holds
+// a full-size term of the sum).
+#include <cstdint>
+#include <vector>
+
+#include "weft/cluster/cluster.hpp"
+#include "weft/ir/graph.hpp"
+
+namespace weft::cost {
+
+struct OpCost {
+  double flops = 0;  // per device
+  double bytes = 0;  // per device, operands + results
+  double time = 0;   // seconds, roofline
+  bool operator==(const OpCost&) const = default;
+};
+
+// The dtype whose peak FLOP/s applies: the first floating result, else the first floating
+// operand, else f32.
+DType compute_dtype(const ir::Graph& g, const ir::Op& op);
+
+// Roofline time of `flops` and `bytes` on `device` (throws weft::Error when the device has no
+// peak for the dtype and no f32 fallback, or a non-positive bandwidth).
+double roofline_time(double flops, double bytes, const cluster::DeviceSpec& device, DType dtype);
+
+// factor_shards.size() must equal op.index_map.factors.size() (throws weft::Error otherwise).
+OpCost op_cost(const ir::Graph& g, const ir::Op& op, const cluster::DeviceSpec& device,
+               const std::vector<std::int64_t>& factor_shards);
+
+// Bytes per device of operand (is_output=false) or result `index` under factor_shards.
+double local_tensor_bytes(const ir::Graph& g, const ir::Op& op, bool is_output, int index,
+                          const std::vector<std::int64_t>& factor_shards);
+
+}  // namespace weft::cost

@@ -1,0 +1,87 @@
+#pragma once
+// The SPMD strategy problem as plain numbers (the XLA auto-sharding solver request): nodes with
+// strategy costs, edges with pairwise cost matrices, memory rows, a memory budget. Solved as an
+// ILP (Rhino §4.2 / Alpa), re-scored by an independent evaluator, and by exhaustive enumeration
+// in tests.
+//
+//   minimise   Σ_v Σ_s c_v(s) x_vs + Σ_(u,v) Σ_{s,t} M_uv(s,t) e_uv,st
+//   s.t.       Σ_s x_vs = 1                          one strategy per node
+//              Σ_t e_uv,st = x_us,  Σ_s e_uv,st = x_vt   (Alpa's tight linearisation of x_us·x_vt;
+//                                                      with binary x these force e = x_us x_vt,
+//                                                      so e can stay continuous in [0, 1])
+//              k_r + Σ_v Σ_s m_rv(s) x_vs <= limit   one row per live set (peak memory per device)
+//              x ∈ {0,1}, e ∈ [0,1]; e_uv,st = 0 where M_uv(s,t) = ∞
+// Preprocessing (exact): strategies with infinite node cost are dropped, parallel edges merged,
+// separable matrices M(s,t) = a(s) + b(t) folded into node costs, all-zero edges dropped.
+#include <cstddef>
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "weft/solver/ilp.hpp"
+
+namespace weft::spmd {
+
+inline constexpr double kInfCost = std::numeric_limits<double>::infinity();
+
+struct EdgeCost {
+  int u = 0, v = 0;
+  std::vector<double> cost;  // row-major [strategy of u][strategy of v]
+};
+
+struct MemoryTerm {
+  int node = 0;
+  std::vector<double> bytes;  // per strategy of node
+};
+
+struct MemoryRow {
+  std::string label;
+  double constant = 0;
+  std::vector<MemoryTerm> terms;
+};
+
+struct StrategyProblem {
+  std::vector<std::string> names;              // per node (optional, for messages)
+  std::vector<std::vector<double>> node_cost;  // [node][strategy], kInfCost = forbidden
+  std::vector<EdgeCost> edges;
+  std::vector<MemoryRow> memory_rows;
+  double memory_limit = kInfCost;
+  int num_nodes() const { return static_cast<int>(node_cost.size()); }
+  void validate() const;  // throws weft::Error naming the bad node/edge/row
+};
+
+struct Evaluation {
+  double cost = 0;  // node + edge
+  double node_cost = 0;
+  double edge_cost = 0;
+  double peak_memory = 0;  // max over rows
+  int peak_row = -1;
+  std::vector<std::string> violations;  // memory rows over the limit, forbidden choices
+  bool feasible() const { return violations.empty(); }
+};
+
+// Independent re-scoring of a choice (one strategy index per node).
+Evaluation evaluate(const StrategyProblem& p, const std::vector<int>& choice);
+
+struct SolveOptions {
+  double time_limit_s = 60;
+  double relative_gap = 0;
+  std::vector<int> warm_start;  // a choice per node (optional)
+};
+
+struct ProblemSolution {
+  std::vector<int> choice;  // empty when no feasible solution was found
+  double cost = 0;
+  solver::IlpStatus status = solver::IlpStatus::Error;
+  double gap = 0;
+  int ilp_variables = 0, ilp_constraints = 0;
+  double wall_s = 0;
+  bool has_solution() const { return !choice.empty(); }
+};
+
+ProblemSolution solve_ilp(const StrategyProblem& p, const SolveOptions& opt = {});
+// Exhaustive enumeration (tests); throws weft::Error past max_combinations.
+ProblemSolution solve_exhaustive(const StrategyProblem& p, std::size_t max_combinations = 1000000);
+
+}  // namespace weft::spmd

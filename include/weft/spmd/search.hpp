@@ -1,0 +1,106 @@
+#pragma once
+// SPMD (intra-operator) strategy search on one device mesh (Rhino §4, Alpa's intra-op pass).
+//
+// Nodes = ops of the graph plus leaf tensors (parameters, optimizer states, inputs) that ops
+// read; a leaf's strategies are its block specs (plus strided candidates). Strategies of ops
+// come from their index maps (strategy.hpp); node cost = roofline compute time of the op's
+// local work (cost::op_cost); edge cost = the cheapest collective sequence from the producer's
+// result spec to the consumer's required operand spec (sharding::ReshardPlanner, α-β per mesh
+// axis); an update op's new parameter/state feeds back to the leaf it replaces (loop-carried
+// edge: the layout must be the same next step, or be resharded every step). Memory: one row per
+// maximal live set of a topological order (cost::liveness), per-device bytes of every live
+// tensor under its producer's strategy. The problem (problem.hpp) is solved
+//   O3: as one ILP;
+//   O2: by segments between critical nodes (see coarsen in search.cpp), each an ILP, stitched in
+//       order with the previous segments' choices fixed;
+// and the result re-scored by evaluate_plan, which recomputes everything from the chosen specs.
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "weft/cluster/cluster.hpp"
+#include "weft/cluster/device_mesh.hpp"
+#include "weft/ir/graph.hpp"
+#include "weft/sharding/sharding_spec.hpp"
+#include "weft/solver/ilp.hpp"
+#include "weft/spmd/strategy.hpp"
+
+namespace weft::spmd {
+
+enum class Level { O2, O3 };
+enum class MemoryMode {
+  Ilp,           // memory rows in the ILP
+  ShardLargest,  // Rhino §4.4: force the k largest parameters sharded, smallest feasible k
+};
+
+struct Progress {
+  std::string phase;    // "strategies", "edge costs", "solve", "evaluate"
+  double fraction = 0;  // 0..1 of the whole search
+  std::string message;
+};
+
+struct SearchOptions {
+  Level level = Level::O3;
+  // Bytes per device; 0 = the device's memory from the cluster; < 0 = no memory constraint.
+  double memory_limit = 0;
+  MemoryMode memory_mode = MemoryMode::Ilp;
+  double time_limit_s = 60;  // per ILP
+  double relative_gap = 0;
+  bool strided_candidates = true;                  // Rhino §4.3.3 candidate generation
+  bool reuse_repeated_layers = true;               // O2: solve one of identical repeated segments, reuse it
+  std::map<std::string, std::string> fixed_specs;  // tensor name -> spec text, forced
+  std::function<void(const Progress&)> progress;   // called from the searching thread
+};
+
+struct ParamRow {
+  std::string name;
+  std::vector<std::int64_t> shape;
+  std::string spec;
+  double bytes_per_device = 0;
+};
+
+struct SearchReport {
+  std::vector<std::pair<std::string, double>> phase_seconds;
+  int nodes = 0, strategies = 0, edges = 0;
+  int ilp_variables = 0, ilp_constraints = 0, ilp_solves = 0;
+  std::string status;  // worst status over the ILPs solved
+  double gap = 0;      // largest relative gap over the ILPs solved
+  double compute_time = 0, comm_time = 0;
+  double peak_memory = 0, memory_limit = 0;
+  int forced_sharded_params = -1;  // ShardLargest: k; -1 otherwise
+  int segments = 0, reused_segments = 0;
+  std::vector<ParamRow> params;
+  std::string to_string() const;  // readable multi-line table
+};
+
+struct SpmdPlan {
+  std::vector<OpStrategy> op_strategies;                            // per op id
+  std::vector<std::optional<sharding::ShardingSpec>> tensor_specs;  // per tensor: produced/chosen spec
+  double cost = 0, compute_time = 0, comm_time = 0, peak_memory = 0;
+  SearchReport report;
+  // Spec text of a tensor by name (throws weft::Error for an unknown/unused tensor).
+  std::string spec_of(const ir::Graph& g, const std::string& tensor) const;
+};
+
+SpmdPlan spmd_search(const ir::Graph& g, const cluster::Cluster& cluster, const cluster::DeviceMesh& mesh,
+                     const SearchOptions& options = {});
+
+// Independent re-evaluation of chosen strategies: per op an assignment of mesh axes to factors,
+// per leaf tensor a spec. Recomputes compute (roofline), every edge's resharding (fresh
+// planner), loop-carried edges, and peak memory over all live sets.
+struct PlanEvaluation {
+  double cost = 0, compute_time = 0, comm_time = 0, peak_memory = 0;
+  std::map<std::string, int> collectives;  // collective name -> count over all edges
+  std::vector<std::string> edges;          // "producer -> consumer: plan" for non-free edges
+};
+PlanEvaluation evaluate_plan(const ir::Graph& g, const cluster::Cluster& cluster,
+                             const cluster::DeviceMesh& mesh,
+                             const std::vector<std::vector<AxisAssign>>& op_axes,
+                             const std::map<ir::TensorId, sharding::ShardingSpec>& leaf_specs);
+PlanEvaluation evaluate_plan(const ir::Graph& g, const cluster::Cluster& cluster,
+                             const cluster::DeviceMesh& mesh, const SpmdPlan& plan);
+
+}  // namespace weft::spmd

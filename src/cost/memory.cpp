@@ -1,0 +1,73 @@
+// Liveness over a topological order (rules in memory.hpp): one pass to find each tensor's last
+// reader, then interval → sets.
+#include "weft/cost/memory.hpp"
+
+#include <algorithm>
+
+namespace weft::cost {
+
+Liveness liveness(const ir::Graph& g) {
+  Liveness l;
+  l.order = g.topo_order();
+  const int n = static_cast<int>(l.order.size());
+  const int nt = static_cast<int>(g.tensors().size());
+  std::vector<int> pos(g.ops().size(), 0);
+  for (int p = 0; p < n; ++p) pos[l.order[p]] = p;
+  l.begin.assign(nt, -1);
+  l.end.assign(nt, -1);
+  std::vector<char> keep(nt, 0);
+  for (ir::TensorId t : g.outputs()) keep[t] = 1;
+  if (g.loss()) keep[*g.loss()] = 1;
+  for (int t = 0; t < nt; ++t) {
+    const auto& info = g.tensors()[t];
+    if (info.producer != ir::kNoOp) l.begin[t] = l.end[t] = pos[info.producer];
+  }
+  for (int p = 0; p < n; ++p)
+    for (ir::TensorId t : g.op(l.order[p]).inputs) {
+      if (l.begin[t] < 0) l.begin[t] = 0;  // a leaf: live from the start
+      l.end[t] = std::max(l.end[t], p);
+    }
+  for (int t = 0; t < nt; ++t)
+    if (keep[t]) {
+      if (l.begin[t] < 0) l.begin[t] = 0;
+      l.end[t] = std::max(n - 1, 0);
+    }
+  l.sets.assign(n, {});
+  for (int t = 0; t < nt; ++t)
+    if (l.begin[t] >= 0)
+      for (int p = l.begin[t]; p <= l.end[t] && p < n; ++p) l.sets[p].push_back(t);
+  return l;
+}
+
+std::vector<int> maximal_positions(const Liveness& l) {
+  // Live sets are unions of intervals, so if S_p ⊆ S_q for some q > p then every tensor of S_p
+  // is live on [p, q] and S_p ⊆ S_{p+1} (same for q < p): comparing neighbours is exact. Of a
+  // run of equal sets the first is kept.
+  const int n = static_cast<int>(l.sets.size());
+  auto subset = [&](int a, int b) {
+    return std::includes(l.sets[b].begin(), l.sets[b].end(), l.sets[a].begin(), l.sets[a].end());
+  };
+  std::vector<int> out;
+  for (int p = 0; p < n; ++p) {
+    const bool left = p > 0 && subset(p, p - 1);
+    const bool right = p + 1 < n && subset(p, p + 1) && l.sets[p] != l.sets[p + 1];
+    if (!left && !right) out.push_back(p);
+  }
+  return out;
+}
+
+std::pair<double, int> peak_memory(const Liveness& l, const std::vector<double>& bytes) {
+  double best = 0;
+  int at = -1;
+  for (int p = 0; p < static_cast<int>(l.sets.size()); ++p) {
+    double s = 0;
+    for (ir::TensorId t : l.sets[p]) s += bytes[t];
+    if (at < 0 || s > best) {
+      best = s;
+      at = p;
+    }
+  }
+  return {best, at};
+}
+
+}  // namespace weft::cost

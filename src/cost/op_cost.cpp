@@ -1,0 +1,70 @@
+// Roofline compute cost of an IR op under a factor split (formulas in op_cost.hpp).
+#include "weft/cost/op_cost.hpp"
+
+#include <algorithm>
+
+#include "weft/core/error.hpp"
+
+namespace weft::cost {
+
+DType compute_dtype(const ir::Graph& g, const ir::Op& op) {
+  for (ir::TensorId t : op.outputs)
+    if (is_floating(g.tensor(t).dtype)) return g.tensor(t).dtype;
+  for (ir::TensorId t : op.inputs)
+    if (is_floating(g.tensor(t).dtype)) return g.tensor(t).dtype;
+  return DType::F32;
+}
+
+double roofline_time(double flops, double bytes, const cluster::DeviceSpec& device, DType dtype) {
+  double peak = 0;
+  auto it = device.peak_flops.find(dtype);
+  if (it != device.peak_flops.end())
+    peak = it->second;
+  else if (auto f = device.peak_flops.find(DType::F32); f != device.peak_flops.end())
+    peak = f->second;
+  WEFT_CHECK(peak > 0, "roofline: device '{}' has no peak FLOP/s for {}", device.kind, dtype_name(dtype));
+  WEFT_CHECK(device.memory_bandwidth > 0, "roofline: device '{}' has no memory bandwidth", device.kind);
+  return std::max(flops / peak, bytes / device.memory_bandwidth);
+}
+
+namespace {
+double shards_of(const ir::IndexMap& m, const std::vector<ir::DimFactors>& dims,
+                 const std::vector<std::int64_t>& fs) {
+  double s = 1;
+  for (const auto& d : dims)
+    for (int f : d) s *= static_cast<double>(fs[f]);
+  (void)m;
+  return s;
+}
+}  // namespace
+
+double local_tensor_bytes(const ir::Graph& g, const ir::Op& op, bool is_output, int index,
+                          const std::vector<std::int64_t>& fs) {
+  const auto& m = op.index_map;
+  WEFT_CHECK(fs.size() == m.factors.size(), "op_cost: {} factor shards for op '{}' with {} factors",
+             fs.size(), op.name, m.factors.size());
+  const auto& ids = is_output ? op.outputs : op.inputs;
+  const auto& dims = is_output ? m.outputs : m.inputs;
+  WEFT_CHECK(index >= 0 && index < static_cast<int>(ids.size()), "op_cost: bad tensor index {}", index);
+  return static_cast<double>(g.tensor(ids[index]).bytes()) / shards_of(m, dims[index], fs);
+}
+
+OpCost op_cost(const ir::Graph& g, const ir::Op& op, const cluster::DeviceSpec& device,
+               const std::vector<std::int64_t>& fs) {
+  const auto& m = op.index_map;
+  WEFT_CHECK(fs.size() == m.factors.size(), "op_cost: {} factor shards for op '{}' with {} factors",
+             fs.size(), op.name, m.factors.size());
+  for (auto s : fs) WEFT_CHECK(s >= 1, "op_cost: factor shards must be >= 1 (op '{}')", op.name);
+  OpCost c;
+  double work = 1;
+  for (int f : m.work_factors) work *= static_cast<double>(fs[f]);
+  c.flops = m.flops() / work;
+  for (int i = 0; i < static_cast<int>(op.inputs.size()); ++i)
+    c.bytes += local_tensor_bytes(g, op, false, i, fs);
+  for (int i = 0; i < static_cast<int>(op.outputs.size()); ++i)
+    c.bytes += local_tensor_bytes(g, op, true, i, fs);
+  c.time = roofline_time(c.flops, c.bytes, device, compute_dtype(g, op));
+  return c;
+}
+
+}  // namespace weft::cost

@@ -1,0 +1,319 @@
+// O2 coarsening: critical nodes, segments, DP stitching with per-segment ILPs (math in
+// coarsen.hpp).
+#include "weft/spmd/coarsen.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <map>
+#include <numeric>
+#include <unordered_map>
+
+#include "weft/core/error.hpp"
+
+namespace weft::spmd {
+
+std::vector<int> critical_nodes(int n, const std::vector<std::vector<int>>& succ,
+                                const std::vector<double>& weight, double heavy_fraction) {
+  std::vector<int> indeg(n, 0);
+  for (int u = 0; u < n; ++u)
+    for (int v : succ[u]) ++indeg[v];
+  std::vector<int> order;
+  std::vector<int> q;
+  for (int u = 0; u < n; ++u)
+    if (!indeg[u]) q.push_back(u);
+  for (std::size_t i = 0; i < q.size(); ++i) {
+    order.push_back(q[i]);
+    for (int v : succ[q[i]])
+      if (--indeg[v] == 0) q.push_back(v);
+  }
+  WEFT_CHECK(static_cast<int>(order.size()) == n, "critical_nodes: the op graph has a cycle");
+  std::vector<int> es(n, 0), ls(n, 0);
+  for (int u : order)
+    for (int v : succ[u]) es[v] = std::max(es[v], es[u] + 1);
+  const int len = n ? *std::max_element(es.begin(), es.end()) : 0;
+  std::fill(ls.begin(), ls.end(), len);
+  for (auto it = order.rbegin(); it != order.rend(); ++it)
+    for (int v : succ[*it]) ls[*it] = std::min(ls[*it], ls[v] - 1);
+  const double wmax = n ? *std::max_element(weight.begin(), weight.begin() + n) : 0;
+  std::vector<int> out;
+  for (int u = 0; u < n; ++u)
+    if (es[u] == ls[u] && weight[u] > 0 && weight[u] >= heavy_fraction * wmax) out.push_back(u);
+  return out;
+}
+
+namespace {
+
+std::string key_of(const StrategyProblem& p, double fscale) {
+  std::string k;
+  k.reserve(256);
+  auto num = [&](double x) {
+    if (std::isinf(x))
+      k += "i,";
+    else
+      k += fmt::format("{:.9g},", std::round(x / fscale * 1e9) / 1e9);
+  };
+  for (const auto& c : p.node_cost) {
+    k += '[';
+    for (double x : c) num(x);
+  }
+  for (const auto& e : p.edges) {
+    k += fmt::format("e{}-{}:", e.u, e.v);
+    for (double x : e.cost) num(x);
+  }
+  for (const auto& r : p.memory_rows) {
+    k += "m";
+    num(r.constant);
+    for (const auto& t : r.terms) {
+      k += fmt::format("{}:", t.node);
+      for (double x : t.bytes) num(x);
+    }
+  }
+  return k;
+}
+
+}  // namespace
+
+ProblemSolution solve_o2(const StrategyProblem& p, int n_ops, const std::vector<std::vector<int>>& succ,
+                         const std::vector<double>& weight, const std::vector<int>& order_pos,
+                         const std::vector<std::string>& signature, const O2Options& opt,
+                         O2Stats* stats_out) {
+  p.validate();
+  (void)signature;
+  const auto t0 = std::chrono::steady_clock::now();
+  O2Stats st;
+  const int n = p.num_nodes();
+  st.critical = critical_nodes(n_ops, succ, weight, opt.heavy_fraction);
+  std::vector<char> is_crit(n, 0);
+  for (int c : st.critical) is_crit[c] = 1;
+  std::vector<int> nodes(n);
+  std::iota(nodes.begin(), nodes.end(), 0);
+  std::stable_sort(nodes.begin(), nodes.end(), [&](int a, int b) {
+    return order_pos[a] != order_pos[b] ? order_pos[a] < order_pos[b] : (a >= n_ops) > (b >= n_ops);
+  });
+  // Leaves sort before the op at the same position (their first consumer), so a segment ending
+  // at a critical op holds the leaves it reads.
+  std::vector<std::vector<int>> segs(1);
+  for (int v : nodes) {
+    segs.back().push_back(v);
+    if (v < n_ops && is_crit[v]) segs.emplace_back();
+  }
+  if (segs.back().empty()) segs.pop_back();
+  st.segments = static_cast<int>(segs.size());
+  std::vector<int> seg_of(n, -1);
+  for (int k = 0; k < static_cast<int>(segs.size()); ++k)
+    for (int v : segs[k]) seg_of[v] = k;
+  // Adjacency with edge indices.
+  std::vector<std::vector<int>> adj(n);
+  for (int e = 0; e < static_cast<int>(p.edges.size()); ++e) {
+    adj[p.edges[e].u].push_back(e);
+    adj[p.edges[e].v].push_back(e);
+  }
+  // Smallest bytes of each node in each row (for "later" nodes).
+  const bool has_mem = !std::isinf(p.memory_limit) && !p.memory_rows.empty();
+
+  // DP state after segment k: boundary node b_k (the critical node ending it), F over its
+  // strategies, and for each strategy the full assignment of nodes of segments <= k.
+  int boundary = -1;
+  std::vector<double> F;                 // over strategies of boundary
+  std::vector<std::vector<int>> assign;  // per boundary strategy: choice vector (size n, -1 unset)
+  std::unordered_map<std::string, std::pair<double, std::vector<int>>> cache;
+  const double fscale = 1.0;
+
+  for (int k = 0; k < static_cast<int>(segs.size()); ++k) {
+    if (opt.progress) opt.progress(static_cast<double>(k) / static_cast<double>(segs.size()));
+    const auto& seg = segs[k];
+    const int last = seg.back();
+    const bool ends_critical = last < n_ops && is_crit[last];
+    // Context: the best assignment so far.
+    std::vector<int> ctx(n, -1);
+    double fmin = 0;
+    if (boundary >= 0) {
+      int best = 0;
+      for (int s = 1; s < static_cast<int>(F.size()); ++s)
+        if (F[s] < F[best]) best = s;
+      ctx = assign[best];
+      fmin = F[best];
+    }
+    // Local problem: nodes = [boundary?] + seg.
+    std::vector<int> local;
+    if (boundary >= 0) local.push_back(boundary);
+    for (int v : seg) local.push_back(v);
+    std::vector<int> lid(n, -1);
+    for (int i = 0; i < static_cast<int>(local.size()); ++i) lid[local[i]] = i;
+    StrategyProblem sub;
+    sub.node_cost.resize(local.size());
+    for (int i = 0; i < static_cast<int>(local.size()); ++i) {
+      const int v = local[i];
+      if (v == boundary) {
+        sub.node_cost[i] = F;
+        for (double& x : sub.node_cost[i]) x = std::isinf(x) ? x : x - fmin;
+      } else {
+        sub.node_cost[i] = p.node_cost[v];
+      }
+    }
+    for (int i = 0; i < static_cast<int>(local.size()); ++i) {
+      const int v = local[i];
+      if (v == boundary) continue;
+      for (int e : adj[v]) {
+        const auto& ed = p.edges[e];
+        const int other = ed.u == v ? ed.v : ed.u;
+        const int sv = static_cast<int>(p.node_cost[ed.v].size());
+        if (lid[other] >= 0) {
+          if (ed.u == v && lid[other] >= 0 && other != boundary) {
+            sub.edges.push_back({lid[ed.u], lid[ed.v], ed.cost});
+          } else if (other == boundary) {
+            sub.edges.push_back({lid[ed.u], lid[ed.v], ed.cost});
+          }
+          // edges inside seg are added once (from their u side)
+        } else if (ctx[other] >= 0) {
+          // fold against the context choice of an earlier node
+          for (int s = 0; s < static_cast<int>(sub.node_cost[i].size()); ++s)
+            sub.node_cost[i][s] += ed.u == v ? ed.cost[s * sv + ctx[other]] : ed.cost[ctx[other] * sv + s];
+        }
+        // later nodes: charged when they are solved
+      }
+    }
+    if (has_mem) {
+      sub.memory_limit = p.memory_limit;
+      for (const auto& row : p.memory_rows) {
+        MemoryRow r{row.label, row.constant, {}};
+        double maxv = row.constant;
+        for (const auto& t : row.terms) {
+          if (lid[t.node] >= 0 && !(t.node == boundary && false)) {
+            r.terms.push_back({lid[t.node], t.bytes});
+            maxv += *std::max_element(t.bytes.begin(), t.bytes.end());
+          } else if (ctx[t.node] >= 0) {
+            r.constant += t.bytes[ctx[t.node]];
+            maxv += t.bytes[ctx[t.node]];
+          } else {
+            double mn = *std::min_element(t.bytes.begin(), t.bytes.end());
+            r.constant += mn;
+            maxv += mn;
+          }
+        }
+        if (maxv > p.memory_limit) sub.memory_rows.push_back(std::move(r));
+      }
+    }
+    // Solve for each strategy of the segment's end (or once when it is not critical).
+    const int lend = lid[last];
+    const int nt = ends_critical ? static_cast<int>(p.node_cost[last].size()) : 1;
+    std::vector<double> nF(nt, kInfCost);
+    std::vector<std::vector<int>> nassign(nt);
+    bool all_cached = true;
+    for (int t = 0; t < nt; ++t) {
+      StrategyProblem q = sub;
+      if (ends_critical) {
+        for (int s = 0; s < static_cast<int>(q.node_cost[lend].size()); ++s)
+          if (s != t) q.node_cost[lend][s] = kInfCost;
+        if (std::isinf(q.node_cost[lend][t])) continue;
+      }
+      std::pair<double, std::vector<int>> res{kInfCost, {}};
+      const std::string key = opt.reuse_repeated ? key_of(q, fscale) : std::string();
+      auto hit = opt.reuse_repeated ? cache.find(key) : cache.end();
+      if (hit != cache.end()) {
+        res = hit->second;
+        ++st.cache_hits;
+      } else {
+        all_cached = false;
+        double combos = 1;
+        for (const auto& c : q.node_cost) {
+          int live = 0;
+          for (double x : c) live += !std::isinf(x);
+          combos *= std::max(1, live);
+        }
+        ProblemSolution sol;
+        if (combos <= 4096) {
+          // Tiny: enumerate only live strategies via the exhaustive solver on a pruned copy.
+          StrategyProblem r = q;
+          std::vector<std::vector<int>> keep(r.num_nodes());
+          for (int i = 0; i < r.num_nodes(); ++i)
+            for (int s = 0; s < static_cast<int>(q.node_cost[i].size()); ++s)
+              if (!std::isinf(q.node_cost[i][s])) keep[i].push_back(s);
+          for (int i = 0; i < r.num_nodes(); ++i) {
+            std::vector<double> c;
+            for (int s : keep[i]) c.push_back(q.node_cost[i][s]);
+            r.node_cost[i] = c;
+          }
+          for (auto& e : r.edges) {
+            std::vector<double> c;
+            const int sv = static_cast<int>(q.node_cost[e.v].size());
+            for (int a : keep[e.u])
+              for (int b : keep[e.v]) c.push_back(e.cost[a * sv + b]);
+            e.cost = c;
+          }
+          for (auto& row : r.memory_rows)
+            for (auto& tm : row.terms) {
+              std::vector<double> c;
+              for (int s : keep[tm.node]) c.push_back(tm.bytes[s]);
+              tm.bytes = c;
+            }
+          bool empty = std::any_of(keep.begin(), keep.end(), [](const auto& x) { return x.empty(); });
+          if (!empty) {
+            sol = solve_exhaustive(r, 1u << 20);
+            if (sol.has_solution())
+              for (int i = 0; i < r.num_nodes(); ++i) sol.choice[i] = keep[i][sol.choice[i]];
+          }
+        } else {
+          SolveOptions so;
+          so.time_limit_s = opt.time_limit_s;
+          so.relative_gap = opt.relative_gap;
+          sol = solve_ilp(q, so);
+          ++st.ilp_solves;
+          st.max_ilp_variables = std::max(st.max_ilp_variables, sol.ilp_variables);
+          st.max_ilp_constraints = std::max(st.max_ilp_constraints, sol.ilp_constraints);
+          st.max_gap = std::max(st.max_gap, sol.gap);
+          if (static_cast<int>(sol.status) > static_cast<int>(st.worst_status) && sol.has_solution())
+            st.worst_status = sol.status;
+        }
+        if (sol.has_solution()) res = {evaluate(q, sol.choice).cost, sol.choice};
+        if (opt.reuse_repeated) cache.emplace(key, res);
+      }
+      if (res.second.empty()) continue;
+      nF[t] = res.first + fmin;
+      // Full assignment: the boundary strategy chosen picks the history.
+      std::vector<int> full = boundary >= 0 ? assign[res.second[0]] : std::vector<int>(n, -1);
+      for (int i = 0; i < static_cast<int>(local.size()); ++i) full[local[i]] = res.second[i];
+      nassign[t] = std::move(full);
+    }
+    if (all_cached && k > 0) ++st.reused_segments;
+    if (std::all_of(nF.begin(), nF.end(), [](double x) { return std::isinf(x); })) {
+      ProblemSolution none;
+      none.status = solver::IlpStatus::Infeasible;
+      if (stats_out) *stats_out = st;
+      return none;
+    }
+    if (ends_critical) {
+      boundary = last;
+      F = std::move(nF);
+      assign = std::move(nassign);
+    } else {
+      // A final non-critical segment: keep the single state with a dummy boundary.
+      boundary = -1;
+      F = std::move(nF);
+      assign = std::move(nassign);
+      WEFT_ASSERT(k == static_cast<int>(segs.size()) - 1,
+                  "only the last segment may end without a critical node");
+    }
+  }
+  int best = 0;
+  for (int s = 1; s < static_cast<int>(F.size()); ++s)
+    if (F[s] < F[best]) best = s;
+  ProblemSolution out;
+  out.choice = assign[best];
+  for (int v = 0; v < n; ++v) WEFT_ASSERT(out.choice[v] >= 0, "O2 left a node without a strategy");
+  const auto ev = evaluate(p, out.choice);
+  out.cost = ev.cost;
+  out.status = ev.feasible() ? st.worst_status : solver::IlpStatus::Infeasible;
+  if (!ev.feasible()) out.choice.clear();
+  out.gap = st.max_gap;
+  out.ilp_variables = st.max_ilp_variables;
+  out.ilp_constraints = st.max_ilp_constraints;
+  out.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (stats_out) *stats_out = st;
+  return out;
+}
+
+}  // namespace weft::spmd

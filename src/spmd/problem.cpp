@@ -1,0 +1,261 @@
+// ILP and exhaustive solvers of StrategyProblem; the formulation is written out in problem.hpp.
+#include "weft/spmd/problem.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <map>
+
+#include "weft/core/error.hpp"
+
+namespace weft::spmd {
+
+namespace {
+std::string node_name(const StrategyProblem& p, int v) {
+  return v < static_cast<int>(p.names.size()) && !p.names[v].empty() ? p.names[v]
+                                                                     : "node " + std::to_string(v);
+}
+}  // namespace
+
+void StrategyProblem::validate() const {
+  const int n = num_nodes();
+  WEFT_CHECK(names.empty() || static_cast<int>(names.size()) == n, "StrategyProblem: {} names for {} nodes",
+             names.size(), n);
+  for (int v = 0; v < n; ++v) {
+    WEFT_CHECK(!node_cost[v].empty(), "StrategyProblem: {} has no strategy", node_name(*this, v));
+    for (double c : node_cost[v])
+      WEFT_CHECK(!std::isnan(c) && c >= 0, "StrategyProblem: {} has a negative or NaN cost",
+                 node_name(*this, v));
+  }
+  for (const auto& e : edges) {
+    WEFT_CHECK(e.u >= 0 && e.u < n && e.v >= 0 && e.v < n && e.u != e.v, "StrategyProblem: bad edge {}-{}",
+               e.u, e.v);
+    WEFT_CHECK(e.cost.size() == node_cost[e.u].size() * node_cost[e.v].size(),
+               "StrategyProblem: edge {}-{} has {} costs, expected {}", node_name(*this, e.u),
+               node_name(*this, e.v), e.cost.size(), node_cost[e.u].size() * node_cost[e.v].size());
+    for (double c : e.cost)
+      WEFT_CHECK(!std::isnan(c) && c >= 0, "StrategyProblem: edge with a negative/NaN cost");
+  }
+  for (const auto& r : memory_rows)
+    for (const auto& t : r.terms) {
+      WEFT_CHECK(t.node >= 0 && t.node < n, "StrategyProblem: memory row '{}' names node {}", r.label,
+                 t.node);
+      WEFT_CHECK(t.bytes.size() == node_cost[t.node].size(),
+                 "StrategyProblem: memory row '{}' has {} values for {}", r.label, t.bytes.size(),
+                 node_name(*this, t.node));
+    }
+  WEFT_CHECK(!std::isnan(memory_limit) && memory_limit > 0, "StrategyProblem: memory limit must be > 0");
+}
+
+Evaluation evaluate(const StrategyProblem& p, const std::vector<int>& choice) {
+  WEFT_CHECK(static_cast<int>(choice.size()) == p.num_nodes(), "evaluate: {} choices for {} nodes",
+             choice.size(), p.num_nodes());
+  Evaluation ev;
+  for (int v = 0; v < p.num_nodes(); ++v) {
+    WEFT_CHECK(choice[v] >= 0 && choice[v] < static_cast<int>(p.node_cost[v].size()),
+               "evaluate: choice {} out of range for {}", choice[v], node_name(p, v));
+    const double c = p.node_cost[v][choice[v]];
+    if (std::isinf(c))
+      ev.violations.push_back(fmt::format("{}: forbidden strategy {}", node_name(p, v), choice[v]));
+    ev.node_cost += c;
+  }
+  for (const auto& e : p.edges) {
+    const double c = e.cost[choice[e.u] * p.node_cost[e.v].size() + choice[e.v]];
+    if (std::isinf(c))
+      ev.violations.push_back(
+          fmt::format("edge {}-{}: forbidden pair", node_name(p, e.u), node_name(p, e.v)));
+    ev.edge_cost += c;
+  }
+  for (int r = 0; r < static_cast<int>(p.memory_rows.size()); ++r) {
+    const auto& row = p.memory_rows[r];
+    double m = row.constant;
+    for (const auto& t : row.terms) m += t.bytes[choice[t.node]];
+    if (ev.peak_row < 0 || m > ev.peak_memory) {
+      ev.peak_memory = m;
+      ev.peak_row = r;
+    }
+    if (m > p.memory_limit * (1 + 1e-9))
+      ev.violations.push_back(
+          fmt::format("memory row '{}': {:.6g} B > limit {:.6g} B", row.label, m, p.memory_limit));
+  }
+  ev.cost = ev.node_cost + ev.edge_cost;
+  return ev;
+}
+
+ProblemSolution solve_exhaustive(const StrategyProblem& p, std::size_t max_combinations) {
+  p.validate();
+  const auto t0 = std::chrono::steady_clock::now();
+  const int n = p.num_nodes();
+  double total = 1;
+  for (const auto& c : p.node_cost) total *= static_cast<double>(c.size());
+  WEFT_CHECK(total <= static_cast<double>(max_combinations), "solve_exhaustive: {} combinations > {}", total,
+             max_combinations);
+  ProblemSolution best;
+  best.status = solver::IlpStatus::Infeasible;
+  std::vector<int> x(n, 0);
+  while (true) {
+    const Evaluation ev = evaluate(p, x);
+    if (ev.feasible() && (!best.has_solution() || ev.cost < best.cost)) {
+      best.choice = x;
+      best.cost = ev.cost;
+      best.status = solver::IlpStatus::Optimal;
+    }
+    int i = 0;
+    while (i < n && ++x[i] == static_cast<int>(p.node_cost[i].size())) x[i++] = 0;
+    if (i == n) break;
+  }
+  best.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return best;
+}
+
+ProblemSolution solve_ilp(const StrategyProblem& p, const SolveOptions& opt) {
+  p.validate();
+  const auto t0 = std::chrono::steady_clock::now();
+  const int n = p.num_nodes();
+  ProblemSolution out;
+  // ---- preprocessing: live strategies per node
+  std::vector<std::vector<int>> live(n);
+  for (int v = 0; v < n; ++v) {
+    for (int s = 0; s < static_cast<int>(p.node_cost[v].size()); ++s)
+      if (!std::isinf(p.node_cost[v][s])) live[v].push_back(s);
+    if (live[v].empty()) {
+      out.status = solver::IlpStatus::Infeasible;
+      return out;
+    }
+  }
+  // Merge parallel edges into one matrix per unordered pair (u < v), over all strategies.
+  std::vector<std::vector<double>> unary(n);
+  for (int v = 0; v < n; ++v) unary[v] = p.node_cost[v];
+  std::map<std::pair<int, int>, std::vector<double>> pair_cost;
+  for (const auto& e : p.edges) {
+    const int su = static_cast<int>(p.node_cost[e.u].size()), sv = static_cast<int>(p.node_cost[e.v].size());
+    const bool flip = e.u > e.v;
+    const int a = flip ? e.v : e.u, b = flip ? e.u : e.v;
+    const int sb = flip ? su : sv;
+    auto& m = pair_cost[{a, b}];
+    if (m.empty()) m.assign(p.node_cost[a].size() * p.node_cost[b].size(), 0.0);
+    for (int s = 0; s < su; ++s)
+      for (int t = 0; t < sv; ++t) {
+        const double c = e.cost[s * sv + t];
+        const int i = flip ? t : s, j = flip ? s : t;
+        m[i * sb + j] += c;
+      }
+  }
+  // Fold separable matrices (restricted to live strategies) into node costs.
+  struct LiveEdge {
+    int a, b;
+    std::vector<double> m;  // [live a][live b]
+  };
+  std::vector<LiveEdge> ledges;
+  for (auto& [key, m] : pair_cost) {
+    const auto [a, b] = key;
+    const int sb = static_cast<int>(p.node_cost[b].size());
+    const auto& la = live[a];
+    const auto& lb = live[b];
+    std::vector<double> lm(la.size() * lb.size());
+    for (std::size_t i = 0; i < la.size(); ++i)
+      for (std::size_t j = 0; j < lb.size(); ++j) lm[i * lb.size() + j] = m[la[i] * sb + lb[j]];
+    bool has_inf = std::any_of(lm.begin(), lm.end(), [](double c) { return std::isinf(c); });
+    bool separable = !has_inf;
+    if (separable) {
+      const double m00 = lm[0];
+      for (std::size_t i = 0; i < la.size() && separable; ++i)
+        for (std::size_t j = 0; j < lb.size(); ++j) {
+          const double pred = lm[i * lb.size()] + lm[j] - m00;
+          if (std::abs(lm[i * lb.size() + j] - pred) >
+              1e-12 * std::max(1.0, std::abs(lm[i * lb.size() + j]))) {
+            separable = false;
+            break;
+          }
+        }
+    }
+    if (separable) {
+      const double m00 = lm[0];
+      for (std::size_t i = 0; i < la.size(); ++i) unary[a][la[i]] += lm[i * lb.size()] - m00;
+      for (std::size_t j = 0; j < lb.size(); ++j) unary[b][lb[j]] += lm[j];
+      continue;
+    }
+    ledges.push_back({a, b, std::move(lm)});
+  }
+  // ---- the ILP
+  solver::Ilp ilp;
+  std::vector<std::vector<int>> xv(n);
+  for (int v = 0; v < n; ++v) {
+    std::vector<solver::Term> onehot;
+    for (int s : live[v]) {
+      xv[v].push_back(ilp.add_binary(unary[v][s]));
+      onehot.push_back({xv[v].back(), 1.0});
+    }
+    ilp.add_constraint(std::move(onehot), solver::Sense::Equal, 1);
+  }
+  std::vector<std::vector<int>> ev(ledges.size());
+  for (std::size_t k = 0; k < ledges.size(); ++k) {
+    const auto& e = ledges[k];
+    const std::size_t na = live[e.a].size(), nb = live[e.b].size();
+    ev[k].resize(na * nb);
+    for (std::size_t i = 0; i < na * nb; ++i) {
+      const bool inf = std::isinf(e.m[i]);
+      ev[k][i] = ilp.add_continuous(0, inf ? 0 : 1, inf ? 0 : e.m[i]);
+    }
+    for (std::size_t i = 0; i < na; ++i) {
+      std::vector<solver::Term> row{{xv[e.a][i], -1.0}};
+      for (std::size_t j = 0; j < nb; ++j) row.push_back({ev[k][i * nb + j], 1.0});
+      ilp.add_constraint(std::move(row), solver::Sense::Equal, 0);
+    }
+    for (std::size_t j = 0; j < nb; ++j) {
+      std::vector<solver::Term> row{{xv[e.b][j], -1.0}};
+      for (std::size_t i = 0; i < na; ++i) row.push_back({ev[k][i * nb + j], 1.0});
+      ilp.add_constraint(std::move(row), solver::Sense::Equal, 0);
+    }
+  }
+  if (!std::isinf(p.memory_limit))
+    for (const auto& row : p.memory_rows) {
+      std::map<int, double> coef;
+      for (const auto& t : row.terms)
+        for (std::size_t i = 0; i < live[t.node].size(); ++i) coef[xv[t.node][i]] += t.bytes[live[t.node][i]];
+      // Scale rows to O(1) numbers: bytes are ~1e9 and CBC's tolerances are absolute.
+      const double scale = 1.0 / p.memory_limit;
+      std::vector<solver::Term> terms;
+      for (auto [var, c] : coef)
+        if (c != 0) terms.push_back({var, c * scale});
+      ilp.add_constraint(std::move(terms), solver::Sense::LessEqual, (p.memory_limit - row.constant) * scale);
+    }
+  solver::IlpOptions io;
+  io.time_limit_s = opt.time_limit_s;
+  io.relative_gap = opt.relative_gap;
+  if (!opt.warm_start.empty()) {
+    WEFT_CHECK(static_cast<int>(opt.warm_start.size()) == n,
+               "solve_ilp: warm start has {} choices for {} nodes", opt.warm_start.size(), n);
+    std::vector<double> w(ilp.num_variables(), 0.0);
+    bool ok = true;
+    std::vector<int> li(n, -1);
+    for (int v = 0; v < n && ok; ++v) {
+      auto it = std::find(live[v].begin(), live[v].end(), opt.warm_start[v]);
+      if (it == live[v].end())
+        ok = false;
+      else {
+        li[v] = static_cast<int>(it - live[v].begin());
+        w[xv[v][li[v]]] = 1;
+      }
+    }
+    for (std::size_t k = 0; k < ledges.size() && ok; ++k)
+      w[ev[k][li[ledges[k].a] * live[ledges[k].b].size() + li[ledges[k].b]]] = 1;
+    if (ok) io.warm_start = std::move(w);
+  }
+  const auto r = solver::solve(ilp, io);
+  out.status = r.status;
+  out.gap = r.gap;
+  out.ilp_variables = ilp.num_variables();
+  out.ilp_constraints = ilp.num_constraints();
+  if (r.has_solution()) {
+    out.choice.assign(n, 0);
+    for (int v = 0; v < n; ++v)
+      for (std::size_t i = 0; i < live[v].size(); ++i)
+        if (r.values[xv[v][i]] > 0.5) out.choice[v] = live[v][i];
+    out.cost = evaluate(p, out.choice).cost;
+  }
+  out.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return out;
+}
+
+}  // namespace weft::spmd

@@ -1,0 +1,671 @@
+// SPMD strategy search: graph -> StrategyProblem -> ILP (O3) or segment DP (O2) -> SpmdPlan.
+// The model (nodes, strategies, costs, memory rows) is described in search.hpp; the ILP in
+// problem.hpp. This file builds the problem, runs candidate generation, the O2 coarsening, the
+// memory modes, and the independent evaluator.
+#include "weft/spmd/search.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <numeric>
+#include <set>
+#include <unordered_map>
+
+#include "weft/cluster/device_mesh.hpp"
+#include "weft/core/error.hpp"
+#include "weft/cost/memory.hpp"
+#include "weft/cost/op_cost.hpp"
+#include "weft/sharding/reshard.hpp"
+#include "weft/spmd/coarsen.hpp"
+#include "weft/spmd/problem.hpp"
+
+namespace weft::spmd {
+
+using sharding::ShardingSpec;
+
+namespace {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+bool is_state_leaf(const ir::TensorInfo& t) {
+  return t.producer == ir::kNoOp && (t.role == ir::Role::Parameter || t.role == ir::Role::OptimizerState);
+}
+
+// Resharding times with one cached planner per element size.
+class ReshardCosts {
+ public:
+  explicit ReshardCosts(std::vector<cluster::AxisLink> links) : links_(std::move(links)) {}
+  const sharding::ReshardPlan& plan(const ShardingSpec& from, const ShardingSpec& to, int elem) {
+    auto it = planners_.find(elem);
+    if (it == planners_.end()) {
+      sharding::ReshardOptions o;
+      o.strided_intermediates = false;
+      it = planners_.emplace(elem, sharding::ReshardPlanner(links_, elem, o)).first;
+    }
+    return it->second.plan(from, to);
+  }
+  double time(const ShardingSpec& from, const ShardingSpec& to, int elem) {
+    if (from == to) return 0;
+    return plan(from, to, elem).time;
+  }
+
+ private:
+  std::vector<cluster::AxisLink> links_;
+  std::map<int, sharding::ReshardPlanner> planners_;
+};
+
+struct Use {
+  ir::TensorId tensor;
+  int producer;  // node
+  int out_slot;  // result index (ops) / 0 (leaves)
+  int consumer;  // node
+  int in_slot;   // operand index; -1 for a loop-carried edge into a leaf
+};
+
+// The graph as nodes with strategies.
+struct Model {
+  const ir::Graph& g;
+  std::vector<std::int64_t> mesh;
+  std::vector<std::string> axis_names;
+  cluster::DeviceSpec device;
+  int n_ops = 0;
+  std::vector<ir::TensorId> leaf_tensor;  // per node >= n_ops
+  std::vector<int> node_of_tensor;        // producer node per tensor (-1 if unused leaf)
+  std::vector<int> slot_of_tensor;
+  std::vector<std::vector<OpStrategy>> op_strats;
+  std::vector<std::vector<ShardingSpec>> leaf_specs;
+  std::vector<Use> uses;
+
+  int num_nodes() const { return n_ops + static_cast<int>(leaf_tensor.size()); }
+  int num_strategies(int v) const {
+    return static_cast<int>(v < n_ops ? op_strats[v].size() : leaf_specs[v - n_ops].size());
+  }
+  const ShardingSpec& produced(int v, int s, int slot) const {
+    return v < n_ops ? op_strats[v][s].outputs[slot] : leaf_specs[v - n_ops][s];
+  }
+  const ShardingSpec& required(const Use& u, int s) const {
+    return u.in_slot >= 0 ? op_strats[u.consumer][s].inputs[u.in_slot] : leaf_specs[u.consumer - n_ops][s];
+  }
+  std::string node_name(int v) const {
+    return v < n_ops ? g.op(v).name : g.tensor(leaf_tensor[v - n_ops]).name;
+  }
+};
+
+cluster::DeviceSpec mesh_device(const cluster::Cluster& c, const cluster::DeviceMesh& mesh) {
+  const auto& first = c.device(mesh.device_ids().at(0)).spec;
+  for (int id : mesh.device_ids())
+    WEFT_CHECK(c.device(id).spec.kind == first.kind,
+               "spmd_search: the mesh mixes device kinds ({} and {}); SPMD needs one kind per mesh",
+               first.kind, c.device(id).spec.kind);
+  return first;
+}
+
+Model build_model(const ir::Graph& g, const cluster::Cluster& cl, const cluster::DeviceMesh& mesh) {
+  Model m{g, mesh.shape(), mesh.axis_names(), mesh_device(cl, mesh)};
+  m.n_ops = static_cast<int>(g.ops().size());
+  const int nt = static_cast<int>(g.tensors().size());
+  m.node_of_tensor.assign(nt, -1);
+  m.slot_of_tensor.assign(nt, 0);
+  for (int o = 0; o < m.n_ops; ++o)
+    for (int i = 0; i < static_cast<int>(g.op(o).outputs.size()); ++i) {
+      m.node_of_tensor[g.op(o).outputs[i]] = o;
+      m.slot_of_tensor[g.op(o).outputs[i]] = i;
+    }
+  for (int o = 0; o < m.n_ops; ++o)
+    for (ir::TensorId t : g.op(o).inputs)
+      if (m.node_of_tensor[t] < 0) {
+        m.node_of_tensor[t] = m.num_nodes();
+        m.leaf_tensor.push_back(t);
+      }
+  m.op_strats.resize(m.n_ops);
+  for (int o = 0; o < m.n_ops; ++o) {
+    m.op_strats[o] = enumerate_strategies(g, g.op(o), m.mesh);
+    WEFT_ASSERT(!m.op_strats[o].empty(), "the all-replicated strategy always exists");
+  }
+  sharding::EnumerateOptions eo;
+  eo.strided = false;
+  eo.partial = false;
+  for (ir::TensorId t : m.leaf_tensor) m.leaf_specs.push_back(enumerate_specs(g.tensor(t).shape, m.mesh, eo));
+  for (int o = 0; o < m.n_ops; ++o)
+    for (int i = 0; i < static_cast<int>(g.op(o).inputs.size()); ++i) {
+      const ir::TensorId t = g.op(o).inputs[i];
+      m.uses.push_back({t, m.node_of_tensor[t], m.slot_of_tensor[t], o, i});
+    }
+  // Loop-carried edges: the k-th graph-output result of an op that reads state leaves replaces
+  // the k-th state leaf it reads (Adam: (p, g, m, v) -> (p', m', v'); SGD: (p, g) -> p').
+  std::set<ir::TensorId> outs(g.outputs().begin(), g.outputs().end());
+  for (int o = 0; o < m.n_ops; ++o) {
+    const auto& op = g.op(o);
+    std::vector<ir::TensorId> states;
+    for (ir::TensorId t : op.inputs)
+      if (is_state_leaf(g.tensor(t))) states.push_back(t);
+    int k = 0;
+    for (int i = 0; i < static_cast<int>(op.outputs.size()) && k < static_cast<int>(states.size()); ++i) {
+      const auto& ot = g.tensor(op.outputs[i]);
+      if (!outs.count(op.outputs[i]) || ot.shape != g.tensor(states[k]).shape) continue;
+      m.uses.push_back({op.outputs[i], o, i, m.node_of_tensor[states[k]], -1});
+      ++k;
+    }
+  }
+  return m;
+}
+
+// Rhino §4.3.3, with comm-free merging read as: a stride other than the maximum is a candidate
+// only when it makes some edge free. Repeatedly, for each edge whose producer makes a spec the
+// consumer cannot take for free (or the reverse), add the restrided variant of a strategy that
+// makes the two equal. Strategies with default strides are all kept.
+int generate_strided_candidates(Model& m, int rounds = 4) {
+  int added = 0;
+  for (int round = 0; round < rounds; ++round) {
+    int before = added;
+    for (const Use& u : m.uses) {
+      std::unordered_map<ShardingSpec, int> prod, req;
+      for (int s = 0; s < m.num_strategies(u.producer); ++s)
+        prod.emplace(m.produced(u.producer, s, u.out_slot), s);
+      for (int s = 0; s < m.num_strategies(u.consumer); ++s) req.emplace(m.required(u, s), s);
+      // consumer wants a non-block spec nobody produces -> restride a producer strategy
+      for (const auto& [spec, s] : req) {
+        if (spec.is_block() || prod.count(spec) || spec.has_partial()) continue;
+        if (u.producer >= m.n_ops) {
+          m.leaf_specs[u.producer - m.n_ops].push_back(spec);
+          prod.emplace(spec, 0);
+          ++added;
+          continue;
+        }
+        for (int p = 0; p < static_cast<int>(m.op_strats[u.producer].size()); ++p) {
+          auto v = restride_to(m.g, m.g.op(u.producer), m.mesh, m.op_strats[u.producer][p], true, u.out_slot,
+                               spec);
+          if (v && std::find(m.op_strats[u.producer].begin(), m.op_strats[u.producer].end(), *v) ==
+                       m.op_strats[u.producer].end()) {
+            m.op_strats[u.producer].push_back(std::move(*v));
+            prod.emplace(spec, 0);
+            ++added;
+            break;
+          }
+        }
+      }
+      // producer makes a non-block spec no consumer strategy takes -> restride a consumer strategy
+      if (u.in_slot < 0) continue;
+      for (const auto& [spec, s] : prod) {
+        if (spec.is_block() || req.count(spec) || spec.has_partial()) continue;
+        for (int c = 0; c < static_cast<int>(m.op_strats[u.consumer].size()); ++c) {
+          auto v = restride_to(m.g, m.g.op(u.consumer), m.mesh, m.op_strats[u.consumer][c], false, u.in_slot,
+                               spec);
+          if (v && std::find(m.op_strats[u.consumer].begin(), m.op_strats[u.consumer].end(), *v) ==
+                       m.op_strats[u.consumer].end()) {
+            m.op_strats[u.consumer].push_back(std::move(*v));
+            req.emplace(spec, 0);
+            ++added;
+            break;
+          }
+        }
+      }
+    }
+    if (added == before) break;
+  }
+  return added;
+}
+
+double spec_bytes(const ShardingSpec& s, DType t) {
+  return static_cast<double>(s.max_local_elements()) * dtype_size(t);
+}
+
+struct Built {
+  StrategyProblem problem;
+  cost::Liveness live;
+  std::vector<int> rows_pos;  // position of each memory row
+  int n_edges = 0;
+};
+
+Built build_problem(Model& m, ReshardCosts& rc, double memory_limit, const SearchOptions& opt) {
+  Built b;
+  auto& p = b.problem;
+  const int n = m.num_nodes();
+  p.names.resize(n);
+  p.node_cost.resize(n);
+  for (int v = 0; v < n; ++v) {
+    p.names[v] = m.node_name(v);
+    p.node_cost[v].assign(m.num_strategies(v), 0.0);
+    if (v < m.n_ops)
+      for (int s = 0; s < m.num_strategies(v); ++s)
+        p.node_cost[v][s] = cost::op_cost(m.g, m.g.op(v), m.device, m.op_strats[v][s].factor_shards).time;
+  }
+  // Forced specs.
+  for (const auto& [name, text] : opt.fixed_specs) {
+    auto t = m.g.find_tensor(name);
+    WEFT_CHECK(t.has_value(), "spmd_search: fixed_specs names unknown tensor '{}'", name);
+    const int v = m.node_of_tensor[*t];
+    WEFT_CHECK(v >= 0, "spmd_search: fixed tensor '{}' is not used by any op", name);
+    const auto want = ShardingSpec::parse(text, m.g.tensor(*t).shape, m.mesh);
+    bool any = false;
+    for (int s = 0; s < m.num_strategies(v); ++s) {
+      if (m.produced(v, s, m.slot_of_tensor[*t]) == want)
+        any = true;
+      else
+        p.node_cost[v][s] = kInfCost;
+    }
+    if (!any && v >= m.n_ops) {
+      m.leaf_specs[v - m.n_ops].push_back(want);
+      p.node_cost[v].push_back(0.0);
+      any = true;
+    }
+    WEFT_CHECK(any, "spmd_search: no strategy of '{}' produces '{}' with spec {}", m.node_name(v), name,
+               text);
+  }
+  // Edges: matrix over (producer strategy, consumer strategy), resharding time of the distinct
+  // spec pairs.
+  for (const Use& u : m.uses) {
+    const int su = m.num_strategies(u.producer), sv = m.num_strategies(u.consumer);
+    const int elem = dtype_size(m.g.tensor(u.tensor).dtype);
+    EdgeCost e{u.producer, u.consumer, std::vector<double>(static_cast<std::size_t>(su) * sv, 0.0)};
+    bool nonzero = false;
+    for (int s = 0; s < su; ++s) {
+      const auto& from = m.produced(u.producer, s, u.out_slot);
+      for (int t = 0; t < sv; ++t) {
+        const double c = rc.time(from, m.required(u, t), elem);
+        e.cost[static_cast<std::size_t>(s) * sv + t] = c;
+        nonzero |= c != 0;
+      }
+    }
+    if (nonzero) {
+      p.edges.push_back(std::move(e));
+      ++b.n_edges;
+    }
+  }
+  // Memory rows over the maximal live sets.
+  b.live = cost::liveness(m.g);
+  if (memory_limit > 0) {
+    p.memory_limit = memory_limit;
+    for (int pos : cost::maximal_positions(b.live)) {
+      MemoryRow row;
+      row.label = fmt::format("after {}", m.g.op(b.live.order[pos]).name);
+      std::map<int, std::vector<double>> terms;
+      for (ir::TensorId t : b.live.sets[pos]) {
+        const int v = m.node_of_tensor[t];
+        if (v < 0) {  // a leaf nobody reads (only kept as output): replicated
+          row.constant += static_cast<double>(m.g.tensor(t).bytes());
+          continue;
+        }
+        auto& vec = terms[v];
+        vec.resize(m.num_strategies(v), 0.0);
+        for (int s = 0; s < m.num_strategies(v); ++s)
+          vec[s] += spec_bytes(m.produced(v, s, m.slot_of_tensor[t]), m.g.tensor(t).dtype);
+      }
+      for (auto& [v, vec] : terms) row.terms.push_back({v, std::move(vec)});
+      p.memory_rows.push_back(std::move(row));
+      b.rows_pos.push_back(pos);
+    }
+  }
+  return b;
+}
+
+// Explain an infeasible memory limit: the row whose smallest possible bytes are largest, with
+// its biggest tensors.
+std::string explain_memory(const Model& m, const Built& b) {
+  const auto& p = b.problem;
+  double worst = -1;
+  int wr = -1;
+  for (int r = 0; r < static_cast<int>(p.memory_rows.size()); ++r) {
+    double mn = p.memory_rows[r].constant;
+    for (const auto& t : p.memory_rows[r].terms) {
+      double best = kInfCost;
+      for (int s = 0; s < static_cast<int>(t.bytes.size()); ++s)
+        if (!std::isinf(p.node_cost[t.node][s])) best = std::min(best, t.bytes[s]);
+      mn += best;
+    }
+    if (mn > worst) worst = mn, wr = r;
+  }
+  if (wr < 0) return "no memory rows";
+  std::vector<std::pair<double, ir::TensorId>> big;
+  for (ir::TensorId t : b.live.sets[b.rows_pos[wr]])
+    big.push_back({static_cast<double>(m.g.tensor(t).bytes()), t});
+  std::sort(big.rbegin(), big.rend());
+  std::vector<std::string> names;
+  for (std::size_t i = 0; i < std::min<std::size_t>(5, big.size()); ++i)
+    names.push_back(fmt::format("{} ({:.3g} MB full)", m.g.tensor(big[i].second).name, big[i].first / 1e6));
+  return fmt::format(
+      "the live set {} needs at least {:.4g} MB per device under the most sharded layouts "
+      "(limit {:.4g} MB); largest tensors there: {}",
+      p.memory_rows[wr].label, worst / 1e6, p.memory_limit / 1e6, fmt::join(names, ", "));
+}
+
+void check_mesh_usable(const Model& m) {
+  std::int64_t total = 1;
+  for (auto a : m.mesh) total *= a;
+  if (total == 1) return;
+  std::int64_t best = 1;
+  for (int o = 0; o < m.n_ops; ++o)
+    for (const auto& s : m.op_strats[o]) {
+      std::int64_t k = 1;
+      for (std::size_t a = 0; a < m.mesh.size(); ++a)
+        if (s.axes[a].factor >= 0) k *= m.mesh[a];
+      best = std::max(best, k);
+    }
+  WEFT_CHECK(best == total,
+             "spmd_search: the mesh {} has {} devices but no op of graph '{}' can be split more than {} ways "
+             "(every factor — batch included — is too small or indivisible); use a smaller mesh",
+             fmt::join(m.mesh, "x"), total, m.g.name(), best);
+}
+
+}  // namespace
+
+std::string SearchReport::to_string() const {
+  std::string s;
+  s += fmt::format(
+      "SPMD search: {} nodes, {} strategies, {} edges; ILP {} vars, {} rows over {} solve(s); "
+      "status {}, gap {:.3g}\n",
+      nodes, strategies, edges, ilp_variables, ilp_constraints, ilp_solves, status, gap);
+  if (segments > 0)
+    s += fmt::format("O2: {} segments, {} reused from identical layers\n", segments, reused_segments);
+  s += fmt::format("predicted step: {:.6g} s = compute {:.6g} s + communication {:.6g} s\n",
+                   compute_time + comm_time, compute_time, comm_time);
+  s += fmt::format("peak memory per device: {:.4g} MB (limit {})\n", peak_memory / 1e6,
+                   memory_limit > 0 ? fmt::format("{:.4g} MB", memory_limit / 1e6) : std::string("none"));
+  if (forced_sharded_params >= 0)
+    s += fmt::format("memory loop: {} largest parameters forced sharded\n", forced_sharded_params);
+  s += "phases:";
+  for (const auto& [n, t] : phase_seconds) s += fmt::format(" {} {:.3f}s", n, t);
+  s += "\n";
+  std::size_t w = 9;
+  for (const auto& r : params) w = std::max(w, r.name.size());
+  s += fmt::format("{:<{}}  {:<18}  {:<24}  {:>12}\n", "parameter", w, "shape", "spec", "MB/device");
+  for (const auto& r : params)
+    s += fmt::format("{:<{}}  {:<18}  {:<24}  {:>12.4g}\n", r.name, w,
+                     fmt::format("[{}]", fmt::join(r.shape, ",")), r.spec, r.bytes_per_device / 1e6);
+  return s;
+}
+
+std::string SpmdPlan::spec_of(const ir::Graph& g, const std::string& name) const {
+  auto t = g.find_tensor(name);
+  WEFT_CHECK(t.has_value(), "spec_of: unknown tensor '{}'", name);
+  WEFT_CHECK(*t < static_cast<int>(tensor_specs.size()) && tensor_specs[*t].has_value(),
+             "spec_of: tensor '{}' has no spec in this plan", name);
+  return tensor_specs[*t]->to_string();
+}
+
+namespace {
+
+std::string worse_status(const std::string& a, solver::IlpStatus s) {
+  auto rank = [](std::string_view x) {
+    return x == "optimal" ? 0 : x == "feasible_at_gap" ? 1 : x == "timeout" ? 2 : x.empty() ? -1 : 3;
+  };
+  std::string b(solver::ilp_status_name(s));
+  return rank(b) > rank(a) ? b : a;
+}
+
+}  // namespace
+
+SpmdPlan spmd_search(const ir::Graph& g, const cluster::Cluster& cl, const cluster::DeviceMesh& mesh,
+                     const SearchOptions& opt) {
+  WEFT_CHECK(!g.ops().empty(), "spmd_search: graph '{}' has no ops", g.name());
+  WEFT_CHECK(opt.time_limit_s > 0, "spmd_search: time_limit_s must be > 0");
+  for (int id : mesh.device_ids())
+    WEFT_CHECK(id < cl.num_devices(), "spmd_search: mesh device {} is not in the cluster ({} devices)", id,
+               cl.num_devices());
+  auto progress = [&](const std::string& phase, double f, const std::string& msg) {
+    if (opt.progress) opt.progress({phase, f, msg});
+  };
+  SpmdPlan plan;
+  auto& rep = plan.report;
+  double t = now_s();
+  auto phase = [&](const std::string& name) {
+    const double n = now_s();
+    rep.phase_seconds.push_back({name, n - t});
+    t = n;
+  };
+  progress("strategies", 0.0, "enumerating strategies");
+  Model m = build_model(g, cl, mesh);
+  check_mesh_usable(m);
+  if (opt.strided_candidates) generate_strided_candidates(m);
+  phase("strategies");
+  const double limit = opt.memory_limit < 0   ? 0
+                       : opt.memory_limit > 0 ? opt.memory_limit
+                                              : m.device.memory_bytes;
+  rep.memory_limit = limit;
+  progress("edge costs", 0.1, "resharding costs");
+  ReshardCosts rc(cluster::axis_links(cl, mesh));
+  Built b = build_problem(m, rc, opt.memory_mode == MemoryMode::Ilp ? limit : 0, opt);
+  phase("edge costs");
+  rep.nodes = m.num_nodes();
+  for (int v = 0; v < m.num_nodes(); ++v) rep.strategies += m.num_strategies(v);
+  rep.edges = b.n_edges;
+
+  // Memory check before solving: a row that cannot fit under any strategy names its tensors.
+  if (opt.memory_mode == MemoryMode::Ilp && limit > 0) {
+    StrategyProblem probe = b.problem;
+    (void)probe;
+  }
+
+  std::vector<int> choice;
+  auto run_solve = [&](const StrategyProblem& p, double base, double span) {
+    progress("solve", base, opt.level == Level::O3 ? "ILP (O3)" : "segments (O2)");
+    ProblemSolution sol;
+    if (opt.level == Level::O3) {
+      SolveOptions so;
+      so.time_limit_s = opt.time_limit_s;
+      so.relative_gap = opt.relative_gap;
+      sol = solve_ilp(p, so);
+      rep.ilp_variables = sol.ilp_variables;
+      rep.ilp_constraints = sol.ilp_constraints;
+      rep.ilp_solves += 1;
+      rep.status = worse_status(rep.status, sol.status);
+      rep.gap = std::max(rep.gap, sol.gap);
+    } else {
+      O2Options oo;
+      oo.time_limit_s = opt.time_limit_s;
+      oo.relative_gap = opt.relative_gap;
+      oo.reuse_repeated = opt.reuse_repeated_layers;
+      oo.progress = [&](double f) { progress("solve", base + span * f, "segments (O2)"); };
+      std::vector<double> weight(m.num_nodes(), 0.0);
+      std::vector<int> order_pos(m.num_nodes(), 0);
+      std::vector<std::string> signature(m.num_nodes());
+      const auto topo = g.topo_order();
+      for (int i = 0; i < static_cast<int>(topo.size()); ++i) order_pos[topo[i]] = i;
+      std::vector<std::vector<int>> succ(m.n_ops);
+      for (int o = 0; o < m.n_ops; ++o) {
+        weight[o] = g.op(o).flops();
+        for (ir::TensorId ti : g.op(o).outputs)
+          for (ir::OpId c : g.consumers(ti)) succ[o].push_back(c);
+        signature[o] = fmt::format("{}|{}", ir::op_kind_name(g.op(o).kind), g.op(o).index_map.to_string());
+      }
+      for (int v = m.n_ops; v < m.num_nodes(); ++v) {
+        const auto& ti = g.tensor(m.leaf_tensor[v - m.n_ops]);
+        int first = static_cast<int>(topo.size());
+        for (ir::OpId c : g.consumers(m.leaf_tensor[v - m.n_ops])) first = std::min(first, order_pos[c]);
+        order_pos[v] = first;
+        signature[v] = fmt::format("leaf|{}|{}|{}", ir::role_name(ti.role), fmt::join(ti.shape, ","),
+                                   dtype_name(ti.dtype));
+      }
+      O2Stats st;
+      sol = solve_o2(p, m.n_ops, succ, weight, order_pos, signature, oo, &st);
+      rep.ilp_variables = std::max(rep.ilp_variables, st.max_ilp_variables);
+      rep.ilp_constraints = std::max(rep.ilp_constraints, st.max_ilp_constraints);
+      rep.ilp_solves += st.ilp_solves;
+      rep.segments = st.segments;
+      rep.reused_segments = st.reused_segments;
+      rep.status = worse_status(rep.status, st.worst_status);
+      rep.gap = std::max(rep.gap, st.max_gap);
+    }
+    return sol;
+  };
+
+  if (opt.memory_mode == MemoryMode::Ilp) {
+    ProblemSolution sol = run_solve(b.problem, 0.2, 0.7);
+    if (!sol.has_solution()) {
+      if (sol.status == solver::IlpStatus::Infeasible || opt.level == Level::O2) {
+        WEFT_CHECK(limit <= 0, "spmd_search: memory limit {:.4g} MB per device cannot be met: {}",
+                   limit / 1e6, explain_memory(m, b));
+      }
+      fail("spmd_search: no strategy found ({}) within {} s", rep.status, opt.time_limit_s);
+    }
+    choice = sol.choice;
+  } else {
+    // Rhino §4.4: parameters by size, largest first; force the k largest to be sharded (no
+    // replicated layout) for k = 0, 1, 2, ... and stop at the first k whose plan fits (binary
+    // search over k: feasibility is monotone in k in practice, and every probe is checked).
+    std::vector<ir::TensorId> params;
+    for (ir::TensorId ti : m.leaf_tensor)
+      if (g.tensor(ti).role == ir::Role::Parameter) params.push_back(ti);
+    std::stable_sort(params.begin(), params.end(), [&](ir::TensorId a, ir::TensorId c) {
+      return g.tensor(a).bytes() > g.tensor(c).bytes();
+    });
+    Built full = build_problem(m, rc, limit, opt);  // for peak evaluation
+    auto attempt = [&](int k) -> std::optional<std::vector<int>> {
+      StrategyProblem p = b.problem;
+      for (int i = 0; i < k; ++i) {
+        const int v = m.node_of_tensor[params[i]];
+        for (int s = 0; s < m.num_strategies(v); ++s)
+          if (m.produced(v, s, 0).is_replicated()) p.node_cost[v][s] = kInfCost;
+      }
+      auto sol = run_solve(p, 0.2, 0.1);
+      if (!sol.has_solution()) return std::nullopt;
+      if (limit > 0 && evaluate(full.problem, sol.choice).peak_memory > limit) return std::nullopt;
+      return sol.choice;
+    };
+    int lo = 0, hi = static_cast<int>(params.size());
+    std::optional<std::vector<int>> best;
+    if (auto c0 = attempt(0)) {
+      best = c0;
+      hi = 0;
+    } else {
+      auto chi = attempt(hi);
+      WEFT_CHECK(chi.has_value(),
+                 "spmd_search: memory limit {:.4g} MB per device cannot be met even with all {} "
+                 "parameters sharded: {}",
+                 limit / 1e6, params.size(), explain_memory(m, full));
+      best = chi;
+      while (hi - lo > 1) {  // invariant: lo infeasible, hi feasible
+        const int mid = (lo + hi) / 2;
+        if (auto c = attempt(mid)) {
+          hi = mid;
+          best = c;
+        } else {
+          lo = mid;
+        }
+      }
+    }
+    rep.forced_sharded_params = hi;
+    choice = *best;
+    b = std::move(full);
+  }
+  phase("solve");
+
+  // ---- the plan
+  progress("evaluate", 0.95, "evaluating");
+  plan.op_strategies.resize(m.n_ops);
+  plan.tensor_specs.assign(g.tensors().size(), std::nullopt);
+  std::map<ir::TensorId, ShardingSpec> leaf_specs;
+  std::vector<std::vector<AxisAssign>> op_axes(m.n_ops);
+  for (int o = 0; o < m.n_ops; ++o) {
+    plan.op_strategies[o] = m.op_strats[o][choice[o]];
+    op_axes[o] = plan.op_strategies[o].axes;
+    for (int i = 0; i < static_cast<int>(g.op(o).outputs.size()); ++i)
+      plan.tensor_specs[g.op(o).outputs[i]] = plan.op_strategies[o].outputs[i];
+  }
+  for (int v = m.n_ops; v < m.num_nodes(); ++v) {
+    const ir::TensorId ti = m.leaf_tensor[v - m.n_ops];
+    plan.tensor_specs[ti] = m.leaf_specs[v - m.n_ops][choice[v]];
+    leaf_specs.emplace(ti, *plan.tensor_specs[ti]);
+  }
+  const Evaluation ev = evaluate(b.problem, choice);
+  plan.compute_time = ev.node_cost;
+  plan.comm_time = ev.edge_cost;
+  plan.cost = ev.cost;
+  plan.peak_memory = ev.peak_memory;
+  if (b.problem.memory_rows.empty()) {
+    std::vector<double> bytes(g.tensors().size(), 0.0);
+    for (std::size_t ti = 0; ti < bytes.size(); ++ti)
+      bytes[ti] = plan.tensor_specs[ti] ? spec_bytes(*plan.tensor_specs[ti], g.tensors()[ti].dtype)
+                                        : static_cast<double>(g.tensors()[ti].bytes());
+    plan.peak_memory = cost::peak_memory(b.live, bytes).first;
+  }
+  rep.compute_time = plan.compute_time;
+  rep.comm_time = plan.comm_time;
+  rep.peak_memory = plan.peak_memory;
+  for (ir::TensorId ti = 0; ti < static_cast<ir::TensorId>(g.tensors().size()); ++ti) {
+    const auto& info = g.tensor(ti);
+    if (info.role != ir::Role::Parameter || !plan.tensor_specs[ti]) continue;
+    rep.params.push_back({info.name, info.shape, plan.tensor_specs[ti]->to_string(),
+                          spec_bytes(*plan.tensor_specs[ti], info.dtype)});
+  }
+  phase("report");
+  progress("evaluate", 1.0, "done");
+  return plan;
+}
+
+PlanEvaluation evaluate_plan(const ir::Graph& g, const cluster::Cluster& cl, const cluster::DeviceMesh& mesh,
+                             const std::vector<std::vector<AxisAssign>>& op_axes,
+                             const std::map<ir::TensorId, ShardingSpec>& leaf_specs) {
+  WEFT_CHECK(op_axes.size() == g.ops().size(), "evaluate_plan: {} op assignments for {} ops", op_axes.size(),
+             g.ops().size());
+  const auto device = mesh_device(cl, mesh);
+  PlanEvaluation out;
+  std::vector<OpStrategy> st;
+  for (int o = 0; o < static_cast<int>(g.ops().size()); ++o) {
+    auto s = make_strategy(g, g.op(o), mesh.shape(), op_axes[o]);
+    WEFT_CHECK(s.has_value(), "evaluate_plan: assignment of op '{}' is not a valid strategy", g.op(o).name);
+    out.compute_time += cost::op_cost(g, g.op(o), device, s->factor_shards).time;
+    st.push_back(std::move(*s));
+  }
+  std::vector<std::optional<ShardingSpec>> spec(g.tensors().size());
+  for (int o = 0; o < static_cast<int>(g.ops().size()); ++o)
+    for (int i = 0; i < static_cast<int>(g.op(o).outputs.size()); ++i)
+      spec[g.op(o).outputs[i]] = st[o].outputs[i];
+  for (const auto& [t, s] : leaf_specs) spec.at(t) = s;
+  const auto links = cluster::axis_links(cl, mesh);
+  auto charge = [&](const ShardingSpec& from, const ShardingSpec& to, DType dt, const std::string& what) {
+    if (from == to) return;
+    sharding::ReshardOptions ro;
+    ro.strided_intermediates = false;
+    const auto pl = sharding::reshard_on_mesh(from, to, links, dtype_size(dt), ro);
+    out.comm_time += pl.time;
+    for (const auto& step : pl.steps)
+      if (step.time > 0 || step.kind == sharding::CollectiveKind::AllReduce)
+        out.collectives[sharding::collective_name(step.kind)]++;
+    if (pl.time > 0) out.edges.push_back(fmt::format("{}: {}", what, pl.to_string()));
+  };
+  std::set<ir::TensorId> outs(g.outputs().begin(), g.outputs().end());
+  for (int o = 0; o < static_cast<int>(g.ops().size()); ++o) {
+    const auto& op = g.op(o);
+    for (int i = 0; i < static_cast<int>(op.inputs.size()); ++i) {
+      const ir::TensorId t = op.inputs[i];
+      WEFT_CHECK(spec[t].has_value(), "evaluate_plan: leaf tensor '{}' has no spec", g.tensor(t).name);
+      charge(*spec[t], st[o].inputs[i], g.tensor(t).dtype,
+             fmt::format("{} -> {}", g.tensor(t).name, op.name));
+    }
+    std::vector<ir::TensorId> states;
+    for (ir::TensorId t : op.inputs)
+      if (is_state_leaf(g.tensor(t))) states.push_back(t);
+    int k = 0;
+    for (int i = 0; i < static_cast<int>(op.outputs.size()) && k < static_cast<int>(states.size()); ++i) {
+      if (!outs.count(op.outputs[i]) || g.tensor(op.outputs[i]).shape != g.tensor(states[k]).shape) continue;
+      charge(st[o].outputs[i], *spec[states[k]], g.tensor(states[k]).dtype,
+             fmt::format("{} -> next step {}", g.tensor(op.outputs[i]).name, g.tensor(states[k]).name));
+      ++k;
+    }
+  }
+  std::vector<double> bytes(g.tensors().size(), 0.0);
+  for (std::size_t t = 0; t < bytes.size(); ++t)
+    bytes[t] =
+        spec[t] ? spec_bytes(*spec[t], g.tensors()[t].dtype) : static_cast<double>(g.tensors()[t].bytes());
+  out.peak_memory = cost::peak_memory(cost::liveness(g), bytes).first;
+  out.cost = out.compute_time + out.comm_time;
+  return out;
+}
+
+PlanEvaluation evaluate_plan(const ir::Graph& g, const cluster::Cluster& cl, const cluster::DeviceMesh& mesh,
+                             const SpmdPlan& plan) {
+  std::vector<std::vector<AxisAssign>> axes;
+  for (const auto& s : plan.op_strategies) axes.push_back(s.axes);
+  std::map<ir::TensorId, ShardingSpec> leaves;
+  for (ir::TensorId t = 0; t < static_cast<ir::TensorId>(g.tensors().size()); ++t)
+    if (g.tensor(t).producer == ir::kNoOp && plan.tensor_specs.at(t))
+      leaves.emplace(t, *plan.tensor_specs[t]);
+  return evaluate_plan(g, cl, mesh, axes, leaves);
+}
+
+}  // namespace weft::spmd

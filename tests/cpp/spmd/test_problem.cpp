@@ -1,0 +1,108 @@
+// StrategyProblem: ILP optimum == exhaustive enumeration on random small problems.
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <random>
+
+#include "weft/core/error.hpp"
+#include "weft/spmd/problem.hpp"
+
+using namespace weft::spmd;
+
+namespace {
+StrategyProblem random_problem(std::mt19937& rng, bool memory) {
+  StrategyProblem p;
+  const int n = 2 + static_cast<int>(rng() % 7);  // 2..8 ops
+  std::uniform_real_distribution<double> c(0, 10);
+  for (int v = 0; v < n; ++v) {
+    const int s = 1 + static_cast<int>(rng() % 4);  // 1..4 strategies
+    std::vector<double> cost(s);
+    for (auto& x : cost) x = (rng() % 10 == 0) ? kInfCost : std::round(c(rng) * 8) / 8;
+    if (std::all_of(cost.begin(), cost.end(), [](double x) { return std::isinf(x); })) cost[0] = 1;
+    p.node_cost.push_back(cost);
+  }
+  // A random DAG (edges i<j with probability ~0.4), parallel edges allowed.
+  for (int i = 0; i < n; ++i)
+    for (int j = i + 1; j < n; ++j)
+      if (rng() % 5 < 2 || (j == i + 1 && rng() % 2)) {
+        EdgeCost e{i, j, {}};
+        const std::size_t k = p.node_cost[i].size() * p.node_cost[j].size();
+        for (std::size_t t = 0; t < k; ++t)
+          e.cost.push_back(rng() % 15 == 0 ? kInfCost : std::round(c(rng) * 8) / 8);
+        if (rng() % 2)
+          std::swap(e.u, e.v), e.cost = [&] {
+            std::vector<double> tr(k);
+            const std::size_t si = p.node_cost[i].size(), sj = p.node_cost[j].size();
+            for (std::size_t a = 0; a < si; ++a)
+              for (std::size_t b = 0; b < sj; ++b) tr[b * si + a] = e.cost[a * sj + b];
+            return tr;
+          }();
+        p.edges.push_back(std::move(e));
+      }
+  if (memory) {
+    for (int r = 0; r < 3; ++r) {
+      MemoryRow row{"row" + std::to_string(r), std::round(c(rng)), {}};
+      for (int v = 0; v < n; ++v)
+        if (rng() % 2) {
+          MemoryTerm t{v, {}};
+          for (std::size_t s = 0; s < p.node_cost[v].size(); ++s) t.bytes.push_back(std::round(c(rng)));
+          row.terms.push_back(t);
+        }
+      p.memory_rows.push_back(row);
+    }
+    p.memory_limit = 15 + static_cast<double>(rng() % 20);
+  }
+  return p;
+}
+}  // namespace
+
+TEST_CASE("spmd problem: ILP equals exhaustive enumeration on 300 random problems") {
+  std::mt19937 rng(2024);
+  int with_memory = 0, infeasible = 0;
+  for (int it = 0; it < 300; ++it) {
+    const bool memory = it % 3 == 0;
+    const auto p = random_problem(rng, memory);
+    const auto truth = solve_exhaustive(p);
+    const auto got = solve_ilp(p);
+    if (!truth.has_solution()) {
+      CHECK_FALSE(got.has_solution());
+      CHECK(got.status == weft::solver::IlpStatus::Infeasible);
+      ++infeasible;
+      continue;
+    }
+    with_memory += memory;
+    REQUIRE(got.has_solution());
+    CHECK(got.status == weft::solver::IlpStatus::Optimal);
+    CHECK(got.cost == doctest::Approx(truth.cost).epsilon(1e-9));
+    const auto ev = evaluate(p, got.choice);
+    CHECK(ev.feasible());
+    CHECK(ev.cost == doctest::Approx(got.cost));
+  }
+  CHECK(with_memory > 50);
+  CHECK(infeasible > 0);
+}
+
+TEST_CASE("spmd problem: evaluation by hand and warm start") {
+  StrategyProblem p;
+  p.names = {"a", "b"};
+  p.node_cost = {{1, 2}, {3, 0.5}};
+  p.edges = {{0, 1, {0, 10, 10, 0}}};
+  // choices: (0,0)=4, (0,1)=11.5, (1,0)=15, (1,1)=2.5
+  auto ev = evaluate(p, {1, 1});
+  CHECK(ev.cost == 2.5);
+  CHECK(ev.node_cost == 2.5);
+  SolveOptions o;
+  o.warm_start = {0, 0};
+  auto s = solve_ilp(p, o);
+  CHECK(s.choice == std::vector<int>{1, 1});
+  CHECK(s.cost == 2.5);
+  p.memory_rows = {{"peak", 1, {{1, {1, 5}}}}};
+  p.memory_limit = 4;
+  s = solve_ilp(p);
+  CHECK(s.choice == std::vector<int>{0, 0});
+  CHECK(evaluate(p, {1, 1}).violations.size() == 1);
+  p.memory_limit = 1.5;
+  CHECK_FALSE(solve_ilp(p).has_solution());
+  p.edges[0].cost.pop_back();
+  CHECK_THROWS_AS(solve_ilp(p), weft::Error);
+}
