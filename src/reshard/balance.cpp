@@ -99,6 +99,38 @@ void check_jobs(const std::vector<Job>& jobs, int H) {
 
 }  // namespace
 
+double clique_bound(const std::vector<double>& w, const std::vector<std::vector<int>>& res, std::size_t max_items) {
+  const std::size_t n = w.size();
+  if (n == 0 || n > max_items) return 0.0;
+  const std::size_t words = (n + 63) / 64;
+  std::vector<uint64_t> adj(n * words, 0);  // row i: the items conflicting with i
+  auto row = [&](std::size_t i) { return adj.data() + i * words; };
+  std::map<int, std::vector<std::size_t>> users;
+  for (std::size_t i = 0; i < n; ++i)
+    for (int r : res[i]) users[r].push_back(i);
+  for (const auto& [r, us] : users)
+    for (std::size_t a : us)
+      for (std::size_t b : us)
+        if (a != b) row(a)[b / 64] |= uint64_t{1} << (b % 64);
+  std::vector<std::size_t> by_w(n);
+  std::iota(by_w.begin(), by_w.end(), std::size_t{0});
+  std::stable_sort(by_w.begin(), by_w.end(), [&](std::size_t a, std::size_t b) { return w[a] > w[b]; });
+  double best = 0;
+  std::vector<uint64_t> common(words);
+  for (std::size_t s = 0; s < std::min<std::size_t>(n, 64); ++s) {
+    std::size_t seed = by_w[s];
+    std::copy(row(seed), row(seed) + words, common.begin());
+    double sum = w[seed];
+    for (std::size_t j : by_w)
+      if (common[j / 64] >> (j % 64) & 1) {
+        sum += w[j];
+        for (std::size_t k = 0; k < words; ++k) common[k] &= row(j)[k];
+      }
+    best = std::max(best, sum);
+  }
+  return best;
+}
+
 double job_lower_bound(const std::vector<Job>& jobs, int H) {
   std::vector<double> port(2 * H, 0.0);
   double lb = 0;
@@ -113,7 +145,17 @@ double job_lower_bound(const std::vector<Job>& jobs, int H) {
       if (j.cands.size() >= 2 && subset(j.cands, s)) sum += j.dmin();
     lb = std::max(lb, sum / static_cast<double>(s.size()));
   }
-  return lb;
+  std::vector<double> w;
+  std::vector<std::vector<int>> res;
+  for (const auto& j : jobs) {
+    w.push_back(j.dmin());
+    std::vector<int> r;
+    if (j.cands.size() == 1) r.push_back(j.cands[0]);
+    for (int e : j.extra_send) r.push_back(e);
+    for (int x : j.recv) r.push_back(H + x);
+    res.push_back(r);
+  }
+  return std::max(lb, clique_bound(w, res));
 }
 
 JobSchedule schedule_in_order(const std::vector<Job>& jobs, int H, const std::vector<int>& order,

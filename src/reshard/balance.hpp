@@ -38,6 +38,12 @@ struct JobSchedule {
 // candidate sets S, the jobs confined to S spread over |S| send ports).
 double job_lower_bound(const std::vector<Job>& jobs, int num_hosts);
 
+// Items that share a resource (a port) cannot overlap in time, so the total weight of any set of
+// pairwise-conflicting items (a clique of the conflict graph) bounds the makespan. Greedy cliques
+// grown from the heaviest items; 0 when there are more than max_items items.
+double clique_bound(const std::vector<double>& weight, const std::vector<std::vector<int>>& resources,
+                    std::size_t max_items = 3000);
+
 JobSchedule schedule_in_order(const std::vector<Job>& jobs, int num_hosts, const std::vector<int>& order,
                               const std::vector<int>& choice);
 JobSchedule balance_naive(const std::vector<Job>& jobs, int num_hosts);

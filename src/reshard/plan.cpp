@@ -338,7 +338,23 @@ LowerBound lower_bound(const ReshardProblem& p) {
     }
     lb.sender_sets = std::max(lb.sender_sets, bytes / bw);
   }
-  lb.value = std::max(lb.per_host, lb.sender_sets);
+  // Cliques of tasks that pairwise share a remote receiver host or a forced sender host.
+  std::vector<double> w;
+  std::vector<std::vector<int>> res;
+  for (const auto& t : p.tasks) {
+    TaskHosts th = task_hosts(p, t);
+    if (th.remote.empty() || t.bytes == 0) continue;
+    double sbw = 0, rbw = std::numeric_limits<double>::infinity();
+    for (int h : th.cand_hosts) sbw = std::max(sbw, p.hosts.bandwidth(h));
+    for (int r : th.remote) rbw = std::min(rbw, p.hosts.bandwidth(r));
+    w.push_back(static_cast<double>(t.bytes) / std::min(sbw, rbw));
+    std::vector<int> r;
+    for (int h : th.remote) r.push_back(2 * h + 1);
+    if (th.cand_hosts.size() == 1) r.push_back(2 * th.cand_hosts[0]);
+    res.push_back(r);
+  }
+  lb.cliques = detail::clique_bound(w, res);
+  lb.value = std::max({lb.per_host, lb.sender_sets, lb.cliques});
   return lb;
 }
 

@@ -68,16 +68,19 @@ struct Op {
 };
 
 struct LowerBound {
-  double value = 0;                  // max of the three below
+  double value = 0;                  // max of the bounds below
   double per_host = 0;               // max over hosts of must-leave / must-enter bytes over bw
   double sender_sets = 0;            // tasks whose candidates all lie in a host set S, over bw(S)
+  double cliques = 0;                // tasks pairwise sharing a receiver or forced sender host
   std::map<int, int64_t> must_send;  // per host: bytes of tasks it alone can send to remote hosts
   std::map<int, int64_t> must_recv;  // per host: bytes it needs and holds no replica of
 };
 
-// Exact lower bound on any plan's completion time in the model above: a host must receive every
-// task it needs without a local replica; a task with remote receivers leaves some candidate host;
-// for each union S of candidate host sets, the tasks confined to S leave through S's NICs.
+// Lower bound on any plan's completion time in the model above (valid for every strategy): a
+// host must receive every task it needs without a local replica (per_host, with the send side of
+// tasks that only one host can send: the bound); for each union S of candidate host sets,
+// the tasks confined to S leave through S's NICs (sender_sets); tasks that pairwise share a
+// receiver host or a forced sender host run one after another (cliques, greedy).
 LowerBound lower_bound(const ReshardProblem& p);
 
 class ReshardPlan {
