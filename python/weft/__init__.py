@@ -22,4 +22,19 @@ from .simulation import SimulationResult, simulate
 from . import adagrouper
 __all__ += ["BandwidthTrace", "Candidate", "LinkSpec", "Schedule", "StageModel", "StageSpec", "check_order",
             "schedule", "simulate", "SimulationResult", "adagrouper"]
+# cluster / sharding / cost (cluster model, sharding specs and tile math, IR-free cost model)
+from .cluster import AxisLink, Cluster, Device, DeviceMesh, DeviceSpec, NodeSpec, axis_links
+from .sharding import (Placement, ReshardPlan, ReshardPlanner, ReshardStep, ShardingSpec, assemble, distribute,
+                       enumerate_specs, propagate_reshape, reshard_on_mesh)
+from .cost import Calibration, collective_time, compute_time, roofline
+__all__ += ["AxisLink", "Cluster", "Device", "DeviceMesh", "DeviceSpec", "NodeSpec", "axis_links", "Placement",
+            "ReshardPlan", "ReshardPlanner", "ReshardStep", "ShardingSpec", "assemble", "distribute",
+            "enumerate_specs", "propagate_reshape", "reshard_on_mesh", "Calibration", "collective_time",
+            "compute_time", "roofline"]
+# ir (graph builder, autodiff, JSON, reference interpreter)
+from ._weft import Graph, interpret
+__all__ += ["Graph", "interpret"]
+# models (the model zoo: GPT, GShard MoE, Wide-ResNet, U-Net, VGG19, BERT)
+from . import models
+__all__ += ["models"]
 __version__ = "0.1.0"

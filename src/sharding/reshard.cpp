@@ -1,14 +1,16 @@
 // Resharding search on one mesh (the transitions and costs are listed in reshard.hpp).
-// Dijkstra on the graph whose nodes are valid specs of the tensor and whose edges are
-// single-axis collectives; key = (time, steps). Neighbours of a spec are generated per axis from
+// A* (Dijkstra with an admissible heuristic) on the graph whose nodes are valid specs of the tensor and whose
+// edges are single-axis collectives; key = (time, steps). Neighbours of a spec are generated per axis from
 // the candidate placements of that axis (R, P, Shard(d, s) for the strides allowed).
 #include "weft/sharding/reshard.hpp"
 
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <queue>
+#include <tuple>
 #include <unordered_map>
 
 #include "weft/cluster/alpha_beta.hpp"
@@ -109,7 +111,30 @@ ReshardPlan ReshardPlanner::search(const ShardingSpec& A, const ShardingSpec& B)
   auto bytes_of = [&](const ShardingSpec& s) { return static_cast<double>(s.max_local_elements()) * elem_; };
   std::vector<Node> nodes;
   std::unordered_map<ShardingSpec, int> index;
-  using QE = std::pair<Key, int>;
+  // A*: h(spec) = sum over mesh axes a (size > 1) whose placement is Shard or Partial and differs
+  // from the target's, of the cheapest collective on a at the smallest possible tile B_min. Each
+  // such axis needs its own collective on a (leaving S or P is never free), every collective time
+  // grows with B and every tile is >= B_min, so h is admissible; an edge changes one axis term by
+  // at most its own cost, so h is consistent and the first pop of the target is optimal.
+  double total_elems = 1, devices = 1;
+  for (int64_t x : shape) total_elems *= static_cast<double>(x);
+  for (int64_t x : mesh) devices *= static_cast<double>(x);
+  const double b_min = std::ceil(total_elems / devices) * elem_;
+  std::vector<double> h_axis(mesh.size(), 0.0);
+  for (std::size_t a = 0; a < mesh.size(); ++a)
+    h_axis[a] = std::min(
+        {cluster::all_gather_time(links_[a], b_min), cluster::all_to_all_time(links_[a], b_min),
+         cluster::all_reduce_time(links_[a], b_min), cluster::reduce_scatter_time(links_[a], b_min)});
+  auto h_of = [&](const ShardingSpec& s) {
+    double h = 0;
+    for (std::size_t a = 0; a < mesh.size(); ++a) {
+      const Placement& p = s.per_axis()[a];
+      if (mesh[a] > 1 && p.kind != Placement::Replicate && !(p == B.per_axis()[a])) h += h_axis[a];
+    }
+    return h;
+  };
+  // Queue entry: (f = g + h, h, steps, node). Among equal f, smaller h (deeper) first.
+  using QE = std::tuple<double, double, int, int>;
   std::priority_queue<QE, std::vector<QE>, std::greater<QE>> pq;
   auto relax = [&](ShardingSpec s, Key k, int parent, CollectiveKind kind, int axis, double bytes,
                    double time) {
@@ -123,13 +148,15 @@ ReshardPlan ReshardPlanner::search(const ShardingSpec& A, const ShardingSpec& B)
       n.axis = axis;
       n.bytes = bytes;
       n.time = time;
-      pq.push({k, it->second});
+      const double h = h_of(n.spec);
+      pq.push({k.first + h, h, k.second, it->second});
       return;
     }
     int id = static_cast<int>(nodes.size());
     index.emplace(s, id);
+    const double h = h_of(s);
     nodes.push_back(Node{std::move(s), k, parent, kind, axis, bytes, time});
-    pq.push({k, id});
+    pq.push({k.first + h, h, k.second, id});
   };
   // Normalise the source's padding flag so both ends live in one graph.
   ShardingSpec src(A.tensor_shape(), A.mesh_shape(), A.per_axis(), padding);
@@ -139,7 +166,7 @@ ReshardPlan ReshardPlanner::search(const ShardingSpec& A, const ShardingSpec& B)
   int goal = -1;
   std::vector<char> done;
   while (!pq.empty()) {
-    auto [k, id] = pq.top();
+    const int id = std::get<3>(pq.top());
     pq.pop();
     if (static_cast<std::size_t>(id) < done.size() && done[static_cast<std::size_t>(id)]) continue;
     if (done.size() < nodes.size()) done.resize(nodes.size(), 0);
@@ -151,18 +178,15 @@ ReshardPlan ReshardPlanner::search(const ShardingSpec& A, const ShardingSpec& B)
     WEFT_CHECK(++settled <= opt_.max_states, "resharding search from '{}' to '{}' exceeded {} states",
                A.to_string(), B.to_string(), opt_.max_states);
     const ShardingSpec cur = nodes[static_cast<std::size_t>(id)].spec;
+    const Key k = nodes[static_cast<std::size_t>(id)].key;
     const double b_cur = bytes_of(cur);
     auto go_free = [&](int a, Placement q, auto cost_fn) {
       std::vector<Placement> v = cur.per_axis();
       v[static_cast<std::size_t>(a)] = q;
-      try {
-        ShardingSpec nxt(shape, mesh, std::move(v), padding);
-        if (nxt == cur) return;
-        auto [bytes, t] = cost_fn(nxt);
-        relax(std::move(nxt), {k.first + t, k.second + 1}, id, CollectiveKind::LocalSlice, a, bytes, t);
-      } catch (const Error&) {
-        // not a valid spec: no edge
-      }
+      auto nxt = ShardingSpec::try_make(shape, mesh, std::move(v), padding);
+      if (!nxt || *nxt == cur) return;  // invalid (strides overlap with other axes) or no change
+      auto [bytes, t] = cost_fn(*nxt);
+      relax(std::move(*nxt), {k.first + t, k.second + 1}, id, CollectiveKind::LocalSlice, a, bytes, t);
     };
     for (int a = 0; a < cur.mesh_ndim(); ++a) {
       const auto& link = links_[static_cast<std::size_t>(a)];
@@ -177,14 +201,10 @@ ReshardPlan ReshardPlanner::search(const ShardingSpec& A, const ShardingSpec& B)
       auto go = [&](Placement q, CollectiveKind kind, auto cost_fn) {
         std::vector<Placement> v = cur.per_axis();
         v[static_cast<std::size_t>(a)] = q;
-        try {
-          ShardingSpec nxt(shape, mesh, std::move(v), padding);
-          if (nxt == cur) return;
-          auto [bytes, t] = cost_fn(nxt);
-          relax(std::move(nxt), {k.first + t, k.second + 1}, id, kind, a, bytes, t);
-        } catch (const Error&) {
-          // not a valid spec (strides overlap with other axes on the dim): no edge
-        }
+        auto nxt = ShardingSpec::try_make(shape, mesh, std::move(v), padding);
+        if (!nxt || *nxt == cur) return;
+        auto [bytes, t] = cost_fn(*nxt);
+        relax(std::move(*nxt), {k.first + t, k.second + 1}, id, kind, a, bytes, t);
       };
       if (p.kind == Placement::Shard) {
         go(Placement::replicate(), CollectiveKind::AllGather, [&](const ShardingSpec& n) {

@@ -28,46 +28,53 @@ struct Digit {
   int64_t s, k;
 };
 
-// Checks that the digits (s, k) of one dim do not overlap inside N'. Returns an error or "".
-std::string check_digits(std::vector<Digit> d, int64_t np) {
+// Formats the error only when the caller wants it (the search calls validate in a hot loop).
+#define WEFT_BAD(...)                         \
+  do {                                        \
+    if (err) *err = fmt::format(__VA_ARGS__); \
+    return false;                             \
+  } while (0)
+
+// Checks that the digits (s, k) of one dim do not overlap inside N'; the message goes to *err.
+bool check_digits(std::vector<Digit> d, int64_t np, std::string* err) {
   for (const Digit& x : d) {
-    if (x.s < 1) return fmt::format("stride {} must be >= 1", x.s);
+    if (x.s < 1) WEFT_BAD("stride {} must be >= 1", x.s);
     if (np % (x.s * x.k) != 0)
-      return fmt::format("stride {} does not divide: stride x shards = {} x {} must divide the dim size {}",
-                         x.s, x.s, x.k, np);
+      WEFT_BAD("stride {} does not divide: stride x shards = {} x {} must divide the dim size {}", x.s, x.s,
+               x.k, np);
   }
   std::sort(d.begin(), d.end(), [](const Digit& a, const Digit& b) { return a.s > b.s; });
   for (std::size_t i = 0; i + 1 < d.size(); ++i)
     if (d[i].s % (d[i + 1].s * d[i + 1].k) != 0)
-      return fmt::format("strides {} and {} overlap: the larger must be a multiple of {} x {}", d[i].s,
-                         d[i + 1].s, d[i + 1].s, d[i + 1].k);
-  return {};
+      WEFT_BAD("strides {} and {} overlap: the larger must be a multiple of {} x {}", d[i].s, d[i + 1].s,
+               d[i + 1].s, d[i + 1].k);
+  return true;
 }
 
-// Validates and resolves strides in place. Returns "" or an error message.
-std::string validate(const std::vector<int64_t>& shape, const std::vector<int64_t>& mesh,
-                     std::vector<Placement>& axes, bool padding) {
-  if (mesh.empty()) return "the mesh shape must have at least one axis";
+// Validates and resolves strides in place; false (and the message in *err, if given) when invalid.
+bool validate(const std::vector<int64_t>& shape, const std::vector<int64_t>& mesh,
+              std::vector<Placement>& axes, bool padding, std::string* err) {
+  if (mesh.empty()) WEFT_BAD("the mesh shape must have at least one axis");
   for (int64_t m : mesh)
-    if (m < 1) return fmt::format("mesh axis sizes must be >= 1 (mesh {})", fmt::join(mesh, "x"));
+    if (m < 1) WEFT_BAD("mesh axis sizes must be >= 1 (mesh {})", fmt::join(mesh, "x"));
   for (int64_t n : shape)
-    if (n < 1) return fmt::format("tensor dims must be >= 1 (shape [{}])", fmt::join(shape, ","));
+    if (n < 1) WEFT_BAD("tensor dims must be >= 1 (shape [{}])", fmt::join(shape, ","));
   if (axes.size() != mesh.size())
-    return fmt::format("{} placements for a {}-D mesh (one per mesh axis)", axes.size(), mesh.size());
+    WEFT_BAD("{} placements for a {}-D mesh (one per mesh axis)", axes.size(), mesh.size());
   std::optional<ReduceKind> red;
   const int rank = static_cast<int>(shape.size());
   for (std::size_t a = 0; a < axes.size(); ++a) {
     Placement& p = axes[a];
     if (p.kind == Placement::Shard) {
       if (p.dim < 0 || p.dim >= rank)
-        return fmt::format("mesh axis {}: dim {} out of range for a rank-{} tensor", a, p.dim, rank);
-      if (p.stride < 0) return fmt::format("mesh axis {}: stride {} must be >= 0", a, p.stride);
+        WEFT_BAD("mesh axis {}: dim {} out of range for a rank-{} tensor", a, p.dim, rank);
+      if (p.stride < 0) WEFT_BAD("mesh axis {}: stride {} must be >= 0", a, p.stride);
       p.reduce = ReduceKind::Sum;
     } else {
       p.dim = -1;
       p.stride = 0;
       if (p.kind == Placement::Partial) {
-        if (red && *red != p.reduce) return "partial axes mix sum and max (one reduction per spec)";
+        if (red && *red != p.reduce) WEFT_BAD("partial axes mix sum and max (one reduction per spec)");
         red = p.reduce;
       } else {
         p.reduce = ReduceKind::Sum;
@@ -85,7 +92,7 @@ std::string validate(const std::vector<int64_t>& shape, const std::vector<int64_
     if (on.empty()) continue;
     const int64_t n = shape[static_cast<std::size_t>(d)];
     if (n % K != 0 && !padding)
-      return fmt::format(
+      WEFT_BAD(
           "dim {} of size {} is not divisible by its {} shards (mesh axes sharding it); pass "
           "allow_padding for torch.chunk-style uneven shards",
           d, n, K);
@@ -94,32 +101,30 @@ std::string validate(const std::vector<int64_t>& shape, const std::vector<int64_
     for (std::size_t a : on) {
       if (mesh[a] == 1) {
         if (axes[a].stride != 0 && np % axes[a].stride != 0)
-          return fmt::format("mesh axis {}: stride {} does not divide dim {} of size {}", a, axes[a].stride,
-                             d, np);
+          WEFT_BAD("mesh axis {}: stride {} does not divide dim {} of size {}", a, axes[a].stride, d, np);
         axes[a].stride = 1;  // a radix-1 digit constrains nothing: canonical stride 1
       } else if (axes[a].stride != 0) {
         fixed.push_back({axes[a].stride, mesh[a]});
       }
     }
-    if (auto e = check_digits(fixed, np); !e.empty()) return fmt::format("dim {}: {}", d, e);
+    if (std::string e; !check_digits(fixed, np, err ? &e : nullptr)) WEFT_BAD("dim {}: {}", d, e);
     for (std::size_t a : on) {
       if (mesh[a] == 1 || axes[a].stride != 0) continue;
       bool found = false;
       for (int64_t s = np / mesh[a]; s >= 1; --s) {
         if ((np / mesh[a]) % s != 0) continue;
         fixed.push_back({s, mesh[a]});
-        if (check_digits(fixed, np).empty()) {
+        if (check_digits(fixed, np, nullptr)) {
           axes[a].stride = s;
           found = true;
           break;
         }
         fixed.pop_back();
       }
-      if (!found)
-        return fmt::format("dim {}: no block stride fits mesh axis {} next to the explicit strides", d, a);
+      if (!found) WEFT_BAD("dim {}: no block stride fits mesh axis {} next to the explicit strides", d, a);
     }
   }
-  return {};
+  return true;
 }
 
 // Strides of the axes on `dim` when every one of them is written without stride.
@@ -127,8 +132,7 @@ std::vector<Placement> default_resolution(const ShardingSpec& s, int dim) {
   std::vector<Placement> p = s.per_axis();
   for (auto& x : p)
     if (x.kind == Placement::Shard && x.dim == dim) x.stride = 0;
-  std::string e = validate(s.tensor_shape(), s.mesh_shape(), p, s.allow_padding());
-  if (!e.empty()) return {};
+  if (!validate(s.tensor_shape(), s.mesh_shape(), p, s.allow_padding(), nullptr)) return {};
   return p;
 }
 
@@ -224,13 +228,21 @@ ShardingSpec::ShardingSpec(std::vector<int64_t> tensor_shape, std::vector<int64_
       mesh_(std::move(mesh_shape)),
       axes_(std::move(per_axis)),
       padding_(allow_padding) {
-  std::string e = validate(shape_, mesh_, axes_, padding_);
-  if (!e.empty()) {
+  std::string e;
+  if (!validate(shape_, mesh_, axes_, padding_, &e)) {
     std::vector<std::string> p;
     for (auto& x : axes_) p.push_back(x.to_string());
     fail("invalid sharding spec [{}] for tensor [{}] on mesh {}: {}", fmt::join(p, " "),
          fmt::join(shape_, ","), fmt::join(mesh_, "x"), e);
   }
+}
+
+std::optional<ShardingSpec> ShardingSpec::try_make(std::vector<int64_t> tensor_shape,
+                                                   std::vector<int64_t> mesh_shape,
+                                                   std::vector<Placement> per_axis, bool allow_padding) {
+  if (!validate(tensor_shape, mesh_shape, per_axis, allow_padding, nullptr)) return std::nullopt;
+  return ShardingSpec(Unchecked{}, std::move(tensor_shape), std::move(mesh_shape), std::move(per_axis),
+                      allow_padding);
 }
 
 ShardingSpec ShardingSpec::replicated(std::vector<int64_t> tensor_shape, std::vector<int64_t> mesh_shape) {
@@ -544,8 +556,8 @@ std::vector<ShardingSpec> enumerate_specs(const std::vector<int64_t>& shape, con
   std::function<void(std::size_t)> rec = [&](std::size_t a) {
     if (a == mesh.size()) {
       std::vector<Placement> p = cur;
-      if (validate(shape, mesh, p, opt.allow_padding).empty()) {
-        out.emplace_back(shape, mesh, p, opt.allow_padding);
+      if (validate(shape, mesh, p, opt.allow_padding, nullptr)) {
+        out.push_back(*ShardingSpec::try_make(shape, mesh, p, opt.allow_padding));
         WEFT_CHECK(out.size() <= opt.max_specs,
                    "more than {} sharding specs: raise max_specs or restrict the options", opt.max_specs);
       }

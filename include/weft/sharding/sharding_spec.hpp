@@ -53,6 +53,10 @@ class ShardingSpec {
  public:
   ShardingSpec(std::vector<int64_t> tensor_shape, std::vector<int64_t> mesh_shape,
                std::vector<Placement> per_axis, bool allow_padding = false);
+  // The same without exceptions: nullopt when invalid (used in search loops).
+  static std::optional<ShardingSpec> try_make(std::vector<int64_t> tensor_shape,
+                                              std::vector<int64_t> mesh_shape,
+                                              std::vector<Placement> per_axis, bool allow_padding = false);
   // Fully replicated spec.
   static ShardingSpec replicated(std::vector<int64_t> tensor_shape, std::vector<int64_t> mesh_shape);
   // Parses the notation above; also accepts "Shard(0)", "Replicate()", "Partial()" / "Partial(max)"
@@ -102,6 +106,9 @@ class ShardingSpec {
   std::size_t hash() const;
 
  private:
+  struct Unchecked {};
+  ShardingSpec(Unchecked, std::vector<int64_t> s, std::vector<int64_t> m, std::vector<Placement> p, bool pad)
+      : shape_(std::move(s)), mesh_(std::move(m)), axes_(std::move(p)), padding_(pad) {}
   std::vector<int64_t> shape_;
   std::vector<int64_t> mesh_;
   std::vector<Placement> axes_;
