@@ -1,0 +1,316 @@
+// Bindings of weft/ir: weft.Graph (builder, inspection, autodiff, JSON) and weft.interpret.
+// Tensors are referred to by their integer id (what every builder method returns). Enum-like
+// arguments are strings ("f32", "gelu", "max", "adam"), parsed by the IR's own name tables so a
+// bad name is a ValueError listing the valid ones.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <map>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "weft/core/dtype.hpp"
+#include "weft/core/error.hpp"
+#include "weft/ir/autodiff.hpp"
+#include "weft/ir/graph.hpp"
+#include "weft/ir/interpreter.hpp"
+#include "weft/ir/json.hpp"
+
+namespace py = pybind11;
+using namespace weft::ir;
+using weft::DType;
+
+namespace {
+
+using Ids = std::vector<TensorId>;
+
+py::dict tensor_dict(const Graph& g, TensorId t) {
+  const TensorInfo& ti = g.tensor(t);
+  py::dict d;
+  d["id"] = t;
+  d["name"] = ti.name;
+  d["shape"] = py::tuple(py::cast(ti.shape));
+  d["dtype"] = std::string(weft::dtype_name(ti.dtype));
+  d["role"] = std::string(role_name(ti.role));
+  d["producer"] = ti.producer == kNoOp ? py::object(py::none()) : py::object(py::str(g.op(ti.producer).name));
+  auto of = g.grad_of(t);
+  d["grad_of"] = of ? py::object(py::int_(*of)) : py::object(py::none());
+  return d;
+}
+
+py::dict op_dict(const Graph& g, OpId o) {
+  const Op& op = g.op(o);
+  py::dict d;
+  d["id"] = o;
+  d["name"] = op.name;
+  d["kind"] = std::string(op_kind_name(op.kind));
+  d["inputs"] = op.inputs;
+  d["outputs"] = op.outputs;
+  d["flops"] = op.flops();
+  d["index_map"] = op.index_map.to_string();
+  const OpAttrs& a = op.attrs;
+  py::dict attrs;
+  if (!a.equation.empty()) attrs["equation"] = a.equation;
+  if (op.kind == OpKind::Unary || op.kind == OpKind::UnaryGrad)
+    attrs["unary"] = std::string(unary_fn_name(a.unary));
+  if (op.kind == OpKind::Binary) attrs["binary"] = std::string(binary_fn_name(a.binary));
+  if (op.kind == OpKind::Reduce || op.kind == OpKind::Pool2d || op.kind == OpKind::Pool2dGrad)
+    attrs["reduce"] = std::string(reduce_fn_name(a.reduce));
+  if (!a.axes.empty()) attrs["axes"] = a.axes;
+  if (!a.ints.empty()) attrs["ints"] = a.ints;
+  if (a.scalar != 0) attrs["scalar"] = a.scalar;
+  if (!a.scalars.empty()) attrs["scalars"] = a.scalars;
+  d["attrs"] = attrs;
+  return d;
+}
+
+Optimizer parse_optimizer(const py::object& o) {
+  if (o.is_none()) return Optimizer::None;
+  auto s = o.cast<std::string>();
+  if (s == "adam") return Optimizer::Adam;
+  if (s == "sgd") return Optimizer::Sgd;
+  if (s == "none") return Optimizer::None;
+  weft::fail("unknown optimizer '{}' (expected 'adam', 'sgd' or None)", s);
+}
+
+bool has_backward(const Graph& g) {
+  for (const auto& t : g.tensors())
+    if (t.role == Role::Gradient) return true;
+  return false;
+}
+
+// Feed keys are tensor names (or ids); names must identify one tensor.
+TensorId resolve(const Graph& g, const std::unordered_multimap<std::string, TensorId>& by_name,
+                 py::handle key) {
+  if (py::isinstance<py::int_>(key)) {
+    auto t = key.cast<TensorId>();
+    g.tensor(t);
+    return t;
+  }
+  auto name = key.cast<std::string>();
+  auto n = by_name.count(name);
+  WEFT_CHECK(n > 0, "feed '{}' names no tensor of graph '{}'", name, g.name());
+  WEFT_CHECK(n == 1, "feed '{}' is ambiguous: {} tensors have that name (feed by id)", name, n);
+  return by_name.find(name)->second;
+}
+
+py::dict interpret_py(const Graph& g, const py::dict& feeds) {
+  std::unordered_multimap<std::string, TensorId> by_name;
+  for (std::size_t t = 0; t < g.tensors().size(); ++t)
+    by_name.emplace(g.tensors()[t].name, static_cast<TensorId>(t));
+  std::map<TensorId, HostTensor> in;
+  for (auto [k, v] : feeds) {
+    TensorId t = resolve(g, by_name, k);
+    auto arr = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(v);
+    WEFT_CHECK(arr, "feed for '{}' is not convertible to a float64 array", g.tensor(t).name);
+    HostTensor h;
+    for (py::ssize_t d = 0; d < arr.ndim(); ++d) h.shape.push_back(arr.shape(d));
+    h.data.assign(arr.data(), arr.data() + arr.size());
+    in[t] = std::move(h);
+  }
+  std::vector<HostTensor> vals;
+  {
+    py::gil_scoped_release release;
+    vals = interpret(g, in);
+  }
+  py::dict out;
+  for (std::size_t t = 0; t < vals.size(); ++t) {
+    const TensorInfo& ti = g.tensors()[t];
+    std::string key = ti.name;
+    if (by_name.count(key) > 1) key += "@" + std::to_string(t);  // names that repeat get their id
+    std::vector<py::ssize_t> shape(vals[t].shape.begin(), vals[t].shape.end());
+    if (ti.dtype == DType::I32 || ti.dtype == DType::I64) {
+      py::array_t<std::int64_t> a(shape);
+      auto* p = a.mutable_data();
+      for (std::size_t i = 0; i < vals[t].data.size(); ++i) p[i] = static_cast<std::int64_t>(vals[t].data[i]);
+      out[py::str(key)] = a;
+    } else {
+      py::array_t<double> a(shape);
+      std::copy(vals[t].data.begin(), vals[t].data.end(), a.mutable_data());
+      out[py::str(key)] = a;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+void bind_ir(py::module_& m) {
+  py::class_<Graph> G(
+      m, "Graph",
+      "A weft IR graph: tensors (by integer id) and ops with index maps. Builder methods return "
+      "the id of the tensor they make; errors (bad shapes, names, attributes) raise ValueError.");
+  G.def(py::init<std::string>(), py::arg("name") = "")
+      // ---- leaves
+      .def(
+          "input",
+          [](Graph& g, std::string name, Shape shape, const std::string& dtype) {
+            return g.input(std::move(name), std::move(shape), weft::parse_dtype(dtype));
+          },
+          py::arg("name"), py::arg("shape"), py::arg("dtype") = "f32", "An input leaf (data, labels, ids).")
+      .def(
+          "parameter",
+          [](Graph& g, std::string name, Shape shape, const std::string& dtype) {
+            return g.parameter(std::move(name), std::move(shape), weft::parse_dtype(dtype));
+          },
+          py::arg("name"), py::arg("shape"), py::arg("dtype") = "f32", "A trainable parameter leaf.")
+      .def(
+          "constant",
+          [](Graph& g, std::string name, Shape shape, const std::string& dtype) {
+            return g.constant(std::move(name), std::move(shape), weft::parse_dtype(dtype));
+          },
+          py::arg("name"), py::arg("shape"), py::arg("dtype") = "f32", "A constant leaf (its value is fed).")
+      // ---- ops
+      .def("einsum", &Graph::einsum, py::arg("equation"), py::arg("operands"), py::arg("name") = "",
+           "Einsum over any equation, e.g. 'bsh,hf->bsf'.")
+      .def("matmul", &Graph::matmul, py::arg("a"), py::arg("b"), py::arg("name") = "",
+           "[..., m, k] x [k, n].")
+      .def(
+          "unary",
+          [](Graph& g, const std::string& fn, TensorId x, std::string name, double scalar) {
+            return g.unary(parse_unary_fn(fn), x, std::move(name), scalar);
+          },
+          py::arg("fn"), py::arg("x"), py::arg("name") = "", py::arg("scalar") = 0.0,
+          "Elementwise fn: identity, neg, relu, gelu (tanh form), tanh, exp, log, sigmoid, sqrt, rsqrt, "
+          "square, "
+          "scale (by scalar).")
+      .def(
+          "scale",
+          [](Graph& g, TensorId x, double s, std::string name) {
+            return g.unary(UnaryFn::Scale, x, std::move(name), s);
+          },
+          py::arg("x"), py::arg("scalar"), py::arg("name") = "")
+      .def(
+          "binary",
+          [](Graph& g, const std::string& fn, TensorId a, TensorId b, std::string name) {
+            return g.binary(parse_binary_fn(fn), a, b, std::move(name));
+          },
+          py::arg("fn"), py::arg("a"), py::arg("b"), py::arg("name") = "",
+          "Elementwise add, sub, mul, div, max with numpy broadcasting.")
+      .def(
+          "reduce",
+          [](Graph& g, const std::string& fn, TensorId x, std::vector<int> axes, std::string name) {
+            return g.reduce(parse_reduce_fn(fn), x, std::move(axes), std::move(name));
+          },
+          py::arg("fn"), py::arg("x"), py::arg("axes"), py::arg("name") = "",
+          "sum, mean or max over axes (removed).")
+      .def("softmax", &Graph::softmax, py::arg("x"), py::arg("axis") = -1, py::arg("name") = "")
+      .def("layer_norm", &Graph::layer_norm, py::arg("x"), py::arg("gamma"), py::arg("beta"),
+           py::arg("eps") = 1e-5, py::arg("name") = "", "Layer norm over the last dim.")
+      .def("embedding", &Graph::embedding, py::arg("table"), py::arg("ids"), py::arg("name") = "")
+      .def("cross_entropy", &Graph::cross_entropy, py::arg("logits"), py::arg("labels"), py::arg("name") = "",
+           "Mean over tokens of logsumexp(logits) - logits[label]: a scalar.")
+      .def("transpose", &Graph::transpose, py::arg("x"), py::arg("perm"), py::arg("name") = "")
+      .def("reshape", &Graph::reshape, py::arg("x"), py::arg("shape"), py::arg("name") = "")
+      .def("concat", &Graph::concat, py::arg("xs"), py::arg("axis"), py::arg("name") = "")
+      .def("slice", &Graph::slice, py::arg("x"), py::arg("axis"), py::arg("begin"), py::arg("end"),
+           py::arg("name") = "")
+      .def("conv2d", &Graph::conv2d, py::arg("x"), py::arg("w"), py::arg("stride") = 1, py::arg("pad") = 0,
+           py::arg("name") = "", "x[n,c,H,W] * w[o,c,r,t] with stride and zero padding.")
+      .def(
+          "pool2d",
+          [](Graph& g, const std::string& fn, TensorId x, std::int64_t k, std::int64_t s, std::int64_t p,
+             std::string name) { return g.pool2d(parse_reduce_fn(fn), x, k, s, p, std::move(name)); },
+          py::arg("fn"), py::arg("x"), py::arg("kernel"), py::arg("stride"), py::arg("pad") = 0,
+          py::arg("name") = "", "max or mean pooling over k x k windows.")
+      .def("opaque", &Graph::opaque, py::arg("inputs"), py::arg("shape"), py::arg("flops"),
+           py::arg("name") = "",
+           "An op the planner cannot split (replicated), with a given output shape and FLOPs.")
+      // ---- outputs
+      .def("set_loss", &Graph::set_loss, py::arg("t"))
+      .def("mark_output", &Graph::mark_output, py::arg("t"))
+      .def_property_readonly("loss", &Graph::loss)
+      .def_property_readonly("outputs", &Graph::outputs)
+      .def_property("name", &Graph::name, &Graph::set_name)
+      // ---- inspection
+      .def_property_readonly(
+          "tensors",
+          [](const Graph& g) {
+            py::list l;
+            for (std::size_t t = 0; t < g.tensors().size(); ++t)
+              l.append(tensor_dict(g, static_cast<TensorId>(t)));
+            return l;
+          },
+          "Dicts with id, name, shape, dtype, role, producer (op name or None), grad_of.")
+      .def_property_readonly(
+          "ops",
+          [](const Graph& g) {
+            py::list l;
+            for (std::size_t o = 0; o < g.ops().size(); ++o) l.append(op_dict(g, static_cast<OpId>(o)));
+            return l;
+          },
+          "Dicts with id, name, kind, inputs, outputs, attrs, flops, index_map (one-line form).")
+      .def("tensor", &tensor_dict, py::arg("t"))
+      .def("find", &Graph::find_tensor, py::arg("name"),
+           "The id of the first tensor with this name, or None.")
+      .def("grad", &Graph::grad, py::arg("t"),
+           "The id of the gradient of tensor t (a training graph), or None.")
+      .def("grad_of", &Graph::grad_of, py::arg("t"))
+      .def("num_params", &Graph::num_params)
+      .def("param_bytes", &Graph::param_bytes)
+      .def(
+          "flops",
+          [](const Graph& g) { return g.loss() && !has_backward(g) ? training_flops(g) : g.flops(); },
+          "Training FLOPs (forward + backward, no optimizer) of a forward graph with a loss; for a graph "
+          "that "
+          "already holds backward ops (or has no loss), the sum of its ops' FLOPs.")
+      .def("forward_flops", &Graph::flops, "The sum of the FLOPs of the graph's ops as it is.")
+      .def("training_flops", &training_flops, "Forward + backward FLOPs of a forward graph with a loss.")
+      .def(
+          "train_step",
+          [](const Graph& g, const py::object& optimizer, double lr, double beta1, double beta2, double eps,
+             std::int64_t step) {
+            TrainOptions o;
+            o.optimizer = parse_optimizer(optimizer);
+            o.lr = lr, o.beta1 = beta1, o.beta2 = beta2, o.eps = eps, o.step = step;
+            return build_training_graph(g, o);
+          },
+          py::arg("optimizer") = "adam", py::arg("lr") = 1e-3, py::arg("beta1") = 0.9,
+          py::arg("beta2") = 0.999, py::arg("eps") = 1e-8, py::arg("step") = 1,
+          "The training-step graph: forward + backward + optimizer ('adam', 'sgd' or None: gradients only).")
+      .def("validate", &Graph::validate)
+      .def("dump", &Graph::dump)
+      .def(
+          "to_json",
+          [](const Graph& g, std::optional<int> indent) { return graph_to_json(g, indent.value_or(-1)); },
+          py::arg("indent") = py::none())
+      .def_static("from_json", &graph_from_json, py::arg("text"),
+                  "Loads and validates a graph (ValueError on bad input).")
+      .def("copy", [](const Graph& g) { return Graph(g); })
+      .def("__eq__", [](const Graph& a, const Graph& b) { return a == b; })
+      .def("__repr__", [](const Graph& g) {
+        return "Graph('" + g.name() + "', " + std::to_string(g.ops().size()) + " ops, " +
+               std::to_string(g.tensors().size()) + " tensors, " + std::to_string(g.num_params()) +
+               " params)";
+      });
+  G.attr("__hash__") = py::none();
+  // Shorthands for the common elementwise ops.
+  for (const char* fn : {"relu", "gelu", "tanh", "exp", "log", "sigmoid", "sqrt", "rsqrt", "square", "neg"}) {
+    UnaryFn f = parse_unary_fn(fn);
+    G.def(
+        fn, [f](Graph& g, TensorId x, std::string name) { return g.unary(f, x, std::move(name)); },
+        py::arg("x"), py::arg("name") = "");
+  }
+  for (const char* fn : {"add", "sub", "mul", "div"}) {
+    BinaryFn f = parse_binary_fn(fn);
+    G.def(
+        fn,
+        [f](Graph& g, TensorId a, TensorId b, std::string name) {
+          return g.binary(f, a, b, std::move(name));
+        },
+        py::arg("a"), py::arg("b"), py::arg("name") = "");
+  }
+  G.def(
+      "maximum",
+      [](Graph& g, TensorId a, TensorId b, std::string name) {
+        return g.binary(BinaryFn::Max, a, b, std::move(name));
+      },
+      py::arg("a"), py::arg("b"), py::arg("name") = "");
+  m.def(
+      "interpret", &interpret_py, py::arg("graph"), py::arg("feeds"),
+      "Runs the reference interpreter (float64). feeds: tensor name (or id) -> array for every leaf. Returns "
+      "name -> array for every tensor (int tensors as int64; a name used by several tensors gets '@<id>').");
+}
