@@ -1,0 +1,147 @@
+"""weft's model zoo: the papers' models as weft.Graph forward graphs (with a scalar loss).
+
+Every builder takes either a preset name (see :func:`presets`) or an explicit config; with a
+name, explicitly given fields override the preset's (``gpt("GPT-2.7B", seq=2048)``).
+
+    >>> g = weft.models.gpt("GPT-2.7B", batch=8)
+    >>> g.num_params(), g.flops()
+    >>> g = weft.models.gpt(layers=24, hidden=1024, heads=16, batch=2, dtype="bf16")
+
+Architectures, conventions and each preset's parameter count: docs/modules/models.md.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional
+
+from . import _weft
+
+_m = _weft.models
+
+__all__ = [
+    "presets",
+    "preset_config",
+    "build",
+    "gpt",
+    "moe",
+    "wide_resnet",
+    "unet",
+    "vgg19",
+    "bert",
+    "megatron_flops",
+]
+
+
+def presets() -> List[Dict[str, Any]]:
+    """The papers' named configurations: name, family, named_params, source and config."""
+    out = []
+    for p in _m.presets():
+        p = dict(p)
+        p["config"] = dict(_m.preset_config(p["name"]))
+        out.append(p)
+    return out
+
+
+def preset_config(name: str) -> Dict[str, Any]:
+    """The config fields of a preset (aliases such as "GPT-3" accepted)."""
+    return dict(_m.preset_config(name))
+
+
+def build(name: str, batch: int = 1, dtype: str = "f32"):
+    """Any preset of any family by name."""
+    return _m.build_preset(name, batch, dtype)
+
+
+def _config(family: str, name: Optional[str], given: Dict[str, Any], defaults: Dict[str, Any],
+            required: tuple = ()) -> Dict[str, Any]:
+    """Merges preset (if named), defaults and explicitly given fields; None means 'not given'."""
+    cfg = dict(defaults)
+    if name is not None:
+        if not isinstance(name, str):
+            raise ValueError(f"{family}: name must be a preset name string, got {name!r}")
+        pc = _m.preset_config(name)
+        if pc["family"] != family:
+            raise ValueError(f"preset '{name}' is a {pc['family']} model, not {family}")
+        cfg.update({k: v for k, v in pc.items() if k in cfg})
+        cfg["name"] = pc["name"]
+    else:
+        cfg["name"] = family
+    for k, v in given.items():
+        if v is not None:
+            cfg[k] = v
+    missing = [k for k in required if cfg.get(k) is None]
+    if missing:
+        raise ValueError(f"{family}: give a preset name or {', '.join(missing)}")
+    return cfg
+
+
+def gpt(name: Optional[str] = None, *, layers: Optional[int] = None, hidden: Optional[int] = None,
+        heads: Optional[int] = None, ffn: Optional[int] = None, seq: Optional[int] = None,
+        vocab: Optional[int] = None, batch: int = 1, dtype: str = "f32"):
+    """GPT (pre-LN, fused QKV, FFN 4h GeLU, tied logits). Presets GPT-Medium ... GPT-175B."""
+    c = _config("gpt", name, dict(layers=layers, hidden=hidden, heads=heads, ffn=ffn, seq=seq, vocab=vocab),
+                dict(layers=None, hidden=None, heads=None, ffn=0, seq=1024, vocab=51200),
+                ("layers", "hidden", "heads"))
+    return _m.gpt(c["name"], c["layers"], c["hidden"], c["heads"], c["ffn"], c["seq"], c["vocab"], batch, dtype)
+
+
+def moe(name: Optional[str] = None, *, layers: Optional[int] = None, hidden: Optional[int] = None,
+        heads: Optional[int] = None, experts: Optional[int] = None, ffn: Optional[int] = None,
+        moe_every: Optional[int] = None, capacity_factor: Optional[float] = None,
+        seq: Optional[int] = None, vocab: Optional[int] = None, batch: int = 1, dtype: str = "f32"):
+    """GShard MoE (FFN 8h, every other block MoE, top-2 gating). Presets MoE-8E-380M ... MoE-32E-10B."""
+    c = _config("moe", name,
+                dict(layers=layers, hidden=hidden, heads=heads, experts=experts, ffn=ffn, moe_every=moe_every,
+                     capacity_factor=capacity_factor, seq=seq, vocab=vocab),
+                dict(layers=None, hidden=None, heads=None, experts=None, ffn=0, moe_every=2,
+                     capacity_factor=1.0, seq=1024, vocab=32000),
+                ("layers", "hidden", "heads", "experts"))
+    return _m.moe(c["name"], c["layers"], c["hidden"], c["heads"], c["ffn"], c["experts"], c["moe_every"],
+                  float(c["capacity_factor"]), c["seq"], c["vocab"], batch, dtype)
+
+
+def wide_resnet(name: Optional[str] = None, *, layers: Optional[int] = None, channels: Optional[int] = None,
+                width_factor: Optional[int] = None, classes: Optional[int] = None, image: Optional[int] = None,
+                batch: int = 1, dtype: str = "f32"):
+    """Wide-ResNet 50/101 (Alpa's model). Presets WR-1.3B, WR-2.6B, WR-6B, WR-12B."""
+    c = _config("wide_resnet", name,
+                dict(layers=layers, channels=channels, width_factor=width_factor, classes=classes, image=image),
+                dict(layers=50, channels=None, width_factor=None, classes=1024, image=224),
+                ("channels", "width_factor"))
+    return _m.wide_resnet(c["name"], c["layers"], c["channels"], c["width_factor"], c["classes"], c["image"],
+                          batch, dtype)
+
+
+def unet(name: Optional[str] = None, *, base_channels: Optional[int] = None, depth: Optional[int] = None,
+         in_channels: Optional[int] = None, classes: Optional[int] = None, image: Optional[int] = None,
+         batch: int = 1, dtype: str = "f32"):
+    """U-Net with long skip connections. Presets UNet-33M, UNet-768M; default the classic base 64."""
+    c = _config("unet", name,
+                dict(base_channels=base_channels, depth=depth, in_channels=in_channels, classes=classes,
+                     image=image),
+                dict(base_channels=64, depth=4, in_channels=3, classes=2, image=256))
+    return _m.unet(c["name"], c["base_channels"], c["depth"], c["in_channels"], c["classes"], c["image"], batch,
+                   dtype)
+
+
+def vgg19(name: Optional[str] = None, *, classes: Optional[int] = None, image: Optional[int] = None,
+          batch: int = 1, dtype: str = "f32"):
+    """VGG19 with a configurable classifier (classes=1_000_000: Rhino's VGG19-4.2B)."""
+    c = _config("vgg19", name, dict(classes=classes, image=image), dict(classes=1000, image=224))
+    return _m.vgg19(c["name"], c["classes"], c["image"], batch, dtype)
+
+
+def bert(name: Optional[str] = None, *, layers: Optional[int] = None, hidden: Optional[int] = None,
+         heads: Optional[int] = None, ffn: Optional[int] = None, seq: Optional[int] = None,
+         vocab: Optional[int] = None, type_vocab: Optional[int] = None, batch: int = 1, dtype: str = "f32"):
+    """BERT with the masked-LM head; the defaults are BERT-large (L24 h1024 a16, seq 512)."""
+    c = _config("bert", name,
+                dict(layers=layers, hidden=hidden, heads=heads, ffn=ffn, seq=seq, vocab=vocab,
+                     type_vocab=type_vocab),
+                dict(layers=24, hidden=1024, heads=16, ffn=0, seq=512, vocab=30522, type_vocab=2))
+    return _m.bert(c["name"], c["layers"], c["hidden"], c["heads"], c["ffn"], c["seq"], c["vocab"],
+                   c["type_vocab"], batch, dtype)
+
+
+def megatron_flops(*, layers: int, hidden: int, seq: int = 1024, vocab: int = 51200, batch: int = 1) -> float:
+    """Megatron-LM's model FLOPs of a GPT step: 72·B·S·L·h²·(1 + S/(6h) + V/(12·L·h))."""
+    return _m.megatron_flops(layers, hidden, seq, vocab, batch)
