@@ -421,3 +421,97 @@ TEST_CASE("models: every family differentiates into a training step (MoE's routi
     if (p.family == "moe") CHECK_FALSE(tg.grad(*fwd.find_tensor("h1.moe.dispatch_mask")).has_value());
   }
 }
+
+namespace {
+
+// Feeds every leaf of g with deterministic values (ids/labels cycle through [0, mod)).
+std::map<ir::TensorId, ir::HostTensor> feed_all(const ir::Graph& g, i64 mod,
+                                                std::map<std::string, Vec> overrides = {}) {
+  Rng rng;
+  std::map<ir::TensorId, ir::HostTensor> feeds;
+  for (ir::TensorId t = 0; t < static_cast<ir::TensorId>(g.tensors().size()); ++t) {
+    const auto& info = g.tensor(t);
+    if (info.producer != ir::kNoOp) continue;
+    Vec data;
+    if (overrides.count(info.name)) {
+      data = overrides.at(info.name);
+    } else if (info.dtype == DType::I32) {
+      for (i64 i = 0; i < info.numel(); ++i) data.push_back(static_cast<double>((i * 3 + 1) % mod));
+    } else {
+      data = rng.fill(info.numel());
+    }
+    feeds[t] = ir::HostTensor{info.shape, data};
+  }
+  return feeds;
+}
+
+const Vec& value(const ir::Graph& g, const std::vector<ir::HostTensor>& out,
+                 const std::map<ir::TensorId, ir::HostTensor>& feeds, const std::string& name) {
+  ir::TensorId t = *g.find_tensor(name);
+  return feeds.count(t) ? feeds.at(t).data : out[static_cast<std::size_t>(t)].data;
+}
+
+}  // namespace
+
+TEST_CASE("models: U-Net's einsum + reshape is a 2x2 stride-2 transposed conv") {
+  UNetConfig c;
+  c.base_channels = 2, c.depth = 1, c.in_channels = 1, c.image = 4, c.batch = 2;
+  ir::Graph g = unet(c);
+  auto feeds = feed_all(g, 2);
+  auto out = ir::interpret(g, feeds);
+  const Vec& x = value(g, out, feeds, "bottleneck.relu2");  // [2, 4, 2, 2]
+  const Vec& w = value(g, out, feeds, "up0.upconv.w");      // [4, 2, 2, 2] = [c, o, a, b]
+  const Vec& b = value(g, out, feeds, "up0.upconv.b");      // [2, 1, 1]
+  const Vec& y = value(g, out, feeds, "up0.upconv.bias");   // [2, 2, 4, 4]
+  const i64 N = 2, C = 4, O = 2, H = 2;
+  for (i64 n = 0; n < N; ++n)
+    for (i64 o = 0; o < O; ++o)
+      for (i64 p = 0; p < 2 * H; ++p)
+        for (i64 q = 0; q < 2 * H; ++q) {
+          double s = b[static_cast<std::size_t>(o)];
+          for (i64 ch = 0; ch < C; ++ch)
+            s += x[static_cast<std::size_t>(((n * C + ch) * H + p / 2) * H + q / 2)] *
+                 w[static_cast<std::size_t>(((ch * O + o) * 2 + p % 2) * 2 + q % 2)];
+          CHECK(y[static_cast<std::size_t>(((n * O + o) * 2 * H + p) * 2 * H + q)] == doctest::Approx(s));
+        }
+}
+
+TEST_CASE("models: the MoE layer computes Σ_e gate_e · expert_e(x) for tokens routed to both experts") {
+  MoeConfig c;
+  c.layers = 2, c.hidden = 4, c.heads = 2, c.experts = 2, c.seq = 3, c.vocab = 5, c.batch = 2, c.ffn = 6;
+  ir::Graph g = moe(c);
+  const i64 B = 2, S = 3, M = 4, E = 2, F = 6, Cap = c.capacity();
+  REQUIRE(Cap == 3);
+  // Top-2 of 2 experts: every token goes to both, token s into slot s of each expert's buffer.
+  Vec mask(static_cast<std::size_t>(B * S * E * Cap), 0.0);
+  for (i64 b = 0; b < B; ++b)
+    for (i64 s = 0; s < S; ++s)
+      for (i64 e = 0; e < E; ++e) mask[static_cast<std::size_t>(((b * S + s) * E + e) * Cap + s)] = 1;
+  auto feeds = feed_all(g, 5, {{"h1.moe.dispatch_mask", mask}});
+  auto out = ir::interpret(g, feeds);
+  const Vec& x = value(g, out, feeds, "h1.ln2");
+  const Vec& y = value(g, out, feeds, "h1.moe.combine");
+  auto P = [&](const std::string& n) { return value(g, out, feeds, "h1.moe." + n); };
+  const Vec &wg = P("gate.w"), &wi = P("experts.wi"), &bi = P("experts.bi"), &wo = P("experts.wo"),
+            &bo = P("experts.bo");
+  for (i64 t = 0; t < B * S; ++t) {
+    auto X = [&](i64 m) { return x[static_cast<std::size_t>(t * M + m)]; };
+    double l[2] = {0, 0};
+    for (i64 e = 0; e < E; ++e)
+      for (i64 m = 0; m < M; ++m) l[e] += X(m) * wg[static_cast<std::size_t>(m * E + e)];
+    const double mx = std::max(l[0], l[1]), z = std::exp(l[0] - mx) + std::exp(l[1] - mx);
+    for (i64 m = 0; m < M; ++m) {
+      double want = 0;
+      for (i64 e = 0; e < E; ++e) {
+        double o = bo[static_cast<std::size_t>(e * M + m)];
+        for (i64 f = 0; f < F; ++f) {
+          double h = bi[static_cast<std::size_t>(e * F + f)];
+          for (i64 k = 0; k < M; ++k) h += X(k) * wi[static_cast<std::size_t>((e * M + k) * F + f)];
+          o += gelu(h) * wo[static_cast<std::size_t>((e * F + f) * M + m)];
+        }
+        want += std::exp(l[e] - mx) / z * o;
+      }
+      CHECK(y[static_cast<std::size_t>(t * M + m)] == doctest::Approx(want).epsilon(1e-9));
+    }
+  }
+}
