@@ -44,7 +44,7 @@ def run(args, gbps: float) -> None:
     cands = weft.adagrouper.frontier(stages, B, 18e9, k_max=6)
     trace = weft.BandwidthTrace.preempted(args.seed, duration=args.duration, normal_min=20, normal_max=120,
                                           preempt_min=20, preempt_max=120, low=0.3, high=0.6)
-    links = [weft.LinkSpec(bandwidth=gbps * 1e9 / 8, latency=50e-6, trace=trace)]
+    links = [weft.PipelineLink(bandwidth=gbps * 1e9 / 8, latency=50e-6, trace=trace)]
     names = [("1F1B" if c.k == 1 else f"k={c.k}") + f" (b={c.micro_batch_size})" for c in cands]
 
     t_start = time.perf_counter()

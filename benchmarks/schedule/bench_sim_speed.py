@@ -23,7 +23,7 @@ def main() -> None:
                         activation_memory=1e8)
     tr = weft.BandwidthTrace.preempted(1, duration=600, normal_min=0.05, normal_max=0.3, preempt_min=0.05,
                                        preempt_max=0.3)
-    link = weft.LinkSpec(bandwidth=12.5e9, latency=1e-5, trace=tr)
+    link = weft.PipelineLink(bandwidth=12.5e9, latency=1e-5, trace=tr)
     cases = [("1f1b", weft.schedule("1f1b", S, M)), ("kfkb(k=4)", weft.schedule("kfkb", S, M, k=4)),
              ("zb_h1", weft.schedule("zb_h1", S, M)), ("interleaved(v=2)", weft.schedule("interleaved", S, M, v=2))]
     if not args.json:

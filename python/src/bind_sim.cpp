@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "weft/cluster/bandwidth_trace.hpp"
+#include "weft/cluster/cluster.hpp"
 #include "weft/core/error.hpp"
 #include "weft/sim/adagrouper.hpp"
 #include "weft/sim/simulator.hpp"
@@ -76,7 +77,7 @@ void bind_sim(py::module_& m) {
         return fmt::format("StageSpec(F={:g}, B={:g}, W={:g}, bytes={:g})", s.forward_time, s.backward_time,
                            s.weight_time, s.activation_bytes);
       });
-  py::class_<LinkSpec>(m, "LinkSpec",
+  py::class_<LinkSpec>(m, "PipelineLink",
                        "A link between neighbouring devices: bytes/s, latency, bandwidth trace.")
       .def(py::init([](double bw, double lat, const BandwidthTrace& t) {
              return LinkSpec{bw, lat, t};
@@ -87,9 +88,14 @@ void bind_sim(py::module_& m) {
       .def_readonly("trace", &LinkSpec::trace)
       .def("__eq__", [](const LinkSpec& a, const LinkSpec& b) { return a == b; })
       .def("__repr__", [](const LinkSpec& l) {
-        return fmt::format("LinkSpec(bandwidth={:g}, latency={:g}, {})", l.bandwidth, l.latency,
+        return fmt::format("PipelineLink(bandwidth={:g}, latency={:g}, {})", l.bandwidth, l.latency,
                            l.trace.to_string());
       });
+  m.def(
+      "links_from_cluster", &links_from_cluster, py::arg("cluster"), py::arg("device_ids"),
+      py::arg("trace") = BandwidthTrace(), py::arg("wrap") = false,
+      "Pipeline links between consecutive devices of a Cluster: intra-node link on one node, the slower NIC "
+      "across nodes.");
   py::class_<SimResult>(m, "SimResult", "Outcome of simulate().")
       .def_readonly("step_time", &SimResult::step_time)
       .def_readonly("bubble_fraction", &SimResult::bubble_fraction)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import List, Optional, Sequence
 
-from ._weft import Candidate, DriverResult, LinkSpec, StageModel, TuneResult
+from ._weft import Candidate, DriverResult, PipelineLink, StageModel, TuneResult
 from . import _weft
 
 
@@ -19,7 +19,7 @@ def frontier(stages: Sequence[StageModel], global_batch: int, memory_limit: floa
     return _weft.adagrouper_frontier(list(stages), global_batch, memory_limit, k_max)
 
 
-def tune(candidates: Sequence[Candidate], stages: Sequence[StageModel], links: Sequence[LinkSpec], t0: float = 0.0) -> TuneResult:
+def tune(candidates: Sequence[Candidate], stages: Sequence[StageModel], links: Sequence[PipelineLink], t0: float = 0.0) -> TuneResult:
     """Simulate every candidate from absolute trace time ``t0``; ``best`` is the shortest step."""
     return _weft.adagrouper_tune(list(candidates), list(stages), list(links), t0)
 
@@ -27,7 +27,7 @@ def tune(candidates: Sequence[Candidate], stages: Sequence[StageModel], links: S
 def drive(
     candidates: Sequence[Candidate],
     stages: Sequence[StageModel],
-    links: Sequence[LinkSpec],
+    links: Sequence[PipelineLink],
     *,
     start: float = 0.0,
     until: float = 600.0,

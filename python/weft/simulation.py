@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Optional, Sequence, Union
 
-from ._weft import LinkSpec, Schedule, SimResult, StageSpec
+from ._weft import PipelineLink, Schedule, SimResult, StageSpec
 from . import _weft
 
 
@@ -91,7 +91,7 @@ def _as_list(x, cls):
 def simulate(
     schedule: Schedule,
     stages: Union[StageSpec, Sequence[StageSpec], None] = None,
-    links: Union[LinkSpec, Sequence[LinkSpec], None] = None,
+    links: Union[PipelineLink, Sequence[PipelineLink], None] = None,
     *,
     trace_offset: float = 0.0,
     check_pairing: bool = True,
@@ -106,6 +106,6 @@ def simulate(
     A cyclic order is reported (``deadlock`` True, ``deadlock_report``), not raised.
     """
     st = _as_list(stages, StageSpec) or [StageSpec()]
-    ln = _as_list(links, LinkSpec)
+    ln = _as_list(links, PipelineLink)
     raw = _weft._simulate(schedule, st, ln, trace_offset, check_pairing, record_timeline)
     return SimulationResult(raw, schedule)

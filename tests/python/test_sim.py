@@ -19,7 +19,7 @@ def test_no_comm_step_closed_form():
 
 def test_hand_computed_2f2b_beats_1f1b():
     st = weft.StageSpec(forward_time=1.0, backward_time=2.0, activation_bytes=1.0)
-    link = weft.LinkSpec(bandwidth=2.0)  # 0.5 time units per transfer
+    link = weft.PipelineLink(bandwidth=2.0)  # 0.5 time units per transfer
     assert weft.simulate(weft.schedule("1f1b", 2, 4), st, link).step_time == pytest.approx(17.0)
     assert weft.simulate(weft.schedule("kfkb", 2, 4, k=2), st, link).step_time == pytest.approx(16.0)
 
@@ -39,7 +39,7 @@ def test_deadlock_is_reported_not_hung():
 
 
 def test_chrome_trace_and_gantt(tmp_path):
-    r = weft.simulate(weft.schedule("1f1b", 3, 4), weft.StageSpec(activation_bytes=1.0), weft.LinkSpec(bandwidth=4.0))
+    r = weft.simulate(weft.schedule("1f1b", 3, 4), weft.StageSpec(activation_bytes=1.0), weft.PipelineLink(bandwidth=4.0))
     doc = r.to_chrome_trace(str(tmp_path / "t.json"))
     assert sum(e["ph"] == "X" for e in doc["traceEvents"]) == r.num_tasks
     assert json.load(open(tmp_path / "t.json")) == doc
@@ -59,7 +59,7 @@ def test_bandwidth_trace():
         weft.BandwidthTrace([1.0], [1.0])
     # a trace slows a transfer: 1 byte at 1 B/s with fraction 0.5 -> 2 s each way
     st = weft.StageSpec(forward_time=1, backward_time=2, activation_bytes=1)
-    r = weft.simulate(weft.schedule("1f1b", 2, 1), st, weft.LinkSpec(bandwidth=1.0, trace=weft.BandwidthTrace.constant(0.5)))
+    r = weft.simulate(weft.schedule("1f1b", 2, 1), st, weft.PipelineLink(bandwidth=1.0, trace=weft.BandwidthTrace.constant(0.5)))
     assert r.step_time == pytest.approx(1 + 2 + 1 + 2 + 2 + 2)
 
 
@@ -68,7 +68,7 @@ def test_adagrouper_frontier_tune_drive():
                         activation_bytes_per_sample=1, activation_memory_per_sample=1)
     cands = weft.adagrouper.frontier([m] * 4, 24, 12.0, k_max=6)
     assert [(c.k, c.micro_batch_size) for c in cands] == [(1, 3), (2, 1), (3, 1)]
-    links = [weft.LinkSpec(bandwidth=1.0, trace=weft.BandwidthTrace([0, 1000, 2000], [1.0, 0.3, 1.0]))]
+    links = [weft.PipelineLink(bandwidth=1.0, trace=weft.BandwidthTrace([0, 1000, 2000], [1.0, 0.3, 1.0]))]
     t = weft.adagrouper.tune(cands, [m] * 4, links, t0=1500)
     assert t.step_times[t.best] == min(t.step_times)
     ad = weft.adagrouper.drive(cands, [m] * 4, links, until=3000)
@@ -77,3 +77,14 @@ def test_adagrouper_frontier_tune_drive():
     assert ad.switches >= 1
     with pytest.raises(ValueError, match="estimate"):
         weft.adagrouper.drive(cands, [m] * 4, links, estimate="oracle")
+
+
+def test_links_from_cluster():
+    c = weft.Cluster.preset("M8", 2)
+    links = weft.links_from_cluster(c, [0, 8])
+    assert len(links) == 1
+    assert links[0].bandwidth == pytest.approx(c.nodes[0].nic_bandwidth)
+    inside = weft.links_from_cluster(c, [0, 1, 2])
+    assert inside[0].bandwidth == pytest.approx(c.nodes[0].intra_bandwidth)
+    r = weft.simulate(weft.schedule("1f1b", 2, 4), weft.StageSpec(activation_bytes=1e6), links)
+    assert not r.deadlock

@@ -78,3 +78,16 @@ struct SimResult {
 SimResult simulate(const schedule::Schedule& sched, const Pipeline& pipe, const SimOptions& opt = {});
 
 }  // namespace weft::sim
+
+namespace weft::cluster {
+class Cluster;
+}
+
+namespace weft::sim {
+// Adapter from a cluster: the links between consecutive pipeline devices device_ids[d] and
+// device_ids[d+1] (and, with wrap, the last back to the first): the node's intra-node link when
+// both are on one node, otherwise the slower NIC of the two nodes (bandwidth) and the larger
+// latency. Every link gets `trace`. NIC sharing between concurrent transfers is not modelled.
+std::vector<LinkSpec> links_from_cluster(const cluster::Cluster& c, const std::vector<int>& device_ids,
+                                         const cluster::BandwidthTrace& trace = {}, bool wrap = false);
+}  // namespace weft::sim
