@@ -21,5 +21,6 @@ weft_module_if_present(schedule DEPS core)
 weft_module_if_present(sim DEPS schedule cluster LIBS Threads::Threads)
 weft_module_if_present(reshard DEPS sharding cluster)
 weft_module_if_present(exec DEPS reshard sharding LIBS Threads::Threads)
+include(${CMAKE_CURRENT_SOURCE_DIR}/cmake/WeftExecNccl.cmake)  # exec: optional NCCL executor
 weft_module_if_present(pipeline DEPS spmd schedule sim solver)
 weft_module_if_present(plan DEPS pipeline spmd reshard sim)

@@ -89,20 +89,22 @@ void copy_rec(const CopyPlan& cp, const std::byte* src, std::byte* dst, std::siz
 
 }  // namespace
 
-void copy_region(const std::byte* src, const Region& src_tile, std::byte* dst, const Region& dst_tile,
-                 const Region& region, int64_t elem_size) {
+namespace {
+// Returns false when the region is empty (nothing to copy).
+bool make_copy_plan(const Region& src_tile, const Region& dst_tile, const Region& region, int64_t elem_size,
+                    CopyPlan& cp) {
   const int r = region.rank();
-  WEFT_CHECK(src_tile.rank() == r && dst_tile.rank() == r, "copy_region: ranks {} / {} / {} differ",
-             src_tile.rank(), dst_tile.rank(), r);
-  if (region.empty()) return;
+  WEFT_CHECK(src_tile.rank() == r && dst_tile.rank() == r, "copy_region: ranks {} / {} / {} differ", src_tile.rank(),
+             dst_tile.rank(), r);
+  if (region.empty()) return false;
   if (r == 0) {
-    std::memcpy(dst, src, static_cast<std::size_t>(elem_size));
-    return;
+    cp.segs = {{Seg{0, 0, 1}}};
+    cp.sstride = cp.dstride = {elem_size};
+    cp.inner_bytes = elem_size;
+    return true;
   }
   auto se = src_tile.extents(), de = dst_tile.extents();
-  CopyPlan cp;
-  for (int d = 0; d < r; ++d)
-    cp.segs.push_back(dim_segments(src_tile.dims[d], dst_tile.dims[d], region.dims[d], d));
+  for (int d = 0; d < r; ++d) cp.segs.push_back(dim_segments(src_tile.dims[d], dst_tile.dims[d], region.dims[d], d));
   // Byte strides of each dim in both layouts.
   std::vector<int64_t> ss(r), ds(r);
   int64_t a = elem_size, b = elem_size;
@@ -123,7 +125,33 @@ void copy_region(const std::byte* src, const Region& src_tile, std::byte* dst, c
   // Innermost kept dim: a unit of length covers the folded dims; src and dst agree on it.
   cp.inner_bytes = ss[k];
   WEFT_ASSERT(ss[k] == ds[k], "folded dims differ between layouts");
-  copy_rec(cp, src, dst, 0, 0, 0);
+  return true;
+}
+
+void runs_rec(const CopyPlan& cp, std::vector<CopyRun>& out, std::size_t d, int64_t so, int64_t dof) {
+  if (d + 1 == cp.segs.size()) {
+    for (const Seg& s : cp.segs[d])
+      out.push_back({so + s.src * cp.sstride[d], dof + s.dst * cp.dstride[d], s.len * cp.inner_bytes});
+    return;
+  }
+  for (const Seg& s : cp.segs[d])
+    for (int64_t i = 0; i < s.len; ++i)
+      runs_rec(cp, out, d + 1, so + (s.src + i) * cp.sstride[d], dof + (s.dst + i) * cp.dstride[d]);
+}
+}  // namespace
+
+void copy_region(const std::byte* src, const Region& src_tile, std::byte* dst, const Region& dst_tile,
+                 const Region& region, int64_t elem_size) {
+  CopyPlan cp;
+  if (make_copy_plan(src_tile, dst_tile, region, elem_size, cp)) copy_rec(cp, src, dst, 0, 0, 0);
+}
+
+std::vector<CopyRun> copy_runs(const Region& src_tile, const Region& dst_tile, const Region& region,
+                               int64_t elem_size) {
+  CopyPlan cp;
+  std::vector<CopyRun> out;
+  if (make_copy_plan(src_tile, dst_tile, region, elem_size, cp)) runs_rec(cp, out, 0, 0, 0);
+  return out;
 }
 
 std::vector<std::byte> pack(const std::byte* src, const Region& src_tile, const Region& region,

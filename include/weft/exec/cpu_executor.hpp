@@ -59,6 +59,13 @@ class DistributedTensor {
 // the region is not inside both tiles.
 void copy_region(const std::byte* src, const Region& src_tile, std::byte* dst, const Region& dst_tile,
                  const Region& region, int64_t elem_size);
+// The same copy as byte runs (offsets and lengths in bytes), for device-side pack/unpack kernels.
+struct CopyRun {
+  int64_t src = 0, dst = 0, len = 0;
+  bool operator==(const CopyRun&) const = default;
+};
+std::vector<CopyRun> copy_runs(const Region& src_tile, const Region& dst_tile, const Region& region,
+                               int64_t elem_size);
 // Packs a region into a dense buffer (row-major over the region's local shape) and back.
 std::vector<std::byte> pack(const std::byte* src, const Region& src_tile, const Region& region,
                             int64_t elem_size);
