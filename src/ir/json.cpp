@@ -33,11 +33,13 @@ json index_map_json(const IndexMap& m) {
                        {"size", f.size},
                        {"kind", factor_kind_name(f.kind)},
                        {"reduce", reduce_kind_name(f.reduce)}});
-  return {{"factors", factors},
-          {"inputs", m.inputs},
-          {"outputs", m.outputs},
-          {"flops_per_point", m.flops_per_point},
-          {"work_factors", m.work_factors}};
+  json j = json::object();
+  j["factors"] = std::move(factors);
+  j["inputs"] = m.inputs;
+  j["outputs"] = m.outputs;
+  j["flops_per_point"] = m.flops_per_point;
+  j["work_factors"] = m.work_factors;
+  return j;
 }
 
 json attrs_json(const OpAttrs& a) {
@@ -101,11 +103,26 @@ std::vector<T> list(const json& j, const std::string& path, F&& each) {
   return out;
 }
 
+// Integer lists are most of a graph's JSON: check them without building a path per element.
 std::vector<std::int64_t> ints(const json& j, const std::string& path) {
-  return list<std::int64_t>(j, path, [](const json& e, const std::string& p) { return integer(e, p); });
+  const json& a = array(j, path);
+  std::vector<std::int64_t> out;
+  out.reserve(a.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (!a[i].is_number_integer()) bad(fmt::format("{}[{}]", path, i), "expected an integer");
+    out.push_back(a[i].get<std::int64_t>());
+  }
+  return out;
 }
 std::vector<int> small_ints(const json& j, const std::string& path) {
-  return list<int>(j, path, [](const json& e, const std::string& p) { return id32(e, p); });
+  auto v = ints(j, path);
+  std::vector<int> out(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    if (v[i] < -1 || v[i] > std::numeric_limits<std::int32_t>::max())
+      bad(fmt::format("{}[{}]", path, i), fmt::format("id {} out of range", v[i]));
+    out[i] = static_cast<int>(v[i]);
+  }
+  return out;
 }
 
 // Runs a name parser (which throws weft::Error "unknown ...") and prefixes the path.
@@ -143,13 +160,22 @@ IndexMap read_index_map(const json& j, const std::string& path) {
   auto tensors = [&](const char* key) {
     std::string p = path + "." + key;
     return list<std::vector<DimFactors>>(field(j, key, path), p, [&](const json& t, const std::string& pt) {
-      return list<DimFactors>(t, pt, [&](const json& d, const std::string& pd) {
-        auto fs = small_ints(d, pd);
-        for (int f : fs)
-          if (f < 0 || f >= static_cast<int>(m.factors.size()))
-            bad(pd, fmt::format("factor id {} out of range", f));
-        return fs;
-      });
+      const json& dims = array(t, pt);
+      std::vector<DimFactors> out;
+      for (std::size_t d = 0; d < dims.size(); ++d) {
+        auto pd = [&] { return fmt::format("{}[{}]", pt, d); };
+        if (!dims[d].is_array()) bad(pd(), "expected an array");
+        DimFactors fs;
+        for (const auto& f : dims[d]) {
+          if (!f.is_number_integer()) bad(pd(), "expected an array of integers");
+          auto v = f.get<std::int64_t>();
+          if (v < 0 || v >= static_cast<std::int64_t>(m.factors.size()))
+            bad(pd(), fmt::format("factor id {} out of range", v));
+          fs.push_back(static_cast<int>(v));
+        }
+        out.push_back(std::move(fs));
+      }
+      return out;
     });
   };
   m.inputs = tensors("inputs");
@@ -204,16 +230,25 @@ std::string graph_to_json(const Graph& g, int indent) {
     if (auto of = g.grad_of(static_cast<TensorId>(t))) jt["grad_of"] = *of;
     tensors.push_back(std::move(jt));
   }
+  // Assignments move; nlohmann's initializer lists would deep-copy every subtree.
   json ops = json::array();
-  for (const auto& op : g.ops())
-    ops.push_back({{"name", op.name},
-                   {"kind", op_kind_name(op.kind)},
-                   {"inputs", op.inputs},
-                   {"outputs", op.outputs},
-                   {"attrs", attrs_json(op.attrs)},
-                   {"index_map", index_map_json(op.index_map)}});
-  json j{{"format", kFormat},  {"version", kVersion}, {"name", g.name()},
-         {"tensors", tensors}, {"ops", ops},          {"outputs", g.outputs()}};
+  for (const auto& op : g.ops()) {
+    json o = json::object();
+    o["name"] = op.name;
+    o["kind"] = op_kind_name(op.kind);
+    o["inputs"] = op.inputs;
+    o["outputs"] = op.outputs;
+    o["attrs"] = attrs_json(op.attrs);
+    o["index_map"] = index_map_json(op.index_map);
+    ops.push_back(std::move(o));
+  }
+  json j = json::object();
+  j["format"] = kFormat;
+  j["version"] = kVersion;
+  j["name"] = g.name();
+  j["tensors"] = std::move(tensors);
+  j["ops"] = std::move(ops);
+  j["outputs"] = g.outputs();
   j["loss"] = g.loss() ? json(*g.loss()) : json(nullptr);
   return j.dump(indent);
 }

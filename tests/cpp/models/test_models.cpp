@@ -532,3 +532,20 @@ TEST_CASE("models: the MoE layer computes Σ_e gate_e · expert_e(x) for tokens 
     }
   }
 }
+
+TEST_CASE("models: preset shorthands equal the config path; configs print in one line") {
+  CHECK(moe_preset("MoE-8E-380M", 2) == moe(moe_config("MoE-8E-380M", 2)));
+  CHECK(gpt_preset("GPT-XL", 3, DType::F16) == gpt(gpt_config("GPT-XL", 3, DType::F16)));
+  CHECK(build_preset("WR-6B") == wide_resnet(wide_resnet_config("WR-6B")));
+  const std::vector<std::string> lines{
+      moe_config("MoE-32E-10B").to_string(), wide_resnet_config("WR-12B").to_string(),
+      unet_config("UNet-768M").to_string(), vgg19_config("VGG19-4.2B").to_string(),
+      bert_config("BERT-large").to_string()};
+  const std::vector<std::string> want{"experts=32", "width_factor=12", "base_channels=320", "classes=1000000",
+                                      "vocab=30522"};
+  for (std::size_t i = 0; i < lines.size(); ++i) {
+    CAPTURE(lines[i]);
+    CHECK(lines[i].find(want[i]) != std::string::npos);
+    CHECK(lines[i].find('\n') == std::string::npos);
+  }
+}
