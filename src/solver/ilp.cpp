@@ -185,19 +185,21 @@ IlpResult solve(const Ilp& model, const IlpOptions& opt) {
   Cbc_setParameter(m.get(), "timeMode", "elapsed");
   Cbc_setMaximumSeconds(m.get(), opt.time_limit_s);
   if (opt.relative_gap > 0) Cbc_setAllowableFractionGap(m.get(), opt.relative_gap);
+  // MIP start: integer columns only (CBC fixes them and solves the LP for the rest; handing it
+  // continuous values too makes CBC 2.10 report some feasible models infeasible).
   std::vector<int> ws_idx;
+  std::vector<double> ws_val;
   if (!opt.warm_start.empty()) {
-    ws_idx.resize(n);
-    for (int j = 0; j < n; ++j) ws_idx[j] = j;
-    Cbc_setMIPStartI(m.get(), n, ws_idx.data(), opt.warm_start.data());
+    for (int j = 0; j < n; ++j)
+      if (is_int(model.variables()[j].type)) {
+        ws_idx.push_back(j);
+        ws_val.push_back(std::round(opt.warm_start[j]));
+      }
+    if (!ws_idx.empty()) Cbc_setMIPStartI(m.get(), static_cast<int>(ws_idx.size()), ws_idx.data(), ws_val.data());
   }
   Cbc_solve(m.get());
   res.wall_s = elapsed();
 
-  if (Cbc_isProvenInfeasible(m.get()) || Cbc_isInitialSolveProvenPrimalInfeasible(m.get())) {
-    res.status = IlpStatus::Infeasible;
-    return res;
-  }
   const double* sol = Cbc_getColSolution(m.get());
   const double best = Cbc_getObjValue(m.get());
   const bool have = sol != nullptr && std::isfinite(best) && std::abs(best) < 1e49;
@@ -216,7 +218,11 @@ IlpResult solve(const Ilp& model, const IlpOptions& opt) {
     res.bound = std::min(res.bound, res.objective);
     res.gap = std::max(0.0, (res.objective - res.bound) / std::max(std::abs(res.objective), 1e-12));
   }
-  if (Cbc_isAbandoned(m.get()) && !res.has_solution()) {
+  // A checked incumbent wins over CBC's flags (with a MIP start, CBC 2.10 can flag the
+  // fixed-integer LP of its start as "initial solve infeasible" and still hold a solution).
+  if (!res.has_solution() && (Cbc_isProvenInfeasible(m.get()) || Cbc_isInitialSolveProvenPrimalInfeasible(m.get()))) {
+    res.status = IlpStatus::Infeasible;
+  } else if (Cbc_isAbandoned(m.get()) && !res.has_solution()) {
     res.status = IlpStatus::Error;
   } else if (Cbc_isProvenOptimal(m.get()) && res.has_solution()) {
     if (res.gap <= 1e-9 || res.objective - res.bound <= 1e-9) {
