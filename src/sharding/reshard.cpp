@@ -30,6 +30,198 @@ struct Node {
   double bytes, time;
 };
 
+// Fast path of the same A* for unpadded specs with all strides: a state is one option index per
+// mesh axis (R, P, or Shard(d, s) with s*k | N_d), packed 8 bits per axis into a uint64. Two
+// shard options of different axes on one dim are compatible iff their digits do not overlap;
+// for unpadded dims that pairwise test plus s*k | N is exactly ShardingSpec's validity (nested
+// digits imply that the product of the shard counts divides N), so no spec is built in the loop.
+struct Opt {
+  Placement::Kind kind;
+  int dim;
+  int64_t stride, k;
+};
+
+ReshardPlan search_fast(const ShardingSpec& A, const ShardingSpec& B,
+                        const std::vector<cluster::AxisLink>& links, int elem, ReduceKind red,
+                        std::size_t max_states) {
+  const auto& shape = A.tensor_shape();
+  const auto& mesh = A.mesh_shape();
+  const std::size_t na = mesh.size();
+  std::vector<std::vector<Opt>> opts(na);
+  for (std::size_t a = 0; a < na; ++a) {
+    opts[a].push_back({Placement::Replicate, -1, 0, mesh[a]});
+    opts[a].push_back({Placement::Partial, -1, 0, mesh[a]});
+    for (int d = 0; d < static_cast<int>(shape.size()); ++d) {
+      const int64_t n = shape[static_cast<std::size_t>(d)];
+      if (mesh[a] == 1) {
+        opts[a].push_back({Placement::Shard, d, 1, 1});
+        continue;
+      }
+      if (n % mesh[a] != 0) continue;
+      for (int64_t s = 1; s <= n / mesh[a]; ++s)
+        if ((n / mesh[a]) % s == 0) opts[a].push_back({Placement::Shard, d, s, mesh[a]});
+    }
+    WEFT_ASSERT(opts[a].size() < 256, "too many shard options for the packed search");
+  }
+  auto compatible = [](const Opt& x, const Opt& y) {
+    if (x.kind != Placement::Shard || y.kind != Placement::Shard || x.dim != y.dim || x.k == 1 || y.k == 1)
+      return true;
+    if (x.stride > y.stride) return x.stride % (y.stride * y.k) == 0;
+    if (y.stride > x.stride) return y.stride % (x.stride * x.k) == 0;
+    return false;
+  };
+  auto encode = [&](const ShardingSpec& s) {
+    uint64_t st = 0;
+    for (std::size_t a = 0; a < na; ++a) {
+      const Placement& p = s.per_axis()[a];
+      std::size_t i = 0;
+      for (; i < opts[a].size(); ++i) {
+        const Opt& o = opts[a][i];
+        if (o.kind == p.kind && (p.kind != Placement::Shard || (o.dim == p.dim && o.stride == p.stride)))
+          break;
+      }
+      WEFT_ASSERT(i < opts[a].size(), "placement missing from the option table");
+      st |= static_cast<uint64_t>(i) << (8 * a);
+    }
+    return st;
+  };
+  auto at = [](uint64_t st, std::size_t a) { return static_cast<std::size_t>((st >> (8 * a)) & 0xff); };
+  auto bytes_of = [&](uint64_t st) {
+    std::vector<int64_t> K(shape.size(), 1);
+    for (std::size_t a = 0; a < na; ++a) {
+      const Opt& o = opts[a][at(st, a)];
+      if (o.kind == Placement::Shard) K[static_cast<std::size_t>(o.dim)] *= o.k;
+    }
+    double b = elem;
+    for (std::size_t d = 0; d < shape.size(); ++d) b *= static_cast<double>(shape[d] / K[d]);
+    return b;
+  };
+  auto to_spec = [&](uint64_t st) {
+    std::vector<Placement> p;
+    for (std::size_t a = 0; a < na; ++a) {
+      const Opt& o = opts[a][at(st, a)];
+      p.push_back(o.kind == Placement::Shard     ? Placement::shard(o.dim, o.stride)
+                  : o.kind == Placement::Partial ? Placement::partial(red)
+                                                 : Placement::replicate());
+    }
+    return ShardingSpec(shape, mesh, std::move(p));
+  };
+  const uint64_t src = encode(A), dst = encode(B);
+  double total = 1, devices = 1;
+  for (int64_t x : shape) total *= static_cast<double>(x);
+  for (int64_t x : mesh) devices *= static_cast<double>(x);
+  // Heuristic: see the slow path below.
+  std::vector<double> h_shard(na), h_partial(na);
+  for (std::size_t a = 0; a < na; ++a) {
+    const double lo = total / devices * elem, lo_a = lo * static_cast<double>(mesh[a]);
+    h_shard[a] = std::min(cluster::all_gather_time(links[a], lo_a), cluster::all_to_all_time(links[a], lo));
+    h_partial[a] =
+        std::min(cluster::all_reduce_time(links[a], lo_a), cluster::reduce_scatter_time(links[a], lo_a));
+  }
+  auto h_of = [&](uint64_t st) {
+    double h = 0;
+    for (std::size_t a = 0; a < na; ++a) {
+      const std::size_t i = at(st, a);
+      if (mesh[a] > 1 && i != 0 && i != at(dst, a)) h += i == 1 ? h_partial[a] : h_shard[a];
+    }
+    return h;
+  };
+  struct N {
+    Key key;
+    uint64_t parent;
+    CollectiveKind kind;
+    int axis;
+    double bytes, time;
+    bool done;
+  };
+  std::unordered_map<uint64_t, N> nodes;
+  using QE = std::tuple<double, double, int, uint64_t>;
+  std::priority_queue<QE, std::vector<QE>, std::greater<QE>> pq;
+  auto relax = [&](uint64_t s, Key k, uint64_t parent, CollectiveKind kind, int axis, double bytes,
+                   double t) {
+    auto [it, fresh] = nodes.try_emplace(s, N{k, parent, kind, axis, bytes, t, false});
+    if (!fresh) {
+      if (it->second.done || !(k < it->second.key)) return;
+      it->second = N{k, parent, kind, axis, bytes, t, false};
+    }
+    const double h = h_of(s);
+    pq.push({k.first + h, h, k.second, s});
+  };
+  relax(src, {0.0, 0}, src, CollectiveKind::LocalSlice, -1, 0, 0);
+  std::size_t settled = 0;
+  bool found = false;
+  while (!pq.empty()) {
+    const uint64_t cur = std::get<3>(pq.top());
+    pq.pop();
+    N& node = nodes.at(cur);
+    if (node.done) continue;
+    node.done = true;
+    if (cur == dst) {
+      found = true;
+      break;
+    }
+    WEFT_CHECK(++settled <= max_states, "resharding search from '{}' to '{}' exceeded {} states",
+               A.to_string(), B.to_string(), max_states);
+    const Key k = node.key;
+    const double b_cur = bytes_of(cur);
+    for (std::size_t a = 0; a < na; ++a) {
+      const std::size_t ci = at(cur, a);
+      const Opt& c = opts[a][ci];
+      for (std::size_t j = 0; j < opts[a].size(); ++j) {
+        if (j == ci) continue;
+        const Opt& o = opts[a][j];
+        bool ok = true;
+        for (std::size_t b = 0; b < na && ok; ++b)
+          if (b != a) ok = compatible(o, opts[b][at(cur, b)]);
+        if (!ok) continue;
+        const uint64_t nxt = (cur & ~(uint64_t{0xff} << (8 * a))) | (static_cast<uint64_t>(j) << (8 * a));
+        const auto& link = links[a];
+        CollectiveKind kind;
+        double bytes = 0, t = 0;
+        if (mesh[a] == 1) {
+          kind = CollectiveKind::LocalSlice;  // a size-1 axis: relabelling moves no data
+        } else if (c.kind == Placement::Replicate) {
+          kind = o.kind == Placement::Partial ? CollectiveKind::LocalPartial : CollectiveKind::LocalSlice;
+        } else if (c.kind == Placement::Shard) {
+          if (o.kind == Placement::Partial) continue;
+          if (o.kind == Placement::Replicate) {
+            kind = CollectiveKind::AllGather;
+            bytes = bytes_of(nxt);
+            t = cluster::all_gather_time(link, bytes);
+          } else {
+            kind = CollectiveKind::AllToAll;
+            bytes = b_cur;
+            t = cluster::all_to_all_time(link, bytes);
+          }
+        } else {
+          bytes = b_cur;
+          if (o.kind == Placement::Replicate) {
+            kind = CollectiveKind::AllReduce;
+            t = cluster::all_reduce_time(link, bytes);
+          } else {
+            kind = CollectiveKind::ReduceScatter;
+            t = cluster::reduce_scatter_time(link, bytes);
+          }
+        }
+        relax(nxt, {k.first + t, k.second + 1}, cur, kind, static_cast<int>(a), bytes, t);
+      }
+    }
+  }
+  WEFT_CHECK(found, "no resharding path from '{}' to '{}'", A.to_string(), B.to_string());
+  ReshardPlan plan;
+  std::vector<uint64_t> chain;
+  for (uint64_t v = dst; v != src; v = nodes.at(v).parent) chain.push_back(v);
+  std::reverse(chain.begin(), chain.end());
+  uint64_t prev = src;
+  for (uint64_t v : chain) {
+    const N& n = nodes.at(v);
+    plan.steps.push_back(ReshardStep{n.kind, n.axis, to_spec(prev), to_spec(v), n.bytes, n.time});
+    prev = v;
+  }
+  plan.time = nodes.at(dst).key.first;
+  return plan;
+}
+
 }  // namespace
 
 const char* collective_name(CollectiveKind k) {
@@ -87,6 +279,8 @@ ReshardPlan ReshardPlanner::search(const ShardingSpec& A, const ShardingSpec& B)
              *rA == ReduceKind::Sum ? "sum" : "max", *rB == ReduceKind::Sum ? "sum" : "max");
   const ReduceKind red = rA ? *rA : (rB ? *rB : ReduceKind::Sum);
   const bool padding = A.allow_padding() || B.allow_padding();
+  if (opt_.packed && !padding && opt_.strided_intermediates && A.mesh_ndim() <= 8)
+    return search_fast(A, B, links_, elem_, red, opt_.max_states);
 
   // Candidate shard placements per axis.
   const auto& shape = A.tensor_shape();
@@ -112,24 +306,30 @@ ReshardPlan ReshardPlanner::search(const ShardingSpec& A, const ShardingSpec& B)
   std::vector<Node> nodes;
   std::unordered_map<ShardingSpec, int> index;
   // A*: h(spec) = sum over mesh axes a (size > 1) whose placement is Shard or Partial and differs
-  // from the target's, of the cheapest collective on a at the smallest possible tile B_min. Each
-  // such axis needs its own collective on a (leaving S or P is never free), every collective time
-  // grows with B and every tile is >= B_min, so h is admissible; an edge changes one axis term by
-  // at most its own cost, so h is consistent and the first pop of the target is optimal.
+  // from the target's of a lower bound on the one collective on a that must leave it. With
+  // lo = elements/devices × element size (no tile is smaller) and lo_a = lo × n_a (no tile is
+  // smaller while axis a does not shard): leaving Shard costs >= min(all_gather(lo_a),
+  // all_to_all(lo)) (all-gather is charged on the tile after, in which a no longer shards),
+  // leaving Partial costs >= min(all_reduce(lo_a), reduce_scatter(lo_a)) (charged on the tile
+  // before, in which a is partial). Times grow with bytes, distinct axes need distinct
+  // collectives, so h is admissible; an edge changes only its own axis' term and by at most its
+  // own cost, so h is consistent and the first pop of the target is optimal.
   double total_elems = 1, devices = 1;
   for (int64_t x : shape) total_elems *= static_cast<double>(x);
   for (int64_t x : mesh) devices *= static_cast<double>(x);
-  const double b_min = std::ceil(total_elems / devices) * elem_;
-  std::vector<double> h_axis(mesh.size(), 0.0);
-  for (std::size_t a = 0; a < mesh.size(); ++a)
-    h_axis[a] = std::min(
-        {cluster::all_gather_time(links_[a], b_min), cluster::all_to_all_time(links_[a], b_min),
-         cluster::all_reduce_time(links_[a], b_min), cluster::reduce_scatter_time(links_[a], b_min)});
+  std::vector<double> h_shard(mesh.size()), h_partial(mesh.size());
+  for (std::size_t a = 0; a < mesh.size(); ++a) {
+    const double lo = total_elems / devices * elem_, lo_a = lo * static_cast<double>(mesh[a]);
+    h_shard[a] = std::min(cluster::all_gather_time(links_[a], lo_a), cluster::all_to_all_time(links_[a], lo));
+    h_partial[a] =
+        std::min(cluster::all_reduce_time(links_[a], lo_a), cluster::reduce_scatter_time(links_[a], lo_a));
+  }
   auto h_of = [&](const ShardingSpec& s) {
     double h = 0;
     for (std::size_t a = 0; a < mesh.size(); ++a) {
       const Placement& p = s.per_axis()[a];
-      if (mesh[a] > 1 && p.kind != Placement::Replicate && !(p == B.per_axis()[a])) h += h_axis[a];
+      if (mesh[a] > 1 && p.kind != Placement::Replicate && !(p == B.per_axis()[a]))
+        h += p.kind == Placement::Partial ? h_partial[a] : h_shard[a];
     }
     return h;
   };

@@ -44,6 +44,9 @@ struct ReshardPlan {
 struct ReshardOptions {
   std::size_t max_states = 200000;    // search budget (states settled)
   bool strided_intermediates = true;  // intermediate specs may use any stride (else block + A/B strides)
+  // Use the packed-state search (same graph and result, no ShardingSpec built in the loop) when
+  // neither spec allows padding, strided_intermediates is on and the mesh has <= 8 axes.
+  bool packed = true;
 };
 
 // Plans with caching; one planner per (mesh axis links, element size). Not thread-safe.

@@ -251,6 +251,28 @@ TEST_CASE("every resharding plan, executed on real arrays, turns A into B exactl
   CHECK(executed > 0);
 }
 
+TEST_CASE("packed search and spec-by-spec search find the same optimal times") {
+  std::mt19937 rng(3);
+  const std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> cases{
+      {{8, 8}, {2, 2}}, {{16, 4}, {2, 2}}, {{8, 12}, {2, 3}}, {{8, 4, 4}, {2, 1, 2}}, {{4, 8}, {4}}};
+  for (const auto& [shape, mesh] : cases) {
+    auto specs = enumerate_specs(shape, mesh);
+    ReshardOptions slow;
+    slow.packed = false;
+    ReshardPlanner pf(links_for(mesh), 4), ps(links_for(mesh), 4, slow);
+    for (int i = 0; i < 40; ++i) {
+      const auto& a = specs[rng() % specs.size()];
+      const auto& b = specs[rng() % specs.size()];
+      CAPTURE(a.to_string());
+      CAPTURE(b.to_string());
+      const auto& x = pf.plan(a, b);
+      const auto& y = ps.plan(a, b);
+      CHECK(x.time == doctest::Approx(y.time).epsilon(1e-12));
+      CHECK(x.steps.size() == y.steps.size());
+    }
+  }
+}
+
 TEST_CASE("resharding picks the textbook collectives and their costs") {
   auto links = links_for({4});
   const auto& l = links[0];
