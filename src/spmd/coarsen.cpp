@@ -119,7 +119,7 @@ ProblemSolution solve_o2(const StrategyProblem& p, int n_ops, const std::vector<
   int boundary = -1;
   std::vector<double> F;                 // over strategies of boundary
   std::vector<std::vector<int>> assign;  // per boundary strategy: choice vector (size n, -1 unset)
-  std::unordered_map<std::string, std::pair<double, std::vector<int>>> cache;
+  std::unordered_map<std::string, std::vector<std::pair<double, std::vector<int>>>> cache;
   const double fscale = 1.0;
 
   for (int k = 0; k < static_cast<int>(segs.size()); ++k) {
@@ -197,80 +197,55 @@ ProblemSolution solve_o2(const StrategyProblem& p, int n_ops, const std::vector<
         if (maxv > p.memory_limit) sub.memory_rows.push_back(std::move(r));
       }
     }
-    // Solve for each strategy of the segment's end (or once when it is not critical).
+    // Solve for each strategy of the segment's end (or once when it is not critical): by
+    // elimination keeping the end node when no memory row binds, else one ILP per end strategy.
     const int lend = lid[last];
     const int nt = ends_critical ? static_cast<int>(p.node_cost[last].size()) : 1;
     std::vector<double> nF(nt, kInfCost);
     std::vector<std::vector<int>> nassign(nt);
     bool all_cached = true;
-    for (int t = 0; t < nt; ++t) {
-      StrategyProblem q = sub;
-      if (ends_critical) {
-        for (int s = 0; s < static_cast<int>(q.node_cost[lend].size()); ++s)
-          if (s != t) q.node_cost[lend][s] = kInfCost;
-        if (std::isinf(q.node_cost[lend][t])) continue;
-      }
-      std::pair<double, std::vector<int>> res{kInfCost, {}};
-      const std::string key = opt.reuse_repeated ? key_of(q, fscale) : std::string();
-      auto hit = opt.reuse_repeated ? cache.find(key) : cache.end();
-      if (hit != cache.end()) {
-        res = hit->second;
-        ++st.cache_hits;
+    using Entry = std::vector<std::pair<double, std::vector<int>>>;  // per end strategy
+    const std::string key = opt.reuse_repeated ? key_of(sub, fscale) + (ends_critical ? "c" : "n") : std::string();
+    Entry entry;
+    auto hit = opt.reuse_repeated ? cache.find(key) : cache.end();
+    if (hit != cache.end()) {
+      entry = hit->second;
+      ++st.cache_hits;
+    } else {
+      all_cached = false;
+      entry.assign(nt, {kInfCost, {}});
+      Elimination el(sub, ends_critical ? lend : -1);
+      if (el.ok()) {
+        for (int t = 0; t < nt; ++t)
+          if (!std::isinf(el.kept_cost()[t])) {
+            auto ch = el.choice_for(t);
+            entry[t] = {evaluate(sub, ch).cost, std::move(ch)};
+          }
       } else {
-        all_cached = false;
-        double combos = 1;
-        for (const auto& c : q.node_cost) {
-          int live = 0;
-          for (double x : c) live += !std::isinf(x);
-          combos *= std::max(1, live);
-        }
-        ProblemSolution sol;
-        if (combos <= 4096) {
-          // Tiny: enumerate only live strategies via the exhaustive solver on a pruned copy.
-          StrategyProblem r = q;
-          std::vector<std::vector<int>> keep(r.num_nodes());
-          for (int i = 0; i < r.num_nodes(); ++i)
-            for (int s = 0; s < static_cast<int>(q.node_cost[i].size()); ++s)
-              if (!std::isinf(q.node_cost[i][s])) keep[i].push_back(s);
-          for (int i = 0; i < r.num_nodes(); ++i) {
-            std::vector<double> c;
-            for (int s : keep[i]) c.push_back(q.node_cost[i][s]);
-            r.node_cost[i] = c;
+        for (int t = 0; t < nt; ++t) {
+          StrategyProblem q = sub;
+          if (ends_critical) {
+            for (int s = 0; s < static_cast<int>(q.node_cost[lend].size()); ++s)
+              if (s != t) q.node_cost[lend][s] = kInfCost;
+            if (std::isinf(q.node_cost[lend][t])) continue;
           }
-          for (auto& e : r.edges) {
-            std::vector<double> c;
-            const int sv = static_cast<int>(q.node_cost[e.v].size());
-            for (int a : keep[e.u])
-              for (int b : keep[e.v]) c.push_back(e.cost[a * sv + b]);
-            e.cost = c;
-          }
-          for (auto& row : r.memory_rows)
-            for (auto& tm : row.terms) {
-              std::vector<double> c;
-              for (int s : keep[tm.node]) c.push_back(tm.bytes[s]);
-              tm.bytes = c;
-            }
-          bool empty = std::any_of(keep.begin(), keep.end(), [](const auto& x) { return x.empty(); });
-          if (!empty) {
-            sol = solve_exhaustive(r, 1u << 20);
-            if (sol.has_solution())
-              for (int i = 0; i < r.num_nodes(); ++i) sol.choice[i] = keep[i][sol.choice[i]];
-          }
-        } else {
           SolveOptions so;
           so.time_limit_s = opt.time_limit_s;
           so.relative_gap = opt.relative_gap;
-          sol = solve_ilp(q, so);
+          const auto sol = solve_ilp(q, so);
           ++st.ilp_solves;
           st.max_ilp_variables = std::max(st.max_ilp_variables, sol.ilp_variables);
           st.max_ilp_constraints = std::max(st.max_ilp_constraints, sol.ilp_constraints);
           st.max_gap = std::max(st.max_gap, sol.gap);
           if (static_cast<int>(sol.status) > static_cast<int>(st.worst_status) && sol.has_solution())
             st.worst_status = sol.status;
+          if (sol.has_solution()) entry[t] = {evaluate(q, sol.choice).cost, sol.choice};
         }
-        if (sol.has_solution()) res = {evaluate(q, sol.choice).cost, sol.choice};
-        if (opt.reuse_repeated) cache.emplace(key, res);
       }
+      if (opt.reuse_repeated) cache.emplace(key, entry);
+    }
+    for (int t = 0; t < nt; ++t) {
+      const auto& res = entry[t];
       if (res.second.empty()) continue;
       nF[t] = res.first + fmin;
       // Full assignment: the boundary strategy chosen picks the history.

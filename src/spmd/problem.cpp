@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <map>
+#include <tuple>
 
 #include "weft/core/error.hpp"
 
@@ -177,34 +178,73 @@ ProblemSolution solve_ilp(const StrategyProblem& p, const SolveOptions& opt) {
     }
     ledges.push_back({a, b, std::move(lm)});
   }
-  // ---- the ILP
+  // ---- the ILP. Costs are seconds (1e-6..1e-1); CBC's tolerances are absolute, so the
+  // objective is scaled to make the largest finite coefficient 1e3.
+  double cmax = 0;
+  for (int v = 0; v < n; ++v)
+    for (int s : live[v]) cmax = std::max(cmax, std::abs(unary[v][s]));
+  for (const auto& e : ledges)
+    for (double c : e.m)
+      if (!std::isinf(c)) cmax = std::max(cmax, c);
+  const double oscale = cmax > 0 ? 1e3 / cmax : 1.0;
   solver::Ilp ilp;
   std::vector<std::vector<int>> xv(n);
   for (int v = 0; v < n; ++v) {
     std::vector<solver::Term> onehot;
     for (int s : live[v]) {
-      xv[v].push_back(ilp.add_binary(unary[v][s]));
+      xv[v].push_back(ilp.add_binary(unary[v][s] * oscale));
       onehot.push_back({xv[v].back(), 1.0});
     }
     ilp.add_constraint(std::move(onehot), solver::Sense::Equal, 1);
   }
+  // Edge variables over groups of interchangeable strategies: strategies of u whose rows of
+  // M are equal (typically: the same spec of the tensor on this edge) share one group, same for
+  // the columns of v. With K[g][h] the compressed matrix,
+  //   Σ_h e_gh = Σ_{s∈g} x_us,  Σ_g e_gh = Σ_{t∈h} x_vt,  e ≥ 0
+  // is still exact (the marginals are one-hot), and far smaller than strategy pairs.
   std::vector<std::vector<int>> ev(ledges.size());
+  std::vector<std::vector<int>> ga(ledges.size()), gb(ledges.size());  // group of each live strategy
+  std::vector<std::size_t> nga(ledges.size()), ngb(ledges.size());
   for (std::size_t k = 0; k < ledges.size(); ++k) {
     const auto& e = ledges[k];
     const std::size_t na = live[e.a].size(), nb = live[e.b].size();
-    ev[k].resize(na * nb);
-    for (std::size_t i = 0; i < na * nb; ++i) {
-      const bool inf = std::isinf(e.m[i]);
-      ev[k][i] = ilp.add_continuous(0, inf ? 0 : 1, inf ? 0 : e.m[i]);
-    }
-    for (std::size_t i = 0; i < na; ++i) {
-      std::vector<solver::Term> row{{xv[e.a][i], -1.0}};
-      for (std::size_t j = 0; j < nb; ++j) row.push_back({ev[k][i * nb + j], 1.0});
+    auto group = [](std::size_t count, auto&& key) {
+      std::map<std::vector<double>, int> ids;
+      std::vector<int> g(count);
+      for (std::size_t i = 0; i < count; ++i) g[i] = ids.emplace(key(i), static_cast<int>(ids.size())).first->second;
+      return std::pair{g, ids.size()};
+    };
+    std::tie(ga[k], nga[k]) = group(na, [&](std::size_t i) {
+      return std::vector<double>(e.m.begin() + static_cast<std::ptrdiff_t>(i * nb),
+                                 e.m.begin() + static_cast<std::ptrdiff_t>((i + 1) * nb));
+    });
+    std::tie(gb[k], ngb[k]) = group(nb, [&](std::size_t j) {
+      std::vector<double> col(na);
+      for (std::size_t i = 0; i < na; ++i) col[i] = e.m[i * nb + j];
+      return col;
+    });
+    std::vector<std::size_t> rep_a(nga[k]), rep_b(ngb[k]);
+    for (std::size_t i = 0; i < na; ++i) rep_a[ga[k][i]] = i;
+    for (std::size_t j = 0; j < nb; ++j) rep_b[gb[k][j]] = j;
+    ev[k].resize(nga[k] * ngb[k]);
+    for (std::size_t g = 0; g < nga[k]; ++g)
+      for (std::size_t h = 0; h < ngb[k]; ++h) {
+        const double c = e.m[rep_a[g] * nb + rep_b[h]];
+        const bool inf = std::isinf(c);
+        ev[k][g * ngb[k] + h] = ilp.add_continuous(0, inf ? 0 : 1, inf ? 0 : c * oscale);
+      }
+    for (std::size_t g = 0; g < nga[k]; ++g) {
+      std::vector<solver::Term> row;
+      for (std::size_t i = 0; i < na; ++i)
+        if (ga[k][i] == static_cast<int>(g)) row.push_back({xv[e.a][i], -1.0});
+      for (std::size_t h = 0; h < ngb[k]; ++h) row.push_back({ev[k][g * ngb[k] + h], 1.0});
       ilp.add_constraint(std::move(row), solver::Sense::Equal, 0);
     }
-    for (std::size_t j = 0; j < nb; ++j) {
-      std::vector<solver::Term> row{{xv[e.b][j], -1.0}};
-      for (std::size_t i = 0; i < na; ++i) row.push_back({ev[k][i * nb + j], 1.0});
+    for (std::size_t h = 0; h < ngb[k]; ++h) {
+      std::vector<solver::Term> row;
+      for (std::size_t j = 0; j < nb; ++j)
+        if (gb[k][j] == static_cast<int>(h)) row.push_back({xv[e.b][j], -1.0});
+      for (std::size_t g = 0; g < nga[k]; ++g) row.push_back({ev[k][g * ngb[k] + h], 1.0});
       ilp.add_constraint(std::move(row), solver::Sense::Equal, 0);
     }
   }
@@ -223,14 +263,37 @@ ProblemSolution solve_ilp(const StrategyProblem& p, const SolveOptions& opt) {
   solver::IlpOptions io;
   io.time_limit_s = opt.time_limit_s;
   io.relative_gap = opt.relative_gap;
-  if (!opt.warm_start.empty()) {
-    WEFT_CHECK(static_cast<int>(opt.warm_start.size()) == n,
-               "solve_ilp: warm start has {} choices for {} nodes", opt.warm_start.size(), n);
+  std::vector<int> greedy;
+  if (opt.warm_start.empty()) {
+    // CBC can fail to find any incumbent on large one-hot models within the limit; hand it a
+    // greedy one: nodes in order, each the strategy cheapest against the nodes already chosen.
+    std::vector<std::vector<std::pair<int, const EdgeCost*>>> nb(n);
+    for (const auto& e : p.edges) {
+      nb[e.u].push_back({e.v, &e});
+      nb[e.v].push_back({e.u, &e});
+    }
+    greedy.assign(n, -1);
+    for (int v = 0; v < n; ++v) {
+      double best = kInfCost;
+      for (int s : live[v]) {
+        double c = p.node_cost[v][s];
+        for (auto [u, e] : nb[v]) {
+          if (greedy[u] < 0) continue;
+          const std::size_t sv = p.node_cost[e->v].size();
+          c += e->u == v ? e->cost[s * sv + greedy[u]] : e->cost[greedy[u] * sv + s];
+        }
+        if (greedy[v] < 0 || c < best) best = c, greedy[v] = s;
+      }
+    }
+  }
+  const std::vector<int>& ws = opt.warm_start.empty() ? greedy : opt.warm_start;
+  if (!ws.empty()) {
+    WEFT_CHECK(static_cast<int>(ws.size()) == n, "solve_ilp: warm start has {} choices for {} nodes", ws.size(), n);
     std::vector<double> w(ilp.num_variables(), 0.0);
     bool ok = true;
     std::vector<int> li(n, -1);
     for (int v = 0; v < n && ok; ++v) {
-      auto it = std::find(live[v].begin(), live[v].end(), opt.warm_start[v]);
+      auto it = std::find(live[v].begin(), live[v].end(), ws[v]);
       if (it == live[v].end())
         ok = false;
       else {
@@ -239,7 +302,7 @@ ProblemSolution solve_ilp(const StrategyProblem& p, const SolveOptions& opt) {
       }
     }
     for (std::size_t k = 0; k < ledges.size() && ok; ++k)
-      w[ev[k][li[ledges[k].a] * live[ledges[k].b].size() + li[ledges[k].b]]] = 1;
+      w[ev[k][static_cast<std::size_t>(ga[k][li[ledges[k].a]]) * ngb[k] + static_cast<std::size_t>(gb[k][li[ledges[k].b]])]] = 1;
     if (ok) io.warm_start = std::move(w);
   }
   const auto r = solver::solve(ilp, io);
@@ -256,6 +319,141 @@ ProblemSolution solve_ilp(const StrategyProblem& p, const SolveOptions& opt) {
   }
   out.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return out;
+}
+
+}  // namespace weft::spmd
+
+namespace weft::spmd {
+
+namespace {
+std::size_t table_size(const std::vector<int>& vars, const StrategyProblem& p) {
+  std::size_t s = 1;
+  for (int v : vars) s *= p.node_cost[v].size();
+  return s;
+}
+}  // namespace
+
+double Elimination::eval(const Factor& f, const std::vector<int>& x) const {
+  std::size_t idx = 0;
+  for (int v : f.vars) idx = idx * p_.node_cost[v].size() + static_cast<std::size_t>(x[v]);
+  return f.table[idx];
+}
+
+Elimination::Elimination(const StrategyProblem& p, int keep, std::size_t max_table) : p_(p), keep_(keep) {
+  p.validate();
+  const int n = p.num_nodes();
+  if (!std::isinf(p.memory_limit) && !p.memory_rows.empty()) return;
+  std::vector<Factor> fs;
+  for (int v = 0; v < n; ++v) fs.push_back({{v}, p.node_cost[v]});
+  for (const auto& e : p.edges) {
+    if (e.u < e.v) {
+      fs.push_back({{e.u, e.v}, e.cost});
+    } else {
+      const std::size_t su = p.node_cost[e.u].size(), sv = p.node_cost[e.v].size();
+      std::vector<double> t(su * sv);
+      for (std::size_t a = 0; a < su; ++a)
+        for (std::size_t b = 0; b < sv; ++b) t[b * su + a] = e.cost[a * sv + b];
+      fs.push_back({{e.v, e.u}, std::move(t)});
+    }
+  }
+  std::vector<char> gone(n, 0);
+  used_.resize(n);
+  for (int step = 0; step < n - (keep >= 0 ? 1 : 0); ++step) {
+    // Pick the node whose elimination makes the smallest table.
+    int best = -1;
+    std::size_t best_size = 0;
+    std::vector<int> best_scope;
+    for (int v = 0; v < n; ++v) {
+      if (gone[v] || v == keep) continue;
+      std::vector<int> scope;
+      for (const auto& f : fs)
+        if (std::binary_search(f.vars.begin(), f.vars.end(), v))
+          for (int u : f.vars)
+            if (u != v) scope.push_back(u);
+      std::sort(scope.begin(), scope.end());
+      scope.erase(std::unique(scope.begin(), scope.end()), scope.end());
+      const std::size_t sz = table_size(scope, p);
+      if (best < 0 || sz < best_size) best = v, best_size = sz, best_scope = scope;
+    }
+    if (best_size > max_table) return;
+    const int v = best;
+    std::vector<Factor> touching, rest;
+    for (auto& f : fs) (std::binary_search(f.vars.begin(), f.vars.end(), v) ? touching : rest).push_back(std::move(f));
+    Factor nf{best_scope, std::vector<double>(best_size, kInfCost)};
+    std::vector<int> x(n, 0);
+    const std::size_t sv = p.node_cost[v].size();
+    for (std::size_t idx = 0; idx < best_size; ++idx) {
+      std::size_t r = idx;
+      for (int i = static_cast<int>(best_scope.size()) - 1; i >= 0; --i) {
+        const std::size_t d = p.node_cost[best_scope[i]].size();
+        x[best_scope[i]] = static_cast<int>(r % d);
+        r /= d;
+      }
+      double m = kInfCost;
+      for (std::size_t s = 0; s < sv; ++s) {
+        x[v] = static_cast<int>(s);
+        double c = 0;
+        for (const auto& f : touching) {
+          c += eval(f, x);
+          if (std::isinf(c)) break;
+        }
+        m = std::min(m, c);
+      }
+      nf.table[idx] = m;
+    }
+    rest.push_back(std::move(nf));
+    fs = std::move(rest);
+    used_[v] = std::move(touching);
+    order_.push_back(v);
+    gone[v] = 1;
+  }
+  // Remaining factors: all over `keep` (or scalars).
+  const std::size_t sk = keep >= 0 ? p.node_cost[keep].size() : 1;
+  kept_.assign(sk, 0.0);
+  std::vector<int> x(n, 0);
+  for (std::size_t t = 0; t < sk; ++t) {
+    if (keep >= 0) x[keep] = static_cast<int>(t);
+    for (const auto& f : fs) kept_[t] += f.vars.empty() ? f.table[0] : eval(f, x);
+  }
+  ok_ = true;
+}
+
+std::vector<int> Elimination::choice_for(int keep_value) const {
+  WEFT_ASSERT(ok_, "Elimination::choice_for on a failed elimination");
+  const int n = p_.num_nodes();
+  std::vector<int> x(n, 0);
+  if (keep_ >= 0) x[keep_] = keep_value;
+  for (auto it = order_.rbegin(); it != order_.rend(); ++it) {
+    const int v = *it;
+    double best = kInfCost;
+    int arg = 0;
+    for (int s = 0; s < static_cast<int>(p_.node_cost[v].size()); ++s) {
+      x[v] = s;
+      double c = 0;
+      for (const auto& f : used_[v]) c += eval(f, x);
+      if (c < best) best = c, arg = s;
+    }
+    x[v] = arg;
+  }
+  return x;
+}
+
+ProblemSolution solve_auto(const StrategyProblem& p, const SolveOptions& opt) {
+  const auto t0 = std::chrono::steady_clock::now();
+  Elimination el(p);
+  if (el.ok()) {
+    ProblemSolution s;
+    if (std::isinf(el.kept_cost()[0])) {
+      s.status = solver::IlpStatus::Infeasible;
+      return s;
+    }
+    s.choice = el.choice_for(0);
+    s.cost = evaluate(p, s.choice).cost;
+    s.status = solver::IlpStatus::Optimal;
+    s.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return s;
+  }
+  return solve_ilp(p, opt);
 }
 
 }  // namespace weft::spmd

@@ -58,6 +58,12 @@ class ReshardCosts {
   std::map<int, sharding::ReshardPlanner> planners_;
 };
 
+constexpr double kTieBreakPerByte = 1e-15;
+
+double spec_bytes(const ShardingSpec& s, DType t) {
+  return static_cast<double>(s.max_local_elements()) * dtype_size(t);
+}
+
 struct Use {
   ir::TensorId tensor;
   int producer;  // node
@@ -129,7 +135,16 @@ Model build_model(const ir::Graph& g, const cluster::Cluster& cl, const cluster:
   sharding::EnumerateOptions eo;
   eo.strided = false;
   eo.partial = false;
-  for (ir::TensorId t : m.leaf_tensor) m.leaf_specs.push_back(enumerate_specs(g.tensor(t).shape, m.mesh, eo));
+  for (ir::TensorId t : m.leaf_tensor) {
+    // A shard over a mesh axis of size 1 is the replicated layout under another name: drop it.
+    auto specs = enumerate_specs(g.tensor(t).shape, m.mesh, eo);
+    std::erase_if(specs, [&](const ShardingSpec& sp) {
+      for (std::size_t a = 0; a < m.mesh.size(); ++a)
+        if (m.mesh[a] == 1 && sp.per_axis()[a].kind != sharding::Placement::Replicate) return true;
+      return false;
+    });
+    m.leaf_specs.push_back(std::move(specs));
+  }
   for (int o = 0; o < m.n_ops; ++o)
     for (int i = 0; i < static_cast<int>(g.op(o).inputs.size()); ++i) {
       const ir::TensorId t = g.op(o).inputs[i];
@@ -210,9 +225,6 @@ int generate_strided_candidates(Model& m, int rounds = 4) {
   return added;
 }
 
-double spec_bytes(const ShardingSpec& s, DType t) {
-  return static_cast<double>(s.max_local_elements()) * dtype_size(t);
-}
 
 struct Built {
   StrategyProblem problem;
@@ -230,6 +242,16 @@ Built build_problem(Model& m, ReshardCosts& rc, double memory_limit, const Searc
   for (int v = 0; v < n; ++v) {
     p.names[v] = m.node_name(v);
     p.node_cost[v].assign(m.num_strategies(v), 0.0);
+    // Leaves: a negligible cost per byte sharded away (1e-9 s per MB) breaks exact ties toward
+    // replicated layouts. Under α-β, reduce-scatter + all-gather costs exactly one all-reduce,
+    // so ZeRO-sharding a parameter or optimizer state that memory does not force is a tie; in
+    // practice it adds collective launches, so the tie goes to replication.
+    if (v >= m.n_ops) {
+      const auto& info = m.g.tensor(m.leaf_tensor[v - m.n_ops]);
+      for (int s = 0; s < m.num_strategies(v); ++s)
+        p.node_cost[v][s] =
+            kTieBreakPerByte * (static_cast<double>(info.bytes()) - spec_bytes(m.leaf_specs[v - m.n_ops][s], info.dtype));
+    }
     if (v < m.n_ops)
       for (int s = 0; s < m.num_strategies(v); ++s)
         p.node_cost[v][s] = cost::op_cost(m.g, m.g.op(v), m.device, m.op_strats[v][s].factor_shards).time;
@@ -572,9 +594,10 @@ SpmdPlan spmd_search(const ir::Graph& g, const cluster::Cluster& cl, const clust
     leaf_specs.emplace(ti, *plan.tensor_specs[ti]);
   }
   const Evaluation ev = evaluate(b.problem, choice);
-  plan.compute_time = ev.node_cost;
+  plan.compute_time = 0;
+  for (int o = 0; o < m.n_ops; ++o) plan.compute_time += b.problem.node_cost[o][choice[o]];
   plan.comm_time = ev.edge_cost;
-  plan.cost = ev.cost;
+  plan.cost = plan.compute_time + plan.comm_time;
   plan.peak_memory = ev.peak_memory;
   if (b.problem.memory_rows.empty()) {
     std::vector<double> bytes(g.tensors().size(), 0.0);
@@ -588,7 +611,7 @@ SpmdPlan spmd_search(const ir::Graph& g, const cluster::Cluster& cl, const clust
   rep.peak_memory = plan.peak_memory;
   for (ir::TensorId ti = 0; ti < static_cast<ir::TensorId>(g.tensors().size()); ++ti) {
     const auto& info = g.tensor(ti);
-    if (info.role != ir::Role::Parameter || !plan.tensor_specs[ti]) continue;
+    if (info.role != ir::Role::Parameter || info.producer != ir::kNoOp || !plan.tensor_specs[ti]) continue;
     rep.params.push_back({info.name, info.shape, plan.tensor_specs[ti]->to_string(),
                           spec_bytes(*plan.tensor_specs[ti], info.dtype)});
   }

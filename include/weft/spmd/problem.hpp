@@ -85,3 +85,37 @@ ProblemSolution solve_ilp(const StrategyProblem& p, const SolveOptions& opt = {}
 ProblemSolution solve_exhaustive(const StrategyProblem& p, std::size_t max_combinations = 1000000);
 
 }  // namespace weft::spmd
+
+namespace weft::spmd {
+
+// Exact min-sum variable elimination (bucket elimination) for problems without memory rows:
+// eliminate nodes in greedy min-fill-size order, each step replacing the factors that touch a
+// node v by  f(N) = min_{s_v} Σ factors(v, N);  back-substitute in reverse. Cost is exponential
+// only in the induced width; gives up (returns false) when a table would exceed max_table
+// entries. `keep` (optional, -1 = none): a node left uneliminated; then `kept_cost[t]` = the
+// optimum with keep = t and `choice_for(t)` its assignment.
+class Elimination {
+ public:
+  Elimination(const StrategyProblem& p, int keep = -1, std::size_t max_table = 4000000);
+  bool ok() const { return ok_; }
+  const std::vector<double>& kept_cost() const { return kept_; }  // size 1 when keep < 0
+  std::vector<int> choice_for(int keep_value) const;
+
+ private:
+  struct Factor {
+    std::vector<int> vars;  // ascending node ids
+    std::vector<double> table;
+  };
+  double eval(const Factor& f, const std::vector<int>& x) const;
+  const StrategyProblem& p_;
+  int keep_;
+  bool ok_ = false;
+  std::vector<int> order_;                    // eliminated nodes
+  std::vector<std::vector<Factor>> used_;     // per eliminated node: the factors combined
+  std::vector<double> kept_;
+};
+
+// Solve by elimination when there are no memory rows and it fits; else by ILP.
+ProblemSolution solve_auto(const StrategyProblem& p, const SolveOptions& opt = {});
+
+}  // namespace weft::spmd

@@ -106,3 +106,81 @@ TEST_CASE("spmd problem: evaluation by hand and warm start") {
   p.edges[0].cost.pop_back();
   CHECK_THROWS_AS(solve_ilp(p), weft::Error);
 }
+
+#include "weft/spmd/coarsen.hpp"
+
+TEST_CASE("spmd problem: variable elimination equals exhaustive enumeration (200 random problems)") {
+  std::mt19937 rng(99);
+  for (int it = 0; it < 200; ++it) {
+    auto p = random_problem(rng, false);
+    const auto truth = solve_exhaustive(p);
+    Elimination el(p);
+    REQUIRE(el.ok());
+    if (!truth.has_solution()) {
+      CHECK(std::isinf(el.kept_cost()[0]));
+      continue;
+    }
+    CHECK(el.kept_cost()[0] == doctest::Approx(truth.cost).epsilon(1e-9));
+    CHECK(evaluate(p, el.choice_for(0)).cost == doctest::Approx(truth.cost).epsilon(1e-9));
+    // Keeping one node: its table is the optimum per strategy.
+    const int keep = static_cast<int>(rng() % p.num_nodes());
+    Elimination ek(p, keep);
+    for (int t = 0; t < static_cast<int>(p.node_cost[keep].size()); ++t) {
+      StrategyProblem q = p;
+      for (int s = 0; s < static_cast<int>(q.node_cost[keep].size()); ++s)
+        if (s != t) q.node_cost[keep][s] = kInfCost;
+      const auto tq = solve_exhaustive(q);
+      if (!tq.has_solution()) {
+        CHECK(std::isinf(ek.kept_cost()[t]));
+      } else {
+        CHECK(ek.kept_cost()[t] == doctest::Approx(tq.cost).epsilon(1e-9));
+        CHECK(evaluate(p, ek.choice_for(t)).cost == doctest::Approx(tq.cost).epsilon(1e-9));
+      }
+    }
+  }
+}
+
+TEST_CASE("spmd problem: O2 segment DP equals exhaustive on random chains (120 cases)") {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<double> c(0, 10);
+  for (int it = 0; it < 120; ++it) {
+    // A chain of ops 0 -> 1 -> ... -> n-1, each with 0..1 leaf nodes hanging off it, random
+    // weights (some heavy = critical); with and without memory rows.
+    StrategyProblem p;
+    const int n = 3 + static_cast<int>(rng() % 5);
+    std::vector<std::vector<int>> succ(n);
+    std::vector<double> weight;
+    std::vector<int> pos;
+    for (int v = 0; v < n; ++v) {
+      p.node_cost.push_back({});
+      const int s = 1 + static_cast<int>(rng() % 4);
+      for (int k = 0; k < s; ++k) p.node_cost.back().push_back(std::round(c(rng) * 4) / 4);
+      weight.push_back(rng() % 2 ? 100.0 : 1.0);
+      pos.push_back(v);
+      if (v + 1 < n) succ[v].push_back(v + 1);
+    }
+    auto edge = [&](int u, int v) {
+      EdgeCost e{u, v, {}};
+      for (std::size_t k = 0; k < p.node_cost[u].size() * p.node_cost[v].size(); ++k)
+        e.cost.push_back(std::round(c(rng) * 4) / 4);
+      p.edges.push_back(std::move(e));
+    };
+    for (int v = 0; v + 1 < n; ++v) edge(v, v + 1);
+    for (int v = 0; v < n; ++v)
+      if (rng() % 2) {  // a leaf read by op v
+        const int l = p.num_nodes();
+        p.node_cost.push_back({0, 0.5, 1});
+        weight.push_back(0);
+        pos.push_back(v);
+        edge(l, v);
+      }
+    std::vector<std::string> sig(p.num_nodes());
+    O2Options o;
+    O2Stats st;
+    const auto got = solve_o2(p, n, succ, weight, pos, sig, o, &st);
+    const auto truth = solve_exhaustive(p);
+    REQUIRE(got.has_solution());
+    CHECK(got.cost == doctest::Approx(truth.cost).epsilon(1e-9));
+    CHECK(st.segments >= 1);
+  }
+}

@@ -1,0 +1,236 @@
+// SPMD search on IR graphs: strategies from index maps, GPT block (Megatron layout or cheaper),
+// data parallel, ZeRO on a subset, O2 vs O3, independent re-evaluation, errors.
+#include <doctest/doctest.h>
+
+#include <map>
+#include <set>
+
+#include "gpt_block.hpp"
+#include "weft/cluster/cluster.hpp"
+#include "weft/core/error.hpp"
+#include "weft/ir/autodiff.hpp"
+#include "weft/spmd/coarsen.hpp"
+#include "weft/spmd/search.hpp"
+
+using namespace weft;
+using namespace weft::spmd;
+using sharding::ShardingSpec;
+
+namespace {
+const cluster::Cluster& m8() {
+  static const auto c = cluster::Cluster::preset("M8", 1);
+  return c;
+}
+std::string spec(const ir::Graph& g, const SpmdPlan& p, const std::string& t) { return p.spec_of(g, t); }
+}  // namespace
+
+TEST_CASE("spmd: strategies of a matmul from its index map (brute-force count, specs by hand)") {
+  ir::Graph g;
+  auto x = g.input("x", {8, 16, 32});
+  auto w = g.parameter("w", {32, 64});
+  auto y = g.einsum("bsh,hf->bsf", {x, w}, "mm");
+  (void)y;
+  const auto& op = g.op(0);
+  const std::vector<std::int64_t> mesh{2, 4};
+  auto st = enumerate_strategies(g, op, mesh);
+  // Brute force: each axis picks none or one of the 4 factors; a factor on both axes must
+  // divide by 8. All sizes (8, 16, 32, 64) divide by 8, so 5 × 5 = 25.
+  CHECK(st.size() == 25);
+  std::set<std::string> names;
+  for (const auto& s : st) names.insert(s.describe(op.index_map, {"x", "y"}));
+  CHECK(names.size() == 25);
+  // {b:x, f:y}: X S(0)@x, W S(1)@y, Y S(0)@x S(2)@y, no communication.
+  const int b = 0, h = 2, f = 3;
+  REQUIRE(op.index_map.factors[b].name == "b");
+  REQUIRE(op.index_map.factors[h].name == "h");
+  auto s1 = make_strategy(g, op, mesh, {{b, 0}, {f, 0}});
+  REQUIRE(s1);
+  CHECK(s1->inputs[0].to_string() == "S(0) R");
+  CHECK(s1->inputs[1].to_string() == "R S(1)");
+  CHECK(s1->outputs[0].to_string() == "S(0) S(2)");
+  // {h:y}: X S(2)@y, W S(0)@y, Y partial on y.
+  auto s2 = make_strategy(g, op, mesh, {{-1, 0}, {h, 0}});
+  REQUIRE(s2);
+  CHECK(s2->outputs[0].to_string() == "R P(sum)");
+  CHECK(s2->factor_shards[h] == 4);
+  // The batch (size 8) split 2 × 4 ways is fine, a 16-way split of a size-8 factor is not.
+  CHECK(make_strategy(g, op, {2, 8}, {{b, 0}, {b, 0}}) == std::nullopt);
+}
+
+TEST_CASE("spmd: reshape heads give strided specs for free (Rhino §4.1)") {
+  ir::Graph g;
+  auto x = g.input("x", {2, 4, 64});
+  g.reshape(x, {2, 4, 8, 8}, "split");  // h = (n=8, d=8)
+  const auto& op = g.op(0);
+  // Find factor d (minor part of h) and shard it on a 1-D mesh of 4.
+  int d = -1, n = -1;
+  for (int i = 0; i < static_cast<int>(op.index_map.factors.size()); ++i) {
+    if (op.index_map.factors[i].size == 8 && n < 0) n = i;
+    else if (op.index_map.factors[i].size == 8) d = i;
+  }
+  REQUIRE(n >= 0);
+  REQUIRE(d >= 0);
+  auto sn = make_strategy(g, op, {4}, {{n, 0}});
+  auto sd = make_strategy(g, op, {4}, {{d, 0}});
+  REQUIRE(sn);
+  REQUIRE(sd);
+  // n is the major factor of h: block (stride 64/4 = 16). d is minor: stride (8/4) × 1 = 2.
+  CHECK(sn->inputs[0] == ShardingSpec({2, 4, 64}, {4}, {sharding::Placement::shard(2, 16)}));
+  CHECK(sd->inputs[0] == ShardingSpec({2, 4, 64}, {4}, {sharding::Placement::shard(2, 2)}));
+  CHECK(sd->outputs[0].to_string() == "S(3)");
+}
+
+TEST_CASE("spmd: Megatron GPT block (h 4096, 32 heads, b 8, s 1024) on 1x8 NVLink") {
+  const std::int64_t h = 4096;
+  auto g = ir::build_training_graph(testing::gpt_block(8, 1024, h, 32));
+  auto mesh = cluster::DeviceMesh::iota({1, 8});
+  // 12 h² weights: replicated weights + grads + Adam states need 16 B/param = 3.2 GB; a limit of
+  // 3 GB forbids replicating them all, 1/8 of them (0.4 GB) plus activations fits.
+  const double weights = 12.0 * h * h * 16;
+  SearchOptions o;
+  o.memory_limit = 3e9;
+  REQUIRE(weights > o.memory_limit);
+  auto plan = spmd_search(g, m8(), mesh, o);
+  CHECK(plan.peak_memory <= o.memory_limit);
+  CHECK(plan.report.status == "optimal");
+  // Megatron's layout, forced on the four weight matrices (+ the search fills in the rest),
+  // evaluated by the same cost model: the free search must not be worse.
+  SearchOptions meg = o;
+  meg.fixed_specs = {{"wq", "R S(1)"}, {"wk", "R S(1)"}, {"wv", "R S(1)"},
+                     {"wo", "R S(0)"}, {"w1", "R S(1)"}, {"w2", "R S(0)"}};
+  auto mplan = spmd_search(g, m8(), mesh, meg);
+  CHECK(spec(g, mplan, "w1") == "R S(1)");
+  const auto mev = evaluate_plan(g, m8(), mesh, mplan);
+  CHECK(mev.cost == doctest::Approx(mplan.cost).epsilon(1e-9));
+  CHECK(plan.cost <= mev.cost * (1 + 1e-9));
+  // The plan's predicted cost equals an independent re-evaluation of the chosen strategies.
+  const auto ev = evaluate_plan(g, m8(), mesh, plan);
+  CHECK(ev.cost == doctest::Approx(plan.cost).epsilon(1e-9));
+  CHECK(ev.peak_memory == doctest::Approx(plan.peak_memory).epsilon(1e-9));
+  // Every device does 1/8 of the FLOPs: compute equals the 8-way split of the whole step.
+  CHECK(plan.compute_time == doctest::Approx(mplan.compute_time).epsilon(1e-6));
+  MESSAGE("GPT block: search ", plan.cost * 1e3, " ms (comm ", plan.comm_time * 1e3, " ms) vs Megatron weights ",
+          mev.cost * 1e3, " ms (comm ", mev.comm_time * 1e3, " ms)");
+}
+
+TEST_CASE("spmd: small model, large batch -> pure data parallel") {
+  auto g = ir::build_training_graph(testing::gpt_block(128, 128, 256, 4));
+  auto mesh = cluster::DeviceMesh::iota({1, 8});
+  auto plan = spmd_search(g, m8(), mesh);
+  for (const auto& r : plan.report.params) CHECK_MESSAGE(r.spec == "R R", r.name, " ", r.spec);
+  int einsums = 0;
+  for (int o = 0; o < static_cast<int>(g.ops().size()); ++o) {
+    if (g.op(o).kind != ir::OpKind::Einsum) continue;
+    ++einsums;
+    const auto& a = plan.op_strategies[o].axes[1];
+    REQUIRE(a.factor >= 0);
+    CHECK(g.op(o).index_map.factors[a.factor].name == "b");
+  }
+  CHECK(einsums == 24);  // 8 forward, 16 backward
+  const auto ev = evaluate_plan(g, m8(), mesh, plan);
+  CHECK(ev.cost == doctest::Approx(plan.cost).epsilon(1e-9));
+  // Data parallel: the only communication is gradient all-reduce (or reduce-scatter +
+  // all-gather of ZeRO-sharded optimizer states, the same α-β cost).
+  CHECK(ev.collectives.count("all-to-all") == 0);
+}
+
+TEST_CASE("spmd: memory-tight -> ZeRO on the largest parameter only (Rhino §4.4 loop)") {
+  auto g = ir::build_training_graph(testing::mlp_chain(32768, {256, 2048, 512, 256}));
+  auto mesh = cluster::DeviceMesh::iota({1, 8});
+  SearchOptions free;
+  free.memory_limit = -1;
+  auto p0 = spmd_search(g, m8(), mesh, free);
+  CHECK(spec(g, p0, "w1") == "R R");
+  const double w1_bytes = 2048.0 * 512 * 4;
+  SearchOptions o;
+  o.memory_limit = p0.peak_memory - 0.5 * w1_bytes;
+  o.memory_mode = MemoryMode::ShardLargest;
+  auto p1 = spmd_search(g, m8(), mesh, o);
+  CHECK(p1.report.forced_sharded_params == 1);  // the smallest feasible k
+  CHECK(spec(g, p1, "w1") != "R R");            // w1 is the largest parameter
+  CHECK(spec(g, p1, "w2") == "R R");
+  CHECK(p1.peak_memory <= o.memory_limit);
+  CHECK(p1.cost >= p0.cost * (1 - 1e-9));
+  // The ILP mode meets the same limit at no higher cost than the loop.
+  o.memory_mode = MemoryMode::Ilp;
+  auto p2 = spmd_search(g, m8(), mesh, o);
+  CHECK(p2.peak_memory <= o.memory_limit);
+  CHECK(p2.cost <= p1.cost * (1 + 1e-9));
+}
+
+TEST_CASE("spmd: O2 equals O3 on chains; repeated layers are reused") {
+  auto mesh = cluster::DeviceMesh::iota({2, 4});
+  auto cl = cluster::Cluster::preset("M8", 1);
+  for (auto widths : std::vector<std::vector<std::int64_t>>{{64, 256, 64}, {128, 512, 512, 128, 64}}) {
+    auto g = testing::mlp_chain(512, widths);  // forward only: a chain
+    SearchOptions o3, o2;
+    o3.level = Level::O3;
+    o2.level = Level::O2;
+    auto a = spmd_search(g, cl, mesh, o3);
+    auto b = spmd_search(g, cl, mesh, o2);
+    CHECK(b.cost == doctest::Approx(a.cost).epsilon(1e-9));
+    CHECK(b.report.segments >= 2);
+  }
+  // Four identical layers, training graph, 1x4 mesh: O2 within 10% of O3, segments reused.
+  auto g = ir::build_training_graph(testing::gpt_block(16, 64, 128, 4, 4));
+  auto mesh4 = cluster::DeviceMesh::iota({1, 4});
+  SearchOptions o3, o2;
+  o3.level = Level::O3;
+  o2.level = Level::O2;
+  auto a = spmd_search(g, cl, mesh4, o3);
+  auto b = spmd_search(g, cl, mesh4, o2);
+  REQUIRE(a.report.status == "optimal");
+  CHECK(b.cost >= a.cost * (1 - 1e-9));
+  CHECK(b.cost <= a.cost * 1.10);
+  CHECK(b.report.reused_segments > 0);
+  CHECK(evaluate_plan(g, cl, mesh4, b).cost == doctest::Approx(b.cost).epsilon(1e-9));
+  MESSAGE("4-layer: O3 ", a.cost, " O2 ", b.cost, " segments ", b.report.segments, " reused ",
+          b.report.reused_segments);
+}
+
+TEST_CASE("spmd: critical nodes on a diamond") {
+  // 0 -> 1 -> 3, 0 -> 2 -> 3: unit-time critical path holds all four; heavy ones are 1 and 3.
+  std::vector<std::vector<int>> succ{{1, 2}, {3}, {3}, {}};
+  CHECK(critical_nodes(4, succ, {1, 10, 10, 10}, 0.5) == std::vector<int>{1, 2, 3});
+  // A longer branch: 0 -> 1 -> 2 -> 4 and 0 -> 3 -> 4; 3 has slack.
+  std::vector<std::vector<int>> succ2{{1, 3}, {2}, {4}, {4}, {}};
+  CHECK(critical_nodes(5, succ2, {1, 1, 1, 1, 1}, 0.5) == std::vector<int>{0, 1, 2, 4});
+}
+
+TEST_CASE("spmd: bad input gives clear errors") {
+  auto g = testing::mlp_chain(4, {4, 4, 4});
+  // 16 devices but no factor can be split 16 ways.
+  auto cl2 = cluster::Cluster::preset("M8", 2);
+  auto mesh16 = cluster::DeviceMesh::iota({1, 16});
+  CHECK_THROWS_WITH_AS(spmd_search(g, cl2, mesh16), doctest::Contains("no op of graph"), weft::Error);
+  // An impossible memory limit names the tensors.
+  auto gt = ir::build_training_graph(testing::mlp_chain(64, {64, 64}));
+  SearchOptions o;
+  o.memory_limit = 1000;
+  CHECK_THROWS_WITH_AS(spmd_search(gt, m8(), cluster::DeviceMesh::iota({1, 8}), o),
+                       doctest::Contains("cannot be met"), weft::Error);
+  o.memory_mode = MemoryMode::ShardLargest;
+  CHECK_THROWS_WITH_AS(spmd_search(gt, m8(), cluster::DeviceMesh::iota({1, 8}), o),
+                       doctest::Contains("largest tensors"), weft::Error);
+  SearchOptions f;
+  f.fixed_specs = {{"nope", "R R"}};
+  CHECK_THROWS_AS(spmd_search(gt, m8(), cluster::DeviceMesh::iota({1, 8}), f), weft::Error);
+  // A mesh device outside the cluster.
+  CHECK_THROWS_AS(spmd_search(gt, m8(), cluster::DeviceMesh::iota({1, 8}, 4)), weft::Error);
+}
+
+TEST_CASE("spmd: progress callback and report") {
+  auto g = ir::build_training_graph(testing::mlp_chain(64, {64, 128, 64}));
+  std::vector<double> fr;
+  SearchOptions o;
+  o.progress = [&](const Progress& p) { fr.push_back(p.fraction); };
+  auto plan = spmd_search(g, m8(), cluster::DeviceMesh::iota({2, 4}), o);
+  REQUIRE(fr.size() >= 3);
+  CHECK(std::is_sorted(fr.begin(), fr.end()));
+  CHECK(fr.back() == 1.0);
+  const auto text = plan.report.to_string();
+  CHECK(text.find("w0") != std::string::npos);
+  CHECK(text.find("compute") != std::string::npos);
+  CHECK(plan.report.ilp_variables > 0);
+  CHECK(plan.report.params.size() == 2);
+}
