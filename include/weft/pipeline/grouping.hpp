@@ -1,0 +1,82 @@
+#pragma once
+// Layer grouping (Alpa's layer clustering) of a training graph into pipeline-able blocks, and
+// extraction of a set of ops as a standalone graph (a pipeline stage).
+//
+// The FORWARD ops are grouped into `num_blocks` contiguous runs of one topological order of the
+// forward graph (no linear graph is required: a skip connection simply crosses several block
+// boundaries). Every backward op and optimizer-update op is then attached to the forward op it
+// belongs to (see owner_forward_op), so a block = its forward ops + their backward ops + the
+// updates of the parameters its forward ops read first.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "weft/ir/graph.hpp"
+
+namespace weft::pipeline {
+
+// What an op of a training graph does. Backward = every op that (transitively) reads a tensor
+// that has grad_of set (the dloss seed, gradients, optimizer states) and is not an update;
+// Update = SgdUpdate / AdamUpdate; Forward = the rest.
+enum class OpPhase : std::uint8_t { Forward, Backward, Update };
+std::vector<OpPhase> classify_ops(const ir::Graph& training_graph);
+
+// For every op, the forward op whose block it joins (the op itself for a forward op):
+// - a backward op named "d:<forward op>/..." (autodiff's naming) -> that forward op;
+// - a gradient sum whose output has grad_of == t (a forward activation) -> t's producer;
+// - an update op (its outputs have grad_of == parameter p) and a backward op producing the
+//   gradient of a parameter p -> the first forward consumer of p (in topological order);
+// - any other backward op -> the owner of the first op that consumes one of its outputs
+//   (the gradient flows there), else the owner of the producer of one of its inputs.
+// kNoOp only when the graph has no forward op.
+std::vector<ir::OpId> owner_forward_op(const ir::Graph& training_graph);
+
+struct Block {
+  std::vector<ir::OpId> forward_ops;  // in the forward topological order (contiguous run of it)
+  std::vector<ir::OpId> ops;          // all ops of the block (forward, backward, update), ascending id
+  double forward_flops = 0;
+  double backward_flops = 0;
+  double update_flops = 0;
+  std::int64_t param_bytes = 0;     // Parameter leaves owned by the block (first forward consumer)
+  std::int64_t boundary_bytes = 0;  // forward activations made here and read by later blocks (each once)
+  double compute_flops() const { return forward_flops + backward_flops; }
+  bool operator==(const Block&) const = default;
+  std::string to_string() const;  // one line
+};
+
+struct LayerGrouping {
+  std::vector<Block> blocks;
+  std::vector<int> block_of_op;         // per OpId; -1 for an op owned by no forward op
+  std::vector<ir::OpId> forward_order;  // the forward topological order the blocks cut
+  double max_block_flops() const;       // max over blocks of compute_flops()
+  // Σ over block boundaries of the bytes of forward activations that cross it (a tensor crossing
+  // k boundaries counts k times: a linear pipeline relays it).
+  std::int64_t cut_bytes() const;
+  // Ops of blocks first..last (inclusive), ascending id. weft::Error on a bad range.
+  std::vector<ir::OpId> ops_of_range(int first, int last) const;
+  bool operator==(const LayerGrouping&) const = default;
+  std::string to_string() const;  // one line per block
+};
+
+// Exact: minimises the max block compute (forward + backward FLOPs of the forward ops' owned ops),
+// then, among the groupings reaching that max, the total boundary cut bytes. weft::Error when
+// num_blocks < 1 or exceeds the number of forward ops, or when the graph has no forward op.
+LayerGrouping group_layers(const ir::Graph& training_graph, int num_blocks);
+
+// A subset of a graph's ops as a graph of its own (op names and tensor names kept):
+// - tensors read by the ops but produced by an op outside the set become leaves with their role
+//   (Activation / Gradient; an updated Parameter or OptimizerState keeps that role);
+// - tensors produced inside and read outside, and the original outputs/loss made inside, are
+//   outputs (the loss stays the loss);
+// - grad_of is kept where both tensors are in the stage.
+// The ops are kept in the original graph's topological order. weft::Error on an unknown or
+// repeated op id, or an empty list.
+struct StageGraph {
+  ir::Graph graph;
+  std::vector<ir::TensorId> original_tensor;  // per tensor of `graph`: its id in the source graph
+  std::vector<ir::OpId> original_op;          // per op of `graph`: its id in the source graph
+};
+StageGraph extract_stage_mapped(const ir::Graph& graph, const std::vector<ir::OpId>& ops);
+ir::Graph extract_stage(const ir::Graph& graph, const std::vector<ir::OpId>& ops);
+
+}  // namespace weft::pipeline
