@@ -12,6 +12,7 @@
 #include <algorithm>
 
 #include "weft/core/error.hpp"
+#include "weft/ir/op_rules.hpp"
 
 namespace weft::ir {
 namespace {
@@ -162,21 +163,6 @@ class Backward {
     return r;
   }
 
-  static std::vector<std::string> einsum_terms(const std::string& eq, std::string& rhs) {
-    auto arrow = eq.find("->");
-    std::string lhs = eq.substr(0, arrow);
-    rhs = eq.substr(arrow + 2);
-    std::vector<std::string> terms;
-    std::size_t start = 0;
-    while (true) {
-      auto comma = lhs.find(',', start);
-      terms.push_back(lhs.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
-      if (comma == std::string::npos) break;
-      start = comma + 1;
-    }
-    return terms;
-  }
-
   void differentiate(const Op& op, const std::vector<TensorId>& dys) {
     base_ = "d:" + op.name;
     const OpAttrs& at = op.attrs;
@@ -189,8 +175,7 @@ class Backward {
         // y[out] = Σ Π_k x_k[t_k]. dx_i[t_i] = Σ dy[out]·Π_{k≠i} x_k[t_k] over the other letters:
         // an einsum "out,t_k...->t_i'", where t_i' drops the letters of t_i that occur nowhere
         // else (summed in x_i alone, so dx_i is constant along them: a BroadcastTo restores them).
-        std::string rhs;
-        auto terms = einsum_terms(at.equation, rhs);
+        auto [terms, rhs] = split_einsum(at.equation, op.name);
         for (std::size_t i = 0; i < in.size(); ++i) {
           if (!need(i)) continue;
           std::string avail = rhs;

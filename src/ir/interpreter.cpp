@@ -12,6 +12,7 @@
 #include <numbers>
 
 #include "weft/core/error.hpp"
+#include "weft/ir/op_rules.hpp"
 
 namespace weft::ir {
 
@@ -130,17 +131,7 @@ int axis_of(int a, std::size_t rank) { return a < 0 ? a + static_cast<int>(rank)
 // ---- kernels; each gets the op and its operand values and returns its results
 
 HostTensor run_einsum(const Op& op, const std::vector<const HostTensor*>& in, const Shape& out_shape) {
-  const std::string& eq = op.attrs.equation;
-  auto arrow = eq.find("->");
-  std::string lhs = eq.substr(0, arrow), rhs = eq.substr(arrow + 2);
-  std::vector<std::string> terms;
-  std::size_t start = 0;
-  while (true) {
-    auto comma = lhs.find(',', start);
-    terms.push_back(lhs.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
-    if (comma == std::string::npos) break;
-    start = comma + 1;
-  }
+  auto [terms, rhs] = split_einsum(op.attrs.equation, op.name);
   // Letters of the loop nest: the output's first (so the output offset is cheap), then the rest.
   std::string letters = rhs;
   Shape sizes(out_shape.begin(), out_shape.end());

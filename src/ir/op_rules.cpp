@@ -89,7 +89,8 @@ double unary_flops(UnaryFn f) {
 bool is_int(DType t) { return t == DType::I32 || t == DType::I64; }
 
 // Output shape of a conv/pool spatial dim.
-std::int64_t conv_out(std::int64_t in, std::int64_t k, std::int64_t stride, std::int64_t pad, std::string_view op) {
+std::int64_t conv_out(std::int64_t in, std::int64_t k, std::int64_t stride, std::int64_t pad,
+                      std::string_view op) {
   WEFT_CHECK(stride >= 1 && pad >= 0, "op '{}': stride must be >= 1 and pad >= 0", op);
   std::int64_t span = in + 2 * pad - k;
   WEFT_CHECK(span >= 0, "op '{}': kernel {} larger than padded input {}", op, k, in + 2 * pad);
@@ -113,33 +114,26 @@ IndexMap same_shape_map(const Shape& s, int n_in, int n_out, double fpp, const s
 OpSignature einsum_rule(const OpAttrs& a, const std::vector<Shape>& in, const std::vector<DType>& dt,
                         std::string_view op) {
   const std::string& eq = a.equation;
-  auto arrow = eq.find("->");
-  WEFT_CHECK(arrow != std::string::npos, "op '{}': einsum equation '{}' has no '->'", op, eq);
-  std::vector<std::string> terms;
-  std::string lhs = eq.substr(0, arrow), rhs = eq.substr(arrow + 2);
-  std::size_t start = 0;
-  while (true) {
-    auto comma = lhs.find(',', start);
-    terms.push_back(lhs.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
-    if (comma == std::string::npos) break;
-    start = comma + 1;
-  }
+  auto [terms, rhs] = split_einsum(eq, op);
   WEFT_CHECK(terms.size() == in.size(), "op '{}': einsum '{}' has {} operand terms but {} operands", op, eq,
              terms.size(), in.size());
   std::map<char, std::int64_t> size;
   std::vector<char> order;  // letters in order of first appearance
   for (std::size_t t = 0; t < terms.size(); ++t) {
-    WEFT_CHECK(terms[t].size() == in[t].size(), "op '{}': einsum term '{}' has {} letters but operand {} has shape {}",
-               op, terms[t], terms[t].size(), t, in[t]);
+    WEFT_CHECK(terms[t].size() == in[t].size(),
+               "op '{}': einsum term '{}' has {} letters but operand {} has shape {}", op, terms[t],
+               terms[t].size(), t, in[t]);
     std::set<char> seen;
     for (std::size_t d = 0; d < terms[t].size(); ++d) {
       char c = terms[t][d];
-      WEFT_CHECK(std::isalpha(static_cast<unsigned char>(c)), "op '{}': einsum '{}' has a non-letter '{}'", op, eq, c);
+      WEFT_CHECK(std::isalpha(static_cast<unsigned char>(c)), "op '{}': einsum '{}' has a non-letter '{}'",
+                 op, eq, c);
       WEFT_CHECK(seen.insert(c).second, "op '{}': letter '{}' repeats within one operand of '{}'", op, c, eq);
       auto [it, fresh] = size.emplace(c, in[t][d]);
       if (fresh) order.push_back(c);
-      WEFT_CHECK(it->second == in[t][d], "op '{}': index '{}' has size {} in one operand and {} in another ({})", op,
-                 c, it->second, in[t][d], eq);
+      WEFT_CHECK(it->second == in[t][d],
+                 "op '{}': index '{}' has size {} in one operand and {} in another ({})", op, c, it->second,
+                 in[t][d], eq);
     }
   }
   std::set<char> out_letters;
@@ -150,8 +144,9 @@ OpSignature einsum_rule(const OpAttrs& a, const std::vector<Shape>& in, const st
   MapBuilder b;
   std::map<char, int> fid;
   for (char c : order)
-    fid[c] = out_letters.count(c) ? b.factor(std::string(1, c), size[c])
-                                  : b.factor(std::string(1, c), size[c], FactorKind::Reduction, ReduceKind::Sum);
+    fid[c] = out_letters.count(c)
+                 ? b.factor(std::string(1, c), size[c])
+                 : b.factor(std::string(1, c), size[c], FactorKind::Reduction, ReduceKind::Sum);
   for (const auto& t : terms) {
     std::vector<DimFactors> dims;
     for (char c : t) dims.push_back({fid[c]});
@@ -178,8 +173,8 @@ OpSignature binary_rule(const std::vector<Shape>& in, const std::vector<DType>& 
   for (std::size_t i = 0; i < r; ++i) {  // i counts from the trailing end
     std::int64_t sx = i < x.size() ? x[x.size() - 1 - i] : 1;
     std::int64_t sy = i < y.size() ? y[y.size() - 1 - i] : 1;
-    WEFT_CHECK(sx == sy || sx == 1 || sy == 1, "op '{}': shapes {} and {} do not broadcast (dim -{}: {} vs {})", op,
-               x, y, i + 1, sx, sy);
+    WEFT_CHECK(sx == sy || sx == 1 || sy == 1,
+               "op '{}': shapes {} and {} do not broadcast (dim -{}: {} vs {})", op, x, y, i + 1, sx, sy);
     std::int64_t so = std::max(sx, sy);
     out[r - 1 - i] = so;
     int f = b.factor("d" + std::to_string(r - 1 - i), so);
@@ -187,7 +182,8 @@ OpSignature binary_rule(const std::vector<Shape>& in, const std::vector<DType>& 
     if (i < x.size()) dx[x.size() - 1 - i] = (sx == so) ? DimFactors{f} : DimFactors{};
     if (i < y.size()) dy[y.size() - 1 - i] = (sy == so) ? DimFactors{f} : DimFactors{};
   }
-  WEFT_CHECK(dt[0] == dt[1], "op '{}': operand dtypes differ ({} vs {})", op, dtype_name(dt[0]), dtype_name(dt[1]));
+  WEFT_CHECK(dt[0] == dt[1], "op '{}': operand dtypes differ ({} vs {})", op, dtype_name(dt[0]),
+             dtype_name(dt[1]));
   b.input(dx);
   b.input(dy);
   b.output(dout);
@@ -252,6 +248,22 @@ OpSignature reshape_rule(const OpAttrs& a, const Shape& in, DType dt, std::strin
 
 }  // namespace
 
+EinsumTerms split_einsum(std::string_view equation, std::string_view op_name) {
+  auto arrow = equation.find("->");
+  WEFT_CHECK(arrow != std::string_view::npos, "op '{}': einsum equation '{}' has no '->'", op_name, equation);
+  EinsumTerms t;
+  t.output = std::string(equation.substr(arrow + 2));
+  std::string_view lhs = equation.substr(0, arrow);
+  for (std::size_t start = 0;;) {
+    auto comma = lhs.find(',', start);
+    t.inputs.emplace_back(
+        lhs.substr(start, comma == std::string_view::npos ? std::string_view::npos : comma - start));
+    if (comma == std::string_view::npos) break;
+    start = comma + 1;
+  }
+  return t;
+}
+
 bool reshape_factors(const Shape& in, const Shape& out, std::vector<std::vector<std::int64_t>>& in_dims,
                      std::vector<std::vector<std::int64_t>>& out_dims) {
   in_dims.assign(in.size(), {});
@@ -259,8 +271,14 @@ bool reshape_factors(const Shape& in, const Shape& out, std::vector<std::vector<
   std::size_t i = 0, j = 0;
   while (i < in.size() || j < out.size()) {
     // Size-1 dims carry no factor.
-    if (i < in.size() && in[i] == 1) { ++i; continue; }
-    if (j < out.size() && out[j] == 1) { ++j; continue; }
+    if (i < in.size() && in[i] == 1) {
+      ++i;
+      continue;
+    }
+    if (j < out.size() && out[j] == 1) {
+      ++j;
+      continue;
+    }
     if (i >= in.size() || j >= out.size()) return false;
     // Smallest group of dims [i, i2) x [j, j2) with equal products.
     std::size_t i2 = i + 1, j2 = j + 1;
@@ -284,7 +302,8 @@ bool reshape_factors(const Shape& in, const Shape& out, std::vector<std::vector<
     for (std::size_t k = 1; k < chain.size(); ++k)
       if (chain[k] % chain[k - 1] != 0) return false;  // e.g. [6,4] -> [4,6]: no common factors
     // Assign the factors (major to minor) to dims: a dim spans the cuts between its suffix products.
-    auto assign = [&](const Shape& s, std::size_t a, std::size_t e, std::vector<std::vector<std::int64_t>>& dims) {
+    auto assign = [&](const Shape& s, std::size_t a, std::size_t e,
+                      std::vector<std::vector<std::int64_t>>& dims) {
       std::int64_t lo = 1;
       for (std::size_t k = e; k-- > a;) {
         std::int64_t hi = lo * s[k];
@@ -329,8 +348,8 @@ OpSignature derive_signature(OpKind kind, const OpAttrs& a, const std::vector<Sh
       ReduceKind rk = a.reduce == ReduceFn::Max ? ReduceKind::Max : ReduceKind::Sum;
       for (int d = 0; d < static_cast<int>(in[0].size()); ++d) {
         bool red = axes.count(d) > 0;
-        int f = b.factor("d" + std::to_string(d), in[0][d], red ? FactorKind::Reduction : FactorKind::Parallel,
-                         red ? rk : ReduceKind::None);
+        int f = b.factor("d" + std::to_string(d), in[0][d],
+                         red ? FactorKind::Reduction : FactorKind::Parallel, red ? rk : ReduceKind::None);
         di.push_back({f});
         if (!red) {
           dout.push_back({f});
@@ -430,8 +449,8 @@ OpSignature derive_signature(OpKind kind, const OpAttrs& a, const std::vector<Sh
       const Shape& lg = in[0];
       WEFT_CHECK(!lg.empty(), "op '{}': logits must have a class dim", op);
       Shape lead(lg.begin(), lg.end() - 1);
-      WEFT_CHECK(in[1] == lead, "op '{}': labels shape {} must be logits shape without the class dim {}", op, in[1],
-                 lead);
+      WEFT_CHECK(in[1] == lead, "op '{}': labels shape {} must be logits shape without the class dim {}", op,
+                 in[1], lead);
       WEFT_CHECK(is_int(dt[1]), "op '{}': labels must be i32 or i64, got {}", op, dtype_name(dt[1]));
       if (grad) WEFT_CHECK(in[2].empty(), "op '{}': dloss must be a scalar, got {}", op, in[2]);
       MapBuilder b;
@@ -441,7 +460,8 @@ OpSignature derive_signature(OpKind kind, const OpAttrs& a, const std::vector<Sh
       FactorKind k = grad ? FactorKind::Parallel : FactorKind::Reduction;
       ReduceKind r = grad ? ReduceKind::None : ReduceKind::Sum;
       std::vector<DimFactors> dl;
-      for (std::size_t d = 0; d < lead.size(); ++d) dl.push_back({b.factor("d" + std::to_string(d), lead[d], k, r)});
+      for (std::size_t d = 0; d < lead.size(); ++d)
+        dl.push_back({b.factor("d" + std::to_string(d), lead[d], k, r)});
       int fv = b.factor("v", lg.back(), k, r);
       auto dlog = dl;
       dlog.push_back({fv});
@@ -458,7 +478,8 @@ OpSignature derive_signature(OpKind kind, const OpAttrs& a, const std::vector<Sh
     case OpKind::Transpose: {
       check_arity(in, 1, op, kname);
       const Shape& x = in[0];
-      WEFT_CHECK(a.axes.size() == x.size(), "op '{}': permutation {} does not match rank {}", op, a.axes, x.size());
+      WEFT_CHECK(a.axes.size() == x.size(), "op '{}': permutation {} does not match rank {}", op, a.axes,
+                 x.size());
       std::vector<int> p = a.axes;
       std::vector<int> sorted = p;
       std::sort(sorted.begin(), sorted.end());
@@ -488,11 +509,12 @@ OpSignature derive_signature(OpKind kind, const OpAttrs& a, const std::vector<Sh
         if (d != ax) shared[d] = {b.factor("d" + std::to_string(d), in[0][d])};
       std::int64_t total = 0;
       for (std::size_t i = 0; i < in.size(); ++i) {
-        WEFT_CHECK(static_cast<int>(in[i].size()) == r, "op '{}': concat operand {} has rank {}, expected {}", op, i,
-                   in[i].size(), r);
+        WEFT_CHECK(static_cast<int>(in[i].size()) == r, "op '{}': concat operand {} has rank {}, expected {}",
+                   op, i, in[i].size(), r);
         for (int d = 0; d < r; ++d)
-          WEFT_CHECK(d == ax || in[i][d] == in[0][d], "op '{}': concat operand {} shape {} differs from {} off axis {}",
-                     op, i, in[i], in[0], ax);
+          WEFT_CHECK(d == ax || in[i][d] == in[0][d],
+                     "op '{}': concat operand {} shape {} differs from {} off axis {}", op, i, in[i], in[0],
+                     ax);
         WEFT_CHECK(dt[i] == dt[0], "op '{}': concat operands have different dtypes", op);
         auto di = shared;
         di[ax] = {b.factor("c" + std::to_string(i), in[i][ax], FactorKind::NeedReplication)};
@@ -515,8 +537,8 @@ OpSignature derive_signature(OpKind kind, const OpAttrs& a, const std::vector<Sh
       int ax = norm_axis(a.axes[0], static_cast<int>(in[0].size()), op);
       std::int64_t bgn = a.ints[0], end = a.ints[1];
       std::int64_t full = pad ? a.ints[2] : in[0][ax];
-      WEFT_CHECK(0 <= bgn && bgn < end && end <= full, "op '{}': range [{}, {}) invalid for size {}", op, bgn, end,
-                 full);
+      WEFT_CHECK(0 <= bgn && bgn < end && end <= full, "op '{}': range [{}, {}) invalid for size {}", op, bgn,
+                 end, full);
       if (pad) WEFT_CHECK(in[0][ax] == end - bgn, "op '{}': pad input size {} != end - begin", op, in[0][ax]);
       MapBuilder b;
       std::vector<DimFactors> di, dout;
@@ -566,7 +588,8 @@ OpSignature derive_signature(OpKind kind, const OpAttrs& a, const std::vector<Sh
                    "op '{}': dy spatial {}x{} inconsistent with input {}x{}", op, P, Q, H, W);
       }
       MapBuilder b;
-      bool fwd = kind == OpKind::Conv2d, gi = kind == OpKind::Conv2dGradInput, gw = kind == OpKind::Conv2dGradWeight;
+      bool fwd = kind == OpKind::Conv2d, gi = kind == OpKind::Conv2dGradInput,
+           gw = kind == OpKind::Conv2dGradWeight;
       auto red = [&](bool reduced) { return reduced ? FactorKind::Reduction : FactorKind::Parallel; };
       auto rk = [&](bool reduced) { return reduced ? ReduceKind::Sum : ReduceKind::None; };
       int fn = b.factor("n", n, red(gw), rk(gw));
@@ -578,7 +601,8 @@ OpSignature derive_signature(OpKind kind, const OpAttrs& a, const std::vector<Sh
       int fW = b.factor("W", W, FactorKind::NeedReplication);
       int fP = b.factor("P", P, FactorKind::NeedReplication);
       int fQ = b.factor("Q", Q, FactorKind::NeedReplication);
-      std::vector<DimFactors> X{{fn}, {fc}, {fH}, {fW}}, Wt{{fo}, {fc}, {fr}, {ft}}, Y{{fn}, {fo}, {fP}, {fQ}};
+      std::vector<DimFactors> X{{fn}, {fc}, {fH}, {fW}}, Wt{{fo}, {fc}, {fr}, {ft}},
+          Y{{fn}, {fo}, {fP}, {fQ}};
       std::vector<int> work{fn, fo, fc, fr, ft, fP, fQ};
       if (fwd) {
         b.input(X), b.input(Wt), b.output(Y);
@@ -601,25 +625,31 @@ OpSignature derive_signature(OpKind kind, const OpAttrs& a, const std::vector<Sh
       std::int64_t k = a.ints[0];
       WEFT_CHECK(k >= 1, "op '{}': kernel must be >= 1", op);
       const Shape& x = in[0];
-      Shape y{x[0], x[1], conv_out(x[2], k, a.ints[1], a.ints[2], op), conv_out(x[3], k, a.ints[1], a.ints[2], op)};
+      Shape y{x[0], x[1], conv_out(x[2], k, a.ints[1], a.ints[2], op),
+              conv_out(x[3], k, a.ints[1], a.ints[2], op)};
       if (grad) {
         WEFT_CHECK(in[1] == y && in[2] == y, "op '{}': y and dy must have shape {}", op, y);
       }
       MapBuilder b;
       int fn = b.factor("n", x[0]), fc = b.factor("c", x[1]);
-      int fH = b.factor("H", x[2], FactorKind::NeedReplication), fW = b.factor("W", x[3], FactorKind::NeedReplication);
-      int fP = b.factor("P", y[2], FactorKind::NeedReplication), fQ = b.factor("Q", y[3], FactorKind::NeedReplication);
+      int fH = b.factor("H", x[2], FactorKind::NeedReplication),
+          fW = b.factor("W", x[3], FactorKind::NeedReplication);
+      int fP = b.factor("P", y[2], FactorKind::NeedReplication),
+          fQ = b.factor("Q", y[3], FactorKind::NeedReplication);
       std::vector<DimFactors> X{{fn}, {fc}, {fH}, {fW}}, Y{{fn}, {fc}, {fP}, {fQ}};
       b.input(X);
-      if (grad) b.input(Y), b.input(Y), b.output(X);
-      else b.output(Y);
+      if (grad)
+        b.input(Y), b.input(Y), b.output(X);
+      else
+        b.output(Y);
       return {{grad ? x : y}, {dt[0]}, b.done(static_cast<double>(k * k), {fn, fc, fP, fQ})};
     }
     case OpKind::Opaque: {
       WEFT_CHECK(a.scalar >= 0, "op '{}': opaque FLOPs must be >= 0", op);
       for (auto d : a.ints) WEFT_CHECK(d >= 1, "op '{}': opaque output shape {} invalid", op, a.ints);
       MapBuilder b;
-      for (std::size_t i = 0; i < in.size(); ++i) b.input(b.fresh(in[i], "i" + std::to_string(i) + "_", FactorKind::NeedReplication));
+      for (std::size_t i = 0; i < in.size(); ++i)
+        b.input(b.fresh(in[i], "i" + std::to_string(i) + "_", FactorKind::NeedReplication));
       b.output(b.fresh(a.ints, "o", FactorKind::NeedReplication));
       return {{a.ints}, {in.empty() ? DType::F32 : dt[0]}, b.done(a.scalar, {})};
     }
@@ -631,10 +661,11 @@ OpSignature derive_signature(OpKind kind, const OpAttrs& a, const std::vector<Sh
       check_arity(in, 1, op, kname);
       const Shape& out = a.ints;
       std::set<int> newdims;
-      for (int ax : a.axes) WEFT_CHECK(newdims.insert(norm_axis(ax, static_cast<int>(out.size()), op)).second,
-                                       "op '{}': broadcast axis {} repeats", op, ax);
-      WEFT_CHECK(in[0].size() + newdims.size() == out.size(), "op '{}': broadcast of {} to {} inserting {} dims", op,
-                 in[0], out, newdims.size());
+      for (int ax : a.axes)
+        WEFT_CHECK(newdims.insert(norm_axis(ax, static_cast<int>(out.size()), op)).second,
+                   "op '{}': broadcast axis {} repeats", op, ax);
+      WEFT_CHECK(in[0].size() + newdims.size() == out.size(),
+                 "op '{}': broadcast of {} to {} inserting {} dims", op, in[0], out, newdims.size());
       MapBuilder b;
       std::vector<DimFactors> di, dout;
       std::size_t k = 0;
@@ -642,7 +673,8 @@ OpSignature derive_signature(OpKind kind, const OpAttrs& a, const std::vector<Sh
         int f = b.factor("d" + std::to_string(d), out[d]);
         dout.push_back({f});
         if (!newdims.count(d)) {
-          WEFT_CHECK(in[0][k] == out[d] || in[0][k] == 1, "op '{}': cannot broadcast {} to {}", op, in[0], out);
+          WEFT_CHECK(in[0][k] == out[d] || in[0][k] == 1, "op '{}': cannot broadcast {} to {}", op, in[0],
+                     out);
           di.push_back(in[0][k] == out[d] ? DimFactors{f} : DimFactors{});
           ++k;
         }

@@ -18,27 +18,42 @@ namespace weft::models {
 using detail::Net;
 using ir::TensorId;
 
-ir::Graph gpt(const GptConfig& c) {
-  c.validate();
-  ir::Graph g(c.name);
-  Net net(g, c.dtype);
-  const std::int64_t B = c.batch, S = c.seq, H = c.hidden;
+namespace {
+
+// The decoder LM that GPT and MoE share: token + learned position embedding, `layers` pre-LN
+// blocks (attention, then ffn(l, x, prefix) on the second LN's output), a final LN, logits tied
+// with the token embedding and the cross-entropy loss.
+template <class Ffn>
+void decoder_lm(ir::Graph& g, Net& net, std::int64_t B, std::int64_t S, std::int64_t H, std::int64_t heads,
+                std::int64_t layers, std::int64_t vocab, Ffn&& ffn) {
   TensorId ids = g.input("tokens", {B, S}, DType::I32);
   TensorId labels = g.input("labels", {B, S}, DType::I32);
-  TensorId wte = net.param("wte", {c.vocab, H});
+  TensorId wte = net.param("wte", {vocab, H});
   TensorId wpe = net.param("wpe", {S, H});
   TensorId x = g.embedding(wte, ids, "embed.tokens");
   x = g.add(x, wpe, "embed");  // [b,s,h] + [s,h]: positions broadcast over the batch
-  for (std::int64_t l = 0; l < c.layers; ++l) {
+  for (std::int64_t l = 0; l < layers; ++l) {
     const std::string p = fmt::format("h{}", l);
     TensorId a = net.layer_norm(x, H, p + ".ln1");
-    x = g.add(x, net.attention(a, B, S, H, c.heads, p + ".attn"), p + ".res1");
+    x = g.add(x, net.attention(a, B, S, H, heads, p + ".attn"), p + ".res1");
     TensorId m = net.layer_norm(x, H, p + ".ln2");
-    x = g.add(x, net.ffn(m, H, c.ffn_size(), p + ".mlp"), p + ".res2");
+    x = g.add(x, ffn(l, m, p), p + ".res2");
   }
   x = net.layer_norm(x, H, "ln_f");
   TensorId logits = g.einsum("bsh,vh->bsv", {x, wte}, "logits");  // tied with the token embedding
   g.set_loss(g.cross_entropy(logits, labels, "loss"));
+}
+
+}  // namespace
+
+ir::Graph gpt(const GptConfig& c) {
+  c.validate();
+  ir::Graph g(c.name);
+  Net net(g, c.dtype);
+  decoder_lm(g, net, c.batch, c.seq, c.hidden, c.heads, c.layers, c.vocab,
+             [&](std::int64_t, TensorId m, const std::string& p) {
+               return net.ffn(m, c.hidden, c.ffn_size(), p + ".mlp");
+             });
   return g;
 }
 
@@ -83,24 +98,12 @@ ir::Graph moe(const MoeConfig& c) {
   c.validate();
   ir::Graph g(c.name);
   Net net(g, c.dtype);
-  const std::int64_t B = c.batch, S = c.seq, H = c.hidden;
-  TensorId ids = g.input("tokens", {B, S}, DType::I32);
-  TensorId labels = g.input("labels", {B, S}, DType::I32);
-  TensorId wte = net.param("wte", {c.vocab, H});
-  TensorId wpe = net.param("wpe", {S, H});
-  TensorId x = g.add(g.embedding(wte, ids, "embed.tokens"), wpe, "embed");
-  for (std::int64_t l = 0; l < c.layers; ++l) {
-    const std::string p = fmt::format("h{}", l);
-    TensorId a = net.layer_norm(x, H, p + ".ln1");
-    x = g.add(x, net.attention(a, B, S, H, c.heads, p + ".attn"), p + ".res1");
-    TensorId m = net.layer_norm(x, H, p + ".ln2");
-    const bool is_moe = (l % c.moe_every) == c.moe_every - 1;  // every other block: the odd ones
-    TensorId f = is_moe ? moe_ffn(net, m, c, p + ".moe") : net.ffn(m, H, c.ffn_size(), p + ".mlp");
-    x = g.add(x, f, p + ".res2");
-  }
-  x = net.layer_norm(x, H, "ln_f");
-  TensorId logits = g.einsum("bsh,vh->bsv", {x, wte}, "logits");
-  g.set_loss(g.cross_entropy(logits, labels, "loss"));
+  decoder_lm(g, net, c.batch, c.seq, c.hidden, c.heads, c.layers, c.vocab,
+             [&](std::int64_t l, TensorId m, const std::string& p) {
+               const bool is_moe = (l % c.moe_every) == c.moe_every - 1;  // every other block: the odd ones
+               return is_moe ? moe_ffn(net, m, c, p + ".moe")
+                             : net.ffn(m, c.hidden, c.ffn_size(), p + ".mlp");
+             });
   return g;
 }
 

@@ -3,6 +3,8 @@
 // and the index map. This is the only place that knows what a kind means dimension-wise; the
 // solvers read index maps, never kinds.
 #include <cstdint>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "weft/ir/op.hpp"
@@ -20,6 +22,14 @@ struct OpSignature {
 // Throws weft::Error naming the op and the problem (shape mismatch, bad attribute, ...).
 OpSignature derive_signature(OpKind kind, const OpAttrs& attrs, const std::vector<Shape>& input_shapes,
                              const std::vector<DType>& input_dtypes, std::string_view op_name);
+
+// An einsum equation "ab,bc->ac" split into its operand terms and its result term. Throws
+// weft::Error (naming `op_name`) when there is no "->".
+struct EinsumTerms {
+  std::vector<std::string> inputs;
+  std::string output;
+};
+EinsumTerms split_einsum(std::string_view equation, std::string_view op_name = "");
 
 // The factor grouping of a row-major reshape: the common refinement of the two shapes, each
 // input/output dim as a list of factor sizes (major to minor). Returns false when the shapes
