@@ -48,7 +48,10 @@ struct LayerGrouping {
   std::vector<Block> blocks;
   std::vector<int> block_of_op;         // per OpId; -1 for an op owned by no forward op
   std::vector<ir::OpId> forward_order;  // the forward topological order the blocks cut
-  double max_block_flops() const;       // max over blocks of compute_flops()
+  // Per boundary k (between blocks k and k+1): bytes of forward activations made before it and
+  // read after it.
+  std::vector<std::int64_t> crossing_bytes;
+  double max_block_flops() const;  // max over blocks of compute_flops()
   // Σ over block boundaries of the bytes of forward activations that cross it (a tensor crossing
   // k boundaries counts k times: a linear pipeline relays it).
   std::int64_t cut_bytes() const;

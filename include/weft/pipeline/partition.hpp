@@ -156,7 +156,8 @@ IlpPartition partition_dag_ilp(const PartitionDag& dag, const IlpPartitionOption
 IlpPartition partition_ilp(const ir::Graph& training_graph, const IlpPartitionOptions& options);
 
 // Exhaustive oracle: every monotone assignment of <= 14 nodes (weft::Error beyond); least cut
-// bytes among the feasible ones (ties: lexicographically smallest), empty when none.
+// bytes among the feasible ones (ties: the first in enumeration order), no solution (status
+// Infeasible) when none.
 IlpPartition partition_dag_exhaustive(const PartitionDag& dag, int num_stages, double epsilon);
 
 }  // namespace weft::pipeline

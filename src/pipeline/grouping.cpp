@@ -1,0 +1,424 @@
+// Layer grouping (Alpa's layer clustering) of a training graph, and stage extraction.
+//
+// Math. Let f_1..f_n be the forward ops in one topological order of the forward graph, w_p the
+// compute of f_p (its FLOPs plus those of the backward ops it owns) and c_p (p = 1..n−1) the
+// bytes of forward activations made at positions < p and read at positions >= p (the bytes that
+// cross a cut placed before position p). A grouping into K blocks is a choice of cut positions
+// 0 = b_0 < b_1 < ... < b_K = n; it is optimal when it minimises, lexicographically,
+//   (1) M = max_k Σ_{p in [b_{k−1}, b_k)} w_p, then
+//   (2) C = Σ_{k=1..K−1} c_{b_k}.
+// (1) is found by bisection on M with the greedy feasibility test (fill a block while it stays
+// <= M; feasible iff at most K blocks result — more cuts never raise the max, so "at most K"
+// equals "exactly K" when n >= K); the final M* is the greedy's actual max, a true block sum.
+// (2) is the DP  F(k, e) = min_{b < e, W(b, e) <= M*} F(k−1, b) + c_b,  F(1, e) = [W(0, e) <= M*],
+// whose window of b is monotone in e, so a monotone deque gives O(K·n).
+#include "weft/pipeline/grouping.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <deque>
+#include <limits>
+#include <map>
+#include <string_view>
+#include <unordered_map>
+
+#include "weft/core/error.hpp"
+
+namespace weft::pipeline {
+
+using ir::Graph;
+using ir::kNoOp;
+using ir::OpId;
+using ir::Role;
+using ir::TensorId;
+
+namespace {
+
+bool is_update(ir::OpKind k) { return k == ir::OpKind::SgdUpdate || k == ir::OpKind::AdamUpdate; }
+
+// Consumers of every tensor, in topological position order.
+std::vector<std::vector<OpId>> consumer_index(const Graph& g) {
+  std::vector<std::vector<OpId>> cons(g.tensors().size());
+  for (OpId o = 0; o < static_cast<OpId>(g.ops().size()); ++o)
+    for (TensorId t : g.op(o).inputs) cons[t].push_back(o);
+  return cons;
+}
+
+}  // namespace
+
+std::vector<OpPhase> classify_ops(const Graph& g) {
+  const auto& ops = g.ops();
+  std::vector<OpPhase> phase(ops.size(), OpPhase::Forward);
+  std::vector<char> grad_like(g.tensors().size(), 0);
+  for (TensorId t = 0; t < static_cast<TensorId>(g.tensors().size()); ++t)
+    if (g.grad_of(t)) grad_like[t] = 1;
+  for (OpId o : g.topo_order()) {
+    const auto& op = ops[o];
+    bool backward = false;
+    for (TensorId t : op.inputs) backward = backward || grad_like[t];
+    if (is_update(op.kind))
+      phase[o] = OpPhase::Update;
+    else if (backward)
+      phase[o] = OpPhase::Backward;
+    if (phase[o] != OpPhase::Forward)
+      for (TensorId t : op.outputs) grad_like[t] = 1;
+  }
+  return phase;
+}
+
+std::vector<OpId> owner_forward_op(const Graph& g) {
+  const auto& ops = g.ops();
+  const auto& ts = g.tensors();
+  const auto phase = classify_ops(g);
+  const auto order = g.topo_order();
+  const auto cons = consumer_index(g);
+  std::vector<int> pos(ops.size(), 0);
+  for (std::size_t i = 0; i < order.size(); ++i) pos[order[i]] = static_cast<int>(i);
+
+  std::vector<OpId> owner(ops.size(), kNoOp);
+  std::unordered_map<std::string_view, OpId> fwd_by_name;
+  for (OpId o = 0; o < static_cast<OpId>(ops.size()); ++o)
+    if (phase[o] == OpPhase::Forward) {
+      owner[o] = o;
+      fwd_by_name.emplace(ops[o].name, o);
+    }
+  // First forward consumer of a leaf (a parameter's block holds the parameter).
+  auto first_forward_consumer = [&](TensorId t) {
+    OpId best = kNoOp;
+    for (OpId c : cons[t])
+      if (phase[c] == OpPhase::Forward && (best == kNoOp || pos[c] < pos[best])) best = c;
+    return best;
+  };
+  // The forward op that owns a forward tensor's gradient: its producer, or for a leaf (parameter)
+  // its first forward consumer.
+  auto owner_of_forward_tensor = [&](TensorId t) {
+    if (ts[t].producer != kNoOp && phase[ts[t].producer] == OpPhase::Forward) return ts[t].producer;
+    return first_forward_consumer(t);
+  };
+  auto by_name = [&](const std::string& name) -> OpId {
+    if (name.rfind("d:", 0) != 0) return kNoOp;
+    // "d:<forward op>/<what>"; op names may contain '/', so try every '/' from the right.
+    for (auto slash = name.rfind('/'); slash != std::string::npos && slash >= 2;
+         slash = slash == 0 ? std::string::npos : name.rfind('/', slash - 1)) {
+      auto it = fwd_by_name.find(std::string_view(name).substr(2, slash - 2));
+      if (it != fwd_by_name.end()) return it->second;
+      if (slash == 2) break;
+    }
+    return kNoOp;
+  };
+
+  // Pass 1: rules that need no other owner.
+  for (OpId o = 0; o < static_cast<OpId>(ops.size()); ++o) {
+    if (phase[o] == OpPhase::Forward) continue;
+    const auto& op = ops[o];
+    // The name first: a backward op of f computes f's input gradients even when such a gradient
+    // is the only contribution (and so also carries grad_of of f's input).
+    OpId own = is_update(op.kind) ? kNoOp : by_name(op.name);
+    for (TensorId t : op.outputs) {
+      auto of = g.grad_of(t);
+      if (own != kNoOp || !of) continue;
+      const auto& oi = ts[*of];
+      if (oi.producer == kNoOp || phase[oi.producer] == OpPhase::Forward) own = owner_of_forward_tensor(*of);
+    }
+    owner[o] = own;
+  }
+  // Pass 2 (reverse topological order): follow the gradient to the op that reads it; then
+  // (forward order) fall back to the producer of an input.
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    OpId o = *it;
+    if (owner[o] != kNoOp) continue;
+    OpId best = kNoOp;
+    for (TensorId t : ops[o].outputs)
+      for (OpId c : cons[t])
+        if (owner[c] != kNoOp && (best == kNoOp || pos[c] < pos[best])) best = c;
+    if (best != kNoOp) owner[o] = owner[best];
+  }
+  for (OpId o : order) {
+    if (owner[o] != kNoOp) continue;
+    for (TensorId t : ops[o].inputs) {
+      OpId p = ts[t].producer;
+      if (p != kNoOp && owner[p] != kNoOp) {
+        owner[o] = owner[p];
+        break;
+      }
+      if (p == kNoOp) {
+        OpId f = first_forward_consumer(t);
+        if (f != kNoOp) {
+          owner[o] = f;
+          break;
+        }
+      }
+    }
+  }
+  return owner;
+}
+
+std::string Block::to_string() const {
+  return fmt::format(
+      "Block({} fwd ops, {} ops, fwd {:.4g} bwd {:.4g} upd {:.4g} FLOP, params {} B, boundary {} B)",
+      forward_ops.size(), ops.size(), forward_flops, backward_flops, update_flops, param_bytes,
+      boundary_bytes);
+}
+
+double LayerGrouping::max_block_flops() const {
+  double m = 0;
+  for (const auto& b : blocks) m = std::max(m, b.compute_flops());
+  return m;
+}
+
+std::int64_t LayerGrouping::cut_bytes() const {
+  std::int64_t c = 0;
+  for (auto b : crossing_bytes) c += b;
+  return c;
+}
+
+std::vector<OpId> LayerGrouping::ops_of_range(int first, int last) const {
+  WEFT_CHECK(first >= 0 && first <= last && last < static_cast<int>(blocks.size()),
+             "block range [{}, {}] is not inside 0..{}", first, last, static_cast<int>(blocks.size()) - 1);
+  std::vector<OpId> out;
+  for (int b = first; b <= last; ++b) out.insert(out.end(), blocks[b].ops.begin(), blocks[b].ops.end());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::string LayerGrouping::to_string() const {
+  std::string s = fmt::format("LayerGrouping({} blocks, max {:.4g} FLOP, cut {} B)\n", blocks.size(),
+                              max_block_flops(), cut_bytes());
+  for (std::size_t b = 0; b < blocks.size(); ++b) s += fmt::format("  {}: {}\n", b, blocks[b].to_string());
+  return s;
+}
+
+LayerGrouping group_layers(const Graph& g, int num_blocks) {
+  const auto& ops = g.ops();
+  const auto& ts = g.tensors();
+  const auto phase = classify_ops(g);
+  const auto owner = owner_forward_op(g);
+  std::vector<OpId> order;
+  for (OpId o : g.topo_order())
+    if (phase[o] == OpPhase::Forward) order.push_back(o);
+  const int n = static_cast<int>(order.size());
+  WEFT_CHECK(n > 0, "group_layers: graph '{}' has no forward op", g.name());
+  WEFT_CHECK(num_blocks >= 1 && num_blocks <= n,
+             "group_layers: num_blocks = {} must be in 1..{} (forward ops)", num_blocks, n);
+  std::vector<int> pos(ops.size(), -1);
+  for (int i = 0; i < n; ++i) pos[order[i]] = i;
+
+  // Weights w_p and prefix sums.
+  std::vector<double> w(n, 0);
+  for (OpId o = 0; o < static_cast<OpId>(ops.size()); ++o)
+    if (owner[o] != kNoOp && phase[o] != OpPhase::Update) w[pos[owner[o]]] += ops[o].flops();
+  std::vector<double> prefix(n + 1, 0);
+  for (int i = 0; i < n; ++i) prefix[i + 1] = prefix[i] + w[i];
+  auto seg = [&](int b, int e) { return prefix[e] - prefix[b]; };  // positions [b, e)
+
+  // Crossing bytes c_p for p in 1..n-1: a forward activation made at a and last read (by a
+  // forward op) at z > a crosses every cut p in (a, z].
+  std::vector<std::int64_t> diff(n + 1, 0);
+  const auto cons = consumer_index(g);
+  for (TensorId t = 0; t < static_cast<TensorId>(ts.size()); ++t) {
+    OpId p = ts[t].producer;
+    if (p == kNoOp || phase[p] != OpPhase::Forward) continue;
+    int z = -1;
+    for (OpId c : cons[t])
+      if (phase[c] == OpPhase::Forward) z = std::max(z, pos[c]);
+    int a = pos[p];
+    if (z > a) {
+      diff[a + 1] += ts[t].bytes();
+      diff[z + 1] -= ts[t].bytes();
+    }
+  }
+  std::vector<std::int64_t> cross(n + 1, 0);  // cross[p] for a cut before position p
+  for (int p = 1; p <= n; ++p) cross[p] = cross[p - 1] + diff[p];
+
+  // (1) min max by bisection + greedy.
+  auto greedy = [&](double cap, double* achieved) {
+    int blocks = 1;
+    double cur = 0, mx = 0;
+    for (int i = 0; i < n; ++i) {
+      if (w[i] > cap) return std::numeric_limits<int>::max();
+      if (cur + w[i] > cap && i > 0) {
+        ++blocks;
+        mx = std::max(mx, cur);
+        cur = 0;
+      }
+      cur += w[i];
+    }
+    mx = std::max(mx, cur);
+    if (achieved) *achieved = mx;
+    return blocks;
+  };
+  double lo = 0, hi = prefix[n];
+  for (int i = 0; i < n; ++i) lo = std::max(lo, w[i]);
+  double mstar = 0;
+  if (greedy(lo, &mstar) <= num_blocks) {
+    hi = lo;
+  } else {
+    for (int it = 0; it < 200 && hi > lo; ++it) {
+      double mid = lo + (hi - lo) / 2;
+      if (mid <= lo || mid >= hi) break;
+      if (greedy(mid, nullptr) <= num_blocks)
+        hi = mid;
+      else
+        lo = mid;
+    }
+  }
+  greedy(hi, &mstar);
+  // Block sums are recomputed as prefix differences below; allow the rounding of that form.
+  const double cap = mstar * (1 + 1e-12) + 1e-300;
+
+  // (2) min cut bytes with K blocks, each <= cap: F(k, e) over e = end position (exclusive).
+  constexpr std::int64_t kInf = std::numeric_limits<std::int64_t>::max() / 4;
+  const int K = num_blocks;
+  std::vector<std::vector<std::int64_t>> F(K + 1, std::vector<std::int64_t>(n + 1, kInf));
+  std::vector<std::vector<int>> from(K + 1, std::vector<int>(n + 1, -1));
+  for (int e = 1; e <= n; ++e)
+    if (seg(0, e) <= cap) F[1][e] = 0;
+  for (int k = 2; k <= K; ++k) {
+    std::deque<int> dq;  // candidate b (ascending), values F(k-1, b) + cross[b] increasing
+    int next_b = k - 1, lo_b = k - 1;
+    for (int e = k; e <= n; ++e) {
+      for (; next_b < e; ++next_b) {
+        std::int64_t v = F[k - 1][next_b] >= kInf ? kInf : F[k - 1][next_b] + cross[next_b];
+        while (!dq.empty()) {
+          int b = dq.back();
+          std::int64_t vb = F[k - 1][b] >= kInf ? kInf : F[k - 1][b] + cross[b];
+          if (vb > v)
+            dq.pop_back();  // ties keep the earlier cut (deterministic)
+          else
+            break;
+        }
+        dq.push_back(next_b);
+      }
+      while (lo_b < e && seg(lo_b, e) > cap) ++lo_b;
+      while (!dq.empty() && dq.front() < lo_b) dq.pop_front();
+      if (dq.empty()) continue;
+      int b = dq.front();
+      if (F[k - 1][b] >= kInf) continue;
+      F[k][e] = F[k - 1][b] + cross[b];
+      from[k][e] = b;
+    }
+  }
+  if (F[K][n] >= kInf) throw InternalError("group_layers: no grouping under the min-max bound");
+  std::vector<int> cuts(K + 1, 0);
+  cuts[K] = n;
+  for (int k = K; k >= 2; --k) cuts[k - 1] = from[k][cuts[k]];
+
+  LayerGrouping out;
+  out.forward_order = order;
+  out.blocks.resize(K);
+  out.block_of_op.assign(ops.size(), -1);
+  std::vector<int> block_of_pos(n);
+  for (int k = 0; k < K; ++k)
+    for (int p = cuts[k]; p < cuts[k + 1]; ++p) {
+      block_of_pos[p] = k;
+      out.blocks[k].forward_ops.push_back(order[p]);
+    }
+  for (OpId o = 0; o < static_cast<OpId>(ops.size()); ++o) {
+    if (owner[o] == kNoOp) continue;
+    int b = block_of_pos[pos[owner[o]]];
+    out.block_of_op[o] = b;
+    Block& blk = out.blocks[b];
+    blk.ops.push_back(o);
+    double f = ops[o].flops();
+    if (phase[o] == OpPhase::Forward)
+      blk.forward_flops += f;
+    else if (phase[o] == OpPhase::Backward)
+      blk.backward_flops += f;
+    else
+      blk.update_flops += f;
+  }
+  for (TensorId t = 0; t < static_cast<TensorId>(ts.size()); ++t) {
+    const auto& ti = ts[t];
+    if (ti.producer == kNoOp) {
+      if (ti.role != Role::Parameter) continue;
+      OpId first = kNoOp;
+      for (OpId c : cons[t])
+        if (phase[c] == OpPhase::Forward && (first == kNoOp || pos[c] < pos[first])) first = c;
+      if (first != kNoOp) out.blocks[block_of_pos[pos[first]]].param_bytes += ti.bytes();
+      continue;
+    }
+    if (phase[ti.producer] != OpPhase::Forward) continue;
+    int b = block_of_pos[pos[ti.producer]];
+    for (OpId c : cons[t])
+      if (phase[c] == OpPhase::Forward && block_of_pos[pos[c]] > b) {
+        out.blocks[b].boundary_bytes += ti.bytes();
+        break;
+      }
+  }
+  out.crossing_bytes.assign(K - 1, 0);
+  for (int k = 1; k < K; ++k) out.crossing_bytes[k - 1] = cross[cuts[k]];
+  return out;
+}
+
+StageGraph extract_stage_mapped(const Graph& g, const std::vector<OpId>& ops_in) {
+  WEFT_CHECK(!ops_in.empty(), "extract_stage: empty op list");
+  const auto nops = static_cast<OpId>(g.ops().size());
+  std::vector<char> in_set(nops, 0);
+  for (OpId o : ops_in) {
+    WEFT_CHECK(o >= 0 && o < nops, "extract_stage: op id {} is not in graph '{}' ({} ops)", o, g.name(),
+               nops);
+    WEFT_CHECK(!in_set[o], "extract_stage: op id {} ('{}') is listed twice", o, g.op(o).name);
+    in_set[o] = 1;
+  }
+  const auto& ts = g.tensors();
+  std::vector<OpId> order;
+  for (OpId o : g.topo_order())
+    if (in_set[o]) order.push_back(o);
+  std::vector<int> new_op(nops, -1);
+  for (std::size_t i = 0; i < order.size(); ++i) new_op[order[i]] = static_cast<int>(i);
+
+  StageGraph out;
+  out.graph = Graph(g.name().empty() ? std::string("stage") : g.name() + ".stage");
+  std::vector<TensorId> new_id(ts.size(), -1);
+  auto map_tensor = [&](TensorId t) {
+    if (new_id[t] >= 0) return new_id[t];
+    ir::TensorInfo info = ts[t];
+    if (info.producer != kNoOp && in_set[info.producer]) {
+      info.producer = new_op[info.producer];
+    } else {
+      info.producer = kNoOp;
+      // validate() forbids an Activation leaf: an activation received from another stage is an
+      // input of this stage. Gradients, parameters and states keep their role.
+      if (info.role == Role::Activation) info.role = Role::Input;
+    }
+    new_id[t] = out.graph.add_tensor_unchecked(std::move(info));
+    out.original_tensor.push_back(t);
+    return new_id[t];
+  };
+  for (OpId o : order) {
+    const auto& op = g.op(o);
+    for (TensorId t : op.inputs) map_tensor(t);
+    for (TensorId t : op.outputs) map_tensor(t);
+  }
+  for (OpId o : order) {
+    ir::Op op = g.op(o);
+    for (auto& t : op.inputs) t = new_id[t];
+    for (auto& t : op.outputs) t = new_id[t];
+    out.graph.add_op_unchecked(std::move(op));
+    out.original_op.push_back(o);
+  }
+  // Outputs: tensors made here and read outside, and the source's outputs made here.
+  std::vector<char> is_output(ts.size(), 0);
+  for (TensorId t : g.outputs()) is_output[t] = 1;
+  if (g.loss()) is_output[*g.loss()] = 1;
+  for (OpId o = 0; o < nops; ++o)
+    if (!in_set[o])
+      for (TensorId t : g.op(o).inputs) is_output[t] = 1;
+  for (OpId o : order)
+    for (TensorId t : g.op(o).outputs)
+      if (is_output[t]) out.graph.mark_output(new_id[t]);
+  if (g.loss() && new_id[*g.loss()] >= 0) out.graph.set_loss(new_id[*g.loss()]);
+  for (TensorId t = 0; t < static_cast<TensorId>(ts.size()); ++t) {
+    if (new_id[t] < 0) continue;
+    auto of = g.grad_of(t);
+    if (of && new_id[*of] >= 0) out.graph.set_grad_of(new_id[t], new_id[*of]);
+  }
+  return out;
+}
+
+Graph extract_stage(const Graph& g, const std::vector<OpId>& ops) {
+  return extract_stage_mapped(g, ops).graph;
+}
+
+}  // namespace weft::pipeline
