@@ -46,6 +46,8 @@ std::vector<int> critical_nodes(int n, const std::vector<std::vector<int>>& succ
 
 namespace {
 
+using O2Cache = std::unordered_map<std::string, std::vector<std::pair<double, std::vector<int>>>>;
+
 std::string key_of(const StrategyProblem& p, double fscale) {
   std::string k;
   k.reserve(256);
@@ -72,6 +74,119 @@ std::string key_of(const StrategyProblem& p, double fscale) {
     }
   }
   return k;
+}
+
+// Solve the sub-problem of the nodes `win` with every other node fixed at `cur` (edges to them
+// folded into node costs, their bytes into row constants). Exact (elimination) when no memory
+// row can bind and the tables fit, else an ILP warm-started at `cur`. Returns the window's
+// choice (in `win` order), or empty when nothing feasible was found.
+std::vector<int> solve_window(const StrategyProblem& p, const std::vector<int>& win,
+                              const std::vector<int>& cur, const std::vector<std::vector<int>>& adj,
+                              const O2Options& opt, O2Cache& cache, O2Stats& st) {
+  const int n = p.num_nodes();
+  std::vector<int> lid(n, -1);
+  for (int i = 0; i < static_cast<int>(win.size()); ++i) lid[win[i]] = i;
+  StrategyProblem sub;
+  sub.node_cost.resize(win.size());
+  for (int i = 0; i < static_cast<int>(win.size()); ++i) {
+    const int v = win[i];
+    sub.node_cost[i] = p.node_cost[v];
+    for (int e : adj[v]) {
+      const auto& ed = p.edges[e];
+      const int other = ed.u == v ? ed.v : ed.u;
+      const int sv = static_cast<int>(p.node_cost[ed.v].size());
+      if (lid[other] >= 0) {
+        if (ed.u == v) sub.edges.push_back({lid[ed.u], lid[ed.v], ed.cost});  // once, from u
+        continue;
+      }
+      for (int s = 0; s < static_cast<int>(sub.node_cost[i].size()); ++s)
+        sub.node_cost[i][s] += ed.u == v ? ed.cost[static_cast<std::size_t>(s) * sv + cur[other]]
+                                         : ed.cost[static_cast<std::size_t>(cur[other]) * sv + s];
+    }
+  }
+  if (!std::isinf(p.memory_limit))
+    for (const auto& row : p.memory_rows) {
+      MemoryRow r{row.label, row.constant, {}};
+      double maxv = row.constant;
+      for (const auto& t : row.terms) {
+        if (lid[t.node] >= 0) {
+          r.terms.push_back({lid[t.node], t.bytes});
+          maxv += *std::max_element(t.bytes.begin(), t.bytes.end());
+        } else {
+          r.constant += t.bytes[cur[t.node]];
+          maxv += t.bytes[cur[t.node]];
+        }
+      }
+      if (maxv > p.memory_limit && !r.terms.empty()) sub.memory_rows.push_back(std::move(r));
+    }
+  if (!sub.memory_rows.empty()) sub.memory_limit = p.memory_limit;
+  const std::string key = opt.reuse_repeated ? "w" + key_of(sub, 1.0) : std::string();
+  if (opt.reuse_repeated) {
+    auto hit = cache.find(key);
+    if (hit != cache.end()) {
+      ++st.cache_hits;
+      return hit->second.front().second;
+    }
+  }
+  std::vector<int> res;
+  Elimination el(sub);
+  if (el.ok()) {
+    if (!std::isinf(el.kept_cost()[0])) res = el.choice_for(0);
+  } else {
+    SolveOptions so;
+    so.time_limit_s = opt.time_limit_s;
+    so.relative_gap = opt.relative_gap;
+    for (int v : win) so.warm_start.push_back(cur[v]);
+    const auto sol = solve_ilp(sub, so);
+    ++st.ilp_solves;
+    st.max_ilp_variables = std::max(st.max_ilp_variables, sol.ilp_variables);
+    st.max_ilp_constraints = std::max(st.max_ilp_constraints, sol.ilp_constraints);
+    st.max_gap = std::max(st.max_gap, sol.gap);
+    if (static_cast<int>(sol.status) > static_cast<int>(st.worst_status) && sol.has_solution())
+      st.worst_status = sol.status;
+    res = sol.choice;
+  }
+  if (opt.reuse_repeated) cache.emplace(key, std::vector<std::pair<double, std::vector<int>>>{{0.0, res}});
+  return res;
+}
+
+// Block-coordinate descent after the DP: windows of `refine_window` consecutive segments are
+// re-solved exactly with everything else fixed; a window's optimum is never worse than its
+// current restriction, so the total cost only goes down. Stops after a sweep without gain.
+// This repairs what the single-boundary DP cannot see: edges that skip a critical node
+// (residuals, forward activations read by the backward pass of the same layer).
+void refine(const StrategyProblem& p, const std::vector<std::vector<int>>& segs, const O2Options& opt,
+            O2Cache& cache, O2Stats& st, std::vector<int>& cur) {
+  const int n = p.num_nodes();
+  std::vector<std::vector<int>> adj(n);
+  for (int e = 0; e < static_cast<int>(p.edges.size()); ++e) {
+    adj[p.edges[e].u].push_back(e);
+    adj[p.edges[e].v].push_back(e);
+  }
+  Evaluation ev = evaluate(p, cur);
+  const int ns = static_cast<int>(segs.size());
+  const int w = std::max(1, std::min(opt.refine_window, ns));
+  for (int sweep = 0; sweep < opt.refine_sweeps; ++sweep) {
+    ++st.refine_sweeps;
+    bool improved = false;
+    for (int k = 0; k + w <= ns; ++k) {
+      std::vector<int> win;
+      for (int j = k; j < k + w; ++j) win.insert(win.end(), segs[j].begin(), segs[j].end());
+      const auto res = solve_window(p, win, cur, adj, opt, cache, st);
+      if (res.empty()) continue;
+      std::vector<int> cand = cur;
+      for (std::size_t i = 0; i < win.size(); ++i) cand[win[i]] = res[i];
+      if (cand == cur) continue;
+      const Evaluation ce = evaluate(p, cand);
+      if (ce.feasible() && ce.cost < ev.cost - 1e-12 * std::abs(ev.cost)) {
+        cur = std::move(cand);
+        ev = ce;
+        improved = true;
+        ++st.refine_moves;
+      }
+    }
+    if (!improved) break;
+  }
 }
 
 }  // namespace
@@ -119,7 +234,7 @@ ProblemSolution solve_o2(const StrategyProblem& p, int n_ops, const std::vector<
   int boundary = -1;
   std::vector<double> F;                 // over strategies of boundary
   std::vector<std::vector<int>> assign;  // per boundary strategy: choice vector (size n, -1 unset)
-  std::unordered_map<std::string, std::vector<std::pair<double, std::vector<int>>>> cache;
+  O2Cache cache;
   const double fscale = 1.0;
 
   for (int k = 0; k < static_cast<int>(segs.size()); ++k) {
@@ -205,7 +320,8 @@ ProblemSolution solve_o2(const StrategyProblem& p, int n_ops, const std::vector<
     std::vector<std::vector<int>> nassign(nt);
     bool all_cached = true;
     using Entry = std::vector<std::pair<double, std::vector<int>>>;  // per end strategy
-    const std::string key = opt.reuse_repeated ? key_of(sub, fscale) + (ends_critical ? "c" : "n") : std::string();
+    const std::string key =
+        opt.reuse_repeated ? key_of(sub, fscale) + (ends_critical ? "c" : "n") : std::string();
     Entry entry;
     auto hit = opt.reuse_repeated ? cache.find(key) : cache.end();
     if (hit != cache.end()) {
@@ -279,6 +395,7 @@ ProblemSolution solve_o2(const StrategyProblem& p, int n_ops, const std::vector<
   ProblemSolution out;
   out.choice = assign[best];
   for (int v = 0; v < n; ++v) WEFT_ASSERT(out.choice[v] >= 0, "O2 left a node without a strategy");
+  if (opt.refine_sweeps > 0 && segs.size() > 1) refine(p, segs, opt, cache, st, out.choice);
   const auto ev = evaluate(p, out.choice);
   out.cost = ev.cost;
   out.status = ev.feasible() ? st.worst_status : solver::IlpStatus::Infeasible;

@@ -211,7 +211,8 @@ ProblemSolution solve_ilp(const StrategyProblem& p, const SolveOptions& opt) {
     auto group = [](std::size_t count, auto&& key) {
       std::map<std::vector<double>, int> ids;
       std::vector<int> g(count);
-      for (std::size_t i = 0; i < count; ++i) g[i] = ids.emplace(key(i), static_cast<int>(ids.size())).first->second;
+      for (std::size_t i = 0; i < count; ++i)
+        g[i] = ids.emplace(key(i), static_cast<int>(ids.size())).first->second;
       return std::pair{g, ids.size()};
     };
     std::tie(ga[k], nga[k]) = group(na, [&](std::size_t i) {
@@ -288,7 +289,8 @@ ProblemSolution solve_ilp(const StrategyProblem& p, const SolveOptions& opt) {
   }
   const std::vector<int>& ws = opt.warm_start.empty() ? greedy : opt.warm_start;
   if (!ws.empty()) {
-    WEFT_CHECK(static_cast<int>(ws.size()) == n, "solve_ilp: warm start has {} choices for {} nodes", ws.size(), n);
+    WEFT_CHECK(static_cast<int>(ws.size()) == n, "solve_ilp: warm start has {} choices for {} nodes",
+               ws.size(), n);
     std::vector<double> w(ilp.num_variables(), 0.0);
     bool ok = true;
     std::vector<int> li(n, -1);
@@ -302,7 +304,8 @@ ProblemSolution solve_ilp(const StrategyProblem& p, const SolveOptions& opt) {
       }
     }
     for (std::size_t k = 0; k < ledges.size() && ok; ++k)
-      w[ev[k][static_cast<std::size_t>(ga[k][li[ledges[k].a]]) * ngb[k] + static_cast<std::size_t>(gb[k][li[ledges[k].b]])]] = 1;
+      w[ev[k][static_cast<std::size_t>(ga[k][li[ledges[k].a]]) * ngb[k] +
+              static_cast<std::size_t>(gb[k][li[ledges[k].b]])]] = 1;
     if (ok) io.warm_start = std::move(w);
   }
   const auto r = solver::solve(ilp, io);
@@ -378,7 +381,8 @@ Elimination::Elimination(const StrategyProblem& p, int keep, std::size_t max_tab
     if (best_size > max_table) return;
     const int v = best;
     std::vector<Factor> touching, rest;
-    for (auto& f : fs) (std::binary_search(f.vars.begin(), f.vars.end(), v) ? touching : rest).push_back(std::move(f));
+    for (auto& f : fs)
+      (std::binary_search(f.vars.begin(), f.vars.end(), v) ? touching : rest).push_back(std::move(f));
     Factor nf{best_scope, std::vector<double>(best_size, kInfCost)};
     std::vector<int> x(n, 0);
     const std::size_t sv = p.node_cost[v].size();

@@ -225,7 +225,6 @@ int generate_strided_candidates(Model& m, int rounds = 4) {
   return added;
 }
 
-
 struct Built {
   StrategyProblem problem;
   cost::Liveness live;
@@ -249,8 +248,8 @@ Built build_problem(Model& m, ReshardCosts& rc, double memory_limit, const Searc
     if (v >= m.n_ops) {
       const auto& info = m.g.tensor(m.leaf_tensor[v - m.n_ops]);
       for (int s = 0; s < m.num_strategies(v); ++s)
-        p.node_cost[v][s] =
-            kTieBreakPerByte * (static_cast<double>(info.bytes()) - spec_bytes(m.leaf_specs[v - m.n_ops][s], info.dtype));
+        p.node_cost[v][s] = kTieBreakPerByte * (static_cast<double>(info.bytes()) -
+                                                spec_bytes(m.leaf_specs[v - m.n_ops][s], info.dtype));
     }
     if (v < m.n_ops)
       for (int s = 0; s < m.num_strategies(v); ++s)
@@ -382,7 +381,8 @@ std::string SearchReport::to_string() const {
       "status {}, gap {:.3g}\n",
       nodes, strategies, edges, ilp_variables, ilp_constraints, ilp_solves, status, gap);
   if (segments > 0)
-    s += fmt::format("O2: {} segments, {} reused from identical layers\n", segments, reused_segments);
+    s += fmt::format("O2: {} segments, {} reused from identical layers, {} refinement moves\n", segments,
+                     reused_segments, refine_moves);
   s += fmt::format("predicted step: {:.6g} s = compute {:.6g} s + communication {:.6g} s\n",
                    compute_time + comm_time, compute_time, comm_time);
   s += fmt::format("peak memory per device: {:.4g} MB (limit {})\n", peak_memory / 1e6,
@@ -486,19 +486,64 @@ SpmdPlan spmd_search(const ir::Graph& g, const cluster::Cluster& cl, const clust
       std::vector<int> order_pos(m.num_nodes(), 0);
       std::vector<std::string> signature(m.num_nodes());
       const auto topo = g.topo_order();
-      for (int i = 0; i < static_cast<int>(topo.size()); ++i) order_pos[topo[i]] = i;
+      std::vector<int> topo_pos(m.n_ops, 0);
+      for (int i = 0; i < static_cast<int>(topo.size()); ++i) topo_pos[topo[i]] = i;
       std::vector<std::vector<int>> succ(m.n_ops);
       for (int o = 0; o < m.n_ops; ++o) {
-        weight[o] = g.op(o).flops();
         for (ir::TensorId ti : g.op(o).outputs)
           for (ir::OpId c : g.consumers(ti)) succ[o].push_back(c);
         signature[o] = fmt::format("{}|{}", ir::op_kind_name(g.op(o).kind), g.op(o).index_map.to_string());
       }
+      // Layer-aligned segments: backward and optimizer ops join the segment of the forward ops
+      // they read (anchor = the earliest forward position among their forward-derived inputs,
+      // else the earliest anchor among their producers), so one segment holds a layer's forward,
+      // backward and update, and the forward layout is chosen knowing the backward costs. Only
+      // forward ops cut segments (are critical). order_pos = 4 * anchor + rank with rank leaf 0,
+      // backward 1, forward 2: a segment ending at a critical forward op keeps the leaves and
+      // backward ops anchored to it.
+      std::vector<char> fwd(m.n_ops, 1);
+      bool any_fwd = false;
+      for (int o = 0; o < m.n_ops; ++o) {
+        for (ir::TensorId ti : g.op(o).outputs) {
+          const auto r = g.tensor(ti).role;
+          if (r == ir::Role::Gradient || r == ir::Role::Parameter || r == ir::Role::OptimizerState)
+            fwd[o] = 0;
+        }
+        any_fwd |= fwd[o] != 0;
+      }
+      if (!any_fwd) std::fill(fwd.begin(), fwd.end(), 1);  // a backward-only stage: plain order
+      const int big = static_cast<int>(topo.size());
+      std::vector<int> tensor_anchor(g.tensors().size(), -1);  // forward-derived anchor per tensor
+      std::vector<int> op_anchor(m.n_ops, 0);
+      for (int v = m.n_ops; v < m.num_nodes(); ++v) {  // leaves: first forward consumer
+        const ir::TensorId ti = m.leaf_tensor[v - m.n_ops];
+        int first = big;
+        for (ir::OpId c : g.consumers(ti))
+          if (fwd[c]) first = std::min(first, topo_pos[c]);
+        if (first < big) tensor_anchor[ti] = first;
+      }
+      for (ir::OpId o : topo) {
+        if (fwd[o]) {
+          op_anchor[o] = topo_pos[o];
+        } else {
+          int a = big, b = big;
+          for (ir::TensorId ti : g.op(o).inputs) {
+            if (tensor_anchor[ti] >= 0) a = std::min(a, tensor_anchor[ti]);
+            const ir::OpId pr = g.tensor(ti).producer;
+            if (pr != ir::kNoOp) b = std::min(b, op_anchor[pr]);
+          }
+          op_anchor[o] = a < big ? a : b < big ? b : topo_pos[o];
+        }
+        for (ir::TensorId ti : g.op(o).outputs)
+          if (fwd[o]) tensor_anchor[ti] = topo_pos[o];
+        order_pos[o] = 4 * op_anchor[o] + (fwd[o] ? 2 : 1);
+        weight[o] = fwd[o] ? g.op(o).flops() : 0.0;
+      }
       for (int v = m.n_ops; v < m.num_nodes(); ++v) {
         const auto& ti = g.tensor(m.leaf_tensor[v - m.n_ops]);
-        int first = static_cast<int>(topo.size());
-        for (ir::OpId c : g.consumers(m.leaf_tensor[v - m.n_ops])) first = std::min(first, order_pos[c]);
-        order_pos[v] = first;
+        int first = big;
+        for (ir::OpId c : g.consumers(m.leaf_tensor[v - m.n_ops])) first = std::min(first, op_anchor[c]);
+        order_pos[v] = 4 * first;
         signature[v] = fmt::format("leaf|{}|{}|{}", ir::role_name(ti.role), fmt::join(ti.shape, ","),
                                    dtype_name(ti.dtype));
       }
@@ -509,6 +554,7 @@ SpmdPlan spmd_search(const ir::Graph& g, const cluster::Cluster& cl, const clust
       rep.ilp_solves += st.ilp_solves;
       rep.segments = st.segments;
       rep.reused_segments = st.reused_segments;
+      rep.refine_moves += st.refine_moves;
       rep.status = worse_status(rep.status, st.worst_status);
       rep.gap = std::max(rep.gap, st.max_gap);
     }

@@ -27,11 +27,16 @@ struct O2Options {
   double relative_gap = 0;
   bool reuse_repeated = true;
   double heavy_fraction = 0.05;
+  // After the DP: sweeps of block-coordinate descent over windows of consecutive segments (each
+  // window re-solved exactly with the rest fixed); 0 = off. Cost never increases.
+  int refine_sweeps = 4;
+  int refine_window = 3;
   std::function<void(double)> progress;
 };
 
 struct O2Stats {
   int segments = 0, reused_segments = 0, ilp_solves = 0, cache_hits = 0;
+  int refine_sweeps = 0, refine_moves = 0;
   int max_ilp_variables = 0, max_ilp_constraints = 0;
   solver::IlpStatus worst_status = solver::IlpStatus::Optimal;
   double max_gap = 0;

@@ -110,8 +110,8 @@ class Elimination {
   const StrategyProblem& p_;
   int keep_;
   bool ok_ = false;
-  std::vector<int> order_;                    // eliminated nodes
-  std::vector<std::vector<Factor>> used_;     // per eliminated node: the factors combined
+  std::vector<int> order_;                 // eliminated nodes
+  std::vector<std::vector<Factor>> used_;  // per eliminated node: the factors combined
   std::vector<double> kept_;
 };
 

@@ -11,8 +11,10 @@
 // maximal live set of a topological order (cost::liveness), per-device bytes of every live
 // tensor under its producer's strategy. The problem (problem.hpp) is solved
 //   O3: as one ILP;
-//   O2: by segments between critical nodes (see coarsen in search.cpp), each an ILP, stitched in
-//       order with the previous segments' choices fixed;
+//   O2: by segments between critical nodes (coarsen.hpp): a DP over the strategy of the
+//       critical node that ends each segment (exact on chains), backward/optimizer ops joining
+//       the segment of the forward ops they read, identical segments solved once; then
+//       block-coordinate refinement over windows of consecutive segments;
 // and the result re-scored by evaluate_plan, which recomputes everything from the chosen specs.
 #include <cstdint>
 #include <functional>
@@ -73,6 +75,12 @@ struct SearchReport {
   int forced_sharded_params = -1;  // ShardLargest: k; -1 otherwise
   int segments = 0, reused_segments = 0;
   std::vector<ParamRow> params;
+  int refine_moves = 0;  // O2: windows improved by the refinement sweeps
+  double total_seconds() const {
+    double t = 0;
+    for (const auto& p : phase_seconds) t += p.second;
+    return t;
+  }
   std::string to_string() const;  // readable multi-line table
 };
 

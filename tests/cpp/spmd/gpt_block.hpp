@@ -7,7 +7,8 @@
 
 namespace weft::spmd::testing {
 
-inline ir::Graph gpt_block(std::int64_t b, std::int64_t s, std::int64_t h, std::int64_t heads, int layers = 1) {
+inline ir::Graph gpt_block(std::int64_t b, std::int64_t s, std::int64_t h, std::int64_t heads,
+                           int layers = 1) {
   using namespace weft::ir;
   Graph g("gpt_block");
   const std::int64_t d = h / heads;
@@ -15,7 +16,8 @@ inline ir::Graph gpt_block(std::int64_t b, std::int64_t s, std::int64_t h, std::
   for (int l = 0; l < layers; ++l) {
     const std::string p = layers == 1 ? "" : "l" + std::to_string(l) + ".";
     TensorId g1 = g.parameter(p + "ln1.g", {h}), b1 = g.parameter(p + "ln1.b", {h});
-    TensorId wq = g.parameter(p + "wq", {h, h}), wk = g.parameter(p + "wk", {h, h}), wv = g.parameter(p + "wv", {h, h});
+    TensorId wq = g.parameter(p + "wq", {h, h}), wk = g.parameter(p + "wk", {h, h}),
+             wv = g.parameter(p + "wv", {h, h});
     TensorId wo = g.parameter(p + "wo", {h, h});
     TensorId g2 = g.parameter(p + "ln2.g", {h}), b2 = g.parameter(p + "ln2.b", {h});
     TensorId w1 = g.parameter(p + "w1", {h, 4 * h}), w2 = g.parameter(p + "w2", {4 * h, h});
