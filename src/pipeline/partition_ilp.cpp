@@ -328,15 +328,24 @@ IlpPartition partition_dag_ilp(const PartitionDag& dag, const IlpPartitionOption
     // s >= u_p: prefix(p) = 1, always satisfied. s < l_c: prefix(c) = 0.
   }
   // Balance, in units of τ to keep the rows well scaled.
+  bool empty_stage = false;
   if (tau > 0)
     for (int s = 0; s < S; ++s) {
       std::vector<solver::Term> t;
       for (int v = 0; v < n; ++v)
         if (int var = xv(v, s); var >= 0 && dag.compute[v] > 0) t.push_back({var, dag.compute[v] / tau});
+      if (t.empty()) {
+        empty_stage = empty_stage || o.epsilon < 1;
+        continue;
+      }
       ilp.add_constraint(t, solver::Sense::LessEqual, 1 + o.epsilon, fmt::format("cap{}", s));
       ilp.add_constraint(std::move(t), solver::Sense::GreaterEqual, 1 - o.epsilon, fmt::format("floor{}", s));
     }
-  // Cut variables, objective in MB.
+  // Cut variables; objective in units of the largest value's bytes (well scaled for CBC, whose
+  // absolute tolerances would swallow raw bytes / 1e6 differences).
+  std::int64_t max_bytes = 1;
+  for (const auto& val : dag.values) max_bytes = std::max(max_bytes, val.bytes);
+  const double unit = static_cast<double>(max_bytes) / 100.0;
   struct YVar {
     int value, stage, var;
   };
@@ -352,7 +361,7 @@ IlpPartition partition_dag_ilp(const PartitionDag& dag, const IlpPartitionOption
         auto it = yvar.find(s);
         if (it == yvar.end()) {
           int var =
-              ilp.add_continuous(0, 1, static_cast<double>(val.bytes) / 1e6, fmt::format("y{}_{}", i, s));
+              ilp.add_continuous(0, 1, static_cast<double>(val.bytes) / unit, fmt::format("y{}_{}", i, s));
           it = yvar.emplace(s, var).first;
           ys.push_back({static_cast<int>(i), s, var});
         }
@@ -381,7 +390,11 @@ IlpPartition partition_dag_ilp(const PartitionDag& dag, const IlpPartitionOption
       so.warm_start = std::move(start);
     }
   }
-  auto res = solver::solve(ilp, so);
+  solver::IlpResult res;
+  if (empty_stage)
+    res.status = solver::IlpStatus::Infeasible;  // no node may take some stage: nothing to solve
+  else
+    res = solver::solve(ilp, so);
 
   IlpPartition out;
   out.status = res.status;

@@ -1,0 +1,265 @@
+// Layer grouping and stage extraction: exhaustive oracle over cut positions, attachment of
+// backward/update ops, and an end-to-end interpreter oracle (a tiny GPT run as two stages equals
+// the whole training step).
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <map>
+#include <random>
+#include <set>
+
+#include "weft/core/error.hpp"
+#include "weft/ir/autodiff.hpp"
+#include "weft/ir/interpreter.hpp"
+#include "weft/models/models.hpp"
+#include "weft/pipeline/grouping.hpp"
+
+using namespace weft;
+using namespace weft::pipeline;
+using ir::OpId;
+using ir::TensorId;
+
+namespace {
+
+ir::Graph tiny_gpt(int layers, ir::Optimizer opt = ir::Optimizer::Adam) {
+  models::GptConfig c;
+  c.layers = layers, c.hidden = 4, c.heads = 2, c.seq = 3, c.vocab = 5, c.batch = 2;
+  ir::TrainOptions t;
+  t.optimizer = opt;
+  return ir::build_training_graph(models::gpt(c), t);
+}
+
+// An MLP chain of identical layers x -> relu(x W_i) -> ... -> sum -> loss.
+ir::Graph mlp_chain(int layers, std::int64_t width = 16) {
+  ir::Graph g("chain");
+  TensorId x = g.input("x", {8, width});
+  for (int i = 0; i < layers; ++i) {
+    TensorId w = g.parameter("w" + std::to_string(i), {width, width});
+    x = g.unary(ir::UnaryFn::Relu, g.matmul(x, w, "mm" + std::to_string(i)), "relu" + std::to_string(i));
+  }
+  TensorId s = g.reduce(ir::ReduceFn::Sum, x, {0, 1}, "loss");
+  g.set_loss(s);
+  ir::TrainOptions t;
+  t.optimizer = ir::Optimizer::Sgd;
+  return ir::build_training_graph(g, t);
+}
+
+}  // namespace
+
+TEST_CASE("pipeline: classify_ops and owner_forward_op on a training graph") {
+  ir::Graph g = tiny_gpt(1);
+  auto phase = classify_ops(g);
+  auto owner = owner_forward_op(g);
+  REQUIRE(phase.size() == g.ops().size());
+  std::map<std::string, OpId> by_name;
+  for (OpId o = 0; o < static_cast<OpId>(g.ops().size()); ++o) by_name[g.op(o).name] = o;
+  int fwd = 0, bwd = 0, upd = 0;
+  for (OpId o = 0; o < static_cast<OpId>(g.ops().size()); ++o) {
+    const auto& name = g.op(o).name;
+    CHECK(owner[o] != ir::kNoOp);
+    CHECK(phase[owner[o]] == OpPhase::Forward);
+    if (phase[o] == OpPhase::Forward) {
+      ++fwd;
+      CHECK(owner[o] == o);
+      CHECK(name.rfind("d:", 0) != 0);
+    } else if (phase[o] == OpPhase::Update) {
+      ++upd;
+      CHECK(name.rfind("adam:", 0) == 0);
+      // The update sits with the parameter's first forward reader.
+      TensorId p = g.op(o).inputs[0];
+      OpId first = ir::kNoOp;
+      for (OpId c : g.consumers(p))
+        if (phase[c] == OpPhase::Forward) {
+          first = c;
+          break;
+        }
+      CHECK(owner[o] == first);
+    } else {
+      ++bwd;
+      CHECK(name.rfind("d:", 0) == 0);
+      // "d:<forward op>/<what>" belongs to that forward op.
+      auto slash = name.find('/');
+      if (slash != std::string::npos && by_name.count(name.substr(2, slash - 2)))
+        CHECK(owner[o] == by_name[name.substr(2, slash - 2)]);
+    }
+  }
+  CHECK(fwd > 10);
+  CHECK(bwd > fwd);
+  CHECK(upd == static_cast<int>(std::count_if(g.tensors().begin(), g.tensors().end(), [](const auto& t) {
+          return t.role == ir::Role::Parameter && t.producer == ir::kNoOp;
+        })));
+}
+
+TEST_CASE("pipeline: group_layers equals exhaustive enumeration of cut positions") {
+  for (int layers : {1, 2}) {
+    ir::Graph g = tiny_gpt(layers);
+    auto phase = classify_ops(g);
+    auto owner = owner_forward_op(g);
+    for (int K : {1, 2, 3}) {
+      LayerGrouping lg = group_layers(g, K);
+      REQUIRE(static_cast<int>(lg.blocks.size()) == K);
+      const auto& order = lg.forward_order;
+      const int n = static_cast<int>(order.size());
+      std::vector<int> pos(g.ops().size(), -1);
+      for (int i = 0; i < n; ++i) pos[order[i]] = i;
+      // Independent recomputation of (max compute, cut bytes) of a cut vector.
+      auto score = [&](const std::vector<int>& cuts) {  // cuts: K-1 ascending positions in 1..n-1
+        auto block_of = [&](int p) {
+          return static_cast<int>(std::upper_bound(cuts.begin(), cuts.end(), p) - cuts.begin());
+        };
+        std::vector<double> w(K, 0);
+        for (OpId o = 0; o < static_cast<OpId>(g.ops().size()); ++o)
+          if (phase[o] != OpPhase::Update) w[block_of(pos[owner[o]])] += g.op(o).flops();
+        std::int64_t cut = 0;
+        for (TensorId t = 0; t < static_cast<TensorId>(g.tensors().size()); ++t) {
+          const auto& ti = g.tensor(t);
+          if (ti.producer == ir::kNoOp || phase[ti.producer] != OpPhase::Forward) continue;
+          int last = -1;
+          for (OpId c : g.consumers(t))
+            if (phase[c] == OpPhase::Forward) last = std::max(last, block_of(pos[c]));
+          if (last > block_of(pos[ti.producer])) cut += ti.bytes() * (last - block_of(pos[ti.producer]));
+        }
+        return std::make_pair(*std::max_element(w.begin(), w.end()), cut);
+      };
+      std::pair<double, std::int64_t> best{std::numeric_limits<double>::infinity(), 0};
+      std::vector<int> cuts;
+      std::function<void(int)> rec = [&](int from) {
+        if (static_cast<int>(cuts.size()) == K - 1) {
+          auto s = score(cuts);
+          if (s.first < best.first * (1 - 1e-12) ||
+              (s.first <= best.first * (1 + 1e-12) && s.second < best.second))
+            best = s;
+          return;
+        }
+        for (int p = from; p <= n - 1; ++p) {
+          cuts.push_back(p);
+          rec(p + 1);
+          cuts.pop_back();
+        }
+      };
+      rec(1);
+      CAPTURE(layers);
+      CAPTURE(K);
+      CHECK(lg.max_block_flops() == doctest::Approx(best.first).epsilon(1e-12));
+      CHECK(lg.cut_bytes() == best.second);
+      // The blocks cover every op once; forward ops are contiguous runs of the order.
+      std::vector<int> seen(g.ops().size(), 0);
+      std::vector<OpId> concat;
+      double total = 0;
+      std::int64_t params = 0;
+      for (int b = 0; b < K; ++b) {
+        const auto& blk = lg.blocks[b];
+        CHECK(!blk.forward_ops.empty());
+        concat.insert(concat.end(), blk.forward_ops.begin(), blk.forward_ops.end());
+        for (OpId o : blk.ops) {
+          ++seen[o];
+          CHECK(lg.block_of_op[o] == b);
+        }
+        total += blk.forward_flops + blk.backward_flops + blk.update_flops;
+        params += blk.param_bytes;
+      }
+      CHECK(concat == order);
+      for (int s : seen) CHECK(s == 1);
+      CHECK(total == doctest::Approx(g.flops()).epsilon(1e-12));
+      CHECK(params == g.param_bytes());
+    }
+  }
+}
+
+TEST_CASE("pipeline: a chain of identical layers groups one layer per block") {
+  ir::Graph g = mlp_chain(4);
+  LayerGrouping lg = group_layers(g, 4);
+  REQUIRE(lg.blocks.size() == 4);
+  for (int b = 0; b < 4; ++b) {
+    const auto& blk = lg.blocks[b];
+    std::set<std::string> names;
+    for (OpId o : blk.forward_ops) names.insert(g.op(o).name);
+    CHECK(names.count("mm" + std::to_string(b)) == 1);
+    CHECK(names.count("relu" + std::to_string(b)) == 1);
+    // Matmul forward 2·8·16·16, backward two matmuls of the same size.
+    CHECK(blk.forward_flops >= 2.0 * 8 * 16 * 16);
+    // Layer 0 needs no gradient of the input x: one backward matmul (dW) instead of two.
+    CHECK(blk.backward_flops >= (b == 0 ? 1 : 2) * 2.0 * 8 * 16 * 16);
+    CHECK(blk.param_bytes == 16 * 16 * 4);
+    if (b < 3) CHECK(blk.boundary_bytes == 8 * 16 * 4);  // one activation to the next layer
+  }
+  // Layers 1 and 2 are identical blocks (layer 0 has no dx, the last also holds the loss).
+  CHECK(lg.blocks[0].compute_flops() < lg.blocks[1].compute_flops());
+  CHECK(lg.blocks[1].compute_flops() == doctest::Approx(lg.blocks[2].compute_flops()));
+  CHECK(lg.cut_bytes() == 3 * 8 * 16 * 4);
+  CHECK(lg.ops_of_range(0, 3).size() == g.ops().size());
+  CHECK_THROWS_AS(lg.ops_of_range(2, 1), Error);
+  CHECK_THROWS_AS(lg.ops_of_range(0, 4), Error);
+  CHECK_THROWS_AS(group_layers(g, 0), Error);
+  CHECK_THROWS_AS(group_layers(g, 1000), Error);
+  CHECK(!lg.to_string().empty());
+}
+
+TEST_CASE("pipeline: extract_stage runs a tiny GPT as two stages to the whole step's result") {
+  ir::Graph g = tiny_gpt(2);
+  LayerGrouping lg = group_layers(g, 2);
+  auto phase = classify_ops(g);
+  // Three pieces in execution order: block 0 forward, block 1 (forward + backward + updates),
+  // block 0 backward + updates.
+  std::vector<OpId> a_fwd, a_rest;
+  for (OpId o : lg.blocks[0].ops) (phase[o] == OpPhase::Forward ? a_fwd : a_rest).push_back(o);
+  std::vector<std::vector<OpId>> pieces{a_fwd, lg.blocks[1].ops, a_rest};
+  // Whole-graph reference.
+  std::mt19937_64 gen(11);
+  std::uniform_real_distribution<double> u(-0.5, 0.5);
+  std::map<TensorId, ir::HostTensor> feeds;
+  for (TensorId t = 0; t < static_cast<TensorId>(g.tensors().size()); ++t) {
+    const auto& ti = g.tensor(t);
+    if (ti.producer != ir::kNoOp) continue;
+    if (ti.role == ir::Role::Constant && g.grad_of(t)) continue;  // the dloss seed
+    ir::HostTensor h{ti.shape, {}};
+    for (std::int64_t i = 0; i < ti.numel(); ++i)
+      h.data.push_back(ti.dtype == DType::I32                ? static_cast<double>((i * 3 + 1) % 5)
+                       : ti.role == ir::Role::OptimizerState ? std::abs(u(gen))
+                                                             : u(gen));
+    feeds[t] = h;
+  }
+  auto whole = ir::interpret(g, feeds);
+  std::map<TensorId, ir::HostTensor> known = feeds;  // by original id
+  for (const auto& ops : pieces) {
+    StageGraph st = extract_stage_mapped(g, ops);
+    REQUIRE_NOTHROW(st.graph.validate());
+    CHECK(st.original_op.size() == ops.size());
+    std::map<TensorId, ir::HostTensor> f;
+    for (TensorId t = 0; t < static_cast<TensorId>(st.graph.tensors().size()); ++t) {
+      const auto& ti = st.graph.tensor(t);
+      if (ti.producer != ir::kNoOp) continue;
+      TensorId orig = st.original_tensor[t];
+      // Received tensors: activations become Inputs, gradients stay Gradients.
+      if (g.tensor(orig).producer != ir::kNoOp) {
+        CHECK((ti.role == ir::Role::Input || ti.role == g.tensor(orig).role));
+        REQUIRE(known.count(orig) == 1);  // made by an earlier piece
+      }
+      if (known.count(orig)) f[t] = known[orig];
+    }
+    auto vals = ir::interpret(st.graph, f);
+    for (TensorId t = 0; t < static_cast<TensorId>(vals.size()); ++t) known[st.original_tensor[t]] = vals[t];
+  }
+  // Every tensor of the step was computed by some piece, equal to the whole-graph value.
+  int compared = 0;
+  for (TensorId t = 0; t < static_cast<TensorId>(g.tensors().size()); ++t) {
+    if (!known.count(t)) continue;
+    REQUIRE(known[t].data.size() == whole[t].data.size());
+    for (std::size_t i = 0; i < whole[t].data.size(); ++i) {
+      CHECK(std::isfinite(whole[t].data[i]));
+      CHECK(known[t].data[i] == doctest::Approx(whole[t].data[i]).epsilon(1e-12));
+    }
+    ++compared;
+  }
+  CHECK(compared == static_cast<int>(g.tensors().size()));
+  // The loss stays the loss of the stage that makes it.
+  StageGraph last = extract_stage_mapped(g, lg.blocks[1].ops);
+  REQUIRE(last.graph.loss().has_value());
+  CHECK(last.original_tensor[*last.graph.loss()] == *g.loss());
+  CHECK_THROWS_AS(extract_stage(g, {}), Error);
+  CHECK_THROWS_AS(extract_stage(g, {0, 0}), Error);
+  CHECK_THROWS_AS(extract_stage(g, {static_cast<OpId>(g.ops().size())}), Error);
+}
