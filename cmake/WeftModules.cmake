@@ -22,5 +22,5 @@ weft_module_if_present(sim DEPS schedule cluster LIBS Threads::Threads)
 weft_module_if_present(reshard DEPS sharding cluster)
 weft_module_if_present(exec DEPS reshard sharding LIBS Threads::Threads)
 include(${CMAKE_CURRENT_SOURCE_DIR}/cmake/WeftExecNccl.cmake)  # exec: optional NCCL executor
-weft_module_if_present(pipeline DEPS spmd schedule sim solver)
-weft_module_if_present(plan DEPS pipeline spmd reshard sim)
+weft_module_if_present(pipeline DEPS spmd schedule sim solver cost models)
+weft_module_if_present(plan DEPS pipeline spmd reshard sim schedule cost models)
