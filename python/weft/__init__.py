@@ -37,4 +37,7 @@ __all__ += ["Graph", "interpret"]
 # models (the model zoo: GPT, GShard MoE, Wide-ResNet, U-Net, VGG19, BERT)
 from . import models
 __all__ += ["models"]
+# pipeline (layer grouping, submeshes, Alpa's stage DP, Rhino's stage ILP)
+from . import pipeline
+__all__ += ["pipeline"]
 __version__ = "0.1.0"

@@ -21,13 +21,15 @@ namespace weft::pipeline {
 enum class OpPhase : std::uint8_t { Forward, Backward, Update };
 std::vector<OpPhase> classify_ops(const ir::Graph& training_graph);
 
-// For every op, the forward op whose block it joins (the op itself for a forward op):
-// - a backward op named "d:<forward op>/..." (autodiff's naming) -> that forward op;
-// - a gradient sum whose output has grad_of == t (a forward activation) -> t's producer;
-// - an update op (its outputs have grad_of == parameter p) and a backward op producing the
-//   gradient of a parameter p -> the first forward consumer of p (in topological order);
-// - any other backward op -> the owner of the first op that consumes one of its outputs
-//   (the gradient flows there), else the owner of the producer of one of its inputs.
+// For every op, the forward op whose block it joins (the op itself for a forward op), by the
+// first rule that applies:
+// - a backward op named "d:<forward op>/..." (autodiff's naming) -> that forward op (its input
+//   gradients are computed with it even when one is the only contribution and so carries grad_of);
+// - an op whose output has grad_of == t for a forward tensor t (a gradient sum "d:<t>", an
+//   update's new parameter/state) -> t's producer, or for a parameter leaf its first forward
+//   consumer (in topological order): updates live with the parameter;
+// - any other backward op -> the owner of the first op that reads one of its outputs (the
+//   gradient flows there), else the owner of the producer of one of its inputs.
 // kNoOp only when the graph has no forward op.
 std::vector<ir::OpId> owner_forward_op(const ir::Graph& training_graph);
 
@@ -67,8 +69,9 @@ struct LayerGrouping {
 LayerGrouping group_layers(const ir::Graph& training_graph, int num_blocks);
 
 // A subset of a graph's ops as a graph of its own (op names and tensor names kept):
-// - tensors read by the ops but produced by an op outside the set become leaves with their role
-//   (Activation / Gradient; an updated Parameter or OptimizerState keeps that role);
+// - tensors read by the ops but produced by an op outside the set become leaves: an Activation
+//   becomes an Input (validate() forbids an Activation leaf), a Gradient stays a Gradient, an
+//   updated Parameter / OptimizerState keeps its role;
 // - tensors produced inside and read outside, and the original outputs/loss made inside, are
 //   outputs (the loss stays the loss);
 // - grad_of is kept where both tensors are in the stage.
