@@ -40,4 +40,7 @@ __all__ += ["models"]
 # pipeline (layer grouping, submeshes, Alpa's stage DP, Rhino's stage ILP)
 from . import pipeline
 __all__ += ["pipeline"]
+# hetero (heterogeneous load balancing: Whale's Algorithm 1, uneven DP/tensor/pipeline splits)
+from . import hetero
+__all__ += ["hetero"]
 __version__ = "0.1.0"
