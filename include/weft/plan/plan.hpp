@@ -1,0 +1,119 @@
+#pragma once
+// plan::Plan — the planner's answer for one (training graph, cluster): the pipeline stages (blocks,
+// ops, submesh devices, logical mesh, parameter sharding specs, per-micro-batch times, memory),
+// the schedule and micro-batching, the tensors that cross stages with their resharding plans, and
+// the predictions (step time from the event simulator, throughput, MFU, peak memory per device),
+// plus the alternatives the planner compared. A plain value: JSON round trip is exact, and
+// resimulate() recomputes the step time from the stored stage times alone.
+//
+// Conventions. The training graph is ONE micro-batch (its batch dimension is the micro-batch,
+// summed over data-parallel replicas); a step runs num_microbatches of them, so the global batch is
+// num_microbatches × microbatch_size samples. Times are seconds, memory bytes per device.
+// Per stage and micro-batch: forward_time = F, backward_time = B (input + weight gradients; the
+// split schedules take weight_time = W out of it), optimizer_time = the parameter update once per
+// step. send_time of a boundary = simulated time of its resharding plan (reshard module), which the
+// simulator's link reproduces exactly (bandwidth = bytes / send_time).
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "weft/schedule/schedule.hpp"
+#include "weft/sim/simulator.hpp"
+
+namespace weft::plan {
+
+struct ParamSpec {
+  std::string name;
+  std::vector<std::int64_t> shape;
+  std::string spec;  // sharding::ShardingSpec text on the stage's logical mesh, e.g. "S(1) R"
+  double bytes_per_device = 0;
+  bool operator==(const ParamSpec&) const = default;
+};
+
+struct Stage {
+  int index = 0;
+  int first_block = 0, last_block = 0;  // inclusive range of layer-grouping blocks
+  std::vector<std::string> ops;         // op names of the training graph, ascending op id
+  std::vector<int> devices;             // device ids, row-major over mesh_shape
+  std::vector<std::int64_t> mesh_shape;  // logical mesh the SPMD search ran on
+  std::vector<ParamSpec> params;
+  double forward_time = 0, backward_time = 0, weight_time = 0, optimizer_time = 0;  // see header
+  double compute_time = 0, comm_time = 0;  // per micro-batch (F + B), roofline / collectives
+  double static_memory = 0;                // params + grads + optimizer states per device
+  double activation_memory = 0;            // saved activations per in-flight micro-batch
+  double transient_memory = 0;             // working set of one micro-batch beyond the two above
+  int in_flight = 0;                       // peak in-flight micro-batches under the schedule
+  double peak_memory = 0;                  // static + in_flight × activation + transient
+  bool operator==(const Stage&) const = default;
+};
+
+// One tensor crossing a stage boundary (forward activation i → i+1, or its gradient i+1 → i, or a
+// non-adjacent one such as the gradient of a tied embedding).
+struct CrossTensor {
+  std::string name;
+  int from_stage = 0, to_stage = 0;
+  std::vector<std::int64_t> shape;
+  std::string dtype;
+  std::int64_t bytes = 0;  // whole tensor
+  std::string src_spec, dst_spec;
+  double reshard_time = 0;  // reshard::plan simulated completion time (alone)
+  double lower_bound = 0;   // reshard::lower_bound
+  std::string reshard_summary;
+  bool operator==(const CrossTensor&) const = default;
+};
+
+struct Alternative {
+  std::string strategy;  // "spmd", "pipeline", "megatron t=4 p=2 d=2", ...
+  std::string layout;    // e.g. "2 stages: [0-7]@1x8(2,4) [8-15]@1x8(8)"
+  double step_time = 0;  // 0 when infeasible
+  double peak_memory = 0;
+  bool feasible = true;
+  std::string note;  // why infeasible, or what else is worth knowing
+  bool operator==(const Alternative&) const = default;
+};
+
+struct Plan {
+  std::string model;    // graph name
+  std::string cluster;  // Cluster::to_string()
+  std::string strategy;  // "spmd" (one stage on the whole cluster), "pipeline", or a baseline name
+  std::string schedule;  // schedule kind: "1f1b", "gpipe", "kfkb", "eager_1f1b", "interleaved", "zb_h1"
+  int schedule_k = 1;    // kFkB group size
+  int schedule_v = 1;    // interleaved virtual stages
+  int num_microbatches = 1;
+  std::int64_t microbatch_size = 0;  // samples per micro-batch (the graph's batch)
+  int data_parallel = 1;             // replicas of the pipeline
+  int num_blocks = 0;                // layer-grouping blocks
+  std::vector<Stage> stages;
+  std::vector<CrossTensor> cross_tensors;
+  std::vector<double> send_time;       // per boundary i (stage i → i+1), seconds per micro-batch
+  std::vector<double> boundary_bytes;  // per boundary, bytes per micro-batch
+  double step_time = 0;                // simulated
+  double bubble_fraction = 0;
+  double throughput = 0;               // samples / s
+  double model_flops = 0;              // per step: forward + backward FLOPs of the graph × micro-batches
+  double cluster_peak_flops = 0;       // Σ peak FLOP/s of the devices used
+  double mfu = 0;                      // model_flops / (step_time × cluster_peak_flops)
+  double peak_memory = 0;              // max over devices
+  std::vector<double> device_memory;   // per device id used (indexed like devices_used)
+  std::vector<int> devices_used;
+  double memory_limit = 0;             // per device, as planned
+  double plan_seconds = 0;
+  std::vector<Alternative> alternatives;  // best first
+
+  int num_stages() const { return static_cast<int>(stages.size()); }
+  std::string summary() const;  // readable multi-line text
+  std::string to_string() const;  // one line
+  std::string to_json() const;
+  static Plan from_json(std::string_view text);  // weft::Error naming the bad field
+  bool operator==(const Plan&) const = default;
+};
+
+// The pipeline the simulator runs for a plan: one StageSpec per stage from the stored stage times
+// and memories, and links that take exactly send_time per micro-batch.
+sim::Pipeline pipeline_of(const Plan& p);
+schedule::Schedule schedule_of(const Plan& p);
+// Re-simulates the plan from its stored numbers (an independent check of step_time).
+sim::SimResult resimulate(const Plan& p);
+
+}  // namespace weft::plan

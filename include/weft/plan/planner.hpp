@@ -1,0 +1,98 @@
+#pragma once
+// The planner: (training graph, cluster) -> the plan::Plan with the lowest simulated step time that
+// fits in memory. See docs/modules/plan.md for the full method; in short:
+//   1. layer grouping (pipeline::group_layers) into L blocks;
+//   2. per (block, logical mesh) an SPMD search (spmd::spmd_search on pipeline::extract_stage of the
+//      block), cached by the block's structure (identical layers are solved once) and the mesh's
+//      α-β links; a stage's per-micro-batch cost is the sum over its blocks;
+//   3. stage partition by Alpa's DP (pipeline::partition_dp) over blocks × submeshes, once per
+//      bound on the stage count (memory of a stage = static + in-flight × activations, in-flight
+//      from the schedule); SPMD-only plans are the 1-stage case on the whole cluster; uniform
+//      Megatron-like partitions are enumerated too;
+//   4. every candidate is simulated with the chosen schedule (sim::simulate), cross-stage tensors
+//      are resharded by the reshard planner (its simulated time is the send time), and the fastest
+//      feasible one is returned; the others are kept as alternatives.
+// Megatron-style manual layouts (megatron_plan) are evaluated with the same cost model.
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "weft/cluster/cluster.hpp"
+#include "weft/ir/graph.hpp"
+#include "weft/plan/plan.hpp"
+
+namespace weft::plan {
+
+enum class SpmdLevel { O2, O3 };
+
+struct PlanProgress {
+  std::string phase;  // "grouping", "spmd", "partition", "simulate", "baseline", "done"
+  double fraction = 0;
+  std::string message;
+};
+
+struct PlanOptions {
+  std::string schedule = "1f1b";  // "1f1b", "gpipe", "kfkb", "eager_1f1b", "interleaved", "zb_h1"
+  int schedule_k = 2;             // kFkB group size
+  int schedule_v = 2;             // interleaved virtual stages per device
+  int num_microbatches = 8;       // >= 1
+  int num_blocks = 0;             // layer-grouping blocks; 0 = auto (min(forward-op runs, 16))
+  int max_stages = 0;             // 0 = no limit
+  SpmdLevel spmd_level = SpmdLevel::O2;
+  double spmd_time_limit_s = 2;   // per ILP of an SPMD search
+  double spmd_relative_gap = 0.02;  // per ILP of an SPMD search
+  double time_limit_s = 300;      // whole planning; weft::Error when exceeded
+  double memory_limit = 0;        // bytes per device; 0 = the device's memory
+  double memory_fraction = 0.9;   // usable part of memory_limit (fragmentation, workspace)
+  // Search space limits (the fast path for huge models / clusters):
+  bool whole_nodes_only = false;   // submeshes of whole nodes only (no slices of a node)
+  bool power_of_two_nodes = false; // submeshes of 1, 2, 4, ... nodes only
+  int max_logical_shapes = 0;      // per submesh, 0 = all 2-D shapes with the minor axis in a node
+  bool pipeline = true;            // consider pipelines (false: SPMD only)
+  bool uniform_partitions = true;  // also simulate equal-block partitions (Megatron-like shapes)
+  bool compare_megatron = true;    // evaluate the Megatron-style baseline and list it
+  int max_alternatives = 12;
+  std::function<void(const PlanProgress&)> progress;
+};
+
+// Plans a training graph (one micro-batch; see plan.hpp) on a cluster. Throws weft::Error on bad
+// options, when the model cannot fit in the cluster's total memory (the message says how many
+// bytes are missing) or when no candidate fits.
+Plan make_plan(const ir::Graph& training_graph, const cluster::Cluster& cluster, const PlanOptions& options = {});
+
+// A Megatron-LM style manual layout: tensor parallel t inside a node (t divides the GPUs per node),
+// pipeline p (equal FLOP split of the blocks, contiguous device ranges), data parallel d on the
+// rest (t·p·d = devices). Each stage runs on a logical mesh (d, t) with the inputs forced
+// batch-sharded on d; the split on t is the SPMD search's (which finds Megatron's column/row
+// split on GPT blocks). Same cost model, schedule and memory rule as make_plan.
+struct MegatronLayout {
+  int t = 1, p = 1, d = 1;
+  std::string to_string() const;  // "t=4 p=2 d=2"
+  bool operator==(const MegatronLayout&) const = default;
+};
+std::vector<MegatronLayout> megatron_layouts(const cluster::Cluster& cluster, int max_p = 0);
+// The plan of one layout; weft::Error when it does not fit in memory (message says why).
+Plan megatron_plan(const ir::Graph& training_graph, const cluster::Cluster& cluster, const MegatronLayout& layout,
+                   const PlanOptions& options = {});
+// Every layout evaluated; the best feasible plan first in `alternatives`, weft::Error when none fits.
+Plan best_megatron_plan(const ir::Graph& training_graph, const cluster::Cluster& cluster,
+                        const PlanOptions& options = {});
+
+// Bytes per device of state that cannot be split below its total / devices: parameters, their
+// gradients and optimizer states of the whole model.
+double model_state_bytes(const ir::Graph& training_graph);
+
+// The object form (for callers that keep options around).
+class Planner {
+ public:
+  explicit Planner(PlanOptions options = {}) : options_(std::move(options)) {}
+  Plan plan(const ir::Graph& training_graph, const cluster::Cluster& cluster) const {
+    return make_plan(training_graph, cluster, options_);
+  }
+  const PlanOptions& options() const { return options_; }
+
+ private:
+  PlanOptions options_;
+};
+
+}  // namespace weft::plan

@@ -1,0 +1,390 @@
+// plan::Plan: JSON (exact round trip: doubles are written with max_digits10 by nlohmann), the
+// readable summary, and the pipeline the simulator runs for a plan (so that the stored step time
+// can be checked independently from the stored stage numbers).
+#include "weft/plan/plan.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+
+#include "weft/core/error.hpp"
+
+namespace weft::plan {
+
+using nlohmann::json;
+
+namespace {
+
+json to_j(const ParamSpec& p) {
+  return json{{"name", p.name}, {"shape", p.shape}, {"spec", p.spec}, {"bytes_per_device", p.bytes_per_device}};
+}
+
+json to_j(const Stage& s) {
+  json params = json::array();
+  for (const auto& p : s.params) params.push_back(to_j(p));
+  return json{{"index", s.index},
+              {"first_block", s.first_block},
+              {"last_block", s.last_block},
+              {"ops", s.ops},
+              {"devices", s.devices},
+              {"mesh_shape", s.mesh_shape},
+              {"params", params},
+              {"forward_time", s.forward_time},
+              {"backward_time", s.backward_time},
+              {"weight_time", s.weight_time},
+              {"optimizer_time", s.optimizer_time},
+              {"compute_time", s.compute_time},
+              {"comm_time", s.comm_time},
+              {"static_memory", s.static_memory},
+              {"activation_memory", s.activation_memory},
+              {"transient_memory", s.transient_memory},
+              {"in_flight", s.in_flight},
+              {"peak_memory", s.peak_memory}};
+}
+
+json to_j(const CrossTensor& c) {
+  return json{{"name", c.name},
+              {"from_stage", c.from_stage},
+              {"to_stage", c.to_stage},
+              {"shape", c.shape},
+              {"dtype", c.dtype},
+              {"bytes", c.bytes},
+              {"src_spec", c.src_spec},
+              {"dst_spec", c.dst_spec},
+              {"reshard_time", c.reshard_time},
+              {"lower_bound", c.lower_bound},
+              {"reshard_summary", c.reshard_summary}};
+}
+
+json to_j(const Alternative& a) {
+  return json{{"strategy", a.strategy}, {"layout", a.layout},       {"step_time", a.step_time},
+              {"peak_memory", a.peak_memory}, {"feasible", a.feasible}, {"note", a.note}};
+}
+
+// Typed field access with the JSON path in the error.
+template <typename T>
+T field(const json& j, const char* key, const std::string& path) {
+  WEFT_CHECK(j.is_object(), "Plan JSON: {} must be an object", path);
+  auto it = j.find(key);
+  WEFT_CHECK(it != j.end(), "Plan JSON: missing field {}.{}", path, key);
+  try {
+    return it->get<T>();
+  } catch (const json::exception& e) {
+    fail("Plan JSON: field {}.{} has the wrong type ({})", path, key, e.what());
+  }
+}
+
+const json& array_field(const json& j, const char* key, const std::string& path) {
+  WEFT_CHECK(j.is_object(), "Plan JSON: {} must be an object", path);
+  auto it = j.find(key);
+  WEFT_CHECK(it != j.end(), "Plan JSON: missing field {}.{}", path, key);
+  WEFT_CHECK(it->is_array(), "Plan JSON: field {}.{} must be an array", path, key);
+  return *it;
+}
+
+ParamSpec param_from(const json& j, const std::string& path) {
+  ParamSpec p;
+  p.name = field<std::string>(j, "name", path);
+  p.shape = field<std::vector<std::int64_t>>(j, "shape", path);
+  p.spec = field<std::string>(j, "spec", path);
+  p.bytes_per_device = field<double>(j, "bytes_per_device", path);
+  return p;
+}
+
+Stage stage_from(const json& j, const std::string& path) {
+  Stage s;
+  s.index = field<int>(j, "index", path);
+  s.first_block = field<int>(j, "first_block", path);
+  s.last_block = field<int>(j, "last_block", path);
+  s.ops = field<std::vector<std::string>>(j, "ops", path);
+  s.devices = field<std::vector<int>>(j, "devices", path);
+  s.mesh_shape = field<std::vector<std::int64_t>>(j, "mesh_shape", path);
+  const auto& ps = array_field(j, "params", path);
+  for (std::size_t i = 0; i < ps.size(); ++i) s.params.push_back(param_from(ps[i], fmt::format("{}.params[{}]", path, i)));
+  s.forward_time = field<double>(j, "forward_time", path);
+  s.backward_time = field<double>(j, "backward_time", path);
+  s.weight_time = field<double>(j, "weight_time", path);
+  s.optimizer_time = field<double>(j, "optimizer_time", path);
+  s.compute_time = field<double>(j, "compute_time", path);
+  s.comm_time = field<double>(j, "comm_time", path);
+  s.static_memory = field<double>(j, "static_memory", path);
+  s.activation_memory = field<double>(j, "activation_memory", path);
+  s.transient_memory = field<double>(j, "transient_memory", path);
+  s.in_flight = field<int>(j, "in_flight", path);
+  s.peak_memory = field<double>(j, "peak_memory", path);
+  WEFT_CHECK(s.forward_time >= 0 && s.backward_time >= 0 && s.weight_time >= 0 && s.optimizer_time >= 0 &&
+                 s.weight_time <= s.backward_time,
+             "Plan JSON: {} has negative times or weight_time > backward_time", path);
+  std::int64_t prod = 1;
+  for (auto x : s.mesh_shape) prod *= x;
+  WEFT_CHECK(!s.devices.empty() && prod == static_cast<std::int64_t>(s.devices.size()),
+             "Plan JSON: {}.mesh_shape holds {} devices but devices lists {}", path, prod, s.devices.size());
+  return s;
+}
+
+CrossTensor cross_from(const json& j, const std::string& path) {
+  CrossTensor c;
+  c.name = field<std::string>(j, "name", path);
+  c.from_stage = field<int>(j, "from_stage", path);
+  c.to_stage = field<int>(j, "to_stage", path);
+  c.shape = field<std::vector<std::int64_t>>(j, "shape", path);
+  c.dtype = field<std::string>(j, "dtype", path);
+  c.bytes = field<std::int64_t>(j, "bytes", path);
+  c.src_spec = field<std::string>(j, "src_spec", path);
+  c.dst_spec = field<std::string>(j, "dst_spec", path);
+  c.reshard_time = field<double>(j, "reshard_time", path);
+  c.lower_bound = field<double>(j, "lower_bound", path);
+  c.reshard_summary = field<std::string>(j, "reshard_summary", path);
+  return c;
+}
+
+Alternative alt_from(const json& j, const std::string& path) {
+  Alternative a;
+  a.strategy = field<std::string>(j, "strategy", path);
+  a.layout = field<std::string>(j, "layout", path);
+  a.step_time = field<double>(j, "step_time", path);
+  a.peak_memory = field<double>(j, "peak_memory", path);
+  a.feasible = field<bool>(j, "feasible", path);
+  a.note = field<std::string>(j, "note", path);
+  return a;
+}
+
+std::string gb(double b) { return fmt::format("{:.2f} GB", b / 1e9); }
+std::string ms(double s) { return fmt::format("{:.2f} ms", s * 1e3); }
+
+}  // namespace
+
+std::string Plan::to_json() const {
+  json stages_j = json::array(), cross_j = json::array(), alts_j = json::array();
+  for (const auto& s : stages) stages_j.push_back(to_j(s));
+  for (const auto& c : cross_tensors) cross_j.push_back(to_j(c));
+  for (const auto& a : alternatives) alts_j.push_back(to_j(a));
+  json j{{"format", "weft.plan/1"},
+         {"model", model},
+         {"cluster", cluster},
+         {"strategy", strategy},
+         {"schedule", schedule},
+         {"schedule_k", schedule_k},
+         {"schedule_v", schedule_v},
+         {"num_microbatches", num_microbatches},
+         {"microbatch_size", microbatch_size},
+         {"data_parallel", data_parallel},
+         {"num_blocks", num_blocks},
+         {"stages", stages_j},
+         {"cross_tensors", cross_j},
+         {"send_time", send_time},
+         {"boundary_bytes", boundary_bytes},
+         {"step_time", step_time},
+         {"bubble_fraction", bubble_fraction},
+         {"throughput", throughput},
+         {"model_flops", model_flops},
+         {"cluster_peak_flops", cluster_peak_flops},
+         {"mfu", mfu},
+         {"peak_memory", peak_memory},
+         {"device_memory", device_memory},
+         {"devices_used", devices_used},
+         {"memory_limit", memory_limit},
+         {"plan_seconds", plan_seconds},
+         {"alternatives", alts_j}};
+  return j.dump(1);
+}
+
+Plan Plan::from_json(std::string_view text) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    fail("Plan JSON: not valid JSON ({})", e.what());
+  }
+  const std::string root = "plan";
+  WEFT_CHECK(j.is_object(), "Plan JSON: the document must be an object");
+  const auto fmt_tag = field<std::string>(j, "format", root);
+  WEFT_CHECK(fmt_tag == "weft.plan/1", "Plan JSON: unknown format '{}' (expected weft.plan/1)", fmt_tag);
+  Plan p;
+  p.model = field<std::string>(j, "model", root);
+  p.cluster = field<std::string>(j, "cluster", root);
+  p.strategy = field<std::string>(j, "strategy", root);
+  p.schedule = field<std::string>(j, "schedule", root);
+  p.schedule_k = field<int>(j, "schedule_k", root);
+  p.schedule_v = field<int>(j, "schedule_v", root);
+  p.num_microbatches = field<int>(j, "num_microbatches", root);
+  p.microbatch_size = field<std::int64_t>(j, "microbatch_size", root);
+  p.data_parallel = field<int>(j, "data_parallel", root);
+  p.num_blocks = field<int>(j, "num_blocks", root);
+  const auto& st = array_field(j, "stages", root);
+  for (std::size_t i = 0; i < st.size(); ++i) p.stages.push_back(stage_from(st[i], fmt::format("plan.stages[{}]", i)));
+  const auto& cr = array_field(j, "cross_tensors", root);
+  for (std::size_t i = 0; i < cr.size(); ++i)
+    p.cross_tensors.push_back(cross_from(cr[i], fmt::format("plan.cross_tensors[{}]", i)));
+  p.send_time = field<std::vector<double>>(j, "send_time", root);
+  p.boundary_bytes = field<std::vector<double>>(j, "boundary_bytes", root);
+  p.step_time = field<double>(j, "step_time", root);
+  p.bubble_fraction = field<double>(j, "bubble_fraction", root);
+  p.throughput = field<double>(j, "throughput", root);
+  p.model_flops = field<double>(j, "model_flops", root);
+  p.cluster_peak_flops = field<double>(j, "cluster_peak_flops", root);
+  p.mfu = field<double>(j, "mfu", root);
+  p.peak_memory = field<double>(j, "peak_memory", root);
+  p.device_memory = field<std::vector<double>>(j, "device_memory", root);
+  p.devices_used = field<std::vector<int>>(j, "devices_used", root);
+  p.memory_limit = field<double>(j, "memory_limit", root);
+  p.plan_seconds = field<double>(j, "plan_seconds", root);
+  const auto& al = array_field(j, "alternatives", root);
+  for (std::size_t i = 0; i < al.size(); ++i)
+    p.alternatives.push_back(alt_from(al[i], fmt::format("plan.alternatives[{}]", i)));
+  // Consistency.
+  WEFT_CHECK(!p.stages.empty(), "Plan JSON: plan.stages is empty");
+  WEFT_CHECK(p.num_microbatches >= 1, "Plan JSON: plan.num_microbatches must be >= 1");
+  const std::size_t nb = p.stages.size() - 1;
+  WEFT_CHECK(p.send_time.size() == nb && p.boundary_bytes.size() == nb,
+             "Plan JSON: plan.send_time and plan.boundary_bytes need {} entries (stages - 1)", nb);
+  for (std::size_t i = 0; i < p.stages.size(); ++i)
+    WEFT_CHECK(p.stages[i].index == static_cast<int>(i), "Plan JSON: plan.stages[{}].index is {}", i,
+               p.stages[i].index);
+  WEFT_CHECK(p.device_memory.size() == p.devices_used.size(),
+             "Plan JSON: plan.device_memory and plan.devices_used differ in length");
+  for (const auto& c : p.cross_tensors)
+    WEFT_CHECK(c.from_stage >= 0 && c.to_stage >= 0 && c.from_stage < p.num_stages() && c.to_stage < p.num_stages(),
+               "Plan JSON: cross tensor '{}' names a stage out of range", c.name);
+  // The schedule must be constructible.
+  (void)schedule_of(p);
+  return p;
+}
+
+std::string Plan::to_string() const {
+  return fmt::format("Plan({} on {}: {}, {} stage(s), {} x{} micro-batches of {}, step {:.4g} s, {:.4g} samples/s, "
+                     "MFU {:.1f}%, peak {:.3g} GB/device)",
+                     model, cluster, strategy, stages.size(), schedule, num_microbatches, microbatch_size, step_time,
+                     throughput, mfu * 100, peak_memory / 1e9);
+}
+
+std::string Plan::summary() const {
+  std::string s;
+  s += fmt::format("Plan for {} on {}\n", model, cluster);
+  s += fmt::format("  strategy      {} ({} stage{}, {} blocks)\n", strategy, stages.size(), stages.size() == 1 ? "" : "s",
+                   num_blocks);
+  s += fmt::format("  schedule      {}{}, {} micro-batches of {} samples (global batch {})\n", schedule,
+                   schedule == "kfkb"          ? fmt::format(" k={}", schedule_k)
+                   : schedule == "interleaved" ? fmt::format(" v={}", schedule_v)
+                                               : std::string(),
+                   num_microbatches, microbatch_size, num_microbatches * microbatch_size);
+  s += fmt::format("  step time     {:.4f} s  (bubble {:.1f}%)\n", step_time, bubble_fraction * 100);
+  s += fmt::format("  throughput    {:.2f} samples/s\n", throughput);
+  s += fmt::format("  MFU           {:.1f}%  ({:.3g} PFLOP per step over {:.3g} PFLOP/s peak)\n", mfu * 100,
+                   model_flops / 1e15, cluster_peak_flops / 1e15);
+  s += fmt::format("  peak memory   {} per device (usable {})\n", gb(peak_memory), gb(memory_limit));
+  s += "  stages:\n";
+  for (const auto& st : stages) {
+    std::string devs;
+    if (st.devices.size() <= 8) {
+      for (std::size_t i = 0; i < st.devices.size(); ++i) devs += (i ? "," : "") + std::to_string(st.devices[i]);
+    } else {
+      devs = fmt::format("{}..{} ({})", st.devices.front(), st.devices.back(), st.devices.size());
+    }
+    s += fmt::format("    [{}] blocks {}-{}, {} ops on devices {} as mesh ({})\n", st.index, st.first_block,
+                     st.last_block, st.ops.size(), devs, fmt::join(st.mesh_shape, "x"));
+    s += fmt::format("        F {} B {} (W {}) update {}; compute {} comm {} per micro-batch\n", ms(st.forward_time),
+                     ms(st.backward_time), ms(st.weight_time), ms(st.optimizer_time), ms(st.compute_time),
+                     ms(st.comm_time));
+    s += fmt::format("        memory: static {} + {} in flight x {} + transient {} = {}\n", gb(st.static_memory),
+                     st.in_flight, gb(st.activation_memory), gb(st.transient_memory), gb(st.peak_memory));
+    // The largest parameters' specs.
+    std::vector<const ParamSpec*> ps;
+    for (const auto& p : st.params) ps.push_back(&p);
+    std::stable_sort(ps.begin(), ps.end(), [](const ParamSpec* a, const ParamSpec* b) {
+      return a->bytes_per_device > b->bytes_per_device;
+    });
+    for (std::size_t i = 0; i < std::min<std::size_t>(4, ps.size()); ++i)
+      s += fmt::format("        {:<28} [{}] {}\n", ps[i]->name, fmt::join(ps[i]->shape, ","), ps[i]->spec);
+    if (ps.size() > 4) s += fmt::format("        ... {} parameters in all\n", ps.size());
+  }
+  if (!cross_tensors.empty()) {
+    s += "  cross-stage tensors:\n";
+    for (const auto& c : cross_tensors)
+      s += fmt::format("    {} {}->{} [{}] {}: {} -> {}, {} (bound {})\n", c.name, c.from_stage, c.to_stage,
+                       fmt::join(c.shape, ","), c.dtype, c.src_spec, c.dst_spec, ms(c.reshard_time), ms(c.lower_bound));
+  }
+  if (!alternatives.empty()) {
+    s += "  alternatives considered (best first):\n";
+    for (const auto& a : alternatives) {
+      if (a.feasible)
+        s += fmt::format("    {:<30} {:>10.4f} s  {:>8}  {}\n", a.strategy, a.step_time, gb(a.peak_memory), a.layout);
+      else
+        s += fmt::format("    {:<30} {:>10}    {}  {}\n", a.strategy, "infeasible", a.layout, a.note);
+    }
+  }
+  s += fmt::format("  planned in {:.2f} s\n", plan_seconds);
+  return s;
+}
+
+schedule::Schedule schedule_of(const Plan& p) {
+  const int S = p.num_stages();
+  const int M = p.num_microbatches;
+  WEFT_CHECK(S >= 1 && M >= 1, "plan: needs at least one stage and one micro-batch");
+  const auto& k = p.schedule;
+  if (k == "1f1b") return schedule::one_f_one_b(S, M);
+  if (k == "gpipe") return schedule::gpipe(S, M);
+  if (k == "kfkb") return schedule::kfkb(S, M, p.schedule_k);
+  if (k == "eager_1f1b") return schedule::eager_1f1b(S, M);
+  if (k == "zb_h1") return schedule::zb_h1(S, M);
+  if (k == "interleaved") {
+    WEFT_CHECK(M % S == 0, "plan: the interleaved schedule needs the micro-batches ({}) to be a multiple of the stages ({})",
+               M, S);
+    return schedule::interleaved_1f1b(S, p.schedule_v, M);
+  }
+  fail("plan: unknown schedule '{}'", k);
+}
+
+sim::Pipeline pipeline_of(const Plan& p) {
+  const int S = p.num_stages();
+  const bool split = p.schedule == "zb_h1";
+  const int v = p.schedule == "interleaved" ? p.schedule_v : 1;
+  sim::Pipeline pipe;
+  // Interleaved: logical stage c·S + d is chunk c of plan stage d, 1/v of its work (an
+  // approximation: the plan's stages are contiguous block ranges).
+  for (int c = 0; c < v; ++c)
+    for (int d = 0; d < S; ++d) {
+      const auto& st = p.stages[d];
+      sim::StageSpec ss;
+      ss.forward_time = st.forward_time / v;
+      ss.backward_time = (split ? st.backward_time - st.weight_time : st.backward_time) / v;
+      ss.weight_time = split ? st.weight_time / v : 0.0;
+      if (d + 1 < S)
+        ss.activation_bytes = std::max(1.0, p.boundary_bytes[d]);
+      else if (c + 1 < v && S > 1)  // the wrap-around hop to the next chunk
+        ss.activation_bytes = std::max(1.0, *std::max_element(p.boundary_bytes.begin(), p.boundary_bytes.end()));
+      else
+        ss.activation_bytes = 1.0;
+      ss.activation_memory = st.activation_memory / v;
+      ss.static_memory = (st.static_memory + st.transient_memory) / v;
+      ss.optimizer_time = st.optimizer_time / v;
+      pipe.stages.push_back(ss);
+    }
+  // Links: link d joins device d and d + 1; its transfer takes exactly send_time[d].
+  auto link = [&](double bytes, double t) {
+    sim::LinkSpec l;
+    l.bandwidth = t > 0 ? std::max(1.0, bytes) / t : 1e300;
+    l.latency = 0;
+    return l;
+  };
+  if (S > 1) {
+    for (int d = 0; d + 1 < S; ++d) pipe.links.push_back(link(p.boundary_bytes[d], p.send_time[d]));
+    if (v > 1) {
+      const double t = *std::max_element(p.send_time.begin(), p.send_time.end());
+      const double b = *std::max_element(p.boundary_bytes.begin(), p.boundary_bytes.end());
+      pipe.links.push_back(link(b, t));
+    }
+  }
+  return pipe;
+}
+
+sim::SimResult resimulate(const Plan& p) {
+  sim::SimOptions so;
+  so.record_timeline = false;
+  auto r = sim::simulate(schedule_of(p), pipeline_of(p), so);
+  WEFT_CHECK(!r.deadlock, "plan: the schedule deadlocks in simulation: {}", r.deadlock_report);
+  return r;
+}
+
+}  // namespace weft::plan

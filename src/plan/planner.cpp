@@ -1,0 +1,1122 @@
+// The planner (controller): training graph + cluster -> the fastest plan that fits in memory.
+//
+// Cost of a stage. The training graph is cut into L blocks (pipeline::group_layers). For a block b
+// and a logical mesh m, an SPMD search on the block's own graph (pipeline::extract_stage) gives
+// per micro-batch: compute and communication time, split into forward F_b, backward B_b (W_b of
+// it the weight gradients) and update U_b by op phase; static memory S_b (parameters + their
+// gradients + optimizer states under the chosen specs), activation memory A_b (forward tensors
+// read by the backward, per in-flight micro-batch) and the transient rest of the SPMD peak. The
+// stage of blocks i..j on m then costs
+//     t(i, j, m) = Σ_{b=i..j} (F_b + B_b),   memory(i, j, m, s) = Σ S_b + f(s)·Σ A_b + max transient,
+// with f(s) the peak in-flight micro-batches of a stage that has s − 1 stages after it (1F1B:
+// min(s, M); GPipe: M; eager 1F1B: min(2s − 1, M)). Results are cached by (block structure,
+// mesh links, variant): identical layers are solved once. Two variants per (block, mesh): the
+// fastest SPMD plan (no memory limit) and a lean one (memory limit usable / L per block); a
+// stage takes the fastest variant whose memory fits.
+//
+// Stage partition (Alpa §5.2 with the stage position): with M micro-batches a pipeline of stage
+// times t_1..t_S has latency ≈ Σ t_s + (M − 1)·max t_s. For each bound t_max (distinct stage
+// costs, ascending, thinned to a geometric grid) the DP
+//     G(s, k, d) = min_{j >= k, m: |m| <= d, t(k, j, m) <= t_max, memory(k, j, m, s) fits}
+//                      t(k, j, m) + G(s − 1, j + 1, d − |m|),     G(0, L, 0) = 0,
+// gives the least Σ t for every stage count s using exactly the D devices (s counts the stages
+// from k to the end, so the in-flight count of a stage is known when it is placed — the reason
+// this DP keeps s where pipeline::partition_dp does not). The best (t_max, s) per stage count
+// is a candidate; so are the equal-block partitions on every submesh size that divides D
+// (Megatron-like shapes). SPMD only = one stage on the whole cluster.
+//
+// Every candidate is materialised: stages placed on devices (pipeline::assign_submeshes),
+// tensors crossing stages resharded by the reshard planner (simulated time = send time), the
+// schedule simulated (sim::simulate). The lowest simulated step time wins.
+#include "weft/plan/planner.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <map>
+#include <numeric>
+#include <optional>
+#include <set>
+#include <unordered_map>
+
+#include "weft/cluster/device_mesh.hpp"
+#include "weft/core/error.hpp"
+#include "weft/cost/op_cost.hpp"
+#include "weft/pipeline/grouping.hpp"
+#include "weft/pipeline/submesh.hpp"
+#include "weft/reshard/decompose.hpp"
+#include "weft/reshard/plan.hpp"
+#include "weft/sharding/sharding_spec.hpp"
+#include "weft/spmd/search.hpp"
+
+namespace weft::plan {
+
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+bool is_state_leaf(const ir::TensorInfo& t) {
+  return t.producer == ir::kNoOp && (t.role == ir::Role::Parameter || t.role == ir::Role::OptimizerState);
+}
+
+std::int64_t graph_batch(const ir::Graph& g) {
+  for (const auto& t : g.tensors())
+    if (t.role == ir::Role::Input && t.producer == ir::kNoOp && t.rank() >= 1) return t.shape[0];
+  return 1;
+}
+
+// Peak in-flight micro-batches of a stage with `s` stages from it to the end (itself included).
+int in_flight(const std::string& schedule, int s, int M, int k) {
+  if (schedule == "gpipe") return M;
+  if (schedule == "eager_1f1b") return std::min(M, 2 * s - 1);
+  if (schedule == "kfkb") return std::min(M, s * std::max(1, k));
+  return std::min(M, s);  // 1f1b, zb_h1, interleaved (per device, approximately)
+}
+
+std::string mesh_text(const std::vector<std::int64_t>& shape) { return fmt::format("({})", fmt::join(shape, ",")); }
+
+// ---------------------------------------------------------------- per-block SPMD costs
+
+struct BlockCost {
+  bool ok = false;
+  std::string error;
+  double fwd = 0, bwd = 0, wgt = 0, upd = 0;  // per micro-batch (upd: per step)
+  double compute = 0, comm = 0;
+  double static_mem = 0, act_mem = 0, transient = 0;
+  std::vector<std::string> spec;    // per tensor of the block graph: spec text ("" = none)
+  std::vector<double> local_bytes;  // per tensor of the block graph
+};
+
+struct MeshOption {
+  pipeline::SubmeshShape submesh;
+  std::vector<std::int64_t> logical;  // 1-D when one axis would be 1
+  cluster::DeviceMesh mesh;           // canonical placement (first nodes / first devices)
+  std::string key;                    // shape + α-β of the axes + device kind
+};
+
+class Context {
+ public:
+  Context(const ir::Graph& g, const cluster::Cluster& c, const PlanOptions& o, double start)
+      : g_(g), c_(c), opt_(o), start_(start) {}
+
+  const ir::Graph& g_;
+  const cluster::Cluster& c_;
+  const PlanOptions& opt_;
+  double start_;
+  double usable_memory = 0;
+  int M = 1;
+  std::vector<pipeline::OpPhase> phase;
+  std::vector<char> weight_grad_op;  // backward op producing a parameter's gradient
+  pipeline::LayerGrouping grouping;
+  std::vector<pipeline::StageGraph> block_graph;
+  std::vector<std::string> block_key;
+  std::vector<double> block_state_bytes;  // Σ full bytes of params (×2 for grads) + states
+  std::map<std::string, BlockCost> cache;
+  int spmd_solves = 0;
+  double spmd_seconds = 0;
+
+  int L() const { return static_cast<int>(grouping.blocks.size()); }
+
+  void check_time(const char* where) const {
+    WEFT_CHECK(now_s() - start_ <= opt_.time_limit_s,
+               "make_plan: time limit of {} s exceeded during {} (raise PlanOptions.time_limit_s or narrow the "
+               "search: whole_nodes_only, power_of_two_nodes, max_logical_shapes, num_blocks)",
+               opt_.time_limit_s, where);
+  }
+  void progress(const std::string& phase_name, double f, const std::string& msg) const {
+    if (opt_.progress) opt_.progress({phase_name, std::clamp(f, 0.0, 1.0), msg});
+  }
+
+  void init_blocks(int num_blocks) {
+    phase = pipeline::classify_ops(g_);
+    weight_grad_op.assign(g_.ops().size(), 0);
+    for (ir::OpId o = 0; o < static_cast<ir::OpId>(g_.ops().size()); ++o) {
+      if (phase[o] != pipeline::OpPhase::Backward) continue;
+      for (ir::TensorId t : g_.op(o).outputs) {
+        auto of = g_.grad_of(t);
+        if (of && g_.tensor(*of).role == ir::Role::Parameter && g_.tensor(*of).producer == ir::kNoOp)
+          weight_grad_op[o] = 1;
+      }
+    }
+    grouping = pipeline::group_layers(g_, num_blocks);
+    block_graph.clear();
+    block_key.clear();
+    block_state_bytes.clear();
+    for (const auto& b : grouping.blocks) {
+      block_graph.push_back(pipeline::extract_stage_mapped(g_, b.ops));
+      block_key.push_back(structure_key(block_graph.back().graph));
+      double sb = 0;
+      for (const auto& t : block_graph.back().graph.tensors())
+        if (is_state_leaf(t)) sb += static_cast<double>(t.bytes()) * (t.role == ir::Role::Parameter ? 2.0 : 1.0);
+      block_state_bytes.push_back(sb);
+    }
+  }
+
+  // Structure of a block graph without names: kinds, attributes, shapes, dtypes, roles, wiring.
+  static std::string structure_key(const ir::Graph& bg) {
+    std::string k;
+    k.reserve(bg.ops().size() * 64);
+    for (const auto& t : bg.tensors())
+      k += fmt::format("t{}:{}:{}:{};", fmt::join(t.shape, ","), dtype_name(t.dtype), ir::role_name(t.role),
+                       t.producer);
+    for (const auto& op : bg.ops()) {
+      const auto& a = op.attrs;
+      k += fmt::format("o{}|{}|{}|{}|{}|{}|{}|{}|{}|{}>{};", ir::op_kind_name(op.kind), a.equation,
+                       static_cast<int>(a.unary), static_cast<int>(a.binary), static_cast<int>(a.reduce),
+                       fmt::join(a.axes, ","), fmt::join(a.ints, ","), a.scalar, fmt::join(a.scalars, ","),
+                       fmt::join(op.inputs, ","), fmt::join(op.outputs, ","));
+    }
+    for (auto t : bg.outputs()) k += fmt::format("out{};", t);
+    if (bg.loss()) k += fmt::format("loss{};", *bg.loss());
+    return k;
+  }
+
+  std::string mesh_key(const cluster::DeviceMesh& mesh) const {
+    std::string k = fmt::format("{}|{}|", fmt::join(mesh.shape(), "x"), c_.device(mesh.device_ids()[0]).spec.kind);
+    for (const auto& l : cluster::axis_links(c_, mesh))
+      k += fmt::format("{:.6g},{:.6g},{:.6g},{:.6g},{},{};", l.intra_alpha, l.intra_beta, l.inter_alpha, l.inter_beta,
+                       l.devices_per_node_on_axis, l.nodes_on_axis);
+    return k;
+  }
+
+  // variant 0: fastest; 1: lean (memory limit usable / L per block). forced_dp > 1: the inputs
+  // and boundary tensors are forced batch-sharded on mesh axis 0 (Megatron-style data parallel).
+  const BlockCost& block_cost(int b, const MeshOption& m, int variant, int forced_dp = 0) {
+    const std::string key = fmt::format("{}#{}#{}#{}", block_key[b], m.key, variant, forced_dp);
+    auto it = cache.find(key);
+    if (it != cache.end()) return remap(it->second, b);
+    check_time("the SPMD searches");
+    BlockCost bc;
+    const auto& sg = block_graph[b];
+    const ir::Graph& bg = sg.graph;
+    // A cheap lower bound first: state bytes cannot shrink below full / devices.
+    const double lb = block_state_bytes[b] / static_cast<double>(m.mesh.size());
+    if (lb > usable_memory) {
+      bc.error = fmt::format("block {} needs >= {:.3g} GB/device of parameter state on {} devices", b, lb / 1e9,
+                             m.mesh.size());
+      return cache.emplace(key, std::move(bc)).first->second;
+    }
+    spmd::SearchOptions so;
+    so.level = opt_.spmd_level == SpmdLevel::O3 ? spmd::Level::O3 : spmd::Level::O2;
+    so.time_limit_s = opt_.spmd_time_limit_s;
+    if (const char* e = std::getenv("WEFT_PLAN_TL")) so.time_limit_s = std::atof(e);
+    so.relative_gap = opt_.spmd_relative_gap;
+    so.memory_limit = variant == 0 ? -1.0 : usable_memory / std::max(1, L());
+    so.strided_candidates = false;
+    if (forced_dp > 0) {
+      for (const auto& t : bg.tensors()) {
+        if (t.producer != ir::kNoOp || is_state_leaf(t) || t.rank() < 1) continue;
+        if (t.role == ir::Role::Constant) continue;
+        if (bg.consumers(bg.find_tensor(t.name).value()).empty()) continue;
+        const bool two_d = m.mesh.ndim() == 2;
+        if (forced_dp > 1 && t.shape[0] % forced_dp == 0)
+          so.fixed_specs[t.name] = two_d ? "S(0) R" : "S(0)";
+        else
+          so.fixed_specs[t.name] = two_d ? "R R" : "R";
+      }
+    }
+    const double t0 = now_s();
+    try {
+      spmd::SpmdPlan p = spmd::spmd_search(bg, c_, m.mesh, so);
+      bc.ok = true;
+      if (std::getenv("WEFT_PLAN_DEBUG"))
+        for (const auto& [ph, sec] : p.report.phase_seconds) fmt::print(stderr, "   {} {:.3f}\n", ph, sec);
+      const auto& dev = c_.device(m.mesh.device_ids()[0]).spec;
+      double f = 0, bw = 0, w = 0, u = 0;
+      for (ir::OpId o = 0; o < static_cast<ir::OpId>(bg.ops().size()); ++o) {
+        const double t = cost::op_cost(bg, bg.op(o), dev, p.op_strategies[o].factor_shards).time;
+        const ir::OpId orig = sg.original_op[o];
+        switch (phase[orig]) {
+          case pipeline::OpPhase::Forward: f += t; break;
+          case pipeline::OpPhase::Backward:
+            bw += t;
+            if (weight_grad_op[orig]) w += t;
+            break;
+          case pipeline::OpPhase::Update: u += t; break;
+        }
+      }
+      const double total = f + bw + u;
+      const double comm = p.comm_time;
+      // Communication follows the compute it serves (no per-edge phase in the SPMD report).
+      const double cf = total > 0 ? f / total : 1.0, cb = total > 0 ? bw / total : 0.0, cu = total > 0 ? u / total : 0.0;
+      bc.fwd = f + comm * cf;
+      bc.bwd = bw + comm * cb;
+      bc.wgt = w + (bw > 0 ? comm * cb * (w / bw) : 0.0);
+      bc.upd = u + comm * cu;
+      bc.compute = f + bw;
+      bc.comm = comm * (cf + cb);
+      const int nt = static_cast<int>(bg.tensors().size());
+      bc.spec.assign(nt, "");
+      bc.local_bytes.assign(nt, 0.0);
+      for (int t = 0; t < nt; ++t) {
+        const auto& info = bg.tensor(t);
+        if (t < static_cast<int>(p.tensor_specs.size()) && p.tensor_specs[t]) {
+          bc.spec[t] = p.tensor_specs[t]->to_string();
+          bc.local_bytes[t] = static_cast<double>(p.tensor_specs[t]->max_local_elements()) * dtype_size(info.dtype);
+        } else {
+          bc.local_bytes[t] = static_cast<double>(info.bytes());
+        }
+      }
+      // Saved activations: forward results (and boundary inputs) that a backward op reads.
+      std::vector<char> read_by_bwd(nt, 0);
+      for (ir::OpId o = 0; o < static_cast<ir::OpId>(bg.ops().size()); ++o)
+        if (phase[sg.original_op[o]] == pipeline::OpPhase::Backward)
+          for (ir::TensorId t : bg.op(o).inputs) read_by_bwd[t] = 1;
+      for (int t = 0; t < nt; ++t) {
+        const auto& info = bg.tensor(t);
+        if (is_state_leaf(info)) {
+          bc.static_mem += bc.local_bytes[t] * (info.role == ir::Role::Parameter ? 2.0 : 1.0);
+          continue;
+        }
+        if (!read_by_bwd[t]) continue;
+        const bool fwd_result =
+            info.producer != ir::kNoOp && phase[sg.original_op[info.producer]] == pipeline::OpPhase::Forward;
+        const bool boundary_act = info.producer == ir::kNoOp && info.role == ir::Role::Activation;
+        const bool input = info.producer == ir::kNoOp && info.role == ir::Role::Input;
+        if (fwd_result || boundary_act || input) bc.act_mem += bc.local_bytes[t];
+      }
+      bc.transient = std::max(0.0, p.peak_memory - bc.static_mem - bc.act_mem);
+    } catch (const InternalError&) {
+      throw;
+    } catch (const Error& e) {
+      bc.ok = false;
+      bc.error = e.what();
+    }
+    spmd_seconds += now_s() - t0;
+    ++spmd_solves;
+    if (std::getenv("WEFT_PLAN_DEBUG"))
+      fmt::print(stderr, "spmd block {} ({} ops) mesh {} variant {} dp {}: {:.3f} s {}\n", b, bg.ops().size(),
+                 fmt::join(m.logical, "x"), variant, forced_dp, now_s() - t0, bc.ok ? "" : bc.error.substr(0, 120));
+    return cache.emplace(key, std::move(bc)).first->second;
+  }
+
+  // Cached results are per structure; specs are per tensor index of the block graph, which is the
+  // same for identical blocks, so nothing to remap.
+  static const BlockCost& remap(const BlockCost& c, int) { return c; }
+};
+
+// ---------------------------------------------------------------- mesh options
+
+std::vector<std::int64_t> canonical_logical(std::vector<std::int64_t> s) {
+  if (s.size() == 2 && s[0] == 1) return {s[1]};
+  if (s.size() == 2 && s[1] == 1) return {s[0]};
+  return s;
+}
+
+std::vector<int> canonical_devices(const cluster::Cluster& c, const pipeline::SubmeshShape& s) {
+  std::vector<int> ids;
+  for (int n = 0; n < s.nodes; ++n) {
+    auto d = c.devices_of_node(n);
+    ids.insert(ids.end(), d.begin(), d.begin() + s.devices_per_node);
+  }
+  return ids;
+}
+
+struct SubmeshOptions {
+  pipeline::SubmeshShape shape;
+  std::vector<MeshOption> meshes;
+};
+
+std::vector<SubmeshOptions> make_mesh_options(Context& ctx) {
+  const auto& c = ctx.c_;
+  const auto& o = ctx.opt_;
+  const int G = c.nodes()[0].num_devices;
+  std::vector<SubmeshOptions> out;
+  for (const auto& s : pipeline::submesh_shapes(c)) {
+    const bool whole = s.devices_per_node == G;
+    if (o.whole_nodes_only && !whole) continue;
+    if (o.power_of_two_nodes && whole && (s.nodes & (s.nodes - 1)) != 0) continue;
+    if (!o.pipeline && s.num_devices() != c.num_devices()) continue;
+    SubmeshOptions so{s, {}};
+    const auto ids = canonical_devices(c, s);
+    std::set<std::vector<std::int64_t>> seen;
+    for (auto ls : pipeline::logical_mesh_shapes(s)) {
+      // Minor axis inside a node (consecutive devices), like Megatron's tensor-parallel groups.
+      if (ls.size() == 2 && ls[0] > 1 && ls[1] > 1 && (G % ls[1]) != 0) continue;
+      auto cl = canonical_logical(ls);
+      if (!seen.insert(cl).second) continue;
+      cluster::DeviceMesh mesh(cl, ids);
+      so.meshes.push_back({s, cl, mesh, ctx.mesh_key(mesh)});
+    }
+    // 1-D first, then the 2-D shapes with the largest minor axis (tensor parallel inside a node).
+    std::stable_sort(so.meshes.begin(), so.meshes.end(), [](const MeshOption& a, const MeshOption& b) {
+      if (a.logical.size() != b.logical.size()) return a.logical.size() < b.logical.size();
+      return a.logical.back() > b.logical.back();
+    });
+    if (o.max_logical_shapes > 0 && static_cast<int>(so.meshes.size()) > o.max_logical_shapes)
+      so.meshes.erase(so.meshes.begin() + o.max_logical_shapes, so.meshes.end());
+    out.push_back(std::move(so));
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------- stage costs and candidates
+
+struct StageChoice {
+  int first = 0, last = 0;
+  int submesh = 0;  // index into the submesh options
+  int mesh = 0;     // index into its meshes
+  int variant = 0;
+  int forced_dp = 0;
+  double time = 0;  // F + B per micro-batch
+  double memory = 0;
+};
+
+struct Candidate {
+  std::string strategy;
+  std::vector<StageChoice> stages;
+  std::vector<std::vector<int>> devices;  // per stage, in logical row-major order
+  double proxy = 0;                       // Σ t + (M − 1) max t
+};
+
+struct StageAgg {
+  bool ok = false;
+  std::string error;
+  double fwd = 0, bwd = 0, wgt = 0, upd = 0, compute = 0, comm = 0;
+  double static_mem = 0, act_mem = 0, transient = 0;
+};
+
+StageAgg aggregate(Context& ctx, int first, int last, const MeshOption& m, int variant, int forced_dp) {
+  StageAgg a;
+  for (int b = first; b <= last; ++b) {
+    const BlockCost& bc = ctx.block_cost(b, m, variant, forced_dp);
+    if (!bc.ok) {
+      a.error = bc.error;
+      return a;
+    }
+    a.fwd += bc.fwd;
+    a.bwd += bc.bwd;
+    a.wgt += bc.wgt;
+    a.upd += bc.upd;
+    a.compute += bc.compute;
+    a.comm += bc.comm;
+    a.static_mem += bc.static_mem;
+    a.act_mem += bc.act_mem;
+    a.transient = std::max(a.transient, bc.transient);
+  }
+  a.ok = true;
+  return a;
+}
+
+double stage_memory(const StageAgg& a, int inflight) { return a.static_mem + inflight * a.act_mem + a.transient; }
+
+// Best (mesh, variant) of a stage on a submesh for a given in-flight count; nullopt when nothing fits.
+std::optional<StageChoice> best_stage(Context& ctx, const std::vector<SubmeshOptions>& subs, int first, int last,
+                                      int sub, int inflight, std::string* why = nullptr) {
+  std::optional<StageChoice> best;
+  // Quick reject: state bytes over the submesh's devices.
+  double state = 0;
+  for (int b = first; b <= last; ++b) state += ctx.block_state_bytes[b];
+  const int n = subs[sub].shape.num_devices();
+  if (state / n > ctx.usable_memory) {
+    if (why) *why = fmt::format("needs >= {:.3g} GB/device of parameter state", state / n / 1e9);
+    return best;
+  }
+  for (int mi = 0; mi < static_cast<int>(subs[sub].meshes.size()); ++mi) {
+    for (int v = 0; v < 2; ++v) {
+      StageAgg a = aggregate(ctx, first, last, subs[sub].meshes[mi], v, 0);
+      if (!a.ok) {
+        if (why) *why = a.error;
+        continue;
+      }
+      const double mem = stage_memory(a, inflight);
+      if (mem > ctx.usable_memory) {
+        if (why)
+          *why = fmt::format("needs {:.3g} GB/device > {:.3g} GB usable", mem / 1e9, ctx.usable_memory / 1e9);
+        continue;
+      }
+      const double t = a.fwd + a.bwd;
+      if (!best || t < best->time) best = StageChoice{first, last, sub, mi, v, 0, t, mem};
+      break;  // the fast variant fits: the lean one is not faster
+    }
+  }
+  return best;
+}
+
+// The DP described at the top of the file; returns the best candidate per stage count.
+std::vector<Candidate> partition_candidates(Context& ctx, const std::vector<SubmeshOptions>& subs) {
+  const int L = ctx.L();
+  const int D = ctx.c_.num_devices();
+  const int M = ctx.M;
+  int unit = 0;
+  for (const auto& s : subs) unit = std::gcd(unit, s.shape.num_devices());
+  const int DU = D / unit;
+  int S_max = std::min(L, D / std::max(1, subs.front().shape.num_devices()));
+  if (ctx.opt_.max_stages > 0) S_max = std::min(S_max, ctx.opt_.max_stages);
+  if (!ctx.opt_.pipeline) S_max = 1;
+  S_max = std::max(S_max, 1);
+  const int NS = static_cast<int>(subs.size());
+  // cost[s][k][j][m] (s = 1..S_max)
+  auto idx = [&](int s, int k, int j, int m) {
+    return ((static_cast<std::size_t>(s - 1) * L + k) * L + j) * NS + m;
+  };
+  std::vector<std::optional<StageChoice>> table(static_cast<std::size_t>(S_max) * L * L * NS);
+  std::vector<double> all_costs;
+  const int total_pairs = L * (L + 1) / 2;
+  int done = 0;
+  for (int k = 0; k < L; ++k)
+    for (int j = k; j < L; ++j, ++done) {
+      ctx.progress("spmd", 0.05 + 0.6 * done / std::max(1, total_pairs),
+                   fmt::format("stage costs: blocks {}-{} ({} SPMD searches so far)", k, j, ctx.spmd_solves));
+      for (int m = 0; m < NS; ++m) {
+        if (S_max == 1 && subs[m].shape.num_devices() != D) continue;
+        if (S_max == 1 && (k != 0 || j != L - 1)) continue;
+        std::optional<StageChoice> prev;
+        int prev_inflight = -1;
+        for (int s = 1; s <= S_max; ++s) {
+          const int inf = in_flight(ctx.opt_.schedule, s, M, ctx.opt_.schedule_k);
+          if (inf == prev_inflight) {
+            table[idx(s, k, j, m)] = prev;
+            continue;
+          }
+          // a stage with s-1 stages after it needs at least s-1 more blocks and devices
+          if (L - 1 - j < s - 1) break;
+          auto c = best_stage(ctx, subs, k, j, m, inf);
+          table[idx(s, k, j, m)] = c;
+          prev = c;
+          prev_inflight = inf;
+          if (c) all_costs.push_back(c->time);
+          if (!c) {
+            // more in flight never helps: the rest are infeasible too
+            break;
+          }
+        }
+      }
+    }
+  std::sort(all_costs.begin(), all_costs.end());
+  all_costs.erase(std::unique(all_costs.begin(), all_costs.end()), all_costs.end());
+  // Thin to a geometric grid (ratio 1.02) and at most 64 bounds: T within ~2% of the DP optimum.
+  std::vector<double> bounds;
+  for (double t : all_costs)
+    if (bounds.empty() || t > bounds.back() * 1.02) bounds.push_back(t);
+  if (!all_costs.empty() && bounds.back() != all_costs.back()) bounds.push_back(all_costs.back());
+  if (bounds.size() > 64) {
+    std::vector<double> thin;
+    for (std::size_t i = 0; i < 64; ++i) thin.push_back(bounds[i * (bounds.size() - 1) / 63]);
+    bounds = thin;
+  }
+  std::vector<double> best(S_max + 1, kInf);
+  std::vector<Candidate> best_cand(S_max + 1);
+  // G[s][k][d]
+  const std::size_t gsz = static_cast<std::size_t>(S_max + 1) * (L + 1) * (DU + 1);
+  std::vector<double> G(gsz);
+  std::vector<int> choice_j(gsz), choice_m(gsz);
+  auto gi = [&](int s, int k, int d) { return (static_cast<std::size_t>(s) * (L + 1) + k) * (DU + 1) + d; };
+  for (std::size_t bi = 0; bi < bounds.size(); ++bi) {
+    const double tmax = bounds[bi];
+    double worst_best = 0;
+    for (int s = 1; s <= S_max; ++s) worst_best = std::max(worst_best, best[s]);
+    if (M * tmax >= worst_best) break;
+    ctx.check_time("the stage partition");
+    std::fill(G.begin(), G.end(), kInf);
+    G[gi(0, L, 0)] = 0;
+    for (int s = 1; s <= S_max; ++s)
+      for (int k = L - 1; k >= 0; --k)
+        for (int d = 1; d <= DU; ++d) {
+          double bestv = kInf;
+          int bj = -1, bm = -1;
+          for (int j = k; j < L; ++j)
+            for (int m = 0; m < NS; ++m) {
+              const int du = subs[m].shape.num_devices() / unit;
+              if (du > d) continue;
+              const auto& c = table[idx(s, k, j, m)];
+              if (!c || c->time > tmax) continue;
+              const double rest = G[gi(s - 1, j + 1, d - du)];
+              if (rest == kInf) continue;
+              const double v = c->time + rest;
+              if (v < bestv) bestv = v, bj = j, bm = m;
+            }
+          G[gi(s, k, d)] = bestv;
+          choice_j[gi(s, k, d)] = bj;
+          choice_m[gi(s, k, d)] = bm;
+        }
+    for (int s = 1; s <= S_max; ++s) {
+      const double sum = G[gi(s, 0, DU)];
+      if (sum == kInf) continue;
+      const double T = sum + (M - 1) * tmax;
+      if (T >= best[s]) continue;
+      best[s] = T;
+      Candidate cand;
+      cand.strategy = s == 1 ? "spmd" : "pipeline";
+      cand.proxy = T;
+      int k = 0, d = DU, ss = s;
+      while (ss > 0) {
+        const int j = choice_j[gi(ss, k, d)], m = choice_m[gi(ss, k, d)];
+        cand.stages.push_back(*table[idx(ss, k, j, m)]);
+        d -= subs[m].shape.num_devices() / unit;
+        k = j + 1;
+        --ss;
+      }
+      best_cand[s] = std::move(cand);
+    }
+  }
+  std::vector<Candidate> out;
+  for (int s = 1; s <= S_max; ++s)
+    if (best[s] < kInf) out.push_back(std::move(best_cand[s]));
+  return out;
+}
+
+// Contiguous split of blocks into p groups minimising the max group FLOPs (exact DP, small L).
+std::vector<std::pair<int, int>> balanced_split(const pipeline::LayerGrouping& gr, int p) {
+  const int L = static_cast<int>(gr.blocks.size());
+  std::vector<double> pre(L + 1, 0);
+  for (int b = 0; b < L; ++b) pre[b + 1] = pre[b] + gr.blocks[b].compute_flops();
+  std::vector<std::vector<double>> F(p + 1, std::vector<double>(L + 1, kInf));
+  std::vector<std::vector<int>> arg(p + 1, std::vector<int>(L + 1, -1));
+  F[0][0] = 0;
+  for (int s = 1; s <= p; ++s)
+    for (int e = s; e <= L; ++e)
+      for (int b = s - 1; b < e; ++b) {
+        const double v = std::max(F[s - 1][b], pre[e] - pre[b]);
+        if (v < F[s][e]) F[s][e] = v, arg[s][e] = b;
+      }
+  std::vector<std::pair<int, int>> out(p);
+  int e = L;
+  for (int s = p; s >= 1; --s) {
+    const int b = arg[s][e];
+    out[s - 1] = {b, e - 1};
+    e = b;
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------- materialisation
+
+struct Built {
+  Plan plan;
+  bool feasible = false;
+  std::string note;
+};
+
+sharding::ShardingSpec parse_spec_or_replicated(const std::string& text, const std::vector<std::int64_t>& shape,
+                                                const std::vector<std::int64_t>& mesh) {
+  if (text.empty()) return sharding::ShardingSpec::replicated(shape, mesh);
+  auto s = sharding::ShardingSpec::parse(text, shape, mesh);
+  if (!s.has_partial()) return s;
+  // A partial result is reduced before it leaves its stage: what crosses is the reduced layout.
+  std::vector<sharding::Placement> pl = s.per_axis();
+  for (auto& p : pl)
+    if (p.kind == sharding::Placement::Partial) p = sharding::Placement::replicate();
+  return sharding::ShardingSpec(shape, mesh, pl);
+}
+
+DType graph_compute_dtype(const ir::Graph& g) {
+  double best = -1;
+  DType dt = DType::F32;
+  for (const auto& op : g.ops())
+    if (op.flops() > best) best = op.flops(), dt = cost::compute_dtype(g, op);
+  return dt;
+}
+
+Built materialise(Context& ctx, const std::vector<SubmeshOptions>& subs, const Candidate& cand,
+                  reshard::Balancer balancer) {
+  const ir::Graph& g = ctx.g_;
+  const auto& c = ctx.c_;
+  const auto& opt = ctx.opt_;
+  Built out;
+  Plan& p = out.plan;
+  p.model = g.name();
+  p.cluster = c.to_string();
+  p.strategy = cand.strategy;
+  p.schedule = opt.schedule;
+  p.schedule_k = opt.schedule_k;
+  p.schedule_v = opt.schedule_v;
+  p.num_microbatches = ctx.M;
+  p.microbatch_size = graph_batch(g);
+  p.data_parallel = 1;
+  p.num_blocks = ctx.L();
+  p.memory_limit = ctx.usable_memory;
+  const int S = static_cast<int>(cand.stages.size());
+  // Devices: explicit (baselines) or placed by the pipeline module.
+  std::vector<std::vector<int>> devs = cand.devices;
+  if (devs.empty()) {
+    std::vector<pipeline::SubmeshShape> shapes;
+    for (const auto& st : cand.stages) shapes.push_back(subs[st.submesh].shape);
+    for (const auto& pl : pipeline::assign_submeshes(c, shapes)) devs.push_back(pl.device_ids);
+  }
+  // Per stage: the mesh option used for costs, and the stage's mesh on its real devices.
+  std::vector<const MeshOption*> mopt(S);
+  std::vector<cluster::DeviceMesh> meshes;
+  std::vector<int> stage_of_op(g.ops().size(), -1);
+  std::vector<int> block_stage(ctx.L(), -1);
+  for (int s = 0; s < S; ++s) {
+    const auto& st = cand.stages[s];
+    mopt[s] = &subs[st.submesh].meshes[st.mesh];
+    meshes.emplace_back(mopt[s]->logical, devs[s]);
+    for (int b = st.first; b <= st.last; ++b) block_stage[b] = s;
+  }
+  for (ir::OpId o = 0; o < static_cast<ir::OpId>(g.ops().size()); ++o) {
+    const int b = ctx.grouping.block_of_op[o];
+    stage_of_op[o] = b >= 0 ? block_stage[b] : S - 1;
+  }
+  // Stages.
+  std::vector<std::map<std::string, std::pair<const BlockCost*, int>>> tensor_in_stage(S);  // name -> (cost, idx)
+  double peak = 0;
+  for (int s = 0; s < S; ++s) {
+    const auto& st = cand.stages[s];
+    Stage stage;
+    stage.index = s;
+    stage.first_block = st.first;
+    stage.last_block = st.last;
+    stage.devices = devs[s];
+    stage.mesh_shape = mopt[s]->logical;
+    StageAgg a = aggregate(ctx, st.first, st.last, *mopt[s], st.variant, st.forced_dp);
+    WEFT_ASSERT(a.ok, "a chosen stage has a failed block cost");
+    stage.forward_time = a.fwd;
+    stage.backward_time = a.bwd;
+    stage.weight_time = a.wgt;
+    stage.optimizer_time = a.upd;
+    stage.compute_time = a.compute;
+    stage.comm_time = a.comm;
+    stage.static_memory = a.static_mem;
+    stage.activation_memory = a.act_mem;
+    stage.transient_memory = a.transient;
+    for (int b = st.first; b <= st.last; ++b) {
+      const BlockCost& bc = ctx.block_cost(b, *mopt[s], st.variant, st.forced_dp);
+      const auto& bg = ctx.block_graph[b].graph;
+      for (int t = 0; t < static_cast<int>(bg.tensors().size()); ++t) {
+        const auto& info = bg.tensor(t);
+        tensor_in_stage[s].emplace(info.name, std::make_pair(&bc, t));
+        if (info.role == ir::Role::Parameter && info.producer == ir::kNoOp)
+          stage.params.push_back({info.name, info.shape, bc.spec[t], bc.local_bytes[t]});
+      }
+    }
+    std::sort(stage.params.begin(), stage.params.end(),
+              [](const ParamSpec& x, const ParamSpec& y) { return x.name < y.name; });
+    stage.params.erase(std::unique(stage.params.begin(), stage.params.end(),
+                                   [](const ParamSpec& x, const ParamSpec& y) { return x.name == y.name; }),
+                       stage.params.end());
+    for (ir::OpId o = 0; o < static_cast<ir::OpId>(g.ops().size()); ++o)
+      if (stage_of_op[o] == s) stage.ops.push_back(g.op(o).name);
+    p.stages.push_back(std::move(stage));
+  }
+  // Cross-stage tensors: read in stage b, produced in stage a != b.
+  std::map<std::pair<int, int>, std::vector<std::pair<ir::TensorId, std::pair<sharding::ShardingSpec, sharding::ShardingSpec>>>>
+      pairs;
+  std::vector<std::set<ir::TensorId>> seen(S);
+  for (ir::OpId o = 0; o < static_cast<ir::OpId>(g.ops().size()); ++o) {
+    const int b = stage_of_op[o];
+    for (ir::TensorId t : g.op(o).inputs) {
+      const auto& info = g.tensor(t);
+      if (info.producer == ir::kNoOp) continue;
+      const int a = stage_of_op[info.producer];
+      if (a == b || !seen[b].insert(t).second) continue;
+      auto src_it = tensor_in_stage[a].find(info.name);
+      auto dst_it = tensor_in_stage[b].find(info.name);
+      WEFT_ASSERT(src_it != tensor_in_stage[a].end() && dst_it != tensor_in_stage[b].end(),
+                  "a cross-stage tensor is missing from its stage graphs");
+      auto src = parse_spec_or_replicated(src_it->second.first->spec[src_it->second.second], info.shape,
+                                          meshes[a].shape());
+      auto dst = parse_spec_or_replicated(dst_it->second.first->spec[dst_it->second.second], info.shape,
+                                          meshes[b].shape());
+      pairs[{a, b}].push_back({t, {src, dst}});
+    }
+  }
+  const auto hosts = reshard::HostMap::from_cluster(c);
+  reshard::PlanOptions ro;
+  ro.balancer = balancer;
+  ro.time_limit_s = 0.5;
+  ro.dfs_node_limit = 20000;
+  ro.greedy_restarts = 4;
+  p.send_time.assign(std::max(0, S - 1), 0.0);
+  p.boundary_bytes.assign(std::max(0, S - 1), 0.0);
+  std::vector<double> fwd_time(std::max(0, S - 1), 0.0), bwd_time(std::max(0, S - 1), 0.0);
+  for (auto& [ab, list] : pairs) {
+    const auto [a, b] = ab;
+    std::vector<reshard::TensorReshard> trs;
+    for (auto& [t, specs] : list) {
+      const auto& info = g.tensor(t);
+      trs.emplace_back(info.shape, info.dtype, specs.first, meshes[a], specs.second, meshes[b]);
+    }
+    auto problem = reshard::make_problem(trs, hosts);
+    auto rp = reshard::plan(problem, ro);
+    double joint = rp.completion_time;
+    double total_bytes = 0;
+    for (std::size_t i = 0; i < list.size(); ++i) {
+      const auto& info = g.tensor(list[i].first);
+      CrossTensor ct;
+      ct.name = info.name;
+      ct.from_stage = a;
+      ct.to_stage = b;
+      ct.shape = info.shape;
+      ct.dtype = std::string(dtype_name(info.dtype));
+      ct.bytes = info.bytes();
+      ct.src_spec = list[i].second.first.to_string();
+      ct.dst_spec = list[i].second.second.to_string();
+      // Each tensor alone (for the report); the joint plan's time is what the pipeline pays.
+      auto one = reshard::plan(reshard::make_problem({trs[i]}, hosts), ro);
+      ct.reshard_time = one.completion_time;
+      ct.lower_bound = one.bound.value;
+      ct.reshard_summary = one.summary();
+      total_bytes += static_cast<double>(info.bytes());
+      p.cross_tensors.push_back(std::move(ct));
+    }
+    if (b == a + 1) {
+      fwd_time[a] += joint;
+      p.boundary_bytes[a] += total_bytes;
+    } else if (a == b + 1) {
+      bwd_time[b] += joint;
+    } else if (b > a) {
+      fwd_time[b - 1] += joint;  // a skip connection: its last hop lands on the boundary before b
+      p.boundary_bytes[b - 1] += total_bytes;
+    } else {
+      // A backward tensor to a non-adjacent earlier stage (e.g. a tied embedding's gradient):
+      // accumulated over the micro-batches and sent once per step, before b's update.
+      p.stages[b].optimizer_time += joint;
+    }
+  }
+  for (int i = 0; i + 1 < S; ++i) p.send_time[i] = std::max(fwd_time[i], bwd_time[i]);
+  // Memory per device under the schedule.
+  sim::SimResult r;
+  {
+    schedule::Schedule sched = schedule_of(p);
+    auto inflight = sched.peak_in_flight_device();
+    for (int s = 0; s < S; ++s) {
+      auto& st = p.stages[s];
+      const int dev = sched.device_of(s * sched.virtual_stages());
+      st.in_flight = dev < static_cast<int>(inflight.size()) ? inflight[dev] : ctx.M;
+      st.peak_memory = st.static_memory + st.in_flight * st.activation_memory + st.transient_memory;
+      peak = std::max(peak, st.peak_memory);
+      for (int d : st.devices) {
+        p.devices_used.push_back(d);
+        p.device_memory.push_back(st.peak_memory);
+      }
+    }
+    r = resimulate(p);
+  }
+  p.step_time = r.step_time;
+  p.bubble_fraction = r.bubble_fraction;
+  p.peak_memory = peak;
+  p.throughput = p.step_time > 0 ? static_cast<double>(p.num_microbatches * p.microbatch_size) / p.step_time : 0;
+  double model_flops = 0;
+  for (ir::OpId o = 0; o < static_cast<ir::OpId>(g.ops().size()); ++o)
+    if (ctx.phase[o] != pipeline::OpPhase::Update) model_flops += g.op(o).flops();
+  p.model_flops = model_flops * p.num_microbatches;
+  const DType dt = graph_compute_dtype(g);
+  p.cluster_peak_flops = 0;
+  for (int d : p.devices_used) {
+    const auto& spec = c.device(d).spec;
+    p.cluster_peak_flops += spec.peak_flops.count(dt) ? spec.peak(dt) : spec.peak(DType::F32);
+  }
+  p.mfu = p.step_time > 0 ? p.model_flops / (p.step_time * p.cluster_peak_flops) : 0;
+  out.feasible = peak <= ctx.usable_memory * (1 + 1e-9);
+  if (!out.feasible)
+    out.note = fmt::format("peak {:.3g} GB/device > {:.3g} GB usable", peak / 1e9, ctx.usable_memory / 1e9);
+  return out;
+}
+
+std::string layout_text(const Plan& p) {
+  std::string s = fmt::format("{} stage{}:", p.num_stages(), p.num_stages() == 1 ? "" : "s");
+  for (const auto& st : p.stages)
+    s += fmt::format(" [{}-{}]@{}dev{}", st.first_block, st.last_block, st.devices.size(), mesh_text(st.mesh_shape));
+  return s;
+}
+
+void validate_options(const PlanOptions& o, const cluster::Cluster& c) {
+  static const std::set<std::string> kinds{"1f1b", "gpipe", "kfkb", "eager_1f1b", "interleaved", "zb_h1"};
+  WEFT_CHECK(kinds.count(o.schedule), "make_plan: unknown schedule '{}' (1f1b, gpipe, kfkb, eager_1f1b, interleaved, zb_h1)",
+             o.schedule);
+  WEFT_CHECK(o.num_microbatches >= 1, "make_plan: num_microbatches must be >= 1 (got {})", o.num_microbatches);
+  WEFT_CHECK(o.num_blocks >= 0, "make_plan: num_blocks must be >= 0 (got {})", o.num_blocks);
+  WEFT_CHECK(o.max_stages >= 0, "make_plan: max_stages must be >= 0 (got {})", o.max_stages);
+  WEFT_CHECK(o.schedule_k >= 1 && o.schedule_v >= 1, "make_plan: schedule_k and schedule_v must be >= 1");
+  WEFT_CHECK(o.spmd_time_limit_s > 0 && o.time_limit_s > 0, "make_plan: time limits must be > 0");
+  WEFT_CHECK(o.memory_fraction > 0 && o.memory_fraction <= 1, "make_plan: memory_fraction must be in (0, 1]");
+  WEFT_CHECK(o.memory_limit >= 0, "make_plan: memory_limit must be >= 0 (0 = the device's memory)");
+  WEFT_CHECK(c.num_devices() >= 1, "make_plan: the cluster has no device");
+}
+
+double usable_memory_of(const PlanOptions& o, const cluster::Cluster& c) {
+  double mem = kInf;
+  for (const auto& d : c.devices()) mem = std::min(mem, d.spec.memory_bytes);
+  if (o.memory_limit > 0) mem = o.memory_limit;
+  return mem * o.memory_fraction;
+}
+
+int auto_blocks(const ir::Graph& g, const PlanOptions& o) {
+  if (o.num_blocks > 0) return o.num_blocks;
+  int fwd = 0;
+  for (auto ph : pipeline::classify_ops(g))
+    if (ph == pipeline::OpPhase::Forward) ++fwd;
+  return std::max(1, std::min(fwd, 16));
+}
+
+void check_total_memory(const ir::Graph& g, const cluster::Cluster& c, double usable) {
+  const double need = model_state_bytes(g);
+  const double have = usable * c.num_devices();
+  if (need > have)
+    fail("make_plan: the model cannot fit: its parameters, gradients and optimizer states need {:.4g} GB, "
+         "the cluster has {:.4g} GB usable ({} devices x {:.4g} GB): {:.4g} GB missing",
+         need / 1e9, have / 1e9, c.num_devices(), usable / 1e9, (need - have) / 1e9);
+}
+
+}  // namespace
+
+double model_state_bytes(const ir::Graph& g) {
+  double b = 0;
+  for (const auto& t : g.tensors())
+    if (is_state_leaf(t)) b += static_cast<double>(t.bytes()) * (t.role == ir::Role::Parameter ? 2.0 : 1.0);
+  return b;
+}
+
+std::string MegatronLayout::to_string() const { return fmt::format("t={} p={} d={}", t, p, d); }
+
+std::vector<MegatronLayout> megatron_layouts(const cluster::Cluster& c, int max_p) {
+  const int N = c.num_devices();
+  const int G = c.nodes().empty() ? 1 : c.nodes()[0].num_devices;
+  std::vector<MegatronLayout> out;
+  for (int t = 1; t <= G; ++t) {
+    if (G % t) continue;
+    for (int p = 1; p <= N / t; ++p) {
+      if ((N / t) % p) continue;
+      if (max_p > 0 && p > max_p) continue;
+      out.push_back({t, p, N / (t * p)});
+    }
+  }
+  return out;
+}
+
+namespace {
+
+// Setting up a context shared by make_plan and the baseline.
+struct Setup {
+  Context ctx;
+  std::vector<SubmeshOptions> subs;
+};
+
+Built megatron_build(Context& ctx, const MegatronLayout& lay) {
+  const auto& c = ctx.c_;
+  const int N = c.num_devices();
+  WEFT_CHECK(lay.t >= 1 && lay.p >= 1 && lay.d >= 1 && lay.t * lay.p * lay.d == N,
+             "megatron layout {}: t·p·d must equal the {} devices", lay.to_string(), N);
+  WEFT_CHECK(lay.p <= ctx.L(), "megatron layout {}: {} stages but only {} blocks", lay.to_string(), lay.p, ctx.L());
+  const int per = N / lay.p;
+  std::vector<std::int64_t> logical;
+  if (lay.d > 1) logical.push_back(lay.d);
+  if (lay.t > 1) logical.push_back(lay.t);
+  if (logical.empty()) logical.push_back(1);
+  // One MeshOption per stage on its real devices (costs depend on the links it spans).
+  std::vector<SubmeshOptions> subs;
+  Candidate cand;
+  cand.strategy = "megatron " + lay.to_string();
+  const auto split = balanced_split(ctx.grouping, lay.p);
+  for (int s = 0; s < lay.p; ++s) {
+    std::vector<int> ids(per);
+    std::iota(ids.begin(), ids.end(), s * per);
+    cluster::DeviceMesh mesh(logical, ids);
+    SubmeshOptions so;
+    so.shape = pipeline::SubmeshShape(1, per);
+    so.meshes.push_back({so.shape, logical, mesh, ctx.mesh_key(mesh)});
+    subs.push_back(std::move(so));
+    StageChoice sc;
+    sc.first = split[s].first;
+    sc.last = split[s].second;
+    sc.submesh = s;
+    sc.mesh = 0;
+    sc.variant = 0;
+    sc.forced_dp = std::max(1, lay.d);
+    cand.stages.push_back(sc);
+    cand.devices.push_back(ids);
+  }
+  // Fast variant, or lean when the fast one does not fit.
+  const int M = ctx.M;
+  for (int s = 0; s < lay.p; ++s) {
+    auto& sc = cand.stages[s];
+    const int inf = in_flight(ctx.opt_.schedule, lay.p - s, M, ctx.opt_.schedule_k);
+    StageAgg a0 = aggregate(ctx, sc.first, sc.last, subs[s].meshes[0], 0, sc.forced_dp);
+    if (a0.ok && stage_memory(a0, inf) <= ctx.usable_memory) continue;
+    StageAgg a1 = aggregate(ctx, sc.first, sc.last, subs[s].meshes[0], 1, sc.forced_dp);
+    if (a1.ok) {
+      sc.variant = 1;
+      continue;
+    }
+    Built b;
+    b.note = a0.ok ? fmt::format("stage {}: {:.3g} GB/device > {:.3g} GB usable", s, stage_memory(a0, inf) / 1e9,
+                                 ctx.usable_memory / 1e9)
+                   : fmt::format("stage {}: {}", s, a1.error.empty() ? a0.error : a1.error);
+    b.plan.strategy = cand.strategy;
+    return b;
+  }
+  Built b = materialise(ctx, subs, cand, reshard::Balancer::LargestFirst);
+  return b;
+}
+
+Alternative alternative_of(const Built& b) {
+  Alternative a;
+  a.strategy = b.plan.strategy;
+  a.layout = b.plan.stages.empty() ? "" : layout_text(b.plan);
+  a.feasible = b.feasible;
+  a.step_time = b.feasible ? b.plan.step_time : 0;
+  a.peak_memory = b.plan.peak_memory;
+  a.note = b.note;
+  return a;
+}
+
+void sort_alternatives(std::vector<Alternative>& alts, int max_n) {
+  std::stable_sort(alts.begin(), alts.end(), [](const Alternative& x, const Alternative& y) {
+    if (x.feasible != y.feasible) return x.feasible;
+    return x.step_time < y.step_time;
+  });
+  if (max_n > 0 && static_cast<int>(alts.size()) > max_n) alts.resize(static_cast<std::size_t>(max_n));
+}
+
+}  // namespace
+
+Plan megatron_plan(const ir::Graph& g, const cluster::Cluster& c, const MegatronLayout& layout, const PlanOptions& o) {
+  validate_options(o, c);
+  const double start = now_s();
+  Context ctx(g, c, o, start);
+  ctx.usable_memory = usable_memory_of(o, c);
+  ctx.M = o.num_microbatches;
+  check_total_memory(g, c, ctx.usable_memory);
+  ctx.init_blocks(auto_blocks(g, o));
+  Built b = megatron_build(ctx, layout);
+  WEFT_CHECK(b.feasible, "megatron layout {} does not fit: {}", layout.to_string(), b.note);
+  b.plan.plan_seconds = now_s() - start;
+  return b.plan;
+}
+
+Plan best_megatron_plan(const ir::Graph& g, const cluster::Cluster& c, const PlanOptions& o) {
+  validate_options(o, c);
+  const double start = now_s();
+  Context ctx(g, c, o, start);
+  ctx.usable_memory = usable_memory_of(o, c);
+  ctx.M = o.num_microbatches;
+  check_total_memory(g, c, ctx.usable_memory);
+  ctx.init_blocks(auto_blocks(g, o));
+  std::optional<Built> best;
+  std::vector<Alternative> alts;
+  const auto layouts = megatron_layouts(c, std::min(ctx.L(), o.max_stages > 0 ? o.max_stages : ctx.L()));
+  for (std::size_t i = 0; i < layouts.size(); ++i) {
+    ctx.progress("baseline", static_cast<double>(i) / layouts.size(), layouts[i].to_string());
+    Built b = megatron_build(ctx, layouts[i]);
+    alts.push_back(alternative_of(b));
+    if (b.feasible && (!best || b.plan.step_time < best->plan.step_time)) best = std::move(b);
+  }
+  WEFT_CHECK(best.has_value(), "no Megatron-style layout fits in memory ({} tried; first: {})", layouts.size(),
+             alts.empty() ? std::string("none") : alts.front().note);
+  sort_alternatives(alts, o.max_alternatives);
+  best->plan.alternatives = std::move(alts);
+  best->plan.plan_seconds = now_s() - start;
+  return best->plan;
+}
+
+Plan make_plan(const ir::Graph& g, const cluster::Cluster& c, const PlanOptions& o) {
+  validate_options(o, c);
+  const double start = now_s();
+  Context ctx(g, c, o, start);
+  ctx.usable_memory = usable_memory_of(o, c);
+  ctx.M = o.num_microbatches;
+  // Fail fast: parameter state alone over the whole cluster's memory.
+  check_total_memory(g, c, ctx.usable_memory);
+  WEFT_CHECK(c.homogeneous(),
+             "make_plan: heterogeneous clusters are not planned yet by make_plan (cluster {}); plan each kind "
+             "separately",
+             c.to_string());
+  ctx.progress("grouping", 0.0, "layer grouping");
+  ctx.init_blocks(auto_blocks(g, o));
+  auto subs = make_mesh_options(ctx);
+  WEFT_CHECK(!subs.empty(), "make_plan: no submesh left by the search limits");
+  // Candidates: DP per stage count, plus the uniform partitions.
+  std::vector<Candidate> cands = partition_candidates(ctx, subs);
+  if (o.uniform_partitions && o.pipeline) {
+    const int D = c.num_devices();
+    for (int si = 0; si < static_cast<int>(subs.size()); ++si) {
+      const int n = subs[si].shape.num_devices();
+      if (D % n) continue;
+      const int p = D / n;
+      if (p < 2 || p > ctx.L() || (o.max_stages > 0 && p > o.max_stages)) continue;
+      const auto split = balanced_split(ctx.grouping, p);
+      Candidate cand;
+      cand.strategy = "pipeline (uniform)";
+      bool ok = true;
+      for (int s = 0; s < p && ok; ++s) {
+        const int inf = in_flight(o.schedule, p - s, ctx.M, o.schedule_k);
+        auto sc = best_stage(ctx, subs, split[s].first, split[s].second, si, inf);
+        if (!sc) ok = false;
+        else cand.stages.push_back(*sc);
+      }
+      if (ok) cands.push_back(std::move(cand));
+    }
+  }
+  ctx.progress("simulate", 0.7, fmt::format("simulating {} candidates", cands.size()));
+  std::vector<Alternative> alts;
+  std::optional<Built> best;
+  std::optional<Candidate> best_cand;
+  for (std::size_t i = 0; i < cands.size(); ++i) {
+    ctx.check_time("simulation of the candidates");
+    Built b = materialise(ctx, subs, cands[i], reshard::Balancer::LargestFirst);
+    alts.push_back(alternative_of(b));
+    if (b.feasible && (!best || b.plan.step_time < best->plan.step_time)) {
+      best = std::move(b);
+      best_cand = cands[i];
+    }
+  }
+  // SPMD-only on every logical shape of the whole cluster, for the comparison (cheap: cached).
+  for (const auto& so : subs) {
+    if (so.shape.num_devices() != c.num_devices()) continue;
+    const int si = static_cast<int>(&so - subs.data());
+    for (int mi = 0; mi < static_cast<int>(so.meshes.size()); ++mi) {
+      Candidate cand;
+      cand.strategy = "spmd " + mesh_text(so.meshes[mi].logical);
+      bool ok = true;
+      std::string why;
+      StageAgg a = aggregate(ctx, 0, ctx.L() - 1, so.meshes[mi], 0, 0);
+      int variant = 0;
+      if (!a.ok || stage_memory(a, in_flight(o.schedule, 1, ctx.M, o.schedule_k)) > ctx.usable_memory) {
+        StageAgg a1 = aggregate(ctx, 0, ctx.L() - 1, so.meshes[mi], 1, 0);
+        if (a1.ok) variant = 1;
+        else ok = false, why = a1.error.empty() ? a.error : a1.error;
+      }
+      if (!ok) {
+        alts.push_back({cand.strategy, "1 stage", 0, 0, false, why});
+        continue;
+      }
+      cand.stages.push_back(StageChoice{0, ctx.L() - 1, si, mi, variant, 0, 0, 0});
+      Built b = materialise(ctx, subs, cand, reshard::Balancer::LargestFirst);
+      alts.push_back(alternative_of(b));
+      if (b.feasible && (!best || b.plan.step_time < best->plan.step_time)) {
+        best = std::move(b);
+        best_cand = cand;
+      }
+    }
+  }
+  if (o.compare_megatron) {
+    const auto layouts = megatron_layouts(c, std::min(ctx.L(), o.max_stages > 0 ? o.max_stages : ctx.L()));
+    for (std::size_t i = 0; i < layouts.size(); ++i) {
+      ctx.progress("baseline", 0.85 + 0.1 * static_cast<double>(i) / layouts.size(), layouts[i].to_string());
+      Built b = megatron_build(ctx, layouts[i]);
+      Alternative a = alternative_of(b);
+      a.strategy += " (baseline)";
+      alts.push_back(a);
+    }
+  }
+  if (!best) {
+    sort_alternatives(alts, 0);
+    std::string why;
+    for (std::size_t i = 0; i < std::min<std::size_t>(4, alts.size()); ++i)
+      why += fmt::format("\n  {} {}: {}", alts[i].strategy, alts[i].layout, alts[i].note);
+    fail("make_plan: no plan fits in {:.4g} GB per device for {} on {}; closest candidates:{}",
+         ctx.usable_memory / 1e9, g.name(), c.to_string(), why);
+  }
+  // The winner with the best resharding plans.
+  ctx.progress("simulate", 0.97, "final resharding plans");
+  Built fin = materialise(ctx, subs, *best_cand, reshard::Balancer::Best);
+  if (fin.feasible && fin.plan.step_time <= best->plan.step_time) best = std::move(fin);
+  sort_alternatives(alts, o.max_alternatives);
+  Plan p = std::move(best->plan);
+  p.alternatives = std::move(alts);
+  p.plan_seconds = now_s() - start;
+  ctx.progress("done", 1.0, fmt::format("{} SPMD searches in {:.2f} s", ctx.spmd_solves, ctx.spmd_seconds));
+  return p;
+}
+
+}  // namespace weft::plan

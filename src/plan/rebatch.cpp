@@ -1,0 +1,81 @@
+// Rebatching a graph (see rebatch.hpp): new leaf shapes, then every op in topological order
+// re-derived from its operands' new shapes by its rule; the result is validated as a whole.
+#include "weft/plan/rebatch.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "weft/core/error.hpp"
+#include "weft/ir/op_rules.hpp"
+
+namespace weft::plan {
+
+std::int64_t batch_size(const ir::Graph& g) {
+  std::int64_t b = -1;
+  for (const auto& t : g.tensors()) {
+    if (t.role != ir::Role::Input || t.producer != ir::kNoOp || t.rank() < 1) continue;
+    if (b < 0) b = t.shape[0];
+    WEFT_CHECK(t.shape[0] == b, "batch_size: graph '{}' has inputs with different leading sizes ({} and {} of '{}')",
+               g.name(), b, t.shape[0], t.name);
+  }
+  WEFT_CHECK(b >= 1, "batch_size: graph '{}' has no Input tensor with a batch dimension", g.name());
+  return b;
+}
+
+ir::Graph rebatch(const ir::Graph& g, std::int64_t nb) {
+  WEFT_CHECK(nb >= 1, "rebatch: the new batch must be >= 1 (got {})", nb);
+  const std::int64_t B = batch_size(g);
+  if (nb == B) return g;
+  std::vector<ir::TensorInfo> ts = g.tensors();
+  for (auto& t : ts) {
+    if (t.producer != ir::kNoOp || t.rank() < 1 || t.shape[0] != B) continue;
+    if (t.role == ir::Role::Input || t.role == ir::Role::Activation || t.role == ir::Role::Gradient) t.shape[0] = nb;
+  }
+  std::vector<ir::Op> ops = g.ops();
+  for (ir::OpId o : g.topo_order()) {
+    auto& op = ops[o];
+    const auto& old_op = g.op(o);
+    std::vector<ir::Shape> in;
+    std::vector<DType> dt;
+    bool batch_changed = false;
+    for (ir::TensorId t : op.inputs) {
+      in.push_back(ts[t].shape);
+      dt.push_back(ts[t].dtype);
+      const auto& old = g.tensor(t).shape;
+      if (!old.empty() && old[0] == B && ts[t].shape[0] == nb) batch_changed = true;
+    }
+    auto& ints = op.attrs.ints;
+    const bool shape_attr = op.kind == ir::OpKind::Reshape || op.kind == ir::OpKind::BroadcastTo ||
+                            op.kind == ir::OpKind::Opaque;
+    if (shape_attr && !ints.empty() && ints[0] == B) {
+      const bool inserts_dim0 = op.kind == ir::OpKind::BroadcastTo &&
+                                std::find(op.attrs.axes.begin(), op.attrs.axes.end(), 0) != op.attrs.axes.end();
+      if (batch_changed || inserts_dim0) ints[0] = nb;
+    }
+    ir::OpSignature sig;
+    try {
+      sig = ir::derive_signature(op.kind, op.attrs, in, dt, op.name);
+    } catch (const Error& e) {
+      fail("rebatch: graph '{}' cannot change batch {} -> {} at op '{}': {}", g.name(), B, nb, old_op.name, e.what());
+    }
+    WEFT_CHECK(sig.output_shapes.size() == op.outputs.size(), "rebatch: op '{}' changed its result count", op.name);
+    for (std::size_t i = 0; i < op.outputs.size(); ++i) ts[op.outputs[i]].shape = sig.output_shapes[i];
+    op.index_map = std::move(sig.index_map);
+  }
+  ir::Graph out(g.name());
+  for (auto& t : ts) out.add_tensor_unchecked(std::move(t));
+  for (auto& op : ops) out.add_op_unchecked(std::move(op));
+  for (ir::TensorId t : g.outputs()) out.mark_output(t);
+  if (g.loss()) out.set_loss(*g.loss());
+  for (ir::TensorId t = 0; t < static_cast<ir::TensorId>(g.tensors().size()); ++t)
+    if (auto of = g.grad_of(t)) out.set_grad_of(t, *of);
+  try {
+    out.validate();
+  } catch (const Error& e) {
+    fail("rebatch: graph '{}' at batch {} does not validate: {}", g.name(), nb, e.what());
+  }
+  return out;
+}
+
+}  // namespace weft::plan
