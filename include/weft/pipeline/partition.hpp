@@ -10,8 +10,9 @@
 //    over the distinct costs (ascending), a DP gives the least Σ t_s with every t_s <= t_max:
 //        G(k, d) = min_{j >= k, m: size(m) <= d, t(k, j, m) <= t_max} t(k, j, m) + G(j + 1, d − size(m)),
 //        G(L, 0) = 0,
-//    T* = min over t_max of G(0, D) + (B − 1)·t_max; the loop stops once B·t_max >= best (no
-//    solution whose max is t_max or more can beat it).
+//    T* = min over t_max of G(0, D) + (B − 1)·t_max; bounds with B·t_max >= best are dropped (no
+//    solution whose max is t_max or more can beat it), and the rest are searched by branch and
+//    bound on intervals of bounds (G is non-increasing in t_max), which is exact.
 //
 // 2. partition_ilp — Rhino §5 on the non-linear graph: integer stage per forward op, producers
 //    not after consumers, cut bytes per (tensor, destination stage), every stage's compute within

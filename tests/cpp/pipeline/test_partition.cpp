@@ -103,6 +103,38 @@ TEST_CASE("pipeline: partition_dp equals exhaustive enumeration on random costs"
   CHECK(thinned_checked == solved);
 }
 
+TEST_CASE("pipeline: partition_dp equals exhaustive enumeration on longer chains (branch and bound)") {
+  // Longer chains, two submesh sizes, many distinct costs: exercises the interval search.
+  std::mt19937_64 gen(23);
+  std::vector<SubmeshShape> sub{{1, 2}, {1, 4}};
+  const int trials = sanitized() ? 15 : 60;
+  int solved = 0;
+  for (int trial = 0; trial < trials; ++trial) {
+    const int L = 6 + static_cast<int>(gen() % 5);
+    const int B = 1 + static_cast<int>(gen() % 32);
+    std::uniform_real_distribution<double> u(0.5, 1.5);
+    std::vector<double> w(L);
+    for (auto& x : w) x = u(gen);
+    // Stage time: work / devices^0.8 + noise, so neither the largest mesh nor one stage always wins.
+    std::map<std::tuple<int, int, int>, double> noise;
+    StageCostFn fn = [&](int i, int j, int m) {
+      double work = 0;
+      for (int k = i; k <= j; ++k) work += w[k];
+      auto key = std::make_tuple(i, j, m);
+      if (!noise.count(key)) noise[key] = u(gen) * 0.1;
+      return StageCost{work / std::pow(sub[m].num_devices(), 0.8) + noise[key], 0, true};
+    };
+    DpOptions o;
+    o.num_microbatches = B;
+    auto ex = partition_dp_exhaustive(L, sub, 8, fn, o);
+    auto dp = partition_dp(L, sub, 8, fn, o);
+    CAPTURE(trial);
+    CHECK(dp.latency_s == doctest::Approx(ex.latency_s).epsilon(1e-12));
+    ++solved;
+  }
+  CHECK(solved == trials);
+}
+
 TEST_CASE("pipeline: partition_dp splits identical layers into equal stages on equal meshes") {
   for (auto [L, S] : std::vector<std::pair<int, int>>{{8, 4}, {12, 4}, {6, 2}, {9, 3}}) {
     std::vector<SubmeshShape> sub{{1, 2}};  // S equal meshes of 2 devices
