@@ -195,6 +195,7 @@ ModelProfile ModelProfile::from_builder(const std::function<ir::Graph(std::int64
   // Per group: static (params + gradients + optimizer state), stash, boundaries.
   const int ng = layers + 2;
   p.group_static_.assign(static_cast<std::size_t>(ng), 0.0);
+  p.group_params_.assign(static_cast<std::size_t>(ng), 0.0);
   p.group_stash_.assign(static_cast<std::size_t>(ng), {0.0, 0.0});
   for (std::size_t t = 0; t < g1.tensors().size(); ++t) {
     const ir::TensorInfo& ti = g1.tensors()[t];
@@ -212,6 +213,8 @@ ModelProfile ModelProfile::from_builder(const std::function<ir::Graph(std::int64
       continue;
     }
     p.group_static_[static_cast<std::size_t>(grp + 1)] += mult * static_cast<double>(ti.bytes());
+    if (ti.role == ir::Role::Parameter)
+      p.group_params_[static_cast<std::size_t>(grp + 1)] += static_cast<double>(ti.bytes());
   }
   std::vector<bool> read_by_backward(g1.tensors().size(), false);
   for (std::size_t i = nf; i < g1.ops().size(); ++i)
@@ -318,6 +321,11 @@ double ModelProfile::group_optimizer_time(int g, const cluster::Device& d,
 double ModelProfile::group_static_bytes(int g) const {
   WEFT_CHECK(g >= -1 && g <= num_layers_, "group {} out of range [-1, {}]", g, num_layers_);
   return group_static_[static_cast<std::size_t>(g + 1)];
+}
+
+double ModelProfile::group_param_bytes(int g) const {
+  WEFT_CHECK(g >= -1 && g <= num_layers_, "group {} out of range [-1, {}]", g, num_layers_);
+  return group_params_[static_cast<std::size_t>(g + 1)];
 }
 
 double ModelProfile::group_stash_bytes(int g, double m) const {
@@ -441,7 +449,10 @@ PipelineEvaluation evaluate_pipeline(const ModelProfile& model, const cluster::C
                                      const std::vector<int>& order, const std::vector<int>& layers,
                                      const PipelineOptions& opt) {
   check_ids(c, order);
-  const int S = static_cast<int>(order.size());
+  WEFT_CHECK(opt.replicas >= 1 && order.size() % static_cast<std::size_t>(opt.replicas) == 0,
+             "evaluate_pipeline: {} devices do not form {} replicas", order.size(), opt.replicas);
+  const int R = opt.replicas;
+  const int S = static_cast<int>(order.size()) / R;
   WEFT_CHECK(static_cast<int>(layers.size()) == S, "evaluate_pipeline: {} layer counts for {} stages",
              layers.size(), S);
   WEFT_CHECK(opt.micro_batch >= 1 && opt.num_micro >= 1, "micro_batch and num_micro must be >= 1");
@@ -454,41 +465,62 @@ PipelineEvaluation evaluate_pipeline(const ModelProfile& model, const cluster::C
              model.num_layers());
   const double m = static_cast<double>(opt.micro_batch);
   const auto& cal = opt.calibration;
+  auto dev = [&](int s, int j) -> const cluster::Device& {
+    return c.device(order[static_cast<std::size_t>(s * R + j)]);
+  };
   sim::Pipeline pipe;
   PipelineEvaluation e;
   e.device_order = order;
   e.layers = layers;
   int a = 0;
   for (int s = 0; s < S; ++s) {
-    const cluster::Device& d = c.device(order[static_cast<std::size_t>(s)]);
     std::vector<int> groups;
     if (s == 0) groups.push_back(-1);
     for (int l = a; l < a + layers[static_cast<std::size_t>(s)]; ++l) groups.push_back(l);
     if (s == S - 1) groups.push_back(model.num_layers());
     sim::StageSpec st;
     st.forward_time = st.backward_time = 0;
+    double params = 0;
+    for (int j = 0; j < R; ++j) {  // a stage of identical replicas runs at its slowest device
+      double f = 0, b = 0, o = 0;
+      for (int g : groups) {
+        f += model.group_time(g, m, dev(s, j), cal, true);
+        b += model.group_time(g, m, dev(s, j), cal, false);
+        o += model.group_optimizer_time(g, dev(s, j), cal);
+      }
+      st.forward_time = std::max(st.forward_time, f);
+      st.backward_time = std::max(st.backward_time, b);
+      st.optimizer_time = std::max(st.optimizer_time, o);
+    }
     for (int g : groups) {
-      st.forward_time += model.group_time(g, m, d, cal, true);
-      st.backward_time += model.group_time(g, m, d, cal, false);
-      st.optimizer_time += model.group_optimizer_time(g, d, cal);
       st.static_memory += model.group_static_bytes(g);
       st.activation_memory += model.group_stash_bytes(g, m);
+      params += model.group_param_bytes(g);
+    }
+    if (R > 1 && params > 0) {  // the stage's gradient all-reduce over its replicas
+      std::vector<int> ids(order.begin() + s * R, order.begin() + (s + 1) * R);
+      const cluster::DeviceMesh mesh({R}, ids);
+      st.optimizer_time += cluster::all_reduce_time(cost::calibrated_axis_links(c, mesh, cal).at(0), params);
     }
     a += layers[static_cast<std::size_t>(s)];
     if (s + 1 < S) st.activation_bytes = model.boundary_bytes(a - 1, m);
     e.stage_time.push_back(st.forward_time + st.backward_time);
     pipe.stages.push_back(st);
   }
-  if (S > 1) pipe.links = sim::links_from_cluster(c, order);
+  if (S > 1) {
+    std::vector<int> first;  // replica 0's devices; every replica has its own links
+    for (int s = 0; s < S; ++s) first.push_back(order[static_cast<std::size_t>(s * R)]);
+    pipe.links = sim::links_from_cluster(c, first);
+  }
   sim::SimOptions so;
   so.record_timeline = false;
   const sim::SimResult r = sim::simulate(schedule::one_f_one_b(S, opt.num_micro), pipe, so);
   WEFT_ASSERT(!r.deadlock, "1F1B deadlocked: " + r.deadlock_report);
   e.step_time = r.step_time;
-  e.throughput = static_cast<double>(opt.num_micro) * m / r.step_time;
+  e.throughput = static_cast<double>(R) * static_cast<double>(opt.num_micro) * m / r.step_time;
   for (int s = 0; s < S; ++s) {
     e.memory.push_back(r.peak_memory[static_cast<std::size_t>(s)]);
-    e.fits = e.fits && e.memory.back() <= c.device(order[static_cast<std::size_t>(s)]).spec.memory_bytes;
+    for (int j = 0; j < R; ++j) e.fits = e.fits && e.memory.back() <= dev(s, j).spec.memory_bytes;
   }
   return e;
 }
@@ -498,7 +530,10 @@ PipelineEvaluation balance_pipeline(const ModelProfile& model, const cluster::Cl
   check_ids(c, ids);
   WEFT_CHECK(model.num_layers() >= 1, "balance_pipeline: model {} has no layers to split", model.name());
   WEFT_CHECK(opt.micro_batch >= 1 && opt.num_micro >= 1, "micro_batch and num_micro must be >= 1");
-  const int S = static_cast<int>(ids.size());
+  WEFT_CHECK(opt.replicas >= 1 && ids.size() % static_cast<std::size_t>(opt.replicas) == 0,
+             "balance_pipeline: {} devices do not form {} replicas", ids.size(), opt.replicas);
+  const int R = opt.replicas;
+  const int S = static_cast<int>(ids.size()) / R;
   const double m = static_cast<double>(opt.micro_batch);
   const auto& cal = opt.calibration;
   const std::vector<DeviceCapacity> caps = capacities(c, ids, DType::F32, cal);
@@ -515,21 +550,26 @@ PipelineEvaluation balance_pipeline(const ModelProfile& model, const cluster::Cl
   std::vector<DeviceCapacity> devs;
   std::vector<LoadModel> loads;
   for (int s = 0; s < S; ++s) {
-    const cluster::Device& d = c.device(order[static_cast<std::size_t>(s)]);
-    double layer_time = 0;
-    for (int l = 0; l < L; ++l)
-      layer_time += model.group_time(l, m, d, cal, true) + model.group_time(l, m, d, cal, false);
-    layer_time /= L;
-    const double eff = layer_flops / layer_time;
     const double in_flight = std::min(opt.num_micro, S - s);  // 1F1B: stage s holds S − s micro-batches
-    double fixed_time = 0, stat = 0;
-    for (int g : {-1, L}) {
-      if ((g == -1 && s != 0) || (g == L && s != S - 1)) continue;
-      fixed_time += model.group_time(g, m, d, cal, true) + model.group_time(g, m, d, cal, false);
-      stat += model.group_static_bytes(g) + in_flight * model.group_stash_bytes(g, m);
+    double layer_time = 0, fixed_time = 0, memory = 0, stat = 0;
+    for (int j = 0; j < R; ++j) {  // the stage's replicas: slowest time, smallest memory
+      const cluster::Device& d = c.device(order[static_cast<std::size_t>(s * R + j)]);
+      double lt = 0, ft = 0;
+      for (int l = 0; l < L; ++l)
+        lt += model.group_time(l, m, d, cal, true) + model.group_time(l, m, d, cal, false);
+      for (int g : {-1, L})
+        if ((g == -1 && s == 0) || (g == L && s == S - 1))
+          ft += model.group_time(g, m, d, cal, true) + model.group_time(g, m, d, cal, false);
+      layer_time = std::max(layer_time, lt / L);
+      fixed_time = std::max(fixed_time, ft);
+      memory = j == 0 ? d.spec.memory_bytes : std::min(memory, d.spec.memory_bytes);
     }
-    devs.emplace_back(eff, d.spec.memory_bytes,
-                      fmt::format("stage{}:{}#{}", s, d.spec.kind, order[static_cast<std::size_t>(s)]));
+    for (int g : {-1, L})
+      if ((g == -1 && s == 0) || (g == L && s == S - 1))
+        stat += model.group_static_bytes(g) + in_flight * model.group_stash_bytes(g, m);
+    const double eff = layer_flops / layer_time;
+    const cluster::Device& d0 = c.device(order[static_cast<std::size_t>(s * R)]);
+    devs.emplace_back(eff, memory, fmt::format("stage{}:{}#{}", s, d0.spec.kind, d0.id));
     loads.emplace_back(layer_flops, stat, layer_static + in_flight * layer_stash, fixed_time * eff);
   }
   HeteroShares r = try_balance_load(devs, loads, L);

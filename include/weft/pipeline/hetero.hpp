@@ -149,6 +149,7 @@ class ModelProfile {
                     bool forward) const;  // F (forward) or B (backward) time
   double group_optimizer_time(int group, const cluster::Device& device, const cost::Calibration& cal) const;
   double group_static_bytes(int group) const;              // params + gradients + optimizer state
+  double group_param_bytes(int group) const;               // params alone (= its gradient all-reduce)
   double group_stash_bytes(int group, double m) const;     // forward activations the backward reads
   double boundary_bytes(int after_layer, double m) const;  // sent from layers ≤ l to layers > l
 
@@ -166,6 +167,7 @@ class ModelProfile {
   std::vector<OpLine> ops_;
   std::vector<std::pair<double, double>> memory_hull_;  // (A, C): peak(b) = max A + C·b
   std::vector<double> group_static_;                    // index group + 1
+  std::vector<double> group_params_;                    // index group + 1
   std::vector<std::pair<double, double>> group_stash_;  // affine per group
   std::vector<std::pair<double, double>> boundary_;     // affine per layer boundary
 };
@@ -203,14 +205,18 @@ struct PipelineOptions {
   cost::Calibration calibration{};
   std::int64_t micro_batch = 1;  // samples per micro-batch
   int num_micro = 8;             // micro-batches per step (1F1B)
+  // Nested data parallelism: `replicas` identical pipelines; stage s of replica j runs on
+  // device_order[s·replicas + j], and each stage all-reduces its gradients over its replicas
+  // after its last backward (α-β on those devices) before its optimizer step.
+  int replicas = 1;
 };
 struct PipelineEvaluation {
-  std::vector<int> device_order;   // stage s runs on device_order[s]
+  std::vector<int> device_order;   // stage s of replica j runs on device_order[s·replicas + j]
   std::vector<int> layers;         // per stage
   std::vector<double> stage_time;  // per stage: F + B per micro-batch
   std::vector<double> memory;      // per stage: static + peak in-flight × stash
   double step_time = 0;            // simulated 1F1B step
-  double throughput = 0;           // samples / s
+  double throughput = 0;           // samples / s, all replicas
   bool fits = true;
   std::string to_string() const;
 };
@@ -219,7 +225,9 @@ struct PipelineEvaluation {
 PipelineEvaluation evaluate_pipeline(const ModelProfile& model, const cluster::Cluster& cluster,
                                      const std::vector<int>& device_order, const std::vector<int>& layers,
                                      const PipelineOptions& options = {});
-// Devices in memory-descending order, layer counts by Algorithm 1 (unit = one layer; stage s
+// Devices in memory-descending order (with replicas: consecutive groups of `replicas` devices form
+// one stage, timed by its slowest device and bounded by its smallest memory), layer counts by
+// Algorithm 1 (unit = one layer; stage s
 // holds min(M, S−s) micro-batches' activations; the first stage also runs the embedding, the last
 // the head), then evaluated. Throws weft::Error when no split fits, with the missing memory.
 PipelineEvaluation balance_pipeline(const ModelProfile& model, const cluster::Cluster& cluster,

@@ -316,3 +316,26 @@ TEST_CASE("hetero: acceptance — pipeline on 4 V100 + 4 P100, BERT-large") {
   CHECK_THROWS_AS(evaluate_pipeline(p, c, bal.device_order, {24}, o), Error);
   CHECK_THROWS_AS(balance_pipeline(p, c, {0, 0}, o), Error);
 }
+
+TEST_CASE("hetero: pipeline with nested data parallelism (Whale's 4 stages x 2 replicas on 4+4)") {
+  const cluster::Cluster c = v100_p100();
+  const ModelProfile p = bert_large_128();
+  PipelineOptions o;
+  o.micro_batch = 8, o.num_micro = 16, o.replicas = 2;
+  const PipelineEvaluation bal = balance_pipeline(p, c, {8, 9, 10, 11, 0, 1, 2, 3}, o);
+  // Stages of two same-kind devices: V100 pairs on stages 0-1, P100 pairs on 2-3.
+  CHECK(bal.device_order == std::vector<int>{0, 1, 2, 3, 8, 9, 10, 11});
+  CHECK(bal.layers.size() == 4);
+  const PipelineEvaluation even = evaluate_pipeline(p, c, bal.device_order, even_layers(24, 4), o);
+  MESSAGE("4x2 even " << even.to_string() << "\n    balanced " << bal.to_string() << " ratio "
+                      << bal.throughput / even.throughput);
+  CHECK(bal.fits);
+  CHECK(bal.throughput >= 1.15 * even.throughput);
+  // Replication adds the stage gradient all-reduce: one replica's throughput is less than half.
+  PipelineOptions one = o;
+  one.replicas = 1;
+  const PipelineEvaluation single = evaluate_pipeline(p, c, {0, 2, 8, 10}, bal.layers, one);
+  CHECK(bal.throughput < 2 * single.throughput);
+  CHECK(bal.throughput > single.throughput);
+  CHECK_THROWS_AS(evaluate_pipeline(p, c, {0, 1, 2}, {24}, o), Error);
+}
