@@ -41,8 +41,9 @@ StageCostFn wrap_cost(py::function fn) {
   };
 }
 
-DpOptions dp_options(int b, double step, double limit) {
+DpOptions dp_options(int b, double step, double limit, bool bnb = true) {
   DpOptions o;
+  o.branch_and_bound = bnb;
   o.num_microbatches = b;
   o.t_max_relative_step = step;
   o.time_limit_s = limit;
@@ -166,11 +167,12 @@ void bind_pipeline(py::module_& root) {
   m.def(
       "partition_dp",
       [](int L, const std::vector<SubmeshShape>& sub, int D, py::function cost, int B, double step,
-         double limit) {
-        return partition_dp(L, sub, D, wrap_cost(std::move(cost)), dp_options(B, step, limit));
+         double limit, bool bnb) {
+        return partition_dp(L, sub, D, wrap_cost(std::move(cost)), dp_options(B, step, limit, bnb));
       },
       py::arg("num_blocks"), py::arg("submeshes"), py::arg("total_devices"), py::arg("cost"),
-      py::arg("num_microbatches") = 1, py::arg("t_max_relative_step") = 0.0, py::arg("time_limit_s") = 60.0);
+      py::arg("num_microbatches") = 1, py::arg("t_max_relative_step") = 0.0, py::arg("time_limit_s") = 60.0,
+      py::arg("branch_and_bound") = true);
   m.def(
       "partition_dp_exhaustive",
       [](int L, const std::vector<SubmeshShape>& sub, int D, py::function cost, int B) {

@@ -64,7 +64,8 @@ __all__ = [
 
 def partition_dp(num_blocks: int, cluster_or_submeshes, cost: Callable[[int, int, int], CostResult],
                  num_microbatches: int = 1, total_devices: Optional[int] = None,
-                 t_max_relative_step: float = 0.0, time_limit_s: float = 60.0) -> DpPartition:
+                 t_max_relative_step: float = 0.0, time_limit_s: float = 60.0,
+                 branch_and_bound: bool = True) -> DpPartition:
     """Alpa's stage construction DP over a chain of ``num_blocks`` blocks.
 
     ``cluster_or_submeshes`` is a :class:`weft.Cluster` (then the submeshes are
@@ -73,6 +74,7 @@ def partition_dp(num_blocks: int, cluster_or_submeshes, cost: Callable[[int, int
     returns None (infeasible), seconds per micro-batch (forward + backward), a :class:`StageCost`
     or a tuple ``(time_s, memory_bytes, fits_memory)``; it is called once per (first, last,
     submesh). Minimises Σ t + (B − 1)·max t with the stages' devices adding up to total_devices.
+    ``branch_and_bound=False`` scans every t_max candidate as Alpa does (same answer, slower).
     """
     if isinstance(cluster_or_submeshes, _weft.Cluster):
         subs: Sequence[SubmeshShape] = _p.submesh_shapes(cluster_or_submeshes)
@@ -83,7 +85,7 @@ def partition_dp(num_blocks: int, cluster_or_submeshes, cost: Callable[[int, int
         if total_devices is None:
             raise ValueError("partition_dp: total_devices is required with a list of submesh shapes")
     return _p.partition_dp(num_blocks, list(subs), int(total_devices), cost, num_microbatches,
-                           t_max_relative_step, time_limit_s)
+                           t_max_relative_step, time_limit_s, branch_and_bound)
 
 
 def dag(compute: Sequence[float], values: Sequence[tuple]) -> PartitionDag:

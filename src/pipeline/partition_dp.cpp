@@ -253,10 +253,13 @@ DpPartition partition_dp(int L, const std::vector<SubmeshShape>& sub, int D, con
     return G[i];
   };
   eval(0);
+  if (!options.branch_and_bound) {  // Alpa's scan: every candidate in ascending order
+    for (std::size_t i = 1; i < cand.size() && B * cand[i] < best; ++i) eval(i);
+  }
   // Candidates with B·t >= best cannot win (a solution with max t costs >= B·t).
   auto last = static_cast<std::size_t>(std::lower_bound(cand.begin(), cand.end(), best / B) - cand.begin());
   if (last > 0) --last;
-  if (last > 0) {
+  if (options.branch_and_bound && last > 0) {
     eval(last);
     std::vector<std::pair<std::size_t, std::size_t>> stack{{0, last}};
     while (!stack.empty()) {

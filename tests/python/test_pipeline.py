@@ -110,6 +110,8 @@ def test_partition_dp_matches_brute_force():
         p = wp.partition_dp(L, subs, cost, num_microbatches=B, total_devices=4)
         assert p.latency_s == pytest.approx(want)
         assert len(calls) == len(set(calls)) == L * (L + 1) // 2 * 3
+        scan = wp.partition_dp(L, subs, cost, num_microbatches=B, total_devices=4, branch_and_bound=False)
+        assert scan.latency_s == pytest.approx(want)
         assert sum(subs[s.submesh_index].num_devices for s in p.stages) == 4
         checked += 1
     assert checked > 10

@@ -49,7 +49,10 @@ struct DpOptions {
   // 0 = exact (every distinct cost is a candidate t_max). r > 0: candidates are thinned to a
   // geometric grid of ratio (1 + r) — T is then within a factor (1 + r) of the optimum.
   double t_max_relative_step = 0;
-  int max_stages = 0;        // 0 = no limit; else at most this many stages
+  int max_stages = 0;  // 0 = no limit; else at most this many stages
+  // true: branch and bound over the t_max candidates; false: Alpa's ascending scan of every
+  // candidate (same answer, kept for comparison).
+  bool branch_and_bound = true;
   double time_limit_s = 60;  // weft::Error when exceeded (no silent partial answer)
 };
 

@@ -130,6 +130,11 @@ TEST_CASE("pipeline: partition_dp equals exhaustive enumeration on longer chains
     auto dp = partition_dp(L, sub, 8, fn, o);
     CAPTURE(trial);
     CHECK(dp.latency_s == doctest::Approx(ex.latency_s).epsilon(1e-12));
+    DpOptions scan = o;
+    scan.branch_and_bound = false;
+    auto sc = partition_dp(L, sub, 8, fn, scan);
+    CHECK(sc.latency_s == doctest::Approx(ex.latency_s).epsilon(1e-12));
+    CHECK(dp.t_max_evaluated <= sc.t_max_evaluated + 2);
     ++solved;
   }
   CHECK(solved == trials);
