@@ -20,6 +20,7 @@
 #include <deque>
 #include <limits>
 #include <map>
+#include <string>
 #include <string_view>
 #include <unordered_map>
 
@@ -419,6 +420,83 @@ StageGraph extract_stage_mapped(const Graph& g, const std::vector<OpId>& ops_in)
 
 Graph extract_stage(const Graph& g, const std::vector<OpId>& ops) {
   return extract_stage_mapped(g, ops).graph;
+}
+
+namespace {
+
+// Canonical byte string of a graph without names: tensors renumbered by first appearance in op
+// order (leaves described by shape/dtype/role, produced tensors by (op position, result slot)).
+std::string canonical_form(const Graph& g) {
+  std::string out;
+  auto put = [&](const void* p, std::size_t n) { out.append(static_cast<const char*>(p), n); };
+  auto put_i = [&](std::int64_t v) { put(&v, sizeof v); };
+  auto put_d = [&](double v) { put(&v, sizeof v); };
+  auto put_s = [&](const std::string& s) {
+    put_i(static_cast<std::int64_t>(s.size()));
+    out += s;
+  };
+  std::vector<std::int64_t> local(g.tensors().size(), -1);
+  std::int64_t next = 0;
+  auto tensor = [&](TensorId t) {
+    const auto& ti = g.tensor(t);
+    if (local[t] < 0) {
+      local[t] = next++;
+      put_i(-1);
+      put_i(static_cast<std::int64_t>(ti.shape.size()));
+      for (auto d : ti.shape) put_i(d);
+      put_i(static_cast<std::int64_t>(ti.dtype));
+      put_i(static_cast<std::int64_t>(ti.role));
+    } else {
+      put_i(local[t]);
+    }
+  };
+  for (OpId o : g.topo_order()) {
+    const auto& op = g.op(o);
+    put_i(static_cast<std::int64_t>(op.kind));
+    const auto& a = op.attrs;
+    put_s(a.equation);
+    put_i(static_cast<std::int64_t>(a.unary));
+    put_i(static_cast<std::int64_t>(a.binary));
+    put_i(static_cast<std::int64_t>(a.reduce));
+    put_i(static_cast<std::int64_t>(a.axes.size()));
+    for (int x : a.axes) put_i(x);
+    put_i(static_cast<std::int64_t>(a.ints.size()));
+    for (auto x : a.ints) put_i(x);
+    put_d(a.scalar);
+    put_i(static_cast<std::int64_t>(a.scalars.size()));
+    for (double x : a.scalars) put_d(x);
+    put_i(static_cast<std::int64_t>(op.inputs.size()));
+    for (TensorId t : op.inputs) tensor(t);
+    put_i(static_cast<std::int64_t>(op.outputs.size()));
+    for (TensorId t : op.outputs) tensor(t);
+  }
+  auto mark = [&](TensorId t) { put_i(t >= 0 && t < static_cast<TensorId>(local.size()) ? local[t] : -2); };
+  put_i(static_cast<std::int64_t>(g.outputs().size()));
+  for (TensorId t : g.outputs()) mark(t);
+  mark(g.loss() ? *g.loss() : -3);
+  std::vector<std::pair<std::int64_t, std::int64_t>> grads;  // sorted: independent of tensor ids
+  for (TensorId t = 0; t < static_cast<TensorId>(g.tensors().size()); ++t)
+    if (auto of = g.grad_of(t)) grads.push_back({local[t], local[*of]});
+  std::sort(grads.begin(), grads.end());
+  for (auto [a, b] : grads) {
+    put_i(a);
+    put_i(b);
+  }
+  return out;
+}
+
+}  // namespace
+
+bool structurally_equal(const Graph& a, const Graph& b) { return canonical_form(a) == canonical_form(b); }
+
+std::uint64_t structural_hash(const Graph& g) {
+  // FNV-1a over the canonical form.
+  std::uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : canonical_form(g)) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
 }
 
 }  // namespace weft::pipeline

@@ -85,4 +85,11 @@ struct StageGraph {
 StageGraph extract_stage_mapped(const ir::Graph& graph, const std::vector<ir::OpId>& ops);
 ir::Graph extract_stage(const ir::Graph& graph, const std::vector<ir::OpId>& ops);
 
+// Structural identity of a (stage) graph, names ignored: op kinds, attributes, the wiring
+// between ops (by position), and the shape, dtype and role of every tensor, in op order. Two
+// graphs cut from identical layers of one model are equal, so a caller can solve one and reuse
+// the result (e.g. the SPMD search per (block range, submesh) in Alpa's stage DP).
+bool structurally_equal(const ir::Graph& a, const ir::Graph& b);
+std::uint64_t structural_hash(const ir::Graph& graph);  // equal graphs -> equal hashes
+
 }  // namespace weft::pipeline

@@ -263,3 +263,43 @@ TEST_CASE("pipeline: extract_stage runs a tiny GPT as two stages to the whole st
   CHECK_THROWS_AS(extract_stage(g, {0, 0}), Error);
   CHECK_THROWS_AS(extract_stage(g, {static_cast<OpId>(g.ops().size())}), Error);
 }
+
+TEST_CASE("pipeline: structural_hash identifies stages cut from identical layers") {
+  ir::Graph g = mlp_chain(4);
+  LayerGrouping lg = group_layers(g, 4);
+  std::vector<ir::Graph> st;
+  for (int b = 0; b < 4; ++b) st.push_back(extract_stage(g, lg.blocks[b].ops));
+  // Blocks 1 and 2 are the same layer (different names, ids and tensors); 0 has no dx, 3 the loss.
+  CHECK(st[1].op(0).name != st[2].op(0).name);
+  CHECK(structurally_equal(st[1], st[2]));
+  CHECK(structural_hash(st[1]) == structural_hash(st[2]));
+  CHECK(!structurally_equal(st[0], st[1]));
+  CHECK(!structurally_equal(st[2], st[3]));
+  CHECK(structural_hash(st[0]) != structural_hash(st[1]));
+  // Ranges of identical blocks too: [1, 2] vs itself only (no other range of two middle layers).
+  CHECK(structurally_equal(extract_stage(g, lg.ops_of_range(1, 2)), extract_stage(g, lg.ops_of_range(1, 2))));
+  CHECK(
+      !structurally_equal(extract_stage(g, lg.ops_of_range(0, 1)), extract_stage(g, lg.ops_of_range(1, 2))));
+  // A different width is a different structure.
+  ir::Graph h = mlp_chain(4, 8);
+  LayerGrouping lh = group_layers(h, 4);
+  CHECK(!structurally_equal(extract_stage(h, lh.blocks[1].ops), st[1]));
+  // GPT: two middle transformer layers, extracted by op-name prefix, are structurally equal.
+  ir::Graph gpt = tiny_gpt(4);  // h1 and h2 are middle layers (h3 feeds the final LN only)
+  auto layer_ops = [&](const std::string& prefix) {
+    auto owner = owner_forward_op(gpt);
+    std::vector<OpId> ops;
+    for (OpId o = 0; o < static_cast<OpId>(gpt.ops().size()); ++o)
+      if (gpt.op(owner[o]).name.rfind(prefix, 0) == 0) ops.push_back(o);
+    return ops;
+  };
+  auto l1 = layer_ops("h1."), l2 = layer_ops("h2.");
+  REQUIRE(l1.size() > 10);
+  CHECK(l1.size() == l2.size());
+  CHECK(structurally_equal(extract_stage(gpt, l1), extract_stage(gpt, l2)));
+  CHECK(structural_hash(extract_stage(gpt, l1)) == structural_hash(extract_stage(gpt, l2)));
+  auto l12 = l1;
+  l12.insert(l12.end(), l2.begin(), l2.end());
+  std::sort(l12.begin(), l12.end());
+  CHECK(!structurally_equal(extract_stage(gpt, l12), extract_stage(gpt, l1)));
+}
