@@ -17,7 +17,8 @@ using nlohmann::json;
 namespace {
 
 json to_j(const ParamSpec& p) {
-  return json{{"name", p.name}, {"shape", p.shape}, {"spec", p.spec}, {"bytes_per_device", p.bytes_per_device}};
+  return json{
+      {"name", p.name}, {"shape", p.shape}, {"spec", p.spec}, {"bytes_per_device", p.bytes_per_device}};
 }
 
 json to_j(const Stage& s) {
@@ -58,7 +59,7 @@ json to_j(const CrossTensor& c) {
 }
 
 json to_j(const Alternative& a) {
-  return json{{"strategy", a.strategy}, {"layout", a.layout},       {"step_time", a.step_time},
+  return json{{"strategy", a.strategy},       {"layout", a.layout},     {"step_time", a.step_time},
               {"peak_memory", a.peak_memory}, {"feasible", a.feasible}, {"note", a.note}};
 }
 
@@ -101,7 +102,8 @@ Stage stage_from(const json& j, const std::string& path) {
   s.devices = field<std::vector<int>>(j, "devices", path);
   s.mesh_shape = field<std::vector<std::int64_t>>(j, "mesh_shape", path);
   const auto& ps = array_field(j, "params", path);
-  for (std::size_t i = 0; i < ps.size(); ++i) s.params.push_back(param_from(ps[i], fmt::format("{}.params[{}]", path, i)));
+  for (std::size_t i = 0; i < ps.size(); ++i)
+    s.params.push_back(param_from(ps[i], fmt::format("{}.params[{}]", path, i)));
   s.forward_time = field<double>(j, "forward_time", path);
   s.backward_time = field<double>(j, "backward_time", path);
   s.weight_time = field<double>(j, "weight_time", path);
@@ -213,7 +215,8 @@ Plan Plan::from_json(std::string_view text) {
   p.data_parallel = field<int>(j, "data_parallel", root);
   p.num_blocks = field<int>(j, "num_blocks", root);
   const auto& st = array_field(j, "stages", root);
-  for (std::size_t i = 0; i < st.size(); ++i) p.stages.push_back(stage_from(st[i], fmt::format("plan.stages[{}]", i)));
+  for (std::size_t i = 0; i < st.size(); ++i)
+    p.stages.push_back(stage_from(st[i], fmt::format("plan.stages[{}]", i)));
   const auto& cr = array_field(j, "cross_tensors", root);
   for (std::size_t i = 0; i < cr.size(); ++i)
     p.cross_tensors.push_back(cross_from(cr[i], fmt::format("plan.cross_tensors[{}]", i)));
@@ -245,30 +248,35 @@ Plan Plan::from_json(std::string_view text) {
   WEFT_CHECK(p.device_memory.size() == p.devices_used.size(),
              "Plan JSON: plan.device_memory and plan.devices_used differ in length");
   for (const auto& c : p.cross_tensors)
-    WEFT_CHECK(c.from_stage >= 0 && c.to_stage >= 0 && c.from_stage < p.num_stages() && c.to_stage < p.num_stages(),
-               "Plan JSON: cross tensor '{}' names a stage out of range", c.name);
+    WEFT_CHECK(
+        c.from_stage >= 0 && c.to_stage >= 0 && c.from_stage < p.num_stages() && c.to_stage < p.num_stages(),
+        "Plan JSON: cross tensor '{}' names a stage out of range", c.name);
   // The schedule must be constructible.
   (void)schedule_of(p);
   return p;
 }
 
 std::string Plan::to_string() const {
-  return fmt::format("Plan({} on {}: {}, {} stage(s), {} x{} micro-batches of {}, step {:.4g} s, {:.4g} samples/s, "
-                     "MFU {:.1f}%, peak {:.3g} GB/device)",
-                     model, cluster, strategy, stages.size(), schedule, num_microbatches, microbatch_size, step_time,
-                     throughput, mfu * 100, peak_memory / 1e9);
+  return fmt::format(
+      "Plan({} on {}: {}, {} stage(s), {} x{} micro-batches of {}, step {:.4g} s, {:.4g} samples/s, "
+      "MFU {:.1f}%, peak {:.3g} GB/device)",
+      model, cluster, strategy, stages.size(), schedule, num_microbatches, microbatch_size, step_time,
+      throughput, mfu * 100, peak_memory / 1e9);
 }
 
 std::string Plan::summary() const {
   std::string s;
   s += fmt::format("Plan for {} on {}\n", model, cluster);
-  s += fmt::format("  strategy      {} ({} stage{}, {} blocks)\n", strategy, stages.size(), stages.size() == 1 ? "" : "s",
-                   num_blocks);
-  s += fmt::format("  schedule      {}{}, {} micro-batches of {} samples (global batch {})\n", schedule,
-                   schedule == "kfkb"          ? fmt::format(" k={}", schedule_k)
-                   : schedule == "interleaved" ? fmt::format(" v={}", schedule_v)
-                                               : std::string(),
-                   num_microbatches, microbatch_size, num_microbatches * microbatch_size);
+  s += fmt::format("  strategy      {} ({} stage{}, {} blocks)\n", strategy, stages.size(),
+                   stages.size() == 1 ? "" : "s", num_blocks);
+  s += fmt::format(
+      "  schedule      {}{}, {} micro-batches of {} samples x {} data-parallel replica{} (global batch {})\n",
+      schedule,
+      schedule == "kfkb"          ? fmt::format(" k={}", schedule_k)
+      : schedule == "interleaved" ? fmt::format(" v={}", schedule_v)
+                                  : std::string(),
+      num_microbatches, microbatch_size, data_parallel, data_parallel == 1 ? "" : "s",
+      num_microbatches * microbatch_size * data_parallel);
   s += fmt::format("  step time     {:.4f} s  (bubble {:.1f}%)\n", step_time, bubble_fraction * 100);
   s += fmt::format("  throughput    {:.2f} samples/s\n", throughput);
   s += fmt::format("  MFU           {:.1f}%  ({:.3g} PFLOP per step over {:.3g} PFLOP/s peak)\n", mfu * 100,
@@ -278,17 +286,19 @@ std::string Plan::summary() const {
   for (const auto& st : stages) {
     std::string devs;
     if (st.devices.size() <= 8) {
-      for (std::size_t i = 0; i < st.devices.size(); ++i) devs += (i ? "," : "") + std::to_string(st.devices[i]);
+      for (std::size_t i = 0; i < st.devices.size(); ++i)
+        devs += (i ? "," : "") + std::to_string(st.devices[i]);
     } else {
       devs = fmt::format("{}..{} ({})", st.devices.front(), st.devices.back(), st.devices.size());
     }
     s += fmt::format("    [{}] blocks {}-{}, {} ops on devices {} as mesh ({})\n", st.index, st.first_block,
                      st.last_block, st.ops.size(), devs, fmt::join(st.mesh_shape, "x"));
-    s += fmt::format("        F {} B {} (W {}) update {}; compute {} comm {} per micro-batch\n", ms(st.forward_time),
-                     ms(st.backward_time), ms(st.weight_time), ms(st.optimizer_time), ms(st.compute_time),
-                     ms(st.comm_time));
-    s += fmt::format("        memory: static {} + {} in flight x {} + transient {} = {}\n", gb(st.static_memory),
-                     st.in_flight, gb(st.activation_memory), gb(st.transient_memory), gb(st.peak_memory));
+    s += fmt::format("        F {} B {} (W {}) update {}; compute {} comm {} per micro-batch\n",
+                     ms(st.forward_time), ms(st.backward_time), ms(st.weight_time), ms(st.optimizer_time),
+                     ms(st.compute_time), ms(st.comm_time));
+    s += fmt::format("        memory: static {} + {} in flight x {} + transient {} = {}\n",
+                     gb(st.static_memory), st.in_flight, gb(st.activation_memory), gb(st.transient_memory),
+                     gb(st.peak_memory));
     // The largest parameters' specs.
     std::vector<const ParamSpec*> ps;
     for (const auto& p : st.params) ps.push_back(&p);
@@ -303,13 +313,15 @@ std::string Plan::summary() const {
     s += "  cross-stage tensors:\n";
     for (const auto& c : cross_tensors)
       s += fmt::format("    {} {}->{} [{}] {}: {} -> {}, {} (bound {})\n", c.name, c.from_stage, c.to_stage,
-                       fmt::join(c.shape, ","), c.dtype, c.src_spec, c.dst_spec, ms(c.reshard_time), ms(c.lower_bound));
+                       fmt::join(c.shape, ","), c.dtype, c.src_spec, c.dst_spec, ms(c.reshard_time),
+                       ms(c.lower_bound));
   }
   if (!alternatives.empty()) {
     s += "  alternatives considered (best first):\n";
     for (const auto& a : alternatives) {
       if (a.feasible)
-        s += fmt::format("    {:<30} {:>10.4f} s  {:>8}  {}\n", a.strategy, a.step_time, gb(a.peak_memory), a.layout);
+        s += fmt::format("    {:<30} {:>10.4f} s  {:>8}  {}\n", a.strategy, a.step_time, gb(a.peak_memory),
+                         a.layout);
       else
         s += fmt::format("    {:<30} {:>10}    {}  {}\n", a.strategy, "infeasible", a.layout, a.note);
     }
@@ -329,8 +341,10 @@ schedule::Schedule schedule_of(const Plan& p) {
   if (k == "eager_1f1b") return schedule::eager_1f1b(S, M);
   if (k == "zb_h1") return schedule::zb_h1(S, M);
   if (k == "interleaved") {
-    WEFT_CHECK(M % S == 0, "plan: the interleaved schedule needs the micro-batches ({}) to be a multiple of the stages ({})",
-               M, S);
+    WEFT_CHECK(
+        M % S == 0,
+        "plan: the interleaved schedule needs the micro-batches ({}) to be a multiple of the stages ({})", M,
+        S);
     return schedule::interleaved_1f1b(S, p.schedule_v, M);
   }
   fail("plan: unknown schedule '{}'", k);
@@ -353,7 +367,8 @@ sim::Pipeline pipeline_of(const Plan& p) {
       if (d + 1 < S)
         ss.activation_bytes = std::max(1.0, p.boundary_bytes[d]);
       else if (c + 1 < v && S > 1)  // the wrap-around hop to the next chunk
-        ss.activation_bytes = std::max(1.0, *std::max_element(p.boundary_bytes.begin(), p.boundary_bytes.end()));
+        ss.activation_bytes =
+            std::max(1.0, *std::max_element(p.boundary_bytes.begin(), p.boundary_bytes.end()));
       else
         ss.activation_bytes = 1.0;
       ss.activation_memory = st.activation_memory / v;

@@ -43,13 +43,16 @@
 #include <set>
 #include <unordered_map>
 
+#include "weft/cluster/alpha_beta.hpp"
 #include "weft/cluster/device_mesh.hpp"
 #include "weft/core/error.hpp"
 #include "weft/cost/op_cost.hpp"
 #include "weft/pipeline/grouping.hpp"
 #include "weft/pipeline/submesh.hpp"
+#include "weft/plan/rebatch.hpp"
 #include "weft/reshard/decompose.hpp"
 #include "weft/reshard/plan.hpp"
+#include "weft/sharding/reshard.hpp"
 #include "weft/sharding/sharding_spec.hpp"
 #include "weft/spmd/search.hpp"
 
@@ -67,12 +70,6 @@ bool is_state_leaf(const ir::TensorInfo& t) {
   return t.producer == ir::kNoOp && (t.role == ir::Role::Parameter || t.role == ir::Role::OptimizerState);
 }
 
-std::int64_t graph_batch(const ir::Graph& g) {
-  for (const auto& t : g.tensors())
-    if (t.role == ir::Role::Input && t.producer == ir::kNoOp && t.rank() >= 1) return t.shape[0];
-  return 1;
-}
-
 // Peak in-flight micro-batches of a stage with `s` stages from it to the end (itself included).
 int in_flight(const std::string& schedule, int s, int M, int k) {
   if (schedule == "gpipe") return M;
@@ -81,7 +78,9 @@ int in_flight(const std::string& schedule, int s, int M, int k) {
   return std::min(M, s);  // 1f1b, zb_h1, interleaved (per device, approximately)
 }
 
-std::string mesh_text(const std::vector<std::int64_t>& shape) { return fmt::format("({})", fmt::join(shape, ",")); }
+std::string mesh_text(const std::vector<std::int64_t>& shape) {
+  return fmt::format("({})", fmt::join(shape, ","));
+}
 
 // ---------------------------------------------------------------- per-block SPMD costs
 
@@ -116,9 +115,13 @@ class Context {
   std::vector<pipeline::OpPhase> phase;
   std::vector<char> weight_grad_op;  // backward op producing a parameter's gradient
   pipeline::LayerGrouping grouping;
-  std::vector<pipeline::StageGraph> block_graph;
-  std::vector<std::string> block_key;
-  std::vector<double> block_state_bytes;  // Σ full bytes of params (×2 for grads) + states
+  std::int64_t global_batch = 1;
+  struct AtBatch {
+    std::vector<pipeline::StageGraph> blocks;
+    std::vector<std::string> keys;
+  };
+  std::map<std::int64_t, AtBatch> at_batch;  // per micro-batch size (per replica)
+  std::vector<double> block_state_bytes;     // Σ full bytes of params (×2 for grads) + states
   std::map<std::string, BlockCost> cache;
   int spmd_solves = 0;
   double spmd_seconds = 0;
@@ -126,10 +129,11 @@ class Context {
   int L() const { return static_cast<int>(grouping.blocks.size()); }
 
   void check_time(const char* where) const {
-    WEFT_CHECK(now_s() - start_ <= opt_.time_limit_s,
-               "make_plan: time limit of {} s exceeded during {} (raise PlanOptions.time_limit_s or narrow the "
-               "search: whole_nodes_only, power_of_two_nodes, max_logical_shapes, num_blocks)",
-               opt_.time_limit_s, where);
+    WEFT_CHECK(
+        now_s() - start_ <= opt_.time_limit_s,
+        "make_plan: time limit of {} s exceeded during {} (raise PlanOptions.time_limit_s or narrow the "
+        "search: whole_nodes_only, power_of_two_nodes, max_logical_shapes, num_blocks)",
+        opt_.time_limit_s, where);
   }
   void progress(const std::string& phase_name, double f, const std::string& msg) const {
     if (opt_.progress) opt_.progress({phase_name, std::clamp(f, 0.0, 1.0), msg});
@@ -147,17 +151,30 @@ class Context {
       }
     }
     grouping = pipeline::group_layers(g_, num_blocks);
-    block_graph.clear();
-    block_key.clear();
+    global_batch = batch_size(g_);
     block_state_bytes.clear();
-    for (const auto& b : grouping.blocks) {
-      block_graph.push_back(pipeline::extract_stage_mapped(g_, b.ops));
-      block_key.push_back(structure_key(block_graph.back().graph));
+    const auto& ab = blocks_at(global_batch);
+    for (const auto& bg : ab.blocks) {
       double sb = 0;
-      for (const auto& t : block_graph.back().graph.tensors())
-        if (is_state_leaf(t)) sb += static_cast<double>(t.bytes()) * (t.role == ir::Role::Parameter ? 2.0 : 1.0);
+      for (const auto& t : bg.graph.tensors())
+        if (is_state_leaf(t))
+          sb += static_cast<double>(t.bytes()) * (t.role == ir::Role::Parameter ? 2.0 : 1.0);
       block_state_bytes.push_back(sb);
     }
+  }
+
+  // The blocks' graphs at a micro-batch size (op ids of a rebatched graph equal the original's,
+  // so the grouping applies unchanged).
+  const AtBatch& blocks_at(std::int64_t bs) {
+    auto it = at_batch.find(bs);
+    if (it != at_batch.end()) return it->second;
+    AtBatch ab;
+    const ir::Graph gb = bs == batch_size(g_) ? g_ : rebatch(g_, bs);
+    for (const auto& b : grouping.blocks) {
+      ab.blocks.push_back(pipeline::extract_stage_mapped(gb, b.ops));
+      ab.keys.push_back(structure_key(ab.blocks.back().graph));
+    }
+    return at_batch.emplace(bs, std::move(ab)).first->second;
   }
 
   // Structure of a block graph without names: kinds, attributes, shapes, dtypes, roles, wiring.
@@ -180,28 +197,30 @@ class Context {
   }
 
   std::string mesh_key(const cluster::DeviceMesh& mesh) const {
-    std::string k = fmt::format("{}|{}|", fmt::join(mesh.shape(), "x"), c_.device(mesh.device_ids()[0]).spec.kind);
+    std::string k =
+        fmt::format("{}|{}|", fmt::join(mesh.shape(), "x"), c_.device(mesh.device_ids()[0]).spec.kind);
     for (const auto& l : cluster::axis_links(c_, mesh))
-      k += fmt::format("{:.6g},{:.6g},{:.6g},{:.6g},{},{};", l.intra_alpha, l.intra_beta, l.inter_alpha, l.inter_beta,
-                       l.devices_per_node_on_axis, l.nodes_on_axis);
+      k += fmt::format("{:.6g},{:.6g},{:.6g},{:.6g},{},{};", l.intra_alpha, l.intra_beta, l.inter_alpha,
+                       l.inter_beta, l.devices_per_node_on_axis, l.nodes_on_axis);
     return k;
   }
 
   // variant 0: fastest; 1: lean (memory limit usable / L per block). forced_dp > 1: the inputs
   // and boundary tensors are forced batch-sharded on mesh axis 0 (Megatron-style data parallel).
-  const BlockCost& block_cost(int b, const MeshOption& m, int variant, int forced_dp = 0) {
-    const std::string key = fmt::format("{}#{}#{}#{}", block_key[b], m.key, variant, forced_dp);
+  const BlockCost& block_cost(int b, std::int64_t bs, const MeshOption& m, int variant, int forced_dp = 0) {
+    const AtBatch& ab = blocks_at(bs);
+    const std::string key = fmt::format("{}#{}#{}#{}", ab.keys[b], m.key, variant, forced_dp);
     auto it = cache.find(key);
-    if (it != cache.end()) return remap(it->second, b);
+    if (it != cache.end()) return it->second;
     check_time("the SPMD searches");
     BlockCost bc;
-    const auto& sg = block_graph[b];
+    const auto& sg = ab.blocks[b];
     const ir::Graph& bg = sg.graph;
     // A cheap lower bound first: state bytes cannot shrink below full / devices.
     const double lb = block_state_bytes[b] / static_cast<double>(m.mesh.size());
     if (lb > usable_memory) {
-      bc.error = fmt::format("block {} needs >= {:.3g} GB/device of parameter state on {} devices", b, lb / 1e9,
-                             m.mesh.size());
+      bc.error = fmt::format("block {} needs >= {:.3g} GB/device of parameter state on {} devices", b,
+                             lb / 1e9, m.mesh.size());
       return cache.emplace(key, std::move(bc)).first->second;
     }
     spmd::SearchOptions so;
@@ -243,14 +262,43 @@ class Context {
           case pipeline::OpPhase::Update: u += t; break;
         }
       }
+      // The gradient synchronisation: the resharding into the update ops' gradient operands
+      // (a partial or batch-split gradient all-reduced / reduce-scattered to the parameter's
+      // layout). With micro-batches it runs once per step on the accumulated gradient, so it is
+      // moved out of the per-micro-batch time into the update.
+      double grad_sync = 0;
+      {
+        sharding::ReshardOptions ro;
+        ro.strided_intermediates = false;
+        const auto links = cluster::axis_links(c_, m.mesh);
+        std::map<int, sharding::ReshardPlanner> planners;
+        for (ir::OpId o = 0; o < static_cast<ir::OpId>(bg.ops().size()); ++o) {
+          if (phase[sg.original_op[o]] != pipeline::OpPhase::Update) continue;
+          const auto& op = bg.op(o);
+          for (std::size_t i = 0; i < op.inputs.size(); ++i) {
+            const ir::TensorId t = op.inputs[i];
+            const auto& info = bg.tensor(t);
+            if (info.role != ir::Role::Gradient || !p.tensor_specs[t]) continue;
+            const auto& from = *p.tensor_specs[t];
+            const auto& to = p.op_strategies[o].inputs[i];
+            if (from == to) continue;
+            const int elem = dtype_size(info.dtype);
+            auto it = planners.find(elem);
+            if (it == planners.end())
+              it = planners.emplace(elem, sharding::ReshardPlanner(links, elem, ro)).first;
+            grad_sync += it->second.plan(from, to).time;
+          }
+        }
+      }
       const double total = f + bw + u;
-      const double comm = p.comm_time;
+      const double comm = std::max(0.0, p.comm_time - grad_sync);
       // Communication follows the compute it serves (no per-edge phase in the SPMD report).
-      const double cf = total > 0 ? f / total : 1.0, cb = total > 0 ? bw / total : 0.0, cu = total > 0 ? u / total : 0.0;
+      const double cf = total > 0 ? f / total : 1.0, cb = total > 0 ? bw / total : 0.0,
+                   cu = total > 0 ? u / total : 0.0;
       bc.fwd = f + comm * cf;
       bc.bwd = bw + comm * cb;
       bc.wgt = w + (bw > 0 ? comm * cb * (w / bw) : 0.0);
-      bc.upd = u + comm * cu;
+      bc.upd = u + comm * cu + grad_sync;
       bc.compute = f + bw;
       bc.comm = comm * (cf + cb);
       const int nt = static_cast<int>(bg.tensors().size());
@@ -260,7 +308,8 @@ class Context {
         const auto& info = bg.tensor(t);
         if (t < static_cast<int>(p.tensor_specs.size()) && p.tensor_specs[t]) {
           bc.spec[t] = p.tensor_specs[t]->to_string();
-          bc.local_bytes[t] = static_cast<double>(p.tensor_specs[t]->max_local_elements()) * dtype_size(info.dtype);
+          bc.local_bytes[t] =
+              static_cast<double>(p.tensor_specs[t]->max_local_elements()) * dtype_size(info.dtype);
         } else {
           bc.local_bytes[t] = static_cast<double>(info.bytes());
         }
@@ -293,14 +342,11 @@ class Context {
     spmd_seconds += now_s() - t0;
     ++spmd_solves;
     if (std::getenv("WEFT_PLAN_DEBUG"))
-      fmt::print(stderr, "spmd block {} ({} ops) mesh {} variant {} dp {}: {:.3f} s {}\n", b, bg.ops().size(),
-                 fmt::join(m.logical, "x"), variant, forced_dp, now_s() - t0, bc.ok ? "" : bc.error.substr(0, 120));
+      fmt::print(stderr, "spmd block {} bs {} ({} ops) mesh {} variant {} dp {}: {:.3f} s {}\n", b, bs,
+                 bg.ops().size(), fmt::join(m.logical, "x"), variant, forced_dp, now_s() - t0,
+                 bc.ok ? "" : bc.error.substr(0, 120));
     return cache.emplace(key, std::move(bc)).first->second;
   }
-
-  // Cached results are per structure; specs are per tensor index of the block graph, which is the
-  // same for identical blocks, so nothing to remap.
-  static const BlockCost& remap(const BlockCost& c, int) { return c; }
 };
 
 // ---------------------------------------------------------------- mesh options
@@ -334,14 +380,14 @@ std::vector<SubmeshOptions> make_mesh_options(Context& ctx) {
     const bool whole = s.devices_per_node == G;
     if (o.whole_nodes_only && !whole) continue;
     if (o.power_of_two_nodes && whole && (s.nodes & (s.nodes - 1)) != 0) continue;
-    if (!o.pipeline && s.num_devices() != c.num_devices()) continue;
     SubmeshOptions so{s, {}};
     const auto ids = canonical_devices(c, s);
     std::set<std::vector<std::int64_t>> seen;
     for (auto ls : pipeline::logical_mesh_shapes(s)) {
-      // Minor axis inside a node (consecutive devices), like Megatron's tensor-parallel groups.
-      if (ls.size() == 2 && ls[0] > 1 && ls[1] > 1 && (G % ls[1]) != 0) continue;
       auto cl = canonical_logical(ls);
+      if (cl.size() == 2 && !o.two_d_meshes) continue;
+      // Minor axis inside a node (consecutive devices), like Megatron's tensor-parallel groups.
+      if (cl.size() == 2 && (G % cl[1]) != 0) continue;
       if (!seen.insert(cl).second) continue;
       cluster::DeviceMesh mesh(cl, ids);
       so.meshes.push_back({s, cl, mesh, ctx.mesh_key(mesh)});
@@ -353,7 +399,7 @@ std::vector<SubmeshOptions> make_mesh_options(Context& ctx) {
     });
     if (o.max_logical_shapes > 0 && static_cast<int>(so.meshes.size()) > o.max_logical_shapes)
       so.meshes.erase(so.meshes.begin() + o.max_logical_shapes, so.meshes.end());
-    out.push_back(std::move(so));
+    if (!so.meshes.empty()) out.push_back(std::move(so));
   }
   return out;
 }
@@ -372,9 +418,14 @@ struct StageChoice {
 
 struct Candidate {
   std::string strategy;
+  int M = 1;            // micro-batches
+  int dp = 1;           // replicas of the pipeline
+  std::int64_t bs = 1;  // samples per micro-batch per replica
   std::vector<StageChoice> stages;
-  std::vector<std::vector<int>> devices;  // per stage, in logical row-major order
-  double proxy = 0;                       // Σ t + (M − 1) max t
+  // Explicit placement (baselines): per stage all devices (replica-major) and the per-replica mesh.
+  std::vector<std::vector<int>> devices;
+  std::vector<MeshOption> meshes;
+  double proxy = 0;  // Σ t + (M − 1) max t
 };
 
 struct StageAgg {
@@ -384,10 +435,11 @@ struct StageAgg {
   double static_mem = 0, act_mem = 0, transient = 0;
 };
 
-StageAgg aggregate(Context& ctx, int first, int last, const MeshOption& m, int variant, int forced_dp) {
+StageAgg aggregate(Context& ctx, int first, int last, std::int64_t bs, const MeshOption& m, int variant,
+                   int forced_dp) {
   StageAgg a;
   for (int b = first; b <= last; ++b) {
-    const BlockCost& bc = ctx.block_cost(b, m, variant, forced_dp);
+    const BlockCost& bc = ctx.block_cost(b, bs, m, variant, forced_dp);
     if (!bc.ok) {
       a.error = bc.error;
       return a;
@@ -406,23 +458,25 @@ StageAgg aggregate(Context& ctx, int first, int last, const MeshOption& m, int v
   return a;
 }
 
-double stage_memory(const StageAgg& a, int inflight) { return a.static_mem + inflight * a.act_mem + a.transient; }
+double stage_memory(const StageAgg& a, int inflight) {
+  return a.static_mem + inflight * a.act_mem + a.transient;
+}
 
 // Best (mesh, variant) of a stage on a submesh for a given in-flight count; nullopt when nothing fits.
-std::optional<StageChoice> best_stage(Context& ctx, const std::vector<SubmeshOptions>& subs, int first, int last,
-                                      int sub, int inflight, std::string* why = nullptr) {
+std::optional<StageChoice> best_stage(Context& ctx, const std::vector<SubmeshOptions>& subs, int first,
+                                      int last, int sub, std::int64_t bs, int inflight, int forced_dp = 0,
+                                      std::string* why = nullptr) {
   std::optional<StageChoice> best;
-  // Quick reject: state bytes over the submesh's devices.
   double state = 0;
   for (int b = first; b <= last; ++b) state += ctx.block_state_bytes[b];
   const int n = subs[sub].shape.num_devices();
-  if (state / n > ctx.usable_memory) {
+  if (state / n > ctx.usable_memory) {  // quick reject: state bytes cannot shrink below full / devices
     if (why) *why = fmt::format("needs >= {:.3g} GB/device of parameter state", state / n / 1e9);
     return best;
   }
   for (int mi = 0; mi < static_cast<int>(subs[sub].meshes.size()); ++mi) {
     for (int v = 0; v < 2; ++v) {
-      StageAgg a = aggregate(ctx, first, last, subs[sub].meshes[mi], v, 0);
+      StageAgg a = aggregate(ctx, first, last, bs, subs[sub].meshes[mi], v, forced_dp);
       if (!a.ok) {
         if (why) *why = a.error;
         continue;
@@ -434,27 +488,33 @@ std::optional<StageChoice> best_stage(Context& ctx, const std::vector<SubmeshOpt
         continue;
       }
       const double t = a.fwd + a.bwd;
-      if (!best || t < best->time) best = StageChoice{first, last, sub, mi, v, 0, t, mem};
+      if (!best || t < best->time) best = StageChoice{first, last, sub, mi, v, forced_dp, t, mem};
       break;  // the fast variant fits: the lean one is not faster
     }
   }
   return best;
 }
 
-// The DP described at the top of the file; returns the best candidate per stage count.
-std::vector<Candidate> partition_candidates(Context& ctx, const std::vector<SubmeshOptions>& subs) {
+// The DP described at the top of the file over the devices of one replica (D = N / dp); returns
+// the best candidate per stage count.
+std::vector<Candidate> partition_candidates(Context& ctx, const std::vector<SubmeshOptions>& subs, int M,
+                                            int dp) {
   const int L = ctx.L();
-  const int D = ctx.c_.num_devices();
-  const int M = ctx.M;
+  const int D = ctx.c_.num_devices() / dp;
+  const std::int64_t bs = ctx.global_batch / (static_cast<std::int64_t>(M) * dp);
+  std::vector<int> usable_subs;
+  for (int m = 0; m < static_cast<int>(subs.size()); ++m)
+    if (subs[m].shape.num_devices() <= D) usable_subs.push_back(m);
+  if (usable_subs.empty()) return {};
   int unit = 0;
-  for (const auto& s : subs) unit = std::gcd(unit, s.shape.num_devices());
+  for (int m : usable_subs) unit = std::gcd(unit, subs[m].shape.num_devices());
+  if (D % unit) return {};
   const int DU = D / unit;
-  int S_max = std::min(L, D / std::max(1, subs.front().shape.num_devices()));
+  int S_max = std::min(L, D / subs[usable_subs.front()].shape.num_devices());
   if (ctx.opt_.max_stages > 0) S_max = std::min(S_max, ctx.opt_.max_stages);
   if (!ctx.opt_.pipeline) S_max = 1;
   S_max = std::max(S_max, 1);
   const int NS = static_cast<int>(subs.size());
-  // cost[s][k][j][m] (s = 1..S_max)
   auto idx = [&](int s, int k, int j, int m) {
     return ((static_cast<std::size_t>(s - 1) * L + k) * L + j) * NS + m;
   };
@@ -465,29 +525,25 @@ std::vector<Candidate> partition_candidates(Context& ctx, const std::vector<Subm
   for (int k = 0; k < L; ++k)
     for (int j = k; j < L; ++j, ++done) {
       ctx.progress("spmd", 0.05 + 0.6 * done / std::max(1, total_pairs),
-                   fmt::format("stage costs: blocks {}-{} ({} SPMD searches so far)", k, j, ctx.spmd_solves));
-      for (int m = 0; m < NS; ++m) {
-        if (S_max == 1 && subs[m].shape.num_devices() != D) continue;
-        if (S_max == 1 && (k != 0 || j != L - 1)) continue;
+                   fmt::format("M={} dp={}: stage costs of blocks {}-{} ({} SPMD searches so far)", M, dp, k,
+                               j, ctx.spmd_solves));
+      for (int m : usable_subs) {
+        if (S_max == 1 && (subs[m].shape.num_devices() != D || k != 0 || j != L - 1)) continue;
         std::optional<StageChoice> prev;
         int prev_inflight = -1;
         for (int s = 1; s <= S_max; ++s) {
+          if (L - 1 - j < s - 1) break;  // s − 1 more stages need s − 1 more blocks
           const int inf = in_flight(ctx.opt_.schedule, s, M, ctx.opt_.schedule_k);
           if (inf == prev_inflight) {
             table[idx(s, k, j, m)] = prev;
             continue;
           }
-          // a stage with s-1 stages after it needs at least s-1 more blocks and devices
-          if (L - 1 - j < s - 1) break;
-          auto c = best_stage(ctx, subs, k, j, m, inf);
+          auto c = best_stage(ctx, subs, k, j, m, bs, inf);
           table[idx(s, k, j, m)] = c;
           prev = c;
           prev_inflight = inf;
-          if (c) all_costs.push_back(c->time);
-          if (!c) {
-            // more in flight never helps: the rest are infeasible too
-            break;
-          }
+          if (!c) break;  // more in flight never fits better
+          all_costs.push_back(c->time);
         }
       }
     }
@@ -505,16 +561,14 @@ std::vector<Candidate> partition_candidates(Context& ctx, const std::vector<Subm
   }
   std::vector<double> best(S_max + 1, kInf);
   std::vector<Candidate> best_cand(S_max + 1);
-  // G[s][k][d]
   const std::size_t gsz = static_cast<std::size_t>(S_max + 1) * (L + 1) * (DU + 1);
   std::vector<double> G(gsz);
   std::vector<int> choice_j(gsz), choice_m(gsz);
   auto gi = [&](int s, int k, int d) { return (static_cast<std::size_t>(s) * (L + 1) + k) * (DU + 1) + d; };
-  for (std::size_t bi = 0; bi < bounds.size(); ++bi) {
-    const double tmax = bounds[bi];
+  for (double tmax : bounds) {
     double worst_best = 0;
     for (int s = 1; s <= S_max; ++s) worst_best = std::max(worst_best, best[s]);
-    if (M * tmax >= worst_best) break;
+    if (M * tmax >= worst_best) break;  // no partition with this max can beat any stage count's best
     ctx.check_time("the stage partition");
     std::fill(G.begin(), G.end(), kInf);
     G[gi(0, L, 0)] = 0;
@@ -524,7 +578,7 @@ std::vector<Candidate> partition_candidates(Context& ctx, const std::vector<Subm
           double bestv = kInf;
           int bj = -1, bm = -1;
           for (int j = k; j < L; ++j)
-            for (int m = 0; m < NS; ++m) {
+            for (int m : usable_subs) {
               const int du = subs[m].shape.num_devices() / unit;
               if (du > d) continue;
               const auto& c = table[idx(s, k, j, m)];
@@ -545,7 +599,10 @@ std::vector<Candidate> partition_candidates(Context& ctx, const std::vector<Subm
       if (T >= best[s]) continue;
       best[s] = T;
       Candidate cand;
-      cand.strategy = s == 1 ? "spmd" : "pipeline";
+      cand.strategy = s == 1 ? (dp == 1 ? "spmd" : "spmd x data parallel") : "pipeline";
+      cand.M = M;
+      cand.dp = dp;
+      cand.bs = bs;
       cand.proxy = T;
       int k = 0, d = DU, ss = s;
       while (ss > 0) {
@@ -564,7 +621,7 @@ std::vector<Candidate> partition_candidates(Context& ctx, const std::vector<Subm
   return out;
 }
 
-// Contiguous split of blocks into p groups minimising the max group FLOPs (exact DP, small L).
+// Contiguous split of blocks into p groups minimising the max group FLOPs (exact DP).
 std::vector<std::pair<int, int>> balanced_split(const pipeline::LayerGrouping& gr, int p) {
   const int L = static_cast<int>(gr.blocks.size());
   std::vector<double> pre(L + 1, 0);
@@ -596,7 +653,8 @@ struct Built {
   std::string note;
 };
 
-sharding::ShardingSpec parse_spec_or_replicated(const std::string& text, const std::vector<std::int64_t>& shape,
+sharding::ShardingSpec parse_spec_or_replicated(const std::string& text,
+                                                const std::vector<std::int64_t>& shape,
                                                 const std::vector<std::int64_t>& mesh) {
   if (text.empty()) return sharding::ShardingSpec::replicated(shape, mesh);
   auto s = sharding::ShardingSpec::parse(text, shape, mesh);
@@ -629,46 +687,67 @@ Built materialise(Context& ctx, const std::vector<SubmeshOptions>& subs, const C
   p.schedule = opt.schedule;
   p.schedule_k = opt.schedule_k;
   p.schedule_v = opt.schedule_v;
-  p.num_microbatches = ctx.M;
-  p.microbatch_size = graph_batch(g);
-  p.data_parallel = 1;
+  p.num_microbatches = cand.M;
+  p.microbatch_size = cand.bs;
+  p.data_parallel = cand.dp;
   p.num_blocks = ctx.L();
   p.memory_limit = ctx.usable_memory;
   const int S = static_cast<int>(cand.stages.size());
-  // Devices: explicit (baselines) or placed by the pipeline module.
-  std::vector<std::vector<int>> devs = cand.devices;
-  if (devs.empty()) {
+  const int dp = cand.dp;
+  if (opt.schedule == "interleaved" && cand.M % S != 0) {
+    out.note = fmt::format("interleaved needs M ({}) to be a multiple of the stages ({})", cand.M, S);
+    return out;
+  }
+  // Devices: explicit (baselines) or the pipeline replicated and placed by the pipeline module.
+  std::vector<std::vector<int>> all_devs(S), rep0(S);
+  std::vector<const MeshOption*> mopt(S);
+  if (!cand.devices.empty()) {
+    for (int s = 0; s < S; ++s) {
+      all_devs[s] = cand.devices[s];
+      mopt[s] = &cand.meshes[s];
+      rep0[s] = cand.meshes[s].mesh.device_ids();
+    }
+  } else {
     std::vector<pipeline::SubmeshShape> shapes;
     for (const auto& st : cand.stages) shapes.push_back(subs[st.submesh].shape);
-    for (const auto& pl : pipeline::assign_submeshes(c, shapes)) devs.push_back(pl.device_ids);
+    const auto rp = pipeline::replicate_pipeline(c, shapes);
+    WEFT_ASSERT(rp.replicas == dp, "replica count differs from the candidate's");
+    for (int s = 0; s < S; ++s) {
+      mopt[s] = &subs[cand.stages[s].submesh].meshes[cand.stages[s].mesh];
+      rep0[s] = rp.placements[0][s].device_ids;
+      for (int r = 0; r < dp; ++r)
+        all_devs[s].insert(all_devs[s].end(), rp.placements[r][s].device_ids.begin(),
+                           rp.placements[r][s].device_ids.end());
+    }
   }
-  // Per stage: the mesh option used for costs, and the stage's mesh on its real devices.
-  std::vector<const MeshOption*> mopt(S);
-  std::vector<cluster::DeviceMesh> meshes;
-  std::vector<int> stage_of_op(g.ops().size(), -1);
+  std::vector<cluster::DeviceMesh> meshes;  // per stage, replica 0
   std::vector<int> block_stage(ctx.L(), -1);
   for (int s = 0; s < S; ++s) {
-    const auto& st = cand.stages[s];
-    mopt[s] = &subs[st.submesh].meshes[st.mesh];
-    meshes.emplace_back(mopt[s]->logical, devs[s]);
-    for (int b = st.first; b <= st.last; ++b) block_stage[b] = s;
+    meshes.emplace_back(mopt[s]->logical, rep0[s]);
+    for (int b = cand.stages[s].first; b <= cand.stages[s].last; ++b) block_stage[b] = s;
   }
+  std::vector<int> stage_of_op(g.ops().size(), -1);
   for (ir::OpId o = 0; o < static_cast<ir::OpId>(g.ops().size()); ++o) {
     const int b = ctx.grouping.block_of_op[o];
     stage_of_op[o] = b >= 0 ? block_stage[b] : S - 1;
   }
-  // Stages.
-  std::vector<std::map<std::string, std::pair<const BlockCost*, int>>> tensor_in_stage(S);  // name -> (cost, idx)
-  double peak = 0;
+  const auto& ab = ctx.blocks_at(cand.bs);
+  struct InStage {
+    const BlockCost* cost;
+    int index;                        // tensor index in the block graph
+    std::vector<std::int64_t> shape;  // at the micro-batch size
+  };
+  std::vector<std::map<std::string, InStage>> tensor_in_stage(S);
   for (int s = 0; s < S; ++s) {
     const auto& st = cand.stages[s];
     Stage stage;
     stage.index = s;
     stage.first_block = st.first;
     stage.last_block = st.last;
-    stage.devices = devs[s];
+    stage.devices = all_devs[s];
     stage.mesh_shape = mopt[s]->logical;
-    StageAgg a = aggregate(ctx, st.first, st.last, *mopt[s], st.variant, st.forced_dp);
+    if (dp > 1) stage.mesh_shape.insert(stage.mesh_shape.begin(), dp);
+    StageAgg a = aggregate(ctx, st.first, st.last, cand.bs, *mopt[s], st.variant, st.forced_dp);
     WEFT_ASSERT(a.ok, "a chosen stage has a failed block cost");
     stage.forward_time = a.fwd;
     stage.backward_time = a.bwd;
@@ -680,13 +759,14 @@ Built materialise(Context& ctx, const std::vector<SubmeshOptions>& subs, const C
     stage.activation_memory = a.act_mem;
     stage.transient_memory = a.transient;
     for (int b = st.first; b <= st.last; ++b) {
-      const BlockCost& bc = ctx.block_cost(b, *mopt[s], st.variant, st.forced_dp);
-      const auto& bg = ctx.block_graph[b].graph;
+      const BlockCost& bc = ctx.block_cost(b, cand.bs, *mopt[s], st.variant, st.forced_dp);
+      const auto& bg = ab.blocks[b].graph;
       for (int t = 0; t < static_cast<int>(bg.tensors().size()); ++t) {
         const auto& info = bg.tensor(t);
-        tensor_in_stage[s].emplace(info.name, std::make_pair(&bc, t));
+        tensor_in_stage[s].emplace(info.name, InStage{&bc, t, info.shape});
         if (info.role == ir::Role::Parameter && info.producer == ir::kNoOp)
-          stage.params.push_back({info.name, info.shape, bc.spec[t], bc.local_bytes[t]});
+          stage.params.push_back(
+              {info.name, info.shape, (dp > 1 ? "R " : "") + bc.spec[t], bc.local_bytes[t]});
       }
     }
     std::sort(stage.params.begin(), stage.params.end(),
@@ -694,13 +774,21 @@ Built materialise(Context& ctx, const std::vector<SubmeshOptions>& subs, const C
     stage.params.erase(std::unique(stage.params.begin(), stage.params.end(),
                                    [](const ParamSpec& x, const ParamSpec& y) { return x.name == y.name; }),
                        stage.params.end());
+    // Data-parallel replicas: one all-reduce of the gradients per step (after the last backward).
+    if (dp > 1) {
+      double grad_bytes = 0;
+      for (const auto& pr : stage.params) grad_bytes += pr.bytes_per_device;
+      const std::int64_t n = static_cast<std::int64_t>(rep0[s].size());
+      cluster::DeviceMesh across({dp, n}, all_devs[s]);
+      stage.optimizer_time += cluster::all_reduce_time(cluster::axis_links(c, across)[0], grad_bytes);
+    }
     for (ir::OpId o = 0; o < static_cast<ir::OpId>(g.ops().size()); ++o)
       if (stage_of_op[o] == s) stage.ops.push_back(g.op(o).name);
     p.stages.push_back(std::move(stage));
   }
-  // Cross-stage tensors: read in stage b, produced in stage a != b.
-  std::map<std::pair<int, int>, std::vector<std::pair<ir::TensorId, std::pair<sharding::ShardingSpec, sharding::ShardingSpec>>>>
-      pairs;
+  // Cross-stage tensors: read in stage b, produced in stage a != b (within one replica).
+  using SpecPair = std::pair<sharding::ShardingSpec, sharding::ShardingSpec>;
+  std::map<std::pair<int, int>, std::vector<std::pair<ir::TensorId, SpecPair>>> pairs;
   std::vector<std::set<ir::TensorId>> seen(S);
   for (ir::OpId o = 0; o < static_cast<ir::OpId>(g.ops().size()); ++o) {
     const int b = stage_of_op[o];
@@ -713,10 +801,11 @@ Built materialise(Context& ctx, const std::vector<SubmeshOptions>& subs, const C
       auto dst_it = tensor_in_stage[b].find(info.name);
       WEFT_ASSERT(src_it != tensor_in_stage[a].end() && dst_it != tensor_in_stage[b].end(),
                   "a cross-stage tensor is missing from its stage graphs");
-      auto src = parse_spec_or_replicated(src_it->second.first->spec[src_it->second.second], info.shape,
-                                          meshes[a].shape());
-      auto dst = parse_spec_or_replicated(dst_it->second.first->spec[dst_it->second.second], info.shape,
-                                          meshes[b].shape());
+      const auto& shape = src_it->second.shape;
+      auto src =
+          parse_spec_or_replicated(src_it->second.cost->spec[src_it->second.index], shape, meshes[a].shape());
+      auto dst =
+          parse_spec_or_replicated(dst_it->second.cost->spec[dst_it->second.index], shape, meshes[b].shape());
       pairs[{a, b}].push_back({t, {src, dst}});
     }
   }
@@ -729,26 +818,26 @@ Built materialise(Context& ctx, const std::vector<SubmeshOptions>& subs, const C
   p.send_time.assign(std::max(0, S - 1), 0.0);
   p.boundary_bytes.assign(std::max(0, S - 1), 0.0);
   std::vector<double> fwd_time(std::max(0, S - 1), 0.0), bwd_time(std::max(0, S - 1), 0.0);
-  for (auto& [ab, list] : pairs) {
-    const auto [a, b] = ab;
+  for (auto& [key, list] : pairs) {
+    const int a = key.first, b = key.second;
     std::vector<reshard::TensorReshard> trs;
+    double total_bytes = 0;
     for (auto& [t, specs] : list) {
       const auto& info = g.tensor(t);
-      trs.emplace_back(info.shape, info.dtype, specs.first, meshes[a], specs.second, meshes[b]);
+      trs.emplace_back(specs.first.tensor_shape(), info.dtype, specs.first, meshes[a], specs.second,
+                       meshes[b]);
+      total_bytes += static_cast<double>(trs.back().bytes());
     }
-    auto problem = reshard::make_problem(trs, hosts);
-    auto rp = reshard::plan(problem, ro);
-    double joint = rp.completion_time;
-    double total_bytes = 0;
+    const double joint = reshard::plan(reshard::make_problem(trs, hosts), ro).completion_time;
     for (std::size_t i = 0; i < list.size(); ++i) {
       const auto& info = g.tensor(list[i].first);
       CrossTensor ct;
       ct.name = info.name;
       ct.from_stage = a;
       ct.to_stage = b;
-      ct.shape = info.shape;
+      ct.shape = trs[i].shape();
       ct.dtype = std::string(dtype_name(info.dtype));
-      ct.bytes = info.bytes();
+      ct.bytes = trs[i].bytes();
       ct.src_spec = list[i].second.first.to_string();
       ct.dst_spec = list[i].second.second.to_string();
       // Each tensor alone (for the report); the joint plan's time is what the pipeline pays.
@@ -756,7 +845,6 @@ Built materialise(Context& ctx, const std::vector<SubmeshOptions>& subs, const C
       ct.reshard_time = one.completion_time;
       ct.lower_bound = one.bound.value;
       ct.reshard_summary = one.summary();
-      total_bytes += static_cast<double>(info.bytes());
       p.cross_tensors.push_back(std::move(ct));
     }
     if (b == a + 1) {
@@ -774,32 +862,32 @@ Built materialise(Context& ctx, const std::vector<SubmeshOptions>& subs, const C
     }
   }
   for (int i = 0; i + 1 < S; ++i) p.send_time[i] = std::max(fwd_time[i], bwd_time[i]);
-  // Memory per device under the schedule.
-  sim::SimResult r;
-  {
-    schedule::Schedule sched = schedule_of(p);
-    auto inflight = sched.peak_in_flight_device();
-    for (int s = 0; s < S; ++s) {
-      auto& st = p.stages[s];
-      const int dev = sched.device_of(s * sched.virtual_stages());
-      st.in_flight = dev < static_cast<int>(inflight.size()) ? inflight[dev] : ctx.M;
-      st.peak_memory = st.static_memory + st.in_flight * st.activation_memory + st.transient_memory;
-      peak = std::max(peak, st.peak_memory);
-      for (int d : st.devices) {
-        p.devices_used.push_back(d);
-        p.device_memory.push_back(st.peak_memory);
-      }
+  // Memory per device under the schedule, then the simulation.
+  const schedule::Schedule sched = schedule_of(p);
+  const auto inflight = sched.peak_in_flight_device();
+  double peak = 0;
+  for (int s = 0; s < S; ++s) {
+    auto& st = p.stages[s];
+    st.in_flight = inflight[s];
+    st.peak_memory = st.static_memory + st.in_flight * st.activation_memory + st.transient_memory;
+    peak = std::max(peak, st.peak_memory);
+    for (int d : st.devices) {
+      p.devices_used.push_back(d);
+      p.device_memory.push_back(st.peak_memory);
     }
-    r = resimulate(p);
   }
+  const sim::SimResult r = resimulate(p);
   p.step_time = r.step_time;
   p.bubble_fraction = r.bubble_fraction;
   p.peak_memory = peak;
-  p.throughput = p.step_time > 0 ? static_cast<double>(p.num_microbatches * p.microbatch_size) / p.step_time : 0;
+  const double samples =
+      static_cast<double>(p.num_microbatches) * static_cast<double>(p.microbatch_size) * dp;
+  p.throughput = p.step_time > 0 ? samples / p.step_time : 0;
   double model_flops = 0;
   for (ir::OpId o = 0; o < static_cast<ir::OpId>(g.ops().size()); ++o)
     if (ctx.phase[o] != pipeline::OpPhase::Update) model_flops += g.op(o).flops();
-  p.model_flops = model_flops * p.num_microbatches;
+  // The graph is the global batch: its forward + backward FLOPs are one step's model FLOPs.
+  p.model_flops = model_flops;
   const DType dt = graph_compute_dtype(g);
   p.cluster_peak_flops = 0;
   for (int d : p.devices_used) {
@@ -814,19 +902,24 @@ Built materialise(Context& ctx, const std::vector<SubmeshOptions>& subs, const C
 }
 
 std::string layout_text(const Plan& p) {
-  std::string s = fmt::format("{} stage{}:", p.num_stages(), p.num_stages() == 1 ? "" : "s");
+  std::string s = fmt::format("M={} dp={} {} stage{}:", p.num_microbatches, p.data_parallel, p.num_stages(),
+                              p.num_stages() == 1 ? "" : "s");
   for (const auto& st : p.stages)
-    s += fmt::format(" [{}-{}]@{}dev{}", st.first_block, st.last_block, st.devices.size(), mesh_text(st.mesh_shape));
+    s += fmt::format(" [{}-{}]@{}", st.first_block, st.last_block, mesh_text(st.mesh_shape));
   return s;
 }
 
 void validate_options(const PlanOptions& o, const cluster::Cluster& c) {
   static const std::set<std::string> kinds{"1f1b", "gpipe", "kfkb", "eager_1f1b", "interleaved", "zb_h1"};
-  WEFT_CHECK(kinds.count(o.schedule), "make_plan: unknown schedule '{}' (1f1b, gpipe, kfkb, eager_1f1b, interleaved, zb_h1)",
+  WEFT_CHECK(kinds.count(o.schedule),
+             "make_plan: unknown schedule '{}' (1f1b, gpipe, kfkb, eager_1f1b, interleaved, zb_h1)",
              o.schedule);
-  WEFT_CHECK(o.num_microbatches >= 1, "make_plan: num_microbatches must be >= 1 (got {})", o.num_microbatches);
+  WEFT_CHECK(o.num_microbatches >= 0, "make_plan: num_microbatches must be >= 0 (0 = auto; got {})",
+             o.num_microbatches);
   WEFT_CHECK(o.num_blocks >= 0, "make_plan: num_blocks must be >= 0 (got {})", o.num_blocks);
   WEFT_CHECK(o.max_stages >= 0, "make_plan: max_stages must be >= 0 (got {})", o.max_stages);
+  WEFT_CHECK(o.max_data_parallel >= 0, "make_plan: max_data_parallel must be >= 0 (got {})",
+             o.max_data_parallel);
   WEFT_CHECK(o.schedule_k >= 1 && o.schedule_v >= 1, "make_plan: schedule_k and schedule_v must be >= 1");
   WEFT_CHECK(o.spmd_time_limit_s > 0 && o.time_limit_s > 0, "make_plan: time limits must be > 0");
   WEFT_CHECK(o.memory_fraction > 0 && o.memory_fraction <= 1, "make_plan: memory_fraction must be in (0, 1]");
@@ -853,100 +946,96 @@ void check_total_memory(const ir::Graph& g, const cluster::Cluster& c, double us
   const double need = model_state_bytes(g);
   const double have = usable * c.num_devices();
   if (need > have)
-    fail("make_plan: the model cannot fit: its parameters, gradients and optimizer states need {:.4g} GB, "
-         "the cluster has {:.4g} GB usable ({} devices x {:.4g} GB): {:.4g} GB missing",
-         need / 1e9, have / 1e9, c.num_devices(), usable / 1e9, (need - have) / 1e9);
+    fail(
+        "make_plan: the model cannot fit: its parameters, gradients and optimizer states need {:.4g} GB, "
+        "the cluster has {:.4g} GB usable ({} devices x {:.4g} GB): {:.4g} GB missing",
+        need / 1e9, have / 1e9, c.num_devices(), usable / 1e9, (need - have) / 1e9);
 }
 
-}  // namespace
-
-double model_state_bytes(const ir::Graph& g) {
-  double b = 0;
-  for (const auto& t : g.tensors())
-    if (is_state_leaf(t)) b += static_cast<double>(t.bytes()) * (t.role == ir::Role::Parameter ? 2.0 : 1.0);
-  return b;
+// Micro-batch counts to try: the given one, or the powers of two dividing the batch (auto).
+std::vector<int> microbatch_counts(const PlanOptions& o, std::int64_t B) {
+  if (o.num_microbatches > 0) {
+    WEFT_CHECK(B % o.num_microbatches == 0, "make_plan: the batch {} is not divisible by num_microbatches {}",
+               B, o.num_microbatches);
+    return {o.num_microbatches};
+  }
+  std::vector<int> out;
+  for (int m = 1; m <= B && m <= o.max_microbatches; m *= 2)
+    if (B % m == 0) out.push_back(m);
+  return out;
 }
 
-std::string MegatronLayout::to_string() const { return fmt::format("t={} p={} d={}", t, p, d); }
-
-std::vector<MegatronLayout> megatron_layouts(const cluster::Cluster& c, int max_p) {
+std::vector<int> dp_degrees(const PlanOptions& o, const cluster::Cluster& c, std::int64_t per_mb) {
+  std::vector<int> out;
   const int N = c.num_devices();
-  const int G = c.nodes().empty() ? 1 : c.nodes()[0].num_devices;
-  std::vector<MegatronLayout> out;
-  for (int t = 1; t <= G; ++t) {
-    if (G % t) continue;
-    for (int p = 1; p <= N / t; ++p) {
-      if ((N / t) % p) continue;
-      if (max_p > 0 && p > max_p) continue;
-      out.push_back({t, p, N / (t * p)});
-    }
+  for (int d = 1; d <= N; ++d) {
+    if (N % d || per_mb % d) continue;
+    if (o.max_data_parallel > 0 && d > o.max_data_parallel) continue;
+    if (!o.pipeline && d != 1 && d != N) continue;
+    out.push_back(d);
   }
   return out;
 }
 
-namespace {
+Context make_context(const ir::Graph& g, const cluster::Cluster& c, const PlanOptions& o, double start) {
+  validate_options(o, c);
+  Context ctx(g, c, o, start);
+  ctx.usable_memory = usable_memory_of(o, c);
+  check_total_memory(g, c, ctx.usable_memory);  // fail fast, before any search
+  (void)batch_size(g);
+  return ctx;
+}
 
-// Setting up a context shared by make_plan and the baseline.
-struct Setup {
-  Context ctx;
-  std::vector<SubmeshOptions> subs;
-};
-
-Built megatron_build(Context& ctx, const MegatronLayout& lay) {
+Built megatron_build(Context& ctx, const MegatronLayout& lay, int M) {
   const auto& c = ctx.c_;
   const int N = c.num_devices();
+  Built b;
+  b.plan.strategy = "megatron " + lay.to_string();
   WEFT_CHECK(lay.t >= 1 && lay.p >= 1 && lay.d >= 1 && lay.t * lay.p * lay.d == N,
              "megatron layout {}: t·p·d must equal the {} devices", lay.to_string(), N);
-  WEFT_CHECK(lay.p <= ctx.L(), "megatron layout {}: {} stages but only {} blocks", lay.to_string(), lay.p, ctx.L());
-  const int per = N / lay.p;
-  std::vector<std::int64_t> logical;
-  if (lay.d > 1) logical.push_back(lay.d);
-  if (lay.t > 1) logical.push_back(lay.t);
-  if (logical.empty()) logical.push_back(1);
-  // One MeshOption per stage on its real devices (costs depend on the links it spans).
-  std::vector<SubmeshOptions> subs;
+  if (lay.p > ctx.L()) {
+    b.note = fmt::format("{} stages but only {} blocks", lay.p, ctx.L());
+    return b;
+  }
+  if (ctx.global_batch % (static_cast<std::int64_t>(M) * lay.d) != 0) {
+    b.note = fmt::format("batch {} not divisible by M·d = {}", ctx.global_batch, M * lay.d);
+    return b;
+  }
   Candidate cand;
-  cand.strategy = "megatron " + lay.to_string();
+  cand.strategy = b.plan.strategy;
+  cand.M = M;
+  cand.dp = lay.d;
+  cand.bs = ctx.global_batch / (static_cast<std::int64_t>(M) * lay.d);
+  const int per = N / lay.p;  // devices of a stage: d replicas × t
   const auto split = balanced_split(ctx.grouping, lay.p);
   for (int s = 0; s < lay.p; ++s) {
     std::vector<int> ids(per);
-    std::iota(ids.begin(), ids.end(), s * per);
-    cluster::DeviceMesh mesh(logical, ids);
-    SubmeshOptions so;
-    so.shape = pipeline::SubmeshShape(1, per);
-    so.meshes.push_back({so.shape, logical, mesh, ctx.mesh_key(mesh)});
-    subs.push_back(std::move(so));
+    std::iota(ids.begin(), ids.end(), s * per);  // Megatron's rank order: t fastest, then d, then p
+    std::vector<int> rep0(ids.begin(), ids.begin() + lay.t);
+    cluster::DeviceMesh mesh({lay.t}, rep0);
+    cand.meshes.push_back({pipeline::SubmeshShape(1, lay.t), {lay.t}, mesh, ctx.mesh_key(mesh)});
+    cand.devices.push_back(ids);
     StageChoice sc;
     sc.first = split[s].first;
     sc.last = split[s].second;
-    sc.submesh = s;
-    sc.mesh = 0;
-    sc.variant = 0;
-    sc.forced_dp = std::max(1, lay.d);
-    cand.stages.push_back(sc);
-    cand.devices.push_back(ids);
-  }
-  // Fast variant, or lean when the fast one does not fit.
-  const int M = ctx.M;
-  for (int s = 0; s < lay.p; ++s) {
-    auto& sc = cand.stages[s];
+    sc.forced_dp = 1;  // the tensor-parallel group's inputs are replicated (Megatron)
     const int inf = in_flight(ctx.opt_.schedule, lay.p - s, M, ctx.opt_.schedule_k);
-    StageAgg a0 = aggregate(ctx, sc.first, sc.last, subs[s].meshes[0], 0, sc.forced_dp);
-    if (a0.ok && stage_memory(a0, inf) <= ctx.usable_memory) continue;
-    StageAgg a1 = aggregate(ctx, sc.first, sc.last, subs[s].meshes[0], 1, sc.forced_dp);
-    if (a1.ok) {
+    StageAgg a0 = aggregate(ctx, sc.first, sc.last, cand.bs, cand.meshes.back(), 0, 1);
+    if (!(a0.ok && stage_memory(a0, inf) <= ctx.usable_memory)) {
+      StageAgg a1 = aggregate(ctx, sc.first, sc.last, cand.bs, cand.meshes.back(), 1, 1);
+      if (!(a1.ok && stage_memory(a1, inf) <= ctx.usable_memory)) {
+        b.note = a1.ok   ? fmt::format("stage {}: {:.3g} GB/device > {:.3g} GB usable", s,
+                                       stage_memory(a1, inf) / 1e9, ctx.usable_memory / 1e9)
+                 : a0.ok ? fmt::format("stage {}: {:.3g} GB/device > {:.3g} GB usable", s,
+                                       stage_memory(a0, inf) / 1e9, ctx.usable_memory / 1e9)
+                         : fmt::format("stage {}: {}", s, a0.error);
+        return b;
+      }
       sc.variant = 1;
-      continue;
     }
-    Built b;
-    b.note = a0.ok ? fmt::format("stage {}: {:.3g} GB/device > {:.3g} GB usable", s, stage_memory(a0, inf) / 1e9,
-                                 ctx.usable_memory / 1e9)
-                   : fmt::format("stage {}: {}", s, a1.error.empty() ? a0.error : a1.error);
-    b.plan.strategy = cand.strategy;
-    return b;
+    cand.stages.push_back(sc);
   }
-  Built b = materialise(ctx, subs, cand, reshard::Balancer::LargestFirst);
-  return b;
+  return materialise(ctx, {}, cand, reshard::Balancer::LargestFirst);
 }
 
 Alternative alternative_of(const Built& b) {
@@ -968,40 +1057,81 @@ void sort_alternatives(std::vector<Alternative>& alts, int max_n) {
   if (max_n > 0 && static_cast<int>(alts.size()) > max_n) alts.resize(static_cast<std::size_t>(max_n));
 }
 
+// Every Megatron layout × micro-batch count; the best first.
+std::pair<std::optional<Built>, std::vector<Alternative>> megatron_all(Context& ctx) {
+  std::optional<Built> best;
+  std::vector<Alternative> alts;
+  const auto& o = ctx.opt_;
+  const auto layouts = megatron_layouts(ctx.c_, std::min(ctx.L(), o.max_stages > 0 ? o.max_stages : ctx.L()));
+  const auto Ms = microbatch_counts(o, ctx.global_batch);
+  std::size_t i = 0;
+  for (const auto& lay : layouts)
+    for (int M : Ms) {
+      ctx.progress("baseline", static_cast<double>(i++) / (layouts.size() * Ms.size()),
+                   fmt::format("{} M={}", lay.to_string(), M));
+      if (lay.p == 1 && M > 1 && Ms.size() > 1 && M != Ms.front()) {
+        // a 1-stage layout gains nothing from more micro-batches except memory: still tried
+      }
+      Built b = megatron_build(ctx, lay, M);
+      if (b.plan.stages.empty() && !b.note.empty() && b.note.find("divisible") != std::string::npos) continue;
+      alts.push_back(alternative_of(b));
+      if (b.feasible && (!best || b.plan.step_time < best->plan.step_time)) best = std::move(b);
+    }
+  return {std::move(best), std::move(alts)};
+}
+
 }  // namespace
 
-Plan megatron_plan(const ir::Graph& g, const cluster::Cluster& c, const MegatronLayout& layout, const PlanOptions& o) {
-  validate_options(o, c);
+double model_state_bytes(const ir::Graph& g) {
+  double b = 0;
+  for (const auto& t : g.tensors())
+    if (is_state_leaf(t)) b += static_cast<double>(t.bytes()) * (t.role == ir::Role::Parameter ? 2.0 : 1.0);
+  return b;
+}
+
+std::string MegatronLayout::to_string() const { return fmt::format("t={} p={} d={}", t, p, d); }
+
+std::vector<MegatronLayout> megatron_layouts(const cluster::Cluster& c, int max_p) {
+  const int N = c.num_devices();
+  const int G = c.nodes().empty() ? 1 : c.nodes()[0].num_devices;
+  std::vector<MegatronLayout> out;
+  for (int t = 1; t <= G; ++t) {
+    if (G % t || N % t) continue;
+    for (int p = 1; p <= N / t; ++p) {
+      if ((N / t) % p) continue;
+      if (max_p > 0 && p > max_p) continue;
+      out.push_back({t, p, N / (t * p)});
+    }
+  }
+  return out;
+}
+
+Plan megatron_plan(const ir::Graph& g, const cluster::Cluster& c, const MegatronLayout& layout,
+                   const PlanOptions& o) {
   const double start = now_s();
-  Context ctx(g, c, o, start);
-  ctx.usable_memory = usable_memory_of(o, c);
-  ctx.M = o.num_microbatches;
-  check_total_memory(g, c, ctx.usable_memory);
+  Context ctx = make_context(g, c, o, start);
   ctx.init_blocks(auto_blocks(g, o));
-  Built b = megatron_build(ctx, layout);
-  WEFT_CHECK(b.feasible, "megatron layout {} does not fit: {}", layout.to_string(), b.note);
-  b.plan.plan_seconds = now_s() - start;
-  return b.plan;
+  const auto Ms = microbatch_counts(o, ctx.global_batch);
+  std::optional<Built> best;
+  std::string why;
+  for (int M : Ms) {
+    Built b = megatron_build(ctx, layout, M);
+    if (b.feasible && (!best || b.plan.step_time < best->plan.step_time))
+      best = std::move(b);
+    else if (!b.feasible)
+      why = b.note;
+  }
+  WEFT_CHECK(best.has_value(), "megatron layout {} does not fit: {}", layout.to_string(), why);
+  best->plan.plan_seconds = now_s() - start;
+  return best->plan;
 }
 
 Plan best_megatron_plan(const ir::Graph& g, const cluster::Cluster& c, const PlanOptions& o) {
-  validate_options(o, c);
   const double start = now_s();
-  Context ctx(g, c, o, start);
-  ctx.usable_memory = usable_memory_of(o, c);
-  ctx.M = o.num_microbatches;
-  check_total_memory(g, c, ctx.usable_memory);
+  Context ctx = make_context(g, c, o, start);
   ctx.init_blocks(auto_blocks(g, o));
-  std::optional<Built> best;
-  std::vector<Alternative> alts;
-  const auto layouts = megatron_layouts(c, std::min(ctx.L(), o.max_stages > 0 ? o.max_stages : ctx.L()));
-  for (std::size_t i = 0; i < layouts.size(); ++i) {
-    ctx.progress("baseline", static_cast<double>(i) / layouts.size(), layouts[i].to_string());
-    Built b = megatron_build(ctx, layouts[i]);
-    alts.push_back(alternative_of(b));
-    if (b.feasible && (!best || b.plan.step_time < best->plan.step_time)) best = std::move(b);
-  }
-  WEFT_CHECK(best.has_value(), "no Megatron-style layout fits in memory ({} tried; first: {})", layouts.size(),
+  auto [best, alts] = megatron_all(ctx);
+  WEFT_CHECK(best.has_value(), "no Megatron-style layout fits in memory ({} tried; first: {})", alts.size(),
              alts.empty() ? std::string("none") : alts.front().note);
   sort_alternatives(alts, o.max_alternatives);
   best->plan.alternatives = std::move(alts);
@@ -1010,93 +1140,88 @@ Plan best_megatron_plan(const ir::Graph& g, const cluster::Cluster& c, const Pla
 }
 
 Plan make_plan(const ir::Graph& g, const cluster::Cluster& c, const PlanOptions& o) {
-  validate_options(o, c);
   const double start = now_s();
-  Context ctx(g, c, o, start);
-  ctx.usable_memory = usable_memory_of(o, c);
-  ctx.M = o.num_microbatches;
-  // Fail fast: parameter state alone over the whole cluster's memory.
-  check_total_memory(g, c, ctx.usable_memory);
-  WEFT_CHECK(c.homogeneous(),
-             "make_plan: heterogeneous clusters are not planned yet by make_plan (cluster {}); plan each kind "
-             "separately",
-             c.to_string());
+  Context ctx = make_context(g, c, o, start);
+  WEFT_CHECK(
+      c.homogeneous(),
+      "make_plan: heterogeneous clusters are not planned by make_plan yet (cluster {}); plan each kind "
+      "separately",
+      c.to_string());
   ctx.progress("grouping", 0.0, "layer grouping");
   ctx.init_blocks(auto_blocks(g, o));
   auto subs = make_mesh_options(ctx);
   WEFT_CHECK(!subs.empty(), "make_plan: no submesh left by the search limits");
-  // Candidates: DP per stage count, plus the uniform partitions.
-  std::vector<Candidate> cands = partition_candidates(ctx, subs);
-  if (o.uniform_partitions && o.pipeline) {
-    const int D = c.num_devices();
-    for (int si = 0; si < static_cast<int>(subs.size()); ++si) {
-      const int n = subs[si].shape.num_devices();
-      if (D % n) continue;
-      const int p = D / n;
-      if (p < 2 || p > ctx.L() || (o.max_stages > 0 && p > o.max_stages)) continue;
-      const auto split = balanced_split(ctx.grouping, p);
-      Candidate cand;
-      cand.strategy = "pipeline (uniform)";
-      bool ok = true;
-      for (int s = 0; s < p && ok; ++s) {
-        const int inf = in_flight(o.schedule, p - s, ctx.M, o.schedule_k);
-        auto sc = best_stage(ctx, subs, split[s].first, split[s].second, si, inf);
-        if (!sc) ok = false;
-        else cand.stages.push_back(*sc);
+  const auto Ms = microbatch_counts(o, ctx.global_batch);
+  std::vector<Candidate> cands;
+  for (int M : Ms)
+    for (int d : dp_degrees(o, c, ctx.global_batch / M)) {
+      auto cs = partition_candidates(ctx, subs, M, d);
+      cands.insert(cands.end(), cs.begin(), cs.end());
+      // Equal-block partitions on every submesh size that divides the replica (Megatron-like).
+      if (!o.uniform_partitions || !o.pipeline) continue;
+      const int D = c.num_devices() / d;
+      const std::int64_t bs = ctx.global_batch / (static_cast<std::int64_t>(M) * d);
+      for (int si = 0; si < static_cast<int>(subs.size()); ++si) {
+        const int n = subs[si].shape.num_devices();
+        if (n > D || D % n) continue;
+        const int p = D / n;
+        if (p < 2 || p > ctx.L() || (o.max_stages > 0 && p > o.max_stages)) continue;
+        const auto split = balanced_split(ctx.grouping, p);
+        Candidate cand;
+        cand.strategy = "pipeline (equal blocks)";
+        cand.M = M;
+        cand.dp = d;
+        cand.bs = bs;
+        bool ok = true;
+        for (int s = 0; s < p && ok; ++s) {
+          auto sc = best_stage(ctx, subs, split[s].first, split[s].second, si, bs,
+                               in_flight(o.schedule, p - s, M, o.schedule_k));
+          if (!sc)
+            ok = false;
+          else
+            cand.stages.push_back(*sc);
+        }
+        if (!ok) continue;
+        double sum = 0, mx = 0;
+        for (const auto& st : cand.stages) sum += st.time, mx = std::max(mx, st.time);
+        cand.proxy = sum + (M - 1) * mx;
+        cands.push_back(std::move(cand));
       }
-      if (ok) cands.push_back(std::move(cand));
     }
-  }
   ctx.progress("simulate", 0.7, fmt::format("simulating {} candidates", cands.size()));
+  if (std::getenv("WEFT_PLAN_DEBUG")) fmt::print(stderr, "{} candidates\n", cands.size());
   std::vector<Alternative> alts;
   std::optional<Built> best;
   std::optional<Candidate> best_cand;
-  for (std::size_t i = 0; i < cands.size(); ++i) {
+  // Simulate the candidates, cheapest proxy first; materialising all of them is what costs (the
+  // resharding plans), so only the best few per (M, dp) by proxy are simulated.
+  std::stable_sort(cands.begin(), cands.end(),
+                   [](const Candidate& a, const Candidate& b) { return a.proxy < b.proxy; });
+  const std::size_t max_sim = static_cast<std::size_t>(std::max(1, o.max_simulated));
+  for (std::size_t i = 0; i < cands.size() && i < max_sim; ++i) {
     ctx.check_time("simulation of the candidates");
     Built b = materialise(ctx, subs, cands[i], reshard::Balancer::LargestFirst);
+    if (std::getenv("WEFT_PLAN_DEBUG"))
+      fmt::print(stderr, "cand {} proxy {:.4f} sim {:.4f} feasible {} {} {}\n", i, cands[i].proxy,
+                 b.plan.step_time, b.feasible, b.plan.stages.empty() ? "" : layout_text(b.plan), b.note);
     alts.push_back(alternative_of(b));
     if (b.feasible && (!best || b.plan.step_time < best->plan.step_time)) {
       best = std::move(b);
       best_cand = cands[i];
     }
   }
-  // SPMD-only on every logical shape of the whole cluster, for the comparison (cheap: cached).
-  for (const auto& so : subs) {
-    if (so.shape.num_devices() != c.num_devices()) continue;
-    const int si = static_cast<int>(&so - subs.data());
-    for (int mi = 0; mi < static_cast<int>(so.meshes.size()); ++mi) {
-      Candidate cand;
-      cand.strategy = "spmd " + mesh_text(so.meshes[mi].logical);
-      bool ok = true;
-      std::string why;
-      StageAgg a = aggregate(ctx, 0, ctx.L() - 1, so.meshes[mi], 0, 0);
-      int variant = 0;
-      if (!a.ok || stage_memory(a, in_flight(o.schedule, 1, ctx.M, o.schedule_k)) > ctx.usable_memory) {
-        StageAgg a1 = aggregate(ctx, 0, ctx.L() - 1, so.meshes[mi], 1, 0);
-        if (a1.ok) variant = 1;
-        else ok = false, why = a1.error.empty() ? a.error : a1.error;
-      }
-      if (!ok) {
-        alts.push_back({cand.strategy, "1 stage", 0, 0, false, why});
-        continue;
-      }
-      cand.stages.push_back(StageChoice{0, ctx.L() - 1, si, mi, variant, 0, 0, 0});
-      Built b = materialise(ctx, subs, cand, reshard::Balancer::LargestFirst);
-      alts.push_back(alternative_of(b));
-      if (b.feasible && (!best || b.plan.step_time < best->plan.step_time)) {
-        best = std::move(b);
-        best_cand = cand;
-      }
-    }
-  }
+  // The Megatron-style layouts are points of the search space too (equal blocks, tensor-parallel
+  // groups inside a node, replicated pipelines, the group's inputs replicated): they compete.
+  bool mega_won = false;
   if (o.compare_megatron) {
-    const auto layouts = megatron_layouts(c, std::min(ctx.L(), o.max_stages > 0 ? o.max_stages : ctx.L()));
-    for (std::size_t i = 0; i < layouts.size(); ++i) {
-      ctx.progress("baseline", 0.85 + 0.1 * static_cast<double>(i) / layouts.size(), layouts[i].to_string());
-      Built b = megatron_build(ctx, layouts[i]);
-      Alternative a = alternative_of(b);
+    auto [mb, malts] = megatron_all(ctx);
+    for (auto& a : malts) {
       a.strategy += " (baseline)";
       alts.push_back(a);
+    }
+    if (mb && mb->feasible && (!best || mb->plan.step_time < best->plan.step_time)) {
+      best = std::move(mb);
+      mega_won = true;
     }
   }
   if (!best) {
@@ -1109,8 +1234,10 @@ Plan make_plan(const ir::Graph& g, const cluster::Cluster& c, const PlanOptions&
   }
   // The winner with the best resharding plans.
   ctx.progress("simulate", 0.97, "final resharding plans");
-  Built fin = materialise(ctx, subs, *best_cand, reshard::Balancer::Best);
-  if (fin.feasible && fin.plan.step_time <= best->plan.step_time) best = std::move(fin);
+  if (!mega_won) {
+    Built fin = materialise(ctx, subs, *best_cand, reshard::Balancer::Best);
+    if (fin.feasible && fin.plan.step_time <= best->plan.step_time) best = std::move(fin);
+  }
   sort_alternatives(alts, o.max_alternatives);
   Plan p = std::move(best->plan);
   p.alternatives = std::move(alts);

@@ -16,8 +16,9 @@ std::int64_t batch_size(const ir::Graph& g) {
   for (const auto& t : g.tensors()) {
     if (t.role != ir::Role::Input || t.producer != ir::kNoOp || t.rank() < 1) continue;
     if (b < 0) b = t.shape[0];
-    WEFT_CHECK(t.shape[0] == b, "batch_size: graph '{}' has inputs with different leading sizes ({} and {} of '{}')",
-               g.name(), b, t.shape[0], t.name);
+    WEFT_CHECK(t.shape[0] == b,
+               "batch_size: graph '{}' has inputs with different leading sizes ({} and {} of '{}')", g.name(),
+               b, t.shape[0], t.name);
   }
   WEFT_CHECK(b >= 1, "batch_size: graph '{}' has no Input tensor with a batch dimension", g.name());
   return b;
@@ -30,7 +31,8 @@ ir::Graph rebatch(const ir::Graph& g, std::int64_t nb) {
   std::vector<ir::TensorInfo> ts = g.tensors();
   for (auto& t : ts) {
     if (t.producer != ir::kNoOp || t.rank() < 1 || t.shape[0] != B) continue;
-    if (t.role == ir::Role::Input || t.role == ir::Role::Activation || t.role == ir::Role::Gradient) t.shape[0] = nb;
+    if (t.role == ir::Role::Input || t.role == ir::Role::Activation || t.role == ir::Role::Gradient)
+      t.shape[0] = nb;
   }
   std::vector<ir::Op> ops = g.ops();
   for (ir::OpId o : g.topo_order()) {
@@ -46,20 +48,23 @@ ir::Graph rebatch(const ir::Graph& g, std::int64_t nb) {
       if (!old.empty() && old[0] == B && ts[t].shape[0] == nb) batch_changed = true;
     }
     auto& ints = op.attrs.ints;
-    const bool shape_attr = op.kind == ir::OpKind::Reshape || op.kind == ir::OpKind::BroadcastTo ||
-                            op.kind == ir::OpKind::Opaque;
+    const bool shape_attr =
+        op.kind == ir::OpKind::Reshape || op.kind == ir::OpKind::BroadcastTo || op.kind == ir::OpKind::Opaque;
     if (shape_attr && !ints.empty() && ints[0] == B) {
-      const bool inserts_dim0 = op.kind == ir::OpKind::BroadcastTo &&
-                                std::find(op.attrs.axes.begin(), op.attrs.axes.end(), 0) != op.attrs.axes.end();
+      const bool inserts_dim0 =
+          op.kind == ir::OpKind::BroadcastTo &&
+          std::find(op.attrs.axes.begin(), op.attrs.axes.end(), 0) != op.attrs.axes.end();
       if (batch_changed || inserts_dim0) ints[0] = nb;
     }
     ir::OpSignature sig;
     try {
       sig = ir::derive_signature(op.kind, op.attrs, in, dt, op.name);
     } catch (const Error& e) {
-      fail("rebatch: graph '{}' cannot change batch {} -> {} at op '{}': {}", g.name(), B, nb, old_op.name, e.what());
+      fail("rebatch: graph '{}' cannot change batch {} -> {} at op '{}': {}", g.name(), B, nb, old_op.name,
+           e.what());
     }
-    WEFT_CHECK(sig.output_shapes.size() == op.outputs.size(), "rebatch: op '{}' changed its result count", op.name);
+    WEFT_CHECK(sig.output_shapes.size() == op.outputs.size(), "rebatch: op '{}' changed its result count",
+               op.name);
     for (std::size_t i = 0; i < op.outputs.size(); ++i) ts[op.outputs[i]].shape = sig.output_shapes[i];
     op.index_map = std::move(sig.index_map);
   }

@@ -6,9 +6,13 @@
 // plus the alternatives the planner compared. A plain value: JSON round trip is exact, and
 // resimulate() recomputes the step time from the stored stage times alone.
 //
-// Conventions. The training graph is ONE micro-batch (its batch dimension is the micro-batch,
-// summed over data-parallel replicas); a step runs num_microbatches of them, so the global batch is
-// num_microbatches × microbatch_size samples. Times are seconds, memory bytes per device.
+// Conventions. The training graph is ONE STEP of the global batch B (its Input leaves' dim 0). A
+// step runs num_microbatches micro-batches on each of data_parallel replicas of the pipeline, so
+// B = num_microbatches × data_parallel × microbatch_size (the planner costs the micro-batch with
+// plan::rebatch). Times are seconds, memory bytes per device. A stage's devices list every replica
+// (replica-major); with data_parallel > 1 its mesh_shape starts with the replica axis and the
+// parameter specs start with "R" on it. The gradient all-reduce across replicas is part of
+// optimizer_time.
 // Per stage and micro-batch: forward_time = F, backward_time = B (input + weight gradients; the
 // split schedules take weight_time = W out of it), optimizer_time = the parameter update once per
 // step. send_time of a boundary = simulated time of its resharding plan (reshard module), which the
@@ -33,9 +37,9 @@ struct ParamSpec {
 
 struct Stage {
   int index = 0;
-  int first_block = 0, last_block = 0;  // inclusive range of layer-grouping blocks
-  std::vector<std::string> ops;         // op names of the training graph, ascending op id
-  std::vector<int> devices;             // device ids, row-major over mesh_shape
+  int first_block = 0, last_block = 0;   // inclusive range of layer-grouping blocks
+  std::vector<std::string> ops;          // op names of the training graph, ascending op id
+  std::vector<int> devices;              // device ids, row-major over mesh_shape
   std::vector<std::int64_t> mesh_shape;  // logical mesh the SPMD search ran on
   std::vector<ParamSpec> params;
   double forward_time = 0, backward_time = 0, weight_time = 0, optimizer_time = 0;  // see header
@@ -74,8 +78,8 @@ struct Alternative {
 };
 
 struct Plan {
-  std::string model;    // graph name
-  std::string cluster;  // Cluster::to_string()
+  std::string model;     // graph name
+  std::string cluster;   // Cluster::to_string()
   std::string strategy;  // "spmd" (one stage on the whole cluster), "pipeline", or a baseline name
   std::string schedule;  // schedule kind: "1f1b", "gpipe", "kfkb", "eager_1f1b", "interleaved", "zb_h1"
   int schedule_k = 1;    // kFkB group size
@@ -90,19 +94,19 @@ struct Plan {
   std::vector<double> boundary_bytes;  // per boundary, bytes per micro-batch
   double step_time = 0;                // simulated
   double bubble_fraction = 0;
-  double throughput = 0;               // samples / s
-  double model_flops = 0;              // per step: forward + backward FLOPs of the graph × micro-batches
-  double cluster_peak_flops = 0;       // Σ peak FLOP/s of the devices used
-  double mfu = 0;                      // model_flops / (step_time × cluster_peak_flops)
-  double peak_memory = 0;              // max over devices
-  std::vector<double> device_memory;   // per device id used (indexed like devices_used)
+  double throughput = 0;              // samples / s
+  double model_flops = 0;             // per step: forward + backward FLOPs of the graph × micro-batches
+  double cluster_peak_flops = 0;      // Σ peak FLOP/s of the devices used
+  double mfu = 0;                     // model_flops / (step_time × cluster_peak_flops)
+  double peak_memory = 0;             // max over devices
+  std::vector<double> device_memory;  // per device id used (indexed like devices_used)
   std::vector<int> devices_used;
-  double memory_limit = 0;             // per device, as planned
+  double memory_limit = 0;  // per device, as planned
   double plan_seconds = 0;
   std::vector<Alternative> alternatives;  // best first
 
   int num_stages() const { return static_cast<int>(stages.size()); }
-  std::string summary() const;  // readable multi-line text
+  std::string summary() const;    // readable multi-line text
   std::string to_string() const;  // one line
   std::string to_json() const;
   static Plan from_json(std::string_view text);  // weft::Error naming the bad field

@@ -35,22 +35,26 @@ struct PlanOptions {
   std::string schedule = "1f1b";  // "1f1b", "gpipe", "kfkb", "eager_1f1b", "interleaved", "zb_h1"
   int schedule_k = 2;             // kFkB group size
   int schedule_v = 2;             // interleaved virtual stages per device
-  int num_microbatches = 8;       // >= 1
-  int num_blocks = 0;             // layer-grouping blocks; 0 = auto (min(forward-op runs, 16))
-  int max_stages = 0;             // 0 = no limit
+  int num_microbatches = 0;       // 0 = auto: every power of two dividing the batch, up to max_microbatches
+  int max_microbatches = 32;
+  int max_data_parallel = 0;  // 0 = any number of pipeline replicas
+  int max_simulated = 256;    // candidates simulated (best DP proxies first)
+  bool two_d_meshes = false;  // 2-D logical meshes for the SPMD search (slow: tens of s per block)
+  int num_blocks = 0;         // layer-grouping blocks; 0 = auto (min(forward-op runs, 16))
+  int max_stages = 0;         // 0 = no limit
   SpmdLevel spmd_level = SpmdLevel::O2;
-  double spmd_time_limit_s = 2;   // per ILP of an SPMD search
+  double spmd_time_limit_s = 2;     // per ILP of an SPMD search
   double spmd_relative_gap = 0.02;  // per ILP of an SPMD search
-  double time_limit_s = 300;      // whole planning; weft::Error when exceeded
-  double memory_limit = 0;        // bytes per device; 0 = the device's memory
-  double memory_fraction = 0.9;   // usable part of memory_limit (fragmentation, workspace)
+  double time_limit_s = 300;        // whole planning; weft::Error when exceeded
+  double memory_limit = 0;          // bytes per device; 0 = the device's memory
+  double memory_fraction = 0.9;     // usable part of memory_limit (fragmentation, workspace)
   // Search space limits (the fast path for huge models / clusters):
-  bool whole_nodes_only = false;   // submeshes of whole nodes only (no slices of a node)
-  bool power_of_two_nodes = false; // submeshes of 1, 2, 4, ... nodes only
-  int max_logical_shapes = 0;      // per submesh, 0 = all 2-D shapes with the minor axis in a node
-  bool pipeline = true;            // consider pipelines (false: SPMD only)
-  bool uniform_partitions = true;  // also simulate equal-block partitions (Megatron-like shapes)
-  bool compare_megatron = true;    // evaluate the Megatron-style baseline and list it
+  bool whole_nodes_only = false;    // submeshes of whole nodes only (no slices of a node)
+  bool power_of_two_nodes = false;  // submeshes of 1, 2, 4, ... nodes only
+  int max_logical_shapes = 0;       // per submesh, 0 = all 2-D shapes with the minor axis in a node
+  bool pipeline = true;             // consider pipelines (false: SPMD only)
+  bool uniform_partitions = true;   // also simulate equal-block partitions (Megatron-like shapes)
+  bool compare_megatron = true;     // evaluate the Megatron-style baseline and list it
   int max_alternatives = 12;
   std::function<void(const PlanProgress&)> progress;
 };
@@ -58,7 +62,8 @@ struct PlanOptions {
 // Plans a training graph (one micro-batch; see plan.hpp) on a cluster. Throws weft::Error on bad
 // options, when the model cannot fit in the cluster's total memory (the message says how many
 // bytes are missing) or when no candidate fits.
-Plan make_plan(const ir::Graph& training_graph, const cluster::Cluster& cluster, const PlanOptions& options = {});
+Plan make_plan(const ir::Graph& training_graph, const cluster::Cluster& cluster,
+               const PlanOptions& options = {});
 
 // A Megatron-LM style manual layout: tensor parallel t inside a node (t divides the GPUs per node),
 // pipeline p (equal FLOP split of the blocks, contiguous device ranges), data parallel d on the
@@ -72,8 +77,8 @@ struct MegatronLayout {
 };
 std::vector<MegatronLayout> megatron_layouts(const cluster::Cluster& cluster, int max_p = 0);
 // The plan of one layout; weft::Error when it does not fit in memory (message says why).
-Plan megatron_plan(const ir::Graph& training_graph, const cluster::Cluster& cluster, const MegatronLayout& layout,
-                   const PlanOptions& options = {});
+Plan megatron_plan(const ir::Graph& training_graph, const cluster::Cluster& cluster,
+                   const MegatronLayout& layout, const PlanOptions& options = {});
 // Every layout evaluated; the best feasible plan first in `alternatives`, weft::Error when none fits.
 Plan best_megatron_plan(const ir::Graph& training_graph, const cluster::Cluster& cluster,
                         const PlanOptions& options = {});
