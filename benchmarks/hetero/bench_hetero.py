@@ -67,15 +67,16 @@ def main() -> None:
                 emit(case, "balanced_throughput", r.balanced.throughput, "samples/s", r.even.throughput)
             # pipeline: 4 GPUs of each kind, one stage per GPU
             ids = [0, 1, 2, 3, 8, 9, 10, 11]
-            for mb, nm in ((8, 16),) if "BERT" in mname else ((1, 16),):
+            mb, nm = (8, 16) if "BERT" in mname else (1, 16)
+            for reps in (1, 2):  # 8 stages, or Whale's 4 stages x 2 replicas
                 t0 = time.perf_counter()
                 try:
-                    p = hetero.balance_pipeline(c, prof, devices=ids, micro_batch=mb, num_micro=nm)
+                    p = hetero.balance_pipeline(c, prof, devices=ids, micro_batch=mb, num_micro=nm, replicas=reps)
                 except ValueError as e:  # model does not fit the 8 GPUs
                     rows.append((f"PP {mname} {cname} 4+4", 0, 0, 0, str(e)[:40], 0))
                     continue
                 dt = time.perf_counter() - t0
-                case = f"PP {mname} {cname} 4+4 mb={mb} M={nm}"
+                case = f"PP {mname} {cname} 4+4 {8 // reps}x{reps} mb={mb} M={nm}"
                 rows.append((case, p.even.throughput, p.balanced.throughput, p.speedup,
                              ",".join(map(str, p.layers)) + ("" if p.even.fits else " (even OOM)"), dt))
                 emit(case, "throughput_ratio", p.speedup, "x", "even stage partition")

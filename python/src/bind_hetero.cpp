@@ -142,7 +142,8 @@ void bind_hetero(py::module_& root) {
       .def(py::init<>())
       .def_readwrite("calibration", &PipelineOptions::calibration)
       .def_readwrite("micro_batch", &PipelineOptions::micro_batch)
-      .def_readwrite("num_micro", &PipelineOptions::num_micro);
+      .def_readwrite("num_micro", &PipelineOptions::num_micro)
+      .def_readwrite("replicas", &PipelineOptions::replicas);
   py::class_<PipelineEvaluation>(m, "PipelineEvaluation")
       .def_readonly("device_order", &PipelineEvaluation::device_order)
       .def_readonly("layers", &PipelineEvaluation::layers)

@@ -133,14 +133,17 @@ class PipelineBalance:
 
 
 def balance_pipeline(cluster: Cluster, model: ModelLike, devices: Optional[Sequence[int]] = None,
-                     micro_batch: int = 1, num_micro: int = 8, calibration=None) -> PipelineBalance:
-    """One pipeline stage per device (memory-descending), layer counts by Algorithm 1, scored by the 1F1B simulator."""
+                     micro_batch: int = 1, num_micro: int = 8, calibration=None, replicas: int = 1) -> PipelineBalance:
+    """Pipeline stages on mixed GPUs: devices memory-descending, ``replicas`` consecutive devices per stage
+    (nested data parallelism), layer counts by Algorithm 1, scored by the 1F1B simulator."""
     prof = profile(model)
     opt = PipelineOptions()
     opt.micro_batch = int(micro_batch)
     opt.num_micro = int(num_micro)
+    opt.replicas = int(replicas)
     if calibration is not None:
         opt.calibration = calibration
     bal = _balance_pipeline(prof, cluster, _devices(cluster, devices), opt)
-    even = evaluate_pipeline(prof, cluster, bal.device_order, even_layers(prof.num_layers, len(bal.device_order)), opt)
+    stages = len(bal.device_order) // opt.replicas
+    even = evaluate_pipeline(prof, cluster, bal.device_order, even_layers(prof.num_layers, stages), opt)
     return PipelineBalance(list(bal.device_order), list(bal.layers), bal, even, bal.throughput / even.throughput)

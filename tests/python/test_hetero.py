@@ -107,3 +107,13 @@ def test_balance_pipeline_4_plus_4():
     p = hetero.profile(bert128)
     # small batches peak at the optimizer step (batch-independent), large ones at the activations
     assert p.num_layers == 24 and p.peak_memory(2) == p.peak_memory(1) < p.peak_memory(48)
+
+
+def test_balance_pipeline_nested_data_parallel():
+    c = v100_p100()
+    r = hetero.balance_pipeline(c, bert128, devices=[0, 1, 2, 3, 8, 9, 10, 11], micro_batch=8, num_micro=16,
+                                replicas=2)
+    assert len(r.layers) == 4 and sum(r.layers) == 24 and r.layers[0] > r.layers[3]
+    assert r.speedup >= 1.15
+    with pytest.raises(ValueError, match="replicas"):
+        hetero.balance_pipeline(c, bert128, devices=[0, 1, 8], replicas=2)
