@@ -133,6 +133,10 @@ void bind_pipeline(py::module_& root) {
       py::arg("graph"), py::arg("ops"),
       "(stage graph, original tensor id per tensor, original op id per op)");
 
+  m.def("structurally_equal", &structurally_equal, py::arg("a"), py::arg("b"),
+        "Same ops, attributes, wiring and tensor shapes/dtypes/roles, names ignored.");
+  m.def("structural_hash", &structural_hash, py::arg("graph"), "Equal for structurally equal graphs.");
+
   // ---- DP
   py::class_<StageCost>(m, "StageCost")
       .def(py::init([](double t, double mem, bool fits) {

@@ -36,6 +36,8 @@ owner_forward_op = _p.owner_forward_op
 group_layers = _p.group_layers
 extract_stage = _p.extract_stage
 extract_stage_mapped = _p.extract_stage_mapped
+structurally_equal = _p.structurally_equal
+structural_hash = _p.structural_hash
 submesh_shapes = _p.submesh_shapes
 logical_mesh_shapes = _p.logical_mesh_shapes
 assign_submeshes = _p.assign_submeshes
@@ -55,10 +57,10 @@ CostResult = Union[None, float, int, StageCost, tuple]
 __all__ = [
     "SubmeshShape", "SubmeshPlacement", "ReplicatedPipeline", "OpPhase", "Block", "LayerGrouping", "StageCost",
     "DpStage", "DpPartition", "PartitionDag", "StageBounds", "IlpPartition", "classify_ops", "owner_forward_op",
-    "group_layers", "extract_stage", "extract_stage_mapped", "submesh_shapes", "logical_mesh_shapes",
-    "assign_submeshes", "replicate_pipeline", "partition_dp", "partition_dp_exhaustive", "dag_from_graph",
-    "cut_bytes", "stage_compute", "feasible_partition", "stage_bounds", "partition_ilp", "partition_dag_ilp",
-    "partition_dag_exhaustive",
+    "group_layers", "extract_stage", "extract_stage_mapped", "structurally_equal", "structural_hash",
+    "submesh_shapes", "logical_mesh_shapes", "assign_submeshes", "replicate_pipeline", "partition_dp",
+    "partition_dp_exhaustive", "dag_from_graph", "cut_bytes", "stage_compute", "feasible_partition",
+    "stage_bounds", "partition_ilp", "partition_dag_ilp", "partition_dag_exhaustive",
 ]
 
 

@@ -53,6 +53,14 @@ def test_extract_stage_is_a_valid_graph():
     assert sorted(omap) == sorted(lg.blocks[1].ops)
     with pytest.raises(ValueError):
         wp.extract_stage(g, [])
+    # Two middle GPT layers cut out by name are the same structure (one SPMD solve serves both).
+    g3 = tiny_gpt(4)  # h1, h2 are middle layers (the last one feeds the final LN only)
+    owner = wp.owner_forward_op(g3)
+    names = [op["name"] for op in g3.ops]
+    layer = {p: [o for o in range(len(names)) if names[owner[o]].startswith(p)] for p in ("h1.", "h2.")}
+    a, b = (wp.extract_stage(g3, layer[p]) for p in ("h1.", "h2."))
+    assert wp.structurally_equal(a, b) and wp.structural_hash(a) == wp.structural_hash(b)
+    assert not wp.structurally_equal(a, s)
 
 
 def test_submeshes_and_placement():
