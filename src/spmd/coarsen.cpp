@@ -129,10 +129,10 @@ std::vector<int> solve_window(const StrategyProblem& p, const std::vector<int>& 
     }
   }
   std::vector<int> res;
-  Elimination el(sub);
+  Elimination el(sub, -1, opt.max_table);
   if (el.ok()) {
     if (!std::isinf(el.kept_cost()[0])) res = el.choice_for(0);
-  } else {
+  } else if (sub.num_nodes() <= opt.refine_ilp_max_nodes) {
     SolveOptions so;
     so.time_limit_s = opt.time_limit_s;
     so.relative_gap = opt.relative_gap;
@@ -330,7 +330,7 @@ ProblemSolution solve_o2(const StrategyProblem& p, int n_ops, const std::vector<
     } else {
       all_cached = false;
       entry.assign(nt, {kInfCost, {}});
-      Elimination el(sub, ends_critical ? lend : -1);
+      Elimination el(sub, ends_critical ? lend : -1, opt.max_table);
       if (el.ok()) {
         for (int t = 0; t < nt; ++t)
           if (!std::isinf(el.kept_cost()[t])) {
@@ -338,9 +338,14 @@ ProblemSolution solve_o2(const StrategyProblem& p, int n_ops, const std::vector<
             entry[t] = {evaluate(sub, ch).cost, std::move(ch)};
           }
       } else {
-        for (int t = 0; t < nt; ++t) {
+        // Memory rows bind or the elimination tables are too large: an ILP. One per strategy of
+        // the end node keeps the DP exact; on a large segment that is too slow, so one ILP with
+        // the end free stands for the whole table (only its end strategy gets a finite F).
+        const bool per_end =
+            ends_critical && (nt <= opt.per_end_max_strategies || sub.num_nodes() <= opt.per_end_max_nodes);
+        for (int t = 0; t < (per_end ? nt : 1); ++t) {
           StrategyProblem q = sub;
-          if (ends_critical) {
+          if (per_end) {
             for (int s = 0; s < static_cast<int>(q.node_cost[lend].size()); ++s)
               if (s != t) q.node_cost[lend][s] = kInfCost;
             if (std::isinf(q.node_cost[lend][t])) continue;
@@ -355,7 +360,9 @@ ProblemSolution solve_o2(const StrategyProblem& p, int n_ops, const std::vector<
           st.max_gap = std::max(st.max_gap, sol.gap);
           if (static_cast<int>(sol.status) > static_cast<int>(st.worst_status) && sol.has_solution())
             st.worst_status = sol.status;
-          if (sol.has_solution()) entry[t] = {evaluate(q, sol.choice).cost, sol.choice};
+          if (!sol.has_solution()) continue;
+          const int at = per_end || !ends_critical ? t : sol.choice[lend];
+          entry[at] = {evaluate(q, sol.choice).cost, sol.choice};
         }
       }
       if (opt.reuse_repeated) cache.emplace(key, entry);
@@ -395,7 +402,10 @@ ProblemSolution solve_o2(const StrategyProblem& p, int n_ops, const std::vector<
   ProblemSolution out;
   out.choice = assign[best];
   for (int v = 0; v < n; ++v) WEFT_ASSERT(out.choice[v] >= 0, "O2 left a node without a strategy");
+  st.dp_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (opt.refine_sweeps > 0 && segs.size() > 1) refine(p, segs, opt, cache, st, out.choice);
+  st.refine_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() - st.dp_seconds;
   const auto ev = evaluate(p, out.choice);
   out.cost = ev.cost;
   out.status = ev.feasible() ? st.worst_status : solver::IlpStatus::Infeasible;

@@ -284,14 +284,31 @@ Built build_problem(Model& m, ReshardCosts& rc, double memory_limit, const Searc
     const int elem = dtype_size(m.g.tensor(u.tensor).dtype);
     EdgeCost e{u.producer, u.consumer, std::vector<double>(static_cast<std::size_t>(su) * sv, 0.0)};
     bool nonzero = false;
+    // Many strategies share a spec of this tensor: price the distinct (from, to) pairs once.
+    std::unordered_map<ShardingSpec, int> fid, tid;
+    std::vector<const ShardingSpec*> fs, ts;
+    std::vector<int> fi(su), ti(sv);
     for (int s = 0; s < su; ++s) {
-      const auto& from = m.produced(u.producer, s, u.out_slot);
+      const auto& sp = m.produced(u.producer, s, u.out_slot);
+      auto [it, fresh] = fid.emplace(sp, static_cast<int>(fs.size()));
+      if (fresh) fs.push_back(&sp);
+      fi[s] = it->second;
+    }
+    for (int t = 0; t < sv; ++t) {
+      const auto& sp = m.required(u, t);
+      auto [it, fresh] = tid.emplace(sp, static_cast<int>(ts.size()));
+      if (fresh) ts.push_back(&sp);
+      ti[t] = it->second;
+    }
+    std::vector<double> dist(fs.size() * ts.size());
+    for (std::size_t a = 0; a < fs.size(); ++a)
+      for (std::size_t c = 0; c < ts.size(); ++c) dist[a * ts.size() + c] = rc.time(*fs[a], *ts[c], elem);
+    for (int s = 0; s < su; ++s)
       for (int t = 0; t < sv; ++t) {
-        const double c = rc.time(from, m.required(u, t), elem);
+        const double c = dist[static_cast<std::size_t>(fi[s]) * ts.size() + ti[t]];
         e.cost[static_cast<std::size_t>(s) * sv + t] = c;
         nonzero |= c != 0;
       }
-    }
     if (nonzero) {
       p.edges.push_back(std::move(e));
       ++b.n_edges;
@@ -302,6 +319,11 @@ Built build_problem(Model& m, ReshardCosts& rc, double memory_limit, const Searc
   if (memory_limit > 0) {
     p.memory_limit = memory_limit;
     for (int pos : cost::maximal_positions(b.live)) {
+      // Every tensor's largest layout is at most its full size: a live set whose full sizes fit
+      // cannot bind (checked before building its terms; deep graphs have many such rows).
+      double full = 0;
+      for (ir::TensorId t : b.live.sets[pos]) full += static_cast<double>(m.g.tensor(t).bytes());
+      if (full <= memory_limit) continue;
       MemoryRow row;
       row.label = fmt::format("after {}", m.g.op(b.live.order[pos]).name);
       std::map<int, std::vector<double>> terms;
@@ -316,7 +338,15 @@ Built build_problem(Model& m, ReshardCosts& rc, double memory_limit, const Searc
         for (int s = 0; s < m.num_strategies(v); ++s)
           vec[s] += spec_bytes(m.produced(v, s, m.slot_of_tensor[t]), m.g.tensor(t).dtype);
       }
-      for (auto& [v, vec] : terms) row.terms.push_back({v, std::move(vec)});
+      double most = row.constant;
+      for (auto& [v, vec] : terms) {
+        most += *std::max_element(vec.begin(), vec.end());
+        row.terms.push_back({v, std::move(vec)});
+      }
+      // A row that fits even with every tensor at its largest layout cannot bind: dropping it is
+      // exact and keeps the ILP and the O2 segments small (peak memory is recomputed from the
+      // live sets afterwards, not from the rows).
+      if (most <= memory_limit) continue;
       p.memory_rows.push_back(std::move(row));
       b.rows_pos.push_back(pos);
     }
@@ -348,9 +378,15 @@ std::string explain_memory(const Model& m, const Built& b) {
   std::vector<std::string> names;
   for (std::size_t i = 0; i < std::min<std::size_t>(5, big.size()); ++i)
     names.push_back(fmt::format("{} ({:.3g} MB full)", m.g.tensor(big[i].second).name, big[i].first / 1e6));
+  if (worst > p.memory_limit)
+    return fmt::format(
+        "the live set {} needs at least {:.4g} MB per device under the most sharded layouts "
+        "(limit {:.4g} MB); largest tensors there: {}",
+        p.memory_rows[wr].label, worst / 1e6, p.memory_limit / 1e6, fmt::join(names, ", "));
   return fmt::format(
-      "the live set {} needs at least {:.4g} MB per device under the most sharded layouts "
-      "(limit {:.4g} MB); largest tensors there: {}",
+      "every live set fits alone under its most sharded layouts, but no single choice of layouts fits "
+      "them all (the layouts that shrink one live set grow another; tightest: {} at {:.4g} MB of {:.4g} MB); "
+      "largest tensors there: {}",
       p.memory_rows[wr].label, worst / 1e6, p.memory_limit / 1e6, fmt::join(names, ", "));
 }
 
@@ -383,6 +419,7 @@ std::string SearchReport::to_string() const {
   if (segments > 0)
     s += fmt::format("O2: {} segments, {} reused from identical layers, {} refinement moves\n", segments,
                      reused_segments, refine_moves);
+  if (o2_fallback) s += "O2 found no plan under the memory limit: solved as one ILP (O3)\n";
   s += fmt::format("predicted step: {:.6g} s = compute {:.6g} s + communication {:.6g} s\n",
                    compute_time + comm_time, compute_time, comm_time);
   s += fmt::format("peak memory per device: {:.4g} MB (limit {})\n", peak_memory / 1e6,
@@ -391,6 +428,8 @@ std::string SearchReport::to_string() const {
     s += fmt::format("memory loop: {} largest parameters forced sharded\n", forced_sharded_params);
   s += "phases:";
   for (const auto& [n, t] : phase_seconds) s += fmt::format(" {} {:.3f}s", n, t);
+  if (segments > 0)
+    s += fmt::format(" (O2 DP {:.3f}s, refinement {:.3f}s)", o2_dp_seconds, o2_refine_seconds);
   s += "\n";
   std::size_t w = 9;
   for (const auto& r : params) w = std::max(w, r.name.size());
@@ -463,10 +502,10 @@ SpmdPlan spmd_search(const ir::Graph& g, const cluster::Cluster& cl, const clust
   }
 
   std::vector<int> choice;
-  auto run_solve = [&](const StrategyProblem& p, double base, double span) {
-    progress("solve", base, opt.level == Level::O3 ? "ILP (O3)" : "segments (O2)");
+  auto run_solve = [&](const StrategyProblem& p, double base, double span, Level level) {
+    progress("solve", base, level == Level::O3 ? "ILP (O3)" : "segments (O2)");
     ProblemSolution sol;
-    if (opt.level == Level::O3) {
+    if (level == Level::O3) {
       SolveOptions so;
       so.time_limit_s = opt.time_limit_s;
       so.relative_gap = opt.relative_gap;
@@ -481,6 +520,8 @@ SpmdPlan spmd_search(const ir::Graph& g, const cluster::Cluster& cl, const clust
       oo.time_limit_s = opt.time_limit_s;
       oo.relative_gap = opt.relative_gap;
       oo.reuse_repeated = opt.reuse_repeated_layers;
+      oo.heavy_fraction = 1e-3;
+      oo.refine_sweeps = opt.o2_refine_sweeps;
       oo.progress = [&](double f) { progress("solve", base + span * f, "segments (O2)"); };
       std::vector<double> weight(m.num_nodes(), 0.0);
       std::vector<int> order_pos(m.num_nodes(), 0);
@@ -537,7 +578,12 @@ SpmdPlan spmd_search(const ir::Graph& g, const cluster::Cluster& cl, const clust
         for (ir::TensorId ti : g.op(o).outputs)
           if (fwd[o]) tensor_anchor[ti] = topo_pos[o];
         order_pos[o] = 4 * op_anchor[o] + (fwd[o] ? 2 : 1);
-        weight[o] = fwd[o] ? g.op(o).flops() : 0.0;
+        // Compute-heavy = a forward contraction (einsum / convolution); the heavy fraction is
+        // taken relative to the largest one, low enough that a vocabulary projection 100x a
+        // layer's matmuls does not hide the layers.
+        const auto kind = g.op(o).kind;
+        weight[o] =
+            fwd[o] && (kind == ir::OpKind::Einsum || kind == ir::OpKind::Conv2d) ? g.op(o).flops() : 0.0;
       }
       for (int v = m.n_ops; v < m.num_nodes(); ++v) {
         const auto& ti = g.tensor(m.leaf_tensor[v - m.n_ops]);
@@ -555,6 +601,8 @@ SpmdPlan spmd_search(const ir::Graph& g, const cluster::Cluster& cl, const clust
       rep.segments = st.segments;
       rep.reused_segments = st.reused_segments;
       rep.refine_moves += st.refine_moves;
+      rep.o2_dp_seconds += st.dp_seconds;
+      rep.o2_refine_seconds += st.refine_seconds;
       rep.status = worse_status(rep.status, st.worst_status);
       rep.gap = std::max(rep.gap, st.max_gap);
     }
@@ -562,9 +610,15 @@ SpmdPlan spmd_search(const ir::Graph& g, const cluster::Cluster& cl, const clust
   };
 
   if (opt.memory_mode == MemoryMode::Ilp) {
-    ProblemSolution sol = run_solve(b.problem, 0.2, 0.7);
+    ProblemSolution sol = run_solve(b.problem, 0.2, 0.7, opt.level);
+    if (!sol.has_solution() && opt.level == Level::O2) {
+      // The segment DP fixes memory of other segments heuristically and can miss a feasible
+      // plan under a tight limit: fall back to the whole-graph ILP, which decides feasibility.
+      rep.o2_fallback = true;
+      sol = run_solve(b.problem, 0.6, 0.3, Level::O3);
+    }
     if (!sol.has_solution()) {
-      if (sol.status == solver::IlpStatus::Infeasible || opt.level == Level::O2) {
+      if (sol.status == solver::IlpStatus::Infeasible) {
         WEFT_CHECK(limit <= 0, "spmd_search: memory limit {:.4g} MB per device cannot be met: {}",
                    limit / 1e6, explain_memory(m, b));
       }
@@ -589,7 +643,7 @@ SpmdPlan spmd_search(const ir::Graph& g, const cluster::Cluster& cl, const clust
         for (int s = 0; s < m.num_strategies(v); ++s)
           if (m.produced(v, s, 0).is_replicated()) p.node_cost[v][s] = kInfCost;
       }
-      auto sol = run_solve(p, 0.2, 0.1);
+      auto sol = run_solve(p, 0.2, 0.1, opt.level);
       if (!sol.has_solution()) return std::nullopt;
       if (limit > 0 && evaluate(full.problem, sol.choice).peak_memory > limit) return std::nullopt;
       return sol.choice;
@@ -644,8 +698,7 @@ SpmdPlan spmd_search(const ir::Graph& g, const cluster::Cluster& cl, const clust
   for (int o = 0; o < m.n_ops; ++o) plan.compute_time += b.problem.node_cost[o][choice[o]];
   plan.comm_time = ev.edge_cost;
   plan.cost = plan.compute_time + plan.comm_time;
-  plan.peak_memory = ev.peak_memory;
-  if (b.problem.memory_rows.empty()) {
+  {
     std::vector<double> bytes(g.tensors().size(), 0.0);
     for (std::size_t ti = 0; ti < bytes.size(); ++ti)
       bytes[ti] = plan.tensor_specs[ti] ? spec_bytes(*plan.tensor_specs[ti], g.tensors()[ti].dtype)

@@ -14,6 +14,7 @@
 // those are solved. Memory rows: earlier nodes count as chosen, later nodes at their smallest
 // bytes; rows that cannot bind are dropped. Identical sub-problems (same numbers: the repeated
 // layers of a transformer) are solved once and reused.
+#include <cstddef>
 #include <functional>
 #include <string>
 #include <vector>
@@ -31,12 +32,24 @@ struct O2Options {
   // window re-solved exactly with the rest fixed); 0 = off. Cost never increases.
   int refine_sweeps = 4;
   int refine_window = 3;
+  // A refinement window that elimination cannot take goes to an ILP only up to this many nodes
+  // (larger ones are left as the DP chose). Default: no cap (the large windows, e.g. the
+  // vocabulary projection with its backward, are few and matter for the cost).
+  int refine_ilp_max_nodes = 1000000;
+  // A segment that needs an ILP (binding memory rows, or elimination tables past the limit) is
+  // solved once per strategy of its end node (exact DP) only when it is small; else one ILP.
+  int per_end_max_strategies = 4;
+  int per_end_max_nodes = 40;
+  // Largest elimination table (entries) before a segment goes to the ILP instead: elimination
+  // is exact, but past ~1e5 entries per table the ILP is faster.
+  std::size_t max_table = 100000;
   std::function<void(double)> progress;
 };
 
 struct O2Stats {
   int segments = 0, reused_segments = 0, ilp_solves = 0, cache_hits = 0;
   int refine_sweeps = 0, refine_moves = 0;
+  double dp_seconds = 0, refine_seconds = 0;
   int max_ilp_variables = 0, max_ilp_constraints = 0;
   solver::IlpStatus worst_status = solver::IlpStatus::Optimal;
   double max_gap = 0;

@@ -53,6 +53,7 @@ struct SearchOptions {
   double relative_gap = 0;
   bool strided_candidates = true;                  // Rhino §4.3.3 candidate generation
   bool reuse_repeated_layers = true;               // O2: solve one of identical repeated segments, reuse it
+  int o2_refine_sweeps = 4;                        // O2: refinement sweeps after the DP (0 = off)
   std::map<std::string, std::string> fixed_specs;  // tensor name -> spec text, forced
   std::function<void(const Progress&)> progress;   // called from the searching thread
 };
@@ -75,7 +76,9 @@ struct SearchReport {
   int forced_sharded_params = -1;  // ShardLargest: k; -1 otherwise
   int segments = 0, reused_segments = 0;
   std::vector<ParamRow> params;
-  int refine_moves = 0;  // O2: windows improved by the refinement sweeps
+  int refine_moves = 0;                             // O2: windows improved by the refinement sweeps
+  double o2_dp_seconds = 0, o2_refine_seconds = 0;  // O2: the solve phase split
+  bool o2_fallback = false;  // O2 found no plan under the memory limit; the whole-graph ILP decided
   double total_seconds() const {
     double t = 0;
     for (const auto& p : phase_seconds) t += p.second;
