@@ -43,4 +43,8 @@ __all__ += ["pipeline"]
 # hetero (heterogeneous load balancing: Whale's Algorithm 1, uneven DP/tensor/pipeline splits)
 from . import hetero
 __all__ += ["hetero"]
+# spmd (SPMD / intra-operator strategy search: ILP on CBC, O2 segments, O3 whole graph)
+from . import spmd
+from .spmd import SpmdResult, spmd_search
+__all__ += ["spmd", "SpmdResult", "spmd_search"]
 __version__ = "0.1.0"

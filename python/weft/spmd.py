@@ -1,0 +1,120 @@
+"""SPMD (intra-operator) strategy search: the sharding of every op and tensor on one device mesh.
+
+    >>> g = weft.models.gpt(layers=2, hidden=512, heads=8, batch=8, seq=128).train_step()
+    >>> c = weft.Cluster.preset("M8")
+    >>> r = weft.spmd_search(g, c, weft.DeviceMesh.iota([2, 4]), level="O2", progress=True)
+    >>> print(r.report)            # phases, ILP size, status, cost split, memory, parameter specs
+    >>> r.specs["wte"], r.cost, r.compute_time, r.comm_time
+
+The search, its cost model and its levels are described in docs/modules/spmd.md.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Mapping, Optional, Union
+
+from . import _weft
+
+_s = _weft.spmd
+
+__all__ = ["SpmdResult", "spmd_search", "evaluate_plan"]
+
+
+class SpmdResult:
+    """The outcome of :func:`spmd_search`.
+
+    ``specs``: spec text of every tensor by name; ``op_strategies``: the factor-to-mesh-axis
+    assignment of every op ("b:x f:y", "R" = replicated); ``cost`` = ``compute_time`` +
+    ``comm_time`` (predicted seconds per step); ``peak_memory`` (bytes per device); ``report``:
+    the search report (``str(report)`` is a readable table, ``report.to_dict()`` the numbers).
+    """
+
+    def __init__(self, plan, graph, mesh):
+        self.plan = plan
+        self.graph = graph
+        self.mesh = mesh
+        self.report = plan.report
+        self.specs: Dict[str, str] = dict(plan.tensor_specs(graph))
+        self.op_strategies: Dict[str, str] = dict(plan.op_strategies(graph, mesh))
+        self.cost: float = plan.cost
+        self.compute_time: float = plan.compute_time
+        self.comm_time: float = plan.comm_time
+        self.peak_memory: float = plan.peak_memory
+
+    @property
+    def param_specs(self) -> Dict[str, str]:
+        """Spec of every parameter (the report's table) by name."""
+        return {r["name"]: r["spec"] for r in self.report.to_dict()["params"]}
+
+    def spec_of(self, tensor: str) -> str:
+        return self.plan.spec_of(self.graph, tensor)
+
+    def __str__(self) -> str:
+        return str(self.report)
+
+    def __repr__(self) -> str:
+        return (f"SpmdResult(cost={self.cost:.6g} s, compute={self.compute_time:.6g} s, "
+                f"comm={self.comm_time:.6g} s, peak={self.peak_memory / 1e6:.4g} MB)")
+
+
+def _progress_fn(progress: Union[None, bool, Callable[..., Any]]):
+    """True -> a tqdm bar (a plain stderr line when tqdm is missing); a callable gets
+    (phase, fraction, message)."""
+    if progress is None or progress is False:
+        return None, None
+    if callable(progress):
+        return progress, None
+    if progress is not True:
+        raise ValueError(f"spmd_search: progress must be None, a bool or a callable, got {progress!r}")
+    try:
+        from tqdm import tqdm  # type: ignore
+    except ImportError:  # pragma: no cover - depends on the environment
+        import sys
+
+        def plain(phase: str, fraction: float, message: str) -> None:
+            print(f"\rspmd {phase}: {100 * fraction:5.1f}% {message}", end="", file=sys.stderr)
+            if fraction >= 1.0:
+                print(file=sys.stderr)
+
+        return plain, None
+    bar = tqdm(total=1000, desc="spmd", leave=False)
+
+    def update(phase: str, fraction: float, message: str) -> None:
+        bar.set_description(f"spmd {phase}")
+        bar.n = int(round(1000 * min(max(fraction, 0.0), 1.0)))
+        bar.refresh()
+
+    return update, bar
+
+
+def spmd_search(graph, cluster, mesh, level: str = "O2", memory_limit: Optional[float] = None,
+                time_limit: float = 60.0, *, memory_mode: str = "ilp", relative_gap: float = 0.0,
+                reuse_repeated_layers: bool = True, strided_candidates: bool = True,
+                fixed_specs: Optional[Mapping[str, str]] = None,
+                progress: Union[None, bool, Callable[[str, float, str], Any]] = None) -> SpmdResult:
+    """Searches the SPMD strategy of ``graph`` (forward or training step) on ``mesh`` of ``cluster``.
+
+    level: "O3" = one ILP over the whole graph, "O2" = segments between critical nodes stitched by
+    DP (repeated layers solved once). memory_limit: bytes per device; None = the device's memory,
+    a negative number = no limit. memory_mode: "ilp" (memory rows in the ILP) or "shard_largest"
+    (Rhino §4.4: force the k largest parameters sharded, smallest feasible k). time_limit: seconds
+    per ILP. fixed_specs: tensor name -> spec text forced. progress: a callable (phase, fraction,
+    message) or True for a tqdm bar. Raises ValueError on bad input (a mesh larger than any op can
+    be split, an impossible memory limit naming the tensors that make it impossible, ...).
+    """
+    fn, bar = _progress_fn(progress)
+    try:
+        plan = _s.search(graph, cluster, mesh, level=level,
+                         memory_limit=0.0 if memory_limit is None else float(memory_limit),
+                         memory_mode=memory_mode, time_limit=float(time_limit), relative_gap=float(relative_gap),
+                         reuse_repeated_layers=reuse_repeated_layers, strided_candidates=strided_candidates,
+                         fixed_specs=dict(fixed_specs or {}), progress=fn)
+    finally:
+        if bar is not None:
+            bar.close()
+    return SpmdResult(plan, graph, mesh)
+
+
+def evaluate_plan(result: SpmdResult, cluster) -> Dict[str, Any]:
+    """Independent re-evaluation of a result's strategies: cost, compute/comm split, peak memory,
+    collective counts and every non-free edge."""
+    return dict(_s.evaluate_plan(result.graph, cluster, result.mesh, result.plan))
