@@ -47,4 +47,7 @@ __all__ += ["hetero"]
 from . import spmd
 from .spmd import SpmdResult, spmd_search
 __all__ += ["spmd", "SpmdResult", "spmd_search"]
+# plan (the planner: weft.plan(model, cluster) -> Plan; Megatron-style baseline)
+from .planning import Plan, megatron_plan, plan
+__all__ += ["Plan", "plan", "megatron_plan"]
 __version__ = "0.1.0"

@@ -5,15 +5,60 @@ import argparse
 import sys
 
 
+def _plan(args) -> int:
+    import weft
+
+    graph = weft.models.build(args.model, batch=args.batch, dtype=args.dtype)
+    cluster = weft.Cluster.preset(args.cluster, nodes=args.nodes)
+    opts = {}
+    if args.num_microbatches:
+        opts["num_microbatches"] = args.num_microbatches
+    if args.max_stages:
+        opts["max_stages"] = args.max_stages
+    if args.num_blocks:
+        opts["num_blocks"] = args.num_blocks
+    if args.fast:
+        opts.update(whole_nodes_only=True, power_of_two_nodes=True)
+    p = weft.plan(graph, cluster, schedule=args.schedule, progress=args.progress, time_limit=args.time_limit,
+                  compare_megatron=not args.no_megatron, **opts)
+    print(p.summary())
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(p.to_json())
+        print(f"plan written to {args.json}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="weft", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
     sub.add_parser("version", help="print the version")
+    pp = sub.add_parser("plan", help="plan a zoo model on a preset cluster and print the plan")
+    pp.add_argument("--model", default="GPT-2.7B", help="zoo preset name (weft.models presets)")
+    pp.add_argument("--batch", type=int, default=16, help="global batch size")
+    pp.add_argument("--dtype", default="f16")
+    pp.add_argument("--cluster", default="M8", help="cluster preset name")
+    pp.add_argument("--nodes", type=int, default=2)
+    pp.add_argument("--schedule", default="1F1B")
+    pp.add_argument("--num-microbatches", type=int, default=0, help="0 = auto")
+    pp.add_argument("--num-blocks", type=int, default=0, help="layer-grouping blocks, 0 = auto")
+    pp.add_argument("--max-stages", type=int, default=0)
+    pp.add_argument("--time-limit", type=float, default=600.0, help="seconds")
+    pp.add_argument("--fast", action="store_true", help="whole-node, power-of-two submeshes only")
+    pp.add_argument("--no-megatron", action="store_true", help="skip the Megatron-style baseline")
+    pp.add_argument("--progress", action="store_true", help="show a progress bar")
+    pp.add_argument("--json", default=None, help="write the plan as JSON to this file")
     args = parser.parse_args(argv)
     if args.cmd == "version":
         from . import __version__
 
         print(__version__)
+    elif args.cmd == "plan":
+        try:
+            return _plan(args)
+        except ValueError as e:
+            print(f"weft plan: {e}", file=sys.stderr)
+            return 2
     return 0
 
 

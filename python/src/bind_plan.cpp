@@ -1,0 +1,236 @@
+// Bindings of weft/plan: the planner (make_plan, Megatron-style baseline), the Plan value type with
+// JSON and summary, and plan.rebatch. The Pythonic layer is python/weft/planning.py (weft.plan).
+#include <fmt/format.h>
+#include <pybind11/functional.h>
+#include <pybind11/operators.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <string>
+
+#include "weft/cluster/cluster.hpp"
+#include "weft/core/error.hpp"
+#include "weft/ir/graph.hpp"
+#include "weft/plan/plan.hpp"
+#include "weft/plan/planner.hpp"
+#include "weft/plan/rebatch.hpp"
+
+namespace py = pybind11;
+using namespace weft::plan;
+
+namespace {
+
+bool is_training_graph(const weft::ir::Graph& g) {
+  for (const auto& op : g.ops())
+    if (op.kind == weft::ir::OpKind::AdamUpdate || op.kind == weft::ir::OpKind::SgdUpdate) return true;
+  return false;
+}
+
+}  // namespace
+
+void bind_plan(py::module_& m) {
+  py::class_<ParamSpec>(m, "PlanParamSpec", "Sharding spec of one parameter in a plan's stage.")
+      .def_readonly("name", &ParamSpec::name)
+      .def_readonly("shape", &ParamSpec::shape)
+      .def_readonly("spec", &ParamSpec::spec)
+      .def_readonly("bytes_per_device", &ParamSpec::bytes_per_device)
+      .def("__repr__", [](const ParamSpec& p) {
+        return fmt::format("PlanParamSpec({} [{}] {})", p.name, fmt::join(p.shape, ","), p.spec);
+      });
+  py::class_<Stage>(m, "PlanStage",
+                    "One pipeline stage of a Plan (times per micro-batch, memory per device).")
+      .def_readonly("index", &Stage::index)
+      .def_readonly("first_block", &Stage::first_block)
+      .def_readonly("last_block", &Stage::last_block)
+      .def_readonly("ops", &Stage::ops)
+      .def_readonly("devices", &Stage::devices)
+      .def_readonly("mesh_shape", &Stage::mesh_shape)
+      .def_readonly("params", &Stage::params)
+      .def_readonly("forward_time", &Stage::forward_time)
+      .def_readonly("backward_time", &Stage::backward_time)
+      .def_readonly("weight_time", &Stage::weight_time)
+      .def_readonly("optimizer_time", &Stage::optimizer_time)
+      .def_readonly("compute_time", &Stage::compute_time)
+      .def_readonly("comm_time", &Stage::comm_time)
+      .def_readonly("static_memory", &Stage::static_memory)
+      .def_readonly("activation_memory", &Stage::activation_memory)
+      .def_readonly("transient_memory", &Stage::transient_memory)
+      .def_readonly("in_flight", &Stage::in_flight)
+      .def_readonly("peak_memory", &Stage::peak_memory)
+      .def("__repr__", [](const Stage& s) {
+        return fmt::format(
+            "PlanStage({}: blocks {}-{} on {} devices, mesh ({}), F {:.4g} s B {:.4g} s, peak {:.3g} GB)",
+            s.index, s.first_block, s.last_block, s.devices.size(), fmt::join(s.mesh_shape, "x"),
+            s.forward_time, s.backward_time, s.peak_memory / 1e9);
+      });
+  py::class_<CrossTensor>(m, "PlanCrossTensor", "A tensor crossing stages, with its resharding plan's time.")
+      .def_readonly("name", &CrossTensor::name)
+      .def_readonly("from_stage", &CrossTensor::from_stage)
+      .def_readonly("to_stage", &CrossTensor::to_stage)
+      .def_readonly("shape", &CrossTensor::shape)
+      .def_readonly("dtype", &CrossTensor::dtype)
+      .def_readonly("bytes", &CrossTensor::bytes)
+      .def_readonly("src_spec", &CrossTensor::src_spec)
+      .def_readonly("dst_spec", &CrossTensor::dst_spec)
+      .def_readonly("reshard_time", &CrossTensor::reshard_time)
+      .def_readonly("lower_bound", &CrossTensor::lower_bound)
+      .def_readonly("reshard_summary", &CrossTensor::reshard_summary)
+      .def("__repr__", [](const CrossTensor& c) {
+        return fmt::format("PlanCrossTensor({} {}->{} {} -> {}, {:.4g} s)", c.name, c.from_stage, c.to_stage,
+                           c.src_spec, c.dst_spec, c.reshard_time);
+      });
+  py::class_<Alternative>(m, "PlanAlternative", "A candidate the planner compared.")
+      .def_readonly("strategy", &Alternative::strategy)
+      .def_readonly("layout", &Alternative::layout)
+      .def_readonly("step_time", &Alternative::step_time)
+      .def_readonly("peak_memory", &Alternative::peak_memory)
+      .def_readonly("feasible", &Alternative::feasible)
+      .def_readonly("note", &Alternative::note)
+      .def("__repr__", [](const Alternative& a) {
+        return a.feasible ? fmt::format("PlanAlternative({} {}: {:.4g} s)", a.strategy, a.layout, a.step_time)
+                          : fmt::format("PlanAlternative({}: infeasible, {})", a.strategy, a.note);
+      });
+  py::class_<Plan>(
+      m, "Plan",
+      "The planner's answer: stages (blocks, devices, meshes, parameter specs, times, memory), "
+      "schedule and micro-batching, cross-stage tensors with resharding plans, predicted step time, "
+      "throughput, MFU, peak memory, and the alternatives compared.")
+      .def_readonly("model", &Plan::model)
+      .def_readonly("cluster", &Plan::cluster)
+      .def_readonly("strategy", &Plan::strategy)
+      .def_readonly("schedule", &Plan::schedule)
+      .def_readonly("schedule_k", &Plan::schedule_k)
+      .def_readonly("schedule_v", &Plan::schedule_v)
+      .def_readonly("num_microbatches", &Plan::num_microbatches)
+      .def_readonly("microbatch_size", &Plan::microbatch_size)
+      .def_readonly("data_parallel", &Plan::data_parallel)
+      .def_readonly("num_blocks", &Plan::num_blocks)
+      .def_readonly("stages", &Plan::stages)
+      .def_readonly("cross_tensors", &Plan::cross_tensors)
+      .def_readonly("send_time", &Plan::send_time)
+      .def_readonly("boundary_bytes", &Plan::boundary_bytes)
+      .def_readonly("step_time", &Plan::step_time)
+      .def_readonly("bubble_fraction", &Plan::bubble_fraction)
+      .def_readonly("throughput", &Plan::throughput)
+      .def_readonly("model_flops", &Plan::model_flops)
+      .def_readonly("cluster_peak_flops", &Plan::cluster_peak_flops)
+      .def_readonly("mfu", &Plan::mfu)
+      .def_readonly("peak_memory", &Plan::peak_memory)
+      .def_readonly("device_memory", &Plan::device_memory)
+      .def_readonly("devices_used", &Plan::devices_used)
+      .def_readonly("memory_limit", &Plan::memory_limit)
+      .def_readonly("plan_seconds", &Plan::plan_seconds)
+      .def_readonly("alternatives", &Plan::alternatives)
+      .def_property_readonly("num_stages", &Plan::num_stages)
+      .def("summary", &Plan::summary, "Readable multi-line summary.")
+      .def("to_json", &Plan::to_json)
+      .def_static("from_json", &Plan::from_json, py::arg("text"))
+      .def(
+          "resimulate_step_time", [](const Plan& p) { return resimulate(p).step_time; },
+          "Step time re-simulated from the stored stage numbers (equals step_time).")
+      .def(py::self == py::self)
+      .def("__repr__", &Plan::to_string)
+      .def("__str__", &Plan::summary);
+
+  py::class_<MegatronLayout>(m, "MegatronLayout",
+                             "Tensor parallel t (inside a node) x pipeline p x data parallel d.")
+      .def(py::init([](int t, int p, int d) {
+             return MegatronLayout{t, p, d};
+           }),
+           py::arg("t"), py::arg("p"), py::arg("d"))
+      .def_readonly("t", &MegatronLayout::t)
+      .def_readonly("p", &MegatronLayout::p)
+      .def_readonly("d", &MegatronLayout::d)
+      .def("__repr__", [](const MegatronLayout& l) { return "MegatronLayout(" + l.to_string() + ")"; });
+
+  auto options = [](const py::dict& kw) {
+    PlanOptions o;
+    for (auto [k, v] : kw) {
+      const auto key = py::cast<std::string>(k);
+      if (key == "schedule")
+        o.schedule = py::cast<std::string>(v);
+      else if (key == "schedule_k")
+        o.schedule_k = py::cast<int>(v);
+      else if (key == "schedule_v")
+        o.schedule_v = py::cast<int>(v);
+      else if (key == "num_microbatches")
+        o.num_microbatches = py::cast<int>(v);
+      else if (key == "max_microbatches")
+        o.max_microbatches = py::cast<int>(v);
+      else if (key == "max_data_parallel")
+        o.max_data_parallel = py::cast<int>(v);
+      else if (key == "max_simulated")
+        o.max_simulated = py::cast<int>(v);
+      else if (key == "two_d_meshes")
+        o.two_d_meshes = py::cast<bool>(v);
+      else if (key == "num_blocks")
+        o.num_blocks = py::cast<int>(v);
+      else if (key == "max_stages")
+        o.max_stages = py::cast<int>(v);
+      else if (key == "spmd_level") {
+        const auto s = py::cast<std::string>(v);
+        if (s == "O2")
+          o.spmd_level = SpmdLevel::O2;
+        else if (s == "O3")
+          o.spmd_level = SpmdLevel::O3;
+        else
+          throw weft::Error("plan: spmd_level must be 'O2' or 'O3' (got '" + s + "')");
+      } else if (key == "spmd_time_limit")
+        o.spmd_time_limit_s = py::cast<double>(v);
+      else if (key == "spmd_relative_gap")
+        o.spmd_relative_gap = py::cast<double>(v);
+      else if (key == "time_limit")
+        o.time_limit_s = py::cast<double>(v);
+      else if (key == "memory_limit")
+        o.memory_limit = py::cast<double>(v);
+      else if (key == "memory_fraction")
+        o.memory_fraction = py::cast<double>(v);
+      else if (key == "whole_nodes_only")
+        o.whole_nodes_only = py::cast<bool>(v);
+      else if (key == "power_of_two_nodes")
+        o.power_of_two_nodes = py::cast<bool>(v);
+      else if (key == "max_logical_shapes")
+        o.max_logical_shapes = py::cast<int>(v);
+      else if (key == "pipeline")
+        o.pipeline = py::cast<bool>(v);
+      else if (key == "uniform_partitions")
+        o.uniform_partitions = py::cast<bool>(v);
+      else if (key == "compare_megatron")
+        o.compare_megatron = py::cast<bool>(v);
+      else if (key == "max_alternatives")
+        o.max_alternatives = py::cast<int>(v);
+      else if (key == "progress") {
+        if (!v.is_none()) {
+          auto fn = py::cast<py::function>(v);
+          o.progress = [fn](const PlanProgress& p) { fn(p.phase, p.fraction, p.message); };
+        }
+      } else {
+        throw weft::Error("plan: unknown option '" + key + "'");
+      }
+    }
+    return o;
+  };
+  m.def(
+      "make_plan",
+      [options](const weft::ir::Graph& g, const weft::cluster::Cluster& c, const py::kwargs& kw) {
+        return make_plan(g, c, options(kw));
+      },
+      py::arg("training_graph"), py::arg("cluster"),
+      "The fastest plan that fits (options as keyword arguments; see weft.plan).");
+  m.def(
+      "megatron_plan",
+      [options](const weft::ir::Graph& g, const weft::cluster::Cluster& c, const MegatronLayout& l,
+                const py::kwargs& kw) { return megatron_plan(g, c, l, options(kw)); },
+      py::arg("training_graph"), py::arg("cluster"), py::arg("layout"));
+  m.def(
+      "best_megatron_plan",
+      [options](const weft::ir::Graph& g, const weft::cluster::Cluster& c, const py::kwargs& kw) {
+        return best_megatron_plan(g, c, options(kw));
+      },
+      py::arg("training_graph"), py::arg("cluster"));
+  m.def("megatron_layouts", &megatron_layouts, py::arg("cluster"), py::arg("max_p") = 0);
+  m.def("model_state_bytes", &model_state_bytes, py::arg("training_graph"));
+  m.def("rebatch", &rebatch, py::arg("graph"), py::arg("batch"), "The same graph at another batch size.");
+  m.def("batch_size", &batch_size, py::arg("graph"));
+  m.def("is_training_graph", &is_training_graph, py::arg("graph"));
+}

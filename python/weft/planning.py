@@ -1,0 +1,102 @@
+"""The planner from Python: ``weft.plan(model_graph, cluster, ...)`` -> :class:`weft.Plan`.
+
+The graph is one training step of the GLOBAL batch (its inputs' leading dimension); the planner
+splits it into micro-batches and data-parallel replicas itself. A forward graph (no optimizer
+update) is turned into its training step with Adam first. See docs/modules/plan.md.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from . import _weft
+from ._weft import Plan
+
+_SCHEDULES = {
+    "1f1b": "1f1b",
+    "gpipe": "gpipe",
+    "kfkb": "kfkb",
+    "eager": "eager_1f1b",
+    "eager_1f1b": "eager_1f1b",
+    "eager-1f1b": "eager_1f1b",
+    "interleaved": "interleaved",
+    "zb_h1": "zb_h1",
+    "zb-h1": "zb_h1",
+    "zbh1": "zb_h1",
+}
+
+
+def _schedule_name(name: str) -> str:
+    key = name.strip().lower()
+    if key not in _SCHEDULES:
+        raise ValueError(f"unknown schedule {name!r}; one of 1F1B, GPipe, kFkB, eager-1F1B, interleaved, ZB-H1")
+    return _SCHEDULES[key]
+
+
+def _training_graph(graph):
+    if _weft.is_training_graph(graph):
+        return graph
+    return graph.train_step(optimizer="adam")
+
+
+def _options(schedule, progress, kwargs):
+    opts = dict(kwargs)
+    opts["schedule"] = _schedule_name(schedule)
+    if opts.get("num_microbatches") is None:
+        opts["num_microbatches"] = 0
+    for key in [k for k, v in opts.items() if v is None]:
+        del opts[key]
+    bar = None
+    if progress is True:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=100, desc="planning", unit="%", leave=False)
+        state = {"n": 0}
+
+        def cb(phase: str, fraction: float, message: str) -> None:
+            n = int(round(fraction * 100))
+            if n > state["n"]:
+                bar.update(n - state["n"])
+                state["n"] = n
+            bar.set_postfix_str(f"{phase}: {message}"[:60], refresh=False)
+
+        opts["progress"] = cb
+    elif callable(progress):
+        opts["progress"] = progress
+    return opts, bar
+
+
+def plan(model_graph, cluster, schedule: str = "1F1B", *, num_microbatches: Optional[int] = None,
+         progress=False, **options) -> Plan:
+    """Plan a model on a cluster: the plan with the lowest simulated step time that fits in memory.
+
+    ``schedule``: 1F1B (default), GPipe, kFkB (``schedule_k``), eager-1F1B, interleaved
+    (``schedule_v``), ZB-H1. ``num_microbatches``: None = auto (powers of two dividing the batch).
+    ``progress``: True for a tqdm bar, or a callable ``(phase, fraction, message)``.
+    Other options (keyword): num_blocks, max_stages, spmd_level ("O2"/"O3"), spmd_time_limit,
+    time_limit, memory_limit (bytes per device), memory_fraction, whole_nodes_only,
+    power_of_two_nodes, max_logical_shapes, two_d_meshes, pipeline, max_data_parallel,
+    compare_megatron, max_alternatives. Raises ValueError for bad input and when the model cannot
+    fit (the message says how much memory is missing)."""
+    g = _training_graph(model_graph)
+    opts, bar = _options(schedule, progress, {"num_microbatches": num_microbatches, **options})
+    try:
+        return _weft.make_plan(g, cluster, **opts)
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def megatron_plan(model_graph, cluster, t: Optional[int] = None, p: Optional[int] = None, d: Optional[int] = None,
+                  schedule: str = "1F1B", *, num_microbatches: Optional[int] = None, **options) -> Plan:
+    """The best Megatron-style layout (tensor parallel t inside a node x pipeline p x data parallel
+    d), or the given one when t, p, d are all set, under the same cost model as :func:`plan`."""
+    g = _training_graph(model_graph)
+    opts, _ = _options(schedule, False, {"num_microbatches": num_microbatches, **options})
+    if t is not None and p is not None and d is not None:
+        return _weft.megatron_plan(g, cluster, _weft.MegatronLayout(t, p, d), **opts)
+    if (t, p, d) != (None, None, None):
+        raise ValueError("megatron_plan: give all of t, p, d, or none (then the best layout is returned)")
+    return _weft.best_megatron_plan(g, cluster, **opts)
+
+
+__all__ = ["plan", "megatron_plan", "Plan"]
