@@ -50,4 +50,7 @@ __all__ += ["spmd", "SpmdResult", "spmd_search"]
 # plan (the planner: weft.plan(model, cluster) -> Plan; Megatron-style baseline)
 from .planning import Plan, megatron_plan, plan
 __all__ += ["Plan", "plan", "megatron_plan"]
+# reshard / exec (cross-mesh resharding planner and the CPU reference executor)
+from . import reshard
+__all__ += ["reshard"]
 __version__ = "0.1.0"
