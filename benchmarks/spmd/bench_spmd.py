@@ -28,6 +28,7 @@ def main(argv=None):
     ap.add_argument("--depths", default="1,6,12,24,36,48,72,96")
     ap.add_argument("--o3-limit", type=float, default=60.0, help="O3 ILP time limit (s)")
     ap.add_argument("--o3-max-depth", type=int, default=96, help="skip O3 above this depth")
+    ap.add_argument("--noreuse-max-depth", type=int, default=12, help="skip O2 without reuse above this depth")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--skip-large", action="store_true", help="skip GPT-6.7B / MoE-32E-10B")
@@ -48,12 +49,14 @@ def main(argv=None):
         g = wm.gpt(layers=L, hidden=512, heads=8, batch=args.batch, seq=args.seq).train_step()
         case = f"gpt-h512-L{L}"
         o2, t2 = _run(g, m8, mesh, level="O2")
-        o2n, t2n = _run(g, m8, mesh, level="O2", reuse_repeated_layers=False)
         rep = o2.report.to_dict()
         fig(case, "o2_search_time", t2, "s")
-        fig(case, "o2_noreuse_search_time", t2n, "s")
         fig(case, "o2_cost", o2.cost, "s")
-        fig(case, "o2_noreuse_cost", o2n.cost, "s")
+        t2n = None
+        if L <= args.noreuse_max_depth:
+            o2n, t2n = _run(g, m8, mesh, level="O2", reuse_repeated_layers=False)
+            fig(case, "o2_noreuse_search_time", t2n, "s")
+            fig(case, "o2_noreuse_cost", o2n.cost, "s")
         o3 = None
         if L <= args.o3_max_depth:
             try:
@@ -68,7 +71,7 @@ def main(argv=None):
         ratio = f"{o2.cost / o3.cost:7.4f}" if o3 else f"{'-':>7}"
         if o3:
             fig(case, "o2_over_o3", o2.cost / o3.cost, "ratio", 1.05)
-        print(f"{L:>6} {len(g.ops):>6} {t2:8.2f} {t2n:13.2f} {o3s} "
+        print(f"{L:>6} {len(g.ops):>6} {t2:8.2f} {_f(t2n, 13)} {o3s} "
               f"{o3st:>16} {o2.cost * 1e3:11.4f} {o3c} {ratio} {rep['segments']:>5} {rep['reused_segments']:>6}")
 
     if not args.skip_large:
@@ -90,6 +93,10 @@ def main(argv=None):
     if args.json:
         for f in figures:
             print(json.dumps(f))
+
+
+def _f(x, w):
+    return f"{x:{w}.2f}" if x is not None else f"{'-':>{w}}"
 
 
 if __name__ == "__main__":

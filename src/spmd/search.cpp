@@ -502,7 +502,7 @@ SpmdPlan spmd_search(const ir::Graph& g, const cluster::Cluster& cl, const clust
   }
 
   std::vector<int> choice;
-  auto run_solve = [&](const StrategyProblem& p, double base, double span, Level level) {
+  auto run_solve_rows = [&](const StrategyProblem& p, double base, double span, Level level) {
     progress("solve", base, level == Level::O3 ? "ILP (O3)" : "segments (O2)");
     ProblemSolution sol;
     if (level == Level::O3) {
@@ -607,6 +607,19 @@ SpmdPlan spmd_search(const ir::Graph& g, const cluster::Cluster& cl, const clust
       rep.gap = std::max(rep.gap, st.max_gap);
     }
     return sol;
+  };
+  // Memory rows that can bind (in the all-replicated worst case) make every segment an ILP.
+  // Solve without them first: a plan that fits anyway is optimal for the constrained problem
+  // too (for O3 exactly; for O2 as the same heuristic); only a plan over the limit pays for the
+  // rows.
+  auto run_solve = [&](const StrategyProblem& p, double base, double span, Level level) {
+    if (p.memory_rows.empty()) return run_solve_rows(p, base, span, level);
+    StrategyProblem relaxed = p;
+    relaxed.memory_rows.clear();
+    relaxed.memory_limit = kInfCost;
+    ProblemSolution sol = run_solve_rows(relaxed, base, span / 2, level);
+    if (sol.has_solution() && evaluate(p, sol.choice).feasible()) return sol;
+    return run_solve_rows(p, base + span / 2, span / 2, level);
   };
 
   if (opt.memory_mode == MemoryMode::Ilp) {
