@@ -41,6 +41,7 @@
 #include <numeric>
 #include <optional>
 #include <set>
+#include <tuple>
 #include <unordered_map>
 
 #include "weft/cluster/alpha_beta.hpp"
@@ -98,7 +99,7 @@ struct MeshOption {
   pipeline::SubmeshShape submesh;
   std::vector<std::int64_t> logical;  // 1-D when one axis would be 1
   cluster::DeviceMesh mesh;           // canonical placement (first nodes / first devices)
-  std::string key;                    // shape + α-β of the axes + device kind
+  int key = 0;                        // interned: shape + α-β of the axes + device kind
 };
 
 class Context {
@@ -118,11 +119,15 @@ class Context {
   std::int64_t global_batch = 1;
   struct AtBatch {
     std::vector<pipeline::StageGraph> blocks;
-    std::vector<std::string> keys;
+    std::vector<int> keys;  // interned block structures
   };
   std::map<std::int64_t, AtBatch> at_batch;  // per micro-batch size (per replica)
   std::vector<double> block_state_bytes;     // Σ full bytes of params (×2 for grads) + states
-  std::map<std::string, BlockCost> cache;
+  std::map<std::tuple<int, int, int, int>, BlockCost> cache;  // (structure, mesh, variant, forced)
+  std::unordered_map<std::string, int> interned;
+  int intern(const std::string& k) {
+    return interned.emplace(k, static_cast<int>(interned.size())).first->second;
+  }
   int spmd_solves = 0;
   double spmd_seconds = 0;
 
@@ -172,7 +177,7 @@ class Context {
     const ir::Graph gb = bs == batch_size(g_) ? g_ : rebatch(g_, bs);
     for (const auto& b : grouping.blocks) {
       ab.blocks.push_back(pipeline::extract_stage_mapped(gb, b.ops));
-      ab.keys.push_back(structure_key(ab.blocks.back().graph));
+      ab.keys.push_back(intern(structure_key(ab.blocks.back().graph)));
     }
     return at_batch.emplace(bs, std::move(ab)).first->second;
   }
@@ -196,7 +201,8 @@ class Context {
     return k;
   }
 
-  std::string mesh_key(const cluster::DeviceMesh& mesh) const {
+  int mesh_key(const cluster::DeviceMesh& mesh) { return intern("mesh|" + mesh_text_key(mesh)); }
+  std::string mesh_text_key(const cluster::DeviceMesh& mesh) const {
     std::string k =
         fmt::format("{}|{}|", fmt::join(mesh.shape(), "x"), c_.device(mesh.device_ids()[0]).spec.kind);
     for (const auto& l : cluster::axis_links(c_, mesh))
@@ -209,7 +215,7 @@ class Context {
   // and boundary tensors are forced batch-sharded on mesh axis 0 (Megatron-style data parallel).
   const BlockCost& block_cost(int b, std::int64_t bs, const MeshOption& m, int variant, int forced_dp = 0) {
     const AtBatch& ab = blocks_at(bs);
-    const std::string key = fmt::format("{}#{}#{}#{}", ab.keys[b], m.key, variant, forced_dp);
+    const auto key = std::make_tuple(ab.keys[b], m.key, variant, forced_dp);
     auto it = cache.find(key);
     if (it != cache.end()) return it->second;
     check_time("the SPMD searches");
@@ -226,7 +232,6 @@ class Context {
     spmd::SearchOptions so;
     so.level = opt_.spmd_level == SpmdLevel::O3 ? spmd::Level::O3 : spmd::Level::O2;
     so.time_limit_s = opt_.spmd_time_limit_s;
-    if (const char* e = std::getenv("WEFT_PLAN_TL")) so.time_limit_s = std::atof(e);
     so.relative_gap = opt_.spmd_relative_gap;
     so.memory_limit = variant == 0 ? -1.0 : usable_memory / std::max(1, L());
     so.strided_candidates = false;
@@ -246,8 +251,6 @@ class Context {
     try {
       spmd::SpmdPlan p = spmd::spmd_search(bg, c_, m.mesh, so);
       bc.ok = true;
-      if (std::getenv("WEFT_PLAN_DEBUG"))
-        for (const auto& [ph, sec] : p.report.phase_seconds) fmt::print(stderr, "   {} {:.3f}\n", ph, sec);
       const auto& dev = c_.device(m.mesh.device_ids()[0]).spec;
       double f = 0, bw = 0, w = 0, u = 0;
       for (ir::OpId o = 0; o < static_cast<ir::OpId>(bg.ops().size()); ++o) {
@@ -341,10 +344,6 @@ class Context {
     }
     spmd_seconds += now_s() - t0;
     ++spmd_solves;
-    if (std::getenv("WEFT_PLAN_DEBUG"))
-      fmt::print(stderr, "spmd block {} bs {} ({} ops) mesh {} variant {} dp {}: {:.3f} s {}\n", b, bs,
-                 bg.ops().size(), fmt::join(m.logical, "x"), variant, forced_dp, now_s() - t0,
-                 bc.ok ? "" : bc.error.substr(0, 120));
     return cache.emplace(key, std::move(bc)).first->second;
   }
 };
@@ -1189,7 +1188,6 @@ Plan make_plan(const ir::Graph& g, const cluster::Cluster& c, const PlanOptions&
       }
     }
   ctx.progress("simulate", 0.7, fmt::format("simulating {} candidates", cands.size()));
-  if (std::getenv("WEFT_PLAN_DEBUG")) fmt::print(stderr, "{} candidates\n", cands.size());
   std::vector<Alternative> alts;
   std::optional<Built> best;
   std::optional<Candidate> best_cand;
@@ -1201,9 +1199,6 @@ Plan make_plan(const ir::Graph& g, const cluster::Cluster& c, const PlanOptions&
   for (std::size_t i = 0; i < cands.size() && i < max_sim; ++i) {
     ctx.check_time("simulation of the candidates");
     Built b = materialise(ctx, subs, cands[i], reshard::Balancer::LargestFirst);
-    if (std::getenv("WEFT_PLAN_DEBUG"))
-      fmt::print(stderr, "cand {} proxy {:.4f} sim {:.4f} feasible {} {} {}\n", i, cands[i].proxy,
-                 b.plan.step_time, b.feasible, b.plan.stages.empty() ? "" : layout_text(b.plan), b.note);
     alts.push_back(alternative_of(b));
     if (b.feasible && (!best || b.plan.step_time < best->plan.step_time)) {
       best = std::move(b);

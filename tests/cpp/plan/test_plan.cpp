@@ -221,7 +221,6 @@ TEST_CASE("plan: GPT-2.7B on 2 M8 nodes (manual)" * doctest::skip()) {
   const auto g = ir::build_training_graph(models::gpt_preset("GPT-2.7B", 16, DType::F16));
   const auto c = cluster::Cluster::preset("M8", 2);
   plan::PlanOptions o;
-  if (std::getenv("O3")) o.spmd_level = plan::SpmdLevel::O3;
   o.progress = [](const plan::PlanProgress& p) {
     static double last = -1;
     if (p.fraction - last > 0.05 || p.phase == "done") {
@@ -230,17 +229,6 @@ TEST_CASE("plan: GPT-2.7B on 2 M8 nodes (manual)" * doctest::skip()) {
     }
   };
   const auto p = plan::make_plan(g, c, o);
-  fmt::print("{}\n", p.summary());
-}
-
-TEST_CASE("plan: megatron GPT-6.7B (manual)" * doctest::skip()) {
-  const auto g = ir::build_training_graph(models::gpt_preset("GPT-6.7B", 8, DType::F16));
-  const auto c = cluster::Cluster::preset("M8", 2);
-  plan::PlanOptions o;
-  o.num_blocks = 8;
-  const int t = std::atoi(std::getenv("MT") ? std::getenv("MT") : "4");
-  const int pp = std::atoi(std::getenv("MP") ? std::getenv("MP") : "2");
-  const auto p = plan::megatron_plan(g, c, {t, pp, 16 / (t * pp)}, o);
   fmt::print("{}\n", p.summary());
 }
 
@@ -274,4 +262,27 @@ TEST_CASE("plan: rebatch equals building the model at the smaller batch") {
   // differ, and a batch of 1 matches the bias' 1.)
   m.batch = 2;
   CHECK(plan::rebatch(mbig, 2) == ir::build_training_graph(models::moe(m)));
+}
+
+TEST_CASE("plan: GPT-3 175B on 128 DGX-A100 nodes (manual, benchmark)" * doctest::skip()) {
+  const auto g = ir::build_training_graph(models::gpt_preset("GPT-175B", 1536, DType::F16));
+  const auto c = cluster::Cluster::preset("DGX-A100", 128);
+  plan::PlanOptions o;
+  o.num_blocks = 96;
+  o.num_microbatches = 64;
+  o.max_stages = 16;
+  o.whole_nodes_only = true;
+  o.power_of_two_nodes = true;
+  o.compare_megatron = false;
+  o.max_data_parallel = 8;
+  o.max_simulated = 12;
+  o.progress = [](const plan::PlanProgress& p) {
+    static double last = -1;
+    if (p.fraction - last > 0.05 || p.phase == "done") {
+      fmt::print(stderr, "[{:.0f}%] {}: {}\n", p.fraction * 100, p.phase, p.message);
+      last = p.fraction;
+    }
+  };
+  const auto p = plan::make_plan(g, c, o);
+  fmt::print("{}\n", p.summary());
 }
