@@ -232,6 +232,8 @@ struct Built {
   int n_edges = 0;
 };
 
+void add_memory_rows(Built& b, const Model& m, double memory_limit);
+
 Built build_problem(Model& m, ReshardCosts& rc, double memory_limit, const SearchOptions& opt) {
   Built b;
   auto& p = b.problem;
@@ -314,9 +316,16 @@ Built build_problem(Model& m, ReshardCosts& rc, double memory_limit, const Searc
       ++b.n_edges;
     }
   }
-  // Memory rows over the maximal live sets.
   b.live = cost::liveness(m.g);
-  if (memory_limit > 0) {
+  if (memory_limit > 0) add_memory_rows(b, m, memory_limit);
+  return b;
+}
+
+// Memory rows over the maximal live sets (quadratic in depth for deep training graphs, so
+// spmd_search only builds them when a plan found without them does not fit).
+void add_memory_rows(Built& b, const Model& m, double memory_limit) {
+  auto& p = b.problem;
+  {
     p.memory_limit = memory_limit;
     for (int pos : cost::maximal_positions(b.live)) {
       // Every tensor's largest layout is at most its full size: a live set whose full sizes fit
@@ -351,7 +360,6 @@ Built build_problem(Model& m, ReshardCosts& rc, double memory_limit, const Searc
       b.rows_pos.push_back(pos);
     }
   }
-  return b;
 }
 
 // Explain an infeasible memory limit: the row whose smallest possible bytes are largest, with
@@ -489,7 +497,7 @@ SpmdPlan spmd_search(const ir::Graph& g, const cluster::Cluster& cl, const clust
   rep.memory_limit = limit;
   progress("edge costs", 0.1, "resharding costs");
   ReshardCosts rc(cluster::axis_links(cl, mesh));
-  Built b = build_problem(m, rc, opt.memory_mode == MemoryMode::Ilp ? limit : 0, opt);
+  Built b = build_problem(m, rc, 0, opt);
   phase("edge costs");
   rep.nodes = m.num_nodes();
   for (int v = 0; v < m.num_nodes(); ++v) rep.strategies += m.num_strategies(v);
@@ -622,13 +630,38 @@ SpmdPlan spmd_search(const ir::Graph& g, const cluster::Cluster& cl, const clust
     return run_solve_rows(p, base + span / 2, span / 2, level);
   };
 
+  // Peak memory per device of a choice, from the live sets (no rows needed).
+  auto peak_of = [&](const std::vector<int>& ch) {
+    std::vector<double> bytes(g.tensors().size(), 0.0);
+    for (std::size_t ti = 0; ti < bytes.size(); ++ti)
+      bytes[ti] = static_cast<double>(g.tensors()[ti].bytes());
+    for (int o = 0; o < m.n_ops; ++o)
+      for (int i = 0; i < static_cast<int>(g.op(o).outputs.size()); ++i) {
+        const ir::TensorId ti = g.op(o).outputs[i];
+        bytes[ti] = spec_bytes(m.op_strats[o][ch[o]].outputs[i], g.tensor(ti).dtype);
+      }
+    for (int v = m.n_ops; v < m.num_nodes(); ++v) {
+      const ir::TensorId ti = m.leaf_tensor[v - m.n_ops];
+      bytes[ti] = spec_bytes(m.leaf_specs[v - m.n_ops][ch[v]], g.tensor(ti).dtype);
+    }
+    return cost::peak_memory(b.live, bytes).first;
+  };
+
   if (opt.memory_mode == MemoryMode::Ilp) {
-    ProblemSolution sol = run_solve(b.problem, 0.2, 0.7, opt.level);
+    // Without memory rows first: a plan that fits anyway is optimal under the limit too (exact
+    // for O3); the rows are built and solved with only when it does not fit.
+    ProblemSolution sol = run_solve(b.problem, 0.2, 0.35, opt.level);
+    if (limit > 0 && (!sol.has_solution() || peak_of(sol.choice) > limit)) {
+      phase("solve without memory rows");
+      add_memory_rows(b, m, limit);
+      phase("memory rows");
+      sol = run_solve_rows(b.problem, 0.55, 0.35, opt.level);
+    }
     if (!sol.has_solution() && opt.level == Level::O2) {
       // The segment DP fixes memory of other segments heuristically and can miss a feasible
       // plan under a tight limit: fall back to the whole-graph ILP, which decides feasibility.
       rep.o2_fallback = true;
-      sol = run_solve(b.problem, 0.6, 0.3, Level::O3);
+      sol = run_solve_rows(b.problem, 0.6, 0.3, Level::O3);
     }
     if (!sol.has_solution()) {
       if (sol.status == solver::IlpStatus::Infeasible) {
