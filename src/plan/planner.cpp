@@ -1053,6 +1053,12 @@ void sort_alternatives(std::vector<Alternative>& alts, int max_n) {
     if (x.feasible != y.feasible) return x.feasible;
     return x.step_time < y.step_time;
   });
+  // The DP and the equal-block enumeration can reach the same layout: list it once.
+  std::set<std::tuple<std::string, double, bool>> seen;
+  std::erase_if(alts, [&](const Alternative& a) {
+    const bool baseline = a.strategy.find("(baseline)") != std::string::npos;
+    return a.feasible && !a.layout.empty() && !seen.insert({a.layout, a.step_time, baseline}).second;
+  });
   if (max_n > 0 && static_cast<int>(alts.size()) > max_n) alts.resize(static_cast<std::size_t>(max_n));
 }
 
