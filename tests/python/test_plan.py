@@ -93,3 +93,13 @@ def test_cli_plan_and_version(tmp_path, capsys):
     assert "Plan for" in text
     q = weft.Plan.from_json(out.read_text())
     assert q.num_microbatches == 2
+
+
+def test_rebatch_and_batch_size():
+    big = weft.models.gpt(layers=1, hidden=32, heads=4, seq=16, vocab=64, batch=8).train_step(optimizer="adam")
+    small = weft.models.gpt(layers=1, hidden=32, heads=4, seq=16, vocab=64, batch=2).train_step(optimizer="adam")
+    assert weft._weft.batch_size(big) == 8
+    assert weft._weft.rebatch(big, 2) == small
+    with pytest.raises(ValueError):
+        weft._weft.rebatch(big, 0)
+    assert weft._weft.model_state_bytes(big) == pytest.approx(4 * big.param_bytes())

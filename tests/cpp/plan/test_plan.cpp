@@ -130,6 +130,28 @@ TEST_CASE("plan: the stored step time equals an independent re-simulation, JSON 
   CHECK_THROWS_WITH_AS(plan::Plan::from_json("{\"format\": \"other\"}"), doctest::Contains("format"), Error);
 }
 
+TEST_CASE("plan: every schedule gives a plan whose stored numbers re-simulate to its step time") {
+  const auto g = small_gpt(4, 64, 16);
+  const auto c = one_node(2);
+  for (const std::string sched : {"1f1b", "gpipe", "kfkb", "eager_1f1b", "zb_h1", "interleaved"}) {
+    plan::PlanOptions o;
+    o.schedule = sched;
+    o.num_microbatches = 4;
+    o.num_blocks = 4;
+    o.compare_megatron = false;
+    const plan::Planner planner(o);
+    const auto p = planner.plan(g, c);
+    CHECK(p.schedule == sched);
+    CHECK(plan::resimulate(p).step_time == doctest::Approx(p.step_time).epsilon(1e-12));
+    CHECK(plan::Plan::from_json(p.to_json()) == p);
+    // GPipe keeps every micro-batch in flight: the first stage holds M activations.
+    if (sched == "gpipe" && p.num_stages() > 1) CHECK(p.stages[0].in_flight == 4);
+    if (sched == "1f1b") CHECK(p.stages[0].in_flight == std::min(4, p.num_stages()));
+    // The split schedule uses W <= B.
+    for (const auto& st : p.stages) CHECK(st.weight_time <= st.backward_time);
+  }
+}
+
 TEST_CASE("plan: a model that cannot fit fails fast and says how much memory is missing") {
   const auto g = small_gpt(2, 64, 8);
   const auto c = one_node(2);
