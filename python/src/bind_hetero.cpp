@@ -119,11 +119,11 @@ void bind_hetero(py::module_& root) {
       .def("memory_line", &ModelProfile::memory_line, py::arg("b_hi"))
       .def("__repr__", &ModelProfile::to_string);
 
-  py::class_<DpOptions>(m, "DpOptions")
+  py::class_<DataParallelOptions>(m, "DataParallelOptions")
       .def(py::init<>())
-      .def_readwrite("calibration", &DpOptions::calibration)
-      .def_readwrite("overlap_grad_sync", &DpOptions::overlap_grad_sync)
-      .def_readwrite("bucket_bytes", &DpOptions::bucket_bytes);
+      .def_readwrite("calibration", &DataParallelOptions::calibration)
+      .def_readwrite("overlap_grad_sync", &DataParallelOptions::overlap_grad_sync)
+      .def_readwrite("bucket_bytes", &DataParallelOptions::bucket_bytes);
   py::class_<DpEvaluation>(m, "DpEvaluation")
       .def_readonly("batch", &DpEvaluation::batch)
       .def_readonly("compute", &DpEvaluation::compute)
@@ -134,9 +134,9 @@ void bind_hetero(py::module_& root) {
       .def_readonly("fits", &DpEvaluation::fits)
       .def("__repr__", &DpEvaluation::to_string);
   m.def("evaluate_data_parallel", &evaluate_data_parallel, py::arg("model"), py::arg("cluster"),
-        py::arg("device_ids"), py::arg("batch"), py::arg("options") = DpOptions{});
+        py::arg("device_ids"), py::arg("batch"), py::arg("options") = DataParallelOptions{});
   m.def("balance_data_parallel", &balance_data_parallel, py::arg("model"), py::arg("cluster"),
-        py::arg("device_ids"), py::arg("global_batch"), py::arg("options") = DpOptions{});
+        py::arg("device_ids"), py::arg("global_batch"), py::arg("options") = DataParallelOptions{});
 
   py::class_<PipelineOptions>(m, "PipelineOptions")
       .def(py::init<>())

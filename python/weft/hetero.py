@@ -23,7 +23,7 @@ DeviceCapacity = _h.DeviceCapacity
 LoadModel = _h.LoadModel
 HeteroShares = _h.HeteroShares
 ModelProfile = _h.ModelProfile
-DpOptions = _h.DpOptions
+DataParallelOptions = _h.DataParallelOptions
 DpEvaluation = _h.DpEvaluation
 PipelineOptions = _h.PipelineOptions
 PipelineEvaluation = _h.PipelineEvaluation
@@ -40,7 +40,7 @@ _balance_load = _h.balance_load
 _balance_pipeline = _h.balance_pipeline
 _balance_data_parallel = _h.balance_data_parallel
 
-__all__ = ["DeviceCapacity", "LoadModel", "HeteroShares", "ModelProfile", "DpOptions", "DpEvaluation",
+__all__ = ["DeviceCapacity", "LoadModel", "HeteroShares", "ModelProfile", "DataParallelOptions", "DpEvaluation",
            "PipelineOptions", "PipelineEvaluation", "BatchBalance", "PipelineBalance", "balance_load",
            "try_balance_load", "evaluate_load", "even_units", "split_dimension", "memory_descending_order",
            "capacities", "profile", "balance_batch", "balance_pipeline", "evaluate_data_parallel",
@@ -109,7 +109,7 @@ def balance_batch(cluster: Cluster, model_or_numbers: Union[ModelLike, LoadModel
         even = evaluate_load(caps, [model_or_numbers], even_units(global_batch, len(ids)))
         return BatchBalance(list(shares.units), shares, shares, even, even.max_time / shares.max_time)
     prof = profile(model_or_numbers)
-    opt = DpOptions()
+    opt = DataParallelOptions()
     if calibration is not None:
         opt.calibration = calibration
     opt.overlap_grad_sync = overlap_grad_sync

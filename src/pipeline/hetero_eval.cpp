@@ -13,7 +13,7 @@
 // Data parallel: device i computes its share b_i; gradients (param bytes) are all-reduced with
 // the α-β model over the group's mesh on the cluster (hierarchical across nodes, each hop the
 // slowest link of the mixed nodes: cluster::axis_links). Step = max_i compute_i + exposed
-// all-reduce + optimizer (see DpOptions).
+// all-reduce + optimizer (see DataParallelOptions).
 //
 // Pipeline: stage s on device d_s runs layers [a_s, a_s + L_s) (plus the embedding on the first
 // stage and the head on the last); F and B per micro-batch from the same roofline; 1F1B is
@@ -365,7 +365,7 @@ void check_ids(const cluster::Cluster& c, const std::vector<int>& ids) {
 
 DpEvaluation evaluate_data_parallel(const ModelProfile& model, const cluster::Cluster& c,
                                     const std::vector<int>& ids, const std::vector<std::int64_t>& batch,
-                                    const DpOptions& opt) {
+                                    const DataParallelOptions& opt) {
   check_ids(c, ids);
   WEFT_CHECK(batch.size() == ids.size(), "evaluate_data_parallel: {} batch shares for {} devices",
              batch.size(), ids.size());
@@ -403,7 +403,7 @@ DpEvaluation evaluate_data_parallel(const ModelProfile& model, const cluster::Cl
 
 HeteroShares balance_data_parallel(const ModelProfile& model, const cluster::Cluster& c,
                                    const std::vector<int>& ids, std::int64_t global_batch,
-                                   const DpOptions& opt) {
+                                   const DataParallelOptions& opt) {
   check_ids(c, ids);
   WEFT_CHECK(global_batch >= 1, "global batch must be >= 1 (got {})", global_batch);
   const double mean = static_cast<double>(global_batch) / static_cast<double>(ids.size());

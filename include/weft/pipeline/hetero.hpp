@@ -173,7 +173,7 @@ class ModelProfile {
 };
 
 // ---- data parallel over mixed GPUs -----------------------------------------------------------
-struct DpOptions {
+struct DataParallelOptions {
   cost::Calibration calibration{};
   // Gradient all-reduce overlapped with the backward pass (bucketed, as in Horovod/DDP/Whale):
   // step = max(compute + AR(bucket), forward + AR(all)) + optimizer; otherwise compute + AR.
@@ -192,13 +192,14 @@ struct DpEvaluation {
 };
 DpEvaluation evaluate_data_parallel(const ModelProfile& model, const cluster::Cluster& cluster,
                                     const std::vector<int>& device_ids,
-                                    const std::vector<std::int64_t>& batch, const DpOptions& options = {});
+                                    const std::vector<std::int64_t>& batch,
+                                    const DataParallelOptions& options = {});
 // Batch shares by Algorithm 1: per device the effective FLOP/s (training FLOPs per sample over the
 // roofline time per sample, secant over the batch range), the batch-independent time as fixed
 // work, and the memory line of ModelProfile::memory_line(global_batch).
 HeteroShares balance_data_parallel(const ModelProfile& model, const cluster::Cluster& cluster,
                                    const std::vector<int>& device_ids, std::int64_t global_batch,
-                                   const DpOptions& options = {});
+                                   const DataParallelOptions& options = {});
 
 // ---- pipeline stages on mixed GPUs -------------------------------------------------------------
 struct PipelineOptions {

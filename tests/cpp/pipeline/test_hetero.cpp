@@ -284,7 +284,7 @@ TEST_CASE("hetero: acceptance — data parallel 8 V100-32GB + 8 P100-16GB, BERT-
   // Whale reports 1.3-1.4x; here 1.299 at 48/GPU (1.307 at 42/GPU): see docs/modules/hetero.md.
   CHECK(ratio >= 1.29);
   // Without overlapping the all-reduce the gain is smaller but still there.
-  DpOptions no;
+  DataParallelOptions no;
   no.overlap_grad_sync = false;
   const double r2 = evaluate_data_parallel(p, c, ids, s.units, no).throughput /
                     evaluate_data_parallel(p, c, ids, even_units(B, 16), no).throughput;
