@@ -76,6 +76,24 @@ std::string key_of(const StrategyProblem& p, double fscale) {
   return k;
 }
 
+// One ILP solve of a sub-problem, counted in the O2 statistics (solves, largest model, worst
+// status and gap over the solves that found something).
+ProblemSolution solve_counted(const StrategyProblem& q, const O2Options& opt, O2Stats& st,
+                              std::vector<int> warm_start = {}) {
+  SolveOptions so;
+  so.time_limit_s = opt.time_limit_s;
+  so.relative_gap = opt.relative_gap;
+  so.warm_start = std::move(warm_start);
+  auto sol = solve_ilp(q, so);
+  ++st.ilp_solves;
+  st.max_ilp_variables = std::max(st.max_ilp_variables, sol.ilp_variables);
+  st.max_ilp_constraints = std::max(st.max_ilp_constraints, sol.ilp_constraints);
+  st.max_gap = std::max(st.max_gap, sol.gap);
+  if (static_cast<int>(sol.status) > static_cast<int>(st.worst_status) && sol.has_solution())
+    st.worst_status = sol.status;
+  return sol;
+}
+
 // Solve the sub-problem of the nodes `win` with every other node fixed at `cur` (edges to them
 // folded into node costs, their bytes into row constants). Exact (elimination) when no memory
 // row can bind and the tables fit, else an ILP warm-started at `cur`. Returns the window's
@@ -133,17 +151,9 @@ std::vector<int> solve_window(const StrategyProblem& p, const std::vector<int>& 
   if (el.ok()) {
     if (!std::isinf(el.kept_cost()[0])) res = el.choice_for(0);
   } else if (sub.num_nodes() <= opt.refine_ilp_max_nodes) {
-    SolveOptions so;
-    so.time_limit_s = opt.time_limit_s;
-    so.relative_gap = opt.relative_gap;
-    for (int v : win) so.warm_start.push_back(cur[v]);
-    const auto sol = solve_ilp(sub, so);
-    ++st.ilp_solves;
-    st.max_ilp_variables = std::max(st.max_ilp_variables, sol.ilp_variables);
-    st.max_ilp_constraints = std::max(st.max_ilp_constraints, sol.ilp_constraints);
-    st.max_gap = std::max(st.max_gap, sol.gap);
-    if (static_cast<int>(sol.status) > static_cast<int>(st.worst_status) && sol.has_solution())
-      st.worst_status = sol.status;
+    std::vector<int> warm;
+    for (int v : win) warm.push_back(cur[v]);
+    const auto sol = solve_counted(sub, opt, st, std::move(warm));
     res = sol.choice;
   }
   if (opt.reuse_repeated) cache.emplace(key, std::vector<std::pair<double, std::vector<int>>>{{0.0, res}});
@@ -350,16 +360,7 @@ ProblemSolution solve_o2(const StrategyProblem& p, int n_ops, const std::vector<
               if (s != t) q.node_cost[lend][s] = kInfCost;
             if (std::isinf(q.node_cost[lend][t])) continue;
           }
-          SolveOptions so;
-          so.time_limit_s = opt.time_limit_s;
-          so.relative_gap = opt.relative_gap;
-          const auto sol = solve_ilp(q, so);
-          ++st.ilp_solves;
-          st.max_ilp_variables = std::max(st.max_ilp_variables, sol.ilp_variables);
-          st.max_ilp_constraints = std::max(st.max_ilp_constraints, sol.ilp_constraints);
-          st.max_gap = std::max(st.max_gap, sol.gap);
-          if (static_cast<int>(sol.status) > static_cast<int>(st.worst_status) && sol.has_solution())
-            st.worst_status = sol.status;
+          const auto sol = solve_counted(q, opt, st);
           if (!sol.has_solution()) continue;
           const int at = per_end || !ends_critical ? t : sol.choice[lend];
           entry[at] = {evaluate(q, sol.choice).cost, sol.choice};
