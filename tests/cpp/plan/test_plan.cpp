@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <functional>
 #include <set>
 #include <string>
 
@@ -241,18 +242,22 @@ TEST_CASE("plan: GPT-6.7B on 2 M8 nodes is no worse than the best Megatron-style
   CHECK(p.peak_memory <= p.memory_limit);
 }
 
-// Heavy: run with --no-skip (used for timing during development and by nobody in CI).
-TEST_CASE("plan: GPT-2.7B on 2 M8 nodes (manual)" * doctest::skip()) {
-  const auto g = ir::build_training_graph(models::gpt_preset("GPT-2.7B", 16, DType::F16));
-  const auto c = cluster::Cluster::preset("M8", 2);
-  plan::PlanOptions o;
-  o.progress = [](const plan::PlanProgress& p) {
-    static double last = -1;
+// Progress to stderr every 5 % (the manual timing cases below).
+static std::function<void(const plan::PlanProgress&)> print_progress() {
+  return [last = -1.0](const plan::PlanProgress& p) mutable {
     if (p.fraction - last > 0.05 || p.phase == "done") {
       fmt::print(stderr, "[{:.0f}%] {}: {}\n", p.fraction * 100, p.phase, p.message);
       last = p.fraction;
     }
   };
+}
+
+// Heavy: run with --no-skip (used for timing during development and by nobody in CI).
+TEST_CASE("plan: GPT-2.7B on 2 M8 nodes (manual)" * doctest::skip()) {
+  const auto g = ir::build_training_graph(models::gpt_preset("GPT-2.7B", 16, DType::F16));
+  const auto c = cluster::Cluster::preset("M8", 2);
+  plan::PlanOptions o;
+  o.progress = print_progress();
   const auto p = plan::make_plan(g, c, o);
   fmt::print("{}\n", p.summary());
 }
@@ -301,13 +306,7 @@ TEST_CASE("plan: GPT-3 175B on 128 DGX-A100 nodes (manual, benchmark)" * doctest
   o.compare_megatron = false;
   o.max_data_parallel = 8;
   o.max_simulated = 12;
-  o.progress = [](const plan::PlanProgress& p) {
-    static double last = -1;
-    if (p.fraction - last > 0.05 || p.phase == "done") {
-      fmt::print(stderr, "[{:.0f}%] {}: {}\n", p.fraction * 100, p.phase, p.message);
-      last = p.fraction;
-    }
-  };
+  o.progress = print_progress();
   const auto p = plan::make_plan(g, c, o);
   fmt::print("{}\n", p.summary());
 }

@@ -11,6 +11,7 @@
 #include <map>
 #include <random>
 
+#include "mesh_coords.hpp"
 #include "weft/cluster/alpha_beta.hpp"
 #include "weft/cluster/cluster.hpp"
 #include "weft/core/error.hpp"
@@ -25,20 +26,7 @@ namespace {
 
 using Coord = std::vector<int64_t>;
 
-std::vector<Coord> coords_of(const std::vector<int64_t>& mesh) {
-  std::vector<Coord> out;
-  Coord c(mesh.size(), 0);
-  while (true) {
-    out.push_back(c);
-    int i = static_cast<int>(mesh.size()) - 1;
-    for (; i >= 0; --i) {
-      if (++c[static_cast<std::size_t>(i)] < mesh[static_cast<std::size_t>(i)]) break;
-      c[static_cast<std::size_t>(i)] = 0;
-    }
-    if (i < 0) break;
-  }
-  return out;
-}
+std::vector<Coord> coords_of(const std::vector<int64_t>& mesh) { return weft::test::mesh_coords(mesh); }
 
 struct Dist {  // per device: local buffer in row-major local order
   ShardingSpec spec;

@@ -13,6 +13,7 @@
 #include <random>
 #include <set>
 
+#include "mesh_coords.hpp"
 #include "weft/core/error.hpp"
 #include "weft/sharding/sharding_spec.hpp"
 #include "weft/sharding/tile.hpp"
@@ -21,20 +22,7 @@ using namespace weft::sharding;
 
 namespace {
 
-std::vector<std::vector<int64_t>> all_coords(const std::vector<int64_t>& mesh) {
-  std::vector<std::vector<int64_t>> out;
-  std::vector<int64_t> c(mesh.size(), 0);
-  while (true) {
-    out.push_back(c);
-    int i = static_cast<int>(mesh.size()) - 1;
-    for (; i >= 0; --i) {
-      if (++c[static_cast<std::size_t>(i)] < mesh[static_cast<std::size_t>(i)]) break;
-      c[static_cast<std::size_t>(i)] = 0;
-    }
-    if (i < 0) break;
-  }
-  return out;
-}
+using weft::test::mesh_coords;
 
 // Brute force from the definition, per element.
 std::vector<int64_t> brute_indices(const ShardingSpec& s, const std::vector<int64_t>& c, int d) {
@@ -115,7 +103,7 @@ ShardingSpec random_spec(std::mt19937& rng, bool padding) {
 }
 
 void check_spec(const ShardingSpec& s) {
-  const auto coords = all_coords(s.mesh_shape());
+  const auto coords = mesh_coords(s.mesh_shape());
   std::map<std::vector<int64_t>, int> holders;  // element -> number of (distinct partial-group) devices
   for (const auto& c : coords) {
     Tile t = tile_of(s, c);
