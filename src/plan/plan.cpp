@@ -172,6 +172,7 @@ std::string Plan::to_json() const {
          {"num_microbatches", num_microbatches},
          {"microbatch_size", microbatch_size},
          {"data_parallel", data_parallel},
+         {"replica_microbatch", replica_microbatch},
          {"num_blocks", num_blocks},
          {"stages", stages_j},
          {"cross_tensors", cross_j},
@@ -213,6 +214,8 @@ Plan Plan::from_json(std::string_view text) {
   p.num_microbatches = field<int>(j, "num_microbatches", root);
   p.microbatch_size = field<std::int64_t>(j, "microbatch_size", root);
   p.data_parallel = field<int>(j, "data_parallel", root);
+  if (j.contains("replica_microbatch"))  // absent in plans written before uneven data parallelism
+    p.replica_microbatch = field<std::vector<std::int64_t>>(j, "replica_microbatch", root);
   p.num_blocks = field<int>(j, "num_blocks", root);
   const auto& st = array_field(j, "stages", root);
   for (std::size_t i = 0; i < st.size(); ++i)
@@ -245,6 +248,9 @@ Plan Plan::from_json(std::string_view text) {
   for (std::size_t i = 0; i < p.stages.size(); ++i)
     WEFT_CHECK(p.stages[i].index == static_cast<int>(i), "Plan JSON: plan.stages[{}].index is {}", i,
                p.stages[i].index);
+  WEFT_CHECK(p.replica_microbatch.empty() || static_cast<int>(p.replica_microbatch.size()) == p.data_parallel,
+             "Plan JSON: plan.replica_microbatch needs data_parallel ({}) entries, has {}", p.data_parallel,
+             p.replica_microbatch.size());
   WEFT_CHECK(p.device_memory.size() == p.devices_used.size(),
              "Plan JSON: plan.device_memory and plan.devices_used differ in length");
   for (const auto& c : p.cross_tensors)
@@ -254,6 +260,13 @@ Plan Plan::from_json(std::string_view text) {
   // The schedule must be constructible.
   (void)schedule_of(p);
   return p;
+}
+
+std::int64_t Plan::global_batch() const {
+  std::int64_t per = 0;
+  for (auto b : replica_microbatch) per += b;
+  if (replica_microbatch.empty()) per = microbatch_size * data_parallel;
+  return num_microbatches * per;
 }
 
 std::string Plan::to_string() const {
@@ -275,8 +288,18 @@ std::string Plan::summary() const {
       schedule == "kfkb"          ? fmt::format(" k={}", schedule_k)
       : schedule == "interleaved" ? fmt::format(" v={}", schedule_v)
                                   : std::string(),
-      num_microbatches, microbatch_size, data_parallel, data_parallel == 1 ? "" : "s",
-      num_microbatches * microbatch_size * data_parallel);
+      num_microbatches, microbatch_size, data_parallel, data_parallel == 1 ? "" : "s", global_batch());
+  if (!replica_microbatch.empty()) {
+    // Uneven shares: list runs of equal shares ("8 x 60, 8 x 36").
+    std::string runs;
+    for (std::size_t i = 0; i < replica_microbatch.size();) {
+      std::size_t k = i;
+      while (k < replica_microbatch.size() && replica_microbatch[k] == replica_microbatch[i]) ++k;
+      runs += fmt::format("{}{} x {}", runs.empty() ? "" : ", ", k - i, replica_microbatch[i]);
+      i = k;
+    }
+    s += fmt::format("  shares        uneven samples per micro-batch per replica: {}\n", runs);
+  }
   s += fmt::format("  step time     {:.4f} s  (bubble {:.1f}%)\n", step_time, bubble_fraction * 100);
   s += fmt::format("  throughput    {:.2f} samples/s\n", throughput);
   s += fmt::format("  MFU           {:.1f}%  ({:.3g} PFLOP per step over {:.3g} PFLOP/s peak)\n", mfu * 100,

@@ -44,6 +44,7 @@
 #include <tuple>
 #include <unordered_map>
 
+#include "planner_detail.hpp"
 #include "weft/cluster/alpha_beta.hpp"
 #include "weft/cluster/device_mesh.hpp"
 #include "weft/core/error.hpp"
@@ -59,294 +60,146 @@
 
 namespace weft::plan {
 
-namespace {
-
-constexpr double kInf = std::numeric_limits<double>::infinity();
-
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-bool is_state_leaf(const ir::TensorInfo& t) {
-  return t.producer == ir::kNoOp && (t.role == ir::Role::Parameter || t.role == ir::Role::OptimizerState);
-}
-
-// Peak in-flight micro-batches of a stage with `s` stages from it to the end (itself included).
-int in_flight(const std::string& schedule, int s, int M, int k) {
-  if (schedule == "gpipe") return M;
-  if (schedule == "eager_1f1b") return std::min(M, 2 * s - 1);
-  if (schedule == "kfkb") return std::min(M, s * std::max(1, k));
-  return std::min(M, s);  // 1f1b, zb_h1, interleaved (per device, approximately)
-}
+namespace detail {
 
 std::string mesh_text(const std::vector<std::int64_t>& shape) {
   return fmt::format("({})", fmt::join(shape, ","));
 }
 
-// ---------------------------------------------------------------- per-block SPMD costs
-
-struct BlockCost {
-  bool ok = false;
-  std::string error;
-  double fwd = 0, bwd = 0, wgt = 0, upd = 0;  // per micro-batch (upd: per step)
-  double compute = 0, comm = 0;
-  double static_mem = 0, act_mem = 0, transient = 0;
-  std::vector<std::string> spec;    // per tensor of the block graph: spec text ("" = none)
-  std::vector<double> local_bytes;  // per tensor of the block graph
-};
-
-struct MeshOption {
-  pipeline::SubmeshShape submesh;
-  std::vector<std::int64_t> logical;  // 1-D when one axis would be 1
-  cluster::DeviceMesh mesh;           // canonical placement (first nodes / first devices)
-  int key = 0;                        // interned: shape + α-β of the axes + device kind
-};
-
-class Context {
- public:
-  Context(const ir::Graph& g, const cluster::Cluster& c, const PlanOptions& o, double start)
-      : g_(g), c_(c), opt_(o), start_(start) {}
-
-  const ir::Graph& g_;
-  const cluster::Cluster& c_;
-  const PlanOptions& opt_;
-  double start_;
-  double usable_memory = 0;
-  int M = 1;
-  std::vector<pipeline::OpPhase> phase;
-  std::vector<char> weight_grad_op;  // backward op producing a parameter's gradient
-  pipeline::LayerGrouping grouping;
-  std::int64_t global_batch = 1;
-  struct AtBatch {
-    std::vector<pipeline::StageGraph> blocks;
-    std::vector<int> keys;  // interned block structures
-  };
-  std::map<std::int64_t, AtBatch> at_batch;  // per micro-batch size (per replica)
-  std::vector<double> block_state_bytes;     // Σ full bytes of params (×2 for grads) + states
-  std::map<std::tuple<int, int, int, int>, BlockCost> cache;  // (structure, mesh, variant, forced)
-  std::unordered_map<std::string, int> interned;
-  int intern(const std::string& k) {
-    return interned.emplace(k, static_cast<int>(interned.size())).first->second;
-  }
-  int spmd_solves = 0;
-  double spmd_seconds = 0;
-
-  int L() const { return static_cast<int>(grouping.blocks.size()); }
-
-  void check_time(const char* where) const {
-    WEFT_CHECK(
-        now_s() - start_ <= opt_.time_limit_s,
-        "make_plan: time limit of {} s exceeded during {} (raise PlanOptions.time_limit_s or narrow the "
-        "search: whole_nodes_only, power_of_two_nodes, max_logical_shapes, num_blocks)",
-        opt_.time_limit_s, where);
-  }
-  void progress(const std::string& phase_name, double f, const std::string& msg) const {
-    if (opt_.progress) opt_.progress({phase_name, std::clamp(f, 0.0, 1.0), msg});
-  }
-
-  void init_blocks(int num_blocks) {
-    phase = pipeline::classify_ops(g_);
-    weight_grad_op.assign(g_.ops().size(), 0);
-    for (ir::OpId o = 0; o < static_cast<ir::OpId>(g_.ops().size()); ++o) {
-      if (phase[o] != pipeline::OpPhase::Backward) continue;
-      for (ir::TensorId t : g_.op(o).outputs) {
-        auto of = g_.grad_of(t);
-        if (of && g_.tensor(*of).role == ir::Role::Parameter && g_.tensor(*of).producer == ir::kNoOp)
-          weight_grad_op[o] = 1;
-      }
-    }
-    grouping = pipeline::group_layers(g_, num_blocks);
-    global_batch = batch_size(g_);
-    block_state_bytes.clear();
-    const auto& ab = blocks_at(global_batch);
-    for (const auto& bg : ab.blocks) {
-      double sb = 0;
-      for (const auto& t : bg.graph.tensors())
-        if (is_state_leaf(t))
-          sb += static_cast<double>(t.bytes()) * (t.role == ir::Role::Parameter ? 2.0 : 1.0);
-      block_state_bytes.push_back(sb);
-    }
-  }
-
-  // The blocks' graphs at a micro-batch size (op ids of a rebatched graph equal the original's,
-  // so the grouping applies unchanged).
-  const AtBatch& blocks_at(std::int64_t bs) {
-    auto it = at_batch.find(bs);
-    if (it != at_batch.end()) return it->second;
-    AtBatch ab;
-    const ir::Graph gb = bs == batch_size(g_) ? g_ : rebatch(g_, bs);
-    for (const auto& b : grouping.blocks) {
-      ab.blocks.push_back(pipeline::extract_stage_mapped(gb, b.ops));
-      ab.keys.push_back(intern(structure_key(ab.blocks.back().graph)));
-    }
-    return at_batch.emplace(bs, std::move(ab)).first->second;
-  }
-
-  // Structure of a block graph without names: kinds, attributes, shapes, dtypes, roles, wiring.
-  static std::string structure_key(const ir::Graph& bg) {
-    std::string k;
-    k.reserve(bg.ops().size() * 64);
-    for (const auto& t : bg.tensors())
-      k += fmt::format("t{}:{}:{}:{};", fmt::join(t.shape, ","), dtype_name(t.dtype), ir::role_name(t.role),
-                       t.producer);
-    for (const auto& op : bg.ops()) {
-      const auto& a = op.attrs;
-      k += fmt::format("o{}|{}|{}|{}|{}|{}|{}|{}|{}|{}>{};", ir::op_kind_name(op.kind), a.equation,
-                       static_cast<int>(a.unary), static_cast<int>(a.binary), static_cast<int>(a.reduce),
-                       fmt::join(a.axes, ","), fmt::join(a.ints, ","), a.scalar, fmt::join(a.scalars, ","),
-                       fmt::join(op.inputs, ","), fmt::join(op.outputs, ","));
-    }
-    for (auto t : bg.outputs()) k += fmt::format("out{};", t);
-    if (bg.loss()) k += fmt::format("loss{};", *bg.loss());
-    return k;
-  }
-
-  int mesh_key(const cluster::DeviceMesh& mesh) { return intern("mesh|" + mesh_text_key(mesh)); }
-  std::string mesh_text_key(const cluster::DeviceMesh& mesh) const {
-    std::string k =
-        fmt::format("{}|{}|", fmt::join(mesh.shape(), "x"), c_.device(mesh.device_ids()[0]).spec.kind);
-    for (const auto& l : cluster::axis_links(c_, mesh))
-      k += fmt::format("{:.6g},{:.6g},{:.6g},{:.6g},{},{};", l.intra_alpha, l.intra_beta, l.inter_alpha,
-                       l.inter_beta, l.devices_per_node_on_axis, l.nodes_on_axis);
-    return k;
-  }
-
-  // variant 0: fastest; 1: lean (memory limit usable / L per block). forced_dp > 1: the inputs
-  // and boundary tensors are forced batch-sharded on mesh axis 0 (Megatron-style data parallel).
-  const BlockCost& block_cost(int b, std::int64_t bs, const MeshOption& m, int variant, int forced_dp = 0) {
-    const AtBatch& ab = blocks_at(bs);
-    const auto key = std::make_tuple(ab.keys[b], m.key, variant, forced_dp);
-    auto it = cache.find(key);
-    if (it != cache.end()) return it->second;
-    check_time("the SPMD searches");
-    BlockCost bc;
-    const auto& sg = ab.blocks[b];
-    const ir::Graph& bg = sg.graph;
-    // A cheap lower bound first: state bytes cannot shrink below full / devices.
-    const double lb = block_state_bytes[b] / static_cast<double>(m.mesh.size());
-    if (lb > usable_memory) {
-      bc.error = fmt::format("block {} needs >= {:.3g} GB/device of parameter state on {} devices", b,
-                             lb / 1e9, m.mesh.size());
-      return cache.emplace(key, std::move(bc)).first->second;
-    }
-    spmd::SearchOptions so;
-    so.level = opt_.spmd_level == SpmdLevel::O3 ? spmd::Level::O3 : spmd::Level::O2;
-    so.time_limit_s = opt_.spmd_time_limit_s;
-    so.relative_gap = opt_.spmd_relative_gap;
-    so.memory_limit = variant == 0 ? -1.0 : usable_memory / std::max(1, L());
-    so.strided_candidates = false;
-    if (forced_dp > 0) {
-      for (const auto& t : bg.tensors()) {
-        if (t.producer != ir::kNoOp || is_state_leaf(t) || t.rank() < 1) continue;
-        if (t.role == ir::Role::Constant) continue;
-        if (bg.consumers(bg.find_tensor(t.name).value()).empty()) continue;
-        const bool two_d = m.mesh.ndim() == 2;
-        if (forced_dp > 1 && t.shape[0] % forced_dp == 0)
-          so.fixed_specs[t.name] = two_d ? "S(0) R" : "S(0)";
-        else
-          so.fixed_specs[t.name] = two_d ? "R R" : "R";
-      }
-    }
-    const double t0 = now_s();
-    try {
-      spmd::SpmdPlan p = spmd::spmd_search(bg, c_, m.mesh, so);
-      bc.ok = true;
-      const auto& dev = c_.device(m.mesh.device_ids()[0]).spec;
-      double f = 0, bw = 0, w = 0, u = 0;
-      for (ir::OpId o = 0; o < static_cast<ir::OpId>(bg.ops().size()); ++o) {
-        const double t = cost::op_cost(bg, bg.op(o), dev, p.op_strategies[o].factor_shards).time;
-        const ir::OpId orig = sg.original_op[o];
-        switch (phase[orig]) {
-          case pipeline::OpPhase::Forward: f += t; break;
-          case pipeline::OpPhase::Backward:
-            bw += t;
-            if (weight_grad_op[orig]) w += t;
-            break;
-          case pipeline::OpPhase::Update: u += t; break;
-        }
-      }
-      // The gradient synchronisation: the resharding into the update ops' gradient operands
-      // (a partial or batch-split gradient all-reduced / reduce-scattered to the parameter's
-      // layout). With micro-batches it runs once per step on the accumulated gradient, so it is
-      // moved out of the per-micro-batch time into the update.
-      double grad_sync = 0;
-      {
-        sharding::ReshardOptions ro;
-        ro.strided_intermediates = false;
-        const auto links = cluster::axis_links(c_, m.mesh);
-        std::map<int, sharding::ReshardPlanner> planners;
-        for (ir::OpId o = 0; o < static_cast<ir::OpId>(bg.ops().size()); ++o) {
-          if (phase[sg.original_op[o]] != pipeline::OpPhase::Update) continue;
-          const auto& op = bg.op(o);
-          for (std::size_t i = 0; i < op.inputs.size(); ++i) {
-            const ir::TensorId t = op.inputs[i];
-            const auto& info = bg.tensor(t);
-            if (info.role != ir::Role::Gradient || !p.tensor_specs[t]) continue;
-            const auto& from = *p.tensor_specs[t];
-            const auto& to = p.op_strategies[o].inputs[i];
-            if (from == to) continue;
-            const int elem = dtype_size(info.dtype);
-            auto it = planners.find(elem);
-            if (it == planners.end())
-              it = planners.emplace(elem, sharding::ReshardPlanner(links, elem, ro)).first;
-            grad_sync += it->second.plan(from, to).time;
-          }
-        }
-      }
-      const double total = f + bw + u;
-      const double comm = std::max(0.0, p.comm_time - grad_sync);
-      // Communication follows the compute it serves (no per-edge phase in the SPMD report).
-      const double cf = total > 0 ? f / total : 1.0, cb = total > 0 ? bw / total : 0.0,
-                   cu = total > 0 ? u / total : 0.0;
-      bc.fwd = f + comm * cf;
-      bc.bwd = bw + comm * cb;
-      bc.wgt = w + (bw > 0 ? comm * cb * (w / bw) : 0.0);
-      bc.upd = u + comm * cu + grad_sync;
-      bc.compute = f + bw;
-      bc.comm = comm * (cf + cb);
-      const int nt = static_cast<int>(bg.tensors().size());
-      bc.spec.assign(nt, "");
-      bc.local_bytes.assign(nt, 0.0);
-      for (int t = 0; t < nt; ++t) {
-        const auto& info = bg.tensor(t);
-        if (t < static_cast<int>(p.tensor_specs.size()) && p.tensor_specs[t]) {
-          bc.spec[t] = p.tensor_specs[t]->to_string();
-          bc.local_bytes[t] =
-              static_cast<double>(p.tensor_specs[t]->max_local_elements()) * dtype_size(info.dtype);
-        } else {
-          bc.local_bytes[t] = static_cast<double>(info.bytes());
-        }
-      }
-      // Saved activations: forward results (and boundary inputs) that a backward op reads.
-      std::vector<char> read_by_bwd(nt, 0);
-      for (ir::OpId o = 0; o < static_cast<ir::OpId>(bg.ops().size()); ++o)
-        if (phase[sg.original_op[o]] == pipeline::OpPhase::Backward)
-          for (ir::TensorId t : bg.op(o).inputs) read_by_bwd[t] = 1;
-      for (int t = 0; t < nt; ++t) {
-        const auto& info = bg.tensor(t);
-        if (is_state_leaf(info)) {
-          bc.static_mem += bc.local_bytes[t] * (info.role == ir::Role::Parameter ? 2.0 : 1.0);
-          continue;
-        }
-        if (!read_by_bwd[t]) continue;
-        const bool fwd_result =
-            info.producer != ir::kNoOp && phase[sg.original_op[info.producer]] == pipeline::OpPhase::Forward;
-        const bool boundary_act = info.producer == ir::kNoOp && info.role == ir::Role::Activation;
-        const bool input = info.producer == ir::kNoOp && info.role == ir::Role::Input;
-        if (fwd_result || boundary_act || input) bc.act_mem += bc.local_bytes[t];
-      }
-      bc.transient = std::max(0.0, p.peak_memory - bc.static_mem - bc.act_mem);
-    } catch (const InternalError&) {
-      throw;
-    } catch (const Error& e) {
-      bc.ok = false;
-      bc.error = e.what();
-    }
-    spmd_seconds += now_s() - t0;
-    ++spmd_solves;
+const BlockCost& Context::block_cost(int b, std::int64_t bs, const MeshOption& m, int variant,
+                                     int forced_dp) {
+  const AtBatch& ab = blocks_at(bs);
+  const auto key = std::make_tuple(ab.keys[b], m.key, variant, forced_dp);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  check_time("the SPMD searches");
+  BlockCost bc;
+  const auto& sg = ab.blocks[b];
+  const ir::Graph& bg = sg.graph;
+  // A cheap lower bound first: state bytes cannot shrink below full / devices.
+  const double lb = block_state_bytes[b] / static_cast<double>(m.mesh.size());
+  if (lb > usable(m.mesh)) {
+    bc.error = fmt::format("block {} needs >= {:.3g} GB/device of parameter state on {} devices", b, lb / 1e9,
+                           m.mesh.size());
     return cache.emplace(key, std::move(bc)).first->second;
   }
-};
+  spmd::SearchOptions so;
+  so.level = opt_.spmd_level == SpmdLevel::O3 ? spmd::Level::O3 : spmd::Level::O2;
+  so.time_limit_s = opt_.spmd_time_limit_s;
+  so.relative_gap = opt_.spmd_relative_gap;
+  so.memory_limit = variant == 0 ? -1.0 : usable(m.mesh) / std::max(1, L());
+  so.strided_candidates = false;
+  if (forced_dp > 0) {
+    for (const auto& t : bg.tensors()) {
+      if (t.producer != ir::kNoOp || is_state_leaf(t) || t.rank() < 1) continue;
+      if (t.role == ir::Role::Constant) continue;
+      if (bg.consumers(bg.find_tensor(t.name).value()).empty()) continue;
+      const bool two_d = m.mesh.ndim() == 2;
+      if (forced_dp > 1 && t.shape[0] % forced_dp == 0)
+        so.fixed_specs[t.name] = two_d ? "S(0) R" : "S(0)";
+      else
+        so.fixed_specs[t.name] = two_d ? "R R" : "R";
+    }
+  }
+  const double t0 = now_s();
+  try {
+    spmd::SpmdPlan p = spmd::spmd_search(bg, c_, m.mesh, so);
+    bc.ok = true;
+    const auto& dev = c_.device(m.mesh.device_ids()[0]).spec;
+    double f = 0, bw = 0, w = 0, u = 0;
+    for (ir::OpId o = 0; o < static_cast<ir::OpId>(bg.ops().size()); ++o) {
+      const double t = cost::op_cost(bg, bg.op(o), dev, p.op_strategies[o].factor_shards).time;
+      const ir::OpId orig = sg.original_op[o];
+      switch (phase[orig]) {
+        case pipeline::OpPhase::Forward: f += t; break;
+        case pipeline::OpPhase::Backward:
+          bw += t;
+          if (weight_grad_op[orig]) w += t;
+          break;
+        case pipeline::OpPhase::Update: u += t; break;
+      }
+    }
+    // The gradient synchronisation: the resharding into the update ops' gradient operands
+    // (a partial or batch-split gradient all-reduced / reduce-scattered to the parameter's
+    // layout). With micro-batches it runs once per step on the accumulated gradient, so it is
+    // moved out of the per-micro-batch time into the update.
+    double grad_sync = 0;
+    {
+      sharding::ReshardOptions ro;
+      ro.strided_intermediates = false;
+      const auto links = cluster::axis_links(c_, m.mesh);
+      std::map<int, sharding::ReshardPlanner> planners;
+      for (ir::OpId o = 0; o < static_cast<ir::OpId>(bg.ops().size()); ++o) {
+        if (phase[sg.original_op[o]] != pipeline::OpPhase::Update) continue;
+        const auto& op = bg.op(o);
+        for (std::size_t i = 0; i < op.inputs.size(); ++i) {
+          const ir::TensorId t = op.inputs[i];
+          const auto& info = bg.tensor(t);
+          if (info.role != ir::Role::Gradient || !p.tensor_specs[t]) continue;
+          const auto& from = *p.tensor_specs[t];
+          const auto& to = p.op_strategies[o].inputs[i];
+          if (from == to) continue;
+          const int elem = dtype_size(info.dtype);
+          auto it = planners.find(elem);
+          if (it == planners.end())
+            it = planners.emplace(elem, sharding::ReshardPlanner(links, elem, ro)).first;
+          grad_sync += it->second.plan(from, to).time;
+        }
+      }
+    }
+    const double total = f + bw + u;
+    const double comm = std::max(0.0, p.comm_time - grad_sync);
+    // Communication follows the compute it serves (no per-edge phase in the SPMD report).
+    const double cf = total > 0 ? f / total : 1.0, cb = total > 0 ? bw / total : 0.0,
+                 cu = total > 0 ? u / total : 0.0;
+    bc.fwd = f + comm * cf;
+    bc.bwd = bw + comm * cb;
+    bc.wgt = w + (bw > 0 ? comm * cb * (w / bw) : 0.0);
+    bc.upd = u + comm * cu + grad_sync;
+    bc.compute = f + bw;
+    bc.comm = comm * (cf + cb);
+    const int nt = static_cast<int>(bg.tensors().size());
+    bc.spec.assign(nt, "");
+    bc.local_bytes.assign(nt, 0.0);
+    for (int t = 0; t < nt; ++t) {
+      const auto& info = bg.tensor(t);
+      if (t < static_cast<int>(p.tensor_specs.size()) && p.tensor_specs[t]) {
+        bc.spec[t] = p.tensor_specs[t]->to_string();
+        bc.local_bytes[t] =
+            static_cast<double>(p.tensor_specs[t]->max_local_elements()) * dtype_size(info.dtype);
+      } else {
+        bc.local_bytes[t] = static_cast<double>(info.bytes());
+      }
+    }
+    // Saved activations: forward results (and boundary inputs) that a backward op reads.
+    std::vector<char> read_by_bwd(nt, 0);
+    for (ir::OpId o = 0; o < static_cast<ir::OpId>(bg.ops().size()); ++o)
+      if (phase[sg.original_op[o]] == pipeline::OpPhase::Backward)
+        for (ir::TensorId t : bg.op(o).inputs) read_by_bwd[t] = 1;
+    for (int t = 0; t < nt; ++t) {
+      const auto& info = bg.tensor(t);
+      if (is_state_leaf(info)) {
+        bc.static_mem += bc.local_bytes[t] * (info.role == ir::Role::Parameter ? 2.0 : 1.0);
+        continue;
+      }
+      if (!read_by_bwd[t]) continue;
+      const bool fwd_result =
+          info.producer != ir::kNoOp && phase[sg.original_op[info.producer]] == pipeline::OpPhase::Forward;
+      const bool boundary_act = info.producer == ir::kNoOp && info.role == ir::Role::Activation;
+      const bool input = info.producer == ir::kNoOp && info.role == ir::Role::Input;
+      if (fwd_result || boundary_act || input) bc.act_mem += bc.local_bytes[t];
+    }
+    bc.transient = std::max(0.0, p.peak_memory - bc.static_mem - bc.act_mem);
+  } catch (const InternalError&) {
+    throw;
+  } catch (const Error& e) {
+    bc.ok = false;
+    bc.error = e.what();
+  }
+  spmd_seconds += now_s() - t0;
+  ++spmd_solves;
+  return cache.emplace(key, std::move(bc)).first->second;
+}
 
 // ---------------------------------------------------------------- mesh options
 
@@ -365,10 +218,30 @@ std::vector<int> canonical_devices(const cluster::Cluster& c, const pipeline::Su
   return ids;
 }
 
-struct SubmeshOptions {
-  pipeline::SubmeshShape shape;
-  std::vector<MeshOption> meshes;
-};
+std::vector<MeshOption> meshes_on(Context& ctx, const pipeline::SubmeshShape& s,
+                                  const std::vector<int>& ids) {
+  const auto& o = ctx.opt_;
+  const int G = ctx.c_.nodes()[static_cast<std::size_t>(ctx.c_.node_of(ids.front()))].num_devices;
+  std::vector<MeshOption> out;
+  std::set<std::vector<std::int64_t>> seen;
+  for (auto ls : pipeline::logical_mesh_shapes(s)) {
+    auto cl = canonical_logical(ls);
+    if (cl.size() == 2 && !o.two_d_meshes) continue;
+    // Minor axis inside a node (consecutive devices), like Megatron's tensor-parallel groups.
+    if (cl.size() == 2 && (G % cl[1]) != 0) continue;
+    if (!seen.insert(cl).second) continue;
+    cluster::DeviceMesh mesh(cl, ids);
+    out.push_back({s, cl, mesh, ctx.mesh_key(mesh)});
+  }
+  // 1-D first, then the 2-D shapes with the largest minor axis (tensor parallel inside a node).
+  std::stable_sort(out.begin(), out.end(), [](const MeshOption& a, const MeshOption& b) {
+    if (a.logical.size() != b.logical.size()) return a.logical.size() < b.logical.size();
+    return a.logical.back() > b.logical.back();
+  });
+  if (o.max_logical_shapes > 0 && static_cast<int>(out.size()) > o.max_logical_shapes)
+    out.erase(out.begin() + o.max_logical_shapes, out.end());
+  return out;
+}
 
 std::vector<SubmeshOptions> make_mesh_options(Context& ctx) {
   const auto& c = ctx.c_;
@@ -379,60 +252,13 @@ std::vector<SubmeshOptions> make_mesh_options(Context& ctx) {
     const bool whole = s.devices_per_node == G;
     if (o.whole_nodes_only && !whole) continue;
     if (o.power_of_two_nodes && whole && (s.nodes & (s.nodes - 1)) != 0) continue;
-    SubmeshOptions so{s, {}};
-    const auto ids = canonical_devices(c, s);
-    std::set<std::vector<std::int64_t>> seen;
-    for (auto ls : pipeline::logical_mesh_shapes(s)) {
-      auto cl = canonical_logical(ls);
-      if (cl.size() == 2 && !o.two_d_meshes) continue;
-      // Minor axis inside a node (consecutive devices), like Megatron's tensor-parallel groups.
-      if (cl.size() == 2 && (G % cl[1]) != 0) continue;
-      if (!seen.insert(cl).second) continue;
-      cluster::DeviceMesh mesh(cl, ids);
-      so.meshes.push_back({s, cl, mesh, ctx.mesh_key(mesh)});
-    }
-    // 1-D first, then the 2-D shapes with the largest minor axis (tensor parallel inside a node).
-    std::stable_sort(so.meshes.begin(), so.meshes.end(), [](const MeshOption& a, const MeshOption& b) {
-      if (a.logical.size() != b.logical.size()) return a.logical.size() < b.logical.size();
-      return a.logical.back() > b.logical.back();
-    });
-    if (o.max_logical_shapes > 0 && static_cast<int>(so.meshes.size()) > o.max_logical_shapes)
-      so.meshes.erase(so.meshes.begin() + o.max_logical_shapes, so.meshes.end());
+    SubmeshOptions so{s, meshes_on(ctx, s, canonical_devices(c, s))};
     if (!so.meshes.empty()) out.push_back(std::move(so));
   }
   return out;
 }
 
 // ---------------------------------------------------------------- stage costs and candidates
-
-struct StageChoice {
-  int first = 0, last = 0;
-  int submesh = 0;  // index into the submesh options
-  int mesh = 0;     // index into its meshes
-  int variant = 0;
-  int forced_dp = 0;
-  double time = 0;  // F + B per micro-batch
-  double memory = 0;
-};
-
-struct Candidate {
-  std::string strategy;
-  int M = 1;            // micro-batches
-  int dp = 1;           // replicas of the pipeline
-  std::int64_t bs = 1;  // samples per micro-batch per replica
-  std::vector<StageChoice> stages;
-  // Explicit placement (baselines): per stage all devices (replica-major) and the per-replica mesh.
-  std::vector<std::vector<int>> devices;
-  std::vector<MeshOption> meshes;
-  double proxy = 0;  // Σ t + (M − 1) max t
-};
-
-struct StageAgg {
-  bool ok = false;
-  std::string error;
-  double fwd = 0, bwd = 0, wgt = 0, upd = 0, compute = 0, comm = 0;
-  double static_mem = 0, act_mem = 0, transient = 0;
-};
 
 StageAgg aggregate(Context& ctx, int first, int last, std::int64_t bs, const MeshOption& m, int variant,
                    int forced_dp) {
@@ -462,28 +288,29 @@ double stage_memory(const StageAgg& a, int inflight) {
 }
 
 // Best (mesh, variant) of a stage on a submesh for a given in-flight count; nullopt when nothing fits.
-std::optional<StageChoice> best_stage(Context& ctx, const std::vector<SubmeshOptions>& subs, int first,
-                                      int last, int sub, std::int64_t bs, int inflight, int forced_dp = 0,
-                                      std::string* why = nullptr) {
+std::optional<StageChoice> best_stage(Context& ctx, const std::vector<MeshOption>& meshes, int first,
+                                      int last, int sub, std::int64_t bs, int inflight, int forced_dp,
+                                      std::string* why) {
   std::optional<StageChoice> best;
   double state = 0;
   for (int b = first; b <= last; ++b) state += ctx.block_state_bytes[b];
-  const int n = subs[sub].shape.num_devices();
-  if (state / n > ctx.usable_memory) {  // quick reject: state bytes cannot shrink below full / devices
+  if (meshes.empty()) return best;
+  const int n = static_cast<int>(meshes[0].mesh.size());
+  const double usable = ctx.usable(meshes[0].mesh);
+  if (state / n > usable) {  // quick reject: state bytes cannot shrink below full / devices
     if (why) *why = fmt::format("needs >= {:.3g} GB/device of parameter state", state / n / 1e9);
     return best;
   }
-  for (int mi = 0; mi < static_cast<int>(subs[sub].meshes.size()); ++mi) {
+  for (int mi = 0; mi < static_cast<int>(meshes.size()); ++mi) {
     for (int v = 0; v < 2; ++v) {
-      StageAgg a = aggregate(ctx, first, last, bs, subs[sub].meshes[mi], v, forced_dp);
+      StageAgg a = aggregate(ctx, first, last, bs, meshes[mi], v, forced_dp);
       if (!a.ok) {
         if (why) *why = a.error;
         continue;
       }
       const double mem = stage_memory(a, inflight);
-      if (mem > ctx.usable_memory) {
-        if (why)
-          *why = fmt::format("needs {:.3g} GB/device > {:.3g} GB usable", mem / 1e9, ctx.usable_memory / 1e9);
+      if (mem > usable) {
+        if (why) *why = fmt::format("needs {:.3g} GB/device > {:.3g} GB usable", mem / 1e9, usable / 1e9);
         continue;
       }
       const double t = a.fwd + a.bwd;
@@ -537,7 +364,7 @@ std::vector<Candidate> partition_candidates(Context& ctx, const std::vector<Subm
             table[idx(s, k, j, m)] = prev;
             continue;
           }
-          auto c = best_stage(ctx, subs, k, j, m, bs, inf);
+          auto c = best_stage(ctx, subs[m].meshes, k, j, m, bs, inf);
           table[idx(s, k, j, m)] = c;
           prev = c;
           prev_inflight = inf;
@@ -645,12 +472,6 @@ std::vector<std::pair<int, int>> balanced_split(const pipeline::LayerGrouping& g
 }
 
 // ---------------------------------------------------------------- materialisation
-
-struct Built {
-  Plan plan;
-  bool feasible = false;
-  std::string note;
-};
 
 sharding::ShardingSpec parse_spec_or_replicated(const std::string& text,
                                                 const std::vector<std::int64_t>& shape,
@@ -865,11 +686,17 @@ Built materialise(Context& ctx, const std::vector<SubmeshOptions>& subs, const C
   const schedule::Schedule sched = schedule_of(p);
   const auto inflight = sched.peak_in_flight_device();
   double peak = 0;
+  std::string over;  // the first stage over its devices' usable memory
   for (int s = 0; s < S; ++s) {
     auto& st = p.stages[s];
     st.in_flight = inflight[s];
     st.peak_memory = st.static_memory + st.in_flight * st.activation_memory + st.transient_memory;
     peak = std::max(peak, st.peak_memory);
+    double usable = kInf;
+    for (int d : st.devices) usable = std::min(usable, ctx.usable_of_device(d));
+    if (over.empty() && st.peak_memory > usable * (1 + 1e-9))
+      over = fmt::format("stage {}: peak {:.3g} GB/device > {:.3g} GB usable", s, st.peak_memory / 1e9,
+                         usable / 1e9);
     for (int d : st.devices) {
       p.devices_used.push_back(d);
       p.device_memory.push_back(st.peak_memory);
@@ -894,9 +721,8 @@ Built materialise(Context& ctx, const std::vector<SubmeshOptions>& subs, const C
     p.cluster_peak_flops += spec.peak_flops.count(dt) ? spec.peak(dt) : spec.peak(DType::F32);
   }
   p.mfu = p.step_time > 0 ? p.model_flops / (p.step_time * p.cluster_peak_flops) : 0;
-  out.feasible = peak <= ctx.usable_memory * (1 + 1e-9);
-  if (!out.feasible)
-    out.note = fmt::format("peak {:.3g} GB/device > {:.3g} GB usable", peak / 1e9, ctx.usable_memory / 1e9);
+  out.feasible = over.empty();
+  if (!out.feasible) out.note = over;
   return out;
 }
 
@@ -941,14 +767,16 @@ int auto_blocks(const ir::Graph& g, const PlanOptions& o) {
   return std::max(1, std::min(fwd, 16));
 }
 
-void check_total_memory(const ir::Graph& g, const cluster::Cluster& c, double usable) {
-  const double need = model_state_bytes(g);
-  const double have = usable * c.num_devices();
+void check_total_memory(const Context& ctx) {
+  const auto& c = ctx.c_;
+  const double need = model_state_bytes(ctx.g_);
+  double have = 0;
+  for (const auto& d : c.devices()) have += ctx.usable_of_device(d.id);
   if (need > have)
     fail(
         "make_plan: the model cannot fit: its parameters, gradients and optimizer states need {:.4g} GB, "
-        "the cluster has {:.4g} GB usable ({} devices x {:.4g} GB): {:.4g} GB missing",
-        need / 1e9, have / 1e9, c.num_devices(), usable / 1e9, (need - have) / 1e9);
+        "the cluster has {:.4g} GB usable ({} devices, {:.4g} GB on the smallest): {:.4g} GB missing",
+        need / 1e9, have / 1e9, c.num_devices(), ctx.usable_memory / 1e9, (need - have) / 1e9);
 }
 
 // Micro-batch counts to try: the given one, or the powers of two dividing the batch (auto).
@@ -980,7 +808,7 @@ Context make_context(const ir::Graph& g, const cluster::Cluster& c, const PlanOp
   validate_options(o, c);
   Context ctx(g, c, o, start);
   ctx.usable_memory = usable_memory_of(o, c);
-  check_total_memory(g, c, ctx.usable_memory);  // fail fast, before any search
+  check_total_memory(ctx);  // fail fast, before any search
   (void)batch_size(g);
   return ctx;
 }
@@ -1085,7 +913,9 @@ std::pair<std::optional<Built>, std::vector<Alternative>> megatron_all(Context& 
   return {std::move(best), std::move(alts)};
 }
 
-}  // namespace
+}  // namespace detail
+
+using namespace detail;
 
 double model_state_bytes(const ir::Graph& g) {
   double b = 0;
@@ -1131,6 +961,59 @@ Plan megatron_plan(const ir::Graph& g, const cluster::Cluster& c, const Megatron
   return best->plan;
 }
 
+Plan layout_plan(const ir::Graph& g, const cluster::Cluster& c, const std::vector<StageLayout>& layout, int M,
+                 const PlanOptions& o) {
+  const double start = now_s();
+  Context ctx = make_context(g, c, o, start);
+  ctx.init_blocks(auto_blocks(g, o));
+  WEFT_CHECK(M >= 1 && ctx.global_batch % M == 0,
+             "layout_plan: the batch {} is not divisible by {} micro-batches", ctx.global_batch, M);
+  WEFT_CHECK(!layout.empty(), "layout_plan: no stage");
+  const int S = static_cast<int>(layout.size());
+  Candidate cand;
+  cand.strategy = "layout";
+  cand.M = M;
+  cand.dp = 1;
+  cand.bs = ctx.global_batch / M;
+  std::set<int> used;
+  int next = 0;
+  for (int s = 0; s < S; ++s) {
+    const auto& st = layout[static_cast<std::size_t>(s)];
+    WEFT_CHECK(
+        st.first_block == next && st.last_block >= st.first_block && st.last_block < ctx.L(),
+        "layout_plan: stage {} covers blocks {}-{}; expected a range starting at block {} within the {} "
+        "blocks",
+        s, st.first_block, st.last_block, next, ctx.L());
+    next = st.last_block + 1;
+    WEFT_CHECK(!st.devices.empty(), "layout_plan: stage {} has no device", s);
+    std::set<int> nodes;
+    for (int d : st.devices) {
+      WEFT_CHECK(d >= 0 && d < c.num_devices(), "layout_plan: stage {}: device {} is not in the cluster", s,
+                 d);
+      WEFT_CHECK(used.insert(d).second, "layout_plan: device {} is used by two stages", d);
+      nodes.insert(c.node_of(d));
+    }
+    const int n = static_cast<int>(st.devices.size());
+    std::vector<std::int64_t> logical = st.mesh.empty() ? std::vector<std::int64_t>{n} : st.mesh;
+    cluster::DeviceMesh mesh(canonical_logical(logical), st.devices);  // validates the shape
+    const int nn = static_cast<int>(nodes.size());
+    const pipeline::SubmeshShape shape(nn, n % nn == 0 ? n / nn : n);
+    cand.meshes.push_back({shape, mesh.shape(), mesh, ctx.mesh_key(mesh)});
+    cand.devices.push_back(st.devices);
+    std::string why;
+    auto sc = best_stage(ctx, {cand.meshes.back()}, st.first_block, st.last_block, 0, cand.bs,
+                         in_flight(o.schedule, S - s, M, o.schedule_k), 0, &why);
+    WEFT_CHECK(sc.has_value(), "layout_plan: stage {} (blocks {}-{} on {} devices) does not fit: {}", s,
+               st.first_block, st.last_block, n, why);
+    cand.stages.push_back(*sc);
+  }
+  WEFT_CHECK(next == ctx.L(), "layout_plan: the stages cover blocks 0-{} of {}", next - 1, ctx.L());
+  Built b = materialise(ctx, {}, cand, reshard::Balancer::Best);
+  WEFT_CHECK(b.feasible, "layout_plan: {}", b.note);
+  b.plan.plan_seconds = now_s() - start;
+  return b.plan;
+}
+
 Plan best_megatron_plan(const ir::Graph& g, const cluster::Cluster& c, const PlanOptions& o) {
   const double start = now_s();
   Context ctx = make_context(g, c, o, start);
@@ -1147,13 +1030,14 @@ Plan best_megatron_plan(const ir::Graph& g, const cluster::Cluster& c, const Pla
 Plan make_plan(const ir::Graph& g, const cluster::Cluster& c, const PlanOptions& o) {
   const double start = now_s();
   Context ctx = make_context(g, c, o, start);
-  WEFT_CHECK(
-      c.homogeneous(),
-      "make_plan: heterogeneous clusters are not planned by make_plan yet (cluster {}); plan each kind "
-      "separately",
-      c.to_string());
   ctx.progress("grouping", 0.0, "layer grouping");
   ctx.init_blocks(auto_blocks(g, o));
+  if (!c.homogeneous()) {
+    Plan p = make_hetero_plan(ctx);
+    p.plan_seconds = now_s() - start;
+    ctx.progress("done", 1.0, fmt::format("{} SPMD searches in {:.2f} s", ctx.spmd_solves, ctx.spmd_seconds));
+    return p;
+  }
   auto subs = make_mesh_options(ctx);
   WEFT_CHECK(!subs.empty(), "make_plan: no submesh left by the search limits");
   const auto Ms = microbatch_counts(o, ctx.global_batch);
@@ -1179,7 +1063,7 @@ Plan make_plan(const ir::Graph& g, const cluster::Cluster& c, const PlanOptions&
         cand.bs = bs;
         bool ok = true;
         for (int s = 0; s < p && ok; ++s) {
-          auto sc = best_stage(ctx, subs, split[s].first, split[s].second, si, bs,
+          auto sc = best_stage(ctx, subs[si].meshes, split[s].first, split[s].second, si, bs,
                                in_flight(o.schedule, p - s, M, o.schedule_k));
           if (!sc)
             ok = false;

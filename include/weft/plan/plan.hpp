@@ -87,7 +87,12 @@ struct Plan {
   int num_microbatches = 1;
   std::int64_t microbatch_size = 0;  // samples per micro-batch (the graph's batch)
   int data_parallel = 1;             // replicas of the pipeline
-  int num_blocks = 0;                // layer-grouping blocks
+  // Uneven data parallelism (heterogeneous clusters, Whale): samples per micro-batch of each replica
+  // (replica r = the r-th device of stage 0's devices; Σ = the micro-batch over all replicas, so
+  // B = num_microbatches × Σ). Empty: every replica runs microbatch_size samples. When set,
+  // microbatch_size is the largest share and the stage times are those of the slowest replica.
+  std::vector<std::int64_t> replica_microbatch;
+  int num_blocks = 0;  // layer-grouping blocks
   std::vector<Stage> stages;
   std::vector<CrossTensor> cross_tensors;
   std::vector<double> send_time;       // per boundary i (stage i → i+1), seconds per micro-batch
@@ -106,8 +111,9 @@ struct Plan {
   std::vector<Alternative> alternatives;  // best first
 
   int num_stages() const { return static_cast<int>(stages.size()); }
-  std::string summary() const;    // readable multi-line text
-  std::string to_string() const;  // one line
+  std::int64_t global_batch() const;  // samples per step
+  std::string summary() const;        // readable multi-line text
+  std::string to_string() const;      // one line
   std::string to_json() const;
   static Plan from_json(std::string_view text);  // weft::Error naming the bad field
   bool operator==(const Plan&) const = default;

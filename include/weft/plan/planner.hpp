@@ -83,6 +83,34 @@ Plan megatron_plan(const ir::Graph& training_graph, const cluster::Cluster& clus
 Plan best_megatron_plan(const ir::Graph& training_graph, const cluster::Cluster& cluster,
                         const PlanOptions& options = {});
 
+// Heterogeneous clusters (nodes of different GPU kinds) are planned by make_plan too (see
+// src/plan/hetero_planner.cpp): data parallelism with uneven batch shares (Whale's Algorithm 1 on
+// the planner's per-kind costs) and pipelines over the devices in memory-descending node order
+// (a position-aware stage DP: faster GPUs take more blocks), each against its even split.
+//
+// Data parallelism with the given samples per micro-batch on every device (in device id order,
+// Σ = batch / num_microbatches; 0 = the device only holds the state), costed like make_plan's
+// candidates: step = num_microbatches × slowest replica + gradient all-reduce + slowest
+// optimizer. Plan::replica_microbatch holds the shares. weft::Error on bad shares or when a
+// device's memory is exceeded (the message names it).
+Plan data_parallel_plan(const ir::Graph& training_graph, const cluster::Cluster& cluster,
+                        const std::vector<std::int64_t>& shares, int num_microbatches,
+                        const PlanOptions& options = {});
+
+// A given pipeline layout, costed like make_plan's candidates (the SPMD search of each stage on its
+// own devices, the schedule simulated, cross-stage tensors resharded): a manual layout to compare
+// with, or the oracle of the planner's tests. Stages in pipeline order must cover the blocks
+// 0..num_blocks−1 (layer grouping with PlanOptions::num_blocks) contiguously; `mesh` is the
+// stage's logical mesh over its devices (empty = 1-D). weft::Error when a stage does not fit.
+struct StageLayout {
+  int first_block = 0, last_block = 0;
+  std::vector<int> devices;
+  std::vector<std::int64_t> mesh;
+};
+Plan layout_plan(const ir::Graph& training_graph, const cluster::Cluster& cluster,
+                 const std::vector<StageLayout>& stages, int num_microbatches,
+                 const PlanOptions& options = {});
+
 // Bytes per device of state that cannot be split below its total / devices: parameters, their
 // gradients and optimizer states of the whole model.
 double model_state_bytes(const ir::Graph& training_graph);

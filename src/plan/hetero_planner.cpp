@@ -1,0 +1,559 @@
+// The planner on heterogeneous clusters (nodes of different GPU kinds): Whale's hardware-aware
+// load balancing (§3.3) on the planner's own cost model (SPMD block costs, the schedule simulator,
+// the resharding planner), so that a mixed cluster gets the same kind of Plan as a homogeneous one.
+//
+// Two plan families compete, each with its even-split counterpart as the baseline:
+//
+// 1. Data parallel with uneven batch shares (Whale's `replicate` TaskGraph). Every device runs the
+//    whole training step on u_i samples of each of the M micro-batches, Σ u_i = T = B / M. Per
+//    device kind K the planner's cost of one micro-batch on one device (the SPMD search on a 1-device
+//    mesh, i.e. the roofline of every op) is read at two batch sizes and taken as affine,
+//        t_K(u) = a_K + c_K·u,     memory_K(u) = s_K + r_K·u,
+//    and the shares come from pipeline::try_balance_load (Algorithm 1, corrected: the min-max
+//    optimum of max_i t_i(u_i) over integer shares that fit, memory as static + load × activations).
+//    Every share is then costed exactly (the graph rebatched to u_i) and the plan is checked per
+//    device against that device's own memory. Step = M·max_i t_i(u_i) (the gradient all-reduce
+//    waits for the slowest replica) + all-reduce of the gradients over all devices (α-β) +
+//    max_i optimizer_i — the homogeneous planner's data-parallel rule.
+//
+// 2. Pipelines over the devices in memory-descending node order (Whale: in 1F1B stage s of S holds
+//    min(M, S − s) micro-batches' activations, so the early stages go to the big GPUs). A stage
+//    occupies the devices [pos, pos + n) of that order: a power-of-two slice of one node, or whole
+//    nodes of one kind. The DP of the homogeneous planner, with the device offset as state:
+//        G(s, k, pos) = min_{j >= k, placement (pos, n)} t(k, j, pos, n; in_flight(s)) + G(s − 1, j + 1, pos
+//        + n), G(0, L, pos) = 0 for every pos >= 1,
+//    for every bound t_max on the stage time (as in planner.cpp). The stage cost t(k, j, pos, n) is
+//    the SPMD search on that placement's own devices (cached by block structure, mesh links and
+//    device kind, so equal placements are solved once), so faster GPUs take more blocks and memory
+//    is checked against each stage's own devices. Trailing devices may stay idle (a slow GPU can be
+//    worth leaving out). The even split (equal-FLOP blocks on equal device counts, same order) is
+//    the baseline.
+//
+// Not covered (see docs/modules/plan.md): an SPMD mesh spanning two kinds (an even split over
+// mixed devices is bounded by the slowest — the even data-parallel baseline measures that),
+// uneven tensor splits inside a stage (pipeline::split_dimension exists, the SPMD search does not
+// take uneven shards), and replicated pipelines on mixed kinds.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+#include <numeric>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "planner_detail.hpp"
+#include "weft/pipeline/hetero.hpp"
+#include "weft/sim/simulator.hpp"
+
+namespace weft::plan::detail {
+
+namespace {
+
+// ---------------------------------------------------------------- data parallel, uneven shares
+
+struct ReplicaCost {
+  bool ok = false;
+  std::string error;
+  double fb = 0;      // forward + backward of one micro-batch
+  double upd = 0;     // optimizer step, once per step
+  double memory = 0;  // static + one micro-batch's activations + transient
+};
+
+class ReplicaModel {
+ public:
+  explicit ReplicaModel(Context& ctx) : ctx_(ctx) {
+    for (const auto& d : ctx.c_.devices()) {
+      if (one_device_.count(d.spec.kind)) continue;
+      cluster::DeviceMesh mesh({1}, {d.id});
+      one_device_.emplace(d.spec.kind,
+                          MeshOption{pipeline::SubmeshShape(1, 1), {1}, mesh, ctx.mesh_key(mesh)});
+    }
+  }
+
+  const MeshOption& mesh_of(const std::string& kind) const { return one_device_.at(kind); }
+
+  // One device of `kind` running u samples per micro-batch (u = 0: it only holds the state).
+  const ReplicaCost& cost(const std::string& kind, std::int64_t u) {
+    const auto key = std::make_pair(kind, u);
+    auto it = memo_.find(key);
+    if (it != memo_.end()) return it->second;
+    ReplicaCost rc;
+    const StageAgg a = aggregate(ctx_, 0, ctx_.L() - 1, std::max<std::int64_t>(u, 1), mesh_of(kind), 0, 0);
+    if (!a.ok) {
+      rc.error = a.error;
+    } else {
+      rc.ok = true;
+      rc.fb = u > 0 ? a.fwd + a.bwd : 0.0;
+      rc.upd = a.upd;
+      rc.memory = u > 0 ? stage_memory(a, 1) : a.static_mem;
+    }
+    return memo_.emplace(key, std::move(rc)).first->second;
+  }
+
+ private:
+  Context& ctx_;
+  std::map<std::string, MeshOption> one_device_;
+  std::map<std::pair<std::string, std::int64_t>, ReplicaCost> memo_;
+};
+
+// Balanced shares of T samples per micro-batch (Algorithm 1 on the affine per-kind model).
+pipeline::HeteroShares balanced_shares(Context& ctx, ReplicaModel& rm, std::int64_t T) {
+  const auto& c = ctx.c_;
+  const int N = c.num_devices();
+  const std::int64_t lo = std::max<std::int64_t>(1, T / N);
+  const std::int64_t hi = std::max<std::int64_t>(lo + 1, std::min<std::int64_t>(T, 2 * T / N + 1));
+  std::vector<pipeline::DeviceCapacity> caps;
+  std::vector<pipeline::LoadModel> loads;
+  for (const auto& d : c.devices()) {
+    const ReplicaCost& a = rm.cost(d.spec.kind, lo);
+    const ReplicaCost& b = rm.cost(d.spec.kind, hi);
+    pipeline::HeteroShares bad;
+    if (!a.ok || !b.ok) {
+      bad.feasible = false;
+      bad.message = fmt::format("{}: {}", d.spec.kind, a.ok ? b.error : a.error);
+      return bad;
+    }
+    const double span = static_cast<double>(hi - lo);
+    // Seconds per sample and fixed seconds (the balancer's "FLOPs" with a device speed of 1).
+    const double slope = std::max((b.fb - a.fb) / span, 1e-15);
+    const double fixed = std::max(0.0, a.fb - slope * static_cast<double>(lo));
+    const double per = std::max(0.0, (b.memory - a.memory) / span);
+    const double stat = std::max(0.0, a.memory - per * static_cast<double>(lo));
+    caps.emplace_back(1.0, ctx.usable_of_device(d.id), fmt::format("{}#{}", d.spec.kind, d.id));
+    loads.emplace_back(slope, stat, per, fixed);
+  }
+  return pipeline::try_balance_load(caps, loads, T);
+}
+
+// The plan of given shares (samples per micro-batch per device, device id order).
+Built data_parallel_build(Context& ctx, ReplicaModel& rm, int M, const std::vector<std::int64_t>& shares,
+                          const std::string& strategy) {
+  const auto& c = ctx.c_;
+  const int N = c.num_devices();
+  Built out;
+  out.plan.strategy = strategy;
+  int crit = 0;
+  double max_upd = 0;
+  std::vector<double> mem(static_cast<std::size_t>(N));
+  std::string over;
+  for (int i = 0; i < N; ++i) {
+    const ReplicaCost& rc = rm.cost(c.device(i).spec.kind, shares[static_cast<std::size_t>(i)]);
+    if (!rc.ok) {
+      out.note = fmt::format("device {}: {}", i, rc.error);
+      return out;
+    }
+    if (rc.fb > rm.cost(c.device(crit).spec.kind, shares[static_cast<std::size_t>(crit)]).fb) crit = i;
+    max_upd = std::max(max_upd, rc.upd);
+    mem[static_cast<std::size_t>(i)] = rc.memory;
+    if (over.empty() && rc.memory > ctx.usable_of_device(i) * (1 + 1e-9))
+      over = fmt::format("device {} ({} samples per micro-batch): {:.3g} GB > {:.3g} GB usable", i,
+                         shares[static_cast<std::size_t>(i)], rc.memory / 1e9, ctx.usable_of_device(i) / 1e9);
+  }
+  const std::string& kind = c.device(crit).spec.kind;
+  const std::int64_t u = std::max<std::int64_t>(1, shares[static_cast<std::size_t>(crit)]);
+  const ReplicaCost& rc = rm.cost(kind, u);
+  // One stage replicated on every device; its times are those of the slowest replica.
+  Candidate cand;
+  cand.strategy = strategy;
+  cand.M = M;
+  cand.dp = N;
+  cand.bs = u;
+  StageChoice sc;
+  sc.first = 0;
+  sc.last = ctx.L() - 1;
+  sc.time = rc.fb;
+  sc.memory = rc.memory;
+  cand.stages.push_back(sc);
+  std::vector<int> ids(static_cast<std::size_t>(N));
+  std::iota(ids.begin(), ids.end(), 0);
+  cand.devices.push_back(ids);
+  cand.meshes.push_back(rm.mesh_of(kind));
+  out = materialise(ctx, {}, cand, reshard::Balancer::LargestFirst);
+  Plan& p = out.plan;
+  p.strategy = strategy;
+  p.replica_microbatch = shares;
+  p.microbatch_size = *std::max_element(shares.begin(), shares.end());
+  // The slowest optimizer (the kinds differ) after the all-reduce materialise added.
+  p.stages[0].optimizer_time += max_upd - rc.upd;
+  p.device_memory = mem;
+  p.peak_memory = *std::max_element(mem.begin(), mem.end());
+  p.stages[0].peak_memory = p.peak_memory;
+  const sim::SimResult r = resimulate(p);
+  p.step_time = r.step_time;
+  p.bubble_fraction = r.bubble_fraction;
+  p.throughput = p.step_time > 0 ? static_cast<double>(p.global_batch()) / p.step_time : 0;
+  p.mfu = p.step_time > 0 ? p.model_flops / (p.step_time * p.cluster_peak_flops) : 0;
+  out.feasible = over.empty();
+  out.note = over;
+  return out;
+}
+
+// ---------------------------------------------------------------- pipelines in memory order
+
+struct Placement {
+  int pos = 0, n = 0;
+  std::vector<int> ids;
+  std::vector<MeshOption> meshes;
+  int cls = 0;  // interned mesh keys: placements with equal costs share it
+};
+
+// Nodes by memory (descending), then peak FLOP/s (descending), then index: Whale's device order.
+std::vector<int> memory_descending_nodes(const cluster::Cluster& c, DType dt) {
+  std::vector<pipeline::DeviceCapacity> caps;
+  for (const auto& nd : c.nodes()) {
+    const auto& spec = nd.device;
+    const double f = spec.peak_flops.count(dt) ? spec.peak(dt) : spec.peak(DType::F32);
+    caps.emplace_back(f, spec.memory_bytes, nd.name);
+  }
+  return pipeline::memory_descending_order(caps);
+}
+
+// Node orders for pipelines: the nodes grouped by kind (node spec) in the order of `first`, then
+// every permutation of the kind groups (at most 4 kinds: 24 orders), `first`'s grouping first.
+std::vector<std::vector<int>> node_orders(const cluster::Cluster& c, const std::vector<int>& first) {
+  std::vector<std::vector<int>> groups;
+  for (int nd : first) {
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const std::vector<int>& gr) {
+      return c.nodes()[static_cast<std::size_t>(gr.front())] == c.nodes()[static_cast<std::size_t>(nd)];
+    });
+    if (it == groups.end())
+      groups.push_back({nd});
+    else
+      it->push_back(nd);
+  }
+  std::vector<int> perm(groups.size());
+  std::iota(perm.begin(), perm.end(), 0);
+  std::vector<std::vector<int>> out;
+  do {
+    std::vector<int> order;
+    for (int gi : perm)
+      order.insert(order.end(), groups[static_cast<std::size_t>(gi)].begin(),
+                   groups[static_cast<std::size_t>(gi)].end());
+    out.push_back(std::move(order));
+  } while (groups.size() <= 4 && std::next_permutation(perm.begin(), perm.end()));
+  return out;
+}
+
+std::vector<std::vector<Placement>> placements(Context& ctx, const std::vector<int>& node_order) {
+  const auto& c = ctx.c_;
+  const auto& o = ctx.opt_;
+  std::vector<int> order, node_at;  // device ids in order; index into node_order per position
+  for (int k = 0; k < static_cast<int>(node_order.size()); ++k)
+    for (int d : c.devices_of_node(node_order[static_cast<std::size_t>(k)])) {
+      order.push_back(d);
+      node_at.push_back(k);
+    }
+  const int N = static_cast<int>(order.size());
+  std::vector<std::vector<Placement>> at(static_cast<std::size_t>(N));
+  std::vector<int> node_first(node_order.size(), 0);
+  for (int pos = N - 1; pos >= 0; --pos) node_first[static_cast<std::size_t>(node_at[pos])] = pos;
+  auto add = [&](int pos, const pipeline::SubmeshShape& shape) {
+    Placement pl;
+    pl.pos = pos;
+    pl.n = shape.num_devices();
+    pl.ids.assign(order.begin() + pos, order.begin() + pos + pl.n);
+    pl.meshes = meshes_on(ctx, shape, pl.ids);
+    if (pl.meshes.empty()) return;
+    std::string key;
+    for (const auto& m : pl.meshes) key += fmt::format("{},", m.key);
+    pl.cls = ctx.intern("placement|" + key);
+    at[static_cast<std::size_t>(pos)].push_back(std::move(pl));
+  };
+  for (int pos = 0; pos < N; ++pos) {
+    const int k = node_at[pos];
+    const auto& node = c.nodes()[static_cast<std::size_t>(node_order[static_cast<std::size_t>(k)])];
+    const int G = node.num_devices;
+    const int off = pos - node_first[static_cast<std::size_t>(k)];
+    if (!o.whole_nodes_only)
+      for (int n = 1; n < G; n *= 2)
+        if (off % n == 0 && off + n <= G) add(pos, pipeline::SubmeshShape(1, n));
+    if (off != 0) continue;
+    for (int run = 1; k + run <= static_cast<int>(node_order.size()); ++run) {
+      const auto& last =
+          c.nodes()[static_cast<std::size_t>(node_order[static_cast<std::size_t>(k + run - 1)])];
+      if (!(last.device == node.device && last.num_devices == G && last.intra == node.intra &&
+            last.nic == node.nic))
+        break;
+      if (o.power_of_two_nodes && (run & (run - 1)) != 0) continue;
+      add(pos, pipeline::SubmeshShape(run, G));
+    }
+  }
+  return at;
+}
+
+// Candidates of one device order: the DP's best per stage count, plus (with `even_baseline`) the
+// even split.
+std::vector<Candidate> pipeline_candidates(Context& ctx, const std::vector<std::vector<Placement>>& at, int M,
+                                           const std::string& name, bool even_baseline) {
+  const int L = ctx.L();
+  const int N = static_cast<int>(at.size());
+  const std::int64_t bs = ctx.global_batch / M;
+  const auto& o = ctx.opt_;
+  int S_max = std::min(L, N);
+  if (o.max_stages > 0) S_max = std::min(S_max, o.max_stages);
+  if (!o.pipeline) return {};
+  // Stage costs per (first, last, placement class, in-flight), every one that can occur.
+  std::map<std::tuple<int, int, int, int>, std::optional<StageChoice>> memo;
+  auto stage = [&](int k, int j, const Placement& pl, int s) -> const std::optional<StageChoice>& {
+    const int inf = in_flight(o.schedule, s, M, o.schedule_k);
+    const auto key = std::make_tuple(k, j, pl.cls, inf);
+    auto it = memo.find(key);
+    if (it == memo.end()) it = memo.emplace(key, best_stage(ctx, pl.meshes, k, j, 0, bs, inf)).first;
+    return it->second;
+  };
+  // Every placement once, with its position; a dense table of the stage costs the DP reads.
+  std::vector<const Placement*> pls;
+  for (const auto& list : at)
+    for (const auto& pl : list) pls.push_back(&pl);
+  const int Q = static_cast<int>(pls.size());
+  auto ti = [&](int s, int k, int j, int q) {
+    return ((static_cast<std::size_t>(s - 1) * L + k) * L + j) * Q + static_cast<std::size_t>(q);
+  };
+  std::vector<const StageChoice*> tab(static_cast<std::size_t>(S_max) * L * L * Q, nullptr);
+  std::vector<double> all_costs;
+  int done = 0;
+  const int pairs = L * (L + 1) / 2;
+  for (int k = 0; k < L; ++k)
+    for (int j = k; j < L; ++j, ++done) {
+      ctx.progress("spmd", 0.05 + 0.6 * done / std::max(1, pairs),
+                   fmt::format("M={}: stage costs of blocks {}-{} on mixed devices ({} SPMD searches so far)",
+                               M, k, j, ctx.spmd_solves));
+      for (int q = 0; q < Q; ++q)
+        for (int s = 1; s <= S_max && L - 1 - j >= s - 1; ++s) {
+          const auto& c = stage(k, j, *pls[static_cast<std::size_t>(q)], s);
+          if (!c) break;  // more in flight never fits better
+          tab[ti(s, k, j, q)] = &*c;
+          all_costs.push_back(c->time);
+        }
+    }
+  std::sort(all_costs.begin(), all_costs.end());
+  all_costs.erase(std::unique(all_costs.begin(), all_costs.end()), all_costs.end());
+  std::vector<double> bounds;  // geometric grid of ratio 1.02, at most 64 (as planner.cpp)
+  for (double t : all_costs)
+    if (bounds.empty() || t > bounds.back() * 1.02) bounds.push_back(t);
+  if (!all_costs.empty() && bounds.back() != all_costs.back()) bounds.push_back(all_costs.back());
+  if (bounds.size() > 64) {
+    std::vector<double> thin;
+    for (std::size_t i = 0; i < 64; ++i) thin.push_back(bounds[i * (bounds.size() - 1) / 63]);
+    bounds = thin;
+  }
+  const std::size_t gsz = static_cast<std::size_t>(S_max + 1) * (L + 1) * (N + 1);
+  auto gi = [&](int s, int k, int pos) {
+    return (static_cast<std::size_t>(s) * (L + 1) + k) * (N + 1) + static_cast<std::size_t>(pos);
+  };
+  std::vector<int> first_q(static_cast<std::size_t>(N) + 1,
+                           0);  // placements of pos: [first_q[pos], first_q[pos+1])
+  for (int q = 0; q < Q; ++q) ++first_q[static_cast<std::size_t>(pls[static_cast<std::size_t>(q)]->pos) + 1];
+  for (int pos = 0; pos < N; ++pos)
+    first_q[static_cast<std::size_t>(pos) + 1] += first_q[static_cast<std::size_t>(pos)];
+  std::vector<double> G(gsz);
+  std::vector<int> cj(gsz), cp(gsz);
+  std::vector<double> best(static_cast<std::size_t>(S_max + 1), kInf);
+  std::vector<Candidate> best_cand(static_cast<std::size_t>(S_max + 1));
+  for (double tmax : bounds) {
+    double worst = 0;
+    for (int s = 1; s <= S_max; ++s) worst = std::max(worst, best[static_cast<std::size_t>(s)]);
+    if (M * tmax >= worst) break;
+    ctx.check_time("the heterogeneous stage partition");
+    std::fill(G.begin(), G.end(), kInf);
+    for (int pos = 1; pos <= N; ++pos) G[gi(0, L, pos)] = 0;
+    for (int s = 1; s <= S_max; ++s)
+      for (int k = L - 1; k >= 0; --k)
+        for (int pos = 0; pos < N; ++pos) {
+          double bv = kInf;
+          int bj = -1, bq = -1;
+          for (int q = first_q[static_cast<std::size_t>(pos)]; q < first_q[static_cast<std::size_t>(pos) + 1];
+               ++q) {
+            const int next = pos + pls[static_cast<std::size_t>(q)]->n;
+            for (int j = k; j < L; ++j) {
+              const StageChoice* c = tab[ti(s, k, j, q)];
+              if (!c || c->time > tmax) continue;
+              const double rest = G[gi(s - 1, j + 1, next)];
+              if (rest != kInf && c->time + rest < bv) bv = c->time + rest, bj = j, bq = q;
+            }
+          }
+          G[gi(s, k, pos)] = bv;
+          cj[gi(s, k, pos)] = bj;
+          cp[gi(s, k, pos)] = bq;
+        }
+    for (int s = 1; s <= S_max; ++s) {
+      const double sum = G[gi(s, 0, 0)];
+      if (sum == kInf) continue;
+      const double T = sum + (M - 1) * tmax;
+      if (T >= best[static_cast<std::size_t>(s)]) continue;
+      best[static_cast<std::size_t>(s)] = T;
+      Candidate cand;
+      cand.strategy = s == 1 ? "spmd (one kind)" : name;
+      cand.M = M;
+      cand.dp = 1;
+      cand.bs = bs;
+      cand.proxy = T;
+      for (int k = 0, pos = 0, ss = s; ss > 0; --ss) {
+        const int j = cj[gi(ss, k, pos)], q = cp[gi(ss, k, pos)];
+        const Placement& pl = *pls[static_cast<std::size_t>(q)];
+        const StageChoice& c = *tab[ti(ss, k, j, q)];
+        cand.stages.push_back(c);
+        cand.devices.push_back(pl.ids);
+        cand.meshes.push_back(pl.meshes[static_cast<std::size_t>(c.mesh)]);
+        pos += pl.n;
+        k = j + 1;
+      }
+      best_cand[static_cast<std::size_t>(s)] = std::move(cand);
+    }
+  }
+  std::vector<Candidate> out;
+  for (int s = 1; s <= S_max; ++s)
+    if (best[static_cast<std::size_t>(s)] < kInf)
+      out.push_back(std::move(best_cand[static_cast<std::size_t>(s)]));
+  // The even split (Whale's baseline): p stages of n devices each, equal-FLOP blocks, same order.
+  for (int n = 1; n < N && even_baseline; ++n) {
+    if (N % n) continue;
+    const int p = N / n;
+    if (p < 2 || p > L || (o.max_stages > 0 && p > o.max_stages)) continue;
+    const auto split = balanced_split(ctx.grouping, p);
+    Candidate cand;
+    cand.strategy = "pipeline (even split)";
+    cand.M = M;
+    cand.dp = 1;
+    cand.bs = bs;
+    bool ok = true;
+    double sum = 0, mx = 0;
+    for (int s = 0; s < p && ok; ++s) {
+      const auto& list = at[static_cast<std::size_t>(s * n)];
+      auto pl = std::find_if(list.begin(), list.end(), [&](const Placement& x) { return x.n == n; });
+      if (pl == list.end()) {
+        ok = false;
+        break;
+      }
+      const auto& c = stage(split[static_cast<std::size_t>(s)].first,
+                            split[static_cast<std::size_t>(s)].second, *pl, p - s);
+      if (!c) {
+        ok = false;
+        break;
+      }
+      cand.stages.push_back(*c);
+      cand.devices.push_back(pl->ids);
+      cand.meshes.push_back(pl->meshes[static_cast<std::size_t>(c->mesh)]);
+      sum += c->time;
+      mx = std::max(mx, c->time);
+    }
+    if (!ok) continue;
+    cand.proxy = sum + (M - 1) * mx;
+    out.push_back(std::move(cand));
+  }
+  return out;
+}
+
+}  // namespace
+
+Plan make_hetero_plan(Context& ctx) {
+  const auto& c = ctx.c_;
+  const auto& o = ctx.opt_;
+  const std::int64_t B = ctx.global_batch;
+  std::vector<Alternative> alts;
+  std::optional<Built> best;
+  std::optional<Candidate> best_cand;
+  auto consider = [&](Built b, const Candidate* cand) {
+    alts.push_back(alternative_of(b));
+    if (b.feasible && (!best || b.plan.step_time < best->plan.step_time)) {
+      best = std::move(b);
+      if (cand)
+        best_cand = *cand;
+      else
+        best_cand.reset();
+    }
+  };
+  const auto Ms = microbatch_counts(o, B);
+  // 1. Data parallel: uneven (Algorithm 1) and even shares.
+  ReplicaModel rm(ctx);
+  for (int M : Ms) {
+    ctx.progress("spmd", 0.02, fmt::format("M={}: data-parallel shares over {} devices", M, c.num_devices()));
+    ctx.check_time("the data-parallel shares");
+    const std::int64_t T = B / M;
+    const pipeline::HeteroShares s = balanced_shares(ctx, rm, T);
+    if (s.feasible) {
+      consider(data_parallel_build(ctx, rm, M, s.units, "data parallel (uneven shares)"), nullptr);
+    } else {
+      Alternative a;
+      a.strategy = "data parallel (uneven shares)";
+      a.layout = fmt::format("M={} dp={}", M, c.num_devices());
+      a.feasible = false;
+      a.note = s.message;
+      alts.push_back(a);
+    }
+    consider(data_parallel_build(ctx, rm, M, pipeline::even_units(T, c.num_devices()),
+                                 "data parallel (even shares)"),
+             nullptr);
+  }
+  // 2. Pipelines over the memory-descending device order.
+  // Whale's order first, then every other order of the node kinds (a small first stage, such as
+  // the embedding alone, can be better on the small GPU: the memory rule is a heuristic).
+  std::vector<Candidate> cands;
+  const auto orders = node_orders(c, memory_descending_nodes(c, DType::F32));
+  for (std::size_t oi = 0; oi < orders.size(); ++oi) {
+    const auto at = placements(ctx, orders[oi]);
+    for (int M : Ms) {
+      auto cs = pipeline_candidates(
+          ctx, at, M, oi == 0 ? "pipeline (memory-descending)" : "pipeline (other kind order)", oi == 0);
+      cands.insert(cands.end(), cs.begin(), cs.end());
+    }
+  }
+  std::stable_sort(cands.begin(), cands.end(),
+                   [](const Candidate& a, const Candidate& b) { return a.proxy < b.proxy; });
+  ctx.progress("simulate", 0.7, fmt::format("simulating {} pipeline candidates", cands.size()));
+  for (std::size_t i = 0; i < cands.size() && i < static_cast<std::size_t>(std::max(1, o.max_simulated));
+       ++i) {
+    ctx.check_time("simulation of the candidates");
+    consider(materialise(ctx, {}, cands[i], reshard::Balancer::LargestFirst), &cands[i]);
+  }
+  if (!best) {
+    sort_alternatives(alts, 0);
+    std::string why;
+    for (std::size_t i = 0; i < std::min<std::size_t>(4, alts.size()); ++i)
+      why += fmt::format("\n  {} {}: {}", alts[i].strategy, alts[i].layout, alts[i].note);
+    fail("make_plan: no plan fits the devices' memory for {} on {}; closest candidates:{}", ctx.g_.name(),
+         c.to_string(), why);
+  }
+  if (best_cand) {  // the winning pipeline with the best resharding plans
+    Built fin = materialise(ctx, {}, *best_cand, reshard::Balancer::Best);
+    if (fin.feasible && fin.plan.step_time <= best->plan.step_time) best = std::move(fin);
+  }
+  sort_alternatives(alts, o.max_alternatives);
+  Plan p = std::move(best->plan);
+  p.alternatives = std::move(alts);
+  return p;
+}
+
+}  // namespace weft::plan::detail
+
+namespace weft::plan {
+
+Plan data_parallel_plan(const ir::Graph& g, const cluster::Cluster& c,
+                        const std::vector<std::int64_t>& shares, int M, const PlanOptions& o) {
+  using namespace detail;
+  const double start = now_s();
+  Context ctx = make_context(g, c, o, start);
+  ctx.init_blocks(auto_blocks(g, o));
+  WEFT_CHECK(M >= 1 && ctx.global_batch % M == 0,
+             "data_parallel_plan: the batch {} is not divisible by {} micro-batches", ctx.global_batch, M);
+  WEFT_CHECK(static_cast<int>(shares.size()) == c.num_devices(),
+             "data_parallel_plan: {} shares for {} devices (one per device, in id order)", shares.size(),
+             c.num_devices());
+  std::int64_t sum = 0;
+  for (auto u : shares) {
+    WEFT_CHECK(u >= 0, "data_parallel_plan: a share is negative ({})", u);
+    sum += u;
+  }
+  WEFT_CHECK(sum == ctx.global_batch / M,
+             "data_parallel_plan: the shares sum to {}, a micro-batch has {} samples (batch {} / {})", sum,
+             ctx.global_batch / M, ctx.global_batch, M);
+  ReplicaModel rm(ctx);
+  Built b = data_parallel_build(ctx, rm, M, shares, "data parallel (given shares)");
+  WEFT_CHECK(b.feasible, "data_parallel_plan: {}", b.note);
+  b.plan.plan_seconds = now_s() - start;
+  return b.plan;
+}
+
+}  // namespace weft::plan

@@ -1,0 +1,260 @@
+#pragma once
+// Internals of the planner shared by its translation units (planner.cpp: the homogeneous
+// search, the Megatron baseline and materialisation; hetero_planner.cpp: heterogeneous clusters).
+// Not installed: the public API is weft/plan/planner.hpp.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "weft/cluster/cluster.hpp"
+#include "weft/cluster/device_mesh.hpp"
+#include "weft/core/error.hpp"
+#include "weft/ir/graph.hpp"
+#include "weft/pipeline/grouping.hpp"
+#include "weft/pipeline/submesh.hpp"
+#include "weft/plan/plan.hpp"
+#include "weft/plan/planner.hpp"
+#include "weft/plan/rebatch.hpp"
+#include "weft/reshard/plan.hpp"
+
+namespace weft::plan::detail {
+
+inline constexpr double kInf = std::numeric_limits<double>::infinity();
+
+inline double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+inline bool is_state_leaf(const ir::TensorInfo& t) {
+  return t.producer == ir::kNoOp && (t.role == ir::Role::Parameter || t.role == ir::Role::OptimizerState);
+}
+
+// Peak in-flight micro-batches of a stage with `s` stages from it to the end (itself included).
+inline int in_flight(const std::string& schedule, int s, int M, int k) {
+  if (schedule == "gpipe") return M;
+  if (schedule == "eager_1f1b") return std::min(M, 2 * s - 1);
+  if (schedule == "kfkb") return std::min(M, s * std::max(1, k));
+  return std::min(M, s);  // 1f1b, zb_h1, interleaved (per device, approximately)
+}
+
+// ---------------------------------------------------------------- per-block SPMD costs
+
+struct BlockCost {
+  bool ok = false;
+  std::string error;
+  double fwd = 0, bwd = 0, wgt = 0, upd = 0;  // per micro-batch (upd: per step)
+  double compute = 0, comm = 0;
+  double static_mem = 0, act_mem = 0, transient = 0;
+  std::vector<std::string> spec;    // per tensor of the block graph: spec text ("" = none)
+  std::vector<double> local_bytes;  // per tensor of the block graph
+};
+
+struct MeshOption {
+  pipeline::SubmeshShape submesh;
+  std::vector<std::int64_t> logical;  // 1-D when one axis would be 1
+  cluster::DeviceMesh mesh;           // canonical placement (first nodes / first devices)
+  int key = 0;                        // interned: shape + α-β of the axes + device kind
+};
+
+class Context {
+ public:
+  Context(const ir::Graph& g, const cluster::Cluster& c, const PlanOptions& o, double start)
+      : g_(g), c_(c), opt_(o), start_(start) {}
+
+  const ir::Graph& g_;
+  const cluster::Cluster& c_;
+  const PlanOptions& opt_;
+  double start_;
+  double usable_memory = 0;  // min over the cluster's devices (homogeneous: every device's)
+  // Usable bytes of one device (PlanOptions::memory_limit or its own memory, × memory_fraction),
+  // and of a mesh (its smallest device): heterogeneous clusters have one per device kind.
+  double usable_of_device(int id) const {
+    return (opt_.memory_limit > 0 ? opt_.memory_limit : c_.device(id).spec.memory_bytes) *
+           opt_.memory_fraction;
+  }
+  double usable(const cluster::DeviceMesh& m) const {
+    double u = kInf;
+    for (int d : m.device_ids()) u = std::min(u, usable_of_device(d));
+    return u;
+  }
+  int M = 1;
+  std::vector<pipeline::OpPhase> phase;
+  std::vector<char> weight_grad_op;  // backward op producing a parameter's gradient
+  pipeline::LayerGrouping grouping;
+  std::int64_t global_batch = 1;
+  struct AtBatch {
+    std::vector<pipeline::StageGraph> blocks;
+    std::vector<int> keys;  // interned block structures
+  };
+  std::map<std::int64_t, AtBatch> at_batch;  // per micro-batch size (per replica)
+  std::vector<double> block_state_bytes;     // Σ full bytes of params (×2 for grads) + states
+  std::map<std::tuple<int, int, int, int>, BlockCost> cache;  // (structure, mesh, variant, forced)
+  std::unordered_map<std::string, int> interned;
+  int intern(const std::string& k) {
+    return interned.emplace(k, static_cast<int>(interned.size())).first->second;
+  }
+  int spmd_solves = 0;
+  double spmd_seconds = 0;
+
+  int L() const { return static_cast<int>(grouping.blocks.size()); }
+
+  void check_time(const char* where) const {
+    WEFT_CHECK(
+        now_s() - start_ <= opt_.time_limit_s,
+        "make_plan: time limit of {} s exceeded during {} (raise PlanOptions.time_limit_s or narrow the "
+        "search: whole_nodes_only, power_of_two_nodes, max_logical_shapes, num_blocks)",
+        opt_.time_limit_s, where);
+  }
+  void progress(const std::string& phase_name, double f, const std::string& msg) const {
+    if (opt_.progress) opt_.progress({phase_name, std::clamp(f, 0.0, 1.0), msg});
+  }
+
+  void init_blocks(int num_blocks) {
+    phase = pipeline::classify_ops(g_);
+    weight_grad_op.assign(g_.ops().size(), 0);
+    for (ir::OpId o = 0; o < static_cast<ir::OpId>(g_.ops().size()); ++o) {
+      if (phase[o] != pipeline::OpPhase::Backward) continue;
+      for (ir::TensorId t : g_.op(o).outputs) {
+        auto of = g_.grad_of(t);
+        if (of && g_.tensor(*of).role == ir::Role::Parameter && g_.tensor(*of).producer == ir::kNoOp)
+          weight_grad_op[o] = 1;
+      }
+    }
+    grouping = pipeline::group_layers(g_, num_blocks);
+    global_batch = batch_size(g_);
+    block_state_bytes.clear();
+    const auto& ab = blocks_at(global_batch);
+    for (const auto& bg : ab.blocks) {
+      double sb = 0;
+      for (const auto& t : bg.graph.tensors())
+        if (is_state_leaf(t))
+          sb += static_cast<double>(t.bytes()) * (t.role == ir::Role::Parameter ? 2.0 : 1.0);
+      block_state_bytes.push_back(sb);
+    }
+  }
+
+  // The blocks' graphs at a micro-batch size (op ids of a rebatched graph equal the original's,
+  // so the grouping applies unchanged).
+  const AtBatch& blocks_at(std::int64_t bs) {
+    auto it = at_batch.find(bs);
+    if (it != at_batch.end()) return it->second;
+    AtBatch ab;
+    const ir::Graph gb = bs == batch_size(g_) ? g_ : rebatch(g_, bs);
+    for (const auto& b : grouping.blocks) {
+      ab.blocks.push_back(pipeline::extract_stage_mapped(gb, b.ops));
+      ab.keys.push_back(intern(structure_key(ab.blocks.back().graph)));
+    }
+    return at_batch.emplace(bs, std::move(ab)).first->second;
+  }
+
+  // Structure of a block graph without names: kinds, attributes, shapes, dtypes, roles, wiring.
+  static std::string structure_key(const ir::Graph& bg) {
+    std::string k;
+    k.reserve(bg.ops().size() * 64);
+    for (const auto& t : bg.tensors())
+      k += fmt::format("t{}:{}:{}:{};", fmt::join(t.shape, ","), dtype_name(t.dtype), ir::role_name(t.role),
+                       t.producer);
+    for (const auto& op : bg.ops()) {
+      const auto& a = op.attrs;
+      k += fmt::format("o{}|{}|{}|{}|{}|{}|{}|{}|{}|{}>{};", ir::op_kind_name(op.kind), a.equation,
+                       static_cast<int>(a.unary), static_cast<int>(a.binary), static_cast<int>(a.reduce),
+                       fmt::join(a.axes, ","), fmt::join(a.ints, ","), a.scalar, fmt::join(a.scalars, ","),
+                       fmt::join(op.inputs, ","), fmt::join(op.outputs, ","));
+    }
+    for (auto t : bg.outputs()) k += fmt::format("out{};", t);
+    if (bg.loss()) k += fmt::format("loss{};", *bg.loss());
+    return k;
+  }
+
+  int mesh_key(const cluster::DeviceMesh& mesh) { return intern("mesh|" + mesh_text_key(mesh)); }
+  std::string mesh_text_key(const cluster::DeviceMesh& mesh) const {
+    std::string k =
+        fmt::format("{}|{}|", fmt::join(mesh.shape(), "x"), c_.device(mesh.device_ids()[0]).spec.kind);
+    for (const auto& l : cluster::axis_links(c_, mesh))
+      k += fmt::format("{:.6g},{:.6g},{:.6g},{:.6g},{},{};", l.intra_alpha, l.intra_beta, l.inter_alpha,
+                       l.inter_beta, l.devices_per_node_on_axis, l.nodes_on_axis);
+    return k;
+  }
+
+  // variant 0: fastest; 1: lean (memory limit usable / L per block). forced_dp > 1: the inputs
+  // and boundary tensors are forced batch-sharded on mesh axis 0 (Megatron-style data parallel).
+  const BlockCost& block_cost(int b, std::int64_t bs, const MeshOption& m, int variant, int forced_dp = 0);
+};
+
+struct SubmeshOptions {
+  pipeline::SubmeshShape shape;
+  std::vector<MeshOption> meshes;
+};
+
+struct StageChoice {
+  int first = 0, last = 0;
+  int submesh = 0;  // index into the submesh options
+  int mesh = 0;     // index into its meshes
+  int variant = 0;
+  int forced_dp = 0;
+  double time = 0;  // F + B per micro-batch
+  double memory = 0;
+};
+
+struct Candidate {
+  std::string strategy;
+  int M = 1;            // micro-batches
+  int dp = 1;           // replicas of the pipeline
+  std::int64_t bs = 1;  // samples per micro-batch per replica
+  std::vector<StageChoice> stages;
+  // Explicit placement (baselines): per stage all devices (replica-major) and the per-replica mesh.
+  std::vector<std::vector<int>> devices;
+  std::vector<MeshOption> meshes;
+  double proxy = 0;  // Σ t + (M − 1) max t
+};
+
+struct StageAgg {
+  bool ok = false;
+  std::string error;
+  double fwd = 0, bwd = 0, wgt = 0, upd = 0, compute = 0, comm = 0;
+  double static_mem = 0, act_mem = 0, transient = 0;
+};
+
+struct Built {
+  Plan plan;
+  bool feasible = false;
+  std::string note;
+};
+
+std::vector<std::int64_t> canonical_logical(std::vector<std::int64_t> s);
+// The logical meshes of a submesh on the given devices (1-D, and 2-D with the minor axis inside a
+// node when PlanOptions::two_d_meshes), in the order the search tries them.
+std::vector<MeshOption> meshes_on(Context& ctx, const pipeline::SubmeshShape& s, const std::vector<int>& ids);
+std::vector<SubmeshOptions> make_mesh_options(Context& ctx);
+StageAgg aggregate(Context& ctx, int first, int last, std::int64_t bs, const MeshOption& m, int variant,
+                   int forced_dp);
+double stage_memory(const StageAgg& a, int inflight);
+// Best (mesh, variant) of a stage among `meshes` (one submesh's logical meshes) for a given
+// in-flight count; nullopt when nothing fits. StageChoice::submesh = `sub`, ::mesh = index in meshes.
+std::optional<StageChoice> best_stage(Context& ctx, const std::vector<MeshOption>& meshes, int first,
+                                      int last, int sub, std::int64_t bs, int inflight, int forced_dp = 0,
+                                      std::string* why = nullptr);
+std::vector<std::pair<int, int>> balanced_split(const pipeline::LayerGrouping& gr, int p);
+Built materialise(Context& ctx, const std::vector<SubmeshOptions>& subs, const Candidate& cand,
+                  reshard::Balancer balancer);
+std::string layout_text(const Plan& p);
+Alternative alternative_of(const Built& b);
+void sort_alternatives(std::vector<Alternative>& alts, int max_n);
+Context make_context(const ir::Graph& g, const cluster::Cluster& c, const PlanOptions& o, double start);
+int auto_blocks(const ir::Graph& g, const PlanOptions& o);
+std::vector<int> microbatch_counts(const PlanOptions& o, std::int64_t B);
+
+// Heterogeneous clusters (hetero_planner.cpp).
+Plan make_hetero_plan(Context& ctx);
+
+}  // namespace weft::plan::detail
