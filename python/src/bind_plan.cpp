@@ -104,6 +104,9 @@ void bind_plan(py::module_& m) {
       .def_readonly("num_microbatches", &Plan::num_microbatches)
       .def_readonly("microbatch_size", &Plan::microbatch_size)
       .def_readonly("data_parallel", &Plan::data_parallel)
+      .def_readonly("replica_microbatch", &Plan::replica_microbatch,
+                    "Uneven data parallelism: samples per micro-batch of each replica (empty: even).")
+      .def_property_readonly("global_batch", &Plan::global_batch)
       .def_readonly("num_blocks", &Plan::num_blocks)
       .def_readonly("stages", &Plan::stages)
       .def_readonly("cross_tensors", &Plan::cross_tensors)
@@ -228,6 +231,32 @@ void bind_plan(py::module_& m) {
         return best_megatron_plan(g, c, options(kw));
       },
       py::arg("training_graph"), py::arg("cluster"));
+  m.def(
+      "data_parallel_plan",
+      [options](const weft::ir::Graph& g, const weft::cluster::Cluster& c,
+                const std::vector<std::int64_t>& shares, int num_microbatches, const py::kwargs& kw) {
+        return data_parallel_plan(g, c, shares, num_microbatches, options(kw));
+      },
+      py::arg("training_graph"), py::arg("cluster"), py::arg("shares"), py::arg("num_microbatches") = 1);
+  m.def(
+      "layout_plan",
+      [options](const weft::ir::Graph& g, const weft::cluster::Cluster& c, const py::list& stages,
+                int num_microbatches, const py::kwargs& kw) {
+        std::vector<StageLayout> layout;
+        for (const auto& item : stages) {
+          const auto t = py::cast<py::tuple>(item);
+          if (t.size() != 3 && t.size() != 4)
+            throw weft::Error("layout_plan: a stage is (first_block, last_block, devices[, mesh])");
+          StageLayout s;
+          s.first_block = py::cast<int>(t[0]);
+          s.last_block = py::cast<int>(t[1]);
+          s.devices = py::cast<std::vector<int>>(t[2]);
+          if (t.size() == 4) s.mesh = py::cast<std::vector<std::int64_t>>(t[3]);
+          layout.push_back(std::move(s));
+        }
+        return layout_plan(g, c, layout, num_microbatches, options(kw));
+      },
+      py::arg("training_graph"), py::arg("cluster"), py::arg("stages"), py::arg("num_microbatches") = 1);
   m.def("megatron_layouts", &megatron_layouts, py::arg("cluster"), py::arg("max_p") = 0);
   m.def("model_state_bytes", &model_state_bytes, py::arg("training_graph"));
   m.def("rebatch", &rebatch, py::arg("graph"), py::arg("batch"), "The same graph at another batch size.");

@@ -99,4 +99,31 @@ def megatron_plan(model_graph, cluster, t: Optional[int] = None, p: Optional[int
     return _weft.best_megatron_plan(g, cluster, **opts)
 
 
-__all__ = ["plan", "megatron_plan", "Plan"]
+def data_parallel_plan(model_graph, cluster, shares, num_microbatches: int = 1, schedule: str = "1F1B",
+                       **options) -> Plan:
+    """Data parallelism with the given samples per micro-batch on every device (device id order;
+    the shares sum to batch / num_microbatches), costed like :func:`plan`'s candidates. On mixed
+    GPUs the planner's own choice is the "data parallel (uneven shares)" alternative."""
+    g = _training_graph(model_graph)
+    opts, _ = _options(schedule, False, {"num_microbatches": num_microbatches, **options})
+    opts.pop("num_microbatches", None)
+    return _weft.data_parallel_plan(g, cluster, [int(s) for s in shares], int(num_microbatches), **opts)
+
+
+def layout_plan(model_graph, cluster, stages, num_microbatches: int = 1, schedule: str = "1F1B",
+                **options) -> Plan:
+    """A given pipeline layout: ``stages`` = [(first_block, last_block, [device ids], mesh or None)],
+    blocks of the planner's layer grouping (``num_blocks``), costed like :func:`plan`'s candidates."""
+    g = _training_graph(model_graph)
+    opts, _ = _options(schedule, False, {"num_microbatches": num_microbatches, **options})
+    opts.pop("num_microbatches", None)
+    norm = []
+    for st in stages:
+        if len(st) == 4 and st[3] is not None:
+            norm.append((int(st[0]), int(st[1]), [int(d) for d in st[2]], [int(x) for x in st[3]]))
+        else:
+            norm.append((int(st[0]), int(st[1]), [int(d) for d in st[2]]))
+    return _weft.layout_plan(g, cluster, norm, int(num_microbatches), **opts)
+
+
+__all__ = ["plan", "megatron_plan", "data_parallel_plan", "layout_plan", "Plan"]

@@ -304,7 +304,8 @@ std::string Plan::summary() const {
   s += fmt::format("  throughput    {:.2f} samples/s\n", throughput);
   s += fmt::format("  MFU           {:.1f}%  ({:.3g} PFLOP per step over {:.3g} PFLOP/s peak)\n", mfu * 100,
                    model_flops / 1e15, cluster_peak_flops / 1e15);
-  s += fmt::format("  peak memory   {} per device (usable {})\n", gb(peak_memory), gb(memory_limit));
+  s += fmt::format("  peak memory   {} per device (usable {}{})\n", gb(peak_memory), gb(memory_limit),
+                   replica_microbatch.empty() ? "" : " on the smallest device");
   s += "  stages:\n";
   for (const auto& st : stages) {
     std::string devs;
