@@ -303,16 +303,23 @@ std::vector<Candidate> pipeline_candidates(Context& ctx, const std::vector<std::
     if (it == memo.end()) it = memo.emplace(key, best_stage(ctx, pl.meshes, k, j, 0, bs, inf)).first;
     return it->second;
   };
-  // Every placement once, with its position; a dense table of the stage costs the DP reads.
+  // Every placement once; option q = the q-th placement, open at its own position only.
   std::vector<const Placement*> pls;
   for (const auto& list : at)
     for (const auto& pl : list) pls.push_back(&pl);
   const int Q = static_cast<int>(pls.size());
-  auto ti = [&](int s, int k, int j, int q) {
-    return ((static_cast<std::size_t>(s - 1) * L + k) * L + j) * Q + static_cast<std::size_t>(q);
-  };
-  std::vector<const StageChoice*> tab(static_cast<std::size_t>(S_max) * L * L * Q, nullptr);
-  std::vector<double> all_costs;
+  StageDpInput in;
+  in.L = L;
+  in.S_max = S_max;
+  in.positions = N;
+  in.M = M;
+  in.end_anywhere = true;
+  in.options_at.resize(static_cast<std::size_t>(N));
+  for (int q = 0; q < Q; ++q) {
+    in.width.push_back(pls[static_cast<std::size_t>(q)]->n);
+    in.options_at[static_cast<std::size_t>(pls[static_cast<std::size_t>(q)]->pos)].push_back(q);
+  }
+  in.table.assign(static_cast<std::size_t>(S_max) * L * L * Q, nullptr);
   int done = 0;
   const int pairs = L * (L + 1) / 2;
   for (int k = 0; k < L; ++k)
@@ -324,89 +331,29 @@ std::vector<Candidate> pipeline_candidates(Context& ctx, const std::vector<std::
         for (int s = 1; s <= S_max && L - 1 - j >= s - 1; ++s) {
           const auto& c = stage(k, j, *pls[static_cast<std::size_t>(q)], s);
           if (!c) break;  // more in flight never fits better
-          tab[ti(s, k, j, q)] = &*c;
-          all_costs.push_back(c->time);
+          in.table[((static_cast<std::size_t>(s - 1) * L + k) * L + j) * Q + static_cast<std::size_t>(q)] =
+              &*c;
         }
     }
-  std::sort(all_costs.begin(), all_costs.end());
-  all_costs.erase(std::unique(all_costs.begin(), all_costs.end()), all_costs.end());
-  std::vector<double> bounds;  // geometric grid of ratio 1.02, at most 64 (as planner.cpp)
-  for (double t : all_costs)
-    if (bounds.empty() || t > bounds.back() * 1.02) bounds.push_back(t);
-  if (!all_costs.empty() && bounds.back() != all_costs.back()) bounds.push_back(all_costs.back());
-  if (bounds.size() > 64) {
-    std::vector<double> thin;
-    for (std::size_t i = 0; i < 64; ++i) thin.push_back(bounds[i * (bounds.size() - 1) / 63]);
-    bounds = thin;
-  }
-  const std::size_t gsz = static_cast<std::size_t>(S_max + 1) * (L + 1) * (N + 1);
-  auto gi = [&](int s, int k, int pos) {
-    return (static_cast<std::size_t>(s) * (L + 1) + k) * (N + 1) + static_cast<std::size_t>(pos);
-  };
-  std::vector<int> first_q(static_cast<std::size_t>(N) + 1,
-                           0);  // placements of pos: [first_q[pos], first_q[pos+1])
-  for (int q = 0; q < Q; ++q) ++first_q[static_cast<std::size_t>(pls[static_cast<std::size_t>(q)]->pos) + 1];
-  for (int pos = 0; pos < N; ++pos)
-    first_q[static_cast<std::size_t>(pos) + 1] += first_q[static_cast<std::size_t>(pos)];
-  std::vector<double> G(gsz);
-  std::vector<int> cj(gsz), cp(gsz);
-  std::vector<double> best(static_cast<std::size_t>(S_max + 1), kInf);
-  std::vector<Candidate> best_cand(static_cast<std::size_t>(S_max + 1));
-  for (double tmax : bounds) {
-    double worst = 0;
-    for (int s = 1; s <= S_max; ++s) worst = std::max(worst, best[static_cast<std::size_t>(s)]);
-    if (M * tmax >= worst) break;
-    ctx.check_time("the heterogeneous stage partition");
-    std::fill(G.begin(), G.end(), kInf);
-    for (int pos = 1; pos <= N; ++pos) G[gi(0, L, pos)] = 0;
-    for (int s = 1; s <= S_max; ++s)
-      for (int k = L - 1; k >= 0; --k)
-        for (int pos = 0; pos < N; ++pos) {
-          double bv = kInf;
-          int bj = -1, bq = -1;
-          for (int q = first_q[static_cast<std::size_t>(pos)]; q < first_q[static_cast<std::size_t>(pos) + 1];
-               ++q) {
-            const int next = pos + pls[static_cast<std::size_t>(q)]->n;
-            for (int j = k; j < L; ++j) {
-              const StageChoice* c = tab[ti(s, k, j, q)];
-              if (!c || c->time > tmax) continue;
-              const double rest = G[gi(s - 1, j + 1, next)];
-              if (rest != kInf && c->time + rest < bv) bv = c->time + rest, bj = j, bq = q;
-            }
-          }
-          G[gi(s, k, pos)] = bv;
-          cj[gi(s, k, pos)] = bj;
-          cp[gi(s, k, pos)] = bq;
-        }
-    for (int s = 1; s <= S_max; ++s) {
-      const double sum = G[gi(s, 0, 0)];
-      if (sum == kInf) continue;
-      const double T = sum + (M - 1) * tmax;
-      if (T >= best[static_cast<std::size_t>(s)]) continue;
-      best[static_cast<std::size_t>(s)] = T;
-      Candidate cand;
-      cand.strategy = s == 1 ? "spmd (one kind)" : name;
-      cand.M = M;
-      cand.dp = 1;
-      cand.bs = bs;
-      cand.proxy = T;
-      for (int k = 0, pos = 0, ss = s; ss > 0; --ss) {
-        const int j = cj[gi(ss, k, pos)], q = cp[gi(ss, k, pos)];
-        const Placement& pl = *pls[static_cast<std::size_t>(q)];
-        const StageChoice& c = *tab[ti(ss, k, j, q)];
-        cand.stages.push_back(c);
-        cand.devices.push_back(pl.ids);
-        cand.meshes.push_back(pl.meshes[static_cast<std::size_t>(c.mesh)]);
-        pos += pl.n;
-        k = j + 1;
-      }
-      best_cand[static_cast<std::size_t>(s)] = std::move(cand);
-    }
-  }
   std::vector<Candidate> out;
-  for (int s = 1; s <= S_max; ++s)
-    if (best[static_cast<std::size_t>(s)] < kInf)
-      out.push_back(std::move(best_cand[static_cast<std::size_t>(s)]));
+  const auto paths = stage_dp(ctx, in);
+  for (int s = 1; s <= S_max; ++s) {
+    const auto& path = paths[static_cast<std::size_t>(s)];
+    if (!path) continue;
+    Candidate cand;
+    cand.strategy = s == 1 ? "spmd (one kind)" : name;
+    cand.M = M;
+    cand.dp = 1;
+    cand.bs = bs;
+    cand.proxy = path->proxy;
+    for (const auto& st : path->stages) {
+      const Placement& pl = *pls[static_cast<std::size_t>(st.option)];
+      cand.stages.push_back(*st.choice);
+      cand.devices.push_back(pl.ids);
+      cand.meshes.push_back(pl.meshes[static_cast<std::size_t>(st.choice->mesh)]);
+    }
+    out.push_back(std::move(cand));
+  }
   // The even split (Whale's baseline): p stages of n devices each, equal-FLOP blocks, same order.
   for (int n = 1; n < N && even_baseline; ++n) {
     if (N % n) continue;

@@ -323,56 +323,15 @@ std::optional<StageChoice> best_stage(Context& ctx, const std::vector<MeshOption
 
 // The DP described at the top of the file over the devices of one replica (D = N / dp); returns
 // the best candidate per stage count.
-std::vector<Candidate> partition_candidates(Context& ctx, const std::vector<SubmeshOptions>& subs, int M,
-                                            int dp) {
-  const int L = ctx.L();
-  const int D = ctx.c_.num_devices() / dp;
-  const std::int64_t bs = ctx.global_batch / (static_cast<std::int64_t>(M) * dp);
-  std::vector<int> usable_subs;
-  for (int m = 0; m < static_cast<int>(subs.size()); ++m)
-    if (subs[m].shape.num_devices() <= D) usable_subs.push_back(m);
-  if (usable_subs.empty()) return {};
-  int unit = 0;
-  for (int m : usable_subs) unit = std::gcd(unit, subs[m].shape.num_devices());
-  if (D % unit) return {};
-  const int DU = D / unit;
-  int S_max = std::min(L, D / subs[usable_subs.front()].shape.num_devices());
-  if (ctx.opt_.max_stages > 0) S_max = std::min(S_max, ctx.opt_.max_stages);
-  if (!ctx.opt_.pipeline) S_max = 1;
-  S_max = std::max(S_max, 1);
-  const int NS = static_cast<int>(subs.size());
-  auto idx = [&](int s, int k, int j, int m) {
-    return ((static_cast<std::size_t>(s - 1) * L + k) * L + j) * NS + m;
+std::vector<std::optional<StageDpPath>> stage_dp(Context& ctx, const StageDpInput& in) {
+  const int L = in.L, S_max = in.S_max, P = in.positions, Q = static_cast<int>(in.width.size());
+  WEFT_ASSERT(in.table.size() == static_cast<std::size_t>(S_max) * L * L * Q, "stage_dp: table size");
+  auto ti = [&](int s, int k, int j, int q) {
+    return ((static_cast<std::size_t>(s - 1) * L + k) * L + j) * Q + static_cast<std::size_t>(q);
   };
-  std::vector<std::optional<StageChoice>> table(static_cast<std::size_t>(S_max) * L * L * NS);
   std::vector<double> all_costs;
-  const int total_pairs = L * (L + 1) / 2;
-  int done = 0;
-  for (int k = 0; k < L; ++k)
-    for (int j = k; j < L; ++j, ++done) {
-      ctx.progress("spmd", 0.05 + 0.6 * done / std::max(1, total_pairs),
-                   fmt::format("M={} dp={}: stage costs of blocks {}-{} ({} SPMD searches so far)", M, dp, k,
-                               j, ctx.spmd_solves));
-      for (int m : usable_subs) {
-        if (S_max == 1 && (subs[m].shape.num_devices() != D || k != 0 || j != L - 1)) continue;
-        std::optional<StageChoice> prev;
-        int prev_inflight = -1;
-        for (int s = 1; s <= S_max; ++s) {
-          if (L - 1 - j < s - 1) break;  // s − 1 more stages need s − 1 more blocks
-          const int inf = in_flight(ctx.opt_.schedule, s, M, ctx.opt_.schedule_k);
-          if (inf == prev_inflight) {
-            table[idx(s, k, j, m)] = prev;
-            continue;
-          }
-          auto c = best_stage(ctx, subs[m].meshes, k, j, m, bs, inf);
-          table[idx(s, k, j, m)] = c;
-          prev = c;
-          prev_inflight = inf;
-          if (!c) break;  // more in flight never fits better
-          all_costs.push_back(c->time);
-        }
-      }
-    }
+  for (const StageChoice* c : in.table)
+    if (c) all_costs.push_back(c->time);
   std::sort(all_costs.begin(), all_costs.end());
   all_costs.erase(std::unique(all_costs.begin(), all_costs.end()), all_costs.end());
   // Thin to a geometric grid (ratio 1.02) and at most 64 bounds: T within ~2% of the DP optimum.
@@ -385,65 +344,124 @@ std::vector<Candidate> partition_candidates(Context& ctx, const std::vector<Subm
     for (std::size_t i = 0; i < 64; ++i) thin.push_back(bounds[i * (bounds.size() - 1) / 63]);
     bounds = thin;
   }
-  std::vector<double> best(S_max + 1, kInf);
-  std::vector<Candidate> best_cand(S_max + 1);
-  const std::size_t gsz = static_cast<std::size_t>(S_max + 1) * (L + 1) * (DU + 1);
+  std::vector<std::optional<StageDpPath>> best(static_cast<std::size_t>(S_max) + 1);
+  const std::size_t gsz = static_cast<std::size_t>(S_max + 1) * (L + 1) * (P + 1);
+  auto gi = [&](int s, int k, int pos) {
+    return (static_cast<std::size_t>(s) * (L + 1) + k) * (P + 1) + static_cast<std::size_t>(pos);
+  };
   std::vector<double> G(gsz);
-  std::vector<int> choice_j(gsz), choice_m(gsz);
-  auto gi = [&](int s, int k, int d) { return (static_cast<std::size_t>(s) * (L + 1) + k) * (DU + 1) + d; };
+  std::vector<int> cj(gsz), cq(gsz);
   for (double tmax : bounds) {
-    double worst_best = 0;
-    for (int s = 1; s <= S_max; ++s) worst_best = std::max(worst_best, best[s]);
-    if (M * tmax >= worst_best) break;  // no partition with this max can beat any stage count's best
+    double worst = 0;
+    for (int s = 1; s <= S_max; ++s)
+      worst = std::max(worst,
+                       best[static_cast<std::size_t>(s)] ? best[static_cast<std::size_t>(s)]->proxy : kInf);
+    if (in.M * tmax >= worst) break;  // no partition with this max can beat any stage count's best
     ctx.check_time("the stage partition");
     std::fill(G.begin(), G.end(), kInf);
-    G[gi(0, L, 0)] = 0;
+    for (int pos = in.end_anywhere ? 1 : P; pos <= P; ++pos) G[gi(0, L, pos)] = 0;
     for (int s = 1; s <= S_max; ++s)
       for (int k = L - 1; k >= 0; --k)
-        for (int d = 1; d <= DU; ++d) {
-          double bestv = kInf;
-          int bj = -1, bm = -1;
-          for (int j = k; j < L; ++j)
-            for (int m : usable_subs) {
-              const int du = subs[m].shape.num_devices() / unit;
-              if (du > d) continue;
-              const auto& c = table[idx(s, k, j, m)];
+        for (int pos = 0; pos < P; ++pos) {
+          double bv = kInf;
+          int bj = -1, bq = -1;
+          for (int q : in.options_at[static_cast<std::size_t>(pos)]) {
+            const int next = pos + in.width[static_cast<std::size_t>(q)];
+            if (next > P) continue;
+            for (int j = k; j < L; ++j) {
+              const StageChoice* c = in.table[ti(s, k, j, q)];
               if (!c || c->time > tmax) continue;
-              const double rest = G[gi(s - 1, j + 1, d - du)];
-              if (rest == kInf) continue;
-              const double v = c->time + rest;
-              if (v < bestv) bestv = v, bj = j, bm = m;
+              const double rest = G[gi(s - 1, j + 1, next)];
+              if (rest != kInf && c->time + rest < bv) bv = c->time + rest, bj = j, bq = q;
             }
-          G[gi(s, k, d)] = bestv;
-          choice_j[gi(s, k, d)] = bj;
-          choice_m[gi(s, k, d)] = bm;
+          }
+          G[gi(s, k, pos)] = bv;
+          cj[gi(s, k, pos)] = bj;
+          cq[gi(s, k, pos)] = bq;
         }
     for (int s = 1; s <= S_max; ++s) {
-      const double sum = G[gi(s, 0, DU)];
+      const double sum = G[gi(s, 0, 0)];
       if (sum == kInf) continue;
-      const double T = sum + (M - 1) * tmax;
-      if (T >= best[s]) continue;
-      best[s] = T;
-      Candidate cand;
-      cand.strategy = s == 1 ? (dp == 1 ? "spmd" : "spmd x data parallel") : "pipeline";
-      cand.M = M;
-      cand.dp = dp;
-      cand.bs = bs;
-      cand.proxy = T;
-      int k = 0, d = DU, ss = s;
-      while (ss > 0) {
-        const int j = choice_j[gi(ss, k, d)], m = choice_m[gi(ss, k, d)];
-        cand.stages.push_back(*table[idx(ss, k, j, m)]);
-        d -= subs[m].shape.num_devices() / unit;
+      const double T = sum + (in.M - 1) * tmax;
+      auto& b = best[static_cast<std::size_t>(s)];
+      if (b && T >= b->proxy) continue;
+      StageDpPath path;
+      path.proxy = T;
+      for (int k = 0, pos = 0, ss = s; ss > 0; --ss) {
+        const int j = cj[gi(ss, k, pos)], q = cq[gi(ss, k, pos)];
+        path.stages.push_back({k, j, q, in.table[ti(ss, k, j, q)]});
+        pos += in.width[static_cast<std::size_t>(q)];
         k = j + 1;
-        --ss;
       }
-      best_cand[s] = std::move(cand);
+      b = std::move(path);
     }
   }
+  return best;
+}
+
+std::vector<Candidate> partition_candidates(Context& ctx, const std::vector<SubmeshOptions>& subs, int M,
+                                            int dp) {
+  const int L = ctx.L();
+  const int D = ctx.c_.num_devices() / dp;
+  const std::int64_t bs = ctx.global_batch / (static_cast<std::int64_t>(M) * dp);
+  std::vector<int> usable_subs;
+  for (int m = 0; m < static_cast<int>(subs.size()); ++m)
+    if (subs[m].shape.num_devices() <= D) usable_subs.push_back(m);
+  if (usable_subs.empty()) return {};
+  int unit = 0;
+  for (int m : usable_subs) unit = std::gcd(unit, subs[m].shape.num_devices());
+  if (D % unit) return {};
+  int S_max = std::min(L, D / subs[usable_subs.front()].shape.num_devices());
+  if (ctx.opt_.max_stages > 0) S_max = std::min(S_max, ctx.opt_.max_stages);
+  if (!ctx.opt_.pipeline) S_max = 1;
+  S_max = std::max(S_max, 1);
+  // Positions are device units used so far; any submesh fits at any position (the placement is
+  // made afterwards by pipeline::replicate_pipeline), so every option is open everywhere.
+  StageDpInput in;
+  in.L = L;
+  in.S_max = S_max;
+  in.positions = D / unit;
+  in.M = M;
+  const int NS = static_cast<int>(subs.size());
+  for (int m = 0; m < NS; ++m) in.width.push_back(subs[m].shape.num_devices() / unit);
+  in.options_at.assign(static_cast<std::size_t>(in.positions), usable_subs);
+  in.table.assign(static_cast<std::size_t>(S_max) * L * L * NS, nullptr);
+  std::map<std::tuple<int, int, int, int>, std::optional<StageChoice>> memo;  // (k, j, m, in-flight)
+  const int total_pairs = L * (L + 1) / 2;
+  int done = 0;
+  for (int k = 0; k < L; ++k)
+    for (int j = k; j < L; ++j, ++done) {
+      ctx.progress("spmd", 0.05 + 0.6 * done / std::max(1, total_pairs),
+                   fmt::format("M={} dp={}: stage costs of blocks {}-{} ({} SPMD searches so far)", M, dp, k,
+                               j, ctx.spmd_solves));
+      for (int m : usable_subs) {
+        if (S_max == 1 && (subs[m].shape.num_devices() != D || k != 0 || j != L - 1)) continue;
+        for (int s = 1; s <= S_max && L - 1 - j >= s - 1; ++s) {  // s − 1 more stages need s − 1 blocks
+          const int inf = in_flight(ctx.opt_.schedule, s, M, ctx.opt_.schedule_k);
+          auto it = memo.find({k, j, m, inf});
+          if (it == memo.end())
+            it =
+                memo.emplace(std::make_tuple(k, j, m, inf), best_stage(ctx, subs[m].meshes, k, j, m, bs, inf))
+                    .first;
+          if (!it->second) break;  // more in flight never fits better
+          in.table[((static_cast<std::size_t>(s - 1) * L + k) * L + j) * NS + m] = &*it->second;
+        }
+      }
+    }
   std::vector<Candidate> out;
-  for (int s = 1; s <= S_max; ++s)
-    if (best[s] < kInf) out.push_back(std::move(best_cand[s]));
+  const auto paths = stage_dp(ctx, in);
+  for (int s = 1; s <= S_max; ++s) {
+    const auto& path = paths[static_cast<std::size_t>(s)];
+    if (!path) continue;
+    Candidate cand;
+    cand.strategy = s == 1 ? (dp == 1 ? "spmd" : "spmd x data parallel") : "pipeline";
+    cand.M = M;
+    cand.dp = dp;
+    cand.bs = bs;
+    cand.proxy = path->proxy;
+    for (const auto& st : path->stages) cand.stages.push_back(*st.choice);
+    out.push_back(std::move(cand));
+  }
   return out;
 }
 

@@ -244,6 +244,31 @@ double stage_memory(const StageAgg& a, int inflight);
 std::optional<StageChoice> best_stage(Context& ctx, const std::vector<MeshOption>& meshes, int first,
                                       int last, int sub, std::int64_t bs, int inflight, int forced_dp = 0,
                                       std::string* why = nullptr);
+// The stage DP shared by the homogeneous and the heterogeneous searches (the math is at the top of
+// planner.cpp). Positions 0..positions: a stage placed at `pos` with option q takes width[q]
+// positions (homogeneous: device units of a submesh, usable anywhere; heterogeneous: devices of
+// the kind order, the placements that start there). For every bound t_max on the stage time (the
+// distinct stage costs on a 2% geometric grid, at most 64)
+//     G(s, k, pos) = min_{j >= k, q open at pos, t(s, k, j, q) <= t_max} t(s, k, j, q) + G(s − 1, j + 1, pos
+//     + width[q])
+// with G(0, L, pos) = 0 at pos = positions (or at every pos >= 1 with end_anywhere); the best
+// Σ t + (M − 1)·t_max per stage count s = 1..S_max is returned with its stages.
+struct StageDpInput {
+  int L = 0, S_max = 1, positions = 0, M = 1;
+  std::vector<std::vector<int>> options_at;  // per position: the options that may start there
+  std::vector<int> width;                    // per option
+  bool end_anywhere = false;                 // false: the stages use every position
+  std::vector<const StageChoice*> table;     // ((s − 1)·L + k)·L + j)·|options| + q; nullptr = no fit
+};
+struct StageDpPath {
+  struct Step {
+    int first = 0, last = 0, option = 0;
+    const StageChoice* choice = nullptr;
+  };
+  double proxy = 0;  // Σ t + (M − 1)·t_max
+  std::vector<Step> stages;
+};
+std::vector<std::optional<StageDpPath>> stage_dp(Context& ctx, const StageDpInput& in);  // index = s
 std::vector<std::pair<int, int>> balanced_split(const pipeline::LayerGrouping& gr, int p);
 Built materialise(Context& ctx, const std::vector<SubmeshOptions>& subs, const Candidate& cand,
                   reshard::Balancer balancer);
