@@ -188,6 +188,10 @@ void bind_plan(py::module_& m) {
         o.memory_limit = py::cast<double>(v);
       else if (key == "memory_fraction")
         o.memory_fraction = py::cast<double>(v);
+      else if (key == "overlap_grad_sync")
+        o.overlap_grad_sync = py::cast<bool>(v);
+      else if (key == "grad_bucket_bytes")
+        o.grad_bucket_bytes = py::cast<double>(v);
       else if (key == "whole_nodes_only")
         o.whole_nodes_only = py::cast<bool>(v);
       else if (key == "power_of_two_nodes")

@@ -62,6 +62,12 @@ namespace weft::plan {
 
 namespace detail {
 
+double exposed_grad_sync(const PlanOptions& o, double sync, double grad_bytes, double backward) {
+  if (!o.overlap_grad_sync || sync <= 0) return sync;
+  const double bucket = grad_bytes > 0 ? sync * std::min(1.0, o.grad_bucket_bytes / grad_bytes) : sync;
+  return std::max(bucket, sync - backward);
+}
+
 std::string mesh_text(const std::vector<std::int64_t>& shape) {
   return fmt::format("({})", fmt::join(shape, ","));
 }
@@ -156,6 +162,7 @@ const BlockCost& Context::block_cost(int b, std::int64_t bs, const MeshOption& m
     bc.bwd = bw + comm * cb;
     bc.wgt = w + (bw > 0 ? comm * cb * (w / bw) : 0.0);
     bc.upd = u + comm * cu + grad_sync;
+    bc.grad_sync = grad_sync;
     bc.compute = f + bw;
     bc.comm = comm * (cf + cb);
     const int nt = static_cast<int>(bg.tensors().size());
@@ -273,6 +280,7 @@ StageAgg aggregate(Context& ctx, int first, int last, std::int64_t bs, const Mes
     a.bwd += bc.bwd;
     a.wgt += bc.wgt;
     a.upd += bc.upd;
+    a.grad_sync += bc.grad_sync;
     a.compute += bc.compute;
     a.comm += bc.comm;
     a.static_mem += bc.static_mem;
@@ -612,14 +620,19 @@ Built materialise(Context& ctx, const std::vector<SubmeshOptions>& subs, const C
     stage.params.erase(std::unique(stage.params.begin(), stage.params.end(),
                                    [](const ParamSpec& x, const ParamSpec& y) { return x.name == y.name; }),
                        stage.params.end());
-    // Data-parallel replicas: one all-reduce of the gradients per step (after the last backward).
+    // Gradient synchronisation once per step: inside the stage's mesh (a.grad_sync) and, with
+    // data-parallel replicas, one all-reduce across them. With overlap (bucketed, as DDP / Horovod /
+    // Megatron's overlap_grad_reduce) it runs during the last micro-batch's backward, bucket by
+    // bucket: exposed = max(sync of one bucket, sync − backward); without, all of it is exposed.
+    double grad_bytes = 0;
+    for (const auto& pr : stage.params) grad_bytes += pr.bytes_per_device;
+    double sync = a.grad_sync;
     if (dp > 1) {
-      double grad_bytes = 0;
-      for (const auto& pr : stage.params) grad_bytes += pr.bytes_per_device;
       const std::int64_t n = static_cast<std::int64_t>(rep0[s].size());
       cluster::DeviceMesh across({dp, n}, all_devs[s]);
-      stage.optimizer_time += cluster::all_reduce_time(cluster::axis_links(c, across)[0], grad_bytes);
+      sync += cluster::all_reduce_time(cluster::axis_links(c, across)[0], grad_bytes);
     }
+    stage.optimizer_time = a.upd - a.grad_sync + exposed_grad_sync(opt, sync, grad_bytes, a.bwd);
     for (ir::OpId o = 0; o < static_cast<ir::OpId>(g.ops().size()); ++o)
       if (stage_of_op[o] == s) stage.ops.push_back(g.op(o).name);
     p.stages.push_back(std::move(stage));
@@ -767,6 +780,8 @@ void validate_options(const PlanOptions& o, const cluster::Cluster& c) {
   WEFT_CHECK(o.spmd_time_limit_s > 0 && o.time_limit_s > 0, "make_plan: time limits must be > 0");
   WEFT_CHECK(o.memory_fraction > 0 && o.memory_fraction <= 1, "make_plan: memory_fraction must be in (0, 1]");
   WEFT_CHECK(o.memory_limit >= 0, "make_plan: memory_limit must be >= 0 (0 = the device's memory)");
+  WEFT_CHECK(o.grad_bucket_bytes > 0, "make_plan: grad_bucket_bytes must be > 0 (got {})",
+             o.grad_bucket_bytes);
   WEFT_CHECK(c.num_devices() >= 1, "make_plan: the cluster has no device");
 }
 

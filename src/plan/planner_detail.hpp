@@ -53,6 +53,7 @@ struct BlockCost {
   bool ok = false;
   std::string error;
   double fwd = 0, bwd = 0, wgt = 0, upd = 0;  // per micro-batch (upd: per step)
+  double grad_sync = 0;                       // the part of upd that synchronises gradients
   double compute = 0, comm = 0;
   double static_mem = 0, act_mem = 0, transient = 0;
   std::vector<std::string> spec;    // per tensor of the block graph: spec text ("" = none)
@@ -221,7 +222,7 @@ struct Candidate {
 struct StageAgg {
   bool ok = false;
   std::string error;
-  double fwd = 0, bwd = 0, wgt = 0, upd = 0, compute = 0, comm = 0;
+  double fwd = 0, bwd = 0, wgt = 0, upd = 0, compute = 0, comm = 0, grad_sync = 0;
   double static_mem = 0, act_mem = 0, transient = 0;
 };
 

@@ -48,6 +48,11 @@ struct PlanOptions {
   double time_limit_s = 300;        // whole planning; weft::Error when exceeded
   double memory_limit = 0;          // bytes per device; 0 = the device's memory
   double memory_fraction = 0.9;     // usable part of memory_limit (fragmentation, workspace)
+  // Gradient synchronisation (inside a stage's mesh and across data-parallel replicas) overlapped
+  // with the last micro-batch's backward in buckets (PyTorch DDP, Horovod, Megatron's
+  // overlap_grad_reduce): exposed = max(one bucket's share, sync − backward). false: all exposed.
+  bool overlap_grad_sync = true;
+  double grad_bucket_bytes = 25e6;  // DDP's default bucket
   // Search space limits (the fast path for huge models / clusters):
   bool whole_nodes_only = false;    // submeshes of whole nodes only (no slices of a node)
   bool power_of_two_nodes = false;  // submeshes of 1, 2, 4, ... nodes only
