@@ -5,11 +5,30 @@ import argparse
 import sys
 
 
+def _cluster(text: str, nodes: int):
+    """"M8" (``nodes`` nodes) or a mixed cluster "M8:1+P100:2" (preset:nodes, joined in order)."""
+    import weft
+
+    parts = [p.strip() for p in text.replace(",", "+").split("+") if p.strip()]
+    if not parts:
+        raise ValueError(f"--cluster: empty cluster {text!r}")
+    cluster = None
+    for part in parts:
+        name, _, count = part.partition(":")
+        try:
+            n = int(count) if count else nodes
+        except ValueError:
+            raise ValueError(f"--cluster: bad node count in {part!r} (expected PRESET:NODES)") from None
+        c = weft.Cluster.preset(name, nodes=n)
+        cluster = c if cluster is None else weft.Cluster.concat(cluster, c)
+    return cluster
+
+
 def _plan(args) -> int:
     import weft
 
     graph = weft.models.build(args.model, batch=args.batch, dtype=args.dtype)
-    cluster = weft.Cluster.preset(args.cluster, nodes=args.nodes)
+    cluster = _cluster(args.cluster, args.nodes)
     opts = {}
     if args.num_microbatches:
         opts["num_microbatches"] = args.num_microbatches
@@ -37,8 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     pp.add_argument("--model", default="GPT-2.7B", help="zoo preset name (weft.models presets)")
     pp.add_argument("--batch", type=int, default=16, help="global batch size")
     pp.add_argument("--dtype", default="f16")
-    pp.add_argument("--cluster", default="M8", help="cluster preset name")
-    pp.add_argument("--nodes", type=int, default=2)
+    pp.add_argument("--cluster", default="M8",
+                    help="cluster preset name, or mixed GPU kinds as PRESET:NODES+PRESET:NODES (e.g. M8:1+P100:1)")
+    pp.add_argument("--nodes", type=int, default=2, help="nodes of a preset given without :NODES")
     pp.add_argument("--schedule", default="1F1B")
     pp.add_argument("--num-microbatches", type=int, default=0, help="0 = auto")
     pp.add_argument("--num-blocks", type=int, default=0, help="layer-grouping blocks, 0 = auto")

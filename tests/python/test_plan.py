@@ -134,3 +134,17 @@ def test_plan_heterogeneous_cluster_uneven_shares_and_manual_layouts():
         weft.data_parallel_plan(g, c, [1, 1, 1, 1])
     with pytest.raises(ValueError, match="two stages"):
         weft.layout_plan(g, c, [(0, 7, [2, 3]), (8, 15, [3, 1])], num_microbatches=4)
+
+
+def test_cli_plans_a_mixed_cluster(capsys):
+    from weft.cli import main, _cluster
+
+    c = _cluster("M8:1+P100:1", 2)
+    assert c.num_devices == 16 and not c.homogeneous
+    assert _cluster("M8", 2).num_devices == 16
+    with pytest.raises(ValueError, match="node count"):
+        _cluster("M8:x", 1)
+    assert main(["plan", "--model", "GPT-Medium", "--batch", "16", "--cluster", "M8:1+P100:1",
+                 "--num-microbatches", "2", "--num-blocks", "4", "--max-stages", "2"]) == 0
+    text = capsys.readouterr().out
+    assert "P100" in text and "Plan for" in text
