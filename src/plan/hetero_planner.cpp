@@ -319,36 +319,19 @@ std::vector<Candidate> pipeline_candidates(Context& ctx, const std::vector<std::
     in.width.push_back(pls[static_cast<std::size_t>(q)]->n);
     in.options_at[static_cast<std::size_t>(pls[static_cast<std::size_t>(q)]->pos)].push_back(q);
   }
-  in.table.assign(static_cast<std::size_t>(S_max) * L * L * Q, nullptr);
-  int done = 0;
-  const int pairs = L * (L + 1) / 2;
-  for (int k = 0; k < L; ++k)
-    for (int j = k; j < L; ++j, ++done) {
-      ctx.progress("spmd", 0.05 + 0.6 * done / std::max(1, pairs),
-                   fmt::format("M={}: stage costs of blocks {}-{} on mixed devices ({} SPMD searches so far)",
-                               M, k, j, ctx.spmd_solves));
-      for (int q = 0; q < Q; ++q)
-        for (int s = 1; s <= S_max && L - 1 - j >= s - 1; ++s) {
-          const auto& c = stage(k, j, *pls[static_cast<std::size_t>(q)], s);
-          if (!c) break;  // more in flight never fits better
-          in.table[((static_cast<std::size_t>(s - 1) * L + k) * L + j) * Q + static_cast<std::size_t>(q)] =
-              &*c;
-        }
-    }
+  in.what = fmt::format("M={} on mixed devices", M);
+  in.cost = [&](int s, int k, int j, int q) -> const StageChoice* {
+    const auto& c = stage(k, j, *pls[static_cast<std::size_t>(q)], s);
+    return c ? &*c : nullptr;
+  };
   std::vector<Candidate> out;
   const auto paths = stage_dp(ctx, in);
   for (int s = 1; s <= S_max; ++s) {
     const auto& path = paths[static_cast<std::size_t>(s)];
     if (!path) continue;
-    Candidate cand;
-    cand.strategy = s == 1 ? "spmd (one kind)" : name;
-    cand.M = M;
-    cand.dp = 1;
-    cand.bs = bs;
-    cand.proxy = path->proxy;
+    Candidate cand = candidate_of(*path, s == 1 ? "spmd (one kind)" : name, M, 1, bs);
     for (const auto& st : path->stages) {
       const Placement& pl = *pls[static_cast<std::size_t>(st.option)];
-      cand.stages.push_back(*st.choice);
       cand.devices.push_back(pl.ids);
       cand.meshes.push_back(pl.meshes[static_cast<std::size_t>(st.choice->mesh)]);
     }

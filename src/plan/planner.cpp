@@ -333,13 +333,28 @@ std::optional<StageChoice> best_stage(Context& ctx, const std::vector<MeshOption
 // the best candidate per stage count.
 std::vector<std::optional<StageDpPath>> stage_dp(Context& ctx, const StageDpInput& in) {
   const int L = in.L, S_max = in.S_max, P = in.positions, Q = static_cast<int>(in.width.size());
-  WEFT_ASSERT(in.table.size() == static_cast<std::size_t>(S_max) * L * L * Q, "stage_dp: table size");
   auto ti = [&](int s, int k, int j, int q) {
     return ((static_cast<std::size_t>(s - 1) * L + k) * L + j) * Q + static_cast<std::size_t>(q);
   };
+  // Every stage cost the DP can read: s − 1 more stages need s − 1 more blocks, and a stage that
+  // does not fit with s in flight does not fit with more.
+  std::vector<const StageChoice*> table(static_cast<std::size_t>(S_max) * L * L * Q, nullptr);
   std::vector<double> all_costs;
-  for (const StageChoice* c : in.table)
-    if (c) all_costs.push_back(c->time);
+  const int pairs = L * (L + 1) / 2;
+  int done = 0;
+  for (int k = 0; k < L; ++k)
+    for (int j = k; j < L; ++j, ++done) {
+      ctx.progress("spmd", 0.05 + 0.6 * done / std::max(1, pairs),
+                   fmt::format("{}: stage costs of blocks {}-{} ({} SPMD searches so far)", in.what, k, j,
+                               ctx.spmd_solves));
+      for (int q = 0; q < Q; ++q)
+        for (int s = 1; s <= S_max && L - 1 - j >= s - 1; ++s) {
+          const StageChoice* c = in.cost(s, k, j, q);
+          if (!c) break;
+          table[ti(s, k, j, q)] = c;
+          all_costs.push_back(c->time);
+        }
+    }
   std::sort(all_costs.begin(), all_costs.end());
   all_costs.erase(std::unique(all_costs.begin(), all_costs.end()), all_costs.end());
   // Thin to a geometric grid (ratio 1.02) and at most 64 bounds: T within ~2% of the DP optimum.
@@ -377,7 +392,7 @@ std::vector<std::optional<StageDpPath>> stage_dp(Context& ctx, const StageDpInpu
             const int next = pos + in.width[static_cast<std::size_t>(q)];
             if (next > P) continue;
             for (int j = k; j < L; ++j) {
-              const StageChoice* c = in.table[ti(s, k, j, q)];
+              const StageChoice* c = table[ti(s, k, j, q)];
               if (!c || c->time > tmax) continue;
               const double rest = G[gi(s - 1, j + 1, next)];
               if (rest != kInf && c->time + rest < bv) bv = c->time + rest, bj = j, bq = q;
@@ -397,7 +412,7 @@ std::vector<std::optional<StageDpPath>> stage_dp(Context& ctx, const StageDpInpu
       path.proxy = T;
       for (int k = 0, pos = 0, ss = s; ss > 0; --ss) {
         const int j = cj[gi(ss, k, pos)], q = cq[gi(ss, k, pos)];
-        path.stages.push_back({k, j, q, in.table[ti(ss, k, j, q)]});
+        path.stages.push_back({k, j, q, table[ti(ss, k, j, q)]});
         pos += in.width[static_cast<std::size_t>(q)];
         k = j + 1;
       }
@@ -405,6 +420,17 @@ std::vector<std::optional<StageDpPath>> stage_dp(Context& ctx, const StageDpInpu
     }
   }
   return best;
+}
+
+Candidate candidate_of(const StageDpPath& path, std::string strategy, int M, int dp, std::int64_t bs) {
+  Candidate cand;
+  cand.strategy = std::move(strategy);
+  cand.M = M;
+  cand.dp = dp;
+  cand.bs = bs;
+  cand.proxy = path.proxy;
+  for (const auto& st : path.stages) cand.stages.push_back(*st.choice);
+  return cand;
 }
 
 std::vector<Candidate> partition_candidates(Context& ctx, const std::vector<SubmeshOptions>& subs, int M,
@@ -433,43 +459,25 @@ std::vector<Candidate> partition_candidates(Context& ctx, const std::vector<Subm
   const int NS = static_cast<int>(subs.size());
   for (int m = 0; m < NS; ++m) in.width.push_back(subs[m].shape.num_devices() / unit);
   in.options_at.assign(static_cast<std::size_t>(in.positions), usable_subs);
-  in.table.assign(static_cast<std::size_t>(S_max) * L * L * NS, nullptr);
+  in.what = fmt::format("M={} dp={}", M, dp);
   std::map<std::tuple<int, int, int, int>, std::optional<StageChoice>> memo;  // (k, j, m, in-flight)
-  const int total_pairs = L * (L + 1) / 2;
-  int done = 0;
-  for (int k = 0; k < L; ++k)
-    for (int j = k; j < L; ++j, ++done) {
-      ctx.progress("spmd", 0.05 + 0.6 * done / std::max(1, total_pairs),
-                   fmt::format("M={} dp={}: stage costs of blocks {}-{} ({} SPMD searches so far)", M, dp, k,
-                               j, ctx.spmd_solves));
-      for (int m : usable_subs) {
-        if (S_max == 1 && (subs[m].shape.num_devices() != D || k != 0 || j != L - 1)) continue;
-        for (int s = 1; s <= S_max && L - 1 - j >= s - 1; ++s) {  // s − 1 more stages need s − 1 blocks
-          const int inf = in_flight(ctx.opt_.schedule, s, M, ctx.opt_.schedule_k);
-          auto it = memo.find({k, j, m, inf});
-          if (it == memo.end())
-            it =
-                memo.emplace(std::make_tuple(k, j, m, inf), best_stage(ctx, subs[m].meshes, k, j, m, bs, inf))
-                    .first;
-          if (!it->second) break;  // more in flight never fits better
-          in.table[((static_cast<std::size_t>(s - 1) * L + k) * L + j) * NS + m] = &*it->second;
-        }
-      }
-    }
+  in.cost = [&](int s, int k, int j, int m) -> const StageChoice* {
+    if (S_max == 1 && (subs[m].shape.num_devices() != D || k != 0 || j != L - 1)) return nullptr;
+    if (std::find(usable_subs.begin(), usable_subs.end(), m) == usable_subs.end()) return nullptr;
+    const int inf = in_flight(ctx.opt_.schedule, s, M, ctx.opt_.schedule_k);
+    auto it = memo.find({k, j, m, inf});
+    if (it == memo.end())
+      it = memo.emplace(std::make_tuple(k, j, m, inf), best_stage(ctx, subs[m].meshes, k, j, m, bs, inf))
+               .first;
+    return it->second ? &*it->second : nullptr;
+  };
   std::vector<Candidate> out;
   const auto paths = stage_dp(ctx, in);
-  for (int s = 1; s <= S_max; ++s) {
-    const auto& path = paths[static_cast<std::size_t>(s)];
-    if (!path) continue;
-    Candidate cand;
-    cand.strategy = s == 1 ? (dp == 1 ? "spmd" : "spmd x data parallel") : "pipeline";
-    cand.M = M;
-    cand.dp = dp;
-    cand.bs = bs;
-    cand.proxy = path->proxy;
-    for (const auto& st : path->stages) cand.stages.push_back(*st.choice);
-    out.push_back(std::move(cand));
-  }
+  for (int s = 1; s <= S_max; ++s)
+    if (paths[static_cast<std::size_t>(s)])
+      out.push_back(candidate_of(*paths[static_cast<std::size_t>(s)],
+                                 s == 1 ? (dp == 1 ? "spmd" : "spmd x data parallel") : "pipeline", M, dp,
+                                 bs));
   return out;
 }
 

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <map>
 #include <optional>
@@ -259,7 +260,10 @@ struct StageDpInput {
   std::vector<std::vector<int>> options_at;  // per position: the options that may start there
   std::vector<int> width;                    // per option
   bool end_anywhere = false;                 // false: the stages use every position
-  std::vector<const StageChoice*> table;     // ((s − 1)·L + k)·L + j)·|options| + q; nullptr = no fit
+  // Blocks k..j on option q as a stage with s stages from it to the end; nullptr = does not fit.
+  // Called once per (s, k, j, q) the DP can use; the pointee must outlive the returned paths.
+  std::function<const StageChoice*(int s, int k, int j, int q)> cost;
+  std::string what;  // for progress messages
 };
 struct StageDpPath {
   struct Step {
@@ -270,6 +274,8 @@ struct StageDpPath {
   std::vector<Step> stages;
 };
 std::vector<std::optional<StageDpPath>> stage_dp(Context& ctx, const StageDpInput& in);  // index = s
+// The candidate of a DP path (its stages' choices; placement left to the caller).
+Candidate candidate_of(const StageDpPath& path, std::string strategy, int M, int dp, std::int64_t bs);
 std::vector<std::pair<int, int>> balanced_split(const pipeline::LayerGrouping& gr, int p);
 Built materialise(Context& ctx, const std::vector<SubmeshOptions>& subs, const Candidate& cand,
                   reshard::Balancer balancer);
