@@ -304,8 +304,12 @@ std::string Plan::summary() const {
   s += fmt::format("  throughput    {:.2f} samples/s\n", throughput);
   s += fmt::format("  MFU           {:.1f}%  ({:.3g} PFLOP per step over {:.3g} PFLOP/s peak)\n", mfu * 100,
                    model_flops / 1e15, cluster_peak_flops / 1e15);
-  s += fmt::format("  peak memory   {} per device (usable {}{})\n", gb(peak_memory), gb(memory_limit),
-                   replica_microbatch.empty() ? "" : " on the smallest device");
+  if (replica_microbatch.empty())
+    s += fmt::format("  peak memory   {} per device (usable {})\n", gb(peak_memory), gb(memory_limit));
+  else  // mixed GPU kinds: each device is checked against its own kind's memory
+    s += fmt::format(
+        "  peak memory   {} on the fullest device (each within its own kind's memory; smallest usable {})\n",
+        gb(peak_memory), gb(memory_limit));
   s += "  stages:\n";
   for (const auto& st : stages) {
     std::string devs;
