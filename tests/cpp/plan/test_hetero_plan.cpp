@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <bit>
 #include <limits>
 #include <string>
 #include <vector>
@@ -200,4 +201,52 @@ TEST_CASE("hetero plan: memory per device kind — state too big for a P100 repl
     CHECK(p.device_memory[i] <=
           c.device(p.devices_used[i]).spec.memory_bytes * o.memory_fraction * (1 + 1e-9));
   CHECK_THROWS_WITH_AS(plan::data_parallel_plan(g, c, {0, 1}, 8, o), doctest::Contains("device 0"), Error);
+}
+
+TEST_CASE("plan: the homogeneous stage DP equals brute force over every layout (4 GPUs, 4 blocks)") {
+  // Every split of 4 blocks into contiguous stages × every stage size in {1, 2, 4} using all 4
+  // GPUs of one node, costed by layout_plan; make_plan (one pipeline, no replicas) must match the
+  // best within the DP's 2% bound grid.
+  const auto g = small_gpt(2, 512, 8, 128);
+  const auto c = cluster::Cluster({node("M8", 4).nodes()[0]});
+  plan::PlanOptions o;
+  o.num_blocks = 4;
+  o.num_microbatches = 4;
+  o.max_data_parallel = 1;
+  o.compare_megatron = false;
+  o.max_simulated = 1000;
+  const plan::Plan p = plan::make_plan(g, c, o);
+  double brute = std::numeric_limits<double>::infinity();
+  std::string arg;
+  int layouts = 0;
+  // Stage sizes (in order) that sum to 4 with sizes in {1, 2, 4}.
+  const std::vector<std::vector<int>> size_lists{{4}, {2, 2}, {1, 1, 2}, {1, 2, 1}, {2, 1, 1}, {1, 1, 1, 1}};
+  for (const auto& sizes : size_lists) {
+    const int S = static_cast<int>(sizes.size());
+    // Cuts: S − 1 increasing positions among the 3 gaps between 4 blocks.
+    for (int mask = 0; mask < 8; ++mask) {
+      if (std::popcount(static_cast<unsigned>(mask)) != S - 1) continue;
+      std::vector<plan::StageLayout> l;
+      int first = 0, dev = 0;
+      for (int b = 0; b < 4; ++b)
+        if (b == 3 || (mask >> b & 1)) {
+          plan::StageLayout st;
+          st.first_block = first;
+          st.last_block = b;
+          for (int k = 0; k < sizes[l.size()]; ++k) st.devices.push_back(dev++);
+          l.push_back(st);
+          first = b + 1;
+        }
+      ++layouts;
+      try {
+        const plan::Plan q = plan::layout_plan(g, c, l, 4, o);
+        if (q.step_time < brute) brute = q.step_time, arg = fmt::format("{} stages, cut mask {}", S, mask);
+      } catch (const Error&) {
+      }
+    }
+  }
+  CHECK(layouts == 1 + 3 + 3 * 3 + 1);
+  MESSAGE("brute force over " << layouts << " layouts: " << arg << " " << brute << " s; make_plan "
+                              << p.step_time << " s (" << p.strategy << ", " << p.num_stages() << " stages)");
+  CHECK(p.step_time <= brute * 1.02);
 }
