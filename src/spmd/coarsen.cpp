@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <map>
 #include <numeric>
 #include <unordered_map>
@@ -48,28 +49,41 @@ namespace {
 
 using O2Cache = std::unordered_map<std::string, std::vector<std::pair<double, std::vector<int>>>>;
 
+// Cache key of a sub-problem: its numbers (rounded to 1e-9 of fscale, so the repeated layers'
+// bit-level noise does not split them) as raw bytes, with the sizes that delimit them. Binary
+// rather than text: formatting every number dominated deep O2 runs.
 std::string key_of(const StrategyProblem& p, double fscale) {
   std::string k;
-  k.reserve(256);
+  std::size_t total = 0;
+  for (const auto& c : p.node_cost) total += c.size() + 1;
+  for (const auto& e : p.edges) total += e.cost.size() + 2;
+  k.reserve(8 * (total + 4));
+  auto raw = [&](const void* d, std::size_t n) { k.append(static_cast<const char*>(d), n); };
   auto num = [&](double x) {
-    if (std::isinf(x))
-      k += "i,";
-    else
-      k += fmt::format("{:.9g},", std::round(x / fscale * 1e9) / 1e9);
+    const double r = std::isinf(x) ? x : std::round(x / fscale * 1e9) / 1e9;
+    raw(&r, sizeof r);
   };
+  auto count = [&](std::size_t n) {
+    const auto c = static_cast<std::uint64_t>(n);
+    raw(&c, sizeof c);
+  };
+  count(p.node_cost.size());
   for (const auto& c : p.node_cost) {
-    k += '[';
+    count(c.size());
     for (double x : c) num(x);
   }
+  count(p.edges.size());
   for (const auto& e : p.edges) {
-    k += fmt::format("e{}-{}:", e.u, e.v);
+    const std::int32_t uv[2] = {e.u, e.v};
+    raw(uv, sizeof uv);
     for (double x : e.cost) num(x);
   }
+  count(p.memory_rows.size());
   for (const auto& r : p.memory_rows) {
-    k += "m";
     num(r.constant);
+    count(r.terms.size());
     for (const auto& t : r.terms) {
-      k += fmt::format("{}:", t.node);
+      count(static_cast<std::size_t>(t.node));
       for (double x : t.bytes) num(x);
     }
   }

@@ -142,6 +142,77 @@ ProblemSolution solve_ilp(const StrategyProblem& p, const SolveOptions& opt) {
         m[i * sb + j] += c;
       }
   }
+  // Dominated strategies (exact): t of node v is dropped when another live strategy s is never
+  // worse whatever the neighbours choose,
+  //   c_v(s) - c_v(t) + Σ_{pairs (v,w)} max_{j live in w, M(t,j) < ∞} (M(s,j) - M(t,j)) <= 0,
+  // and s needs no more bytes than t in every memory row. Some optimum survives (replace t by s
+  // in any optimum: the cost does not rise, no row grows). dominator[v][t] = s maps a warm start
+  // onto live strategies. Work is bounded (dense graphs with many strategies skip it).
+  std::vector<std::vector<int>> dominator(n);
+  {
+    std::vector<std::vector<std::pair<int, const std::vector<double>*>>> nbr(n);  // (w, M) with v = a
+    std::vector<std::vector<char>> flipped(n);
+    for (const auto& [key, m] : pair_cost) {
+      nbr[key.first].push_back({key.second, &m});
+      flipped[key.first].push_back(0);
+      nbr[key.second].push_back({key.first, &m});
+      flipped[key.second].push_back(1);
+    }
+    std::vector<std::vector<const std::vector<double>*>> bytes_of(n);
+    if (!std::isinf(p.memory_limit))
+      for (const auto& row : p.memory_rows)
+        for (const auto& t : row.terms) bytes_of[t.node].push_back(&t.bytes);
+    double work = 0;
+    for (int v = 0; v < n; ++v) {
+      double w = 0;
+      for (const auto& [u, m] : nbr[v]) w += static_cast<double>(live[u].size());
+      work += static_cast<double>(live[v].size() * live[v].size()) * std::max(1.0, w);
+    }
+    if (work <= opt.dominance_max_work) {
+      for (int v = 0; v < n; ++v) dominator[v].assign(p.node_cost[v].size(), -1);
+      for (int pass = 0; pass < 3; ++pass) {
+        bool changed = false;
+        for (int v = 0; v < n; ++v) {
+          if (live[v].size() < 2) continue;
+          std::vector<char> alive(p.node_cost[v].size(), 0);
+          for (int s : live[v]) alive[s] = 1;
+          const int sv = static_cast<int>(p.node_cost[v].size());
+          auto entry = [&](std::size_t k, int s, int j) {
+            const auto& [u, m] = nbr[v][k];
+            const int su = static_cast<int>(p.node_cost[u].size());
+            return flipped[v][k] ? (*m)[static_cast<std::size_t>(j) * sv + s]
+                                 : (*m)[static_cast<std::size_t>(s) * su + j];
+          };
+          for (int t : live[v]) {
+            for (int s : live[v]) {
+              if (s == t || !alive[s]) continue;
+              double d = p.node_cost[v][s] - p.node_cost[v][t];
+              bool ok = true;
+              for (const auto* b : bytes_of[v])
+                if ((*b)[s] > (*b)[t]) ok = false;
+              for (std::size_t k = 0; k < nbr[v].size() && ok && d <= 0; ++k) {
+                double mx = -kInfCost;
+                for (int j : live[nbr[v][k].first]) {
+                  const double mt = entry(k, t, j);
+                  if (std::isinf(mt)) continue;
+                  mx = std::max(mx, entry(k, s, j) - mt);
+                }
+                if (mx > -kInfCost) d += mx;  // -inf: t is infeasible against every j
+              }
+              if (ok && d <= 0) {
+                alive[t] = 0;
+                dominator[v][t] = s;
+                changed = true;
+                break;
+              }
+            }
+          }
+          std::erase_if(live[v], [&](int s) { return !alive[s]; });
+        }
+        if (!changed) break;
+      }
+    }
+  }
   // Fold separable matrices (restricted to live strategies) into node costs.
   struct LiveEdge {
     int a, b;
@@ -295,7 +366,13 @@ ProblemSolution solve_ilp(const StrategyProblem& p, const SolveOptions& opt) {
     bool ok = true;
     std::vector<int> li(n, -1);
     for (int v = 0; v < n && ok; ++v) {
-      auto it = std::find(live[v].begin(), live[v].end(), ws[v]);
+      int want = ws[v];
+      // A dominated strategy's dominator is never worse (chains end at a live strategy).
+      for (int hops = 0; want >= 0 && want < static_cast<int>(dominator[v].size()) &&
+                         dominator[v][want] >= 0 && hops < static_cast<int>(dominator[v].size());
+           ++hops)
+        want = dominator[v][want];
+      auto it = std::find(live[v].begin(), live[v].end(), want);
       if (it == live[v].end())
         ok = false;
       else {

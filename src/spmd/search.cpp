@@ -537,10 +537,16 @@ SpmdPlan spmd_search(const ir::Graph& g, const cluster::Cluster& cl, const clust
       const auto topo = g.topo_order();
       std::vector<int> topo_pos(m.n_ops, 0);
       for (int i = 0; i < static_cast<int>(topo.size()); ++i) topo_pos[topo[i]] = i;
+      // Consumers of every tensor, in op order, each op once (Graph::consumers is a scan of all
+      // ops: quadratic in depth when called per tensor).
+      std::vector<std::vector<ir::OpId>> consumers(g.tensors().size());
+      for (int o = 0; o < m.n_ops; ++o)
+        for (ir::TensorId ti : g.op(o).inputs)
+          if (consumers[ti].empty() || consumers[ti].back() != o) consumers[ti].push_back(o);
       std::vector<std::vector<int>> succ(m.n_ops);
       for (int o = 0; o < m.n_ops; ++o) {
         for (ir::TensorId ti : g.op(o).outputs)
-          for (ir::OpId c : g.consumers(ti)) succ[o].push_back(c);
+          for (ir::OpId c : consumers[ti]) succ[o].push_back(c);
         signature[o] = fmt::format("{}|{}", ir::op_kind_name(g.op(o).kind), g.op(o).index_map.to_string());
       }
       // Layer-aligned segments: backward and optimizer ops join the segment of the forward ops
@@ -567,7 +573,7 @@ SpmdPlan spmd_search(const ir::Graph& g, const cluster::Cluster& cl, const clust
       for (int v = m.n_ops; v < m.num_nodes(); ++v) {  // leaves: first forward consumer
         const ir::TensorId ti = m.leaf_tensor[v - m.n_ops];
         int first = big;
-        for (ir::OpId c : g.consumers(ti))
+        for (ir::OpId c : consumers[ti])
           if (fwd[c]) first = std::min(first, topo_pos[c]);
         if (first < big) tensor_anchor[ti] = first;
       }
@@ -596,7 +602,7 @@ SpmdPlan spmd_search(const ir::Graph& g, const cluster::Cluster& cl, const clust
       for (int v = m.n_ops; v < m.num_nodes(); ++v) {
         const auto& ti = g.tensor(m.leaf_tensor[v - m.n_ops]);
         int first = big;
-        for (ir::OpId c : g.consumers(m.leaf_tensor[v - m.n_ops])) first = std::min(first, op_anchor[c]);
+        for (ir::OpId c : consumers[m.leaf_tensor[v - m.n_ops]]) first = std::min(first, op_anchor[c]);
         order_pos[v] = 4 * first;
         signature[v] = fmt::format("leaf|{}|{}|{}", ir::role_name(ti.role), fmt::join(ti.shape, ","),
                                    dtype_name(ti.dtype));

@@ -68,6 +68,9 @@ struct SolveOptions {
   double time_limit_s = 60;
   double relative_gap = 0;
   std::vector<int> warm_start;  // a choice per node (optional)
+  // Dominated-strategy elimination before the ILP (exact) is skipped above this many
+  // (strategy pair x neighbour strategy) comparisons.
+  double dominance_max_work = 2e8;
 };
 
 struct ProblemSolution {
