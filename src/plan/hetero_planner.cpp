@@ -293,7 +293,7 @@ std::vector<Candidate> pipeline_candidates(Context& ctx, const std::vector<std::
   const auto& o = ctx.opt_;
   int S_max = std::min(L, N);
   if (o.max_stages > 0) S_max = std::min(S_max, o.max_stages);
-  if (!o.pipeline) return {};
+  if (!o.pipeline) S_max = 1;  // SPMD only: one stage on devices of one kind
   // Stage costs per (first, last, placement class, in-flight), every one that can occur.
   std::map<std::tuple<int, int, int, int>, std::optional<StageChoice>> memo;
   auto stage = [&](int k, int j, const Placement& pl, int s) -> const std::optional<StageChoice>& {
@@ -338,7 +338,7 @@ std::vector<Candidate> pipeline_candidates(Context& ctx, const std::vector<std::
     out.push_back(std::move(cand));
   }
   // The even split (Whale's baseline): p stages of n devices each, equal-FLOP blocks, same order.
-  for (int n = 1; n < N && even_baseline; ++n) {
+  for (int n = 1; n < N && even_baseline && o.pipeline; ++n) {
     if (N % n) continue;
     const int p = N / n;
     if (p < 2 || p > L || (o.max_stages > 0 && p > o.max_stages)) continue;
@@ -398,7 +398,9 @@ Plan make_hetero_plan(Context& ctx) {
   const auto Ms = microbatch_counts(o, B);
   // 1. Data parallel: uneven (Algorithm 1) and even shares.
   ReplicaModel rm(ctx);
+  const bool dp_allowed = o.max_data_parallel == 0 || o.max_data_parallel >= c.num_devices();
   for (int M : Ms) {
+    if (!dp_allowed) break;
     ctx.progress("spmd", 0.02, fmt::format("M={}: data-parallel shares over {} devices", M, c.num_devices()));
     ctx.check_time("the data-parallel shares");
     const std::int64_t T = B / M;

@@ -113,20 +113,20 @@ def _node(preset, gpus):
 
 def test_plan_heterogeneous_cluster_uneven_shares_and_manual_layouts():
     # 2 P100 + 2 V100: the planner's uneven data-parallel shares beat the even ones, and no share
-    # vector that keeps two same-kind devices equal does better (brute force over the V100 share).
-    g = weft.models.gpt(layers=2, hidden=512, heads=4, seq=128, vocab=512, batch=8)
+    # vector that keeps two same-kind devices equal does better (brute force over the P100 share).
+    g = weft.models.gpt(layers=2, hidden=1024, heads=4, seq=128, vocab=512, batch=32)
     c = weft.Cluster.concat(_node("P100", 2), _node("M8", 2))
     p = weft.plan(g, c, num_microbatches=1, pipeline=False)
     assert p.strategy == "data parallel (uneven shares)"
-    assert sum(p.replica_microbatch) * p.num_microbatches == p.global_batch == 8
+    assert sum(p.replica_microbatch) * p.num_microbatches == p.global_batch == 32
     assert p.replica_microbatch[2] >= p.replica_microbatch[0]
     assert "uneven samples per micro-batch" in p.summary()
-    even = weft.data_parallel_plan(g, c, [2, 2, 2, 2])
-    assert p.step_time <= even.step_time
-    best = min(weft.data_parallel_plan(g, c, [a, a, 4 - a, 4 - a]).step_time for a in range(0, 5))
+    even = weft.data_parallel_plan(g, c, [8, 8, 8, 8])
+    assert p.step_time < even.step_time
+    best = min(weft.data_parallel_plan(g, c, [a, a, 16 - a, 16 - a]).step_time for a in range(0, 17))
     assert p.step_time <= best * 1.01
     assert weft.Plan.from_json(p.to_json()) == p
-    # A manual 2-stage layout on the V100 then the P100s.
+    # A manual 2-stage layout on the V100s then the P100s.
     q = weft.layout_plan(g, c, [(0, 7, [2, 3]), (8, 15, [0, 1], [2])], num_microbatches=4)
     assert q.num_stages == 2 and q.stages[0].devices == [2, 3]
     assert q.resimulate_step_time() == pytest.approx(q.step_time, rel=1e-9)
