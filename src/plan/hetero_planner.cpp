@@ -293,7 +293,8 @@ std::vector<Candidate> pipeline_candidates(Context& ctx, const std::vector<std::
   const auto& o = ctx.opt_;
   int S_max = std::min(L, N);
   if (o.max_stages > 0) S_max = std::min(S_max, o.max_stages);
-  if (!o.pipeline) S_max = 1;  // SPMD only: one stage on devices of one kind
+  // pipeline = false: plans on the whole cluster only, as on a homogeneous one (data parallelism).
+  if (!o.pipeline) return {};
   // Stage costs per (first, last, placement class, in-flight), every one that can occur.
   std::map<std::tuple<int, int, int, int>, std::optional<StageChoice>> memo;
   auto stage = [&](int k, int j, const Placement& pl, int s) -> const std::optional<StageChoice>& {
