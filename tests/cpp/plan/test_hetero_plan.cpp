@@ -86,8 +86,10 @@ TEST_CASE("hetero plan: uneven data-parallel shares are the best of all share ve
   CHECK(uneven->step_time <= brute * 1.01);
   CHECK(uneven->step_time < even->step_time);  // the V100s (1.7x the FP32 FLOP/s) take more
   CHECK(p.step_time <= uneven->step_time);
-  // The plan of the planner's own shares re-evaluated independently.
-  if (p.strategy == "data parallel (uneven shares)") {
+  // pipeline = false: whole-cluster plans only, i.e. the data-parallel family; the plan of the
+  // planner's own shares re-evaluated independently.
+  REQUIRE(p.strategy == "data parallel (uneven shares)");
+  {
     REQUIRE(p.replica_microbatch.size() == 4);
     CHECK(p.replica_microbatch[2] >= p.replica_microbatch[0]);  // V100 (ids 2, 3) >= P100 (ids 0, 1)
     const plan::Plan q = plan::data_parallel_plan(g, c, p.replica_microbatch, 1, o);
