@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <numeric>
 #include <set>
 #include <unordered_map>
@@ -127,9 +128,19 @@ Model build_model(const ir::Graph& g, const cluster::Cluster& cl, const cluster:
         m.node_of_tensor[t] = m.num_nodes();
         m.leaf_tensor.push_back(t);
       }
+  // Strategies depend only on the index map (factors with sizes and kinds) and the operand and
+  // result shapes: structurally identical ops (the repeated layers) share one enumeration.
   m.op_strats.resize(m.n_ops);
+  std::unordered_map<std::string, int> first_of;
   for (int o = 0; o < m.n_ops; ++o) {
-    m.op_strats[o] = enumerate_strategies(g, g.op(o), m.mesh);
+    const auto& op = g.op(o);
+    std::string key = op.index_map.to_string();
+    for (const auto& f : op.index_map.factors) key += fmt::format(",{}", f.size);
+    for (ir::TensorId t : op.inputs) key += fmt::format("|{}", fmt::join(g.tensor(t).shape, ","));
+    key += "->";
+    for (ir::TensorId t : op.outputs) key += fmt::format("|{}", fmt::join(g.tensor(t).shape, ","));
+    auto [it, fresh] = first_of.try_emplace(std::move(key), o);
+    m.op_strats[o] = fresh ? enumerate_strategies(g, op, m.mesh) : m.op_strats[it->second];
     WEFT_ASSERT(!m.op_strats[o].empty(), "the all-replicated strategy always exists");
   }
   sharding::EnumerateOptions eo;
@@ -178,16 +189,35 @@ int generate_strided_candidates(Model& m, int rounds = 4) {
   for (int round = 0; round < rounds; ++round) {
     int before = added;
     for (const Use& u : m.uses) {
-      std::unordered_map<ShardingSpec, int> prod, req;
-      for (int s = 0; s < m.num_strategies(u.producer); ++s)
-        prod.emplace(m.produced(u.producer, s, u.out_slot), s);
-      for (int s = 0; s < m.num_strategies(u.consumer); ++s) req.emplace(m.required(u, s), s);
+      // Only non-block, non-partial specs can ask for a restride; they are few, so they are
+      // collected (copied: the strategy lists grow below) and matched by linear scans instead
+      // of hashing every spec of every edge.
+      auto distinct_nonblock = [](int count, auto&& spec_at) {
+        std::vector<ShardingSpec> out;
+        for (int s = 0; s < count; ++s) {
+          const ShardingSpec& sp = spec_at(s);
+          if (sp.is_block() || sp.has_partial()) continue;
+          if (std::find(out.begin(), out.end(), sp) == out.end()) out.push_back(sp);
+        }
+        return out;
+      };
+      auto produces = [&](const ShardingSpec& sp) {
+        for (int s = 0; s < m.num_strategies(u.producer); ++s)
+          if (m.produced(u.producer, s, u.out_slot) == sp) return true;
+        return false;
+      };
+      auto requires_ = [&](const ShardingSpec& sp) {
+        for (int s = 0; s < m.num_strategies(u.consumer); ++s)
+          if (m.required(u, s) == sp) return true;
+        return false;
+      };
+      const auto req_nb = distinct_nonblock(m.num_strategies(u.consumer),
+                                            [&](int s) -> const ShardingSpec& { return m.required(u, s); });
       // consumer wants a non-block spec nobody produces -> restride a producer strategy
-      for (const auto& [spec, s] : req) {
-        if (spec.is_block() || prod.count(spec) || spec.has_partial()) continue;
+      for (const auto& spec : req_nb) {
+        if (produces(spec)) continue;
         if (u.producer >= m.n_ops) {
           m.leaf_specs[u.producer - m.n_ops].push_back(spec);
-          prod.emplace(spec, 0);
           ++added;
           continue;
         }
@@ -197,7 +227,6 @@ int generate_strided_candidates(Model& m, int rounds = 4) {
           if (v && std::find(m.op_strats[u.producer].begin(), m.op_strats[u.producer].end(), *v) ==
                        m.op_strats[u.producer].end()) {
             m.op_strats[u.producer].push_back(std::move(*v));
-            prod.emplace(spec, 0);
             ++added;
             break;
           }
@@ -205,15 +234,17 @@ int generate_strided_candidates(Model& m, int rounds = 4) {
       }
       // producer makes a non-block spec no consumer strategy takes -> restride a consumer strategy
       if (u.in_slot < 0) continue;
-      for (const auto& [spec, s] : prod) {
-        if (spec.is_block() || req.count(spec) || spec.has_partial()) continue;
+      const auto prod_nb = distinct_nonblock(m.num_strategies(u.producer), [&](int s) -> const ShardingSpec& {
+        return m.produced(u.producer, s, u.out_slot);
+      });
+      for (const auto& spec : prod_nb) {
+        if (requires_(spec)) continue;
         for (int c = 0; c < static_cast<int>(m.op_strats[u.consumer].size()); ++c) {
           auto v = restride_to(m.g, m.g.op(u.consumer), m.mesh, m.op_strats[u.consumer][c], false, u.in_slot,
                                spec);
           if (v && std::find(m.op_strats[u.consumer].begin(), m.op_strats[u.consumer].end(), *v) ==
                        m.op_strats[u.consumer].end()) {
             m.op_strats[u.consumer].push_back(std::move(*v));
-            req.emplace(spec, 0);
             ++added;
             break;
           }
@@ -280,31 +311,69 @@ Built build_problem(Model& m, ReshardCosts& rc, double memory_limit, const Searc
                text);
   }
   // Edges: matrix over (producer strategy, consumer strategy), resharding time of the distinct
-  // spec pairs.
+  // spec pairs. Every spec is interned once (an id per distinct spec over the whole model), so
+  // an edge only hashes integers and each distinct (from, to, element size) is priced once per
+  // search: deep graphs repeat the same few hundred specs over thousands of edges.
+  struct PtrHash {
+    std::size_t operator()(const ShardingSpec* x) const { return x->hash(); }
+  };
+  struct PtrEq {
+    bool operator()(const ShardingSpec* a, const ShardingSpec* c) const { return *a == *c; }
+  };
+  std::unordered_map<const ShardingSpec*, int, PtrHash, PtrEq> intern;
+  std::vector<const ShardingSpec*> spec_by_id;
+  auto id_of = [&](const ShardingSpec& sp) {
+    auto [it, fresh] = intern.try_emplace(&sp, static_cast<int>(spec_by_id.size()));
+    if (fresh) spec_by_id.push_back(&sp);
+    return it->second;
+  };
+  // out_ids[v][slot][s] / in_ids[o][slot][s]: spec ids of results (leaves: slot 0) and operands.
+  std::vector<std::vector<std::vector<int>>> out_ids(n), in_ids(m.n_ops);
+  for (int v = 0; v < n; ++v) {
+    const int ns = m.num_strategies(v);
+    const int nout = v < m.n_ops ? static_cast<int>(m.g.op(v).outputs.size()) : 1;
+    out_ids[v].assign(nout, std::vector<int>(ns));
+    for (int s = 0; s < ns; ++s)
+      for (int k = 0; k < nout; ++k) out_ids[v][k][s] = id_of(m.produced(v, s, k));
+    if (v >= m.n_ops) continue;
+    const int nin = static_cast<int>(m.g.op(v).inputs.size());
+    in_ids[v].assign(nin, std::vector<int>(ns));
+    for (int s = 0; s < ns; ++s)
+      for (int k = 0; k < nin; ++k) in_ids[v][k][s] = id_of(m.op_strats[v][s].inputs[k]);
+  }
+  std::unordered_map<std::uint64_t, double> pair_time;
+  std::vector<int> local_f(spec_by_id.size(), -1), local_t(spec_by_id.size(), -1);
   for (const Use& u : m.uses) {
     const int su = m.num_strategies(u.producer), sv = m.num_strategies(u.consumer);
     const int elem = dtype_size(m.g.tensor(u.tensor).dtype);
     EdgeCost e{u.producer, u.consumer, std::vector<double>(static_cast<std::size_t>(su) * sv, 0.0)};
     bool nonzero = false;
-    // Many strategies share a spec of this tensor: price the distinct (from, to) pairs once.
-    std::unordered_map<ShardingSpec, int> fid, tid;
-    std::vector<const ShardingSpec*> fs, ts;
+    const auto& fid = out_ids[u.producer][u.out_slot];
+    const auto& tid = u.in_slot >= 0 ? in_ids[u.consumer][u.in_slot] : out_ids[u.consumer][0];
+    std::vector<int> fs, ts;  // distinct spec ids on each side
     std::vector<int> fi(su), ti(sv);
     for (int s = 0; s < su; ++s) {
-      const auto& sp = m.produced(u.producer, s, u.out_slot);
-      auto [it, fresh] = fid.emplace(sp, static_cast<int>(fs.size()));
-      if (fresh) fs.push_back(&sp);
-      fi[s] = it->second;
+      if (local_f[fid[s]] < 0) local_f[fid[s]] = static_cast<int>(fs.size()), fs.push_back(fid[s]);
+      fi[s] = local_f[fid[s]];
     }
     for (int t = 0; t < sv; ++t) {
-      const auto& sp = m.required(u, t);
-      auto [it, fresh] = tid.emplace(sp, static_cast<int>(ts.size()));
-      if (fresh) ts.push_back(&sp);
-      ti[t] = it->second;
+      if (local_t[tid[t]] < 0) local_t[tid[t]] = static_cast<int>(ts.size()), ts.push_back(tid[t]);
+      ti[t] = local_t[tid[t]];
     }
+    for (int x : fs) local_f[x] = -1;
+    for (int x : ts) local_t[x] = -1;
     std::vector<double> dist(fs.size() * ts.size());
     for (std::size_t a = 0; a < fs.size(); ++a)
-      for (std::size_t c = 0; c < ts.size(); ++c) dist[a * ts.size() + c] = rc.time(*fs[a], *ts[c], elem);
+      for (std::size_t c = 0; c < ts.size(); ++c) {
+        const std::uint64_t key = (static_cast<std::uint64_t>(fs[a]) << 36) |
+                                  (static_cast<std::uint64_t>(ts[c]) << 8) | static_cast<std::uint64_t>(elem);
+        auto it = pair_time.find(key);
+        if (it == pair_time.end())
+          it = pair_time
+                   .emplace(key, fs[a] == ts[c] ? 0.0 : rc.time(*spec_by_id[fs[a]], *spec_by_id[ts[c]], elem))
+                   .first;
+        dist[a * ts.size() + c] = it->second;
+      }
     for (int s = 0; s < su; ++s)
       for (int t = 0; t < sv; ++t) {
         const double c = dist[static_cast<std::size_t>(fi[s]) * ts.size() + ti[t]];
@@ -489,8 +558,11 @@ SpmdPlan spmd_search(const ir::Graph& g, const cluster::Cluster& cl, const clust
   progress("strategies", 0.0, "enumerating strategies");
   Model m = build_model(g, cl, mesh);
   check_mesh_usable(m);
-  if (opt.strided_candidates) generate_strided_candidates(m);
   phase("strategies");
+  if (opt.strided_candidates) {
+    generate_strided_candidates(m);
+    phase("strided candidates");
+  }
   const double limit = opt.memory_limit < 0   ? 0
                        : opt.memory_limit > 0 ? opt.memory_limit
                                               : m.device.memory_bytes;
