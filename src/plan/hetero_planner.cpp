@@ -413,7 +413,8 @@ Plan make_hetero_plan(Context& ctx) {
       a.strategy = "data parallel (uneven shares)";
       a.layout = fmt::format("M={} dp={}", M, c.num_devices());
       a.feasible = false;
-      a.note = s.message;
+      // Algorithm 1's message lists every device: keep the alternative's note to one line.
+      a.note = s.message.size() > 240 ? s.message.substr(0, 240) + "..." : s.message;
       alts.push_back(a);
     }
     consider(data_parallel_build(ctx, rm, M, pipeline::even_units(T, c.num_devices()),
