@@ -184,6 +184,9 @@ IlpResult solve(const Ilp& model, const IlpOptions& opt) {
   Cbc_setParameter(m.get(), "randomCbcSeed", std::to_string(std::max(1, opt.seed)).c_str());
   Cbc_setParameter(m.get(), "timeMode", "elapsed");
   Cbc_setMaximumSeconds(m.get(), opt.time_limit_s);
+  // Presolve pays off on models with knapsack rows; on pure assignment models (one-hot rows
+  // plus their linearisation) it finds little and can cost more than the solve.
+  if (!opt.presolve) Cbc_setParameter(m.get(), "presolve", "off");
   if (opt.relative_gap > 0) Cbc_setAllowableFractionGap(m.get(), opt.relative_gap);
   // MIP start: integer columns only (CBC fixes them and solves the LP for the rest; handing it
   // continuous values too makes CBC 2.10 report some feasible models infeasible).
@@ -195,7 +198,8 @@ IlpResult solve(const Ilp& model, const IlpOptions& opt) {
         ws_idx.push_back(j);
         ws_val.push_back(std::round(opt.warm_start[j]));
       }
-    if (!ws_idx.empty()) Cbc_setMIPStartI(m.get(), static_cast<int>(ws_idx.size()), ws_idx.data(), ws_val.data());
+    if (!ws_idx.empty())
+      Cbc_setMIPStartI(m.get(), static_cast<int>(ws_idx.size()), ws_idx.data(), ws_val.data());
   }
   Cbc_solve(m.get());
   res.wall_s = elapsed();
@@ -220,7 +224,8 @@ IlpResult solve(const Ilp& model, const IlpOptions& opt) {
   }
   // A checked incumbent wins over CBC's flags (with a MIP start, CBC 2.10 can flag the
   // fixed-integer LP of its start as "initial solve infeasible" and still hold a solution).
-  if (!res.has_solution() && (Cbc_isProvenInfeasible(m.get()) || Cbc_isInitialSolveProvenPrimalInfeasible(m.get()))) {
+  if (!res.has_solution() &&
+      (Cbc_isProvenInfeasible(m.get()) || Cbc_isInitialSolveProvenPrimalInfeasible(m.get()))) {
     res.status = IlpStatus::Infeasible;
   } else if (Cbc_isAbandoned(m.get()) && !res.has_solution()) {
     res.status = IlpStatus::Error;

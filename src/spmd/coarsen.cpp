@@ -98,6 +98,9 @@ ProblemSolution solve_counted(const StrategyProblem& q, const O2Options& opt, O2
   so.time_limit_s = opt.time_limit_s;
   so.relative_gap = opt.relative_gap;
   so.warm_start = std::move(warm_start);
+  // Without memory rows the model is one-hot rows plus their linearisation: CBC's presolve
+  // finds little there and took about half of each refinement window's solve (GPT, 2x4 mesh).
+  so.presolve = !q.memory_rows.empty() && !std::isinf(q.memory_limit);
   auto sol = solve_ilp(q, so);
   ++st.ilp_solves;
   st.max_ilp_variables = std::max(st.max_ilp_variables, sol.ilp_variables);
@@ -111,12 +114,18 @@ ProblemSolution solve_counted(const StrategyProblem& q, const O2Options& opt, O2
 // Solve the sub-problem of the nodes `win` with every other node fixed at `cur` (edges to them
 // folded into node costs, their bytes into row constants). Exact (elimination) when no memory
 // row can bind and the tables fit, else an ILP warm-started at `cur`. Returns the window's
-// choice (in `win` order), or empty when nothing feasible was found.
-std::vector<int> solve_window(const StrategyProblem& p, const std::vector<int>& win,
-                              const std::vector<int>& cur, const std::vector<std::vector<int>>& adj,
-                              const O2Options& opt, O2Cache& cache, O2Stats& st) {
-  const int n = p.num_nodes();
-  std::vector<int> lid(n, -1);
+// choice (in `win` order), or empty when nothing feasible was found; `delta` = the change of
+// the total cost if it is taken (the sub-problem holds every node and edge term that involves
+// the window), `feasible` = its rows hold. `lid` is scratch of size n, all -1 on entry and exit.
+struct WindowResult {
+  std::vector<int> choice;
+  double delta = 0;
+  bool feasible = false;
+};
+
+WindowResult solve_window(const StrategyProblem& p, const std::vector<int>& win, const std::vector<int>& cur,
+                          const std::vector<std::vector<int>>& adj, const O2Options& opt, O2Cache& cache,
+                          O2Stats& st, std::vector<int>& lid) {
   for (int i = 0; i < static_cast<int>(win.size()); ++i) lid[win[i]] = i;
   StrategyProblem sub;
   sub.node_cost.resize(win.size());
@@ -151,13 +160,26 @@ std::vector<int> solve_window(const StrategyProblem& p, const std::vector<int>& 
       }
       if (maxv > p.memory_limit && !r.terms.empty()) sub.memory_rows.push_back(std::move(r));
     }
+  for (int v : win) lid[v] = -1;
   if (!sub.memory_rows.empty()) sub.memory_limit = p.memory_limit;
+  std::vector<int> now;
+  for (int v : win) now.push_back(cur[v]);
+  WindowResult out;
+  auto finish = [&](std::vector<int> res) {
+    if (!res.empty()) {
+      const Evaluation e = evaluate(sub, res);
+      out.delta = e.cost - evaluate(sub, now).cost;
+      out.feasible = e.feasible();
+    }
+    out.choice = std::move(res);
+    return out;
+  };
   const std::string key = opt.reuse_repeated ? "w" + key_of(sub, 1.0) : std::string();
   if (opt.reuse_repeated) {
     auto hit = cache.find(key);
     if (hit != cache.end()) {
       ++st.cache_hits;
-      return hit->second.front().second;
+      return finish(hit->second.front().second);
     }
   }
   std::vector<int> res;
@@ -165,13 +187,11 @@ std::vector<int> solve_window(const StrategyProblem& p, const std::vector<int>& 
   if (el.ok()) {
     if (!std::isinf(el.kept_cost()[0])) res = el.choice_for(0);
   } else if (sub.num_nodes() <= opt.refine_ilp_max_nodes) {
-    std::vector<int> warm;
-    for (int v : win) warm.push_back(cur[v]);
-    const auto sol = solve_counted(sub, opt, st, std::move(warm));
+    const auto sol = solve_counted(sub, opt, st, now);
     res = sol.choice;
   }
   if (opt.reuse_repeated) cache.emplace(key, std::vector<std::pair<double, std::vector<int>>>{{0.0, res}});
-  return res;
+  return finish(std::move(res));
 }
 
 // Block-coordinate descent after the DP: windows of `refine_window` consecutive segments are
@@ -179,6 +199,9 @@ std::vector<int> solve_window(const StrategyProblem& p, const std::vector<int>& 
 // current restriction, so the total cost only goes down. Stops after a sweep without gain.
 // This repairs what the single-boundary DP cannot see: edges that skip a critical node
 // (residuals, forward activations read by the backward pass of the same layer).
+// Without memory rows a window's answer depends only on its nodes and their neighbours: a
+// window none of whose nodes or neighbours changed since it was last solved is skipped (its
+// answer would be the same), and moves are scored by the window's local cost change.
 void refine(const StrategyProblem& p, const std::vector<std::vector<int>>& segs, const O2Options& opt,
             O2Cache& cache, O2Stats& st, std::vector<int>& cur) {
   const int n = p.num_nodes();
@@ -187,27 +210,61 @@ void refine(const StrategyProblem& p, const std::vector<std::vector<int>>& segs,
     adj[p.edges[e].u].push_back(e);
     adj[p.edges[e].v].push_back(e);
   }
-  Evaluation ev = evaluate(p, cur);
+  const bool rows = !std::isinf(p.memory_limit) && !p.memory_rows.empty();
+  Evaluation ev;
+  double total = 0;
+  if (rows) {
+    ev = evaluate(p, cur);
+    total = ev.cost;
+  } else {
+    total = evaluate(p, cur).cost;
+  }
   const int ns = static_cast<int>(segs.size());
   const int w = std::max(1, std::min(opt.refine_window, ns));
+  std::vector<int> lid(n, -1);
+  std::vector<long> changed(n, 0);      // move stamp of each node's last change
+  std::vector<long> solved_at(ns, -1);  // move stamp when window k was last solved
+  long stamp = 0;
   for (int sweep = 0; sweep < opt.refine_sweeps; ++sweep) {
     ++st.refine_sweeps;
     bool improved = false;
     for (int k = 0; k + w <= ns; ++k) {
       std::vector<int> win;
       for (int j = k; j < k + w; ++j) win.insert(win.end(), segs[j].begin(), segs[j].end());
-      const auto res = solve_window(p, win, cur, adj, opt, cache, st);
-      if (res.empty()) continue;
-      std::vector<int> cand = cur;
-      for (std::size_t i = 0; i < win.size(); ++i) cand[win[i]] = res[i];
-      if (cand == cur) continue;
-      const Evaluation ce = evaluate(p, cand);
-      if (ce.feasible() && ce.cost < ev.cost - 1e-12 * std::abs(ev.cost)) {
+      if (!rows && solved_at[k] >= 0) {
+        bool dirty = false;
+        for (int v : win) {
+          if (changed[v] > solved_at[k]) dirty = true;
+          for (int e : adj[v]) {
+            const int o = p.edges[e].u == v ? p.edges[e].v : p.edges[e].u;
+            if (changed[o] > solved_at[k]) dirty = true;
+          }
+          if (dirty) break;
+        }
+        if (!dirty) continue;
+      }
+      solved_at[k] = stamp;
+      const auto res = solve_window(p, win, cur, adj, opt, cache, st, lid);
+      if (res.choice.empty()) continue;
+      bool same = true;
+      for (std::size_t i = 0; i < win.size() && same; ++i) same = cur[win[i]] == res.choice[i];
+      if (same) continue;
+      if (rows) {
+        std::vector<int> cand = cur;
+        for (std::size_t i = 0; i < win.size(); ++i) cand[win[i]] = res.choice[i];
+        const Evaluation ce = evaluate(p, cand);
+        if (!(ce.feasible() && ce.cost < ev.cost - 1e-12 * std::abs(ev.cost))) continue;
         cur = std::move(cand);
         ev = ce;
-        improved = true;
-        ++st.refine_moves;
+      } else {
+        if (!(res.feasible && res.delta < -1e-12 * std::abs(total))) continue;
+        total += res.delta;
+        ++stamp;
+        for (std::size_t i = 0; i < win.size(); ++i)
+          if (cur[win[i]] != res.choice[i]) cur[win[i]] = res.choice[i], changed[win[i]] = stamp;
       }
+      improved = true;
+      ++st.refine_moves;
     }
     if (!improved) break;
   }

@@ -335,6 +335,7 @@ ProblemSolution solve_ilp(const StrategyProblem& p, const SolveOptions& opt) {
   solver::IlpOptions io;
   io.time_limit_s = opt.time_limit_s;
   io.relative_gap = opt.relative_gap;
+  io.presolve = opt.presolve;
   std::vector<int> greedy;
   if (opt.warm_start.empty()) {
     // CBC can fail to find any incumbent on large one-hot models within the limit; hand it a

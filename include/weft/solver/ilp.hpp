@@ -87,6 +87,7 @@ struct IlpOptions {
   std::vector<double> warm_start;  // optional full assignment handed to CBC as a MIP start
   int seed = 1;                    // CBC random seed (runs are single-threaded and deterministic)
   int log_level = 0;               // CBC's log level; 0 = silent
+  bool presolve = true;            // CBC's presolve (off can be faster on pure assignment models)
 };
 
 struct IlpResult {

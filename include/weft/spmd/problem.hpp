@@ -71,6 +71,7 @@ struct SolveOptions {
   // Dominated-strategy elimination before the ILP (exact) is skipped above this many
   // (strategy pair x neighbour strategy) comparisons.
   double dominance_max_work = 2e8;
+  bool presolve = true;  // CBC presolve; O2 turns it off on sub-problems without memory rows
 };
 
 struct ProblemSolution {
