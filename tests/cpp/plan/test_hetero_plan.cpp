@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cstdlib>
 #include <limits>
 #include <string>
 #include <vector>
@@ -68,16 +69,20 @@ TEST_CASE("hetero plan: uneven data-parallel shares are the best of all share ve
   double brute = std::numeric_limits<double>::infinity();
   std::vector<std::int64_t> arg;
   int evaluated = 0;
+  // Under ASan (minutes at -O0) only the share vectors that treat same-kind devices alike
+  // (a, a, b, b); the Release run checks all 165.
+  const bool sanitized = std::getenv("WEFT_SANITIZED") != nullptr;
   for (std::int64_t a = 0; a <= 8; ++a)
     for (std::int64_t b = 0; a + b <= 8; ++b)
       for (std::int64_t d = 0; a + b + d <= 8; ++d) {
         const std::vector<std::int64_t> s{a, b, d, 8 - a - b - d};
+        if (sanitized && (a != b || d != 8 - a - b - d)) continue;
         const plan::Plan q = plan::data_parallel_plan(g, c, s, 1, o);
         ++evaluated;
         CHECK(q.global_batch() == 8);
         if (q.step_time < brute) brute = q.step_time, arg = s;
       }
-  CHECK(evaluated == 165);
+  CHECK(evaluated == (sanitized ? 5 : 165));
   MESSAGE("brute-force best shares " << fmt::format("{}", fmt::join(arg, ",")) << " step " << brute
                                      << " s; planner " << uneven->step_time << " s; even "
                                      << even->step_time);
