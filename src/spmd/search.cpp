@@ -863,8 +863,10 @@ PlanEvaluation evaluate_plan(const ir::Graph& g, const cluster::Cluster& cl, con
       spec[g.op(o).outputs[i]] = st[o].outputs[i];
   for (const auto& [t, s] : leaf_specs) spec.at(t) = s;
   const auto links = cluster::axis_links(cl, mesh);
-  auto charge = [&](const ShardingSpec& from, const ShardingSpec& to, DType dt, const std::string& what) {
+  auto charge = [&](ir::TensorId t, const ShardingSpec& from, const ShardingSpec& to, DType dt,
+                    const std::string& what) {
     if (from == to) return;
+    if (from.has_partial() && !to.has_partial()) out.partial_reductions.push_back(t);
     sharding::ReshardOptions ro;
     ro.strided_intermediates = false;
     const auto pl = sharding::reshard_on_mesh(from, to, links, dtype_size(dt), ro);
@@ -880,7 +882,7 @@ PlanEvaluation evaluate_plan(const ir::Graph& g, const cluster::Cluster& cl, con
     for (int i = 0; i < static_cast<int>(op.inputs.size()); ++i) {
       const ir::TensorId t = op.inputs[i];
       WEFT_CHECK(spec[t].has_value(), "evaluate_plan: leaf tensor '{}' has no spec", g.tensor(t).name);
-      charge(*spec[t], st[o].inputs[i], g.tensor(t).dtype,
+      charge(t, *spec[t], st[o].inputs[i], g.tensor(t).dtype,
              fmt::format("{} -> {}", g.tensor(t).name, op.name));
     }
     std::vector<ir::TensorId> states;
@@ -889,7 +891,7 @@ PlanEvaluation evaluate_plan(const ir::Graph& g, const cluster::Cluster& cl, con
     int k = 0;
     for (int i = 0; i < static_cast<int>(op.outputs.size()) && k < static_cast<int>(states.size()); ++i) {
       if (!outs.count(op.outputs[i]) || g.tensor(op.outputs[i]).shape != g.tensor(states[k]).shape) continue;
-      charge(st[o].outputs[i], *spec[states[k]], g.tensor(states[k]).dtype,
+      charge(op.outputs[i], st[o].outputs[i], *spec[states[k]], g.tensor(states[k]).dtype,
              fmt::format("{} -> next step {}", g.tensor(op.outputs[i]).name, g.tensor(states[k]).name));
       ++k;
     }

@@ -106,6 +106,10 @@ struct PlanEvaluation {
   double cost = 0, compute_time = 0, comm_time = 0, peak_memory = 0;
   std::map<std::string, int> collectives;  // collective name -> count over all edges
   std::vector<std::string> edges;          // "producer -> consumer: plan" for non-free edges
+  // One entry per edge that reduces partial sums (its source spec is Partial on some axis and
+  // its target is not Partial): the tensor reduced. Megatron's layout reduces two forward activations
+  // (after attention and after the MLP) and two activation gradients in backward.
+  std::vector<ir::TensorId> partial_reductions;
 };
 PlanEvaluation evaluate_plan(const ir::Graph& g, const cluster::Cluster& cluster,
                              const cluster::DeviceMesh& mesh,
