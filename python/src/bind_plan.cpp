@@ -202,6 +202,8 @@ void bind_plan(py::module_& m) {
         o.pipeline = py::cast<bool>(v);
       else if (key == "uniform_partitions")
         o.uniform_partitions = py::cast<bool>(v);
+      else if (key == "stage_ilp")
+        o.stage_ilp = py::cast<bool>(v);
       else if (key == "compare_megatron")
         o.compare_megatron = py::cast<bool>(v);
       else if (key == "max_alternatives")

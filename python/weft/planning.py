@@ -75,7 +75,7 @@ def plan(model_graph, cluster, schedule: str = "1F1B", *, num_microbatches: Opti
     Other options (keyword): num_blocks, max_stages, spmd_level ("O2"/"O3"), spmd_time_limit,
     time_limit, memory_limit (bytes per device), memory_fraction, overlap_grad_sync (default True:
     gradient synchronisation overlapped with the last backward in buckets), grad_bucket_bytes, whole_nodes_only,
-    power_of_two_nodes, max_logical_shapes, two_d_meshes, pipeline, max_data_parallel,
+    power_of_two_nodes, max_logical_shapes, two_d_meshes, pipeline, max_data_parallel, stage_ilp,
     compare_megatron, max_alternatives. Raises ValueError for bad input and when the model cannot
     fit (the message says how much memory is missing)."""
     g = _training_graph(model_graph)

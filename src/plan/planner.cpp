@@ -50,6 +50,7 @@
 #include "weft/core/error.hpp"
 #include "weft/cost/op_cost.hpp"
 #include "weft/pipeline/grouping.hpp"
+#include "weft/pipeline/partition.hpp"
 #include "weft/pipeline/submesh.hpp"
 #include "weft/plan/rebatch.hpp"
 #include "weft/reshard/decompose.hpp"
@@ -543,8 +544,8 @@ DType graph_compute_dtype(const ir::Graph& g) {
   return dt;
 }
 
-Built materialise(Context& ctx, const std::vector<SubmeshOptions>& subs, const Candidate& cand,
-                  reshard::Balancer balancer) {
+Built materialise_in_place(Context& ctx, const std::vector<SubmeshOptions>& subs, const Candidate& cand,
+                           reshard::Balancer balancer) {
   const ir::Graph& g = ctx.g_;
   const auto& c = ctx.c_;
   const auto& opt = ctx.opt_;
@@ -777,6 +778,104 @@ Built materialise(Context& ctx, const std::vector<SubmeshOptions>& subs, const C
   p.mfu = p.step_time > 0 ? p.model_flops / (p.step_time * p.cluster_peak_flops) : 0;
   out.feasible = over.empty();
   if (!out.feasible) out.note = over;
+  return out;
+}
+
+void Context::reorder_blocks(const std::vector<int>& order) {
+  const int n = L();
+  WEFT_ASSERT(static_cast<int>(order.size()) == n, "reorder_blocks: not a permutation of the blocks");
+  std::vector<int> new_of(static_cast<std::size_t>(n), -1);
+  for (int i = 0; i < n; ++i) new_of[static_cast<std::size_t>(order[static_cast<std::size_t>(i)])] = i;
+  auto permute = [&](auto& v) {
+    auto old = v;
+    for (int i = 0; i < n; ++i)
+      v[static_cast<std::size_t>(i)] = old[static_cast<std::size_t>(order[static_cast<std::size_t>(i)])];
+  };
+  permute(grouping.blocks);
+  permute(block_state_bytes);
+  for (auto& b : grouping.block_of_op)
+    if (b >= 0) b = new_of[static_cast<std::size_t>(b)];
+  grouping.crossing_bytes.clear();
+  for (auto& [bs, ab] : at_batch) {
+    permute(ab.blocks);
+    permute(ab.keys);
+  }
+}
+
+// Applies a block order for the lifetime of the scope (restored on exit, exceptions included).
+class BlockOrderScope {
+ public:
+  BlockOrderScope(Context& ctx, const std::vector<int>& order) : ctx_(ctx), inverse_(order.size()) {
+    for (std::size_t i = 0; i < order.size(); ++i)
+      inverse_[static_cast<std::size_t>(order[i])] = static_cast<int>(i);
+    if (!order.empty()) ctx_.reorder_blocks(order);
+  }
+  ~BlockOrderScope() {
+    if (!inverse_.empty()) ctx_.reorder_blocks(inverse_);
+  }
+  BlockOrderScope(const BlockOrderScope&) = delete;
+  BlockOrderScope& operator=(const BlockOrderScope&) = delete;
+
+ private:
+  Context& ctx_;
+  std::vector<int> inverse_;
+};
+
+Built materialise(Context& ctx, const std::vector<SubmeshOptions>& subs, const Candidate& cand,
+                  reshard::Balancer balancer) {
+  // A candidate found in a stage-ILP block order is materialised in that order.
+  BlockOrderScope scope(ctx, cand.block_order);
+  return materialise_in_place(ctx, subs, cand, balancer);
+}
+
+std::vector<std::vector<int>> ilp_block_orders(Context& ctx, int max_stages) {
+  const int L = ctx.L();
+  if (L < 3) return {};
+  // The DAG of the blocks: compute = the block's forward + backward FLOPs, values = forward
+  // activations made in one block and read in others.
+  const pipeline::PartitionDag ops = pipeline::dag_from_graph(ctx.g_);
+  pipeline::PartitionDag dag;
+  for (const auto& b : ctx.grouping.blocks) dag.compute.push_back(b.compute_flops());
+  bool chain = true;
+  for (const auto& v : ops.values) {
+    const int a = ctx.grouping.block_of_op[ops.op_of_node[static_cast<std::size_t>(v.producer)]];
+    std::vector<int> cons;
+    for (int c : v.consumers) {
+      const int b = ctx.grouping.block_of_op[ops.op_of_node[static_cast<std::size_t>(c)]];
+      if (b != a && std::find(cons.begin(), cons.end(), b) == cons.end()) cons.push_back(b);
+    }
+    if (a < 0 || cons.empty()) continue;
+    for (int b : cons) chain = chain && b == a + 1;
+    dag.values.push_back({a, cons, v.bytes});
+  }
+  if (chain) return {};  // every contiguous cut is already in the DP's space
+  std::vector<std::vector<int>> out;
+  for (int S = 2; S <= std::min(L, max_stages); ++S) {
+    // The tightest balance tolerance that has a solution (coarse blocks rarely balance within 10%).
+    pipeline::IlpPartition part;
+    for (double eps : {0.1, 0.25, 0.5}) {
+      pipeline::IlpPartitionOptions io;
+      io.num_stages = S;
+      io.epsilon = eps;
+      io.time_limit_s = std::min(5.0, ctx.opt_.spmd_time_limit_s * 2);
+      try {
+        part = pipeline::partition_dag_ilp(dag, io);
+      } catch (const Error&) {
+        continue;  // the bounds show no ε-balanced partition with S stages exists
+      }
+      if (part.has_solution()) break;
+    }
+    if (!part.has_solution()) continue;
+    std::vector<int> order(static_cast<std::size_t>(L));
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int x, int y) {
+      return part.stage_of_node[static_cast<std::size_t>(x)] <
+             part.stage_of_node[static_cast<std::size_t>(y)];
+    });
+    bool identity = true;
+    for (int i = 0; i < L; ++i) identity = identity && order[static_cast<std::size_t>(i)] == i;
+    if (!identity && std::find(out.begin(), out.end(), order) == out.end()) out.push_back(order);
+  }
   return out;
 }
 
@@ -1133,6 +1232,23 @@ Plan make_plan(const ir::Graph& g, const cluster::Cluster& c, const PlanOptions&
         cands.push_back(std::move(cand));
       }
     }
+  // Rhino's stage ILP on a non-linear block DAG (skip connections): block orders whose contiguous
+  // cuts the grouping's order does not contain, and the stage DP again over each (no new SPMD
+  // search: block costs are cached by structure).
+  if (o.pipeline && o.stage_ilp) {
+    ctx.progress("partition", 0.66, "stage ILP block orders");
+    for (const auto& order : ilp_block_orders(ctx, o.max_stages > 0 ? o.max_stages : c.num_devices())) {
+      BlockOrderScope scope(ctx, order);
+      for (int M : Ms)
+        for (int d : dp_degrees(o, c, ctx.global_batch / M))
+          for (auto& cand : partition_candidates(ctx, subs, M, d)) {
+            if (cand.stages.size() < 2) continue;  // one stage: the same as in the grouping's order
+            cand.strategy = "pipeline (ILP order)";
+            cand.block_order = order;
+            cands.push_back(std::move(cand));
+          }
+    }
+  }
   ctx.progress("simulate", 0.7, fmt::format("simulating {} candidates", cands.size()));
   std::vector<Alternative> alts;
   std::optional<Built> best;

@@ -110,6 +110,12 @@ class Context {
 
   int L() const { return static_cast<int>(grouping.blocks.size()); }
 
+  // Renumbers the blocks: new block i is old block order[i] (a permutation that keeps every
+  // forward edge from a lower to a higher block; the stage ILP's orders do). Block costs are
+  // cached by structure, so no SPMD search is repeated; LayerGrouping::crossing_bytes is not
+  // maintained (the planner does not read it).
+  void reorder_blocks(const std::vector<int>& order);
+
   void check_time(const char* where) const {
     WEFT_CHECK(
         now_s() - start_ <= opt_.time_limit_s,
@@ -217,7 +223,8 @@ struct Candidate {
   // Explicit placement (baselines): per stage all devices (replica-major) and the per-replica mesh.
   std::vector<std::vector<int>> devices;
   std::vector<MeshOption> meshes;
-  double proxy = 0;  // Σ t + (M − 1) max t
+  double proxy = 0;              // Σ t + (M − 1) max t
+  std::vector<int> block_order;  // blocks renumbered by a stage-ILP order (empty: the grouping's)
 };
 
 struct StageAgg {
@@ -279,6 +286,10 @@ Candidate candidate_of(const StageDpPath& path, std::string strategy, int M, int
 std::vector<std::pair<int, int>> balanced_split(const pipeline::LayerGrouping& gr, int p);
 Built materialise(Context& ctx, const std::vector<SubmeshOptions>& subs, const Candidate& cand,
                   reshard::Balancer balancer);
+// Block orders from Rhino's stage ILP (pipeline::partition_dag_ilp on the DAG of the blocks' forward
+// activations, one solve per stage count 2..max_stages): blocks sorted by (ILP stage,
+// index), the orders that differ from the grouping's. Empty for a chain of blocks.
+std::vector<std::vector<int>> ilp_block_orders(Context& ctx, int max_stages);
 std::string layout_text(const Plan& p);
 Alternative alternative_of(const Built& b);
 void sort_alternatives(std::vector<Alternative>& alts, int max_n);

@@ -59,7 +59,10 @@ struct PlanOptions {
   int max_logical_shapes = 0;       // per submesh, 0 = all 2-D shapes with the minor axis in a node
   bool pipeline = true;             // consider pipelines (false: SPMD only)
   bool uniform_partitions = true;   // also simulate equal-block partitions (Megatron-like shapes)
-  bool compare_megatron = true;     // evaluate the Megatron-style baseline and list it
+  // Rhino's stage ILP (pipeline::partition_dag_ilp) on a non-linear block DAG: the DP also runs
+  // over the block orders of its solutions (stages that are not contiguous in the grouping's order).
+  bool stage_ilp = true;
+  bool compare_megatron = true;  // evaluate the Megatron-style baseline and list it
   int max_alternatives = 12;
   std::function<void(const PlanProgress&)> progress;
 };
