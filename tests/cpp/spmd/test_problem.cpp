@@ -82,6 +82,64 @@ TEST_CASE("spmd problem: ILP equals exhaustive enumeration on 300 random problem
   CHECK(infeasible > 0);
 }
 
+namespace {
+// Give node v a new strategy that copies strategy s with costs and bytes that are never lower
+// (node cost + d, every edge entry + an amount >= 0, bytes + 0 or 1): s dominates it.
+void add_dominated_copy(StrategyProblem& p, int v, int s, std::mt19937& rng) {
+  const std::size_t old = p.node_cost[v].size();
+  p.node_cost[v].push_back(p.node_cost[v][s] + 0.5 * static_cast<double>(rng() % 2));
+  for (auto& e : p.edges) {
+    if (e.u != v && e.v != v) continue;
+    const std::size_t su = e.u == v ? old : p.node_cost[e.u].size();
+    const std::size_t sv = e.v == v ? old : p.node_cost[e.v].size();
+    const std::size_t nu = e.u == v ? old + 1 : su, nv = e.v == v ? old + 1 : sv;
+    std::vector<double> m(nu * nv);
+    for (std::size_t a = 0; a < nu; ++a)
+      for (std::size_t b = 0; b < nv; ++b) {
+        const std::size_t ia = a == old && e.u == v ? static_cast<std::size_t>(s) : a;
+        const std::size_t ib = b == old && e.v == v ? static_cast<std::size_t>(s) : b;
+        const bool copy = (e.u == v && a == old) || (e.v == v && b == old);
+        m[a * nv + b] = e.cost[ia * sv + ib] + (copy ? 0.25 * static_cast<double>(rng() % 3) : 0.0);
+      }
+    e.cost = std::move(m);
+  }
+  for (auto& r : p.memory_rows)
+    for (auto& t : r.terms)
+      if (t.node == v) t.bytes.push_back(t.bytes[s] + static_cast<double>(rng() % 2));
+}
+}  // namespace
+
+TEST_CASE("spmd problem: dominated strategies are dropped exactly (ILP = exhaustive, 200 problems)") {
+  std::mt19937 rng(77);
+  int smaller = 0;
+  for (int it = 0; it < 200; ++it) {
+    auto p = random_problem(rng, it % 2 == 0);
+    for (int v = 0; v < p.num_nodes(); ++v)
+      if (rng() % 2) add_dominated_copy(p, v, static_cast<int>(rng() % p.node_cost[v].size()), rng);
+    const auto truth = solve_exhaustive(p);
+    // Warm start on the dominated copies where there are any (mapped onto their dominators).
+    SolveOptions o;
+    for (int v = 0; v < p.num_nodes(); ++v)
+      o.warm_start.push_back(static_cast<int>(p.node_cost[v].size()) - 1);
+    const auto got = solve_ilp(p, o);
+    SolveOptions plain;
+    plain.dominance_max_work = 0;  // off
+    const auto ref = solve_ilp(p, plain);
+    if (!truth.has_solution()) {
+      CHECK_FALSE(got.has_solution());
+      continue;
+    }
+    REQUIRE(got.has_solution());
+    CHECK(got.status == weft::solver::IlpStatus::Optimal);
+    CHECK(got.cost == doctest::Approx(truth.cost).epsilon(1e-9));
+    CHECK(evaluate(p, got.choice).feasible());
+    REQUIRE(ref.has_solution());
+    CHECK(ref.cost == doctest::Approx(truth.cost).epsilon(1e-9));
+    smaller += got.ilp_variables < ref.ilp_variables;
+  }
+  CHECK(smaller > 50);  // the elimination does fire
+}
+
 TEST_CASE("spmd problem: evaluation by hand and warm start") {
   StrategyProblem p;
   p.names = {"a", "b"};
