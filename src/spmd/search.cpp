@@ -86,6 +86,7 @@ struct Model {
   std::vector<std::vector<OpStrategy>> op_strats;
   std::vector<std::vector<ShardingSpec>> leaf_specs;
   std::vector<Use> uses;
+  std::vector<int> twin;  // per op: the first op with the same structure (same strategies initially)
 
   int num_nodes() const { return n_ops + static_cast<int>(leaf_tensor.size()); }
   int num_strategies(int v) const {
@@ -141,6 +142,7 @@ Model build_model(const ir::Graph& g, const cluster::Cluster& cl, const cluster:
     for (ir::TensorId t : op.outputs) key += fmt::format("|{}", fmt::join(g.tensor(t).shape, ","));
     auto [it, fresh] = first_of.try_emplace(std::move(key), o);
     m.op_strats[o] = fresh ? enumerate_strategies(g, op, m.mesh) : m.op_strats[it->second];
+    m.twin.push_back(it->second);
     WEFT_ASSERT(!m.op_strats[o].empty(), "the all-replicated strategy always exists");
   }
   sharding::EnumerateOptions eo;
@@ -331,6 +333,17 @@ Built build_problem(Model& m, ReshardCosts& rc, double memory_limit, const Searc
   std::vector<std::vector<std::vector<int>>> out_ids(n), in_ids(m.n_ops);
   for (int v = 0; v < n; ++v) {
     const int ns = m.num_strategies(v);
+    if (v < m.n_ops && m.twin[v] != v) {
+      // A structural twin whose strategy list is still the same (same assignments; candidate
+      // generation may have grown either) has the same specs: reuse its ids.
+      const auto& a = m.op_strats[v];
+      const auto& c = m.op_strats[m.twin[v]];
+      if (a.size() == c.size() && std::equal(a.begin(), a.end(), c.begin())) {
+        out_ids[v] = out_ids[m.twin[v]];
+        in_ids[v] = in_ids[m.twin[v]];
+        continue;
+      }
+    }
     const int nout = v < m.n_ops ? static_cast<int>(m.g.op(v).outputs.size()) : 1;
     out_ids[v].assign(nout, std::vector<int>(ns));
     for (int s = 0; s < ns; ++s)
