@@ -138,6 +138,9 @@ void bind_spmd(py::module_& root) {
         d["peak_memory"] = e.peak_memory;
         d["collectives"] = e.collectives;
         d["edges"] = e.edges;
+        std::vector<std::string> reduced;  // tensors whose partial sums an edge reduces
+        for (ir::TensorId t : e.partial_reductions) reduced.push_back(g.tensor(t).name);
+        d["partial_reductions"] = reduced;
         return d;
       },
       py::arg("graph"), py::arg("cluster"), py::arg("mesh"), py::arg("plan"),

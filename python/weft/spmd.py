@@ -116,5 +116,6 @@ def spmd_search(graph, cluster, mesh, level: str = "O2", memory_limit: Optional[
 
 def evaluate_plan(result: SpmdResult, cluster) -> Dict[str, Any]:
     """Independent re-evaluation of a result's strategies: cost, compute/comm split, peak memory,
-    collective counts and every non-free edge."""
+    collective counts, every non-free edge, and ``partial_reductions`` (the tensors whose partial
+    sums an edge reduces: Megatron's layout reduces two forward activations per block)."""
     return dict(_s.evaluate_plan(result.graph, cluster, result.mesh, result.plan))

@@ -37,6 +37,10 @@ def test_small_model_large_batch_is_data_parallel(m8):
     assert ev["compute_time"] == pytest.approx(r.compute_time, rel=1e-9)
     assert r.cost == pytest.approx(r.compute_time + r.comm_time, rel=1e-12)
     assert "all-to-all" not in ev["collectives"]
+    # Pure data parallelism reduces only parameter gradients (batch-partial sums), never a forward
+    # activation: every reduced tensor is a gradient ("d:..."), one per parameter at least.
+    assert ev["partial_reductions"] and all(n.startswith("d:") for n in ev["partial_reductions"])
+    assert len(ev["partial_reductions"]) >= len(r.param_specs)
 
 
 def test_o2_equals_o3_on_a_chain(m8):
