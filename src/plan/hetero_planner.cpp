@@ -13,21 +13,25 @@
 //    optimum of max_i t_i(u_i) over integer shares that fit, memory as static + load × activations).
 //    Every share is then costed exactly (the graph rebatched to u_i) and the plan is checked per
 //    device against that device's own memory. Step = M·max_i t_i(u_i) (the gradient all-reduce
-//    waits for the slowest replica) + all-reduce of the gradients over all devices (α-β) +
+//    waits for the slowest replica) + the exposed part of the all-reduce over all devices (α-β,
+//    overlapped with the slowest replica's last backward: PlanOptions::overlap_grad_sync) +
 //    max_i optimizer_i — the homogeneous planner's data-parallel rule.
 //
-// 2. Pipelines over the devices in memory-descending node order (Whale: in 1F1B stage s of S holds
-//    min(M, S − s) micro-batches' activations, so the early stages go to the big GPUs). A stage
-//    occupies the devices [pos, pos + n) of that order: a power-of-two slice of one node, or whole
-//    nodes of one kind. The DP of the homogeneous planner, with the device offset as state:
-//        G(s, k, pos) = min_{j >= k, placement (pos, n)} t(k, j, pos, n; in_flight(s)) + G(s − 1, j + 1, pos
-//        + n), G(0, L, pos) = 0 for every pos >= 1,
-//    for every bound t_max on the stage time (as in planner.cpp). The stage cost t(k, j, pos, n) is
-//    the SPMD search on that placement's own devices (cached by block structure, mesh links and
-//    device kind, so equal placements are solved once), so faster GPUs take more blocks and memory
-//    is checked against each stage's own devices. Trailing devices may stay idle (a slow GPU can be
-//    worth leaving out). The even split (equal-FLOP blocks on equal device counts, same order) is
-//    the baseline.
+// 2. Pipelines over the nodes grouped by kind: Whale's memory-descending order first (in 1F1B
+//    stage s of S holds min(M, S − s) micro-batches' activations, so the early stages go to the
+//    big GPUs), then every other order of the kinds (the heuristic is not always best: a small
+//    first stage, e.g. the embedding alone, can be better on the small GPU). A stage occupies the
+//    devices [pos, pos + n) of the order: a power-of-two slice of one node, or whole nodes of one
+//    kind. The planner's stage DP (stage_dp) with the device offset as state:
+//        G(s, k, pos) = min_{j >= k, placement (pos, n)} t(k, j, pos, n; in_flight(s))
+//                       + G(s − 1, j + 1, pos + n),        G(0, L, pos) = 0 for every pos >= 1,
+//    for every bound t_max on the stage time. The stage cost t(k, j, pos, n) is the SPMD search on
+//    that placement's own devices (cached by block structure, mesh links and device kind, so
+//    equal placements are solved once), so faster GPUs take more blocks and memory is checked
+//    against each stage's own devices. Trailing devices may stay idle (a slow GPU can be worth
+//    leaving out). The even split (equal-FLOP blocks on equal device counts, Whale's order) is
+//    the baseline. PlanOptions::pipeline = false keeps only family 1 (whole-cluster plans, as on
+//    a homogeneous cluster); max_data_parallel below the device count drops family 1.
 //
 // Not covered (see docs/modules/plan.md): an SPMD mesh spanning two kinds (an even split over
 // mixed devices is bounded by the slowest — the even data-parallel baseline measures that),
