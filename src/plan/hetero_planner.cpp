@@ -354,7 +354,6 @@ std::vector<Candidate> pipeline_candidates(Context& ctx, const std::vector<std::
     cand.dp = 1;
     cand.bs = bs;
     bool ok = true;
-    double sum = 0, mx = 0;
     for (int s = 0; s < p && ok; ++s) {
       const auto& list = at[static_cast<std::size_t>(s * n)];
       auto pl = std::find_if(list.begin(), list.end(), [&](const Placement& x) { return x.n == n; });
@@ -371,11 +370,9 @@ std::vector<Candidate> pipeline_candidates(Context& ctx, const std::vector<std::
       cand.stages.push_back(*c);
       cand.devices.push_back(pl->ids);
       cand.meshes.push_back(pl->meshes[static_cast<std::size_t>(c->mesh)]);
-      sum += c->time;
-      mx = std::max(mx, c->time);
     }
     if (!ok) continue;
-    cand.proxy = sum + (M - 1) * mx;
+    cand.proxy = pipeline_proxy(cand.stages, M);
     out.push_back(std::move(cand));
   }
   return out;

@@ -438,6 +438,12 @@ std::vector<std::optional<StageDpPath>> stage_dp(Context& ctx, const StageDpInpu
   return best;
 }
 
+double pipeline_proxy(const std::vector<StageChoice>& stages, int M) {
+  double sum = 0, mx = 0;
+  for (const auto& st : stages) sum += st.time, mx = std::max(mx, st.time);
+  return sum + (M - 1) * mx;
+}
+
 Candidate candidate_of(const StageDpPath& path, std::string strategy, int M, int dp, std::int64_t bs) {
   Candidate cand;
   cand.strategy = std::move(strategy);
@@ -997,25 +1003,16 @@ Built megatron_build(Context& ctx, const MegatronLayout& lay, int M) {
     cluster::DeviceMesh mesh({lay.t}, rep0);
     cand.meshes.push_back({pipeline::SubmeshShape(1, lay.t), {lay.t}, mesh, ctx.mesh_key(mesh)});
     cand.devices.push_back(ids);
-    StageChoice sc;
-    sc.first = split[s].first;
-    sc.last = split[s].second;
-    sc.forced_dp = 1;  // the tensor-parallel group's inputs are replicated (Megatron)
+    // The tensor-parallel group's inputs are replicated (Megatron): forced_dp = 1.
     const int inf = in_flight(ctx.opt_.schedule, lay.p - s, M, ctx.opt_.schedule_k);
-    StageAgg a0 = aggregate(ctx, sc.first, sc.last, cand.bs, cand.meshes.back(), 0, 1);
-    if (!(a0.ok && stage_memory(a0, inf) <= ctx.usable_memory)) {
-      StageAgg a1 = aggregate(ctx, sc.first, sc.last, cand.bs, cand.meshes.back(), 1, 1);
-      if (!(a1.ok && stage_memory(a1, inf) <= ctx.usable_memory)) {
-        b.note = a1.ok   ? fmt::format("stage {}: {:.3g} GB/device > {:.3g} GB usable", s,
-                                       stage_memory(a1, inf) / 1e9, ctx.usable_memory / 1e9)
-                 : a0.ok ? fmt::format("stage {}: {:.3g} GB/device > {:.3g} GB usable", s,
-                                       stage_memory(a0, inf) / 1e9, ctx.usable_memory / 1e9)
-                         : fmt::format("stage {}: {}", s, a0.error);
-        return b;
-      }
-      sc.variant = 1;
+    std::string why;
+    auto sc =
+        best_stage(ctx, {cand.meshes.back()}, split[s].first, split[s].second, 0, cand.bs, inf, 1, &why);
+    if (!sc) {
+      b.note = fmt::format("stage {}: {}", s, why);
+      return b;
     }
-    cand.stages.push_back(sc);
+    cand.stages.push_back(*sc);
   }
   return materialise(ctx, {}, cand, reshard::Balancer::LargestFirst);
 }
@@ -1226,9 +1223,7 @@ Plan make_plan(const ir::Graph& g, const cluster::Cluster& c, const PlanOptions&
             cand.stages.push_back(*sc);
         }
         if (!ok) continue;
-        double sum = 0, mx = 0;
-        for (const auto& st : cand.stages) sum += st.time, mx = std::max(mx, st.time);
-        cand.proxy = sum + (M - 1) * mx;
+        cand.proxy = pipeline_proxy(cand.stages, M);
         cands.push_back(std::move(cand));
       }
     }

@@ -281,6 +281,8 @@ struct StageDpPath {
   std::vector<Step> stages;
 };
 std::vector<std::optional<StageDpPath>> stage_dp(Context& ctx, const StageDpInput& in);  // index = s
+// Σ t + (M − 1)·max t over the stages: the pipeline latency proxy candidates are ranked by.
+double pipeline_proxy(const std::vector<StageChoice>& stages, int M);
 // The candidate of a DP path (its stages' choices; placement left to the caller).
 Candidate candidate_of(const StageDpPath& path, std::string strategy, int M, int dp, std::int64_t bs);
 std::vector<std::pair<int, int>> balanced_split(const pipeline::LayerGrouping& gr, int p);
