@@ -49,6 +49,10 @@ py::dict report_dict(const SearchReport& r) {
   d["forced_sharded_params"] = r.forced_sharded_params;
   d["segments"] = r.segments;
   d["reused_segments"] = r.reused_segments;
+  d["refine_moves"] = r.refine_moves;
+  d["o2_dp_seconds"] = r.o2_dp_seconds;
+  d["o2_refine_seconds"] = r.o2_refine_seconds;
+  d["o2_fallback"] = r.o2_fallback;
   d["total_seconds"] = r.total_seconds();
   py::list params;
   for (const auto& p : r.params) {

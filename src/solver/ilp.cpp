@@ -187,6 +187,7 @@ IlpResult solve(const Ilp& model, const IlpOptions& opt) {
   // Presolve pays off on models with knapsack rows; on pure assignment models (one-hot rows
   // plus their linearisation) it finds little and can cost more than the solve.
   if (!opt.presolve) Cbc_setParameter(m.get(), "presolve", "off");
+  if (!opt.preprocess) Cbc_setParameter(m.get(), "preprocess", "off");
   if (opt.relative_gap > 0) Cbc_setAllowableFractionGap(m.get(), opt.relative_gap);
   // MIP start: integer columns only (CBC fixes them and solves the LP for the rest; handing it
   // continuous values too makes CBC 2.10 report some feasible models infeasible).

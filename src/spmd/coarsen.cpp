@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <cmath>
 #include <cstdint>
 #include <map>
@@ -98,9 +99,10 @@ ProblemSolution solve_counted(const StrategyProblem& q, const O2Options& opt, O2
   so.time_limit_s = opt.time_limit_s;
   so.relative_gap = opt.relative_gap;
   so.warm_start = std::move(warm_start);
-  // Without memory rows the model is one-hot rows plus their linearisation: CBC's presolve
-  // finds little there and took about half of each refinement window's solve (GPT, 2x4 mesh).
-  so.presolve = !q.memory_rows.empty() && !std::isinf(q.memory_limit);
+  // Without memory rows the model is one-hot rows plus their linearisation: CBC's presolve and
+  // integer preprocessing find little there and took more than half of each refinement window's
+  // solve (GPT, 2x4 mesh).
+  so.presolve = so.preprocess = !q.memory_rows.empty() && !std::isinf(q.memory_limit);
   auto sol = solve_ilp(q, so);
   ++st.ilp_solves;
   st.max_ilp_variables = std::max(st.max_ilp_variables, sol.ilp_variables);
@@ -183,9 +185,12 @@ WindowResult solve_window(const StrategyProblem& p, const std::vector<int>& win,
     }
   }
   std::vector<int> res;
-  Elimination el(sub, -1, opt.max_table);
-  if (el.ok()) {
-    if (!std::isinf(el.kept_cost()[0])) res = el.choice_for(0);
+  // Exact elimination on the reduced window (dominated strategies dropped, separable edges
+  // folded) when it is narrow enough; else an ILP warm-started at the current choice.
+  std::optional<ProblemSolution> el;
+  if (sub.memory_rows.empty()) el = solve_reduced_elimination(sub, opt.max_table);
+  if (el) {
+    res = el->choice;
   } else if (sub.num_nodes() <= opt.refine_ilp_max_nodes) {
     const auto sol = solve_counted(sub, opt, st, now);
     res = sol.choice;

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <map>
+#include <optional>
 #include <tuple>
 
 #include "weft/core/error.hpp"
@@ -109,23 +110,42 @@ ProblemSolution solve_exhaustive(const StrategyProblem& p, std::size_t max_combi
   return best;
 }
 
-ProblemSolution solve_ilp(const StrategyProblem& p, const SolveOptions& opt) {
-  p.validate();
-  const auto t0 = std::chrono::steady_clock::now();
+namespace {
+
+// solve_ilp's exact preprocessing: live strategies (finite cost), parallel edges merged into one
+// matrix per node pair, dominated strategies dropped, separable matrices folded into node costs.
+// `keep` (or -1): a node whose strategies all stay (the O2 DP needs a value for each).
+struct Reduced {
+  bool infeasible = false;
+  std::vector<std::vector<int>> live;       // per node: surviving strategies (original indices)
+  std::vector<std::vector<int>> dominator;  // per node and strategy: a never-worse one, or -1
+  std::vector<std::vector<double>> unary;   // per node, original indexing, separable edges folded in
+  struct LiveEdge {
+    int a, b;
+    std::vector<double> m;  // [live a][live b]
+  };
+  std::vector<LiveEdge> ledges;
+};
+
+Reduced reduce(const StrategyProblem& p, double dominance_max_work, int keep = -1) {
   const int n = p.num_nodes();
-  ProblemSolution out;
-  // ---- preprocessing: live strategies per node
-  std::vector<std::vector<int>> live(n);
+  Reduced r;
+  auto& live = r.live;
+  auto& dominator = r.dominator;
+  auto& unary = r.unary;
+  auto& ledges = r.ledges;
+  live.resize(n);
+  dominator.resize(n);
   for (int v = 0; v < n; ++v) {
     for (int s = 0; s < static_cast<int>(p.node_cost[v].size()); ++s)
       if (!std::isinf(p.node_cost[v][s])) live[v].push_back(s);
     if (live[v].empty()) {
-      out.status = solver::IlpStatus::Infeasible;
-      return out;
+      r.infeasible = true;
+      return r;
     }
   }
   // Merge parallel edges into one matrix per unordered pair (u < v), over all strategies.
-  std::vector<std::vector<double>> unary(n);
+  unary.resize(n);
   for (int v = 0; v < n; ++v) unary[v] = p.node_cost[v];
   std::map<std::pair<int, int>, std::vector<double>> pair_cost;
   for (const auto& e : p.edges) {
@@ -148,7 +168,6 @@ ProblemSolution solve_ilp(const StrategyProblem& p, const SolveOptions& opt) {
   // and s needs no more bytes than t in every memory row. Some optimum survives (replace t by s
   // in any optimum: the cost does not rise, no row grows). dominator[v][t] = s maps a warm start
   // onto live strategies. Work is bounded (dense graphs with many strategies skip it).
-  std::vector<std::vector<int>> dominator(n);
   {
     std::vector<std::vector<std::pair<int, const std::vector<double>*>>> nbr(n);  // (w, M) with v = a
     std::vector<std::vector<char>> flipped(n);
@@ -168,12 +187,12 @@ ProblemSolution solve_ilp(const StrategyProblem& p, const SolveOptions& opt) {
       for (const auto& [u, m] : nbr[v]) w += static_cast<double>(live[u].size());
       work += static_cast<double>(live[v].size() * live[v].size()) * std::max(1.0, w);
     }
-    if (work <= opt.dominance_max_work) {
+    if (work <= dominance_max_work) {
       for (int v = 0; v < n; ++v) dominator[v].assign(p.node_cost[v].size(), -1);
       for (int pass = 0; pass < 3; ++pass) {
         bool changed = false;
         for (int v = 0; v < n; ++v) {
-          if (live[v].size() < 2) continue;
+          if (live[v].size() < 2 || v == keep) continue;
           std::vector<char> alive(p.node_cost[v].size(), 0);
           for (int s : live[v]) alive[s] = 1;
           const int sv = static_cast<int>(p.node_cost[v].size());
@@ -214,11 +233,6 @@ ProblemSolution solve_ilp(const StrategyProblem& p, const SolveOptions& opt) {
     }
   }
   // Fold separable matrices (restricted to live strategies) into node costs.
-  struct LiveEdge {
-    int a, b;
-    std::vector<double> m;  // [live a][live b]
-  };
-  std::vector<LiveEdge> ledges;
   for (auto& [key, m] : pair_cost) {
     const auto [a, b] = key;
     const int sb = static_cast<int>(p.node_cost[b].size());
@@ -249,6 +263,26 @@ ProblemSolution solve_ilp(const StrategyProblem& p, const SolveOptions& opt) {
     }
     ledges.push_back({a, b, std::move(lm)});
   }
+  return r;
+}
+
+}  // namespace
+
+ProblemSolution solve_ilp(const StrategyProblem& p, const SolveOptions& opt) {
+  p.validate();
+  const auto t0 = std::chrono::steady_clock::now();
+  const int n = p.num_nodes();
+  ProblemSolution out;
+  // ---- preprocessing (exact)
+  Reduced red = reduce(p, opt.dominance_max_work);
+  if (red.infeasible) {
+    out.status = solver::IlpStatus::Infeasible;
+    return out;
+  }
+  const auto& live = red.live;
+  const auto& dominator = red.dominator;
+  const auto& unary = red.unary;
+  const auto& ledges = red.ledges;
   // ---- the ILP. Costs are seconds (1e-6..1e-1); CBC's tolerances are absolute, so the
   // objective is scaled to make the largest finite coefficient 1e3.
   double cmax = 0;
@@ -336,6 +370,7 @@ ProblemSolution solve_ilp(const StrategyProblem& p, const SolveOptions& opt) {
   io.time_limit_s = opt.time_limit_s;
   io.relative_gap = opt.relative_gap;
   io.presolve = opt.presolve;
+  io.preprocess = opt.preprocess;
   std::vector<int> greedy;
   if (opt.warm_start.empty()) {
     // CBC can fail to find any incumbent on large one-hot models within the limit; hand it a
@@ -409,7 +444,11 @@ namespace weft::spmd {
 namespace {
 std::size_t table_size(const std::vector<int>& vars, const StrategyProblem& p) {
   std::size_t s = 1;
-  for (int v : vars) s *= p.node_cost[v].size();
+  for (int v : vars) {
+    const std::size_t d = p.node_cost[v].size();
+    if (d != 0 && s > std::numeric_limits<std::size_t>::max() / d) return std::numeric_limits<std::size_t>::max();
+    s *= d;
+  }
   return s;
 }
 }  // namespace
@@ -437,27 +476,45 @@ Elimination::Elimination(const StrategyProblem& p, int keep, std::size_t max_tab
       fs.push_back({{e.v, e.u}, std::move(t)});
     }
   }
-  std::vector<char> gone(n, 0);
-  used_.resize(n);
-  for (int step = 0; step < n - (keep >= 0 ? 1 : 0); ++step) {
-    // Pick the node whose elimination makes the smallest table.
-    int best = -1;
-    std::size_t best_size = 0;
-    std::vector<int> best_scope;
-    for (int v = 0; v < n; ++v) {
-      if (gone[v] || v == keep) continue;
-      std::vector<int> scope;
-      for (const auto& f : fs)
-        if (std::binary_search(f.vars.begin(), f.vars.end(), v))
-          for (int u : f.vars)
-            if (u != v) scope.push_back(u);
-      std::sort(scope.begin(), scope.end());
-      scope.erase(std::unique(scope.begin(), scope.end()), scope.end());
-      const std::size_t sz = table_size(scope, p);
-      if (best < 0 || sz < best_size) best = v, best_size = sz, best_scope = scope;
+  // Symbolic pass first: the greedy order depends on the factors' scopes only, so the order,
+  // each new table's scope, and whether some table would pass max_table are known before any
+  // table is computed (a problem that is too wide is then refused at almost no cost).
+  std::vector<int> order;
+  std::vector<std::vector<int>> scopes;
+  {
+    std::vector<std::vector<int>> vars;
+    for (const auto& f : fs) vars.push_back(f.vars);
+    std::vector<char> gone(n, 0);
+    for (int step = 0; step < n - (keep >= 0 ? 1 : 0); ++step) {
+      // Pick the node whose elimination makes the smallest table.
+      int best = -1;
+      std::size_t best_size = 0;
+      std::vector<int> best_scope;
+      for (int v = 0; v < n; ++v) {
+        if (gone[v] || v == keep) continue;
+        std::vector<int> scope;
+        for (const auto& f : vars)
+          if (std::binary_search(f.begin(), f.end(), v))
+            for (int u : f)
+              if (u != v) scope.push_back(u);
+        std::sort(scope.begin(), scope.end());
+        scope.erase(std::unique(scope.begin(), scope.end()), scope.end());
+        const std::size_t sz = table_size(scope, p);
+        if (best < 0 || sz < best_size) best = v, best_size = sz, best_scope = scope;
+      }
+      if (best_size > max_table) return;
+      std::erase_if(vars, [&](const std::vector<int>& f) { return std::binary_search(f.begin(), f.end(), best); });
+      vars.push_back(best_scope);
+      order.push_back(best);
+      scopes.push_back(std::move(best_scope));
+      gone[best] = 1;
     }
-    if (best_size > max_table) return;
-    const int v = best;
+  }
+  used_.resize(n);
+  for (std::size_t step = 0; step < order.size(); ++step) {
+    const int v = order[step];
+    const std::vector<int>& best_scope = scopes[step];
+    const std::size_t best_size = table_size(best_scope, p);
     std::vector<Factor> touching, rest;
     for (auto& f : fs)
       (std::binary_search(f.vars.begin(), f.vars.end(), v) ? touching : rest).push_back(std::move(f));
@@ -487,7 +544,6 @@ Elimination::Elimination(const StrategyProblem& p, int keep, std::size_t max_tab
     fs = std::move(rest);
     used_[v] = std::move(touching);
     order_.push_back(v);
-    gone[v] = 1;
   }
   // Remaining factors: all over `keep` (or scalars).
   const std::size_t sk = keep >= 0 ? p.node_cost[keep].size() : 1;
@@ -518,6 +574,43 @@ std::vector<int> Elimination::choice_for(int keep_value) const {
     x[v] = arg;
   }
   return x;
+}
+
+std::optional<ProblemSolution> solve_reduced_elimination(const StrategyProblem& p, std::size_t max_table,
+                                                         double dominance_max_work) {
+  WEFT_CHECK(p.memory_rows.empty() || std::isinf(p.memory_limit),
+             "solve_reduced_elimination: the problem has memory rows (elimination ignores them)");
+  const auto t0 = std::chrono::steady_clock::now();
+  ProblemSolution s;
+  const Reduced red = reduce(p, dominance_max_work);
+  if (red.infeasible) {
+    s.status = solver::IlpStatus::Infeasible;
+    return s;
+  }
+  StrategyProblem q;
+  const int n = p.num_nodes();
+  q.node_cost.resize(n);
+  for (int v = 0; v < n; ++v) {
+    // Folding a separable matrix can make a node's costs negative: shift them (the argmin is
+    // the same) to keep the problem valid.
+    double lo = kInfCost;
+    for (int t : red.live[v]) lo = std::min(lo, red.unary[v][t]);
+    for (int t : red.live[v]) q.node_cost[v].push_back(red.unary[v][t] - std::min(lo, 0.0));
+  }
+  for (const auto& e : red.ledges) q.edges.push_back({e.a, e.b, e.m});
+  Elimination el(q, -1, max_table);
+  if (!el.ok()) return std::nullopt;
+  if (std::isinf(el.kept_cost()[0])) {
+    s.status = solver::IlpStatus::Infeasible;
+    return s;
+  }
+  const auto local = el.choice_for(0);
+  s.choice.resize(n);
+  for (int v = 0; v < n; ++v) s.choice[v] = red.live[v][local[v]];
+  s.cost = evaluate(p, s.choice).cost;
+  s.status = solver::IlpStatus::Optimal;
+  s.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return s;
 }
 
 ProblemSolution solve_auto(const StrategyProblem& p, const SolveOptions& opt) {

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -86,7 +87,14 @@ struct Model {
   std::vector<std::vector<OpStrategy>> op_strats;
   std::vector<std::vector<ShardingSpec>> leaf_specs;
   std::vector<Use> uses;
-  std::vector<int> twin;  // per op: the first op with the same structure (same strategies initially)
+  // Strategy-list classes: two nodes with the same class have equal strategy lists (ops: also
+  // the same structure, so restriding and pricing treat them alike). Ops start in the class of
+  // their first structural twin, leaves in that of the first leaf of the same shape; a list that
+  // grows moves to a new class, the same new class for every node of its old class that grows
+  // the same way. Candidate generation and edge pricing work once per class, not per node: the
+  // repeated layers of a deep model then cost about one layer.
+  std::vector<int> list_class;
+  int next_class = 0;
 
   int num_nodes() const { return n_ops + static_cast<int>(leaf_tensor.size()); }
   int num_strategies(int v) const {
@@ -130,25 +138,39 @@ Model build_model(const ir::Graph& g, const cluster::Cluster& cl, const cluster:
         m.leaf_tensor.push_back(t);
       }
   // Strategies depend only on the index map (factors with sizes and kinds) and the operand and
-  // result shapes: structurally identical ops (the repeated layers) share one enumeration.
+  // result shapes: structurally identical ops (the repeated layers) share one enumeration (and
+  // start in one list class).
   m.op_strats.resize(m.n_ops);
   std::unordered_map<std::string, int> first_of;
+  m.list_class.assign(m.num_nodes(), 0);
   for (int o = 0; o < m.n_ops; ++o) {
     const auto& op = g.op(o);
     std::string key = op.index_map.to_string();
     for (const auto& f : op.index_map.factors) key += fmt::format(",{}", f.size);
-    for (ir::TensorId t : op.inputs) key += fmt::format("|{}", fmt::join(g.tensor(t).shape, ","));
+    // ... and, for the compute cost shared by a class, the arithmetic and the dtypes.
+    key += fmt::format(";{};{}", op.index_map.flops_per_point, fmt::join(op.index_map.work_factors, ","));
+    for (ir::TensorId t : op.inputs)
+      key += fmt::format("|{}:{}", fmt::join(g.tensor(t).shape, ","), dtype_name(g.tensor(t).dtype));
     key += "->";
-    for (ir::TensorId t : op.outputs) key += fmt::format("|{}", fmt::join(g.tensor(t).shape, ","));
+    for (ir::TensorId t : op.outputs)
+      key += fmt::format("|{}:{}", fmt::join(g.tensor(t).shape, ","), dtype_name(g.tensor(t).dtype));
     auto [it, fresh] = first_of.try_emplace(std::move(key), o);
     m.op_strats[o] = fresh ? enumerate_strategies(g, op, m.mesh) : m.op_strats[it->second];
-    m.twin.push_back(it->second);
+    m.list_class[o] = it->second;
     WEFT_ASSERT(!m.op_strats[o].empty(), "the all-replicated strategy always exists");
   }
   sharding::EnumerateOptions eo;
   eo.strided = false;
   eo.partial = false;
+  std::map<std::vector<std::int64_t>, int> leaf_of_shape;  // first leaf node of each shape
   for (ir::TensorId t : m.leaf_tensor) {
+    const int v = m.n_ops + static_cast<int>(m.leaf_specs.size());
+    auto [it, fresh] = leaf_of_shape.try_emplace(g.tensor(t).shape, v);
+    m.list_class[v] = it->second;
+    if (!fresh) {
+      m.leaf_specs.push_back(m.leaf_specs[it->second - m.n_ops]);
+      continue;
+    }
     // A shard over a mesh axis of size 1 is the replicated layout under another name: drop it.
     auto specs = enumerate_specs(g.tensor(t).shape, m.mesh, eo);
     std::erase_if(specs, [&](const ShardingSpec& sp) {
@@ -158,6 +180,7 @@ Model build_model(const ir::Graph& g, const cluster::Cluster& cl, const cluster:
     });
     m.leaf_specs.push_back(std::move(specs));
   }
+  m.next_class = m.num_nodes();
   for (int o = 0; o < m.n_ops; ++o)
     for (int i = 0; i < static_cast<int>(g.op(o).inputs.size()); ++i) {
       const ir::TensorId t = g.op(o).inputs[i];
@@ -186,11 +209,63 @@ Model build_model(const ir::Graph& g, const cluster::Cluster& cl, const cluster:
 // only when it makes some edge free. Repeatedly, for each edge whose producer makes a spec the
 // consumer cannot take for free (or the reverse), add the restrided variant of a strategy that
 // makes the two equal. Strategies with default strides are all kept.
+// The outcome of one edge depends only on the two strategy lists (and the ops' structure, the
+// same within a class), so it is computed once per (producer class, consumer class, slots) and
+// replayed on every other edge between nodes of those classes.
 int generate_strided_candidates(Model& m, int rounds = 4) {
   int added = 0;
+  struct Outcome {
+    int producer_class, consumer_class;
+    std::vector<OpStrategy> producer_ops, consumer_ops;  // appended strategies (ops)
+    std::vector<ShardingSpec> producer_leaf;             // appended specs (leaf producer)
+  };
+  std::map<std::array<int, 4>, Outcome> memo;
+  auto grow = [&](int v, std::size_t before) {  // what node v's list gained since `before`
+    return v < m.n_ops ? static_cast<std::size_t>(m.op_strats[v].size()) - before
+                       : static_cast<std::size_t>(m.leaf_specs[v - m.n_ops].size()) - before;
+  };
+  // After computing an edge: remember what each side gained and move a grown list to a new class.
+  auto record_outcome = [&](const Use& u, const std::array<int, 4>& key, std::size_t np, std::size_t nc) {
+    Outcome oc{m.list_class[u.producer], m.list_class[u.consumer], {}, {}, {}};
+    if (grow(u.producer, np) > 0) {
+      if (u.producer < m.n_ops)
+        oc.producer_ops.assign(m.op_strats[u.producer].begin() + static_cast<std::ptrdiff_t>(np),
+                               m.op_strats[u.producer].end());
+      else
+        oc.producer_leaf.assign(m.leaf_specs[u.producer - m.n_ops].begin() + static_cast<std::ptrdiff_t>(np),
+                                m.leaf_specs[u.producer - m.n_ops].end());
+      oc.producer_class = m.next_class++;
+    }
+    if (grow(u.consumer, nc) > 0) {
+      oc.consumer_ops.assign(m.op_strats[u.consumer].begin() + static_cast<std::ptrdiff_t>(nc),
+                             m.op_strats[u.consumer].end());
+      oc.consumer_class = m.next_class++;
+    }
+    m.list_class[u.producer] = oc.producer_class;
+    m.list_class[u.consumer] = oc.consumer_class;
+    memo.emplace(key, std::move(oc));
+  };
   for (int round = 0; round < rounds; ++round) {
     int before = added;
     for (const Use& u : m.uses) {
+      const std::array<int, 4> key{m.list_class[u.producer], u.out_slot, m.list_class[u.consumer], u.in_slot};
+      if (auto hit = memo.find(key); hit != memo.end()) {
+        const Outcome& oc = hit->second;
+        if (u.producer < m.n_ops)
+          m.op_strats[u.producer].insert(m.op_strats[u.producer].end(), oc.producer_ops.begin(),
+                                         oc.producer_ops.end());
+        else
+          m.leaf_specs[u.producer - m.n_ops].insert(m.leaf_specs[u.producer - m.n_ops].end(),
+                                                    oc.producer_leaf.begin(), oc.producer_leaf.end());
+        m.op_strats[u.consumer].insert(m.op_strats[u.consumer].end(), oc.consumer_ops.begin(),
+                                       oc.consumer_ops.end());
+        added += static_cast<int>(oc.producer_ops.size() + oc.producer_leaf.size() + oc.consumer_ops.size());
+        m.list_class[u.producer] = oc.producer_class;
+        m.list_class[u.consumer] = oc.consumer_class;
+        continue;
+      }
+      const std::size_t np = static_cast<std::size_t>(m.num_strategies(u.producer));
+      const std::size_t nc = static_cast<std::size_t>(m.num_strategies(u.consumer));
       // Only non-block, non-partial specs can ask for a restride; they are few, so they are
       // collected (copied: the strategy lists grow below) and matched by linear scans instead
       // of hashing every spec of every edge.
@@ -235,7 +310,10 @@ int generate_strided_candidates(Model& m, int rounds = 4) {
         }
       }
       // producer makes a non-block spec no consumer strategy takes -> restride a consumer strategy
-      if (u.in_slot < 0) continue;
+      if (u.in_slot < 0) {
+        record_outcome(u, key, np, nc);
+        continue;
+      }
       const auto prod_nb = distinct_nonblock(m.num_strategies(u.producer), [&](int s) -> const ShardingSpec& {
         return m.produced(u.producer, s, u.out_slot);
       });
@@ -252,6 +330,7 @@ int generate_strided_candidates(Model& m, int rounds = 4) {
           }
         }
       }
+      record_outcome(u, key, np, nc);
     }
     if (added == before) break;
   }
@@ -273,8 +352,15 @@ Built build_problem(Model& m, ReshardCosts& rc, double memory_limit, const Searc
   const int n = m.num_nodes();
   p.names.resize(n);
   p.node_cost.resize(n);
+  std::unordered_map<int, int> first_op_of_class;  // ops of one class cost the same per strategy
   for (int v = 0; v < n; ++v) {
     p.names[v] = m.node_name(v);
+    if (v < m.n_ops) {
+      if (auto [it, fresh] = first_op_of_class.try_emplace(m.list_class[v], v); !fresh) {
+        p.node_cost[v] = p.node_cost[it->second];
+        continue;
+      }
+    }
     p.node_cost[v].assign(m.num_strategies(v), 0.0);
     // Leaves: a negligible cost per byte sharded away (1e-9 s per MB) breaks exact ties toward
     // replicated layouts. Under α-β, reduce-scatter + all-gather costs exactly one all-reduce,
@@ -306,6 +392,7 @@ Built build_problem(Model& m, ReshardCosts& rc, double memory_limit, const Searc
     }
     if (!any && v >= m.n_ops) {
       m.leaf_specs[v - m.n_ops].push_back(want);
+      m.list_class[v] = m.next_class++;  // its own list now
       p.node_cost[v].push_back(0.0);
       any = true;
     }
@@ -331,18 +418,14 @@ Built build_problem(Model& m, ReshardCosts& rc, double memory_limit, const Searc
   };
   // out_ids[v][slot][s] / in_ids[o][slot][s]: spec ids of results (leaves: slot 0) and operands.
   std::vector<std::vector<std::vector<int>>> out_ids(n), in_ids(m.n_ops);
+  std::unordered_map<int, int> first_of_class;
   for (int v = 0; v < n; ++v) {
     const int ns = m.num_strategies(v);
-    if (v < m.n_ops && m.twin[v] != v) {
-      // A structural twin whose strategy list is still the same (same assignments; candidate
-      // generation may have grown either) has the same specs: reuse its ids.
-      const auto& a = m.op_strats[v];
-      const auto& c = m.op_strats[m.twin[v]];
-      if (a.size() == c.size() && std::equal(a.begin(), a.end(), c.begin())) {
-        out_ids[v] = out_ids[m.twin[v]];
-        in_ids[v] = in_ids[m.twin[v]];
-        continue;
-      }
+    if (auto [it, fresh] = first_of_class.try_emplace(m.list_class[v], v); !fresh) {
+      // Same class = the same strategy list: the same spec ids.
+      out_ids[v] = out_ids[it->second];
+      if (v < m.n_ops) in_ids[v] = in_ids[it->second];
+      continue;
     }
     const int nout = v < m.n_ops ? static_cast<int>(m.g.op(v).outputs.size()) : 1;
     out_ids[v].assign(nout, std::vector<int>(ns));
@@ -356,9 +439,21 @@ Built build_problem(Model& m, ReshardCosts& rc, double memory_limit, const Searc
   }
   std::unordered_map<std::uint64_t, double> pair_time;
   std::vector<int> local_f(spec_by_id.size(), -1), local_t(spec_by_id.size(), -1);
+  // An edge's matrix depends only on the two lists' classes, the slots and the element size:
+  // edges between nodes of the same classes (the repeated layers) copy the first one's.
+  std::map<std::array<int, 5>, int> edge_of_key;  // -> index in p.edges, -1 = all zero
   for (const Use& u : m.uses) {
     const int su = m.num_strategies(u.producer), sv = m.num_strategies(u.consumer);
     const int elem = dtype_size(m.g.tensor(u.tensor).dtype);
+    const std::array<int, 5> ekey{m.list_class[u.producer], u.out_slot, m.list_class[u.consumer], u.in_slot,
+                                  elem};
+    if (auto hit = edge_of_key.find(ekey); hit != edge_of_key.end()) {
+      if (hit->second >= 0) {
+        p.edges.push_back({u.producer, u.consumer, p.edges[hit->second].cost});
+        ++b.n_edges;
+      }
+      continue;
+    }
     EdgeCost e{u.producer, u.consumer, std::vector<double>(static_cast<std::size_t>(su) * sv, 0.0)};
     bool nonzero = false;
     const auto& fid = out_ids[u.producer][u.out_slot];
@@ -393,12 +488,13 @@ Built build_problem(Model& m, ReshardCosts& rc, double memory_limit, const Searc
         e.cost[static_cast<std::size_t>(s) * sv + t] = c;
         nonzero |= c != 0;
       }
+    edge_of_key.emplace(ekey, nonzero ? static_cast<int>(p.edges.size()) : -1);
     if (nonzero) {
       p.edges.push_back(std::move(e));
       ++b.n_edges;
     }
   }
-  b.live = cost::liveness(m.g);
+  b.live = cost::liveness(m.g, /*with_sets=*/false);  // sets only if memory rows are built
   if (memory_limit > 0) add_memory_rows(b, m, memory_limit);
   return b;
 }
@@ -407,6 +503,7 @@ Built build_problem(Model& m, ReshardCosts& rc, double memory_limit, const Searc
 // spmd_search only builds them when a plan found without them does not fit).
 void add_memory_rows(Built& b, const Model& m, double memory_limit) {
   auto& p = b.problem;
+  cost::build_live_sets(b.live);
   {
     p.memory_limit = memory_limit;
     for (int pos : cost::maximal_positions(b.live)) {

@@ -18,17 +18,22 @@ namespace weft::cost {
 struct Liveness {
   std::vector<ir::OpId> order;  // topological order used
   std::vector<int> begin, end;  // per tensor: live interval in positions; begin = -1 if unused
-  std::vector<std::vector<ir::TensorId>> sets;  // per position: tensors live there (ascending id)
+  std::vector<std::vector<ir::TensorId>> sets;  // per position: tensors live there (ascending id);
+                                                // empty until build_live_sets when not asked for
 };
 
-Liveness liveness(const ir::Graph& g);
+// with_sets = false leaves `sets` empty (the intervals are linear in the graph; the sets are
+// quadratic in depth on a training graph): build_live_sets fills them when they are needed.
+Liveness liveness(const ir::Graph& g, bool with_sets = true);
+void build_live_sets(Liveness& l);
 
 // Positions whose live set is not a subset of a neighbour's (the local maxima): bounding these
 // bounds all positions. Ascending.
 std::vector<int> maximal_positions(const Liveness& l);
 
 // Peak of Σ bytes(t) over the live sets, with bytes given per tensor (e.g. local bytes under a
-// plan). Returns {peak bytes, position}.
+// plan). Returns {peak bytes, position}. Needs the intervals only (not the sets) when every
+// size is a whole number of bytes.
 std::pair<double, int> peak_memory(const Liveness& l, const std::vector<double>& tensor_bytes);
 
 }  // namespace weft::cost

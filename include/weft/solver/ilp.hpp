@@ -88,6 +88,7 @@ struct IlpOptions {
   int seed = 1;                    // CBC random seed (runs are single-threaded and deterministic)
   int log_level = 0;               // CBC's log level; 0 = silent
   bool presolve = true;            // CBC's presolve (off can be faster on pure assignment models)
+  bool preprocess = true;          // CBC's integer preprocessing (CglPreProcess; same remark)
 };
 
 struct IlpResult {

@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -71,7 +72,11 @@ struct SolveOptions {
   // Dominated-strategy elimination before the ILP (exact) is skipped above this many
   // (strategy pair x neighbour strategy) comparisons.
   double dominance_max_work = 2e8;
-  bool presolve = true;  // CBC presolve; O2 turns it off on sub-problems without memory rows
+  // CBC presolve and integer preprocessing; O2 turns both off on sub-problems without memory
+  // rows, where they find little (one-hot rows and their linearisation) and cost more than the
+  // solve (GPT h512 on 2x4: 96-layer O2 3.1 -> 2.5 s, the same plans).
+  bool presolve = true;
+  bool preprocess = true;
 };
 
 struct ProblemSolution {
@@ -118,6 +123,14 @@ class Elimination {
   std::vector<std::vector<Factor>> used_;  // per eliminated node: the factors combined
   std::vector<double> kept_;
 };
+
+// Elimination after solve_ilp's exact reductions (dominated strategies dropped, parallel edges
+// merged, separable matrices folded into node costs): the reduced tables are far smaller, so it
+// takes problems whose raw tables are too large. No memory rows. Optimal (or Infeasible), or
+// nullopt when a table would still exceed max_table.
+std::optional<ProblemSolution> solve_reduced_elimination(const StrategyProblem& p,
+                                                         std::size_t max_table = 4000000,
+                                                         double dominance_max_work = 2e8);
 
 // Solve by elimination when there are no memory rows and it fits; else by ILP.
 ProblemSolution solve_auto(const StrategyProblem& p, const SolveOptions& opt = {});

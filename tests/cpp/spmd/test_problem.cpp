@@ -246,3 +246,52 @@ TEST_CASE("spmd problem: O2 segment DP equals exhaustive on random chains (120 c
     CHECK(st.segments >= 1);
   }
 }
+
+TEST_CASE("spmd problem: elimination after the exact reductions = exhaustive (300 problems)") {
+  // Separable edges (folded into node costs, which can turn them negative) and dominated copies
+  // are mixed in so every reduction fires; the solve must still equal brute force.
+  std::mt19937 rng(4242);
+  int separable = 0;
+  for (int it = 0; it < 300; ++it) {
+    auto p = random_problem(rng, false);
+    for (int v = 0; v < p.num_nodes(); ++v)
+      if (rng() % 3 == 0) add_dominated_copy(p, v, static_cast<int>(rng() % p.node_cost[v].size()), rng);
+    if (p.num_nodes() >= 2 && rng() % 2) {  // a separable matrix a(s) + b(t) with a(s) < 0
+      const int u = 0, v = p.num_nodes() - 1;
+      EdgeCost e{u, v, {}};
+      for (std::size_t s = 0; s < p.node_cost[u].size(); ++s)
+        for (std::size_t t = 0; t < p.node_cost[v].size(); ++t)
+          e.cost.push_back(5.0 - static_cast<double>(s) + 0.25 * static_cast<double>(t));
+      p.edges.push_back(std::move(e));
+      ++separable;
+    }
+    const auto truth = solve_exhaustive(p);
+    const auto got = solve_reduced_elimination(p);
+    REQUIRE(got.has_value());  // tiny problems always fit
+    if (!truth.has_solution()) {
+      CHECK(got->status == weft::solver::IlpStatus::Infeasible);
+      CHECK_FALSE(got->has_solution());
+      continue;
+    }
+    REQUIRE(got->has_solution());
+    CHECK(got->status == weft::solver::IlpStatus::Optimal);
+    CHECK(got->cost == doctest::Approx(truth.cost).epsilon(1e-12));
+    CHECK(evaluate(p, got->choice).cost == doctest::Approx(truth.cost).epsilon(1e-12));
+  }
+  CHECK(separable > 100);
+  // Too wide for the table limit: refused (nullopt), not a wrong answer.
+  std::mt19937 r2(9);
+  StrategyProblem wide;
+  for (int v = 0; v < 6; ++v) wide.node_cost.push_back(std::vector<double>(8, 1.0));
+  for (int a = 0; a < 6; ++a)
+    for (int b = a + 1; b < 6; ++b) {
+      EdgeCost e{a, b, {}};
+      for (int k = 0; k < 64; ++k) e.cost.push_back(static_cast<double>(r2() % 7));
+      wide.edges.push_back(std::move(e));
+    }
+  CHECK_FALSE(solve_reduced_elimination(wide, 100).has_value());
+  CHECK(solve_reduced_elimination(wide, 1000000).has_value());
+  wide.memory_rows.push_back({"r", 0, {{0, std::vector<double>(8, 1.0)}}});
+  wide.memory_limit = 10;
+  CHECK_THROWS_AS(solve_reduced_elimination(wide), weft::Error);
+}
