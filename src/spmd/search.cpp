@@ -74,6 +74,28 @@ struct Use {
   int in_slot;   // operand index; -1 for a loop-carried edge into a leaf
 };
 
+// A list shared by the nodes of one strategy-list class, copied on write: the repeated layers
+// of a deep model hold one copy of each list instead of one per op (copying and freeing ~10^5
+// strategies was a visible share of a fast search).
+template <class T>
+class SharedList {
+ public:
+  SharedList() : p_(std::make_shared<std::vector<T>>()) {}
+  explicit SharedList(std::vector<T> v) : p_(std::make_shared<std::vector<T>>(std::move(v))) {}
+  const T& operator[](std::size_t i) const { return (*p_)[i]; }
+  std::size_t size() const { return p_->size(); }
+  bool empty() const { return p_->empty(); }
+  auto begin() const { return p_->cbegin(); }
+  auto end() const { return p_->cend(); }
+  void push_back(T x) {
+    if (p_.use_count() > 1) p_ = std::make_shared<std::vector<T>>(*p_);
+    p_->push_back(std::move(x));
+  }
+
+ private:
+  std::shared_ptr<std::vector<T>> p_;
+};
+
 // The graph as nodes with strategies.
 struct Model {
   const ir::Graph& g;
@@ -84,8 +106,8 @@ struct Model {
   std::vector<ir::TensorId> leaf_tensor;  // per node >= n_ops
   std::vector<int> node_of_tensor;        // producer node per tensor (-1 if unused leaf)
   std::vector<int> slot_of_tensor;
-  std::vector<std::vector<OpStrategy>> op_strats;
-  std::vector<std::vector<ShardingSpec>> leaf_specs;
+  std::vector<SharedList<OpStrategy>> op_strats;
+  std::vector<SharedList<ShardingSpec>> leaf_specs;
   std::vector<Use> uses;
   // Strategy-list classes: two nodes with the same class have equal strategy lists (ops: also
   // the same structure, so restriding and pricing treat them alike). Ops start in the class of
@@ -155,7 +177,7 @@ Model build_model(const ir::Graph& g, const cluster::Cluster& cl, const cluster:
     for (ir::TensorId t : op.outputs)
       key += fmt::format("|{}:{}", fmt::join(g.tensor(t).shape, ","), dtype_name(g.tensor(t).dtype));
     auto [it, fresh] = first_of.try_emplace(std::move(key), o);
-    m.op_strats[o] = fresh ? enumerate_strategies(g, op, m.mesh) : m.op_strats[it->second];
+    m.op_strats[o] = fresh ? SharedList<OpStrategy>(enumerate_strategies(g, op, m.mesh)) : m.op_strats[it->second];
     m.list_class[o] = it->second;
     WEFT_ASSERT(!m.op_strats[o].empty(), "the all-replicated strategy always exists");
   }
@@ -178,7 +200,7 @@ Model build_model(const ir::Graph& g, const cluster::Cluster& cl, const cluster:
         if (m.mesh[a] == 1 && sp.per_axis()[a].kind != sharding::Placement::Replicate) return true;
       return false;
     });
-    m.leaf_specs.push_back(std::move(specs));
+    m.leaf_specs.emplace_back(std::move(specs));
   }
   m.next_class = m.num_nodes();
   for (int o = 0; o < m.n_ops; ++o)
@@ -216,31 +238,27 @@ int generate_strided_candidates(Model& m, int rounds = 4) {
   int added = 0;
   struct Outcome {
     int producer_class, consumer_class;
-    std::vector<OpStrategy> producer_ops, consumer_ops;  // appended strategies (ops)
-    std::vector<ShardingSpec> producer_leaf;             // appended specs (leaf producer)
+    int added;
+    SharedList<OpStrategy> producer_ops, consumer_ops;  // the lists after the edge (ops)
+    SharedList<ShardingSpec> producer_leaf;             // the list after the edge (leaf producer)
   };
   std::map<std::array<int, 4>, Outcome> memo;
-  auto grow = [&](int v, std::size_t before) {  // what node v's list gained since `before`
-    return v < m.n_ops ? static_cast<std::size_t>(m.op_strats[v].size()) - before
-                       : static_cast<std::size_t>(m.leaf_specs[v - m.n_ops].size()) - before;
-  };
-  // After computing an edge: remember what each side gained and move a grown list to a new class.
-  auto record_outcome = [&](const Use& u, const std::array<int, 4>& key, std::size_t np, std::size_t nc) {
-    Outcome oc{m.list_class[u.producer], m.list_class[u.consumer], {}, {}, {}};
-    if (grow(u.producer, np) > 0) {
-      if (u.producer < m.n_ops)
-        oc.producer_ops.assign(m.op_strats[u.producer].begin() + static_cast<std::ptrdiff_t>(np),
-                               m.op_strats[u.producer].end());
-      else
-        oc.producer_leaf.assign(m.leaf_specs[u.producer - m.n_ops].begin() + static_cast<std::ptrdiff_t>(np),
-                                m.leaf_specs[u.producer - m.n_ops].end());
+  // After computing an edge: remember the lists it left and move a grown list to a new class.
+  auto record_outcome = [&](const Use& u, const std::array<int, 4>& key, int np, int nc) {
+    Outcome oc{m.list_class[u.producer], m.list_class[u.consumer], 0, {}, {}, {}};
+    if (m.num_strategies(u.producer) > np) {
+      oc.added += m.num_strategies(u.producer) - np;
       oc.producer_class = m.next_class++;
     }
-    if (grow(u.consumer, nc) > 0) {
-      oc.consumer_ops.assign(m.op_strats[u.consumer].begin() + static_cast<std::ptrdiff_t>(nc),
-                             m.op_strats[u.consumer].end());
+    if (m.num_strategies(u.consumer) > nc) {
+      oc.added += m.num_strategies(u.consumer) - nc;
       oc.consumer_class = m.next_class++;
     }
+    if (u.producer < m.n_ops)
+      oc.producer_ops = m.op_strats[u.producer];
+    else
+      oc.producer_leaf = m.leaf_specs[u.producer - m.n_ops];
+    if (u.consumer < m.n_ops) oc.consumer_ops = m.op_strats[u.consumer];
     m.list_class[u.producer] = oc.producer_class;
     m.list_class[u.consumer] = oc.consumer_class;
     memo.emplace(key, std::move(oc));
@@ -252,20 +270,16 @@ int generate_strided_candidates(Model& m, int rounds = 4) {
       if (auto hit = memo.find(key); hit != memo.end()) {
         const Outcome& oc = hit->second;
         if (u.producer < m.n_ops)
-          m.op_strats[u.producer].insert(m.op_strats[u.producer].end(), oc.producer_ops.begin(),
-                                         oc.producer_ops.end());
+          m.op_strats[u.producer] = oc.producer_ops;
         else
-          m.leaf_specs[u.producer - m.n_ops].insert(m.leaf_specs[u.producer - m.n_ops].end(),
-                                                    oc.producer_leaf.begin(), oc.producer_leaf.end());
-        m.op_strats[u.consumer].insert(m.op_strats[u.consumer].end(), oc.consumer_ops.begin(),
-                                       oc.consumer_ops.end());
-        added += static_cast<int>(oc.producer_ops.size() + oc.producer_leaf.size() + oc.consumer_ops.size());
+          m.leaf_specs[u.producer - m.n_ops] = oc.producer_leaf;
+        if (u.consumer < m.n_ops) m.op_strats[u.consumer] = oc.consumer_ops;
+        added += oc.added;
         m.list_class[u.producer] = oc.producer_class;
         m.list_class[u.consumer] = oc.consumer_class;
         continue;
       }
-      const std::size_t np = static_cast<std::size_t>(m.num_strategies(u.producer));
-      const std::size_t nc = static_cast<std::size_t>(m.num_strategies(u.consumer));
+      const int np = m.num_strategies(u.producer), nc = m.num_strategies(u.consumer);
       // Only non-block, non-partial specs can ask for a restride; they are few, so they are
       // collected (copied: the strategy lists grow below) and matched by linear scans instead
       // of hashing every spec of every edge.
