@@ -231,7 +231,9 @@ IlpResult solve(const Ilp& model, const IlpOptions& opt) {
   } else if (Cbc_isAbandoned(m.get()) && !res.has_solution()) {
     res.status = IlpStatus::Error;
   } else if (Cbc_isProvenOptimal(m.get()) && res.has_solution()) {
-    if (res.gap <= 1e-9 || res.objective - res.bound <= 1e-9) {
+    // CBC proved optimality within its own tolerances (the LP's are 1e-7): a bound that differs
+    // from the incumbent by less than that relatively is numerical noise, not a gap.
+    if (res.gap <= 1e-7 || res.objective - res.bound <= 1e-9) {
       res.status = IlpStatus::Optimal;
       res.bound = res.objective;
       res.gap = 0;
