@@ -316,10 +316,25 @@ ProblemSolution solve_o2(const StrategyProblem& p, int n_ops, const std::vector<
   const bool has_mem = !std::isinf(p.memory_limit) && !p.memory_rows.empty();
 
   // DP state after segment k: boundary node b_k (the critical node ending it), F over its
-  // strategies, and for each strategy the full assignment of nodes of segments <= k.
+  // strategies, and for each strategy its segment's local choice, whose first entry (when the
+  // segment has a boundary) is the previous boundary's strategy: the assignment of every node
+  // of segments <= k is rebuilt by walking back (a full vector per state per segment made the
+  // DP quadratic in depth).
   int boundary = -1;
   std::vector<double> F;                 // over strategies of boundary
-  std::vector<std::vector<int>> assign;  // per boundary strategy: choice vector (size n, -1 unset)
+  std::vector<std::vector<int>> seg_local;                // per segment: its local nodes
+  std::vector<std::vector<std::vector<int>>> seg_choice;  // per segment, per end strategy: local choice
+  auto rebuild = [&](int k, int t) {  // the assignment behind segment k ending in strategy t
+    std::vector<int> full(n, -1);
+    for (; k >= 0; --k) {
+      const auto& ch = seg_choice[k][t];
+      WEFT_ASSERT(!ch.empty(), "O2 DP: no choice behind a finite state");
+      for (std::size_t i = 0; i < ch.size(); ++i)
+        if (full[seg_local[k][i]] < 0) full[seg_local[k][i]] = ch[i];
+      t = k > 0 ? ch[0] : 0;  // local 0 is the boundary, whose strategy picks the history
+    }
+    return full;
+  };
   O2Cache cache;
   const double fscale = 1.0;
 
@@ -335,7 +350,7 @@ ProblemSolution solve_o2(const StrategyProblem& p, int n_ops, const std::vector<
       int best = 0;
       for (int s = 1; s < static_cast<int>(F.size()); ++s)
         if (F[s] < F[best]) best = s;
-      ctx = assign[best];
+      ctx = rebuild(k - 1, best);
       fmin = F[best];
     }
     // Local problem: nodes = [boundary?] + seg.
@@ -403,7 +418,7 @@ ProblemSolution solve_o2(const StrategyProblem& p, int n_ops, const std::vector<
     const int lend = lid[last];
     const int nt = ends_critical ? static_cast<int>(p.node_cost[last].size()) : 1;
     std::vector<double> nF(nt, kInfCost);
-    std::vector<std::vector<int>> nassign(nt);
+    std::vector<std::vector<int>> nchoice(nt);
     bool all_cached = true;
     using Entry = std::vector<std::pair<double, std::vector<int>>>;  // per end strategy
     const std::string key =
@@ -448,10 +463,7 @@ ProblemSolution solve_o2(const StrategyProblem& p, int n_ops, const std::vector<
       const auto& res = entry[t];
       if (res.second.empty()) continue;
       nF[t] = res.first + fmin;
-      // Full assignment: the boundary strategy chosen picks the history.
-      std::vector<int> full = boundary >= 0 ? assign[res.second[0]] : std::vector<int>(n, -1);
-      for (int i = 0; i < static_cast<int>(local.size()); ++i) full[local[i]] = res.second[i];
-      nassign[t] = std::move(full);
+      nchoice[t] = res.second;
     }
     if (all_cached && k > 0) ++st.reused_segments;
     if (std::all_of(nF.begin(), nF.end(), [](double x) { return std::isinf(x); })) {
@@ -460,15 +472,14 @@ ProblemSolution solve_o2(const StrategyProblem& p, int n_ops, const std::vector<
       if (stats_out) *stats_out = st;
       return none;
     }
+    seg_local.push_back(std::move(local));
+    seg_choice.push_back(std::move(nchoice));
+    F = std::move(nF);
     if (ends_critical) {
       boundary = last;
-      F = std::move(nF);
-      assign = std::move(nassign);
     } else {
       // A final non-critical segment: keep the single state with a dummy boundary.
       boundary = -1;
-      F = std::move(nF);
-      assign = std::move(nassign);
       WEFT_ASSERT(k == static_cast<int>(segs.size()) - 1,
                   "only the last segment may end without a critical node");
     }
@@ -477,7 +488,7 @@ ProblemSolution solve_o2(const StrategyProblem& p, int n_ops, const std::vector<
   for (int s = 1; s < static_cast<int>(F.size()); ++s)
     if (F[s] < F[best]) best = s;
   ProblemSolution out;
-  out.choice = assign[best];
+  out.choice = rebuild(static_cast<int>(segs.size()) - 1, best);
   for (int v = 0; v < n; ++v) WEFT_ASSERT(out.choice[v] >= 0, "O2 left a node without a strategy");
   st.dp_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (opt.refine_sweeps > 0 && segs.size() > 1) refine(p, segs, opt, cache, st, out.choice);
