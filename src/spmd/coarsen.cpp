@@ -278,11 +278,9 @@ void refine(const StrategyProblem& p, const std::vector<std::vector<int>>& segs,
 }  // namespace
 
 ProblemSolution solve_o2(const StrategyProblem& p, int n_ops, const std::vector<std::vector<int>>& succ,
-                         const std::vector<double>& weight, const std::vector<int>& order_pos,
-                         const std::vector<std::string>& signature, const O2Options& opt,
+                         const std::vector<double>& weight, const std::vector<int>& order_pos, const O2Options& opt,
                          O2Stats* stats_out) {
   p.validate();
-  (void)signature;
   const auto t0 = std::chrono::steady_clock::now();
   O2Stats st;
   const int n = p.num_nodes();

@@ -729,7 +729,6 @@ SpmdPlan spmd_search(const ir::Graph& g, const cluster::Cluster& cl, const clust
       oo.progress = [&](double f) { progress("solve", base + span * f, "segments (O2)"); };
       std::vector<double> weight(m.num_nodes(), 0.0);
       std::vector<int> order_pos(m.num_nodes(), 0);
-      std::vector<std::string> signature(m.num_nodes());
       const auto topo = g.topo_order();
       std::vector<int> topo_pos(m.n_ops, 0);
       for (int i = 0; i < static_cast<int>(topo.size()); ++i) topo_pos[topo[i]] = i;
@@ -743,7 +742,6 @@ SpmdPlan spmd_search(const ir::Graph& g, const cluster::Cluster& cl, const clust
       for (int o = 0; o < m.n_ops; ++o) {
         for (ir::TensorId ti : g.op(o).outputs)
           for (ir::OpId c : consumers[ti]) succ[o].push_back(c);
-        signature[o] = fmt::format("{}|{}", ir::op_kind_name(g.op(o).kind), g.op(o).index_map.to_string());
       }
       // Layer-aligned segments: backward and optimizer ops join the segment of the forward ops
       // they read (anchor = the earliest forward position among their forward-derived inputs,
@@ -796,15 +794,12 @@ SpmdPlan spmd_search(const ir::Graph& g, const cluster::Cluster& cl, const clust
             fwd[o] && (kind == ir::OpKind::Einsum || kind == ir::OpKind::Conv2d) ? g.op(o).flops() : 0.0;
       }
       for (int v = m.n_ops; v < m.num_nodes(); ++v) {
-        const auto& ti = g.tensor(m.leaf_tensor[v - m.n_ops]);
         int first = big;
         for (ir::OpId c : consumers[m.leaf_tensor[v - m.n_ops]]) first = std::min(first, op_anchor[c]);
         order_pos[v] = 4 * first;
-        signature[v] = fmt::format("leaf|{}|{}|{}", ir::role_name(ti.role), fmt::join(ti.shape, ","),
-                                   dtype_name(ti.dtype));
       }
       O2Stats st;
-      sol = solve_o2(p, m.n_ops, succ, weight, order_pos, signature, oo, &st);
+      sol = solve_o2(p, m.n_ops, succ, weight, order_pos, oo, &st);
       rep.ilp_variables = std::max(rep.ilp_variables, st.max_ilp_variables);
       rep.ilp_constraints = std::max(rep.ilp_constraints, st.max_ilp_constraints);
       rep.ilp_solves += st.ilp_solves;

@@ -236,10 +236,9 @@ TEST_CASE("spmd problem: O2 segment DP equals exhaustive on random chains (120 c
         pos.push_back(v);
         edge(l, v);
       }
-    std::vector<std::string> sig(p.num_nodes());
     O2Options o;
     O2Stats st;
-    const auto got = solve_o2(p, n, succ, weight, pos, sig, o, &st);
+    const auto got = solve_o2(p, n, succ, weight, pos, o, &st);
     const auto truth = solve_exhaustive(p);
     REQUIRE(got.has_solution());
     CHECK(got.cost == doctest::Approx(truth.cost).epsilon(1e-9));
