@@ -53,6 +53,8 @@ py::dict report_dict(const SearchReport& r) {
   d["o2_dp_seconds"] = r.o2_dp_seconds;
   d["o2_refine_seconds"] = r.o2_refine_seconds;
   d["o2_fallback"] = r.o2_fallback;
+  d["memory_price_probes"] = r.memory_price_probes;
+  d["memory_price"] = r.memory_price;
   d["total_seconds"] = r.total_seconds();
   py::list params;
   for (const auto& p : r.params) {
@@ -108,7 +110,7 @@ void bind_spmd(py::module_& root) {
       "search",
       [](const ir::Graph& g, const cluster::Cluster& c, const cluster::DeviceMesh& mesh,
          const std::string& level, double memory_limit, const std::string& memory_mode, double time_limit,
-         double relative_gap, bool reuse, bool strided, const std::map<std::string, std::string>& fixed,
+         double relative_gap, bool reuse, bool strided, bool pricing, const std::map<std::string, std::string>& fixed,
          const std::function<void(const std::string&, double, const std::string&)>& progress) {
         SearchOptions o;
         o.level = parse_level(level);
@@ -118,6 +120,7 @@ void bind_spmd(py::module_& root) {
         o.relative_gap = relative_gap;
         o.reuse_repeated_layers = reuse;
         o.strided_candidates = strided;
+        o.o2_memory_pricing = pricing;
         o.fixed_specs = fixed;
         if (progress)
           o.progress = [&progress](const Progress& p) {
@@ -129,7 +132,7 @@ void bind_spmd(py::module_& root) {
       py::arg("graph"), py::arg("cluster"), py::arg("mesh"), py::arg("level") = "O2",
       py::arg("memory_limit") = 0.0, py::arg("memory_mode") = "ilp", py::arg("time_limit") = 60.0,
       py::arg("relative_gap") = 0.0, py::arg("reuse_repeated_layers") = true,
-      py::arg("strided_candidates") = true, py::arg("fixed_specs") = std::map<std::string, std::string>{},
+      py::arg("strided_candidates") = true, py::arg("memory_pricing") = true, py::arg("fixed_specs") = std::map<std::string, std::string>{},
       py::arg("progress") = nullptr);
   m.def(
       "evaluate_plan",

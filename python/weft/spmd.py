@@ -105,6 +105,7 @@ def _progress_fn(progress: Union[None, bool, Callable[..., Any]]):
 def spmd_search(graph, cluster, mesh, level: str = "O2", memory_limit: Optional[float] = None,
                 time_limit: float = 60.0, *, memory_mode: str = "ilp", relative_gap: float = 0.0,
                 reuse_repeated_layers: bool = True, strided_candidates: bool = True,
+                memory_pricing: bool = True,
                 fixed_specs: Optional[Mapping[str, str]] = None,
                 progress: Union[None, bool, Callable[[str, float, str], Any]] = None) -> SpmdResult:
     """Searches the SPMD strategy of ``graph`` (forward or training step) on ``mesh`` of ``cluster``.
@@ -113,7 +114,9 @@ def spmd_search(graph, cluster, mesh, level: str = "O2", memory_limit: Optional[
     DP (repeated layers solved once). memory_limit: bytes per device; None = the device's memory,
     a negative number = no limit. memory_mode: "ilp" (memory rows in the ILP) or "shard_largest"
     (Rhino §4.4: force the k largest parameters sharded, smallest feasible k). time_limit: seconds
-    per ILP. fixed_specs: tensor name -> spec text forced. progress: a callable (phase, fraction,
+    per ILP. memory_pricing (O2): when the plan found without memory rows does not fit, price
+    memory per byte (the smallest price that fits, by bisection) before building memory rows.
+    fixed_specs: tensor name -> spec text forced. progress: a callable (phase, fraction,
     message) or True for a tqdm bar. Raises ValueError on bad input (a mesh larger than any op can
     be split, an impossible memory limit naming the tensors that make it impossible, ...).
     """
@@ -123,6 +126,7 @@ def spmd_search(graph, cluster, mesh, level: str = "O2", memory_limit: Optional[
                          memory_limit=0.0 if memory_limit is None else float(memory_limit),
                          memory_mode=memory_mode, time_limit=float(time_limit), relative_gap=float(relative_gap),
                          reuse_repeated_layers=reuse_repeated_layers, strided_candidates=strided_candidates,
+                         memory_pricing=memory_pricing,
                          fixed_specs=dict(fixed_specs or {}), progress=fn)
     finally:
         if bar is not None:

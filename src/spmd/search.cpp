@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdint>
 #include <numeric>
+#include <optional>
 #include <set>
 #include <unordered_map>
 
@@ -591,6 +592,104 @@ std::string explain_memory(const Model& m, const Built& b) {
       p.memory_rows[wr].label, worst / 1e6, p.memory_limit / 1e6, fmt::join(names, ", "));
 }
 
+// O2 under a binding memory limit without memory rows (a Lagrangian price on memory). Each
+// strategy pays λ per byte per device of its results (leaves: of the tensor) that are live
+// somewhere the all-replicated step would exceed the limit; a row-free O2 solve of the priced
+// problem is fast and its identical layers stay identical. The smallest price whose plan fits
+// is found by growing λ ×4 from a scale of cost/peak, then bisecting (geometric) between the
+// last price that did not fit and the first that did. Among the plans that fit, the cheapest
+// in true cost is returned; nullopt when none does (the caller then builds memory rows). A
+// heuristic, as O2 is: it cannot prove that no plan fits.
+template <class Peak, class Solve>
+std::optional<ProblemSolution> price_memory(const Model& m, const Built& b, double limit,
+                                            const ProblemSolution& relaxed, Peak&& peak_of, Solve&& solve,
+                                            SearchReport& rep) {
+  const auto& g = m.g;
+  const auto& lv = b.live;
+  const int npos = static_cast<int>(lv.order.size());
+  // Positions where the all-replicated live bytes exceed the limit; a tensor is priced when it
+  // is live at one of them (exactly the tensors of memory rows that can bind).
+  std::vector<double> full(npos + 1, 0.0);
+  for (std::size_t t = 0; t < lv.begin.size(); ++t)
+    if (lv.begin[t] >= 0 && lv.begin[t] < npos) {
+      full[lv.begin[t]] += static_cast<double>(g.tensors()[t].bytes());
+      full[std::min(lv.end[t], npos - 1) + 1] -= static_cast<double>(g.tensors()[t].bytes());
+    }
+  std::vector<int> hot_before(npos + 1, 0);  // hot positions in [0, p)
+  double run = 0;
+  for (int p = 0; p < npos; ++p) {
+    run += full[p];
+    hot_before[p + 1] = hot_before[p] + (run > limit ? 1 : 0);
+  }
+  auto hot = [&](ir::TensorId t) {
+    if (lv.begin[t] < 0 || lv.begin[t] >= npos) return false;
+    return hot_before[std::min(lv.end[t], npos - 1) + 1] - hot_before[lv.begin[t]] > 0;
+  };
+  const int n = m.num_nodes();
+  std::vector<std::vector<double>> bytes(n);
+  for (int v = 0; v < n; ++v) {
+    bytes[v].assign(m.num_strategies(v), 0.0);
+    if (v < m.n_ops) {
+      for (int i = 0; i < static_cast<int>(g.op(v).outputs.size()); ++i) {
+        const ir::TensorId t = g.op(v).outputs[i];
+        if (!hot(t)) continue;
+        for (int s = 0; s < m.num_strategies(v); ++s)
+          bytes[v][s] += spec_bytes(m.op_strats[v][s].outputs[i], g.tensor(t).dtype);
+      }
+    } else {
+      const ir::TensorId t = m.leaf_tensor[v - m.n_ops];
+      if (!hot(t)) continue;
+      for (int s = 0; s < m.num_strategies(v); ++s)
+        bytes[v][s] = spec_bytes(m.leaf_specs[v - m.n_ops][s], g.tensor(t).dtype);
+    }
+  }
+  std::optional<ProblemSolution> best;
+  double best_cost = kInfCost;
+  auto probe = [&](double lambda) {  // true when the priced plan fits
+    StrategyProblem q = b.problem;
+    for (int v = 0; v < n; ++v)
+      for (int s = 0; s < m.num_strategies(v); ++s)
+        if (!std::isinf(q.node_cost[v][s])) q.node_cost[v][s] += lambda * bytes[v][s];
+    ProblemSolution sol = solve(q, rep.memory_price_probes++);
+    if (!sol.has_solution() || peak_of(sol.choice) > limit) return false;
+    const double c = evaluate(b.problem, sol.choice).cost;
+    if (c < best_cost) {
+      best_cost = c;
+      sol.cost = c;
+      best = std::move(sol);
+      rep.memory_price = lambda;
+    }
+    return true;
+  };
+  const double scale = relaxed.has_solution() ? std::max(relaxed.cost, 1e-9) / std::max(peak_of(relaxed.choice), 1.0)
+                                              : 1e-12;
+  // Bracket: lo = a price whose plan does not fit (0 = none found), hi = one whose plan fits.
+  double lo = 0, hi = 0, lambda = scale * 1e-2;
+  if (probe(lambda)) {
+    hi = lambda;
+    for (int k = 0; k < 8; ++k) {
+      lambda /= 4;
+      if (!probe(lambda)) {
+        lo = lambda;
+        break;
+      }
+      hi = lambda;
+    }
+  } else {
+    lo = lambda;
+    for (int k = 0; k < 24 && hi == 0; ++k) {
+      lambda *= 4;
+      (probe(lambda) ? hi : lo) = lambda;
+    }
+  }
+  if (hi == 0) return std::nullopt;
+  for (int k = 0; k < 6 && lo > 0; ++k) {  // geometric bisection: λ spans decades
+    const double mid = std::sqrt(lo * hi);
+    (probe(mid) ? hi : lo) = mid;
+  }
+  return best;
+}
+
 void check_mesh_usable(const Model& m) {
   std::int64_t total = 1;
   for (auto a : m.mesh) total *= a;
@@ -620,6 +719,9 @@ std::string SearchReport::to_string() const {
   if (segments > 0)
     s += fmt::format("O2: {} segments, {} reused from identical layers, {} refinement moves\n", segments,
                      reused_segments, refine_moves);
+  if (memory_price_probes > 0)
+    s += fmt::format("O2 memory pricing: {} row-free solves, price {:.4g} s per GB{}\n", memory_price_probes,
+                     memory_price * 1e9, memory_price > 0 ? "" : " (none fitted: memory rows used)");
   if (o2_fallback) s += "O2 found no plan under the memory limit: solved as one ILP (O3)\n";
   s += fmt::format("predicted step: {:.6g} s = compute {:.6g} s + communication {:.6g} s\n",
                    compute_time + comm_time, compute_time, comm_time);
@@ -848,8 +950,20 @@ SpmdPlan spmd_search(const ir::Graph& g, const cluster::Cluster& cl, const clust
     // Without memory rows first: a plan that fits anyway is optimal under the limit too (exact
     // for O3); the rows are built and solved with only when it does not fit.
     ProblemSolution sol = run_solve(b.problem, 0.2, 0.35, opt.level);
-    if (limit > 0 && (!sol.has_solution() || peak_of(sol.choice) > limit)) {
+    bool priced = false;
+    if (limit > 0 && (!sol.has_solution() || peak_of(sol.choice) > limit) && opt.level == Level::O2 &&
+        opt.o2_memory_pricing) {
       phase("solve without memory rows");
+      if (auto p = price_memory(m, b, limit, sol, peak_of, [&](const StrategyProblem& q, int k) {
+            return run_solve_rows(q, 0.55 + 0.02 * std::min(k, 15), 0.02, Level::O2);
+          }, rep)) {
+        sol = std::move(*p);
+        priced = true;
+      }
+      phase("memory pricing");
+    }
+    if (!priced && limit > 0 && (!sol.has_solution() || peak_of(sol.choice) > limit)) {
+      if (rep.memory_price_probes == 0) phase("solve without memory rows");
       add_memory_rows(b, m, limit);
       phase("memory rows");
       sol = run_solve_rows(b.problem, 0.55, 0.35, opt.level);

@@ -98,3 +98,22 @@ def test_errors(m8):
         weft.spmd_search(gt, m8, weft.DeviceMesh.iota([1, 8]), fixed_specs={"nope": "R R"})
     with pytest.raises(ValueError):
         weft.spmd_search(gt, m8, weft.DeviceMesh.iota([1, 8]), progress=3)
+
+
+def test_o2_memory_pricing_fits_and_is_reported(m8):
+    import weft.models as wm
+
+    g = wm.gpt(layers=2, hidden=256, heads=4, batch=16, seq=128, vocab=512).train_step()
+    mesh = weft.DeviceMesh.iota([1, 4])
+    free = weft.spmd_search(g, m8, mesh, level="O2", memory_limit=-1)
+    limit = 0.75 * free.peak_memory
+    priced = weft.spmd_search(g, m8, mesh, level="O2", memory_limit=limit)
+    d = priced.report.to_dict()
+    assert d["memory_price_probes"] > 0 and d["memory_price"] > 0
+    assert priced.peak_memory <= limit
+    assert weft.spmd.evaluate_plan(priced, m8)["peak_memory"] <= limit
+    assert priced.cost >= free.cost * (1 - 1e-9)
+    assert "memory pricing" in str(priced.report)
+    rows = weft.spmd_search(g, m8, mesh, level="O2", memory_limit=limit, memory_pricing=False)
+    assert rows.report.to_dict()["memory_price_probes"] == 0
+    assert rows.peak_memory <= limit

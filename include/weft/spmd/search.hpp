@@ -54,6 +54,11 @@ struct SearchOptions {
   bool strided_candidates = true;                  // Rhino §4.3.3 candidate generation
   bool reuse_repeated_layers = true;               // O2: solve one of identical repeated segments, reuse it
   int o2_refine_sweeps = 4;                        // O2: refinement sweeps after the DP (0 = off)
+  // O2 when the plan found without memory rows does not fit: first price memory instead of
+  // constraining it — a cost λ per byte on every tensor live where the limit can bind, λ found
+  // by bisection (the smallest price whose plan fits), each probe a row-free O2 solve (cached
+  // by identical layers) — and fall back to the memory rows only when no price makes it fit.
+  bool o2_memory_pricing = true;
   std::map<std::string, std::string> fixed_specs;  // tensor name -> spec text, forced
   std::function<void(const Progress&)> progress;   // called from the searching thread
 };
@@ -79,6 +84,8 @@ struct SearchReport {
   int refine_moves = 0;                             // O2: windows improved by the refinement sweeps
   double o2_dp_seconds = 0, o2_refine_seconds = 0;  // O2: the solve phase split
   bool o2_fallback = false;  // O2 found no plan under the memory limit; the whole-graph ILP decided
+  int memory_price_probes = 0;  // O2 memory pricing: row-free solves tried (0 = not used)
+  double memory_price = 0;      // O2 memory pricing: the price λ chosen, seconds per byte (0 = none)
   double total_seconds() const {
     double t = 0;
     for (const auto& p : phase_seconds) t += p.second;
