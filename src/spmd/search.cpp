@@ -992,7 +992,8 @@ SpmdPlan spmd_search(const ir::Graph& g, const cluster::Cluster& cl, const clust
     std::stable_sort(params.begin(), params.end(), [&](ir::TensorId a, ir::TensorId c) {
       return g.tensor(a).bytes() > g.tensor(c).bytes();
     });
-    Built full = build_problem(m, rc, limit, opt);  // for peak evaluation
+    // Each probe's fit is checked from the live intervals (peak_of); memory rows are built only
+    // to explain an infeasible limit.
     auto attempt = [&](int k) -> std::optional<std::vector<int>> {
       StrategyProblem p = b.problem;
       for (int i = 0; i < k; ++i) {
@@ -1002,7 +1003,7 @@ SpmdPlan spmd_search(const ir::Graph& g, const cluster::Cluster& cl, const clust
       }
       auto sol = run_solve(p, 0.2, 0.1, opt.level);
       if (!sol.has_solution()) return std::nullopt;
-      if (limit > 0 && evaluate(full.problem, sol.choice).peak_memory > limit) return std::nullopt;
+      if (limit > 0 && peak_of(sol.choice) > limit) return std::nullopt;
       return sol.choice;
     };
     int lo = 0, hi = static_cast<int>(params.size());
@@ -1015,7 +1016,10 @@ SpmdPlan spmd_search(const ir::Graph& g, const cluster::Cluster& cl, const clust
       WEFT_CHECK(chi.has_value(),
                  "spmd_search: memory limit {:.4g} MB per device cannot be met even with all {} "
                  "parameters sharded: {}",
-                 limit / 1e6, params.size(), explain_memory(m, full));
+                 limit / 1e6, params.size(), [&] {
+                   Built rows = build_problem(m, rc, limit, opt);
+                   return explain_memory(m, rows);
+                 }());
       best = chi;
       while (hi - lo > 1) {  // invariant: lo infeasible, hi feasible
         const int mid = (lo + hi) / 2;
@@ -1029,7 +1033,6 @@ SpmdPlan spmd_search(const ir::Graph& g, const cluster::Cluster& cl, const clust
     }
     rep.forced_sharded_params = hi;
     choice = *best;
-    b = std::move(full);
   }
   phase("solve");
 
