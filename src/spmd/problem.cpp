@@ -6,6 +6,7 @@
 #include <cmath>
 #include <map>
 #include <optional>
+#include <set>
 #include <tuple>
 
 #include "weft/core/error.hpp"
@@ -125,6 +126,23 @@ struct Reduced {
     std::vector<double> m;  // [live a][live b]
   };
   std::vector<LiveEdge> ledges;
+  // Folded nodes ("following", exact): a node with at most two neighbours and no memory terms
+  // is eliminated into them (min-sum series reduction); its choice is a function of theirs.
+  struct Folded {
+    int v = -1, w1 = -1, w2 = -1;  // the neighbours (-1: none)
+    std::vector<int> arg;          // best strategy of v per strategy of w1 (× strategies of w2)
+  };
+  std::vector<Folded> folded;  // in elimination order
+  std::vector<char> gone;      // per node: folded
+  // Completes a choice over the remaining nodes with the folded ones (reverse order).
+  void lift(std::vector<int>& choice, const StrategyProblem& p) const {
+    for (auto it = folded.rbegin(); it != folded.rend(); ++it) {
+      std::size_t idx = 0;
+      if (it->w1 >= 0) idx = static_cast<std::size_t>(choice[it->w1]);
+      if (it->w2 >= 0) idx = idx * p.node_cost[it->w2].size() + static_cast<std::size_t>(choice[it->w2]);
+      choice[it->v] = it->arg[idx];
+    }
+  }
 };
 
 Reduced reduce(const StrategyProblem& p, double dominance_max_work, int keep = -1) {
@@ -232,6 +250,89 @@ Reduced reduce(const StrategyProblem& p, double dominance_max_work, int keep = -
       }
     }
   }
+  // Following, done exactly: nodes with at most two neighbours (elementwise and reshape chains,
+  // most leaves) and no memory terms are eliminated into their neighbours, repeatedly:
+  //   one neighbour w:      c_w(t) += min_s c_v(s) + M_vw(s, t)
+  //   two neighbours w, x:  M_wx(t, u) += min_s c_v(s) + M_vw(s, t) + M_vx(s, u)
+  // (the second only when the new matrix is no larger than the two it replaces). Alpa merges a
+  // follower into its producer's choice, a heuristic; this keeps the optimum and recovers the
+  // folded node's strategy from its neighbours' after the solve.
+  r.gone.assign(n, 0);
+  {
+    std::vector<char> has_mem(n, 0);
+    if (!std::isinf(p.memory_limit))
+      for (const auto& row : p.memory_rows)
+        for (const auto& t : row.terms) has_mem[t.node] = 1;
+    std::vector<std::set<int>> nb(n);
+    for (const auto& [key, m] : pair_cost) nb[key.first].insert(key.second), nb[key.second].insert(key.first);
+    // M(s, t) of the pair (v, w) over all strategies, s of v and t of w.
+    auto entry = [&](int v, int w, int s, int t) {
+      const auto& m = pair_cost.at({std::min(v, w), std::max(v, w)});
+      return v < w ? m[static_cast<std::size_t>(s) * p.node_cost[w].size() + static_cast<std::size_t>(t)]
+                   : m[static_cast<std::size_t>(t) * p.node_cost[v].size() + static_cast<std::size_t>(s)];
+    };
+    auto drop_infinite = [&](int w) {
+      std::erase_if(live[w], [&](int t) { return std::isinf(unary[w][t]); });
+      return !live[w].empty();
+    };
+    std::vector<int> queue;
+    for (int v = 0; v < n; ++v) queue.push_back(v);
+    while (!queue.empty()) {
+      const int v = queue.back();
+      queue.pop_back();
+      if (r.gone[v] || v == keep || has_mem[v] || nb[v].size() > 2) continue;
+      Reduced::Folded f;
+      f.v = v;
+      if (nb[v].size() == 2) {
+        const int w = *nb[v].begin(), x = *nb[v].rbegin();
+        const std::size_t lv = live[v].size(), lw = live[w].size(), lx = live[x].size();
+        if (lw * lx > lv * (lw + lx)) continue;  // the new matrix would be larger
+        const std::size_t sw = p.node_cost[w].size(), sx = p.node_cost[x].size();
+        f.w1 = w, f.w2 = x;
+        f.arg.assign(sw * sx, live[v][0]);
+        auto& mwx = pair_cost[{w, x}];  // w < x (set order)
+        if (mwx.empty()) mwx.assign(sw * sx, 0.0);
+        for (int t : live[w])
+          for (int u : live[x]) {
+            double best = kInfCost;
+            for (int s : live[v]) {
+              const double c = unary[v][s] + entry(v, w, s, t) + entry(v, x, s, u);
+              if (c < best) best = c, f.arg[t * sx + u] = s;
+            }
+            mwx[t * sx + u] += best;
+          }
+        pair_cost.erase({std::min(v, w), std::max(v, w)});
+        pair_cost.erase({std::min(v, x), std::max(v, x)});
+        nb[w].erase(v), nb[x].erase(v), nb[w].insert(x), nb[x].insert(w);
+        queue.push_back(w), queue.push_back(x);
+      } else if (nb[v].size() == 1) {
+        const int w = *nb[v].begin();
+        f.w1 = w;
+        f.arg.assign(p.node_cost[w].size(), live[v][0]);
+        for (int t : live[w]) {
+          double best = kInfCost;
+          for (int s : live[v]) {
+            const double c = unary[v][s] + entry(v, w, s, t);
+            if (c < best) best = c, f.arg[t] = s;
+          }
+          unary[w][t] += best;
+        }
+        pair_cost.erase({std::min(v, w), std::max(v, w)});
+        nb[w].erase(v);
+        if (!drop_infinite(w)) {
+          r.infeasible = true;
+          return r;
+        }
+        queue.push_back(w);
+      } else {
+        f.arg.assign(1, live[v][0]);
+        for (int s : live[v])
+          if (unary[v][s] < unary[v][f.arg[0]]) f.arg[0] = s;
+      }
+      r.gone[v] = 1;
+      r.folded.push_back(std::move(f));
+    }
+  }
   // Fold separable matrices (restricted to live strategies) into node costs.
   for (auto& [key, m] : pair_cost) {
     const auto [a, b] = key;
@@ -295,6 +396,7 @@ ProblemSolution solve_ilp(const StrategyProblem& p, const SolveOptions& opt) {
   solver::Ilp ilp;
   std::vector<std::vector<int>> xv(n);
   for (int v = 0; v < n; ++v) {
+    if (red.gone[v]) continue;  // folded: chosen from its neighbours after the solve
     std::vector<solver::Term> onehot;
     for (int s : live[v]) {
       xv[v].push_back(ilp.add_binary(unary[v][s] * oscale));
@@ -402,6 +504,7 @@ ProblemSolution solve_ilp(const StrategyProblem& p, const SolveOptions& opt) {
     bool ok = true;
     std::vector<int> li(n, -1);
     for (int v = 0; v < n && ok; ++v) {
+      if (red.gone[v]) continue;
       int want = ws[v];
       // A dominated strategy's dominator is never worse (chains end at a live strategy).
       for (int hops = 0; want >= 0 && want < static_cast<int>(dominator[v].size()) &&
@@ -426,11 +529,13 @@ ProblemSolution solve_ilp(const StrategyProblem& p, const SolveOptions& opt) {
   out.gap = r.gap;
   out.ilp_variables = ilp.num_variables();
   out.ilp_constraints = ilp.num_constraints();
-  if (r.has_solution()) {
+  // Every node folded: the empty model's optimum is the lift alone.
+  if (r.has_solution() || (ilp.num_variables() == 0 && r.status == solver::IlpStatus::Optimal)) {
     out.choice.assign(n, 0);
     for (int v = 0; v < n; ++v)
-      for (std::size_t i = 0; i < live[v].size(); ++i)
+      for (std::size_t i = 0; i < xv[v].size(); ++i)
         if (r.values[xv[v][i]] > 0.5) out.choice[v] = live[v][i];
+    red.lift(out.choice, p);
     out.cost = evaluate(p, out.choice).cost;
   }
   out.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -591,6 +696,10 @@ std::optional<ProblemSolution> solve_reduced_elimination(const StrategyProblem& 
   const int n = p.num_nodes();
   q.node_cost.resize(n);
   for (int v = 0; v < n; ++v) {
+    if (red.gone[v]) {  // folded: one placeholder strategy, chosen by lift()
+      q.node_cost[v] = {0.0};
+      continue;
+    }
     // Folding a separable matrix can make a node's costs negative: shift them (the argmin is
     // the same) to keep the problem valid.
     double lo = kInfCost;
@@ -606,7 +715,8 @@ std::optional<ProblemSolution> solve_reduced_elimination(const StrategyProblem& 
   }
   const auto local = el.choice_for(0);
   s.choice.resize(n);
-  for (int v = 0; v < n; ++v) s.choice[v] = red.live[v][local[v]];
+  for (int v = 0; v < n; ++v) s.choice[v] = red.gone[v] ? 0 : red.live[v][local[v]];
+  red.lift(s.choice, p);
   s.cost = evaluate(p, s.choice).cost;
   s.status = solver::IlpStatus::Optimal;
   s.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -294,3 +294,51 @@ TEST_CASE("spmd problem: elimination after the exact reductions = exhaustive (30
   wide.memory_limit = 10;
   CHECK_THROWS_AS(solve_reduced_elimination(wide), weft::Error);
 }
+
+TEST_CASE("spmd problem: following folds chains and leaves exactly (ILP size, optimum kept)") {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<double> c(0, 10);
+  auto random_node = [&](int s) {
+    std::vector<double> v(s);
+    for (auto& x : v) x = std::round(c(rng) * 8) / 8;
+    return v;
+  };
+  auto random_edge = [&](const StrategyProblem& p, int a, int b) {
+    EdgeCost e{a, b, {}};
+    for (std::size_t k = 0; k < p.node_cost[a].size() * p.node_cost[b].size(); ++k)
+      e.cost.push_back(rng() % 12 == 0 ? kInfCost : std::round(c(rng) * 8) / 8);
+    return e;
+  };
+  for (int it = 0; it < 50; ++it) {
+    // A chain of 7 nodes (an elementwise chain): every node has at most two neighbours, so all
+    // fold away and the ILP is empty.
+    StrategyProblem chain;
+    for (int v = 0; v < 7; ++v) chain.node_cost.push_back(random_node(2 + static_cast<int>(rng() % 3)));
+    for (int v = 0; v + 1 < 7; ++v) chain.edges.push_back(random_edge(chain, v, v + 1));
+    const auto truth = solve_exhaustive(chain);
+    const auto got = solve_ilp(chain);
+    CHECK(got.has_solution() == truth.has_solution());
+    if (truth.has_solution()) {
+      CHECK(got.ilp_variables == 0);
+      CHECK(got.cost == doctest::Approx(truth.cost).epsilon(1e-12));
+      CHECK(evaluate(chain, got.choice).cost == doctest::Approx(truth.cost).epsilon(1e-12));
+    }
+    // A 4-clique (every node has three neighbours) with a pendant leaf on each clique node: the
+    // leaves fold, the clique stays an ILP.
+    StrategyProblem k4;
+    for (int v = 0; v < 8; ++v) k4.node_cost.push_back(random_node(3));
+    for (int a = 0; a < 4; ++a)
+      for (int b = a + 1; b < 4; ++b) k4.edges.push_back(random_edge(k4, a, b));
+    for (int v = 0; v < 4; ++v) k4.edges.push_back(random_edge(k4, v, v + 4));
+    const auto t2 = solve_exhaustive(k4);
+    SolveOptions no_dominance;
+    no_dominance.dominance_max_work = 0;  // keep all 3 strategies of the clique nodes
+    const auto g2 = solve_ilp(k4, no_dominance);
+    CHECK(g2.has_solution() == t2.has_solution());
+    if (t2.has_solution()) {
+      CHECK(g2.cost == doctest::Approx(t2.cost).epsilon(1e-12));
+      CHECK(g2.ilp_variables > 0);
+      CHECK(g2.ilp_variables <= 4 * 3 + 6 * 9);  // the clique's binaries and edge variables only
+    }
+  }
+}
