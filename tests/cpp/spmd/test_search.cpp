@@ -2,6 +2,7 @@
 // data parallel, ZeRO on a subset, O2 vs O3, independent re-evaluation, errors.
 #include <doctest/doctest.h>
 
+#include <cstdlib>
 #include <map>
 #include <set>
 
@@ -352,17 +353,21 @@ TEST_CASE("spmd: the search is deterministic") {
 }
 
 TEST_CASE("spmd: O2 under a binding memory limit prices memory; checked against O3 with memory rows") {
-  // Four GPT layers' training step on a 1x4 mesh with a limit well under the unconstrained peak:
+  // Two GPT layers' training step on a 1x4 mesh with a limit well under the unconstrained peak:
   // the priced O2 plan must fit (re-evaluated independently), can never beat the O3 optimum with
   // memory rows, and stays close to it; the rows path (pricing off) must fit as well.
-  auto g = ir::build_training_graph(testing::gpt_block(16, 64, 128, 4, 4));
+  auto g = ir::build_training_graph(testing::gpt_block(16, 64, 128, 4, 2));
   auto cl = cluster::Cluster::preset("M8", 1);
   auto mesh = cluster::DeviceMesh::iota({1, 4});
   SearchOptions free;
   free.level = Level::O2;
   free.memory_limit = -1;
   const auto p0 = spmd_search(g, cl, mesh, free);
-  for (double frac : {0.6, 0.45}) {
+  // Under ASan/UBSan (-O0, ~9x slower) one limit: the O3 and rows-path references take ~2-3 s
+  // each in Release.
+  const std::vector<double> fracs = std::getenv("WEFT_SANITIZED") ? std::vector<double>{0.45}
+                                                                   : std::vector<double>{0.6, 0.45};
+  for (double frac : fracs) {
     SearchOptions o3;
     o3.level = Level::O3;
     o3.memory_limit = frac * p0.peak_memory;
@@ -384,10 +389,11 @@ TEST_CASE("spmd: O2 under a binding memory limit prices memory; checked against 
     CHECK(c.report.memory_price_probes == 0);
     CHECK(c.peak_memory <= o3.memory_limit);
     CHECK(c.cost >= a.cost * (1 - 1e-9));
-    // Measured: priced 1.11x and 1.07x the optimum, the rows path 1.43x and 1.37x.
+    // Measured: priced 1.04x and 1.05x the optimum, the rows path 1.18x and 1.14x.
     CHECK(b.cost <= a.cost * 1.15);
     CHECK(b.cost <= c.cost * (1 + 1e-9));
     MESSAGE("limit ", frac, " x peak: O3 ", a.cost, " O2 priced ", b.cost, " (", b.report.memory_price_probes,
-            " probes) O2 rows ", c.cost, " unconstrained ", p0.cost);
+            " probes) O2 rows ", c.cost, " unconstrained ", p0.cost, " | seconds O3 ", a.report.total_seconds(),
+            " priced ", b.report.total_seconds(), " rows ", c.report.total_seconds());
   }
 }
