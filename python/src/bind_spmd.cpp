@@ -110,7 +110,8 @@ void bind_spmd(py::module_& root) {
       "search",
       [](const ir::Graph& g, const cluster::Cluster& c, const cluster::DeviceMesh& mesh,
          const std::string& level, double memory_limit, const std::string& memory_mode, double time_limit,
-         double relative_gap, bool reuse, bool strided, bool pricing, const std::map<std::string, std::string>& fixed,
+         double relative_gap, bool reuse, bool strided, bool pricing,
+         const std::map<std::string, std::string>& fixed,
          const std::function<void(const std::string&, double, const std::string&)>& progress) {
         SearchOptions o;
         o.level = parse_level(level);
@@ -132,8 +133,8 @@ void bind_spmd(py::module_& root) {
       py::arg("graph"), py::arg("cluster"), py::arg("mesh"), py::arg("level") = "O2",
       py::arg("memory_limit") = 0.0, py::arg("memory_mode") = "ilp", py::arg("time_limit") = 60.0,
       py::arg("relative_gap") = 0.0, py::arg("reuse_repeated_layers") = true,
-      py::arg("strided_candidates") = true, py::arg("memory_pricing") = true, py::arg("fixed_specs") = std::map<std::string, std::string>{},
-      py::arg("progress") = nullptr);
+      py::arg("strided_candidates") = true, py::arg("memory_pricing") = true,
+      py::arg("fixed_specs") = std::map<std::string, std::string>{}, py::arg("progress") = nullptr);
   m.def(
       "evaluate_plan",
       [](const ir::Graph& g, const cluster::Cluster& c, const cluster::DeviceMesh& mesh, const SpmdPlan& p) {

@@ -66,7 +66,7 @@ std::vector<int> maximal_positions(const Liveness& l) {
   return out;
 }
 
-std::pair<double, int> peak_memory(const Liveness& l, const std::vector<double>& bytes) {
+std::vector<double> live_bytes(const Liveness& l, const std::vector<double>& bytes) {
   const int n = static_cast<int>(l.order.size());
   // Whole bytes (every per-device size is a whole number) sum exactly in a double below 2^53, in
   // any order: then a sweep over the intervals (linear) gives the same sums as adding up each
@@ -95,6 +95,12 @@ std::pair<double, int> peak_memory(const Liveness& l, const std::vector<double>&
     for (int p = 0; p < n; ++p)
       for (ir::TensorId t : lv->sets[p]) at_pos[p] += bytes[t];
   }
+  return at_pos;
+}
+
+std::pair<double, int> peak_memory(const Liveness& l, const std::vector<double>& bytes) {
+  const std::vector<double> at_pos = live_bytes(l, bytes);
+  const int n = static_cast<int>(at_pos.size());
   double best = 0;
   int at = -1;
   for (int p = 0; p < n; ++p)

@@ -6,11 +6,11 @@
 
 #include <algorithm>
 #include <chrono>
-#include <optional>
 #include <cmath>
 #include <cstdint>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <unordered_map>
 
 #include "weft/core/error.hpp"
@@ -278,8 +278,8 @@ void refine(const StrategyProblem& p, const std::vector<std::vector<int>>& segs,
 }  // namespace
 
 ProblemSolution solve_o2(const StrategyProblem& p, int n_ops, const std::vector<std::vector<int>>& succ,
-                         const std::vector<double>& weight, const std::vector<int>& order_pos, const O2Options& opt,
-                         O2Stats* stats_out) {
+                         const std::vector<double>& weight, const std::vector<int>& order_pos,
+                         const O2Options& opt, O2Stats* stats_out) {
   p.validate();
   const auto t0 = std::chrono::steady_clock::now();
   O2Stats st;
@@ -319,7 +319,7 @@ ProblemSolution solve_o2(const StrategyProblem& p, int n_ops, const std::vector<
   // of segments <= k is rebuilt by walking back (a full vector per state per segment made the
   // DP quadratic in depth).
   int boundary = -1;
-  std::vector<double> F;                 // over strategies of boundary
+  std::vector<double> F;                                  // over strategies of boundary
   std::vector<std::vector<int>> seg_local;                // per segment: its local nodes
   std::vector<std::vector<std::vector<int>>> seg_choice;  // per segment, per end strategy: local choice
   auto rebuild = [&](int k, int t) {  // the assignment behind segment k ending in strategy t

@@ -551,7 +551,8 @@ std::size_t table_size(const std::vector<int>& vars, const StrategyProblem& p) {
   std::size_t s = 1;
   for (int v : vars) {
     const std::size_t d = p.node_cost[v].size();
-    if (d != 0 && s > std::numeric_limits<std::size_t>::max() / d) return std::numeric_limits<std::size_t>::max();
+    if (d != 0 && s > std::numeric_limits<std::size_t>::max() / d)
+      return std::numeric_limits<std::size_t>::max();
     s *= d;
   }
   return s;
@@ -608,7 +609,8 @@ Elimination::Elimination(const StrategyProblem& p, int keep, std::size_t max_tab
         if (best < 0 || sz < best_size) best = v, best_size = sz, best_scope = scope;
       }
       if (best_size > max_table) return;
-      std::erase_if(vars, [&](const std::vector<int>& f) { return std::binary_search(f.begin(), f.end(), best); });
+      std::erase_if(vars,
+                    [&](const std::vector<int>& f) { return std::binary_search(f.begin(), f.end(), best); });
       vars.push_back(best_scope);
       order.push_back(best);
       scopes.push_back(std::move(best_scope));

@@ -178,7 +178,8 @@ Model build_model(const ir::Graph& g, const cluster::Cluster& cl, const cluster:
     for (ir::TensorId t : op.outputs)
       key += fmt::format("|{}:{}", fmt::join(g.tensor(t).shape, ","), dtype_name(g.tensor(t).dtype));
     auto [it, fresh] = first_of.try_emplace(std::move(key), o);
-    m.op_strats[o] = fresh ? SharedList<OpStrategy>(enumerate_strategies(g, op, m.mesh)) : m.op_strats[it->second];
+    m.op_strats[o] =
+        fresh ? SharedList<OpStrategy>(enumerate_strategies(g, op, m.mesh)) : m.op_strats[it->second];
     m.list_class[o] = it->second;
     WEFT_ASSERT(!m.op_strats[o].empty(), "the all-replicated strategy always exists");
   }
@@ -609,18 +610,12 @@ std::optional<ProblemSolution> price_memory(const Model& m, const Built& b, doub
   const int npos = static_cast<int>(lv.order.size());
   // Positions where the all-replicated live bytes exceed the limit; a tensor is priced when it
   // is live at one of them (exactly the tensors of memory rows that can bind).
-  std::vector<double> full(npos + 1, 0.0);
-  for (std::size_t t = 0; t < lv.begin.size(); ++t)
-    if (lv.begin[t] >= 0 && lv.begin[t] < npos) {
-      full[lv.begin[t]] += static_cast<double>(g.tensors()[t].bytes());
-      full[std::min(lv.end[t], npos - 1) + 1] -= static_cast<double>(g.tensors()[t].bytes());
-    }
+  std::vector<double> full_bytes(g.tensors().size());
+  for (std::size_t t = 0; t < full_bytes.size(); ++t)
+    full_bytes[t] = static_cast<double>(g.tensors()[t].bytes());
+  const std::vector<double> full = cost::live_bytes(lv, full_bytes);
   std::vector<int> hot_before(npos + 1, 0);  // hot positions in [0, p)
-  double run = 0;
-  for (int p = 0; p < npos; ++p) {
-    run += full[p];
-    hot_before[p + 1] = hot_before[p] + (run > limit ? 1 : 0);
-  }
+  for (int p = 0; p < npos; ++p) hot_before[p + 1] = hot_before[p] + (full[p] > limit ? 1 : 0);
   auto hot = [&](ir::TensorId t) {
     if (lv.begin[t] < 0 || lv.begin[t] >= npos) return false;
     return hot_before[std::min(lv.end[t], npos - 1) + 1] - hot_before[lv.begin[t]] > 0;
@@ -661,8 +656,8 @@ std::optional<ProblemSolution> price_memory(const Model& m, const Built& b, doub
     }
     return true;
   };
-  const double scale = relaxed.has_solution() ? std::max(relaxed.cost, 1e-9) / std::max(peak_of(relaxed.choice), 1.0)
-                                              : 1e-12;
+  const double scale =
+      relaxed.has_solution() ? std::max(relaxed.cost, 1e-9) / std::max(peak_of(relaxed.choice), 1.0) : 1e-12;
   // Bracket: lo = a price whose plan does not fit (0 = none found), hi = one whose plan fits.
   double lo = 0, hi = 0, lambda = scale * 1e-2;
   if (probe(lambda)) {
@@ -954,9 +949,12 @@ SpmdPlan spmd_search(const ir::Graph& g, const cluster::Cluster& cl, const clust
     if (limit > 0 && (!sol.has_solution() || peak_of(sol.choice) > limit) && opt.level == Level::O2 &&
         opt.o2_memory_pricing) {
       phase("solve without memory rows");
-      if (auto p = price_memory(m, b, limit, sol, peak_of, [&](const StrategyProblem& q, int k) {
-            return run_solve_rows(q, 0.55 + 0.02 * std::min(k, 15), 0.02, Level::O2);
-          }, rep)) {
+      if (auto p = price_memory(
+              m, b, limit, sol, peak_of,
+              [&](const StrategyProblem& q, int k) {
+                return run_solve_rows(q, 0.55 + 0.02 * std::min(k, 15), 0.02, Level::O2);
+              },
+              rep)) {
         sol = std::move(*p);
         priced = true;
       }

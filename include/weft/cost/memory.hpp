@@ -31,6 +31,8 @@ void build_live_sets(Liveness& l);
 // bounds all positions. Ascending.
 std::vector<int> maximal_positions(const Liveness& l);
 
+// Σ bytes(t) over the live set of every position.
+std::vector<double> live_bytes(const Liveness& l, const std::vector<double>& tensor_bytes);
 // Peak of Σ bytes(t) over the live sets, with bytes given per tensor (e.g. local bytes under a
 // plan). Returns {peak bytes, position}. Needs the intervals only (not the sets) when every
 // size is a whole number of bytes.

@@ -61,7 +61,7 @@ std::vector<int> critical_nodes(int n_ops, const std::vector<std::vector<int>>& 
                                 const std::vector<double>& weight, double heavy_fraction);
 
 ProblemSolution solve_o2(const StrategyProblem& p, int n_ops, const std::vector<std::vector<int>>& succ,
-                         const std::vector<double>& weight, const std::vector<int>& order_pos, const O2Options& opt,
-                         O2Stats* stats = nullptr);
+                         const std::vector<double>& weight, const std::vector<int>& order_pos,
+                         const O2Options& opt, O2Stats* stats = nullptr);
 
 }  // namespace weft::spmd

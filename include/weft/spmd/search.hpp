@@ -51,9 +51,9 @@ struct SearchOptions {
   MemoryMode memory_mode = MemoryMode::Ilp;
   double time_limit_s = 60;  // per ILP
   double relative_gap = 0;
-  bool strided_candidates = true;                  // Rhino §4.3.3 candidate generation
-  bool reuse_repeated_layers = true;               // O2: solve one of identical repeated segments, reuse it
-  int o2_refine_sweeps = 4;                        // O2: refinement sweeps after the DP (0 = off)
+  bool strided_candidates = true;     // Rhino §4.3.3 candidate generation
+  bool reuse_repeated_layers = true;  // O2: solve one of identical repeated segments, reuse it
+  int o2_refine_sweeps = 4;           // O2: refinement sweeps after the DP (0 = off)
   // O2 when the plan found without memory rows does not fit: first price memory instead of
   // constraining it — a cost λ per byte on every tensor live where the limit can bind, λ found
   // by bisection (the smallest price whose plan fits), each probe a row-free O2 solve (cached
@@ -83,7 +83,7 @@ struct SearchReport {
   std::vector<ParamRow> params;
   int refine_moves = 0;                             // O2: windows improved by the refinement sweeps
   double o2_dp_seconds = 0, o2_refine_seconds = 0;  // O2: the solve phase split
-  bool o2_fallback = false;  // O2 found no plan under the memory limit; the whole-graph ILP decided
+  bool o2_fallback = false;     // O2 found no plan under the memory limit; the whole-graph ILP decided
   int memory_price_probes = 0;  // O2 memory pricing: row-free solves tried (0 = not used)
   double memory_price = 0;      // O2 memory pricing: the price λ chosen, seconds per byte (0 = none)
   double total_seconds() const {

@@ -62,6 +62,13 @@ TEST_CASE("liveness: peak memory from the intervals = brute force, with and with
       if (bytes == &whole) {  // exact sums: the same position as the definition
         CHECK(a.second == truth.second);
         CHECK(b.second == truth.second);
+        const auto per = cost::live_bytes(without, *bytes);
+        REQUIRE(per.size() == with.order.size());
+        for (std::size_t p = 0; p < per.size(); ++p) {
+          double s = 0;
+          for (ir::TensorId t : with.sets[p]) s += (*bytes)[t];
+          CHECK(per[p] == s);
+        }
       }
     }
     cost::build_live_sets(without);

@@ -365,8 +365,8 @@ TEST_CASE("spmd: O2 under a binding memory limit prices memory; checked against 
   const auto p0 = spmd_search(g, cl, mesh, free);
   // Under ASan/UBSan (-O0, ~9x slower) one limit: the O3 and rows-path references take ~2-3 s
   // each in Release.
-  const std::vector<double> fracs = std::getenv("WEFT_SANITIZED") ? std::vector<double>{0.45}
-                                                                   : std::vector<double>{0.6, 0.45};
+  const std::vector<double> fracs =
+      std::getenv("WEFT_SANITIZED") ? std::vector<double>{0.45} : std::vector<double>{0.6, 0.45};
   for (double frac : fracs) {
     SearchOptions o3;
     o3.level = Level::O3;
@@ -393,7 +393,8 @@ TEST_CASE("spmd: O2 under a binding memory limit prices memory; checked against 
     CHECK(b.cost <= a.cost * 1.15);
     CHECK(b.cost <= c.cost * (1 + 1e-9));
     MESSAGE("limit ", frac, " x peak: O3 ", a.cost, " O2 priced ", b.cost, " (", b.report.memory_price_probes,
-            " probes) O2 rows ", c.cost, " unconstrained ", p0.cost, " | seconds O3 ", a.report.total_seconds(),
-            " priced ", b.report.total_seconds(), " rows ", c.report.total_seconds());
+            " probes) O2 rows ", c.cost, " unconstrained ", p0.cost, " | seconds O3 ",
+            a.report.total_seconds(), " priced ", b.report.total_seconds(), " rows ",
+            c.report.total_seconds());
   }
 }
