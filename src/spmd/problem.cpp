@@ -626,26 +626,43 @@ Elimination::Elimination(const StrategyProblem& p, int keep, std::size_t max_tab
     for (auto& f : fs)
       (std::binary_search(f.vars.begin(), f.vars.end(), v) ? touching : rest).push_back(std::move(f));
     Factor nf{best_scope, std::vector<double>(best_size, kInfCost)};
-    std::vector<int> x(n, 0);
     const std::size_t sv = p.node_cost[v].size();
-    for (std::size_t idx = 0; idx < best_size; ++idx) {
-      std::size_t r = idx;
-      for (int i = static_cast<int>(best_scope.size()) - 1; i >= 0; --i) {
-        const std::size_t d = p.node_cost[best_scope[i]].size();
-        x[best_scope[i]] = static_cast<int>(r % d);
-        r /= d;
+    // The new table in row-major order of its scope, an odometer over the scope's strategies:
+    // each touching factor's offset is kept incrementally (its stride for every scope variable,
+    // 0 when absent, and for v), instead of decoding and re-encoding every index.
+    const std::size_t nsc = best_scope.size(), nt = touching.size();
+    std::vector<std::size_t> stride(nt * nsc, 0), vstride(nt, 0), base(nt, 0);
+    for (std::size_t k = 0; k < nt; ++k) {
+      std::size_t st = 1;
+      for (int j = static_cast<int>(touching[k].vars.size()) - 1; j >= 0; --j) {
+        const int u = touching[k].vars[j];
+        if (u == v) {
+          vstride[k] = st;
+        } else {
+          const auto at = std::lower_bound(best_scope.begin(), best_scope.end(), u) - best_scope.begin();
+          stride[k * nsc + static_cast<std::size_t>(at)] = st;
+        }
+        st *= p.node_cost[u].size();
       }
+    }
+    std::vector<std::size_t> digit(nsc, 0);
+    for (std::size_t idx = 0; idx < best_size; ++idx) {
       double m = kInfCost;
       for (std::size_t s = 0; s < sv; ++s) {
-        x[v] = static_cast<int>(s);
         double c = 0;
-        for (const auto& f : touching) {
-          c += eval(f, x);
-          if (std::isinf(c)) break;
-        }
+        for (std::size_t k = 0; k < nt && !std::isinf(c); ++k) c += touching[k].table[base[k] + s * vstride[k]];
         m = std::min(m, c);
       }
       nf.table[idx] = m;
+      for (std::size_t i = nsc; i-- > 0;) {  // next index: the last digit turns fastest
+        const std::size_t d = p.node_cost[best_scope[i]].size();
+        if (++digit[i] < d) {
+          for (std::size_t k = 0; k < nt; ++k) base[k] += stride[k * nsc + i];
+          break;
+        }
+        digit[i] = 0;
+        for (std::size_t k = 0; k < nt; ++k) base[k] -= (d - 1) * stride[k * nsc + i];
+      }
     }
     rest.push_back(std::move(nf));
     fs = std::move(rest);
