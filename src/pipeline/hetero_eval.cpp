@@ -371,7 +371,7 @@ DpEvaluation evaluate_data_parallel(const ModelProfile& model, const cluster::Cl
              batch.size(), ids.size());
   DpEvaluation e;
   e.batch = batch;
-  double fb = 0, fwd = 0, optim = 0;
+  double fb = 0, fwd = 0;  // max over replicas of optimizer + forward + backward, optimizer + forward
   std::int64_t total = 0;
   for (std::size_t i = 0; i < ids.size(); ++i) {
     WEFT_CHECK(batch[i] >= 0, "batch shares must be >= 0 (got {})", batch[i]);
@@ -382,9 +382,11 @@ DpEvaluation evaluate_data_parallel(const ModelProfile& model, const cluster::Cl
     e.compute.push_back(t);
     e.memory.push_back(model.peak_memory(b));
     e.fits = e.fits && e.memory.back() <= d.spec.memory_bytes;
-    fb = std::max(fb, t - o);
-    fwd = std::max(fwd, model.forward_time(b, d, opt.calibration));
-    optim = std::max(optim, o);
+    // Each replica runs its optimizer right after the all-reduce and goes on with the next step's
+    // forward: the replicas meet only at the all-reduce, so the period is set by the slowest
+    // optimizer + forward (+ backward), not by the slowest optimizer plus the slowest compute.
+    fb = std::max(fb, t);
+    fwd = std::max(fwd, o + model.forward_time(b, d, opt.calibration));
     total += batch[i];
   }
   WEFT_CHECK(total > 0, "evaluate_data_parallel: the global batch is 0");
@@ -395,8 +397,7 @@ DpEvaluation evaluate_data_parallel(const ModelProfile& model, const cluster::Cl
     e.allreduce = cluster::all_reduce_time(link, model.param_bytes());
     ar_bucket = cluster::all_reduce_time(link, std::min(opt.bucket_bytes, model.param_bytes()));
   }
-  e.step_time =
-      (opt.overlap_grad_sync ? std::max(fb + ar_bucket, fwd + e.allreduce) : fb + e.allreduce) + optim;
+  e.step_time = opt.overlap_grad_sync ? std::max(fb + ar_bucket, fwd + e.allreduce) : fb + e.allreduce;
   e.throughput = static_cast<double>(total) / e.step_time;
   return e;
 }
@@ -415,8 +416,9 @@ HeteroShares balance_data_parallel(const ModelProfile& model, const cluster::Clu
   std::vector<LoadModel> loads;
   for (int id : ids) {
     const cluster::Device& d = c.device(id);
-    const double o = optimizer_time(model, d, opt.calibration);
-    const double tlo = model.time(lo, d, opt.calibration) - o, thi = model.time(hi, d, opt.calibration) - o;
+    // The optimizer step stays in the fixed part: a replica's period is optimizer + compute (see
+    // evaluate_data_parallel), so a slower optimizer leaves that replica fewer samples.
+    const double tlo = model.time(lo, d, opt.calibration), thi = model.time(hi, d, opt.calibration);
     const double slope = (thi - tlo) / (hi - lo);
     WEFT_ASSERT(slope > 0, "compute time does not grow with the batch");
     const double eff = fps / slope;  // effective FLOP/s of this device on this model

@@ -12,10 +12,11 @@
 //    and the shares come from pipeline::try_balance_load (Algorithm 1, corrected: the min-max
 //    optimum of max_i t_i(u_i) over integer shares that fit, memory as static + load × activations).
 //    Every share is then costed exactly (the graph rebatched to u_i) and the plan is checked per
-//    device against that device's own memory. Step = M·max_i t_i(u_i) (the gradient all-reduce
-//    waits for the slowest replica) + the exposed part of the all-reduce over all devices (α-β,
-//    overlapped with the slowest replica's last backward: PlanOptions::overlap_grad_sync) +
-//    max_i optimizer_i — the homogeneous planner's data-parallel rule.
+//    device against that device's own memory. Step = max_i (M·t_i(u_i) + optimizer_i) (a replica
+//    updates right after the all-reduce and starts its next forward, so the replicas meet only at
+//    the all-reduce, which waits for the replica with the longest period) + the exposed part of
+//    the all-reduce over all devices (α-β, overlapped with that replica's last backward:
+//    PlanOptions::overlap_grad_sync) — the homogeneous planner's data-parallel rule.
 //
 // 2. Pipelines over the nodes grouped by kind: Whale's memory-descending order first (in 1F1B
 //    stage s of S holds min(M, S − s) micro-batches' activations, so the early stages go to the
@@ -103,7 +104,10 @@ class ReplicaModel {
 };
 
 // Balanced shares of T samples per micro-batch (Algorithm 1 on the affine per-kind model).
-pipeline::HeteroShares balanced_shares(Context& ctx, ReplicaModel& rm, std::int64_t T) {
+// A replica's period is M·t(u) + its optimizer step (it updates right after the all-reduce and
+// starts the next forward; the replicas meet only at the all-reduce), so the optimizer is fixed
+// work spread over the M micro-batches: a kind with a slower optimizer takes fewer samples.
+pipeline::HeteroShares balanced_shares(Context& ctx, ReplicaModel& rm, int M, std::int64_t T) {
   const auto& c = ctx.c_;
   const int N = c.num_devices();
   const std::int64_t lo = std::max<std::int64_t>(1, T / N);
@@ -122,7 +126,7 @@ pipeline::HeteroShares balanced_shares(Context& ctx, ReplicaModel& rm, std::int6
     const double span = static_cast<double>(hi - lo);
     // Seconds per sample and fixed seconds (the balancer's "FLOPs" with a device speed of 1).
     const double slope = std::max((b.fb - a.fb) / span, 1e-15);
-    const double fixed = std::max(0.0, a.fb - slope * static_cast<double>(lo));
+    const double fixed = std::max(0.0, a.fb - slope * static_cast<double>(lo)) + a.upd / M;
     const double per = std::max(0.0, (b.memory - a.memory) / span);
     const double stat = std::max(0.0, a.memory - per * static_cast<double>(lo));
     caps.emplace_back(1.0, ctx.usable_of_device(d.id), fmt::format("{}#{}", d.spec.kind, d.id));
@@ -138,8 +142,9 @@ Built data_parallel_build(Context& ctx, ReplicaModel& rm, int M, const std::vect
   const int N = c.num_devices();
   Built out;
   out.plan.strategy = strategy;
+  // The critical replica: the largest period M·(F + B) + optimizer (see balanced_shares).
   int crit = 0;
-  double max_upd = 0;
+  double crit_period = -1;
   std::vector<double> mem(static_cast<std::size_t>(N));
   std::string over;
   for (int i = 0; i < N; ++i) {
@@ -148,8 +153,11 @@ Built data_parallel_build(Context& ctx, ReplicaModel& rm, int M, const std::vect
       out.note = fmt::format("device {}: {}", i, rc.error);
       return out;
     }
-    if (rc.fb > rm.cost(c.device(crit).spec.kind, shares[static_cast<std::size_t>(crit)]).fb) crit = i;
-    max_upd = std::max(max_upd, rc.upd);
+    const double period = M * rc.fb + rc.upd;
+    if (period > crit_period) {
+      crit = i;
+      crit_period = period;
+    }
     mem[static_cast<std::size_t>(i)] = rc.memory;
     if (over.empty() && rc.memory > ctx.usable_of_device(i) * (1 + 1e-9))
       over = fmt::format("device {} ({} samples per micro-batch): {:.3g} GB > {:.3g} GB usable", i,
@@ -179,8 +187,6 @@ Built data_parallel_build(Context& ctx, ReplicaModel& rm, int M, const std::vect
   p.strategy = strategy;
   p.replica_microbatch = shares;
   p.microbatch_size = *std::max_element(shares.begin(), shares.end());
-  // The slowest optimizer (the kinds differ) after the all-reduce materialise added.
-  p.stages[0].optimizer_time += max_upd - rc.upd;
   p.device_memory = mem;
   p.peak_memory = *std::max_element(mem.begin(), mem.end());
   p.stages[0].peak_memory = p.peak_memory;
@@ -406,7 +412,7 @@ Plan make_hetero_plan(Context& ctx) {
     ctx.progress("spmd", 0.02, fmt::format("M={}: data-parallel shares over {} devices", M, c.num_devices()));
     ctx.check_time("the data-parallel shares");
     const std::int64_t T = B / M;
-    const pipeline::HeteroShares s = balanced_shares(ctx, rm, T);
+    const pipeline::HeteroShares s = balanced_shares(ctx, rm, M, T);
     if (s.feasible) {
       consider(data_parallel_build(ctx, rm, M, s.units, "data parallel (uneven shares)"), nullptr);
     } else {

@@ -88,7 +88,7 @@ def test_balance_batch_bert_large_v100_p100():
     r = hetero.balance_batch(c, bert128, 768)  # 48 per GPU evenly: the largest a P100 holds
     assert sum(r.batch) == 768 and r.batch[0] > r.batch[8]
     assert r.even.fits and r.balanced.fits
-    assert 1.29 <= r.speedup <= 1.32  # the cost model's ceiling is 1.316 (docs/modules/hetero.md)
+    assert 1.3 <= r.speedup <= 1.32  # the cost model's ceiling is 1.315 (docs/modules/hetero.md)
     # plain numbers: compute time only, devices at peak FP32
     n = hetero.balance_batch(c, {"flops_per_sample": 1e12, "static_bytes": 5e9, "bytes_per_sample": 3e8}, 768)
     assert sum(n.batch) == 768 and n.speedup == pytest.approx((8 * 15.7 + 8 * 9.3) / (16 * 9.3), rel=0.02)

@@ -136,6 +136,25 @@ def test_plan_heterogeneous_cluster_uneven_shares_and_manual_layouts():
         weft.layout_plan(g, c, [(0, 7, [2, 3]), (8, 15, [3, 1])], num_microbatches=4)
 
 
+def test_plan_whale_data_parallel_acceptance_bert_large_8_v100_8_p100():
+    # The acceptance through the planner's own cost model: BERT-large (seq 128) data
+    # parallel on 8 V100-32GB + 8 P100-16GB at 48 samples per GPU (the most a P100 holds), against
+    # the best even split over the micro-batch counts. Ceiling of this cost model: 1.316.
+    bert = weft.models.bert("BERT-large", batch=768, seq=128).train_step(optimizer="adam")
+    c = weft.Cluster.concat(weft.Cluster.preset("M8"), weft.Cluster.preset("P100"))
+    p = weft.plan(bert, c, pipeline=False)
+    assert p.strategy == "data parallel (uneven shares)"
+    even = []
+    for m in (1, 2, 4, 8, 16):
+        try:
+            even.append(weft.data_parallel_plan(bert, c, [768 // (16 * m)] * 16, num_microbatches=m).throughput)
+        except ValueError:  # a P100 does not hold the micro-batch
+            pass
+    assert even
+    assert 1.3 <= p.throughput / max(even) <= 1.316
+    assert min(p.replica_microbatch[:8]) > max(p.replica_microbatch[8:])
+
+
 def test_cli_plans_a_mixed_cluster(capsys):
     from weft.cli import main, _cluster
 

@@ -176,7 +176,9 @@ class ModelProfile {
 struct DataParallelOptions {
   cost::Calibration calibration{};
   // Gradient all-reduce overlapped with the backward pass (bucketed, as in Horovod/DDP/Whale):
-  // step = max(compute + AR(bucket), forward + AR(all)) + optimizer; otherwise compute + AR.
+  // step = max_i over replicas of max(optimizer + compute + AR(bucket), optimizer + forward +
+  // AR(all)) — each replica updates right after the all-reduce and starts its next forward, the
+  // replicas meet only at the all-reduce; otherwise max_i(optimizer + compute) + AR.
   bool overlap_grad_sync = true;
   double bucket_bytes = 25e6;
 };

@@ -98,8 +98,8 @@ Plan best_megatron_plan(const ir::Graph& training_graph, const cluster::Cluster&
 //
 // Data parallelism with the given samples per micro-batch on every device (in device id order,
 // Σ = batch / num_microbatches; 0 = the device only holds the state), costed like make_plan's
-// candidates: step = num_microbatches × slowest replica + gradient all-reduce + slowest
-// optimizer. Plan::replica_microbatch holds the shares. weft::Error on bad shares or when a
+// candidates: step = the longest replica period (num_microbatches × its forward + backward + its
+// optimizer step) + the exposed gradient all-reduce. Plan::replica_microbatch holds the shares. weft::Error on bad shares or when a
 // device's memory is exceeded (the message names it).
 Plan data_parallel_plan(const ir::Graph& training_graph, const cluster::Cluster& cluster,
                         const std::vector<std::int64_t>& shares, int num_microbatches,

@@ -281,15 +281,23 @@ TEST_CASE("hetero: acceptance — data parallel 8 V100-32GB + 8 P100-16GB, BERT-
   CHECK(ceiling == doctest::Approx(1.316).epsilon(0.005));
   CHECK(ratio <= ceiling);
   CHECK(ratio >= 0.985 * ceiling);  // integer shares and the fixed optimizer/bucket times cost < 1.5%
-  // Whale reports 1.3-1.4x; here 1.299 at 48/GPU (1.307 at 42/GPU): see docs/modules/hetero.md.
-  CHECK(ratio >= 1.29);
+  // The issue's target (Whale reports 1.3-1.4x): 1.301 at the batch the P100 holds (48/GPU).
+  CHECK(ratio >= 1.3);
   // Without overlapping the all-reduce the gain is smaller but still there.
   DataParallelOptions no;
   no.overlap_grad_sync = false;
-  const double r2 = evaluate_data_parallel(p, c, ids, s.units, no).throughput /
-                    evaluate_data_parallel(p, c, ids, even_units(B, 16), no).throughput;
+  const DpEvaluation bal_no = evaluate_data_parallel(p, c, ids, s.units, no);
+  const double r2 = bal_no.throughput / evaluate_data_parallel(p, c, ids, even_units(B, 16), no).throughput;
   MESSAGE("no overlap ratio " << r2);
   CHECK(r2 > 1.1);
+  // The step by hand: every replica runs optimizer + forward + backward between two all-reduces
+  // (ModelProfile::time is all three), the all-reduce waits for the longest of those periods. A
+  // barrier after the optimizer (slowest optimizer + slowest compute) would cost more here: the
+  // V100s have the longer forward + backward, the P100s the longer optimizer step.
+  double period = 0;
+  for (int id : ids)
+    period = std::max(period, p.time(static_cast<double>(s.units[static_cast<std::size_t>(id)]), c.device(id)));
+  CHECK(bal_no.step_time == doctest::Approx(period + bal_no.allreduce).epsilon(1e-12));
 }
 
 TEST_CASE("hetero: acceptance — pipeline on 4 V100 + 4 P100, BERT-large") {
