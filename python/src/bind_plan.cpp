@@ -106,6 +106,9 @@ void bind_plan(py::module_& m) {
       .def_readonly("data_parallel", &Plan::data_parallel)
       .def_readonly("replica_microbatch", &Plan::replica_microbatch,
                     "Uneven data parallelism: samples per micro-batch of each replica (empty: even).")
+      .def_readonly("split_fraction", &Plan::split_fraction,
+                    "Uneven tensor split (Whale's split over mixed GPUs): the fraction of every split "
+                    "dimension each device of the stage holds (empty: even).")
       .def_property_readonly("global_batch", &Plan::global_batch)
       .def_readonly("num_blocks", &Plan::num_blocks)
       .def_readonly("stages", &Plan::stages)
@@ -206,6 +209,8 @@ void bind_plan(py::module_& m) {
         o.stage_ilp = py::cast<bool>(v);
       else if (key == "compare_megatron")
         o.compare_megatron = py::cast<bool>(v);
+      else if (key == "uneven_split")
+        o.uneven_split = py::cast<bool>(v);
       else if (key == "max_alternatives")
         o.max_alternatives = py::cast<int>(v);
       else if (key == "progress") {
@@ -244,6 +249,13 @@ void bind_plan(py::module_& m) {
         return data_parallel_plan(g, c, shares, num_microbatches, options(kw));
       },
       py::arg("training_graph"), py::arg("cluster"), py::arg("shares"), py::arg("num_microbatches") = 1);
+  m.def(
+      "split_plan",
+      [options](const weft::ir::Graph& g, const weft::cluster::Cluster& c, const std::vector<double>& fraction,
+                int num_microbatches, const py::kwargs& kw) {
+        return split_plan(g, c, fraction, num_microbatches, options(kw));
+      },
+      py::arg("training_graph"), py::arg("cluster"), py::arg("fraction"), py::arg("num_microbatches") = 1);
   m.def(
       "layout_plan",
       [options](const weft::ir::Graph& g, const weft::cluster::Cluster& c, const py::list& stages,

@@ -76,7 +76,7 @@ def plan(model_graph, cluster, schedule: str = "1F1B", *, num_microbatches: Opti
     time_limit, memory_limit (bytes per device), memory_fraction, overlap_grad_sync (default True:
     gradient synchronisation overlapped with the last backward in buckets), grad_bucket_bytes, whole_nodes_only,
     power_of_two_nodes, max_logical_shapes, two_d_meshes, pipeline, max_data_parallel, stage_ilp,
-    compare_megatron, max_alternatives. Raises ValueError for bad input and when the model cannot
+    compare_megatron, uneven_split (mixed GPUs: Whale's uneven tensor split), max_alternatives. Raises ValueError for bad input and when the model cannot
     fit (the message says how much memory is missing)."""
     g = _training_graph(model_graph)
     opts, bar = _options(schedule, progress, {"num_microbatches": num_microbatches, **options})
@@ -111,6 +111,17 @@ def data_parallel_plan(model_graph, cluster, shares, num_microbatches: int = 1, 
     return _weft.data_parallel_plan(g, cluster, [int(s) for s in shares], int(num_microbatches), **opts)
 
 
+def split_plan(model_graph, cluster, fraction, num_microbatches: int = 1, schedule: str = "1F1B",
+               **options) -> Plan:
+    """Whale's ``split`` over mixed GPUs with given fractions: the whole graph as one SPMD stage on
+    every device (id order), device i holding ``fraction[i] / sum(fraction)`` of every dimension the
+    mesh axis splits, costed like :func:`plan`'s "spmd (uneven split)" candidates."""
+    g = _training_graph(model_graph)
+    opts, _ = _options(schedule, False, {"num_microbatches": num_microbatches, **options})
+    opts.pop("num_microbatches", None)
+    return _weft.split_plan(g, cluster, [float(f) for f in fraction], int(num_microbatches), **opts)
+
+
 def layout_plan(model_graph, cluster, stages, num_microbatches: int = 1, schedule: str = "1F1B",
                 **options) -> Plan:
     """A given pipeline layout: ``stages`` = [(first_block, last_block, [device ids], mesh or None)],
@@ -127,4 +138,4 @@ def layout_plan(model_graph, cluster, stages, num_microbatches: int = 1, schedul
     return _weft.layout_plan(g, cluster, norm, int(num_microbatches), **opts)
 
 
-__all__ = ["plan", "megatron_plan", "data_parallel_plan", "layout_plan", "Plan"]
+__all__ = ["plan", "megatron_plan", "data_parallel_plan", "split_plan", "layout_plan", "Plan"]

@@ -67,4 +67,30 @@ OpCost op_cost(const ir::Graph& g, const ir::Op& op, const cluster::DeviceSpec& 
   return c;
 }
 
+OpCost op_cost_fractional(const ir::Graph& g, const ir::Op& op, const cluster::DeviceSpec& device,
+                          const std::vector<double>& frac) {
+  const auto& m = op.index_map;
+  WEFT_CHECK(frac.size() == m.factors.size(), "op_cost: {} factor fractions for op '{}' with {} factors",
+             frac.size(), op.name, m.factors.size());
+  for (double f : frac)
+    WEFT_CHECK(f >= 0 && f <= 1, "op_cost: factor fractions must be in [0, 1] (op '{}', got {})", op.name, f);
+  OpCost c;
+  if (std::find(frac.begin(), frac.end(), 0.0) != frac.end()) return c;
+  auto held = [&](const std::vector<ir::DimFactors>& dims) {
+    double p = 1;
+    for (const auto& d : dims)
+      for (int f : d) p *= frac[static_cast<std::size_t>(f)];
+    return p;
+  };
+  double work = 1;
+  for (int f : m.work_factors) work *= frac[static_cast<std::size_t>(f)];
+  c.flops = m.flops() * work;
+  for (std::size_t i = 0; i < op.inputs.size(); ++i)
+    c.bytes += static_cast<double>(g.tensor(op.inputs[i]).bytes()) * held(m.inputs[i]);
+  for (std::size_t i = 0; i < op.outputs.size(); ++i)
+    c.bytes += static_cast<double>(g.tensor(op.outputs[i]).bytes()) * held(m.outputs[i]);
+  c.time = roofline_time(c.flops, c.bytes, device, compute_dtype(g, op));
+  return c;
+}
+
 }  // namespace weft::cost

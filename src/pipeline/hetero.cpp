@@ -279,6 +279,28 @@ std::vector<std::int64_t> split_dimension(const std::vector<DeviceCapacity>& dev
   return r.units;
 }
 
+std::vector<std::int64_t> proportional_pieces(std::int64_t size, const std::vector<double>& fraction) {
+  WEFT_CHECK(size >= 0 && !fraction.empty(), "proportional_pieces needs size >= 0 and a fraction per piece");
+  double total = 0;
+  for (double f : fraction) {
+    WEFT_CHECK(std::isfinite(f) && f >= 0, "proportional_pieces: fractions must be finite and >= 0 (got {})", f);
+    total += f;
+  }
+  WEFT_CHECK(total > 0, "proportional_pieces: the fractions sum to 0");
+  std::vector<std::int64_t> out(fraction.size());
+  std::vector<std::pair<double, std::size_t>> rest;
+  std::int64_t left = size;
+  for (std::size_t i = 0; i < fraction.size(); ++i) {
+    const double exact = static_cast<double>(size) * fraction[i] / total;
+    out[i] = std::min(left, static_cast<std::int64_t>(std::floor(exact)));
+    left -= out[i];
+    rest.emplace_back(exact - static_cast<double>(out[i]), i);
+  }
+  std::stable_sort(rest.begin(), rest.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  for (std::size_t k = 0; left > 0; k = (k + 1) % rest.size(), --left) ++out[rest[k].second];
+  return out;
+}
+
 std::vector<int> memory_descending_order(const std::vector<DeviceCapacity>& devices) {
   std::vector<int> idx(devices.size());
   std::iota(idx.begin(), idx.end(), 0);

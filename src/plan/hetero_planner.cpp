@@ -428,6 +428,30 @@ Plan make_hetero_plan(Context& ctx) {
                                  "data parallel (even shares)"),
              nullptr);
   }
+  // 3. Whale's split: the whole graph as one SPMD stage over every device, each split factor cut
+  //    in proportion to what each device can do (uneven_split.cpp), against its even counterpart.
+  if (o.uneven_split && c.num_devices() >= 2) {
+    const MeshOption whole = whole_cluster_mesh(ctx);
+    for (int M : Ms) {
+      ctx.progress("spmd", 0.3, fmt::format("M={}: uneven split over {} devices", M, c.num_devices()));
+      ctx.check_time("the uneven split");
+      std::string why;
+      const auto f = balanced_fractions(ctx, 0, ctx.L() - 1, B / M, whole, 0, M, 1, &why);
+      if (!f.empty()) {
+        consider(split_build(ctx, whole, M, f, "spmd (uneven split)"), nullptr);
+      } else {
+        Alternative a;
+        a.strategy = "spmd (uneven split)";
+        a.layout = fmt::format("M={} split over {}", M, c.num_devices());
+        a.feasible = false;
+        a.note = why;
+        alts.push_back(a);
+      }
+      consider(split_build(ctx, whole, M, std::vector<double>(static_cast<std::size_t>(c.num_devices()), 1.0),
+                           "spmd (even split)"),
+               nullptr);
+    }
+  }
   // 2. Pipelines over the memory-descending device order.
   // Whale's order first, then every other order of the node kinds (a small first stage, such as
   // the embedding alone, can be better on the small GPU: the memory rule is a heuristic).

@@ -173,6 +173,7 @@ std::string Plan::to_json() const {
          {"microbatch_size", microbatch_size},
          {"data_parallel", data_parallel},
          {"replica_microbatch", replica_microbatch},
+         {"split_fraction", split_fraction},
          {"num_blocks", num_blocks},
          {"stages", stages_j},
          {"cross_tensors", cross_j},
@@ -216,6 +217,8 @@ Plan Plan::from_json(std::string_view text) {
   p.data_parallel = field<int>(j, "data_parallel", root);
   if (j.contains("replica_microbatch"))  // absent in plans written before uneven data parallelism
     p.replica_microbatch = field<std::vector<std::int64_t>>(j, "replica_microbatch", root);
+  if (j.contains("split_fraction"))  // absent in plans written before the uneven tensor split
+    p.split_fraction = field<std::vector<double>>(j, "split_fraction", root);
   p.num_blocks = field<int>(j, "num_blocks", root);
   const auto& st = array_field(j, "stages", root);
   for (std::size_t i = 0; i < st.size(); ++i)
@@ -251,6 +254,9 @@ Plan Plan::from_json(std::string_view text) {
   WEFT_CHECK(p.replica_microbatch.empty() || static_cast<int>(p.replica_microbatch.size()) == p.data_parallel,
              "Plan JSON: plan.replica_microbatch needs data_parallel ({}) entries, has {}", p.data_parallel,
              p.replica_microbatch.size());
+  WEFT_CHECK(p.split_fraction.empty() ||
+                 (p.stages.size() == 1 && p.split_fraction.size() == p.stages[0].devices.size()),
+             "Plan JSON: plan.split_fraction needs one stage and a fraction per device of it");
   WEFT_CHECK(p.device_memory.size() == p.devices_used.size(),
              "Plan JSON: plan.device_memory and plan.devices_used differ in length");
   for (const auto& c : p.cross_tensors)
@@ -300,11 +306,22 @@ std::string Plan::summary() const {
     }
     s += fmt::format("  shares        uneven samples per micro-batch per replica: {}\n", runs);
   }
+  if (!split_fraction.empty()) {
+    // Uneven tensor split: runs of equal fractions ("8 x 0.0811, 8 x 0.0439").
+    std::string runs;
+    for (std::size_t i = 0; i < split_fraction.size();) {
+      std::size_t k = i;
+      while (k < split_fraction.size() && split_fraction[k] == split_fraction[i]) ++k;
+      runs += fmt::format("{}{} x {:.4f}", runs.empty() ? "" : ", ", k - i, split_fraction[i]);
+      i = k;
+    }
+    s += fmt::format("  split         uneven: fraction of every split dimension per device: {}\n", runs);
+  }
   s += fmt::format("  step time     {:.4f} s  (bubble {:.1f}%)\n", step_time, bubble_fraction * 100);
   s += fmt::format("  throughput    {:.2f} samples/s\n", throughput);
   s += fmt::format("  MFU           {:.1f}%  ({:.3g} PFLOP per step over {:.3g} PFLOP/s peak)\n", mfu * 100,
                    model_flops / 1e15, cluster_peak_flops / 1e15);
-  if (replica_microbatch.empty())
+  if (replica_microbatch.empty() && split_fraction.empty())
     s += fmt::format("  peak memory   {} per device (usable {})\n", gb(peak_memory), gb(memory_limit));
   else  // mixed GPU kinds: each device is checked against its own kind's memory
     s += fmt::format(

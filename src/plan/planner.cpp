@@ -85,7 +85,13 @@ const BlockCost& Context::block_cost(int b, std::int64_t bs, const MeshOption& m
   const ir::Graph& bg = sg.graph;
   // A cheap lower bound first: state bytes cannot shrink below full / devices.
   const double lb = block_state_bytes[b] / static_cast<double>(m.mesh.size());
-  if (lb > usable(m.mesh)) {
+  // A mesh mixing kinds may split unevenly: only the mean memory bounds it.
+  double cap = usable(m.mesh);
+  if (mixed(m.mesh)) {
+    cap = 0;
+    for (int d : m.mesh.device_ids()) cap += usable_of_device(d) / static_cast<double>(m.mesh.size());
+  }
+  if (lb > cap) {
     bc.error = fmt::format("block {} needs >= {:.3g} GB/device of parameter state on {} devices", b, lb / 1e9,
                            m.mesh.size());
     return cache.emplace(key, std::move(bc)).first->second;
@@ -96,6 +102,7 @@ const BlockCost& Context::block_cost(int b, std::int64_t bs, const MeshOption& m
   so.relative_gap = opt_.spmd_relative_gap;
   so.memory_limit = variant == 0 ? -1.0 : usable(m.mesh) / std::max(1, L());
   so.strided_candidates = false;
+  if (mixed(m.mesh)) so.device = mesh_spec(m.mesh);  // an uneven split: re-priced per device later
   if (forced_dp > 0) {
     for (const auto& t : bg.tensors()) {
       if (t.producer != ir::kNoOp || is_state_leaf(t) || t.rank() < 1) continue;
@@ -112,9 +119,11 @@ const BlockCost& Context::block_cost(int b, std::int64_t bs, const MeshOption& m
   try {
     spmd::SpmdPlan p = spmd::spmd_search(bg, c_, m.mesh, so);
     bc.ok = true;
-    const auto& dev = c_.device(m.mesh.device_ids()[0]).spec;
+    const auto& dev = mesh_spec(m.mesh);
     double f = 0, bw = 0, w = 0, u = 0;
+    bc.split_factor.assign(bg.ops().size(), -1);
     for (ir::OpId o = 0; o < static_cast<ir::OpId>(bg.ops().size()); ++o) {
+      bc.split_factor[o] = p.op_strategies[o].axes.empty() ? -1 : p.op_strategies[o].axes[0].factor;
       const double t = cost::op_cost(bg, bg.op(o), dev, p.op_strategies[o].factor_shards).time;
       const ir::OpId orig = sg.original_op[o];
       switch (phase[orig]) {
@@ -164,6 +173,10 @@ const BlockCost& Context::block_cost(int b, std::int64_t bs, const MeshOption& m
     bc.wgt = w + (bw > 0 ? comm * cb * (w / bw) : 0.0);
     bc.upd = u + comm * cu + grad_sync;
     bc.grad_sync = grad_sync;
+    bc.fwd_compute = f;
+    bc.bwd_compute = bw;
+    bc.wgt_compute = w;
+    bc.upd_compute = u;
     bc.compute = f + bw;
     bc.comm = comm * (cf + cb);
     const int nt = static_cast<int>(bg.tensors().size());
@@ -184,9 +197,12 @@ const BlockCost& Context::block_cost(int b, std::int64_t bs, const MeshOption& m
     for (ir::OpId o = 0; o < static_cast<ir::OpId>(bg.ops().size()); ++o)
       if (phase[sg.original_op[o]] == pipeline::OpPhase::Backward)
         for (ir::TensorId t : bg.op(o).inputs) read_by_bwd[t] = 1;
+    bc.mem_class.assign(nt, BlockCost::kNone);
     for (int t = 0; t < nt; ++t) {
       const auto& info = bg.tensor(t);
       if (is_state_leaf(info)) {
+        // A parameter counts twice (it and its gradient), an optimizer state once.
+        bc.mem_class[t] = info.role == ir::Role::Parameter ? BlockCost::kParam : BlockCost::kOptState;
         bc.static_mem += bc.local_bytes[t] * (info.role == ir::Role::Parameter ? 2.0 : 1.0);
         continue;
       }
@@ -195,7 +211,10 @@ const BlockCost& Context::block_cost(int b, std::int64_t bs, const MeshOption& m
           info.producer != ir::kNoOp && phase[sg.original_op[info.producer]] == pipeline::OpPhase::Forward;
       const bool boundary_act = info.producer == ir::kNoOp && info.role == ir::Role::Activation;
       const bool input = info.producer == ir::kNoOp && info.role == ir::Role::Input;
-      if (fwd_result || boundary_act || input) bc.act_mem += bc.local_bytes[t];
+      if (fwd_result || boundary_act || input) {
+        bc.mem_class[t] = BlockCost::kActivation;
+        bc.act_mem += bc.local_bytes[t];
+      }
     }
     bc.transient = std::max(0.0, p.peak_memory - bc.static_mem - bc.act_mem);
   } catch (const InternalError&) {

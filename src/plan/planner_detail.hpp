@@ -32,6 +32,9 @@ namespace weft::plan::detail {
 
 inline constexpr double kInf = std::numeric_limits<double>::infinity();
 
+// The dtype of the graph's largest op (MFU and the slowest kind of a mixed mesh use its peak).
+DType graph_compute_dtype(const ir::Graph& g);
+
 inline double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -59,6 +62,13 @@ struct BlockCost {
   double static_mem = 0, act_mem = 0, transient = 0;
   std::vector<std::string> spec;    // per tensor of the block graph: spec text ("" = none)
   std::vector<double> local_bytes;  // per tensor of the block graph
+  // For re-pricing an uneven split (uneven_split.cpp): the compute part of fwd/bwd/wgt/upd (the
+  // rest is communication), per op the factor mesh axis 0 splits (-1: replicated on it), per
+  // tensor how it counts in memory.
+  double fwd_compute = 0, bwd_compute = 0, wgt_compute = 0, upd_compute = 0;
+  std::vector<int> split_factor;
+  enum MemClass : std::uint8_t { kNone, kParam, kOptState, kActivation };
+  std::vector<std::uint8_t> mem_class;
 };
 
 struct MeshOption {
@@ -71,12 +81,13 @@ struct MeshOption {
 class Context {
  public:
   Context(const ir::Graph& g, const cluster::Cluster& c, const PlanOptions& o, double start)
-      : g_(g), c_(c), opt_(o), start_(start) {}
+      : g_(g), c_(c), opt_(o), start_(start), dtype_(graph_compute_dtype(g)) {}
 
   const ir::Graph& g_;
   const cluster::Cluster& c_;
   const PlanOptions& opt_;
   double start_;
+  DType dtype_;  // graph_compute_dtype(g_)
   double usable_memory = 0;  // min over the cluster's devices (homogeneous: every device's)
   // Usable bytes of one device (PlanOptions::memory_limit or its own memory, × memory_fraction),
   // and of a mesh (its smallest device): heterogeneous clusters have one per device kind.
@@ -185,9 +196,30 @@ class Context {
   }
 
   int mesh_key(const cluster::DeviceMesh& mesh) { return intern("mesh|" + mesh_text_key(mesh)); }
+  // The device the SPMD search prices a mesh's ops on: its kind, or on a mesh mixing kinds (an
+  // uneven split, re-priced per device afterwards) the kind with the lowest peak FLOP/s.
+  const cluster::DeviceSpec& mesh_spec(const cluster::DeviceMesh& mesh) const {
+    const DType dt = dtype_;
+    auto peak = [&](const cluster::DeviceSpec& s) {
+      return s.peak_flops.count(dt) ? s.peak(dt) : s.peak(DType::F32);
+    };
+    const cluster::DeviceSpec* best = &c_.device(mesh.device_ids()[0]).spec;
+    for (int id : mesh.device_ids()) {
+      const auto& s = c_.device(id).spec;
+      if (peak(s) < peak(*best)) best = &s;
+    }
+    return *best;
+  }
+  bool mixed(const cluster::DeviceMesh& mesh) const {
+    for (int id : mesh.device_ids())
+      if (c_.device(id).spec.kind != c_.device(mesh.device_ids()[0]).spec.kind) return true;
+    return false;
+  }
   std::string mesh_text_key(const cluster::DeviceMesh& mesh) const {
-    std::string k =
-        fmt::format("{}|{}|", fmt::join(mesh.shape(), "x"), c_.device(mesh.device_ids()[0]).spec.kind);
+    std::string kinds = c_.device(mesh.device_ids()[0]).spec.kind;
+    if (mixed(mesh))
+      for (int id : mesh.device_ids()) kinds += "," + c_.device(id).spec.kind;
+    std::string k = fmt::format("{}|{}|", fmt::join(mesh.shape(), "x"), kinds);
     for (const auto& l : cluster::axis_links(c_, mesh))
       k += fmt::format("{:.6g},{:.6g},{:.6g},{:.6g},{},{};", l.intra_alpha, l.intra_beta, l.inter_alpha,
                        l.inter_beta, l.devices_per_node_on_axis, l.nodes_on_axis);
@@ -301,5 +333,28 @@ std::vector<int> microbatch_counts(const PlanOptions& o, std::int64_t B);
 
 // Heterogeneous clusters (hetero_planner.cpp).
 Plan make_hetero_plan(Context& ctx);
+
+// The gradient synchronisation a stage exposes after its last backward (PlanOptions::overlap_grad_sync).
+double exposed_grad_sync(const PlanOptions& o, double sync, double grad_bytes, double backward);
+
+// Whale's `split` over mixed GPUs (uneven_split.cpp has the model): blocks first..last as one SPMD
+// stage on the 1-D mesh m, device i holding the fraction fraction[i] of every split factor.
+struct UnevenStage {
+  bool ok = false;
+  std::string error;
+  std::vector<double> fraction;  // normalised, per device of the mesh
+  double fwd = 0, bwd = 0, wgt = 0, upd = 0, grad_sync = 0, compute = 0, comm = 0;  // per micro-batch
+  std::vector<double> memory;  // per device of the mesh: static + in-flight × activations + transient
+};
+UnevenStage uneven_stage(Context& ctx, int first, int last, std::int64_t bs, const MeshOption& m, int variant,
+                         const std::vector<double>& fraction, int inflight);
+// Algorithm 1 on the per-kind affine model of uneven_stage; empty (and *why) when nothing fits.
+std::vector<double> balanced_fractions(Context& ctx, int first, int last, std::int64_t bs, const MeshOption& m,
+                                       int variant, int M, int inflight, std::string* why);
+// The whole graph as one uneven-split stage on m with M micro-batches (the lean SPMD variant when
+// the fast one does not fit): a plan with Plan::split_fraction set.
+Built split_build(Context& ctx, const MeshOption& m, int M, const std::vector<double>& fraction,
+                  const std::string& strategy);
+MeshOption whole_cluster_mesh(Context& ctx);  // 1-D over every device, id order
 
 }  // namespace weft::plan::detail

@@ -143,8 +143,9 @@ cluster::DeviceSpec mesh_device(const cluster::Cluster& c, const cluster::Device
   return first;
 }
 
-Model build_model(const ir::Graph& g, const cluster::Cluster& cl, const cluster::DeviceMesh& mesh) {
-  Model m{g, mesh.shape(), mesh.axis_names(), mesh_device(cl, mesh)};
+Model build_model(const ir::Graph& g, const cluster::Cluster& cl, const cluster::DeviceMesh& mesh,
+                  const std::optional<cluster::DeviceSpec>& device) {
+  Model m{g, mesh.shape(), mesh.axis_names(), device ? *device : mesh_device(cl, mesh)};
   m.n_ops = static_cast<int>(g.ops().size());
   const int nt = static_cast<int>(g.tensors().size());
   m.node_of_tensor.assign(nt, -1);
@@ -777,7 +778,7 @@ SpmdPlan spmd_search(const ir::Graph& g, const cluster::Cluster& cl, const clust
     t = n;
   };
   progress("strategies", 0.0, "enumerating strategies");
-  Model m = build_model(g, cl, mesh);
+  Model m = build_model(g, cl, mesh, opt.device);
   check_mesh_usable(m);
   phase("strategies");
   if (opt.strided_candidates) {

@@ -35,6 +35,12 @@ double roofline_time(double flops, double bytes, const cluster::DeviceSpec& devi
 OpCost op_cost(const ir::Graph& g, const ir::Op& op, const cluster::DeviceSpec& device,
                const std::vector<std::int64_t>& factor_shards);
 
+// An uneven split (Whale's `split` over mixed GPUs): per factor the fraction of it this device
+// holds, 0 <= fraction <= 1 (1 = whole). The same formulas with shards(f) = 1 / fraction(f); a
+// device holding nothing of some factor does not run the op (all zeros).
+OpCost op_cost_fractional(const ir::Graph& g, const ir::Op& op, const cluster::DeviceSpec& device,
+                          const std::vector<double>& factor_fraction);
+
 // Bytes per device of operand (is_output=false) or result `index` under factor_shards.
 double local_tensor_bytes(const ir::Graph& g, const ir::Op& op, bool is_output, int index,
                           const std::vector<std::int64_t>& factor_shards);

@@ -108,6 +108,11 @@ std::vector<std::int64_t> even_units(std::int64_t total_units, int devices);
 std::vector<std::int64_t> split_dimension(const std::vector<DeviceCapacity>& devices, std::int64_t dim_size,
                                           std::int64_t granularity = 1, const LoadModel& per_granule = {});
 
+// Pieces of a dim of `size` elements in proportion to `fraction` (>= 0, Σ > 0): ⌊size·f_i/Σf⌋
+// each, the remaining elements one each to the largest remainders (ties: lower index). Σ = size.
+// The planner's uneven split cuts every split factor of every op this way.
+std::vector<std::int64_t> proportional_pieces(std::int64_t size, const std::vector<double>& fraction);
+
 // Device order for pipeline stages: memory descending (ties: FLOP/s descending, then index), so
 // the early stages — which hold the most in-flight activations in 1F1B — get the big GPUs.
 std::vector<int> memory_descending_order(const std::vector<DeviceCapacity>& devices);

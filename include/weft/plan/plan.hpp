@@ -92,6 +92,11 @@ struct Plan {
   // B = num_microbatches × Σ). Empty: every replica runs microbatch_size samples. When set,
   // microbatch_size is the largest share and the stage times are those of the slowest replica.
   std::vector<std::int64_t> replica_microbatch;
+  // Uneven tensor split (Whale's `split` over mixed GPUs): one stage whose device i (of stage 0's
+  // devices) holds the fraction split_fraction[i] of every factor its mesh axis splits (Σ = 1).
+  // Empty: even split. device_memory is then per device; the stage times are the slowest device's
+  // per op.
+  std::vector<double> split_fraction;
   int num_blocks = 0;  // layer-grouping blocks
   std::vector<Stage> stages;
   std::vector<CrossTensor> cross_tensors;

@@ -63,6 +63,9 @@ struct PlanOptions {
   // over the block orders of its solutions (stages that are not contiguous in the grouping's order).
   bool stage_ilp = true;
   bool compare_megatron = true;  // evaluate the Megatron-style baseline and list it
+  // Mixed GPU kinds: also Whale's `split` — one SPMD stage over every device with every split
+  // dimension cut unevenly in proportion to each device's speed (split_plan), and its even split.
+  bool uneven_split = true;
   int max_alternatives = 12;
   std::function<void(const PlanProgress&)> progress;
 };
@@ -104,6 +107,15 @@ Plan best_megatron_plan(const ir::Graph& training_graph, const cluster::Cluster&
 Plan data_parallel_plan(const ir::Graph& training_graph, const cluster::Cluster& cluster,
                         const std::vector<std::int64_t>& shares, int num_microbatches,
                         const PlanOptions& options = {});
+
+// Whale's `split` over mixed GPUs with given fractions: the whole graph as one SPMD stage on the
+// 1-D mesh of every device (id order), device i holding fraction[i] / Σ fraction of every factor
+// the mesh axis splits (the strategies: the SPMD search on the slowest kind), costed like
+// make_plan's "spmd (uneven split)" candidates (see src/plan/uneven_split.cpp).
+// Plan::split_fraction holds the fractions. weft::Error on bad fractions or when a device's
+// memory is exceeded (the message names it).
+Plan split_plan(const ir::Graph& training_graph, const cluster::Cluster& cluster,
+                const std::vector<double>& fraction, int num_microbatches, const PlanOptions& options = {});
 
 // A given pipeline layout, costed like make_plan's candidates (the SPMD search of each stage on its
 // own devices, the schedule simulated, cross-stage tensors resharded): a manual layout to compare

@@ -60,7 +60,11 @@ struct SearchOptions {
   // by identical layers) — and fall back to the memory rows only when no price makes it fit.
   bool o2_memory_pricing = true;
   std::map<std::string, std::string> fixed_specs;  // tensor name -> spec text, forced
-  std::function<void(const Progress&)> progress;   // called from the searching thread
+  // Price every op (and take the memory limit) on this device instead of the mesh's, and accept
+  // a mesh that mixes device kinds: the planner searches the strategies of an uneven split over
+  // mixed GPUs (Whale's `split`) on the slowest kind and re-prices them per device afterwards.
+  std::optional<cluster::DeviceSpec> device;
+  std::function<void(const Progress&)> progress;  // called from the searching thread
 };
 
 struct ParamRow {

@@ -1,0 +1,54 @@
+// op_cost_fractional (uneven splits over mixed GPUs) against closed forms and against op_cost.
+#include <doctest/doctest.h>
+
+#include <vector>
+
+#include "weft/cluster/cluster.hpp"
+#include "weft/core/error.hpp"
+#include "weft/cost/op_cost.hpp"
+#include "weft/ir/graph.hpp"
+
+using namespace weft;
+
+TEST_CASE("op_cost_fractional: an uneven column split of a matmul, by hand") {
+  ir::Graph g;
+  const auto x = g.input("x", {64, 1024});         // f32
+  const auto w = g.parameter("w", {1024, 4096});   // f32
+  const auto y = g.einsum("bk,kn->bn", {x, w}, "y");
+  (void)y;
+  const ir::Op& op = g.op(0);
+  const auto& m = op.index_map;
+  const auto v100 = cluster::Cluster::preset("M8").device(0).spec;
+  const auto p100 = cluster::Cluster::preset("P100").device(0).spec;
+  // The device holding 3/8 of n: FLOPs 2·64·1024·4096·3/8; bytes x (whole) + w·3/8 + y·3/8.
+  std::vector<double> frac(m.factors.size(), 1.0);
+  int n_factor = -1;
+  for (int f = 0; f < static_cast<int>(m.factors.size()); ++f)
+    if (m.factors[f].size == 4096) n_factor = f;
+  REQUIRE(n_factor >= 0);
+  frac[n_factor] = 3.0 / 8;
+  const double flops = 2.0 * 64 * 1024 * 4096 * 3 / 8;
+  const double bytes = 4.0 * (64 * 1024 + 1024 * 4096 * 3.0 / 8 + 64 * 4096 * 3.0 / 8);
+  for (const auto& dev : {v100, p100}) {
+    const cost::OpCost c = cost::op_cost_fractional(g, op, dev, frac);
+    CHECK(c.flops == doctest::Approx(flops).epsilon(1e-12));
+    CHECK(c.bytes == doctest::Approx(bytes).epsilon(1e-12));
+    CHECK(c.time == doctest::Approx(std::max(flops / dev.peak_flops.at(DType::F32),
+                                             bytes / dev.memory_bandwidth))
+                        .epsilon(1e-12));
+  }
+  // Fractions 1/k equal op_cost with k shards (the even split is the special case).
+  std::vector<std::int64_t> shards(m.factors.size(), 1);
+  for (std::int64_t k : {1, 2, 4, 8}) {
+    shards[n_factor] = k;
+    frac[n_factor] = 1.0 / static_cast<double>(k);
+    CHECK(cost::op_cost_fractional(g, op, v100, frac).time ==
+          doctest::Approx(cost::op_cost(g, op, v100, shards).time).epsilon(1e-12));
+  }
+  // Nothing held: the op does not run there.
+  frac[n_factor] = 0;
+  CHECK(cost::op_cost_fractional(g, op, v100, frac) == cost::OpCost{});
+  frac[n_factor] = 1.5;
+  CHECK_THROWS_AS(cost::op_cost_fractional(g, op, v100, frac), Error);
+  CHECK_THROWS_AS(cost::op_cost_fractional(g, op, v100, {1.0}), Error);
+}
