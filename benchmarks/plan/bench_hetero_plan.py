@@ -1,7 +1,8 @@
 """The planner on mixed GPUs (Whale's experiments, under weft's cost model): weft.plan on
 8 V100-32GB + 8 P100-16GB (data parallel) and 4 + 4 (pipeline), BERT-large seq 128, against the
 even split evaluated by the same cost model (data_parallel_plan with equal shares; the planner's
-"pipeline (even split)" alternative: equal-FLOP blocks on equal device counts in Whale's order).
+"pipeline (even split)" alternative: equal-FLOP blocks on equal device counts in Whale's order);
+and Whale's uneven tensor split (VGG19 with a 100K-class classifier on 8 + 8) against the even one.
 
     PYTHONPATH=python:build/<dir>/python python3 benchmarks/plan/bench_hetero_plan.py [--json]
 
@@ -90,6 +91,30 @@ def main():
     print(f"{case}: planned in {plan_s:.2f} s; balanced {bal.strategy} {bal.layout} {bal.step_time:.4f} s; "
           f"even {ev.layout} {ev.step_time:.4f} s: {ev.step_time / bal.step_time:.3f}x; "
           f"chosen plan: {p.strategy} {p.step_time:.4f} s")
+
+    # Whale's split (Figure 4: data-parallel features, split classifier): VGG19 with 100K classes,
+    # batch 256, on 8 V100 + 8 P100 — one SPMD stage over all 16 GPUs with every split dimension
+    # cut unevenly, against the same stage split evenly and the best plan of another kind.
+    vgg = weft.models.vgg19(classes=100000, image=224, batch=256).train_step(optimizer="adam")
+    t = time.time()
+    p = weft.plan(vgg, c16, max_alternatives=256)
+    plan_s = time.time() - t
+    feas = [a for a in p.alternatives if a.feasible]
+    uneven = min((a for a in feas if a.strategy == "spmd (uneven split)"), key=lambda a: a.step_time)
+    even = min((a for a in feas if a.strategy == "spmd (even split)"), key=lambda a: a.step_time)
+    other = min((a for a in feas if "split" not in a.strategy or a.strategy.startswith("pipeline")),
+                key=lambda a: a.step_time)
+    case = "VGG19-100K classes B=256, 8 V100 + 8 P100, uneven tensor split"
+    emit(args, rows, case, "plan_time", plan_s, "s")
+    emit(args, rows, case, "step_uneven", uneven.step_time, "s")
+    emit(args, rows, case, "step_even", even.step_time, "s")
+    emit(args, rows, case, "speedup_vs_even", even.step_time / uneven.step_time, "x", "even split")
+    emit(args, rows, case, "speedup_vs_other", other.step_time / uneven.step_time, "x", other.strategy)
+    print(f"{case}: planned in {plan_s:.2f} s; uneven {uneven.layout} {uneven.step_time:.4f} s "
+          f"(fractions {sorted(set(round(f, 4) for f in p.split_fraction), reverse=True)}); even "
+          f"{even.layout} {even.step_time:.4f} s: {even.step_time / uneven.step_time:.3f}x; best other "
+          f"{other.strategy} {other.layout} {other.step_time:.4f} s: {other.step_time / uneven.step_time:.3f}x; "
+          f"chosen plan: {p.strategy}")
 
 
 if __name__ == "__main__":

@@ -140,10 +140,8 @@ void bind_plan(py::module_& m) {
 
   py::class_<MegatronLayout>(m, "MegatronLayout",
                              "Tensor parallel t (inside a node) x pipeline p x data parallel d.")
-      .def(py::init([](int t, int p, int d) {
-             return MegatronLayout{t, p, d};
-           }),
-           py::arg("t"), py::arg("p"), py::arg("d"))
+      .def(py::init([](int t, int p, int d) { return MegatronLayout{t, p, d}; }), py::arg("t"), py::arg("p"),
+           py::arg("d"))
       .def_readonly("t", &MegatronLayout::t)
       .def_readonly("p", &MegatronLayout::p)
       .def_readonly("d", &MegatronLayout::d)
@@ -251,10 +249,9 @@ void bind_plan(py::module_& m) {
       py::arg("training_graph"), py::arg("cluster"), py::arg("shares"), py::arg("num_microbatches") = 1);
   m.def(
       "split_plan",
-      [options](const weft::ir::Graph& g, const weft::cluster::Cluster& c, const std::vector<double>& fraction,
-                int num_microbatches, const py::kwargs& kw) {
-        return split_plan(g, c, fraction, num_microbatches, options(kw));
-      },
+      [options](const weft::ir::Graph& g, const weft::cluster::Cluster& c,
+                const std::vector<double>& fraction, int num_microbatches,
+                const py::kwargs& kw) { return split_plan(g, c, fraction, num_microbatches, options(kw)); },
       py::arg("training_graph"), py::arg("cluster"), py::arg("fraction"), py::arg("num_microbatches") = 1);
   m.def(
       "layout_plan",

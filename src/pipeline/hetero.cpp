@@ -283,7 +283,8 @@ std::vector<std::int64_t> proportional_pieces(std::int64_t size, const std::vect
   WEFT_CHECK(size >= 0 && !fraction.empty(), "proportional_pieces needs size >= 0 and a fraction per piece");
   double total = 0;
   for (double f : fraction) {
-    WEFT_CHECK(std::isfinite(f) && f >= 0, "proportional_pieces: fractions must be finite and >= 0 (got {})", f);
+    WEFT_CHECK(std::isfinite(f) && f >= 0, "proportional_pieces: fractions must be finite and >= 0 (got {})",
+               f);
     total += f;
   }
   WEFT_CHECK(total > 0, "proportional_pieces: the fractions sum to 0");

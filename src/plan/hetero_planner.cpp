@@ -2,7 +2,7 @@
 // load balancing (§3.3) on the planner's own cost model (SPMD block costs, the schedule simulator,
 // the resharding planner), so that a mixed cluster gets the same kind of Plan as a homogeneous one.
 //
-// Two plan families compete, each with its even-split counterpart as the baseline:
+// Three plan families compete, each with its even-split counterpart as the baseline:
 //
 // 1. Data parallel with uneven batch shares (Whale's `replicate` TaskGraph). Every device runs the
 //    whole training step on u_i samples of each of the M micro-batches, Σ u_i = T = B / M. Per
@@ -31,13 +31,14 @@
 //    equal placements are solved once), so faster GPUs take more blocks and memory is checked
 //    against each stage's own devices. Trailing devices may stay idle (a slow GPU can be worth
 //    leaving out). The even split (equal-FLOP blocks on equal device counts, Whale's order) is
-//    the baseline. PlanOptions::pipeline = false keeps only family 1 (whole-cluster plans, as on
-//    a homogeneous cluster); max_data_parallel below the device count drops family 1.
+//    the baseline. PlanOptions::pipeline = false keeps only families 1 and 3 (whole-cluster plans,
+//    as on a homogeneous cluster); max_data_parallel below the device count drops family 1.
 //
-// Not covered (see docs/modules/plan.md): an SPMD mesh spanning two kinds (an even split over
-// mixed devices is bounded by the slowest — the even data-parallel baseline measures that),
-// uneven tensor splits inside a stage (pipeline::split_dimension exists, the SPMD search does not
-// take uneven shards), and replicated pipelines on mixed kinds.
+// 3. Whale's `split` (uneven_split.cpp): the whole graph as one SPMD stage over every device, each
+//    split factor cut in proportion to what each device can do, against the even split.
+//
+// Not covered (see docs/modules/plan.md): split stages inside a pipeline, per-op fractions, and
+// replicated pipelines on mixed kinds.
 #include <fmt/format.h>
 
 #include <algorithm>

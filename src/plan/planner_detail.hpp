@@ -87,7 +87,7 @@ class Context {
   const cluster::Cluster& c_;
   const PlanOptions& opt_;
   double start_;
-  DType dtype_;  // graph_compute_dtype(g_)
+  DType dtype_;              // graph_compute_dtype(g_)
   double usable_memory = 0;  // min over the cluster's devices (homogeneous: every device's)
   // Usable bytes of one device (PlanOptions::memory_limit or its own memory, × memory_fraction),
   // and of a mesh (its smallest device): heterogeneous clusters have one per device kind.
@@ -349,8 +349,9 @@ struct UnevenStage {
 UnevenStage uneven_stage(Context& ctx, int first, int last, std::int64_t bs, const MeshOption& m, int variant,
                          const std::vector<double>& fraction, int inflight);
 // Algorithm 1 on the per-kind affine model of uneven_stage; empty (and *why) when nothing fits.
-std::vector<double> balanced_fractions(Context& ctx, int first, int last, std::int64_t bs, const MeshOption& m,
-                                       int variant, int M, int inflight, std::string* why);
+std::vector<double> balanced_fractions(Context& ctx, int first, int last, std::int64_t bs,
+                                       const MeshOption& m, int variant, int M, int inflight,
+                                       std::string* why);
 // The whole graph as one uneven-split stage on m with M micro-batches (the lean SPMD variant when
 // the fast one does not fit): a plan with Plan::split_fraction set.
 Built split_build(Context& ctx, const MeshOption& m, int M, const std::vector<double>& fraction,

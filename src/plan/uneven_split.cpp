@@ -87,8 +87,8 @@ double device_memory(const MemoryParts& mp, double n, double p) {
 struct PhaseTimes {
   double fwd = 0, bwd = 0, wgt = 0, upd = 0;
 };
-PhaseTimes device_compute(Context& ctx, int first, int last, std::int64_t bs, const MeshOption& m, int variant,
-                          const cluster::DeviceSpec& spec, double p) {
+PhaseTimes device_compute(Context& ctx, int first, int last, std::int64_t bs, const MeshOption& m,
+                          int variant, const cluster::DeviceSpec& spec, double p) {
   PhaseTimes pt;
   const auto& ab = ctx.blocks_at(bs);
   for (int b = first; b <= last; ++b) {
@@ -121,7 +121,8 @@ UnevenStage uneven_stage(Context& ctx, int first, int last, std::int64_t bs, con
   UnevenStage u;
   const auto& ids = m.mesh.device_ids();
   const std::size_t n = ids.size();
-  WEFT_ASSERT(fraction.size() == n && m.mesh.ndim() == 1, "uneven_stage: a fraction per device of a 1-D mesh");
+  WEFT_ASSERT(fraction.size() == n && m.mesh.ndim() == 1,
+              "uneven_stage: a fraction per device of a 1-D mesh");
   const double total = std::accumulate(fraction.begin(), fraction.end(), 0.0);
   u.fraction = fraction;
   for (double& f : u.fraction) f /= total;
@@ -154,7 +155,8 @@ UnevenStage uneven_stage(Context& ctx, int first, int last, std::int64_t bs, con
         const std::int64_t piece = sf >= 0 ? pieces[i] : F;
         auto [it, fresh] = seen.try_emplace({spec.kind, piece}, 0.0);
         if (fresh) {
-          if (sf >= 0) frac[static_cast<std::size_t>(sf)] = static_cast<double>(piece) / static_cast<double>(F);
+          if (sf >= 0)
+            frac[static_cast<std::size_t>(sf)] = static_cast<double>(piece) / static_cast<double>(F);
           it->second = cost::op_cost_fractional(bg, op, spec, frac).time;
         }
         worst = std::max(worst, it->second);
@@ -186,8 +188,9 @@ UnevenStage uneven_stage(Context& ctx, int first, int last, std::int64_t bs, con
   return u;
 }
 
-std::vector<double> balanced_fractions(Context& ctx, int first, int last, std::int64_t bs, const MeshOption& m,
-                                       int variant, int M, int inflight, std::string* why) {
+std::vector<double> balanced_fractions(Context& ctx, int first, int last, std::int64_t bs,
+                                       const MeshOption& m, int variant, int M, int inflight,
+                                       std::string* why) {
   const auto& ids = m.mesh.device_ids();
   const std::size_t n = ids.size();
   const double nd = static_cast<double>(n);
@@ -348,8 +351,8 @@ Plan split_plan(const ir::Graph& g, const cluster::Cluster& c, const std::vector
   const double start = now_s();
   Context ctx = make_context(g, c, o, start);
   ctx.init_blocks(auto_blocks(g, o));
-  WEFT_CHECK(M >= 1 && ctx.global_batch % M == 0, "split_plan: the batch {} is not divisible by {} micro-batches",
-             ctx.global_batch, M);
+  WEFT_CHECK(M >= 1 && ctx.global_batch % M == 0,
+             "split_plan: the batch {} is not divisible by {} micro-batches", ctx.global_batch, M);
   WEFT_CHECK(static_cast<int>(fraction.size()) == c.num_devices(),
              "split_plan: {} fractions for {} devices (one per device, in id order)", fraction.size(),
              c.num_devices());

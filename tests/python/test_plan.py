@@ -116,7 +116,7 @@ def test_plan_heterogeneous_cluster_uneven_shares_and_manual_layouts():
     # vector that keeps two same-kind devices equal does better (brute force over the P100 share).
     g = weft.models.gpt(layers=2, hidden=1024, heads=4, seq=128, vocab=512, batch=32)
     c = weft.Cluster.concat(_node("P100", 2), _node("M8", 2))
-    p = weft.plan(g, c, num_microbatches=1, pipeline=False)
+    p = weft.plan(g, c, num_microbatches=1, pipeline=False, uneven_split=False)
     assert p.strategy == "data parallel (uneven shares)"
     assert sum(p.replica_microbatch) * p.num_microbatches == p.global_batch == 32
     assert p.replica_microbatch[2] >= p.replica_microbatch[0]
@@ -153,6 +153,30 @@ def test_plan_whale_data_parallel_acceptance_bert_large_8_v100_8_p100():
     assert even
     assert 1.3 <= p.throughput / max(even) <= 1.316
     assert min(p.replica_microbatch[:8]) > max(p.replica_microbatch[8:])
+
+
+def test_uneven_split_whale_classifier_on_mixed_gpus():
+    # Whale's split: VGG19 with a wide classifier on 1 V100 + 1 P100 as one SPMD stage whose split
+    # dimensions are cut unevenly; the planner's balance against given fractions (split_plan).
+    g = weft.models.vgg19(classes=20000, image=32, batch=16).train_step(optimizer="adam")
+    c = weft.Cluster.concat(_node("M8", 1), _node("P100", 1))
+    p = weft.plan(g, c, num_microbatches=1)
+    assert p.strategy == "spmd (uneven split)"
+    fv, fp = p.split_fraction
+    assert fv + fp == pytest.approx(1.0) and fv > fp
+    assert "split         uneven" in p.summary()
+    even = weft.split_plan(g, c, [1, 1], num_microbatches=1)
+    assert list(even.split_fraction) == [0.5, 0.5]
+    assert p.step_time < even.step_time
+    again = weft.split_plan(g, c, [fv, fp], num_microbatches=1)
+    assert again.step_time == pytest.approx(p.step_time, rel=1e-9)
+    assert weft.Plan.from_json(p.to_json()) == p
+    assert p.resimulate_step_time() == pytest.approx(p.step_time, rel=1e-9)
+    with pytest.raises(ValueError, match="fractions for 2 devices"):
+        weft.split_plan(g, c, [1, 1, 1])
+    with pytest.raises(ValueError, match=">= 0"):
+        weft.split_plan(g, c, [-1, 2])
+    assert weft.plan(g, c, num_microbatches=1, uneven_split=False).strategy != "spmd (uneven split)"
 
 
 def test_cli_plans_a_mixed_cluster(capsys):

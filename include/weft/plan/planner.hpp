@@ -96,14 +96,15 @@ Plan best_megatron_plan(const ir::Graph& training_graph, const cluster::Cluster&
 
 // Heterogeneous clusters (nodes of different GPU kinds) are planned by make_plan too (see
 // src/plan/hetero_planner.cpp): data parallelism with uneven batch shares (Whale's Algorithm 1 on
-// the planner's per-kind costs) and pipelines over the devices in memory-descending node order
-// (a position-aware stage DP: faster GPUs take more blocks), each against its even split.
+// the planner's per-kind costs), Whale's uneven tensor split (split_plan) and pipelines over the
+// devices in memory-descending node order (a position-aware stage DP: faster GPUs take more
+// blocks), each against its even split.
 //
 // Data parallelism with the given samples per micro-batch on every device (in device id order,
 // Σ = batch / num_microbatches; 0 = the device only holds the state), costed like make_plan's
 // candidates: step = the longest replica period (num_microbatches × its forward + backward + its
-// optimizer step) + the exposed gradient all-reduce. Plan::replica_microbatch holds the shares. weft::Error on bad shares or when a
-// device's memory is exceeded (the message names it).
+// optimizer step) + the exposed gradient all-reduce. Plan::replica_microbatch holds the shares. weft::Error
+// on bad shares or when a device's memory is exceeded (the message names it).
 Plan data_parallel_plan(const ir::Graph& training_graph, const cluster::Cluster& cluster,
                         const std::vector<std::int64_t>& shares, int num_microbatches,
                         const PlanOptions& options = {});

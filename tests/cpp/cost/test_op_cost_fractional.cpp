@@ -12,8 +12,8 @@ using namespace weft;
 
 TEST_CASE("op_cost_fractional: an uneven column split of a matmul, by hand") {
   ir::Graph g;
-  const auto x = g.input("x", {64, 1024});         // f32
-  const auto w = g.parameter("w", {1024, 4096});   // f32
+  const auto x = g.input("x", {64, 1024});        // f32
+  const auto w = g.parameter("w", {1024, 4096});  // f32
   const auto y = g.einsum("bk,kn->bn", {x, w}, "y");
   (void)y;
   const ir::Op& op = g.op(0);
@@ -33,9 +33,9 @@ TEST_CASE("op_cost_fractional: an uneven column split of a matmul, by hand") {
     const cost::OpCost c = cost::op_cost_fractional(g, op, dev, frac);
     CHECK(c.flops == doctest::Approx(flops).epsilon(1e-12));
     CHECK(c.bytes == doctest::Approx(bytes).epsilon(1e-12));
-    CHECK(c.time == doctest::Approx(std::max(flops / dev.peak_flops.at(DType::F32),
-                                             bytes / dev.memory_bandwidth))
-                        .epsilon(1e-12));
+    CHECK(c.time ==
+          doctest::Approx(std::max(flops / dev.peak_flops.at(DType::F32), bytes / dev.memory_bandwidth))
+              .epsilon(1e-12));
   }
   // Fractions 1/k equal op_cost with k shards (the even split is the special case).
   std::vector<std::int64_t> shards(m.factors.size(), 1);

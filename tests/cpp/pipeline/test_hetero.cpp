@@ -243,6 +243,41 @@ TEST_CASE("hetero: model profile equals costing the graph built at that batch") 
                   Error);
 }
 
+TEST_CASE("hetero: proportional pieces — largest remainders, brute force on small sizes") {
+  CHECK(proportional_pieces(10, {1, 1, 1}) == std::vector<std::int64_t>{4, 3, 3});
+  CHECK(proportional_pieces(4096, {15.7, 9.3}) == std::vector<std::int64_t>{2572, 1524});
+  CHECK(proportional_pieces(0, {1, 2}) == std::vector<std::int64_t>{0, 0});
+  CHECK(proportional_pieces(7, {0, 1}) == std::vector<std::int64_t>{0, 7});
+  // Against brute force: the pieces minimise the largest |piece − size·f| over all integer vectors
+  // summing to size (largest-remainder rounding is optimal for that), and each is floor or ceil.
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<double> U(0.05, 1.0);
+  for (int trial = 0; trial < 200; ++trial) {
+    const std::int64_t size = 1 + static_cast<std::int64_t>(rng() % 12);
+    const std::vector<double> f{U(rng), U(rng), U(rng)};
+    const double tot = f[0] + f[1] + f[2];
+    const auto p = proportional_pieces(size, f);
+    CHECK(p[0] + p[1] + p[2] == size);
+    auto err = [&](std::int64_t a, std::int64_t b, std::int64_t c) {
+      const std::int64_t v[3] = {a, b, c};
+      double e = 0;
+      for (int i = 0; i < 3; ++i) e = std::max(e, std::abs(static_cast<double>(v[i]) - size * f[i] / tot));
+      return e;
+    };
+    double best = 1e9;
+    for (std::int64_t a = 0; a <= size; ++a)
+      for (std::int64_t b = 0; a + b <= size; ++b) best = std::min(best, err(a, b, size - a - b));
+    CHECK(err(p[0], p[1], p[2]) <= best + 1e-12);
+    for (int i = 0; i < 3; ++i) {
+      CHECK(static_cast<double>(p[i]) >= std::floor(size * f[i] / tot) - 1e-9);
+      CHECK(static_cast<double>(p[i]) <= std::ceil(size * f[i] / tot) + 1e-9);
+    }
+  }
+  CHECK_THROWS_AS(proportional_pieces(3, {0, 0}), Error);
+  CHECK_THROWS_AS(proportional_pieces(3, {}), Error);
+  CHECK_THROWS_AS(proportional_pieces(3, {-1, 2}), Error);
+}
+
 TEST_CASE("hetero: acceptance — data parallel 8 V100-32GB + 8 P100-16GB, BERT-large") {
   const cluster::Cluster c = v100_p100();
   const ModelProfile p = bert_large_128();
@@ -296,7 +331,8 @@ TEST_CASE("hetero: acceptance — data parallel 8 V100-32GB + 8 P100-16GB, BERT-
   // V100s have the longer forward + backward, the P100s the longer optimizer step.
   double period = 0;
   for (int id : ids)
-    period = std::max(period, p.time(static_cast<double>(s.units[static_cast<std::size_t>(id)]), c.device(id)));
+    period =
+        std::max(period, p.time(static_cast<double>(s.units[static_cast<std::size_t>(id)]), c.device(id)));
   CHECK(bal_no.step_time == doctest::Approx(period + bal_no.allreduce).epsilon(1e-12));
 }
 

@@ -61,6 +61,7 @@ TEST_CASE("hetero plan: uneven data-parallel shares are the best of all share ve
   plan::PlanOptions o;
   o.num_microbatches = 1;
   o.pipeline = false;
+  o.uneven_split = false;  // the data-parallel family alone (the uneven split: its own test below)
   const plan::Plan p = plan::make_plan(g, c, o);
   MESSAGE(p.summary());
   const auto* uneven = find_alt(p, "data parallel (uneven shares)");
@@ -92,7 +93,7 @@ TEST_CASE("hetero plan: uneven data-parallel shares are the best of all share ve
   CHECK(uneven->step_time <= brute * 1.01);
   CHECK(uneven->step_time < even->step_time);  // the V100s (1.7x the FP32 FLOP/s) take more
   CHECK(p.step_time <= uneven->step_time);
-  // pipeline = false: whole-cluster plans only, i.e. the data-parallel family; the plan of the
+  // pipeline = false, uneven_split = false: the data-parallel family only; the plan of the
   // planner's own shares re-evaluated independently.
   REQUIRE(p.strategy == "data parallel (uneven shares)");
   {
@@ -344,7 +345,8 @@ TEST_CASE("plan: U-Net — the stage ILP adds no order when a path visits every 
   CHECK(with.step_time == without.step_time);
 }
 
-TEST_CASE("hetero plan: Whale's uneven split — balanced fractions equal brute force and beat the even split") {
+TEST_CASE(
+    "hetero plan: Whale's uneven split — balanced fractions equal brute force and beat the even split") {
   // VGG19 with a wide classifier (Whale's Figure 4 case: data-parallel features, split classifier)
   // on 1 V100 + 1 P100: one SPMD stage over both, every split dimension cut unevenly.
   models::Vgg19Config vc;
