@@ -287,6 +287,56 @@ std::vector<SubmeshOptions> make_mesh_options(Context& ctx) {
 
 // ---------------------------------------------------------------- stage costs and candidates
 
+Context::InternalReshard Context::internal_reshard(int first, int last, std::int64_t bs, const MeshOption& m,
+                                                   int variant, int forced_dp) {
+  InternalReshard r;
+  const AtBatch& ab = blocks_at(bs);
+  for (const Crossing& x : crossings) {
+    const int bp = grouping.block_of_op[x.producer], bc = grouping.block_of_op[x.consumer];
+    if (bp < first || bp > last || bc < first || bc > last) continue;
+    const BlockCost& pc = block_cost(bp, bs, m, variant, forced_dp);
+    const BlockCost& cc = block_cost(bc, bs, m, variant, forced_dp);
+    if (!pc.ok || !cc.ok) continue;
+    const std::string& name = g_.tensor(x.tensor).name;
+    const auto& pg = ab.blocks[bp].graph;
+    const auto& cg = ab.blocks[bc].graph;
+    const auto ip = pg.find_tensor(name), ic = cg.find_tensor(name);
+    WEFT_ASSERT(ip && ic, "a tensor crossing blocks is missing from their graphs");
+    // Keyed by structure (identical layers share it): blocks, tensor slots, mesh, variant.
+    const std::vector<std::int64_t> key{bs, m.key, variant, forced_dp, ab.keys[bp], ab.keys[bc], *ip, *ic};
+    auto it = crossing_cost.find(key);
+    if (it == crossing_cost.end()) {
+      const auto& info = pg.tensor(*ip);
+      auto spec = [&](const std::string& text) {
+        return text.empty() ? sharding::ShardingSpec::replicated(info.shape, m.mesh.shape())
+                            : sharding::ShardingSpec::parse(text, info.shape, m.mesh.shape());
+      };
+      const auto from = spec(pc.spec[*ip]);
+      auto to = spec(cc.spec[*ic]);
+      double t = 0;
+      if (!(from == to)) {
+        const int elem = dtype_size(info.dtype);
+        auto pl = reshard_planners.find({m.key, elem});
+        if (pl == reshard_planners.end()) {
+          sharding::ReshardOptions ro;
+          ro.strided_intermediates = false;
+          pl = reshard_planners.emplace(std::make_pair(m.key, elem),
+                                        sharding::ReshardPlanner(cluster::axis_links(c_, m.mesh), elem, ro))
+                   .first;
+        }
+        t = pl->second.plan(from, to).time;
+      }
+      it = crossing_cost.emplace(key, t).first;
+    }
+    switch (phase[x.producer]) {
+      case pipeline::OpPhase::Forward: r.fwd += it->second; break;
+      case pipeline::OpPhase::Backward: r.bwd += it->second; break;
+      case pipeline::OpPhase::Update: r.upd += it->second; break;
+    }
+  }
+  return r;
+}
+
 StageAgg aggregate(Context& ctx, int first, int last, std::int64_t bs, const MeshOption& m, int variant,
                    int forced_dp) {
   StageAgg a;
@@ -307,6 +357,12 @@ StageAgg aggregate(Context& ctx, int first, int last, std::int64_t bs, const Mes
     a.act_mem += bc.act_mem;
     a.transient = std::max(a.transient, bc.transient);
   }
+  // Tensors passed between the stage's blocks: each block's SPMD plan chose its own layout.
+  const Context::InternalReshard r = ctx.internal_reshard(first, last, bs, m, variant, forced_dp);
+  a.fwd += r.fwd;
+  a.bwd += r.bwd;
+  a.upd += r.upd;
+  a.comm += r.fwd + r.bwd;
   a.ok = true;
   return a;
 }
@@ -690,6 +746,26 @@ Built materialise_in_place(Context& ctx, const std::vector<SubmeshOptions>& subs
   using SpecPair = std::pair<sharding::ShardingSpec, sharding::ShardingSpec>;
   std::map<std::pair<int, int>, std::vector<std::pair<ir::TensorId, SpecPair>>> pairs;
   std::vector<std::set<ir::TensorId>> seen(S);
+  // A partial result (its block left the sum to its consumers) is reduced on its own stage's mesh
+  // before it leaves: per micro-batch in the producing stage's forward / backward, or once per
+  // step for an accumulated gradient sent to a non-adjacent stage (as the transfer below).
+  std::map<std::pair<int, int>, sharding::ReshardPlanner> reducers;  // (stage, element size)
+  auto reduce_time = [&](int a, const std::string& text, const std::vector<std::int64_t>& shape, DType dt) {
+    if (text.empty()) return 0.0;
+    const auto from = sharding::ShardingSpec::parse(text, shape, meshes[a].shape());
+    if (!from.has_partial()) return 0.0;
+    const auto to = parse_spec_or_replicated(text, shape, meshes[a].shape());
+    auto it = reducers.find({a, dtype_size(dt)});
+    if (it == reducers.end()) {
+      sharding::ReshardOptions o;
+      o.strided_intermediates = false;
+      it = reducers
+               .emplace(std::make_pair(a, dtype_size(dt)),
+                        sharding::ReshardPlanner(cluster::axis_links(c, meshes[a]), dtype_size(dt), o))
+               .first;
+    }
+    return it->second.plan(from, to).time;
+  };
   for (ir::OpId o = 0; o < static_cast<ir::OpId>(g.ops().size()); ++o) {
     const int b = stage_of_op[o];
     for (ir::TensorId t : g.op(o).inputs) {
@@ -702,11 +778,22 @@ Built materialise_in_place(Context& ctx, const std::vector<SubmeshOptions>& subs
       WEFT_ASSERT(src_it != tensor_in_stage[a].end() && dst_it != tensor_in_stage[b].end(),
                   "a cross-stage tensor is missing from its stage graphs");
       const auto& shape = src_it->second.shape;
-      auto src =
-          parse_spec_or_replicated(src_it->second.cost->spec[src_it->second.index], shape, meshes[a].shape());
+      const std::string& src_text = src_it->second.cost->spec[src_it->second.index];
+      auto src = parse_spec_or_replicated(src_text, shape, meshes[a].shape());
       auto dst =
           parse_spec_or_replicated(dst_it->second.cost->spec[dst_it->second.index], shape, meshes[b].shape());
       pairs[{a, b}].push_back({t, {src, dst}});
+      if (const double red = reduce_time(a, src_text, shape, info.dtype); red > 0) {
+        if (b > a) {
+          p.stages[a].forward_time += red;
+          p.stages[a].comm_time += red;
+        } else if (a == b + 1) {
+          p.stages[a].backward_time += red;
+          p.stages[a].comm_time += red;
+        } else {
+          p.stages[b].optimizer_time += red;
+        }
+      }
     }
   }
   const auto hosts = reshard::HostMap::from_cluster(c);

@@ -10,6 +10,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <set>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -27,6 +28,7 @@
 #include "weft/plan/planner.hpp"
 #include "weft/plan/rebatch.hpp"
 #include "weft/reshard/plan.hpp"
+#include "weft/sharding/reshard.hpp"
 
 namespace weft::plan::detail {
 
@@ -119,6 +121,26 @@ class Context {
   int spmd_solves = 0;
   double spmd_seconds = 0;
 
+  // Tensors made in one block and read in another (the producer's and the consumer's SPMD plans
+  // choose their layouts independently): a stage holding both pays the resharding between them.
+  struct Crossing {
+    ir::TensorId tensor;
+    ir::OpId producer;
+    ir::OpId consumer;  // one reader per consuming block
+  };
+  // Built by init_blocks; blocks are looked up through grouping.block_of_op at use, so the list
+  // stays valid when reorder_blocks renumbers the blocks.
+  std::vector<Crossing> crossings;
+  // Resharding inside one stage of blocks first..last on mesh m (every block with the same variant
+  // and forced_dp): per phase of the producing op, seconds per micro-batch (update: per step).
+  struct InternalReshard {
+    double fwd = 0, bwd = 0, upd = 0;
+  };
+  InternalReshard internal_reshard(int first, int last, std::int64_t bs, const MeshOption& m, int variant,
+                                   int forced_dp);
+  std::map<std::vector<std::int64_t>, double> crossing_cost;   // structural key -> seconds
+  std::map<std::pair<int, int>, sharding::ReshardPlanner> reshard_planners;  // (mesh key, elem)
+
   int L() const { return static_cast<int>(grouping.blocks.size()); }
 
   // Renumbers the blocks: new block i is old block order[i] (a permutation that keeps every
@@ -150,6 +172,16 @@ class Context {
       }
     }
     grouping = pipeline::group_layers(g_, num_blocks);
+    crossings.clear();
+    for (ir::TensorId t = 0; t < static_cast<ir::TensorId>(g_.tensors().size()); ++t) {
+      const ir::OpId p = g_.tensor(t).producer;
+      if (p == ir::kNoOp || grouping.block_of_op[p] < 0) continue;
+      std::set<int> seen;
+      for (ir::OpId c : g_.consumers(t)) {
+        const int b = grouping.block_of_op[c];
+        if (b >= 0 && b != grouping.block_of_op[p] && seen.insert(b).second) crossings.push_back({t, p, c});
+      }
+    }
     global_batch = batch_size(g_);
     block_state_bytes.clear();
     const auto& ab = blocks_at(global_batch);

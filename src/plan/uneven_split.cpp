@@ -181,6 +181,12 @@ UnevenStage uneven_stage(Context& ctx, int first, int last, std::int64_t bs, con
     u.grad_sync += bc.grad_sync * scale;
     u.comm += (cf + cb) * scale;
   }
+  // Tensors passed between the stage's blocks (each block's plan chose its own layout).
+  const Context::InternalReshard r = ctx.internal_reshard(first, last, bs, m, variant, 0);
+  u.fwd += r.fwd * scale;
+  u.bwd += r.bwd * scale;
+  u.upd += r.upd * scale;
+  u.comm += (r.fwd + r.bwd) * scale;
   const MemoryParts mp = memory_parts(ctx, first, last, bs, m, variant, inflight);
   for (std::size_t i = 0; i < n; ++i)
     u.memory.push_back(device_memory(mp, static_cast<double>(n), u.fraction[i]));
