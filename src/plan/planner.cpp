@@ -320,8 +320,9 @@ Context::InternalReshard Context::internal_reshard(int first, int last, std::int
         if (pl == reshard_planners.end()) {
           sharding::ReshardOptions ro;
           ro.strided_intermediates = false;
-          pl = reshard_planners.emplace(std::make_pair(m.key, elem),
-                                        sharding::ReshardPlanner(cluster::axis_links(c_, m.mesh), elem, ro))
+          pl = reshard_planners
+                   .emplace(std::make_pair(m.key, elem),
+                            sharding::ReshardPlanner(cluster::axis_links(c_, m.mesh), elem, ro))
                    .first;
         }
         t = pl->second.plan(from, to).time;

@@ -10,8 +10,8 @@
 #include <functional>
 #include <limits>
 #include <map>
-#include <set>
 #include <optional>
+#include <set>
 #include <string>
 #include <tuple>
 #include <unordered_map>
@@ -138,7 +138,7 @@ class Context {
   };
   InternalReshard internal_reshard(int first, int last, std::int64_t bs, const MeshOption& m, int variant,
                                    int forced_dp);
-  std::map<std::vector<std::int64_t>, double> crossing_cost;   // structural key -> seconds
+  std::map<std::vector<std::int64_t>, double> crossing_cost;                 // structural key -> seconds
   std::map<std::pair<int, int>, sharding::ReshardPlanner> reshard_planners;  // (mesh key, elem)
 
   int L() const { return static_cast<int>(grouping.blocks.size()); }
@@ -377,6 +377,7 @@ struct UnevenStage {
   std::vector<double> fraction;  // normalised, per device of the mesh
   double fwd = 0, bwd = 0, wgt = 0, upd = 0, grad_sync = 0, compute = 0, comm = 0;  // per micro-batch
   std::vector<double> memory;  // per device of the mesh: static + in-flight × activations + transient
+  std::vector<double> static_mem, act_mem, transient;  // per device of the mesh, its parts
 };
 UnevenStage uneven_stage(Context& ctx, int first, int last, std::int64_t bs, const MeshOption& m, int variant,
                          const std::vector<double>& fraction, int inflight);

@@ -18,11 +18,11 @@
 // synchronisation) is scaled by n·max_i p_i; for an all-reduce of partial sums (full-size
 // tensors, chunked evenly) that is an over-estimate.
 //
-// Memory per device. A tensor sharded on the axis (its even local bytes × n = its full bytes)
+// Memory per device. A tensor sharded on the axis (its even local bytes below its full bytes)
 // holds n·p_i of its even share on device i, a replicated or partial one its full local bytes:
 //     memory_i = R + S·n·p_i + transient · max(1, n·p_i),
-// R and S the replicated and the sharded parts of static (params + grads + optimizer state) +
-// in-flight × activations, transient the even split's (scaled for the devices above 1/n).
+// R and S the whole and the split parts of static (params + grads + optimizer state) + in-flight ×
+// activations, transient the even split's (scaled for the devices above 1/n).
 //
 // Balancing (Algorithm 1 on this model). Per device kind the stage time per micro-batch plus the
 // optimizer step over M micro-batches, T_K(p), is read at p = 1/n and 2/n and taken as affine
@@ -50,17 +50,23 @@ namespace weft::plan::detail {
 namespace {
 
 struct MemoryParts {
-  double replicated = 0;  // R: bytes every device holds whole
-  double sharded = 0;     // S: bytes split on the axis (even share per device)
-  double transient = 0;
+  // Bytes every device holds whole (replicated or partial) and bytes split on the axis (the even
+  // share per device), for the static state and for one micro-batch's saved activations.
+  double static_whole = 0, static_split = 0, act_whole = 0, act_split = 0;
+  double transient = 0;  // the even split's
+  // Device holding the fraction p of n: static + in-flight × activations + transient.
+  double static_at(double n, double p) const { return static_whole + static_split * n * p; }
+  double act_at(double n, double p) const { return act_whole + act_split * n * p; }
+  double transient_at(double n, double p) const { return transient * std::max(1.0, n * p); }
+  double at(double n, double p, int inflight) const {
+    return static_at(n, p) + inflight * act_at(n, p) + transient_at(n, p);
+  }
 };
 
-// The stage's memory as R + S·n·p + transient·max(1, n·p).
-MemoryParts memory_parts(Context& ctx, int first, int last, std::int64_t bs, const MeshOption& m, int variant,
-                         int inflight) {
+MemoryParts memory_parts(Context& ctx, int first, int last, std::int64_t bs, const MeshOption& m,
+                         int variant) {
   MemoryParts mp;
   const auto& ab = ctx.blocks_at(bs);
-  const double n = static_cast<double>(m.mesh.size());
   for (int b = first; b <= last; ++b) {
     const BlockCost& bc = ctx.block_cost(b, bs, m, variant, 0);
     if (!bc.ok) continue;
@@ -68,18 +74,16 @@ MemoryParts memory_parts(Context& ctx, int first, int last, std::int64_t bs, con
     for (int t = 0; t < static_cast<int>(bc.mem_class.size()); ++t) {
       const auto cls = bc.mem_class[t];
       if (cls == BlockCost::kNone) continue;
-      const double w = cls == BlockCost::kParam ? 2.0 : cls == BlockCost::kOptState ? 1.0 : inflight;
       const double local = bc.local_bytes[t];
-      const bool sharded = local * n < static_cast<double>(bg.tensor(t).bytes()) * (1 - 1e-9);
-      (sharded ? mp.sharded : mp.replicated) += w * local;
+      const bool split = local < static_cast<double>(bg.tensor(t).bytes()) * (1 - 1e-9);
+      if (cls == BlockCost::kActivation)
+        (split ? mp.act_split : mp.act_whole) += local;
+      else  // a parameter counts twice (it and its gradient), an optimizer state once
+        (split ? mp.static_split : mp.static_whole) += (cls == BlockCost::kParam ? 2.0 : 1.0) * local;
     }
     mp.transient = std::max(mp.transient, bc.transient);
   }
   return mp;
-}
-
-double device_memory(const MemoryParts& mp, double n, double p) {
-  return mp.replicated + mp.sharded * n * p + mp.transient * std::max(1.0, n * p);
 }
 
 // Compute seconds per phase of one device of `spec` holding the fraction p of every split factor
@@ -187,9 +191,15 @@ UnevenStage uneven_stage(Context& ctx, int first, int last, std::int64_t bs, con
   u.bwd += r.bwd * scale;
   u.upd += r.upd * scale;
   u.comm += (r.fwd + r.bwd) * scale;
-  const MemoryParts mp = memory_parts(ctx, first, last, bs, m, variant, inflight);
-  for (std::size_t i = 0; i < n; ++i)
-    u.memory.push_back(device_memory(mp, static_cast<double>(n), u.fraction[i]));
+  const MemoryParts mp = memory_parts(ctx, first, last, bs, m, variant);
+  const double nd = static_cast<double>(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const double p = u.fraction[i];
+    u.memory.push_back(mp.at(nd, p, inflight));
+    u.static_mem.push_back(mp.static_at(nd, p));
+    u.act_mem.push_back(mp.act_at(nd, p));
+    u.transient.push_back(mp.transient_at(nd, p));
+  }
   u.ok = true;
   return u;
 }
@@ -207,7 +217,10 @@ std::vector<double> balanced_fractions(Context& ctx, int first, int last, std::i
       return {};
     }
   }
-  const MemoryParts mp = memory_parts(ctx, first, last, bs, m, variant, inflight);
+  const MemoryParts mp = memory_parts(ctx, first, last, bs, m, variant);
+  // Linear upper bound of MemoryParts::at in p (transient · max(1, n·p) <= transient · (1 + n·p)).
+  const double whole = mp.static_whole + inflight * mp.act_whole + mp.transient;
+  const double split = mp.static_split + inflight * mp.act_split + mp.transient;
   const std::int64_t U = 64 * static_cast<std::int64_t>(n);
   const double p1 = 1.0 / nd, p2 = std::min(1.0, 2.0 / nd);
   std::map<std::string, std::pair<double, double>> per_kind;  // kind -> (fixed s, s per unit)
@@ -226,8 +239,7 @@ std::vector<double> balanced_fractions(Context& ctx, int first, int last, std::i
       it = per_kind.emplace(spec.kind, std::make_pair(std::max(0.0, a - slope * p1), slope / U)).first;
     }
     caps.emplace_back(1.0, ctx.usable_of_device(id), fmt::format("{}#{}", spec.kind, id));
-    loads.emplace_back(it->second.second, mp.replicated + mp.transient, (mp.sharded + mp.transient) * nd / U,
-                       it->second.first);
+    loads.emplace_back(it->second.second, whole, split * nd / U, it->second.first);
   }
   const pipeline::HeteroShares s = pipeline::try_balance_load(caps, loads, U);
   if (!s.feasible) {
@@ -325,8 +337,14 @@ Built split_build(Context& ctx, const MeshOption& m, int M, const std::vector<do
     for (const auto& pr : st.params) grad_bytes += pr.bytes_per_device;
     st.optimizer_time = u.upd - u.grad_sync + exposed_grad_sync(ctx.opt_, u.grad_sync, grad_bytes, u.bwd);
     p.device_memory = u.memory;
-    p.peak_memory = *std::max_element(u.memory.begin(), u.memory.end());
+    // The stage's memory line: the fullest device's parts.
+    const auto full =
+        static_cast<std::size_t>(std::max_element(u.memory.begin(), u.memory.end()) - u.memory.begin());
+    p.peak_memory = u.memory[full];
     st.peak_memory = p.peak_memory;
+    st.static_memory = u.static_mem[full];
+    st.activation_memory = u.act_mem[full];
+    st.transient_memory = u.transient[full];
     const sim::SimResult r = resimulate(p);
     p.step_time = r.step_time;
     p.bubble_fraction = r.bubble_fraction;
