@@ -287,52 +287,75 @@ std::vector<SubmeshOptions> make_mesh_options(Context& ctx) {
 
 // ---------------------------------------------------------------- stage costs and candidates
 
+double Context::crossing_time(const Crossing& x, std::int64_t bs, const MeshOption& m, int variant,
+                              int forced_dp) {
+  const int bp = grouping.block_of_op[x.producer], bc = grouping.block_of_op[x.consumer];
+  const BlockCost& pc = block_cost(bp, bs, m, variant, forced_dp);
+  const BlockCost& cc = block_cost(bc, bs, m, variant, forced_dp);
+  if (!pc.ok || !cc.ok) return 0;
+  const AtBatch& ab = blocks_at(bs);
+  const std::string& name = g_.tensor(x.tensor).name;
+  const auto& pg = ab.blocks[bp].graph;
+  const auto& cg = ab.blocks[bc].graph;
+  const auto ip = pg.find_tensor(name), ic = cg.find_tensor(name);
+  WEFT_ASSERT(ip && ic, "a tensor crossing blocks is missing from their graphs");
+  // Keyed by structure (identical layers share it): blocks, tensor slots, mesh, variant.
+  const std::vector<std::int64_t> key{bs, m.key, variant, forced_dp, ab.keys[bp], ab.keys[bc], *ip, *ic};
+  auto it = crossing_cost.find(key);
+  if (it != crossing_cost.end()) return it->second;
+  const auto& info = pg.tensor(*ip);
+  auto spec = [&](const std::string& text) {
+    return text.empty() ? sharding::ShardingSpec::replicated(info.shape, m.mesh.shape())
+                        : sharding::ShardingSpec::parse(text, info.shape, m.mesh.shape());
+  };
+  const auto from = spec(pc.spec[*ip]);
+  const auto to = spec(cc.spec[*ic]);
+  double t = 0;
+  if (!(from == to)) {
+    const int elem = dtype_size(info.dtype);
+    auto pl = reshard_planners.find({m.key, elem});
+    if (pl == reshard_planners.end()) {
+      sharding::ReshardOptions ro;
+      ro.strided_intermediates = false;
+      pl = reshard_planners
+               .emplace(std::make_pair(m.key, elem),
+                        sharding::ReshardPlanner(cluster::axis_links(c_, m.mesh), elem, ro))
+               .first;
+    }
+    t = pl->second.plan(from, to).time;
+  }
+  return crossing_cost.emplace(key, t).first->second;
+}
+
 Context::InternalReshard Context::internal_reshard(int first, int last, std::int64_t bs, const MeshOption& m,
                                                    int variant, int forced_dp) {
+  // The crossings sorted by their lower block, costed lazily (a block pair is priced only when a
+  // stage holding both is asked for: no SPMD search is started for blocks the caller never uses).
+  auto& tab = crossing_tables[{bs, m.key, variant, forced_dp}];
+  if (tab.start.empty()) {
+    std::vector<int> idx(crossings.size());
+    std::iota(idx.begin(), idx.end(), 0);
+    auto lo = [&](int i) {
+      return std::min(grouping.block_of_op[crossings[i].producer], grouping.block_of_op[crossings[i].consumer]);
+    };
+    std::stable_sort(idx.begin(), idx.end(), [&](int a, int b) { return lo(a) < lo(b); });
+    tab.order = idx;
+    tab.time.assign(idx.size(), -1.0);
+    tab.start.assign(static_cast<std::size_t>(L()) + 1, static_cast<int>(idx.size()));
+    for (int k = static_cast<int>(idx.size()) - 1; k >= 0; --k) tab.start[lo(idx[k])] = k;
+    for (int b = L() - 1; b >= 0; --b) tab.start[b] = std::min(tab.start[b], tab.start[b + 1]);
+  }
   InternalReshard r;
-  const AtBatch& ab = blocks_at(bs);
-  for (const Crossing& x : crossings) {
+  for (int k = tab.start[first]; k < static_cast<int>(tab.order.size()); ++k) {
+    const Crossing& x = crossings[tab.order[k]];
     const int bp = grouping.block_of_op[x.producer], bc = grouping.block_of_op[x.consumer];
-    if (bp < first || bp > last || bc < first || bc > last) continue;
-    const BlockCost& pc = block_cost(bp, bs, m, variant, forced_dp);
-    const BlockCost& cc = block_cost(bc, bs, m, variant, forced_dp);
-    if (!pc.ok || !cc.ok) continue;
-    const std::string& name = g_.tensor(x.tensor).name;
-    const auto& pg = ab.blocks[bp].graph;
-    const auto& cg = ab.blocks[bc].graph;
-    const auto ip = pg.find_tensor(name), ic = cg.find_tensor(name);
-    WEFT_ASSERT(ip && ic, "a tensor crossing blocks is missing from their graphs");
-    // Keyed by structure (identical layers share it): blocks, tensor slots, mesh, variant.
-    const std::vector<std::int64_t> key{bs, m.key, variant, forced_dp, ab.keys[bp], ab.keys[bc], *ip, *ic};
-    auto it = crossing_cost.find(key);
-    if (it == crossing_cost.end()) {
-      const auto& info = pg.tensor(*ip);
-      auto spec = [&](const std::string& text) {
-        return text.empty() ? sharding::ShardingSpec::replicated(info.shape, m.mesh.shape())
-                            : sharding::ShardingSpec::parse(text, info.shape, m.mesh.shape());
-      };
-      const auto from = spec(pc.spec[*ip]);
-      auto to = spec(cc.spec[*ic]);
-      double t = 0;
-      if (!(from == to)) {
-        const int elem = dtype_size(info.dtype);
-        auto pl = reshard_planners.find({m.key, elem});
-        if (pl == reshard_planners.end()) {
-          sharding::ReshardOptions ro;
-          ro.strided_intermediates = false;
-          pl = reshard_planners
-                   .emplace(std::make_pair(m.key, elem),
-                            sharding::ReshardPlanner(cluster::axis_links(c_, m.mesh), elem, ro))
-                   .first;
-        }
-        t = pl->second.plan(from, to).time;
-      }
-      it = crossing_cost.emplace(key, t).first;
-    }
+    if (std::min(bp, bc) > last) break;
+    if (std::max(bp, bc) > last) continue;
+    if (tab.time[k] < 0) tab.time[k] = crossing_time(x, bs, m, variant, forced_dp);
     switch (phase[x.producer]) {
-      case pipeline::OpPhase::Forward: r.fwd += it->second; break;
-      case pipeline::OpPhase::Backward: r.bwd += it->second; break;
-      case pipeline::OpPhase::Update: r.upd += it->second; break;
+      case pipeline::OpPhase::Forward: r.fwd += tab.time[k]; break;
+      case pipeline::OpPhase::Backward: r.bwd += tab.time[k]; break;
+      case pipeline::OpPhase::Update: r.upd += tab.time[k]; break;
     }
   }
   return r;
@@ -906,6 +929,7 @@ void Context::reorder_blocks(const std::vector<int>& order) {
   };
   permute(grouping.blocks);
   permute(block_state_bytes);
+  crossing_tables.clear();  // indexed by block; the structural crossing_cost stays valid
   for (auto& b : grouping.block_of_op)
     if (b >= 0) b = new_of[static_cast<std::size_t>(b)];
   grouping.crossing_bytes.clear();
