@@ -436,17 +436,16 @@ Plan make_hetero_plan(Context& ctx) {
     for (int M : Ms) {
       ctx.progress("spmd", 0.3, fmt::format("M={}: uneven split over {} devices", M, c.num_devices()));
       ctx.check_time("the uneven split");
-      std::string why;
-      const auto f = balanced_fractions(ctx, 0, ctx.L() - 1, B / M, whole, 0, M, 1, &why);
-      if (!f.empty()) {
-        consider(split_build(ctx, whole, M, f, "spmd (uneven split)"), nullptr);
-      } else {
+      Built u = split_build(ctx, whole, M, {}, "spmd (uneven split)");
+      if (u.plan.stages.empty()) {  // no fractions fit: nothing was costed
         Alternative a;
         a.strategy = "spmd (uneven split)";
         a.layout = fmt::format("M={} split over {}", M, c.num_devices());
         a.feasible = false;
-        a.note = why;
+        a.note = u.note;
         alts.push_back(a);
+      } else {
+        consider(std::move(u), nullptr);
       }
       consider(split_build(ctx, whole, M, std::vector<double>(static_cast<std::size_t>(c.num_devices()), 1.0),
                            "spmd (even split)"),

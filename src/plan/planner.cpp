@@ -104,15 +104,28 @@ const BlockCost& Context::block_cost(int b, std::int64_t bs, const MeshOption& m
   so.strided_candidates = false;
   if (mixed(m.mesh)) so.device = mesh_spec(m.mesh);  // an uneven split: re-priced per device later
   if (forced_dp > 0) {
+    // The block's boundary in one layout: its inputs fixed to it, its results read by other
+    // blocks resharded to it inside the block (so consecutive blocks agree and pass tensors
+    // without resharding between them).
+    const bool two_d = m.mesh.ndim() == 2;
+    auto canonical = [&](const ir::TensorInfo& t) -> std::string {
+      if (forced_dp > 1 && t.shape[0] % forced_dp == 0) return two_d ? "S(0) R" : "S(0)";
+      return two_d ? "R R" : "R";
+    };
     for (const auto& t : bg.tensors()) {
       if (t.producer != ir::kNoOp || is_state_leaf(t) || t.rank() < 1) continue;
       if (t.role == ir::Role::Constant) continue;
       if (bg.consumers(bg.find_tensor(t.name).value()).empty()) continue;
-      const bool two_d = m.mesh.ndim() == 2;
-      if (forced_dp > 1 && t.shape[0] % forced_dp == 0)
-        so.fixed_specs[t.name] = two_d ? "S(0) R" : "S(0)";
-      else
-        so.fixed_specs[t.name] = two_d ? "R R" : "R";
+      so.fixed_specs[t.name] = canonical(t);
+    }
+    for (ir::TensorId t : bg.outputs()) {
+      const auto& info = bg.tensor(t);
+      if (info.producer == ir::kNoOp || info.rank() < 1) continue;
+      const ir::TensorId orig = sg.original_tensor[t];
+      bool read_elsewhere = false;
+      for (ir::OpId c : g_.consumers(orig))
+        read_elsewhere = read_elsewhere || (grouping.block_of_op[c] >= 0 && grouping.block_of_op[c] != b);
+      if (read_elsewhere) so.output_specs[info.name] = canonical(info);
     }
   }
   const double t0 = now_s();
@@ -410,21 +423,28 @@ std::optional<StageChoice> best_stage(Context& ctx, const std::vector<MeshOption
     return best;
   }
   for (int mi = 0; mi < static_cast<int>(meshes.size()); ++mi) {
-    for (int v = 0; v < 2; ++v) {
-      StageAgg a = aggregate(ctx, first, last, bs, meshes[mi], v, forced_dp);
-      if (!a.ok) {
-        if (why) *why = a.error;
-        continue;
+    // Free boundaries (each block picks the layouts of what it passes on; the stage pays the
+    // resharding between blocks) and, on several devices, agreed ones (every block's inputs and
+    // passed-on results batch-sharded on mesh axis 0 where the batch divides, else replicated).
+    std::vector<int> boundary{forced_dp};
+    if (forced_dp == 0 && meshes[mi].mesh.size() > 1)
+      boundary.push_back(static_cast<int>(meshes[mi].mesh.shape()[0]));
+    for (int f : boundary)
+      for (int v = 0; v < 2; ++v) {
+        StageAgg a = aggregate(ctx, first, last, bs, meshes[mi], v, f);
+        if (!a.ok) {
+          if (why) *why = a.error;
+          continue;
+        }
+        const double mem = stage_memory(a, inflight);
+        if (mem > usable) {
+          if (why) *why = fmt::format("needs {:.3g} GB/device > {:.3g} GB usable", mem / 1e9, usable / 1e9);
+          continue;
+        }
+        const double t = a.fwd + a.bwd;
+        if (!best || t < best->time) best = StageChoice{first, last, sub, mi, v, f, t, mem};
+        break;  // the fast variant fits: the lean one is not faster
       }
-      const double mem = stage_memory(a, inflight);
-      if (mem > usable) {
-        if (why) *why = fmt::format("needs {:.3g} GB/device > {:.3g} GB usable", mem / 1e9, usable / 1e9);
-        continue;
-      }
-      const double t = a.fwd + a.bwd;
-      if (!best || t < best->time) best = StageChoice{first, last, sub, mi, v, forced_dp, t, mem};
-      break;  // the fast variant fits: the lean one is not faster
-    }
   }
   return best;
 }

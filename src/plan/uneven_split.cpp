@@ -37,6 +37,7 @@
 #include <cmath>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -63,12 +64,12 @@ struct MemoryParts {
   }
 };
 
-MemoryParts memory_parts(Context& ctx, int first, int last, std::int64_t bs, const MeshOption& m,
-                         int variant) {
+MemoryParts memory_parts(Context& ctx, int first, int last, std::int64_t bs, const MeshOption& m, int variant,
+                         int forced) {
   MemoryParts mp;
   const auto& ab = ctx.blocks_at(bs);
   for (int b = first; b <= last; ++b) {
-    const BlockCost& bc = ctx.block_cost(b, bs, m, variant, 0);
+    const BlockCost& bc = ctx.block_cost(b, bs, m, variant, forced);
     if (!bc.ok) continue;
     const auto& bg = ab.blocks[b].graph;
     for (int t = 0; t < static_cast<int>(bc.mem_class.size()); ++t) {
@@ -91,12 +92,12 @@ MemoryParts memory_parts(Context& ctx, int first, int last, std::int64_t bs, con
 struct PhaseTimes {
   double fwd = 0, bwd = 0, wgt = 0, upd = 0;
 };
-PhaseTimes device_compute(Context& ctx, int first, int last, std::int64_t bs, const MeshOption& m,
-                          int variant, const cluster::DeviceSpec& spec, double p) {
+PhaseTimes device_compute(Context& ctx, int first, int last, std::int64_t bs, const MeshOption& m, int variant,
+                          int forced, const cluster::DeviceSpec& spec, double p) {
   PhaseTimes pt;
   const auto& ab = ctx.blocks_at(bs);
   for (int b = first; b <= last; ++b) {
-    const BlockCost& bc = ctx.block_cost(b, bs, m, variant, 0);
+    const BlockCost& bc = ctx.block_cost(b, bs, m, variant, forced);
     const auto& blk = ab.blocks[b];
     const auto& bg = blk.graph;
     for (ir::OpId o = 0; o < static_cast<ir::OpId>(bg.ops().size()); ++o) {
@@ -121,6 +122,7 @@ PhaseTimes device_compute(Context& ctx, int first, int last, std::int64_t bs, co
 }  // namespace
 
 UnevenStage uneven_stage(Context& ctx, int first, int last, std::int64_t bs, const MeshOption& m, int variant,
+                         int forced,
                          const std::vector<double>& fraction, int inflight) {
   UnevenStage u;
   const auto& ids = m.mesh.device_ids();
@@ -134,7 +136,7 @@ UnevenStage uneven_stage(Context& ctx, int first, int last, std::int64_t bs, con
   const double scale = static_cast<double>(n) * maxp;  // ring collectives over uneven pieces
   const auto& ab = ctx.blocks_at(bs);
   for (int b = first; b <= last; ++b) {
-    const BlockCost& bc = ctx.block_cost(b, bs, m, variant, 0);
+    const BlockCost& bc = ctx.block_cost(b, bs, m, variant, forced);
     if (!bc.ok) {
       u.error = bc.error;
       return u;
@@ -186,12 +188,12 @@ UnevenStage uneven_stage(Context& ctx, int first, int last, std::int64_t bs, con
     u.comm += (cf + cb) * scale;
   }
   // Tensors passed between the stage's blocks (each block's plan chose its own layout).
-  const Context::InternalReshard r = ctx.internal_reshard(first, last, bs, m, variant, 0);
+  const Context::InternalReshard r = ctx.internal_reshard(first, last, bs, m, variant, forced);
   u.fwd += r.fwd * scale;
   u.bwd += r.bwd * scale;
   u.upd += r.upd * scale;
   u.comm += (r.fwd + r.bwd) * scale;
-  const MemoryParts mp = memory_parts(ctx, first, last, bs, m, variant);
+  const MemoryParts mp = memory_parts(ctx, first, last, bs, m, variant, forced);
   const double nd = static_cast<double>(n);
   for (std::size_t i = 0; i < n; ++i) {
     const double p = u.fraction[i];
@@ -204,20 +206,20 @@ UnevenStage uneven_stage(Context& ctx, int first, int last, std::int64_t bs, con
   return u;
 }
 
-std::vector<double> balanced_fractions(Context& ctx, int first, int last, std::int64_t bs,
-                                       const MeshOption& m, int variant, int M, int inflight,
+std::vector<double> balanced_fractions(Context& ctx, int first, int last, std::int64_t bs, const MeshOption& m,
+                                       int variant, int forced, int M, int inflight,
                                        std::string* why) {
   const auto& ids = m.mesh.device_ids();
   const std::size_t n = ids.size();
   const double nd = static_cast<double>(n);
   for (int b = first; b <= last; ++b) {
-    const BlockCost& bc = ctx.block_cost(b, bs, m, variant, 0);
+    const BlockCost& bc = ctx.block_cost(b, bs, m, variant, forced);
     if (!bc.ok) {
       if (why) *why = bc.error;
       return {};
     }
   }
-  const MemoryParts mp = memory_parts(ctx, first, last, bs, m, variant);
+  const MemoryParts mp = memory_parts(ctx, first, last, bs, m, variant, forced);
   // Linear upper bound of MemoryParts::at in p (transient · max(1, n·p) <= transient · (1 + n·p)).
   const double whole = mp.static_whole + inflight * mp.act_whole + mp.transient;
   const double split = mp.static_split + inflight * mp.act_split + mp.transient;
@@ -231,7 +233,7 @@ std::vector<double> balanced_fractions(Context& ctx, int first, int last, std::i
     auto it = per_kind.find(spec.kind);
     if (it == per_kind.end()) {
       auto period = [&](double p) {
-        const PhaseTimes t = device_compute(ctx, first, last, bs, m, variant, spec, p);
+        const PhaseTimes t = device_compute(ctx, first, last, bs, m, variant, forced, spec, p);
         return t.fwd + t.bwd + t.upd / M;
       };
       const double a = period(p1), b = period(p2);
@@ -257,7 +259,7 @@ std::vector<double> balanced_fractions(Context& ctx, int first, int last, std::i
     if (std::find(kinds.begin(), kinds.end(), ctx.c_.device(id).spec.kind) == kinds.end())
       kinds.push_back(ctx.c_.device(id).spec.kind);
   auto period = [&](const std::vector<double>& fr) {
-    const UnevenStage u = uneven_stage(ctx, first, last, bs, m, variant, fr, inflight);
+    const UnevenStage u = uneven_stage(ctx, first, last, bs, m, variant, forced, fr, inflight);
     for (std::size_t i = 0; i < n; ++i)
       if (u.memory[i] > ctx.usable_of_device(ids[i]) * (1 + 1e-9)) return kInf;
     return M * (u.fwd + u.bwd) + u.upd;
@@ -294,66 +296,96 @@ Built split_build(Context& ctx, const MeshOption& m, int M, const std::vector<do
   const std::int64_t bs = ctx.global_batch / M;
   Built out;
   out.plan.strategy = strategy;
-  // The lean variant when the fast one does not fit (as best_stage does).
-  for (int variant = 0; variant < 2; ++variant) {
-    const UnevenStage u = uneven_stage(ctx, 0, L - 1, bs, m, variant, fraction, 1);
-    if (!u.ok) {
-      out.note = u.error;
-      continue;
-    }
+  // The block boundaries free or agreed (as best_stage), the fast SPMD variant or the lean one
+  // when the fast one does not fit; the fractions given or balanced for each. The feasible choice
+  // with the shortest period M·(F + B) + update wins; none feasible: the last one tried, noted.
+  struct Pick {
+    UnevenStage u;
+    int variant = 0, forced = 0;
     std::string over;
-    for (std::size_t i = 0; i < u.memory.size() && over.empty(); ++i) {
-      const int id = m.mesh.device_ids()[i];
-      if (u.memory[i] > ctx.usable_of_device(id) * (1 + 1e-9))
-        over = fmt::format("device {} (fraction {:.3f}): {:.3g} GB > {:.3g} GB usable", id, u.fraction[i],
-                           u.memory[i] / 1e9, ctx.usable_of_device(id) / 1e9);
+    double period = kInf;
+  };
+  std::optional<Pick> best, last_tried;
+  for (int forced : {0, static_cast<int>(m.mesh.size())}) {
+    std::vector<double> fr = fraction;
+    if (fr.empty()) {
+      std::string why;
+      fr = balanced_fractions(ctx, 0, L - 1, bs, m, 0, forced, M, 1, &why);
+      if (fr.empty()) {
+        out.note = why;
+        continue;
+      }
     }
-    if (!over.empty() && variant == 0) continue;
-    Candidate cand;
-    cand.strategy = strategy;
-    cand.M = M;
-    cand.dp = 1;
-    cand.bs = bs;
-    StageChoice sc;
-    sc.first = 0;
-    sc.last = L - 1;
-    sc.variant = variant;
-    sc.time = u.fwd + u.bwd;
-    sc.memory = *std::max_element(u.memory.begin(), u.memory.end());
-    cand.stages.push_back(sc);
-    cand.devices.push_back(m.mesh.device_ids());
-    cand.meshes.push_back(m);
-    out = materialise(ctx, {}, cand, reshard::Balancer::LargestFirst);
-    Plan& p = out.plan;
-    p.strategy = strategy;
-    p.split_fraction = u.fraction;
-    Stage& st = p.stages[0];
-    st.forward_time = u.fwd;
-    st.backward_time = u.bwd;
-    st.weight_time = u.wgt;
-    st.compute_time = u.compute;
-    st.comm_time = u.comm;
-    double grad_bytes = 0;
-    for (const auto& pr : st.params) grad_bytes += pr.bytes_per_device;
-    st.optimizer_time = u.upd - u.grad_sync + exposed_grad_sync(ctx.opt_, u.grad_sync, grad_bytes, u.bwd);
-    p.device_memory = u.memory;
-    // The stage's memory line: the fullest device's parts.
-    const auto full =
-        static_cast<std::size_t>(std::max_element(u.memory.begin(), u.memory.end()) - u.memory.begin());
-    p.peak_memory = u.memory[full];
-    st.peak_memory = p.peak_memory;
-    st.static_memory = u.static_mem[full];
-    st.activation_memory = u.act_mem[full];
-    st.transient_memory = u.transient[full];
-    const sim::SimResult r = resimulate(p);
-    p.step_time = r.step_time;
-    p.bubble_fraction = r.bubble_fraction;
-    p.throughput = p.step_time > 0 ? static_cast<double>(p.global_batch()) / p.step_time : 0;
-    p.mfu = p.step_time > 0 ? p.model_flops / (p.step_time * p.cluster_peak_flops) : 0;
-    out.feasible = over.empty();
-    out.note = over;
-    return out;
+    for (int variant = 0; variant < 2; ++variant) {
+      Pick pk;
+      pk.u = uneven_stage(ctx, 0, L - 1, bs, m, variant, forced, fr, 1);
+      pk.variant = variant;
+      pk.forced = forced;
+      if (!pk.u.ok) {
+        out.note = pk.u.error;
+        continue;
+      }
+      for (std::size_t i = 0; i < pk.u.memory.size() && pk.over.empty(); ++i) {
+        const int id = m.mesh.device_ids()[i];
+        if (pk.u.memory[i] > ctx.usable_of_device(id) * (1 + 1e-9))
+          pk.over = fmt::format("device {} (fraction {:.3f}): {:.3g} GB > {:.3g} GB usable", id, pk.u.fraction[i],
+                                pk.u.memory[i] / 1e9, ctx.usable_of_device(id) / 1e9);
+      }
+      pk.period = M * (pk.u.fwd + pk.u.bwd) + pk.u.upd;
+      if (pk.over.empty()) {
+        if (!best || pk.period < best->period) best = pk;
+        break;  // the fast variant fits: the lean one is not faster
+      }
+      last_tried = pk;
+    }
   }
+  if (!best && !last_tried) return out;
+  const Pick& pk = best ? *best : *last_tried;
+  const UnevenStage& u = pk.u;
+  Candidate cand;
+  cand.strategy = strategy;
+  cand.M = M;
+  cand.dp = 1;
+  cand.bs = bs;
+  StageChoice sc;
+  sc.first = 0;
+  sc.last = L - 1;
+  sc.variant = pk.variant;
+  sc.forced_dp = pk.forced;
+  sc.time = u.fwd + u.bwd;
+  sc.memory = *std::max_element(u.memory.begin(), u.memory.end());
+  cand.stages.push_back(sc);
+  cand.devices.push_back(m.mesh.device_ids());
+  cand.meshes.push_back(m);
+  out = materialise(ctx, {}, cand, reshard::Balancer::LargestFirst);
+  Plan& p = out.plan;
+  p.strategy = strategy;
+  p.split_fraction = u.fraction;
+  Stage& st = p.stages[0];
+  st.forward_time = u.fwd;
+  st.backward_time = u.bwd;
+  st.weight_time = u.wgt;
+  st.compute_time = u.compute;
+  st.comm_time = u.comm;
+  double grad_bytes = 0;
+  for (const auto& pr : st.params) grad_bytes += pr.bytes_per_device;
+  st.optimizer_time = u.upd - u.grad_sync + exposed_grad_sync(ctx.opt_, u.grad_sync, grad_bytes, u.bwd);
+  p.device_memory = u.memory;
+  // The stage's memory line: the fullest device's parts.
+  const auto full =
+      static_cast<std::size_t>(std::max_element(u.memory.begin(), u.memory.end()) - u.memory.begin());
+  p.peak_memory = u.memory[full];
+  st.peak_memory = p.peak_memory;
+  st.static_memory = u.static_mem[full];
+  st.activation_memory = u.act_mem[full];
+  st.transient_memory = u.transient[full];
+  const sim::SimResult r = resimulate(p);
+  p.step_time = r.step_time;
+  p.bubble_fraction = r.bubble_fraction;
+  p.throughput = p.step_time > 0 ? static_cast<double>(p.global_batch()) / p.step_time : 0;
+  p.mfu = p.step_time > 0 ? p.model_flops / (p.step_time * p.cluster_peak_flops) : 0;
+  out.feasible = pk.over.empty();
+  out.note = pk.over;
   return out;
 }
 

@@ -356,6 +356,9 @@ int generate_strided_candidates(Model& m, int rounds = 4) {
 
 struct Built {
   StrategyProblem problem;
+  // Per op node and strategy: the part of node_cost that reshards a result to the layout its
+  // readers outside the graph need (SearchOptions::output_specs) — communication, not compute.
+  std::vector<std::vector<double>> out_conv;
   cost::Liveness live;
   std::vector<int> rows_pos;  // position of each memory row
   int n_edges = 0;
@@ -415,6 +418,24 @@ Built build_problem(Model& m, ReshardCosts& rc, double memory_limit, const Searc
     }
     WEFT_CHECK(any, "spmd_search: no strategy of '{}' produces '{}' with spec {}", m.node_name(v), name,
                text);
+  }
+  // Required output layouts: every strategy of the producer pays the resharding to the layout.
+  b.out_conv.assign(n, {});
+  for (const auto& [name, text] : opt.output_specs) {
+    auto t = m.g.find_tensor(name);
+    WEFT_CHECK(t.has_value(), "spmd_search: output_specs names unknown tensor '{}'", name);
+    const int v = m.node_of_tensor[*t];
+    WEFT_CHECK(v >= 0, "spmd_search: output tensor '{}' is not used by any op", name);
+    const auto want = ShardingSpec::parse(text, m.g.tensor(*t).shape, m.mesh);
+    const int elem = dtype_size(m.g.tensor(*t).dtype);
+    auto& conv = b.out_conv[v];
+    conv.resize(static_cast<std::size_t>(m.num_strategies(v)), 0.0);
+    for (int s = 0; s < m.num_strategies(v); ++s) {
+      if (std::isinf(p.node_cost[v][s])) continue;
+      const double c = rc.time(m.produced(v, s, v < m.n_ops ? m.slot_of_tensor[*t] : 0), want, elem);
+      conv[s] += c;
+      p.node_cost[v][s] += c;
+    }
   }
   // Edges: matrix over (producer strategy, consumer strategy), resharding time of the distinct
   // spec pairs. Every spec is interned once (an id per distinct spec over the whole model), so
@@ -1054,8 +1075,12 @@ SpmdPlan spmd_search(const ir::Graph& g, const cluster::Cluster& cl, const clust
   }
   const Evaluation ev = evaluate(b.problem, choice);
   plan.compute_time = 0;
+  double out_conv = 0;
+  for (int v = 0; v < m.num_nodes(); ++v)
+    if (!b.out_conv[v].empty()) out_conv += b.out_conv[v][choice[v]];
   for (int o = 0; o < m.n_ops; ++o) plan.compute_time += b.problem.node_cost[o][choice[o]];
-  plan.comm_time = ev.edge_cost;
+  plan.compute_time -= out_conv;
+  plan.comm_time = ev.edge_cost + out_conv;
   plan.cost = plan.compute_time + plan.comm_time;
   {
     std::vector<double> bytes(g.tensors().size(), 0.0);
