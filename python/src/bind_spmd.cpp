@@ -111,7 +111,7 @@ void bind_spmd(py::module_& root) {
       [](const ir::Graph& g, const cluster::Cluster& c, const cluster::DeviceMesh& mesh,
          const std::string& level, double memory_limit, const std::string& memory_mode, double time_limit,
          double relative_gap, bool reuse, bool strided, bool pricing,
-         const std::map<std::string, std::string>& fixed,
+         const std::map<std::string, std::string>& fixed, const std::map<std::string, std::string>& outputs,
          const std::function<void(const std::string&, double, const std::string&)>& progress) {
         SearchOptions o;
         o.level = parse_level(level);
@@ -123,6 +123,7 @@ void bind_spmd(py::module_& root) {
         o.strided_candidates = strided;
         o.o2_memory_pricing = pricing;
         o.fixed_specs = fixed;
+        o.output_specs = outputs;
         if (progress)
           o.progress = [&progress](const Progress& p) {
             py::gil_scoped_acquire gil;
@@ -134,7 +135,8 @@ void bind_spmd(py::module_& root) {
       py::arg("memory_limit") = 0.0, py::arg("memory_mode") = "ilp", py::arg("time_limit") = 60.0,
       py::arg("relative_gap") = 0.0, py::arg("reuse_repeated_layers") = true,
       py::arg("strided_candidates") = true, py::arg("memory_pricing") = true,
-      py::arg("fixed_specs") = std::map<std::string, std::string>{}, py::arg("progress") = nullptr);
+      py::arg("fixed_specs") = std::map<std::string, std::string>{},
+      py::arg("output_specs") = std::map<std::string, std::string>{}, py::arg("progress") = nullptr);
   m.def(
       "evaluate_plan",
       [](const ir::Graph& g, const cluster::Cluster& c, const cluster::DeviceMesh& mesh, const SpmdPlan& p) {

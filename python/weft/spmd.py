@@ -107,6 +107,7 @@ def spmd_search(graph, cluster, mesh, level: str = "O2", memory_limit: Optional[
                 reuse_repeated_layers: bool = True, strided_candidates: bool = True,
                 memory_pricing: bool = True,
                 fixed_specs: Optional[Mapping[str, str]] = None,
+                output_specs: Optional[Mapping[str, str]] = None,
                 progress: Union[None, bool, Callable[[str, float, str], Any]] = None) -> SpmdResult:
     """Searches the SPMD strategy of ``graph`` (forward or training step) on ``mesh`` of ``cluster``.
 
@@ -116,7 +117,9 @@ def spmd_search(graph, cluster, mesh, level: str = "O2", memory_limit: Optional[
     (Rhino §4.4: force the k largest parameters sharded, smallest feasible k). time_limit: seconds
     per ILP. memory_pricing (O2): when the plan found without memory rows does not fit, price
     memory per byte (the smallest price that fits, by bisection) before building memory rows.
-    fixed_specs: tensor name -> spec text forced. progress: a callable (phase, fraction,
+    fixed_specs: tensor name -> spec text forced. output_specs: tensor name -> the spec its readers
+    outside the graph need (the producer pays the resharding to it, as communication). progress: a
+    callable (phase, fraction,
     message) or True for a tqdm bar. Raises ValueError on bad input (a mesh larger than any op can
     be split, an impossible memory limit naming the tensors that make it impossible, ...).
     """
@@ -127,7 +130,8 @@ def spmd_search(graph, cluster, mesh, level: str = "O2", memory_limit: Optional[
                          memory_mode=memory_mode, time_limit=float(time_limit), relative_gap=float(relative_gap),
                          reuse_repeated_layers=reuse_repeated_layers, strided_candidates=strided_candidates,
                          memory_pricing=memory_pricing,
-                         fixed_specs=dict(fixed_specs or {}), progress=fn)
+                         fixed_specs=dict(fixed_specs or {}), output_specs=dict(output_specs or {}),
+                         progress=fn)
     finally:
         if bar is not None:
             bar.close()

@@ -349,7 +349,8 @@ Context::InternalReshard Context::internal_reshard(int first, int last, std::int
     std::vector<int> idx(crossings.size());
     std::iota(idx.begin(), idx.end(), 0);
     auto lo = [&](int i) {
-      return std::min(grouping.block_of_op[crossings[i].producer], grouping.block_of_op[crossings[i].consumer]);
+      return std::min(grouping.block_of_op[crossings[i].producer],
+                      grouping.block_of_op[crossings[i].consumer]);
     };
     std::stable_sort(idx.begin(), idx.end(), [&](int a, int b) { return lo(a) < lo(b); });
     tab.order = idx;

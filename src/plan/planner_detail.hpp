@@ -144,7 +144,8 @@ class Context {
     std::vector<double> time;  // per position of order, seconds (< 0: not priced yet)
     std::vector<int> start;    // per block b: first position whose lower block is >= b
   };
-  std::map<std::tuple<std::int64_t, int, int, int>, CrossingTable> crossing_tables;  // (bs, mesh, variant, forced)
+  std::map<std::tuple<std::int64_t, int, int, int>, CrossingTable>
+      crossing_tables;                                                       // (bs, mesh, variant, forced)
   std::map<std::vector<std::int64_t>, double> crossing_cost;                 // structural key -> seconds
   std::map<std::pair<int, int>, sharding::ReshardPlanner> reshard_planners;  // (mesh key, elem)
 

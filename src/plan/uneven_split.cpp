@@ -92,8 +92,8 @@ MemoryParts memory_parts(Context& ctx, int first, int last, std::int64_t bs, con
 struct PhaseTimes {
   double fwd = 0, bwd = 0, wgt = 0, upd = 0;
 };
-PhaseTimes device_compute(Context& ctx, int first, int last, std::int64_t bs, const MeshOption& m, int variant,
-                          int forced, const cluster::DeviceSpec& spec, double p) {
+PhaseTimes device_compute(Context& ctx, int first, int last, std::int64_t bs, const MeshOption& m,
+                          int variant, int forced, const cluster::DeviceSpec& spec, double p) {
   PhaseTimes pt;
   const auto& ab = ctx.blocks_at(bs);
   for (int b = first; b <= last; ++b) {
@@ -122,8 +122,7 @@ PhaseTimes device_compute(Context& ctx, int first, int last, std::int64_t bs, co
 }  // namespace
 
 UnevenStage uneven_stage(Context& ctx, int first, int last, std::int64_t bs, const MeshOption& m, int variant,
-                         int forced,
-                         const std::vector<double>& fraction, int inflight) {
+                         int forced, const std::vector<double>& fraction, int inflight) {
   UnevenStage u;
   const auto& ids = m.mesh.device_ids();
   const std::size_t n = ids.size();
@@ -206,8 +205,8 @@ UnevenStage uneven_stage(Context& ctx, int first, int last, std::int64_t bs, con
   return u;
 }
 
-std::vector<double> balanced_fractions(Context& ctx, int first, int last, std::int64_t bs, const MeshOption& m,
-                                       int variant, int forced, int M, int inflight,
+std::vector<double> balanced_fractions(Context& ctx, int first, int last, std::int64_t bs,
+                                       const MeshOption& m, int variant, int forced, int M, int inflight,
                                        std::string* why) {
   const auto& ids = m.mesh.device_ids();
   const std::size_t n = ids.size();
@@ -328,8 +327,8 @@ Built split_build(Context& ctx, const MeshOption& m, int M, const std::vector<do
       for (std::size_t i = 0; i < pk.u.memory.size() && pk.over.empty(); ++i) {
         const int id = m.mesh.device_ids()[i];
         if (pk.u.memory[i] > ctx.usable_of_device(id) * (1 + 1e-9))
-          pk.over = fmt::format("device {} (fraction {:.3f}): {:.3g} GB > {:.3g} GB usable", id, pk.u.fraction[i],
-                                pk.u.memory[i] / 1e9, ctx.usable_of_device(id) / 1e9);
+          pk.over = fmt::format("device {} (fraction {:.3f}): {:.3g} GB > {:.3g} GB usable", id,
+                                pk.u.fraction[i], pk.u.memory[i] / 1e9, ctx.usable_of_device(id) / 1e9);
       }
       pk.period = M * (pk.u.fwd + pk.u.bwd) + pk.u.upd;
       if (pk.over.empty()) {

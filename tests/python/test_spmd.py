@@ -117,3 +117,15 @@ def test_o2_memory_pricing_fits_and_is_reported(m8):
     rows = weft.spmd_search(g, m8, mesh, level="O2", memory_limit=limit, memory_pricing=False)
     assert rows.report.to_dict()["memory_price_probes"] == 0
     assert rows.peak_memory <= limit
+
+
+def test_output_specs_charge_the_layout_readers_need(m8):
+    # A forward MLP whose output must leave replicated: the search pays the gather (as comm).
+    g = _mlp(64, [1024, 4096], train=False)
+    mesh = weft.DeviceMesh.iota([4])
+    free = weft.spmd_search(g, m8, mesh, level="O3", strided_candidates=False)
+    need = weft.spmd_search(g, m8, mesh, level="O3", strided_candidates=False, output_specs={"mm0": "R"})
+    assert need.cost >= free.cost
+    assert need.comm_time >= free.comm_time
+    with pytest.raises(ValueError, match="unknown tensor"):
+        weft.spmd_search(g, m8, mesh, output_specs={"nope": "R"})

@@ -60,6 +60,9 @@ struct SearchOptions {
   // by identical layers) — and fall back to the memory rows only when no price makes it fit.
   bool o2_memory_pricing = true;
   std::map<std::string, std::string> fixed_specs;  // tensor name -> spec text, forced
+  // tensor name -> spec text its readers outside the graph need (a block's outputs read by the
+  // next block): the producer pays the resharding to it, counted as communication.
+  std::map<std::string, std::string> output_specs;
   // Price every op (and take the memory limit) on this device instead of the mesh's, and accept
   // a mesh that mixes device kinds: the planner searches the strategies of an uneven split over
   // mixed GPUs (Whale's `split`) on the slowest kind and re-prices them per device afterwards.

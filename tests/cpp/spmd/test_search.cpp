@@ -398,3 +398,42 @@ TEST_CASE("spmd: O2 under a binding memory limit prices memory; checked against 
             c.report.total_seconds());
   }
 }
+
+TEST_CASE("spmd: output_specs — the producer pays the resharding to the layout its readers need") {
+  // One matmul on 4 GPUs whose result must leave replicated: the search's cost equals the
+  // cheapest strategy by hand (its compute + resharding its result to R; the inputs are free
+  // leaves that take whatever layout the strategy wants), and the resharding counts as comm.
+  ir::Graph g;
+  const auto x = g.input("x", {64, 1024});
+  const auto w = g.parameter("w", {1024, 4096});
+  g.einsum("bk,kn->bn", {x, w}, "y");
+  const auto mesh = cluster::DeviceMesh::iota({4});
+  const auto links = cluster::axis_links(m8(), mesh);
+  const auto& dev = m8().device(0).spec;
+  SearchOptions o;
+  o.level = Level::O3;
+  o.strided_candidates = false;
+  const SpmdPlan free = spmd_search(g, m8(), mesh, o);
+  CHECK(free.comm_time == 0);  // nothing asks for a layout: every split is free
+  o.output_specs["y"] = "R";
+  const SpmdPlan need = spmd_search(g, m8(), mesh, o);
+  double best = 1e30, best_comm = 0;
+  for (const auto& s : enumerate_strategies(g, g.op(0), {4})) {
+    const double comm =
+        s.outputs[0] == ShardingSpec::replicated({64, 4096}, {4})
+            ? 0.0
+            : sharding::reshard_on_mesh(s.outputs[0], ShardingSpec::replicated({64, 4096}, {4}), links, 4)
+                  .time;
+    const double c = cost::op_cost(g, g.op(0), dev, s.factor_shards).time + comm;
+    if (c < best) best = c, best_comm = comm;
+  }
+  MESSAGE("free " << free.cost * 1e6 << " us, result replicated " << need.cost * 1e6 << " us (by hand "
+                  << best * 1e6 << " us)");
+  CHECK(need.cost == doctest::Approx(best).epsilon(1e-6));
+  CHECK(need.comm_time == doctest::Approx(best_comm).epsilon(1e-6));
+  CHECK(need.cost > free.cost);
+  const bool replicated = need.spec_of(g, "y") == "R";
+  CHECK((replicated ? need.comm_time == 0 : need.comm_time > 0));
+  o.output_specs = {{"nope", "R"}};
+  CHECK_THROWS_AS(spmd_search(g, m8(), mesh, o), Error);
+}
