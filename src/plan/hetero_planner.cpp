@@ -499,13 +499,7 @@ Plan data_parallel_plan(const ir::Graph& g, const cluster::Cluster& c,
                         const std::vector<std::int64_t>& shares, int M, const PlanOptions& o) {
   using namespace detail;
   const double start = now_s();
-  Context ctx = make_context(g, c, o, start);
-  ctx.init_blocks(auto_blocks(g, o));
-  WEFT_CHECK(M >= 1 && ctx.global_batch % M == 0,
-             "data_parallel_plan: the batch {} is not divisible by {} micro-batches", ctx.global_batch, M);
-  WEFT_CHECK(static_cast<int>(shares.size()) == c.num_devices(),
-             "data_parallel_plan: {} shares for {} devices (one per device, in id order)", shares.size(),
-             c.num_devices());
+  Context ctx = given_shares_context(g, c, o, start, M, shares.size(), "data_parallel_plan", "shares");
   std::int64_t sum = 0;
   for (auto u : shares) {
     WEFT_CHECK(u >= 0, "data_parallel_plan: a share is negative ({})", u);

@@ -295,28 +295,23 @@ std::string Plan::summary() const {
       : schedule == "interleaved" ? fmt::format(" v={}", schedule_v)
                                   : std::string(),
       num_microbatches, microbatch_size, data_parallel, data_parallel == 1 ? "" : "s", global_batch());
-  if (!replica_microbatch.empty()) {
-    // Uneven shares: list runs of equal shares ("8 x 60, 8 x 36").
-    std::string runs;
-    for (std::size_t i = 0; i < replica_microbatch.size();) {
+  // Runs of equal values: "8 x 60, 8 x 36".
+  auto runs = [](const auto& v, auto show) {
+    std::string out;
+    for (std::size_t i = 0; i < v.size();) {
       std::size_t k = i;
-      while (k < replica_microbatch.size() && replica_microbatch[k] == replica_microbatch[i]) ++k;
-      runs += fmt::format("{}{} x {}", runs.empty() ? "" : ", ", k - i, replica_microbatch[i]);
+      while (k < v.size() && v[k] == v[i]) ++k;
+      out += fmt::format("{}{} x {}", out.empty() ? "" : ", ", k - i, show(v[i]));
       i = k;
     }
-    s += fmt::format("  shares        uneven samples per micro-batch per replica: {}\n", runs);
-  }
-  if (!split_fraction.empty()) {
-    // Uneven tensor split: runs of equal fractions ("8 x 0.0811, 8 x 0.0439").
-    std::string runs;
-    for (std::size_t i = 0; i < split_fraction.size();) {
-      std::size_t k = i;
-      while (k < split_fraction.size() && split_fraction[k] == split_fraction[i]) ++k;
-      runs += fmt::format("{}{} x {:.4f}", runs.empty() ? "" : ", ", k - i, split_fraction[i]);
-      i = k;
-    }
-    s += fmt::format("  split         uneven: fraction of every split dimension per device: {}\n", runs);
-  }
+    return out;
+  };
+  if (!replica_microbatch.empty())
+    s += fmt::format("  shares        uneven samples per micro-batch per replica: {}\n",
+                     runs(replica_microbatch, [](std::int64_t x) { return std::to_string(x); }));
+  if (!split_fraction.empty())
+    s += fmt::format("  split         uneven: fraction of every split dimension per device: {}\n",
+                     runs(split_fraction, [](double x) { return fmt::format("{:.4f}", x); }));
   s += fmt::format("  step time     {:.4f} s  (bubble {:.1f}%)\n", step_time, bubble_fraction * 100);
   s += fmt::format("  throughput    {:.2f} samples/s\n", throughput);
   s += fmt::format("  MFU           {:.1f}%  ({:.3g} PFLOP per step over {:.3g} PFLOP/s peak)\n", mfu * 100,

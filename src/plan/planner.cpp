@@ -1126,6 +1126,17 @@ Context make_context(const ir::Graph& g, const cluster::Cluster& c, const PlanOp
   return ctx;
 }
 
+Context given_shares_context(const ir::Graph& g, const cluster::Cluster& c, const PlanOptions& o,
+                             double start, int M, std::size_t shares, const char* who, const char* what) {
+  Context ctx = make_context(g, c, o, start);
+  ctx.init_blocks(auto_blocks(g, o));
+  WEFT_CHECK(M >= 1 && ctx.global_batch % M == 0, "{}: the batch {} is not divisible by {} micro-batches",
+             who, ctx.global_batch, M);
+  WEFT_CHECK(static_cast<int>(shares) == c.num_devices(),
+             "{}: {} {} for {} devices (one per device, in id order)", who, shares, what, c.num_devices());
+  return ctx;
+}
+
 Built megatron_build(Context& ctx, const MegatronLayout& lay, int M) {
   const auto& c = ctx.c_;
   const int N = c.num_devices();

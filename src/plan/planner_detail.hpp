@@ -368,6 +368,10 @@ std::string layout_text(const Plan& p);
 Alternative alternative_of(const Built& b);
 void sort_alternatives(std::vector<Alternative>& alts, int max_n);
 Context make_context(const ir::Graph& g, const cluster::Cluster& c, const PlanOptions& o, double start);
+// make_context + blocks for the plans of given per-device shares (data_parallel_plan, split_plan):
+// checks that M divides the batch and that there is one share per device.
+Context given_shares_context(const ir::Graph& g, const cluster::Cluster& c, const PlanOptions& o,
+                             double start, int M, std::size_t shares, const char* who, const char* what);
 int auto_blocks(const ir::Graph& g, const PlanOptions& o);
 std::vector<int> microbatch_counts(const PlanOptions& o, std::int64_t B);
 

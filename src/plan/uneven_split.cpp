@@ -91,6 +91,17 @@ MemoryParts memory_parts(Context& ctx, int first, int last, std::int64_t bs, con
 // (continuous: the balancer's model).
 struct PhaseTimes {
   double fwd = 0, bwd = 0, wgt = 0, upd = 0;
+  // Adds t seconds of (training-graph) op `orig` to its phase.
+  void add(const Context& ctx, ir::OpId orig, double t) {
+    switch (ctx.phase[orig]) {
+      case pipeline::OpPhase::Forward: fwd += t; break;
+      case pipeline::OpPhase::Backward:
+        bwd += t;
+        if (ctx.weight_grad_op[orig]) wgt += t;
+        break;
+      case pipeline::OpPhase::Update: upd += t; break;
+    }
+  }
 };
 PhaseTimes device_compute(Context& ctx, int first, int last, std::int64_t bs, const MeshOption& m,
                           int variant, int forced, const cluster::DeviceSpec& spec, double p) {
@@ -104,16 +115,7 @@ PhaseTimes device_compute(Context& ctx, int first, int last, std::int64_t bs, co
       const ir::Op& op = bg.op(o);
       std::vector<double> frac(op.index_map.factors.size(), 1.0);
       if (bc.split_factor[o] >= 0) frac[static_cast<std::size_t>(bc.split_factor[o])] = p;
-      const double t = cost::op_cost_fractional(bg, op, spec, frac).time;
-      const ir::OpId orig = blk.original_op[o];
-      switch (ctx.phase[orig]) {
-        case pipeline::OpPhase::Forward: pt.fwd += t; break;
-        case pipeline::OpPhase::Backward:
-          pt.bwd += t;
-          if (ctx.weight_grad_op[orig]) pt.wgt += t;
-          break;
-        case pipeline::OpPhase::Update: pt.upd += t; break;
-      }
+      pt.add(ctx, blk.original_op[o], cost::op_cost_fractional(bg, op, spec, frac).time);
     }
   }
   return pt;
@@ -167,14 +169,12 @@ UnevenStage uneven_stage(Context& ctx, int first, int last, std::int64_t bs, con
         worst = std::max(worst, it->second);
       }
       const ir::OpId orig = blk.original_op[o];
-      switch (ctx.phase[orig]) {
-        case pipeline::OpPhase::Forward: u.fwd += worst; break;
-        case pipeline::OpPhase::Backward:
-          u.bwd += worst;
-          if (ctx.weight_grad_op[orig]) u.wgt += worst;
-          break;
-        case pipeline::OpPhase::Update: u.upd += worst; break;
-      }
+      PhaseTimes pt;
+      pt.add(ctx, orig, worst);
+      u.fwd += pt.fwd;
+      u.bwd += pt.bwd;
+      u.wgt += pt.wgt;
+      u.upd += pt.upd;
       if (ctx.phase[orig] != pipeline::OpPhase::Update) u.compute += worst;
     }
     const double cf = bc.fwd - bc.fwd_compute, cb = bc.bwd - bc.bwd_compute, cw = bc.wgt - bc.wgt_compute;
@@ -404,13 +404,7 @@ Plan split_plan(const ir::Graph& g, const cluster::Cluster& c, const std::vector
                 const PlanOptions& o) {
   using namespace detail;
   const double start = now_s();
-  Context ctx = make_context(g, c, o, start);
-  ctx.init_blocks(auto_blocks(g, o));
-  WEFT_CHECK(M >= 1 && ctx.global_batch % M == 0,
-             "split_plan: the batch {} is not divisible by {} micro-batches", ctx.global_batch, M);
-  WEFT_CHECK(static_cast<int>(fraction.size()) == c.num_devices(),
-             "split_plan: {} fractions for {} devices (one per device, in id order)", fraction.size(),
-             c.num_devices());
+  Context ctx = given_shares_context(g, c, o, start, M, fraction.size(), "split_plan", "fractions");
   double sum = 0;
   for (double f : fraction) {
     WEFT_CHECK(std::isfinite(f) && f >= 0, "split_plan: fractions must be finite and >= 0 (got {})", f);

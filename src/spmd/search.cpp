@@ -396,16 +396,20 @@ Built build_problem(Model& m, ReshardCosts& rc, double memory_limit, const Searc
       for (int s = 0; s < m.num_strategies(v); ++s)
         p.node_cost[v][s] = cost::op_cost(m.g, m.g.op(v), m.device, m.op_strats[v][s].factor_shards).time;
   }
+  // A named tensor of fixed_specs / output_specs: its id, its node and the spec asked for.
+  auto named = [&](const std::string& name, const std::string& text, const char* option) {
+    auto t = m.g.find_tensor(name);
+    WEFT_CHECK(t.has_value(), "spmd_search: {} names unknown tensor '{}'", option, name);
+    const int v = m.node_of_tensor[*t];
+    WEFT_CHECK(v >= 0, "spmd_search: {} tensor '{}' is not used by any op", option, name);
+    return std::make_tuple(*t, v, ShardingSpec::parse(text, m.g.tensor(*t).shape, m.mesh));
+  };
   // Forced specs.
   for (const auto& [name, text] : opt.fixed_specs) {
-    auto t = m.g.find_tensor(name);
-    WEFT_CHECK(t.has_value(), "spmd_search: fixed_specs names unknown tensor '{}'", name);
-    const int v = m.node_of_tensor[*t];
-    WEFT_CHECK(v >= 0, "spmd_search: fixed tensor '{}' is not used by any op", name);
-    const auto want = ShardingSpec::parse(text, m.g.tensor(*t).shape, m.mesh);
+    const auto [ti, v, want] = named(name, text, "fixed_specs");
     bool any = false;
     for (int s = 0; s < m.num_strategies(v); ++s) {
-      if (m.produced(v, s, m.slot_of_tensor[*t]) == want)
+      if (m.produced(v, s, m.slot_of_tensor[ti]) == want)
         any = true;
       else
         p.node_cost[v][s] = kInfCost;
@@ -422,17 +426,13 @@ Built build_problem(Model& m, ReshardCosts& rc, double memory_limit, const Searc
   // Required output layouts: every strategy of the producer pays the resharding to the layout.
   b.out_conv.assign(n, {});
   for (const auto& [name, text] : opt.output_specs) {
-    auto t = m.g.find_tensor(name);
-    WEFT_CHECK(t.has_value(), "spmd_search: output_specs names unknown tensor '{}'", name);
-    const int v = m.node_of_tensor[*t];
-    WEFT_CHECK(v >= 0, "spmd_search: output tensor '{}' is not used by any op", name);
-    const auto want = ShardingSpec::parse(text, m.g.tensor(*t).shape, m.mesh);
-    const int elem = dtype_size(m.g.tensor(*t).dtype);
+    const auto [ti, v, want] = named(name, text, "output_specs");
+    const int elem = dtype_size(m.g.tensor(ti).dtype);
     auto& conv = b.out_conv[v];
     conv.resize(static_cast<std::size_t>(m.num_strategies(v)), 0.0);
     for (int s = 0; s < m.num_strategies(v); ++s) {
       if (std::isinf(p.node_cost[v][s])) continue;
-      const double c = rc.time(m.produced(v, s, v < m.n_ops ? m.slot_of_tensor[*t] : 0), want, elem);
+      const double c = rc.time(m.produced(v, s, v < m.n_ops ? m.slot_of_tensor[ti] : 0), want, elem);
       conv[s] += c;
       p.node_cost[v][s] += c;
     }
