@@ -401,6 +401,7 @@ StageAgg aggregate(Context& ctx, int first, int last, std::int64_t bs, const Mes
   a.bwd += r.bwd;
   a.upd += r.upd;
   a.comm += r.fwd + r.bwd;
+  a.between_blocks = r.fwd + r.bwd + r.upd;
   a.ok = true;
   return a;
 }
@@ -427,11 +428,14 @@ std::optional<StageChoice> best_stage(Context& ctx, const std::vector<MeshOption
     // Free boundaries (each block picks the layouts of what it passes on; the stage pays the
     // resharding between blocks) and, on several devices, agreed ones (every block's inputs and
     // passed-on results batch-sharded on mesh axis 0 where the batch divides, else replicated).
+    // Agreed boundaries only add constraints and costs to every block's search, so they cannot
+    // beat free boundaries that fit and reshard nothing between the blocks: skipped then.
     std::vector<int> boundary{forced_dp};
     if (forced_dp == 0 && meshes[mi].mesh.size() > 1)
       boundary.push_back(static_cast<int>(meshes[mi].mesh.shape()[0]));
+    bool free_is_best = false;
     for (int f : boundary)
-      for (int v = 0; v < 2; ++v) {
+      for (int v = 0; v < 2 && !(f != forced_dp && free_is_best); ++v) {
         StageAgg a = aggregate(ctx, first, last, bs, meshes[mi], v, f);
         if (!a.ok) {
           if (why) *why = a.error;
@@ -444,6 +448,7 @@ std::optional<StageChoice> best_stage(Context& ctx, const std::vector<MeshOption
         }
         const double t = a.fwd + a.bwd;
         if (!best || t < best->time) best = StageChoice{first, last, sub, mi, v, f, t, mem};
+        free_is_best = f == forced_dp && v == 0 && a.between_blocks <= 0;
         break;  // the fast variant fits: the lean one is not faster
       }
   }

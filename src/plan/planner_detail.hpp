@@ -304,6 +304,7 @@ struct StageAgg {
   std::string error;
   double fwd = 0, bwd = 0, wgt = 0, upd = 0, compute = 0, comm = 0, grad_sync = 0;
   double static_mem = 0, act_mem = 0, transient = 0;
+  double between_blocks = 0;  // the resharding between the stage's blocks (included above)
 };
 
 struct Built {
