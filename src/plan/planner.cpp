@@ -102,6 +102,7 @@ const BlockCost& Context::block_cost(int b, std::int64_t bs, const MeshOption& m
   so.relative_gap = opt_.spmd_relative_gap;
   so.memory_limit = variant == 0 ? -1.0 : usable(m.mesh) / std::max(1, L());
   so.strided_candidates = false;
+  so.reshard_cache = reshard_cache;
   if (mixed(m.mesh)) so.device = mesh_spec(m.mesh);  // an uneven split: re-priced per device later
   if (forced_dp > 0) {
     // The block's boundary in one layout: its inputs fixed to it, its results read by other

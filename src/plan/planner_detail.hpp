@@ -10,6 +10,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -29,6 +30,7 @@
 #include "weft/plan/rebatch.hpp"
 #include "weft/reshard/plan.hpp"
 #include "weft/sharding/reshard.hpp"
+#include "weft/spmd/search.hpp"
 
 namespace weft::plan::detail {
 
@@ -120,6 +122,9 @@ class Context {
   }
   int spmd_solves = 0;
   double spmd_seconds = 0;
+  // Resharding times shared by all the SPMD searches of one planning run (the same spec pairs
+  // recur across blocks, variants, boundary modes and meshes with equal links).
+  std::shared_ptr<spmd::ReshardCache> reshard_cache = spmd::make_reshard_cache();
 
   // Tensors made in one block and read in another (the producer's and the consumer's SPMD plans
   // choose their layouts independently): a stage holding both pays the resharding between them.

@@ -38,18 +38,43 @@ bool is_state_leaf(const ir::TensorInfo& t) {
   return t.producer == ir::kNoOp && (t.role == ir::Role::Parameter || t.role == ir::Role::OptimizerState);
 }
 
-// Resharding times with one cached planner per element size.
-class ReshardCosts {
+}  // namespace
+
+// One cached planner per (mesh links, element size), shared by the searches that hold the cache.
+class ReshardCache {
  public:
-  explicit ReshardCosts(std::vector<cluster::AxisLink> links) : links_(std::move(links)) {}
-  const sharding::ReshardPlan& plan(const ShardingSpec& from, const ShardingSpec& to, int elem) {
-    auto it = planners_.find(elem);
+  sharding::ReshardPlanner& planner(const std::vector<cluster::AxisLink>& links, int elem) {
+    std::string key = std::to_string(elem);
+    for (const auto& l : links)
+      key += fmt::format("|{:a},{:a},{},{},{},{:a},{:a},{:a},{:a},{}", l.alpha, l.beta, l.crosses_nodes,
+                         l.devices_per_node_on_axis, l.nodes_on_axis, l.intra_alpha, l.intra_beta,
+                         l.inter_alpha, l.inter_beta, l.size);
+    auto it = planners_.find(key);
     if (it == planners_.end()) {
       sharding::ReshardOptions o;
       o.strided_intermediates = false;
-      it = planners_.emplace(elem, sharding::ReshardPlanner(links_, elem, o)).first;
+      it = planners_.emplace(std::move(key), sharding::ReshardPlanner(links, elem, o)).first;
     }
-    return it->second.plan(from, to);
+    return it->second;
+  }
+
+ private:
+  std::unordered_map<std::string, sharding::ReshardPlanner> planners_;
+};
+
+std::shared_ptr<ReshardCache> make_reshard_cache() { return std::make_shared<ReshardCache>(); }
+
+namespace {
+
+// Resharding times on one mesh: the planners of a shared cache, or of a cache of its own.
+class ReshardCosts {
+ public:
+  ReshardCosts(std::vector<cluster::AxisLink> links, std::shared_ptr<ReshardCache> cache)
+      : links_(std::move(links)), cache_(cache ? std::move(cache) : make_reshard_cache()) {}
+  const sharding::ReshardPlan& plan(const ShardingSpec& from, const ShardingSpec& to, int elem) {
+    auto it = planners_.find(elem);
+    if (it == planners_.end()) it = planners_.emplace(elem, &cache_->planner(links_, elem)).first;
+    return it->second->plan(from, to);
   }
   double time(const ShardingSpec& from, const ShardingSpec& to, int elem) {
     if (from == to) return 0;
@@ -58,7 +83,8 @@ class ReshardCosts {
 
  private:
   std::vector<cluster::AxisLink> links_;
-  std::map<int, sharding::ReshardPlanner> planners_;
+  std::shared_ptr<ReshardCache> cache_;
+  std::map<int, sharding::ReshardPlanner*> planners_;
 };
 
 constexpr double kTieBreakPerByte = 1e-15;
@@ -811,7 +837,7 @@ SpmdPlan spmd_search(const ir::Graph& g, const cluster::Cluster& cl, const clust
                                               : m.device.memory_bytes;
   rep.memory_limit = limit;
   progress("edge costs", 0.1, "resharding costs");
-  ReshardCosts rc(cluster::axis_links(cl, mesh));
+  ReshardCosts rc(cluster::axis_links(cl, mesh), opt.reshard_cache);
   Built b = build_problem(m, rc, 0, opt);
   phase("edge costs");
   rep.nodes = m.num_nodes();

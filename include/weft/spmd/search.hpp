@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -44,6 +45,8 @@ struct Progress {
   std::string message;
 };
 
+class ReshardCache;  // resharding times shared across searches (make_reshard_cache)
+
 struct SearchOptions {
   Level level = Level::O3;
   // Bytes per device; 0 = the device's memory from the cluster; < 0 = no memory constraint.
@@ -68,7 +71,12 @@ struct SearchOptions {
   // mixed GPUs (Whale's `split`) on the slowest kind and re-prices them per device afterwards.
   std::optional<cluster::DeviceSpec> device;
   std::function<void(const Progress&)> progress;  // called from the searching thread
+  // Resharding times cached across searches (make_reshard_cache): a caller that runs many
+  // searches on meshes with the same links (the planner: every block, variant and micro-batch
+  // size) prices each spec pair once. Not thread-safe; null = a cache per search.
+  std::shared_ptr<ReshardCache> reshard_cache;
 };
+std::shared_ptr<ReshardCache> make_reshard_cache();
 
 struct ParamRow {
   std::string name;
