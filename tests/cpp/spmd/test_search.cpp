@@ -437,3 +437,20 @@ TEST_CASE("spmd: output_specs — the producer pays the resharding to the layout
   o.output_specs = {{"nope", "R"}};
   CHECK_THROWS_AS(spmd_search(g, m8(), mesh, o), Error);
 }
+
+TEST_CASE("spmd: a shared resharding cache changes nothing but the time") {
+  auto g = ir::build_training_graph(testing::gpt_block(16, 64, 128, 4, 2));
+  const auto mesh = cluster::DeviceMesh::iota({2, 2});
+  SearchOptions o;
+  o.level = Level::O2;
+  const SpmdPlan alone = spmd_search(g, m8(), mesh, o);
+  o.reshard_cache = make_reshard_cache();
+  const SpmdPlan first = spmd_search(g, m8(), mesh, o);
+  const SpmdPlan again = spmd_search(g, m8(), mesh, o);  // every pair priced already
+  for (const SpmdPlan* p : {&first, &again}) {
+    CHECK(p->cost == alone.cost);
+    CHECK(p->comm_time == alone.comm_time);
+    for (std::size_t t = 0; t < g.tensors().size(); ++t)
+      CHECK((p->tensor_specs[t] == alone.tensor_specs[t]));
+  }
+}
