@@ -251,12 +251,11 @@ std::vector<double> balanced_fractions(Context& ctx, int first, int last, std::i
   for (auto x : s.units) f.push_back(static_cast<double>(x) / static_cast<double>(U));
   // Exact refinement: the roofline bends (an op turns memory-bound at small pieces) and the
   // communication scales with the largest fraction, which the affine model does not see. Move a
-  // step δ of fraction from every device of one kind to every device of another while the exact
-  // period M·(F + B) + update improves and every device fits; halve δ down to 1/(256·n).
-  std::vector<std::string> kinds;
-  for (int id : ids)
-    if (std::find(kinds.begin(), kinds.end(), ctx.c_.device(id).spec.kind) == kinds.end())
-      kinds.push_back(ctx.c_.device(id).spec.kind);
+  // step of fraction from the devices of one kind to those of another (δ more on each receiving
+  // device) while the exact period M·(F + B) + update improves and every device fits; halve δ
+  // from 1/(8·n) down to 1/(256·n).
+  std::map<std::string, int> kinds;  // kind -> devices of it
+  for (int id : ids) ++kinds[ctx.c_.device(id).spec.kind];
   auto period = [&](const std::vector<double>& fr) {
     const UnevenStage u = uneven_stage(ctx, first, last, bs, m, variant, forced, fr, inflight);
     for (std::size_t i = 0; i < n; ++i)
@@ -268,14 +267,15 @@ std::vector<double> balanced_fractions(Context& ctx, int first, int last, std::i
     bool moved = true;
     while (moved) {
       moved = false;
-      for (const auto& from : kinds)
-        for (const auto& to : kinds) {
+      for (const auto& [from, n_from] : kinds)
+        for (const auto& [to, n_to] : kinds) {
           if (from == to) continue;
+          // δ more on every device of `to`, the same total less on the devices of `from`.
           std::vector<double> t = f;
           bool ok = true;
           for (std::size_t i = 0; i < n; ++i) {
             const auto& k = ctx.c_.device(ids[i]).spec.kind;
-            if (k == from) ok = ok && (t[i] -= delta) >= 0;
+            if (k == from) ok = ok && (t[i] -= delta * n_to / n_from) >= 0;
             if (k == to) t[i] += delta;
           }
           if (!ok) continue;
