@@ -403,6 +403,23 @@ TEST_CASE(
   CHECK(up->device_memory[1] < ev.device_memory[1]);
   CHECK(up->device_memory[1] <= 16e9 * 0.9);
   CHECK(plan::Plan::from_json(up->to_json()) == *up);
+  // Kinds with different device counts (3 V100 + 1 P100): the fractions still sum to 1, each
+  // V100 holds more than the P100, and the split beats the even one. (The strategies come from
+  // the even split's search, so the device count must divide the split dims: 2 + 1 GPUs cannot.)
+  const cluster::Cluster c4 = cluster::Cluster::concat(node("M8", 3), node("P100", 1));
+  const plan::Plan p4 = plan::make_plan(g, c4, o);
+  const plan::Alternative* u4 = find_alt(p4, "spmd (uneven split)");
+  const plan::Alternative* e4 = find_alt(p4, "spmd (even split)");
+  REQUIRE(u4 != nullptr);
+  REQUIRE(e4 != nullptr);
+  CHECK(u4->step_time < e4->step_time);
+  const plan::Plan s4 = plan::split_plan(g, c4, {2, 2, 2, 1}, 1, o);
+  REQUIRE(s4.split_fraction.size() == 4);
+  CHECK(s4.split_fraction[0] == doctest::Approx(2.0 / 7));
+  CHECK(s4.split_fraction[3] == doctest::Approx(1.0 / 7));
+  CHECK_THROWS_WITH_AS(
+      plan::split_plan(g, cluster::Cluster::concat(node("M8", 2), node("P100", 1)), {1, 1, 1}, 1, o),
+      doctest::Contains("split more than 1 ways"), Error);
   CHECK_THROWS_WITH_AS(plan::split_plan(g, c, {1, 1, 1}, 1, o), doctest::Contains("fractions for 2 devices"),
                        Error);
   CHECK_THROWS_AS(plan::split_plan(g, c, {-1, 2}, 1, o), Error);
