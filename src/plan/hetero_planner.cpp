@@ -312,7 +312,7 @@ std::vector<Candidate> pipeline_candidates(Context& ctx, const std::vector<std::
     const int inf = in_flight(o.schedule, s, M, o.schedule_k);
     const auto key = std::make_tuple(k, j, pl.cls, inf);
     auto it = memo.find(key);
-    if (it == memo.end()) it = memo.emplace(key, best_stage(ctx, pl.meshes, k, j, 0, bs, inf)).first;
+    if (it == memo.end()) it = memo.emplace(key, best_stage(ctx, pl.meshes, k, j, 0, bs, M, inf)).first;
     return it->second;
   };
   // Every placement once; option q = the q-th placement, open at its own position only.

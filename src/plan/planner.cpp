@@ -413,9 +413,10 @@ double stage_memory(const StageAgg& a, int inflight) {
 
 // Best (mesh, variant) of a stage on a submesh for a given in-flight count; nullopt when nothing fits.
 std::optional<StageChoice> best_stage(Context& ctx, const std::vector<MeshOption>& meshes, int first,
-                                      int last, int sub, std::int64_t bs, int inflight, int forced_dp,
+                                      int last, int sub, std::int64_t bs, int M, int inflight, int forced_dp,
                                       std::string* why) {
   std::optional<StageChoice> best;
+  double best_share = kInf;  // M·(F + B) + update of `best`
   double state = 0;
   for (int b = first; b <= last; ++b) state += ctx.block_state_bytes[b];
   if (meshes.empty()) return best;
@@ -429,8 +430,9 @@ std::optional<StageChoice> best_stage(Context& ctx, const std::vector<MeshOption
     // Free boundaries (each block picks the layouts of what it passes on; the stage pays the
     // resharding between blocks) and, on several devices, agreed ones (every block's inputs and
     // passed-on results batch-sharded on mesh axis 0 where the batch divides, else replicated).
-    // Agreed boundaries only add constraints and costs to every block's search, so they cannot
-    // beat free boundaries that fit and reshard nothing between the blocks: skipped then.
+    // Agreed boundaries only add constraints and costs to every block's SPMD objective, so when
+    // free boundaries fit and reshard nothing between the blocks they are skipped (exact for one
+    // micro-batch, where a stage's share of the step is that objective; a heuristic beyond).
     std::vector<int> boundary{forced_dp};
     if (forced_dp == 0 && meshes[mi].mesh.size() > 1)
       boundary.push_back(static_cast<int>(meshes[mi].mesh.shape()[0]));
@@ -448,7 +450,11 @@ std::optional<StageChoice> best_stage(Context& ctx, const std::vector<MeshOption
           continue;
         }
         const double t = a.fwd + a.bwd;
-        if (!best || t < best->time) best = StageChoice{first, last, sub, mi, v, f, t, mem};
+        const double share = M * t + a.upd;
+        if (!best || share < best_share) {
+          best = StageChoice{first, last, sub, mi, v, f, t, mem};
+          best_share = share;
+        }
         free_is_best = f == forced_dp && v == 0 && a.between_blocks <= 0;
         break;  // the fast variant fits: the lean one is not faster
       }
@@ -615,7 +621,7 @@ std::vector<Candidate> partition_candidates(Context& ctx, const std::vector<Subm
     const int inf = in_flight(ctx.opt_.schedule, s, M, ctx.opt_.schedule_k);
     auto it = memo.find({k, j, m, inf});
     if (it == memo.end())
-      it = memo.emplace(std::make_tuple(k, j, m, inf), best_stage(ctx, subs[m].meshes, k, j, m, bs, inf))
+      it = memo.emplace(std::make_tuple(k, j, m, inf), best_stage(ctx, subs[m].meshes, k, j, m, bs, M, inf))
                .first;
     return it->second ? &*it->second : nullptr;
   };
@@ -1176,7 +1182,7 @@ Built megatron_build(Context& ctx, const MegatronLayout& lay, int M) {
     const int inf = in_flight(ctx.opt_.schedule, lay.p - s, M, ctx.opt_.schedule_k);
     std::string why;
     auto sc =
-        best_stage(ctx, {cand.meshes.back()}, split[s].first, split[s].second, 0, cand.bs, inf, 1, &why);
+        best_stage(ctx, {cand.meshes.back()}, split[s].first, split[s].second, 0, cand.bs, M, inf, 1, &why);
     if (!sc) {
       b.note = fmt::format("stage {}: {}", s, why);
       return b;
@@ -1322,7 +1328,7 @@ Plan layout_plan(const ir::Graph& g, const cluster::Cluster& c, const std::vecto
     cand.meshes.push_back({shape, mesh.shape(), mesh, ctx.mesh_key(mesh)});
     cand.devices.push_back(st.devices);
     std::string why;
-    auto sc = best_stage(ctx, {cand.meshes.back()}, st.first_block, st.last_block, 0, cand.bs,
+    auto sc = best_stage(ctx, {cand.meshes.back()}, st.first_block, st.last_block, 0, cand.bs, M,
                          in_flight(o.schedule, S - s, M, o.schedule_k), 0, &why);
     WEFT_CHECK(sc.has_value(), "layout_plan: stage {} (blocks {}-{} on {} devices) does not fit: {}", s,
                st.first_block, st.last_block, n, why);
@@ -1384,7 +1390,7 @@ Plan make_plan(const ir::Graph& g, const cluster::Cluster& c, const PlanOptions&
         cand.bs = bs;
         bool ok = true;
         for (int s = 0; s < p && ok; ++s) {
-          auto sc = best_stage(ctx, subs[si].meshes, split[s].first, split[s].second, si, bs,
+          auto sc = best_stage(ctx, subs[si].meshes, split[s].first, split[s].second, si, bs, M,
                                in_flight(o.schedule, p - s, M, o.schedule_k));
           if (!sc)
             ok = false;

@@ -326,11 +326,13 @@ std::vector<SubmeshOptions> make_mesh_options(Context& ctx);
 StageAgg aggregate(Context& ctx, int first, int last, std::int64_t bs, const MeshOption& m, int variant,
                    int forced_dp);
 double stage_memory(const StageAgg& a, int inflight);
-// Best (mesh, variant) of a stage among `meshes` (one submesh's logical meshes) for a given
-// in-flight count; nullopt when nothing fits. StageChoice::submesh = `sub`, ::mesh = index in meshes.
+// Best (mesh, variant, boundary mode) of a stage among `meshes` (one submesh's logical meshes)
+// for a given in-flight count, by its share of a step of M micro-batches, M·(F + B) + update
+// (StageChoice::time stays F + B per micro-batch); nullopt when nothing fits.
+// StageChoice::submesh = `sub`, ::mesh = index in meshes.
 std::optional<StageChoice> best_stage(Context& ctx, const std::vector<MeshOption>& meshes, int first,
-                                      int last, int sub, std::int64_t bs, int inflight, int forced_dp = 0,
-                                      std::string* why = nullptr);
+                                      int last, int sub, std::int64_t bs, int M, int inflight,
+                                      int forced_dp = 0, std::string* why = nullptr);
 // The stage DP shared by the homogeneous and the heterogeneous searches (the math is at the top of
 // planner.cpp). Positions 0..positions: a stage placed at `pos` with option q takes width[q]
 // positions (homogeneous: device units of a submesh, usable anywhere; heterogeneous: devices of

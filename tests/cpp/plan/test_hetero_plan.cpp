@@ -420,6 +420,11 @@ TEST_CASE(
   CHECK_THROWS_WITH_AS(
       plan::split_plan(g, cluster::Cluster::concat(node("M8", 2), node("P100", 1)), {1, 1, 1}, 1, o),
       doctest::Contains("split more than 1 ways"), Error);
+  // On one kind with equal fractions the split is the ordinary one-stage SPMD plan of those
+  // devices (layout_plan: the same boundary modes and variants, chosen the same way).
+  const cluster::Cluster two = node("M8", 2);
+  CHECK(plan::split_plan(g, two, {1, 1}, 1, o).step_time ==
+        doctest::Approx(plan::layout_plan(g, two, {{0, 15, {0, 1}, {}}}, 1, o).step_time).epsilon(1e-9));
   CHECK_THROWS_WITH_AS(plan::split_plan(g, c, {1, 1, 1}, 1, o), doctest::Contains("fractions for 2 devices"),
                        Error);
   CHECK_THROWS_AS(plan::split_plan(g, c, {-1, 2}, 1, o), Error);
