@@ -215,7 +215,7 @@ std::vector<int> memory_descending_nodes(const cluster::Cluster& c, DType dt) {
   std::vector<pipeline::DeviceCapacity> caps;
   for (const auto& nd : c.nodes()) {
     const auto& spec = nd.device;
-    const double f = spec.peak_flops.count(dt) ? spec.peak(dt) : spec.peak(DType::F32);
+    const double f = peak_or_f32(spec, dt);
     caps.emplace_back(f, spec.memory_bytes, nd.name);
   }
   return pipeline::memory_descending_order(caps);
@@ -404,6 +404,16 @@ Plan make_hetero_plan(Context& ctx) {
         best_cand.reset();
     }
   };
+  // An infeasible alternative that has no plan to cost (no shares fit). Algorithm 1's message
+  // lists every device: the note is kept to one line.
+  auto not_costed = [&](const std::string& strategy, std::string layout, const std::string& why) {
+    Alternative a;
+    a.strategy = strategy;
+    a.layout = std::move(layout);
+    a.feasible = false;
+    a.note = why.size() > 240 ? why.substr(0, 240) + "..." : why;
+    alts.push_back(std::move(a));
+  };
   const auto Ms = microbatch_counts(o, B);
   // 1. Data parallel: uneven (Algorithm 1) and even shares.
   ReplicaModel rm(ctx);
@@ -417,13 +427,7 @@ Plan make_hetero_plan(Context& ctx) {
     if (s.feasible) {
       consider(data_parallel_build(ctx, rm, M, s.units, "data parallel (uneven shares)"), nullptr);
     } else {
-      Alternative a;
-      a.strategy = "data parallel (uneven shares)";
-      a.layout = fmt::format("M={} dp={}", M, c.num_devices());
-      a.feasible = false;
-      // Algorithm 1's message lists every device: keep the alternative's note to one line.
-      a.note = s.message.size() > 240 ? s.message.substr(0, 240) + "..." : s.message;
-      alts.push_back(a);
+      not_costed("data parallel (uneven shares)", fmt::format("M={} dp={}", M, c.num_devices()), s.message);
     }
     consider(data_parallel_build(ctx, rm, M, pipeline::even_units(T, c.num_devices()),
                                  "data parallel (even shares)"),
@@ -438,12 +442,7 @@ Plan make_hetero_plan(Context& ctx) {
       ctx.check_time("the uneven split");
       Built u = split_build(ctx, whole, M, {}, "spmd (uneven split)");
       if (u.plan.stages.empty()) {  // no fractions fit: nothing was costed
-        Alternative a;
-        a.strategy = "spmd (uneven split)";
-        a.layout = fmt::format("M={} split over {}", M, c.num_devices());
-        a.feasible = false;
-        a.note = u.note;
-        alts.push_back(a);
+        not_costed("spmd (uneven split)", fmt::format("M={} split over {}", M, c.num_devices()), u.note);
       } else {
         consider(std::move(u), nullptr);
       }

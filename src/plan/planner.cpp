@@ -155,10 +155,6 @@ const BlockCost& Context::block_cost(int b, std::int64_t bs, const MeshOption& m
     // moved out of the per-micro-batch time into the update.
     double grad_sync = 0;
     {
-      sharding::ReshardOptions ro;
-      ro.strided_intermediates = false;
-      const auto links = cluster::axis_links(c_, m.mesh);
-      std::map<int, sharding::ReshardPlanner> planners;
       for (ir::OpId o = 0; o < static_cast<ir::OpId>(bg.ops().size()); ++o) {
         if (phase[sg.original_op[o]] != pipeline::OpPhase::Update) continue;
         const auto& op = bg.op(o);
@@ -169,11 +165,7 @@ const BlockCost& Context::block_cost(int b, std::int64_t bs, const MeshOption& m
           const auto& from = *p.tensor_specs[t];
           const auto& to = p.op_strategies[o].inputs[i];
           if (from == to) continue;
-          const int elem = dtype_size(info.dtype);
-          auto it = planners.find(elem);
-          if (it == planners.end())
-            it = planners.emplace(elem, sharding::ReshardPlanner(links, elem, ro)).first;
-          grad_sync += it->second.plan(from, to).time;
+          grad_sync += reshard_planner(m.key, m.mesh, dtype_size(info.dtype)).plan(from, to).time;
         }
       }
     }
@@ -324,21 +316,22 @@ double Context::crossing_time(const Crossing& x, std::int64_t bs, const MeshOpti
   };
   const auto from = spec(pc.spec[*ip]);
   const auto to = spec(cc.spec[*ic]);
-  double t = 0;
-  if (!(from == to)) {
-    const int elem = dtype_size(info.dtype);
-    auto pl = reshard_planners.find({m.key, elem});
-    if (pl == reshard_planners.end()) {
-      sharding::ReshardOptions ro;
-      ro.strided_intermediates = false;
-      pl = reshard_planners
-               .emplace(std::make_pair(m.key, elem),
-                        sharding::ReshardPlanner(cluster::axis_links(c_, m.mesh), elem, ro))
-               .first;
-    }
-    t = pl->second.plan(from, to).time;
-  }
+  const double t =
+      from == to ? 0.0 : reshard_planner(m.key, m.mesh, dtype_size(info.dtype)).plan(from, to).time;
   return crossing_cost.emplace(key, t).first->second;
+}
+
+sharding::ReshardPlanner& Context::reshard_planner(int mesh_key, const cluster::DeviceMesh& mesh, int elem) {
+  auto it = reshard_planners.find({mesh_key, elem});
+  if (it == reshard_planners.end()) {
+    sharding::ReshardOptions ro;
+    ro.strided_intermediates = false;
+    it = reshard_planners
+             .emplace(std::make_pair(mesh_key, elem),
+                      sharding::ReshardPlanner(cluster::axis_links(c_, mesh), elem, ro))
+             .first;
+  }
+  return it->second;
 }
 
 Context::InternalReshard Context::internal_reshard(int first, int last, std::int64_t bs, const MeshOption& m,
@@ -411,7 +404,7 @@ double stage_memory(const StageAgg& a, int inflight) {
   return a.static_mem + inflight * a.act_mem + a.transient;
 }
 
-// Best (mesh, variant) of a stage on a submesh for a given in-flight count; nullopt when nothing fits.
+// Best (mesh, variant, boundary mode) of a stage on a submesh (see planner_detail.hpp).
 std::optional<StageChoice> best_stage(Context& ctx, const std::vector<MeshOption>& meshes, int first,
                                       int last, int sub, std::int64_t bs, int M, int inflight, int forced_dp,
                                       std::string* why) {
@@ -806,22 +799,12 @@ Built materialise_in_place(Context& ctx, const std::vector<SubmeshOptions>& subs
   // A partial result (its block left the sum to its consumers) is reduced on its own stage's mesh
   // before it leaves: per micro-batch in the producing stage's forward / backward, or once per
   // step for an accumulated gradient sent to a non-adjacent stage (as the transfer below).
-  std::map<std::pair<int, int>, sharding::ReshardPlanner> reducers;  // (stage, element size)
   auto reduce_time = [&](int a, const std::string& text, const std::vector<std::int64_t>& shape, DType dt) {
     if (text.empty()) return 0.0;
     const auto from = sharding::ShardingSpec::parse(text, shape, meshes[a].shape());
     if (!from.has_partial()) return 0.0;
     const auto to = parse_spec_or_replicated(text, shape, meshes[a].shape());
-    auto it = reducers.find({a, dtype_size(dt)});
-    if (it == reducers.end()) {
-      sharding::ReshardOptions o;
-      o.strided_intermediates = false;
-      it = reducers
-               .emplace(std::make_pair(a, dtype_size(dt)),
-                        sharding::ReshardPlanner(cluster::axis_links(c, meshes[a]), dtype_size(dt), o))
-               .first;
-    }
-    return it->second.plan(from, to).time;
+    return ctx.reshard_planner(ctx.mesh_key(meshes[a]), meshes[a], dtype_size(dt)).plan(from, to).time;
   };
   for (ir::OpId o = 0; o < static_cast<ir::OpId>(g.ops().size()); ++o) {
     const int b = stage_of_op[o];
@@ -938,11 +921,11 @@ Built materialise_in_place(Context& ctx, const std::vector<SubmeshOptions>& subs
     if (ctx.phase[o] != pipeline::OpPhase::Update) model_flops += g.op(o).flops();
   // The graph is the global batch: its forward + backward FLOPs are one step's model FLOPs.
   p.model_flops = model_flops;
-  const DType dt = graph_compute_dtype(g);
+  const DType dt = ctx.dtype_;
   p.cluster_peak_flops = 0;
   for (int d : p.devices_used) {
     const auto& spec = c.device(d).spec;
-    p.cluster_peak_flops += spec.peak_flops.count(dt) ? spec.peak(dt) : spec.peak(DType::F32);
+    p.cluster_peak_flops += peak_or_f32(spec, dt);
   }
   p.mfu = p.step_time > 0 ? p.model_flops / (p.step_time * p.cluster_peak_flops) : 0;
   out.feasible = over.empty();

@@ -38,6 +38,10 @@ inline constexpr double kInf = std::numeric_limits<double>::infinity();
 
 // The dtype of the graph's largest op (MFU and the slowest kind of a mixed mesh use its peak).
 DType graph_compute_dtype(const ir::Graph& g);
+// Peak FLOP/s of a device in `dt`, or in f32 when it lists no peak for `dt`.
+inline double peak_or_f32(const cluster::DeviceSpec& s, DType dt) {
+  return s.peak_flops.count(dt) ? s.peak(dt) : s.peak(DType::F32);
+}
 
 inline double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -150,8 +154,11 @@ class Context {
     std::vector<int> start;    // per block b: first position whose lower block is >= b
   };
   std::map<std::tuple<std::int64_t, int, int, int>, CrossingTable>
-      crossing_tables;                                                       // (bs, mesh, variant, forced)
-  std::map<std::vector<std::int64_t>, double> crossing_cost;                 // structural key -> seconds
+      crossing_tables;                                        // (bs, mesh, variant, forced)
+  std::map<std::vector<std::int64_t>, double> crossing_cost;  // structural key -> seconds
+  // The resharding planner of a mesh (interned mesh_key: its shape, kinds and links) and an
+  // element size, strided intermediates off as in the SPMD search; kept for the whole run.
+  sharding::ReshardPlanner& reshard_planner(int mesh_key, const cluster::DeviceMesh& mesh, int elem);
   std::map<std::pair<int, int>, sharding::ReshardPlanner> reshard_planners;  // (mesh key, elem)
 
   int L() const { return static_cast<int>(grouping.blocks.size()); }
@@ -244,14 +251,10 @@ class Context {
   // The device the SPMD search prices a mesh's ops on: its kind, or on a mesh mixing kinds (an
   // uneven split, re-priced per device afterwards) the kind with the lowest peak FLOP/s.
   const cluster::DeviceSpec& mesh_spec(const cluster::DeviceMesh& mesh) const {
-    const DType dt = dtype_;
-    auto peak = [&](const cluster::DeviceSpec& s) {
-      return s.peak_flops.count(dt) ? s.peak(dt) : s.peak(DType::F32);
-    };
     const cluster::DeviceSpec* best = &c_.device(mesh.device_ids()[0]).spec;
     for (int id : mesh.device_ids()) {
       const auto& s = c_.device(id).spec;
-      if (peak(s) < peak(*best)) best = &s;
+      if (peak_or_f32(s, dtype_) < peak_or_f32(*best, dtype_)) best = &s;
     }
     return *best;
   }

@@ -136,6 +136,7 @@ UnevenStage uneven_stage(Context& ctx, int first, int last, std::int64_t bs, con
   const double maxp = *std::max_element(u.fraction.begin(), u.fraction.end());
   const double scale = static_cast<double>(n) * maxp;  // ring collectives over uneven pieces
   const auto& ab = ctx.blocks_at(bs);
+  PhaseTimes ops;  // per op its slowest device's time
   for (int b = first; b <= last; ++b) {
     const BlockCost& bc = ctx.block_cost(b, bs, m, variant, forced);
     if (!bc.ok) {
@@ -168,14 +169,7 @@ UnevenStage uneven_stage(Context& ctx, int first, int last, std::int64_t bs, con
         }
         worst = std::max(worst, it->second);
       }
-      const ir::OpId orig = blk.original_op[o];
-      PhaseTimes pt;
-      pt.add(ctx, orig, worst);
-      u.fwd += pt.fwd;
-      u.bwd += pt.bwd;
-      u.wgt += pt.wgt;
-      u.upd += pt.upd;
-      if (ctx.phase[orig] != pipeline::OpPhase::Update) u.compute += worst;
+      ops.add(ctx, blk.original_op[o], worst);
     }
     const double cf = bc.fwd - bc.fwd_compute, cb = bc.bwd - bc.bwd_compute, cw = bc.wgt - bc.wgt_compute;
     const double cu = bc.upd - bc.upd_compute - bc.grad_sync;
@@ -186,6 +180,11 @@ UnevenStage uneven_stage(Context& ctx, int first, int last, std::int64_t bs, con
     u.grad_sync += bc.grad_sync * scale;
     u.comm += (cf + cb) * scale;
   }
+  u.fwd += ops.fwd;
+  u.bwd += ops.bwd;
+  u.wgt += ops.wgt;
+  u.upd += ops.upd;
+  u.compute = ops.fwd + ops.bwd;
   // Tensors passed between the stage's blocks (each block's plan chose its own layout).
   const Context::InternalReshard r = ctx.internal_reshard(first, last, bs, m, variant, forced);
   u.fwd += r.fwd * scale;
@@ -244,7 +243,7 @@ std::vector<double> balanced_fractions(Context& ctx, int first, int last, std::i
   }
   const pipeline::HeteroShares s = pipeline::try_balance_load(caps, loads, U);
   if (!s.feasible) {
-    if (why) *why = s.message.size() > 240 ? s.message.substr(0, 240) + "..." : s.message;
+    if (why) *why = s.message;
     return {};
   }
   std::vector<double> f;
