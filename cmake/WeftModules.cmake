@@ -1,6 +1,6 @@
 # Modules in dependency order. A module is built once src/<name>/ holds a .cpp file.
 # weft_add_module(<name> DEPS <modules it uses> LIBS <external targets>)
-foreach(m ir cluster sharding cost solver spmd schedule sim reshard pipeline plan models exec)
+foreach(m ir cluster sharding cost solver spmd schedule sim reshard pipeline plan models exec lower)
   set(WEFT_HAVE_${m} OFF)
 endforeach()
 macro(weft_module_if_present name)
@@ -20,7 +20,8 @@ weft_module_if_present(spmd DEPS ir cluster sharding cost solver)
 weft_module_if_present(schedule DEPS core)
 weft_module_if_present(sim DEPS schedule cluster LIBS Threads::Threads)
 weft_module_if_present(reshard DEPS sharding cluster)
-weft_module_if_present(exec DEPS reshard sharding LIBS Threads::Threads)
+weft_module_if_present(exec DEPS reshard sharding lower ir LIBS Threads::Threads)
 include(${CMAKE_CURRENT_SOURCE_DIR}/cmake/WeftExecNccl.cmake)  # exec: optional NCCL executor
 weft_module_if_present(pipeline DEPS spmd schedule sim solver cost models)
 weft_module_if_present(plan DEPS pipeline spmd reshard sim schedule cost models)
+weft_module_if_present(lower DEPS plan spmd sharding cluster ir)

@@ -1,0 +1,52 @@
+#pragma once
+// The op kernels: one function per op kind on f64 (semantics in interpreter.hpp), shared by the
+// reference interpreter (whole tensors) and the program executor (exec::execute_program), which
+// runs the same kernel on a device's local shards. A shard needs three things a whole tensor
+// does not, and the KernelContext carries them: the local result shapes (from the result specs),
+// the normalisers of the GLOBAL op (Reduce Mean's count, cross-entropy's token count N: a
+// partial-sum strategy must divide by the global count, not the local one), and the global index
+// of each local row of a vocabulary dim (vocab-parallel embedding = a masked lookup whose rows
+// not held by the device contribute zero to a partial sum).
+//
+// Vocab-parallel cross-entropy is not one local kernel: its class dim needs per-token statistics
+// over the whole vocabulary. It is split into the four ce_* steps below, with an all-reduce (max,
+// then sum) of the statistics between them; the unsharded kernel is the same four steps with no
+// exchange, so both paths share one implementation.
+#include <cstdint>
+#include <vector>
+
+#include "weft/ir/graph.hpp"
+#include "weft/ir/interpreter.hpp"
+
+namespace weft::ir {
+
+struct KernelContext {
+  std::vector<Shape> out_shapes;  // local result shapes; empty = the graph's (whole tensors)
+  double mean_count = 0;          // Reduce Mean: elements averaged (0 = the local count)
+  double tokens = 0;              // CrossEntropy / CrossEntropyGrad: global token count N (0 = local)
+  // Global index of each local row of the vocabulary dim (Embedding's table dim 0, EmbeddingGrad's
+  // result dim 0, the class dim of the cross-entropy steps); empty = 0..n-1 (whole tensor).
+  std::vector<std::int64_t> vocab_index;
+  std::int64_t vocab_size = 0;  // global vocabulary, for the id/label range check (0 = local)
+  double adam_step = 0;         // AdamUpdate's step (0 = attrs.scalars[4]): the executor runs many steps
+};
+
+// Runs one op on its operand values. Throws weft::Error for an Opaque op or an id/label out of range.
+std::vector<HostTensor> run_kernel(const Graph& g, const Op& op, const std::vector<const HostTensor*>& in,
+                                   const KernelContext& ctx = {});
+
+// Cross-entropy in steps, over logits [..., v_local] (tokens = Π leading dims):
+//   1. ce_row_max: per token, the max over the local classes;             (all-reduce max)
+//   2. ce_row_sum_target(M): per token Σ exp(x − M) over the local classes, and the logit of the
+//      label when this device holds its class (else 0) → result [..., 2];  (all-reduce sum)
+//   3. ce_loss: (1/N)·Σ_tokens (M + log S − z) when `contribute`, else 0 (the other devices of a
+//      vocab group hold the same statistics; one of them contributes to the partial sum);
+//   4. ce_grad: dlogits = dloss·(exp(x − M)/S − [class = label]) / N on the local classes.
+HostTensor ce_row_max(const HostTensor& logits);
+HostTensor ce_row_sum_target(const Op& op, const HostTensor& logits, const HostTensor& labels,
+                             const HostTensor& row_max, const KernelContext& ctx);
+HostTensor ce_loss(const HostTensor& row_max, const HostTensor& sum_target, double tokens, bool contribute);
+HostTensor ce_grad(const Op& op, const HostTensor& logits, const HostTensor& labels, const HostTensor& dloss,
+                   const HostTensor& row_max, const HostTensor& sum_target, const KernelContext& ctx);
+
+}  // namespace weft::ir

@@ -1,0 +1,107 @@
+#pragma once
+// lower::Program — what every device (rank) of a plan runs for one training step, as one ordered
+// instruction list per rank over buffers that are tiles of graph tensors under sharding specs.
+//
+// A buffer is (tensor of the program's graph, ShardingSpec on its stage's mesh): rank r holds the
+// tile of that spec at its mesh coordinate (exec's layout: dense row-major over the tile's local
+// shape, global order inside). Statistics buffers (vocab-parallel cross-entropy) have no tensor.
+// Instructions:
+//   Compute        op `op` on local tiles: inputs = the strategy's operand layouts, outputs = its
+//                  result layouts (a reduction factor split over an axis leaves P(sum|max) there)
+//   CeRowMax / CeSumTarget / CeLoss / CeGrad   vocab-parallel cross-entropy in steps (ir/kernels.hpp),
+//                  with all-reduces of the per-token statistics over `axes` between them
+//   AllReduce / AllGather / ReduceScatter / AllToAll   one mesh axis: `group` lists the ranks of
+//                  this rank's group along `axis` in coordinate order (this rank included)
+//   LocalSlice (R -> S) / LocalPartial (R -> P: the value on coordinate 0, zeros elsewhere)
+//   Copy           out = in (end of step: an updated parameter / optimizer state becomes the leaf)
+//   Free           the buffer's memory is released (its last use on this rank was before)
+// Every collective is entered by exactly the ranks of its group, in the same order on each
+// (check() proves it, and that the order cannot deadlock, before anything runs).
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "weft/ir/graph.hpp"
+
+namespace weft::lower {
+
+enum class InstrKind {
+  Compute, CeRowMax, CeSumTarget, CeLoss, CeGrad,
+  AllReduce, AllGather, ReduceScatter, AllToAll, LocalSlice, LocalPartial,
+  Copy, Free
+};
+std::string_view instr_kind_name(InstrKind k);  // "compute", "all-reduce", ...
+InstrKind parse_instr_kind(std::string_view name);
+bool is_collective(InstrKind k);  // AllReduce .. AllToAll (data crosses ranks)
+
+enum class ReduceOp { Sum, Max };
+
+struct Buffer {
+  std::string name;             // "<tensor>@<spec>" (readable; unique)
+  ir::TensorId tensor = -1;     // tensor of the program's graph; -1 for a statistics buffer
+  std::vector<std::int64_t> shape;  // global shape
+  std::string spec;             // sharding::ShardingSpec text on the stage mesh
+  int stage = 0;
+  int element_bytes = 4;        // of the graph tensor's dtype (what the cost model charges)
+  bool operator==(const Buffer&) const = default;
+};
+
+struct Instr {
+  InstrKind kind = InstrKind::Compute;
+  ir::OpId op = -1;              // compute kinds
+  std::vector<int> in, out;      // buffer ids
+  int axis = -1;                 // collectives / local reshard steps: the mesh axis
+  std::vector<int> group;        // collectives: ranks along `axis`, coordinate order
+  ReduceOp reduce = ReduceOp::Sum;
+  std::vector<int> axes;         // CeLoss/CeGrad: the mesh axes splitting the class dim
+  bool internal = false;         // a collective inside one op (vocab-parallel statistics), not a
+                                 // resharding edge the planner's cost model prices
+  bool operator==(const Instr&) const = default;
+};
+
+struct RankProgram {
+  int rank = 0;
+  int device = 0;                      // cluster device id
+  int stage = 0;
+  std::vector<std::int64_t> coord;     // on the stage mesh
+  std::vector<Instr> instrs;
+  bool operator==(const RankProgram&) const = default;
+};
+
+struct StageMesh {
+  std::vector<std::int64_t> shape;  // the SPMD mesh of the stage
+  std::vector<int> ranks;           // rank at each mesh position, row-major
+  bool operator==(const StageMesh&) const = default;
+};
+
+struct Program {
+  ir::Graph graph;                 // the (per-micro-batch) training graph the program computes
+  std::vector<StageMesh> stages;
+  std::vector<Buffer> buffers;
+  std::vector<RankProgram> ranks;  // indexed by rank
+  // Leaves each rank holds at the start of a step: parameters and optimizer states persist across
+  // steps (initialised once), inputs and constants are filled every step.
+  std::vector<int> leaf_buffers;
+  std::map<std::string, int> parameters;  // parameter name -> its leaf buffer (value after a step)
+  std::map<std::string, int> gradients;   // parameter name -> its gradient's produced buffer
+  int loss = -1;                          // the loss's produced buffer
+
+  int num_ranks() const { return static_cast<int>(ranks.size()); }
+  std::string to_json() const;
+  static Program from_json(std::string_view text);  // weft::Error naming the bad field
+  std::string dump() const;                          // readable, one line per instruction, per rank
+  std::string dump_rank(int rank) const;
+  std::string describe(int rank, int index) const;   // "rank 3 #12 all-reduce@1 h@P(sum) -> h@R"
+  bool operator==(const Program&) const = default;
+};
+
+// Static check before execution: buffer ids in range, every buffer read on a rank was written (or
+// is a leaf) there and not freed, every rank's own coordinate is in its collective groups, and a
+// simulated execution in which a collective completes once all of its group stand at it reaches
+// the end on every rank (same kind, axis, buffers and reduce op in every member). Throws
+// weft::Error naming the rank and the instruction.
+void check(const Program& p);
+
+}  // namespace weft::lower

@@ -1,0 +1,550 @@
+// CPU executor of lowered programs and the single-device reference (see program_executor.hpp).
+#include "weft/exec/program_executor.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <exception>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "weft/core/error.hpp"
+#include "weft/exec/init.hpp"
+#include "weft/ir/kernels.hpp"
+#include "weft/lower/lower.hpp"
+#include "weft/sharding/sharding_spec.hpp"
+#include "weft/sharding/tile.hpp"
+
+namespace weft::exec {
+
+std::int64_t RankStats::total_sent() const {
+  std::int64_t n = 0;
+  for (const auto& [k, v] : bytes_sent) n += v;
+  return n;
+}
+
+namespace {
+
+using ir::HostTensor;
+using lower::Instr;
+using lower::InstrKind;
+using lower::Program;
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+void round_to(HostTensor& t, DType dtype) {
+  if (dtype == DType::F32)
+    for (auto& v : t.data) v = static_cast<double>(static_cast<float>(v));
+}
+
+// Row-major strides of a shape.
+std::vector<std::int64_t> strides_of(const std::vector<std::int64_t>& s) {
+  std::vector<std::int64_t> st(s.size(), 1);
+  for (std::size_t i = s.size(); i-- > 1;) st[i - 1] = st[i] * s[i];
+  return st;
+}
+
+template <typename F>
+void for_each_index(const std::vector<std::int64_t>& shape, F&& f) {
+  std::int64_t n = 1;
+  for (auto s : shape) n *= s;
+  if (n == 0) return;
+  std::vector<std::int64_t> idx(shape.size(), 0);
+  for (std::int64_t k = 0; k < n; ++k) {
+    f(idx, k);
+    for (std::size_t i = shape.size(); i-- > 0;) {
+      if (++idx[i] < shape[i]) break;
+      idx[i] = 0;
+    }
+  }
+}
+
+// The tile of a buffer on one rank: global indices per dim and the map back.
+struct TileIndex {
+  std::vector<std::int64_t> local_shape;
+  std::vector<std::vector<std::int64_t>> global;  // per dim: local -> global
+  std::vector<std::vector<std::int64_t>> local;   // per dim: global -> local or -1
+  int partial_index = 0, partial_count = 1;
+  std::vector<std::int64_t> strides;  // row-major strides of local_shape
+};
+
+TileIndex make_tile(const sharding::ShardingSpec& spec, const std::vector<std::int64_t>& coord) {
+  auto tile = sharding::tile_of(spec, coord);
+  TileIndex t;
+  t.local_shape = tile.local_shape();
+  t.partial_index = tile.partial_index;
+  t.partial_count = tile.partial_count;
+  t.strides = strides_of(t.local_shape);
+  for (int d = 0; d < spec.rank(); ++d) {
+    t.global.push_back(tile.indices(d));
+    std::vector<std::int64_t> loc(static_cast<std::size_t>(spec.tensor_shape()[static_cast<std::size_t>(d)]), -1);
+    for (std::size_t i = 0; i < t.global.back().size(); ++i) loc[static_cast<std::size_t>(t.global.back()[i])] = static_cast<std::int64_t>(i);
+    t.local.push_back(std::move(loc));
+  }
+  return t;
+}
+
+// A rendezvous per collective instance, keyed by (group, how many collectives this group ran).
+struct Slot {
+  int arrived = 0, finished = 0;
+  std::map<int, const HostTensor*> inputs;  // rank -> its input buffer
+};
+
+class Executor {
+ public:
+  Executor(const Program& p, const ExecuteOptions& opt) : p_(p), opt_(opt), init_(p.graph, opt.seed) {
+    lower::check(p);
+    WEFT_CHECK(opt.dtype == DType::F64 || opt.dtype == DType::F32, "execute: dtype must be f64 or f32, got {}",
+               dtype_name(opt.dtype));
+    WEFT_CHECK(opt.steps >= 1, "execute: steps must be >= 1, got {}", opt.steps);
+    const int nr = p.num_ranks();
+    // Parsed specs and tiles, per buffer and rank (rank r's tile at its coordinate).
+    for (const auto& b : p.buffers) {
+      const auto& mesh = p.stages.at(static_cast<std::size_t>(b.stage)).shape;
+      specs_.push_back(sharding::ShardingSpec::parse(b.spec, b.shape, mesh));
+    }
+    // Every tile up front: the threads read each other's tiles, so none is made lazily.
+    tiles_.assign(p.buffers.size(), std::vector<std::optional<TileIndex>>(static_cast<std::size_t>(nr)));
+    for (std::size_t b = 0; b < p.buffers.size(); ++b)
+      for (int r = 0; r < nr; ++r)
+        if (p.ranks[static_cast<std::size_t>(r)].stage == p.buffers[b].stage)
+          tiles_[b][static_cast<std::size_t>(r)] = make_tile(specs_[b], p.ranks[static_cast<std::size_t>(r)].coord);
+    for (const auto& [name, v] : opt.inputs) {
+      auto t = p.graph.find_tensor(name);
+      WEFT_CHECK(t && p.graph.tensor(*t).role == ir::Role::Input && p.graph.tensor(*t).producer == ir::kNoOp,
+                 "execute: inputs['{}'] is not an input of the graph", name);
+      WEFT_CHECK(v.shape == p.graph.tensor(*t).shape && static_cast<std::int64_t>(v.data.size()) == v.numel(),
+                 "execute: inputs['{}'] has shape {}, the input has {}", name, v.shape, p.graph.tensor(*t).shape);
+      inputs_[*t] = &v;
+    }
+    values_.assign(static_cast<std::size_t>(nr), std::vector<std::optional<HostTensor>>(p.buffers.size()));
+    stats_.assign(static_cast<std::size_t>(nr), RankStats{});
+    recv_from_.assign(static_cast<std::size_t>(nr), {});
+    losses_.assign(static_cast<std::size_t>(nr), {});
+  }
+
+  ExecutionResult run() {
+    const auto t0 = Clock::now();
+    std::vector<std::thread> threads;
+    for (int r = 0; r < p_.num_ranks(); ++r) threads.emplace_back([this, r] { rank_main(r); });
+    for (auto& t : threads) t.join();
+    if (error_) std::rethrow_exception(error_);
+    ExecutionResult res;
+    res.seconds = seconds_since(t0);
+    // Bytes sent = what the other ranks received from this one.
+    for (int r = 0; r < p_.num_ranks(); ++r)
+      for (const auto& [key, n] : recv_from_[static_cast<std::size_t>(r)]) {
+        const auto& [src, kind, internal] = key;
+        if (internal)
+          stats_[static_cast<std::size_t>(src)].internal_bytes_sent += n;
+        else {
+          stats_[static_cast<std::size_t>(src)].bytes_sent[kind] += n;
+          stats_[static_cast<std::size_t>(r)].bytes_received[kind] += n;
+        }
+      }
+    res.ranks = stats_;
+    for (int s = 0; s < opt_.steps; ++s) {
+      double loss = 0;
+      if (p_.loss >= 0) loss = assemble_from(p_.loss, [&](int r) -> const HostTensor* {
+                                 return &losses_[static_cast<std::size_t>(r)][static_cast<std::size_t>(s)];
+                               }).data.at(0);
+      res.losses.push_back(loss);
+    }
+    for (const auto& [name, b] : p_.parameters) res.parameters[name] = assemble(b);
+    for (const auto& [name, b] : p_.gradients) res.gradients[name] = assemble(b);
+    return res;
+  }
+
+ private:
+  const TileIndex& tile(int buffer, int rank) {
+    const auto& t = tiles_[static_cast<std::size_t>(buffer)][static_cast<std::size_t>(rank)];
+    WEFT_CHECK(t.has_value(), "buffer '{}' lives on stage {}, not on rank {}'s",
+               p_.buffers[static_cast<std::size_t>(buffer)].name, p_.buffers[static_cast<std::size_t>(buffer)].stage, rank);
+    return *t;
+  }
+
+  // The global value of a buffer: each element from a rank that holds it, summed (or maxed) over
+  // the distinct partial terms.
+  template <typename Get>
+  HostTensor assemble_from(int b, Get get) {
+    const auto& buf = p_.buffers[static_cast<std::size_t>(b)];
+    const auto& spec = specs_[static_cast<std::size_t>(b)];
+    const bool is_max = spec.reduce_kind() && *spec.reduce_kind() == sharding::ReduceKind::Max;
+    HostTensor out{buf.shape, {}};
+    out.data.assign(static_cast<std::size_t>(out.numel()), 0.0);
+    std::vector<std::vector<char>> seen(static_cast<std::size_t>(spec.partial_count()),
+                                        std::vector<char>(out.data.size(), 0));
+    const auto gst = strides_of(buf.shape);
+    for (int r = 0; r < p_.num_ranks(); ++r) {
+      if (p_.ranks[static_cast<std::size_t>(r)].stage != buf.stage) continue;
+      const HostTensor* v = get(r);
+      if (!v) continue;
+      const TileIndex& t = tile(b, r);
+      auto& s = seen[static_cast<std::size_t>(t.partial_index)];
+      for_each_index(t.local_shape, [&](const std::vector<std::int64_t>& idx, std::int64_t k) {
+        std::int64_t g = 0;
+        for (std::size_t d = 0; d < idx.size(); ++d) g += t.global[d][static_cast<std::size_t>(idx[d])] * gst[d];
+        if (s[static_cast<std::size_t>(g)]) return;
+        s[static_cast<std::size_t>(g)] = 1;
+        double x = v->data[static_cast<std::size_t>(k)];
+        double& o = out.data[static_cast<std::size_t>(g)];
+        o = t.partial_index == 0 || !is_max ? (is_max ? x : o + x) : std::max(o, x);
+      });
+    }
+    return out;
+  }
+  HostTensor assemble(int b) {
+    return assemble_from(b, [&](int r) -> const HostTensor* {
+      auto& v = values_[static_cast<std::size_t>(r)][static_cast<std::size_t>(b)];
+      return v ? &*v : nullptr;
+    });
+  }
+
+  void rank_main(int r) {
+    const auto t0 = Clock::now();
+    int pc = -1;
+    try {
+      for (int step = 1; step <= opt_.steps; ++step) {
+        init_leaves(r, step);
+        const auto& ins = p_.ranks[static_cast<std::size_t>(r)].instrs;
+        for (pc = 0; pc < static_cast<int>(ins.size()); ++pc) {
+          if (abort_) return;
+          run_instr(r, pc, ins[static_cast<std::size_t>(pc)], step);
+        }
+        pc = -1;
+        if (p_.loss >= 0) {
+          const auto& v = values_[static_cast<std::size_t>(r)][static_cast<std::size_t>(p_.loss)];
+          losses_[static_cast<std::size_t>(r)].push_back(v ? *v : HostTensor{});
+        }
+      }
+    } catch (const std::exception& e) {
+      std::lock_guard lock(mu_);
+      if (!error_) {
+        std::string where = pc >= 0 ? p_.describe(r, pc) : fmt::format("rank {}", r);
+        try {
+          fail("execute: {}: {}", where, e.what());
+        } catch (...) {
+          error_ = std::current_exception();
+        }
+      }
+      abort_ = true;
+      cv_.notify_all();
+    }
+    stats_[static_cast<std::size_t>(r)].seconds = seconds_since(t0);
+  }
+
+  HostTensor& value(int r, int b) { return *values_[static_cast<std::size_t>(r)][static_cast<std::size_t>(b)]; }
+  const HostTensor& read(int r, int b) {
+    auto& v = values_[static_cast<std::size_t>(r)][static_cast<std::size_t>(b)];
+    WEFT_CHECK(v.has_value(), "buffer '{}' is not held", p_.buffers[static_cast<std::size_t>(b)].name);
+    return *v;
+  }
+  void write(int r, int b, HostTensor v) {
+    round_to(v, opt_.dtype);
+    values_[static_cast<std::size_t>(r)][static_cast<std::size_t>(b)] = std::move(v);
+    std::int64_t live = 0;
+    for (const auto& x : values_[static_cast<std::size_t>(r)])
+      if (x) live += static_cast<std::int64_t>(x->data.size()) * 8;
+    auto& st = stats_[static_cast<std::size_t>(r)];
+    st.peak_bytes = std::max(st.peak_bytes, live);
+  }
+
+  void init_leaves(int r, int step) {
+    const auto& rp = p_.ranks[static_cast<std::size_t>(r)];
+    for (int b : p_.leaf_buffers) {
+      const auto& buf = p_.buffers[static_cast<std::size_t>(b)];
+      if (buf.stage != rp.stage) continue;
+      const auto role = p_.graph.tensor(buf.tensor).role;
+      const bool persistent = role == ir::Role::Parameter || role == ir::Role::OptimizerState;
+      if (persistent && step > 1) continue;
+      const TileIndex& t = tile(b, r);
+      const auto gst = strides_of(buf.shape);
+      auto in = inputs_.find(buf.tensor);
+      HostTensor v{t.local_shape, {}};
+      v.data.resize(static_cast<std::size_t>(v.numel()));
+      for_each_index(t.local_shape, [&](const std::vector<std::int64_t>& idx, std::int64_t k) {
+        std::int64_t g = 0;
+        for (std::size_t d = 0; d < idx.size(); ++d) g += t.global[d][static_cast<std::size_t>(idx[d])] * gst[d];
+        v.data[static_cast<std::size_t>(k)] =
+            in != inputs_.end() ? in->second->data[static_cast<std::size_t>(g)] : init_.value(buf.tensor, step, g);
+      });
+      write(r, b, std::move(v));
+    }
+  }
+
+  ir::KernelContext context(int r, const Instr& i, int step) {
+    const ir::Op& op = p_.graph.op(i.op);
+    ir::KernelContext ctx;
+    for (int b : i.out) ctx.out_shapes.push_back(tile(b, r).local_shape);
+    ctx.adam_step = step;
+    auto global_shape = [&](ir::TensorId t) -> const ir::Shape& { return p_.graph.tensor(t).shape; };
+    switch (op.kind) {
+      case ir::OpKind::Reduce: {
+        double n = 1;
+        const auto& s = global_shape(op.inputs[0]);
+        for (int a : op.attrs.axes) n *= static_cast<double>(s[static_cast<std::size_t>(a < 0 ? a + static_cast<int>(s.size()) : a)]);
+        ctx.mean_count = n;
+        break;
+      }
+      case ir::OpKind::Embedding:
+        ctx.vocab_index = tile(i.in[0], r).global[0];
+        ctx.vocab_size = global_shape(op.inputs[0])[0];
+        break;
+      case ir::OpKind::EmbeddingGrad:
+        ctx.vocab_index = tile(i.out[0], r).global[0];
+        ctx.vocab_size = global_shape(op.outputs[0])[0];
+        break;
+      case ir::OpKind::CrossEntropy:
+      case ir::OpKind::CrossEntropyGrad: {
+        const auto& lg = global_shape(op.inputs[0]);
+        const auto& t = tile(i.in[0], r);
+        ctx.vocab_index = t.global.back();
+        ctx.vocab_size = lg.back();
+        double n = 1;
+        for (std::size_t d = 0; d + 1 < lg.size(); ++d) n *= static_cast<double>(lg[d]);
+        ctx.tokens = n;
+        break;
+      }
+      default: break;
+    }
+    return ctx;
+  }
+
+  void run_instr(int r, int pc, const Instr& i, int step) {
+    const ir::Op* op = i.op >= 0 ? &p_.graph.op(i.op) : nullptr;
+    std::vector<const HostTensor*> in;
+    if (i.kind != InstrKind::Free && !lower::is_collective(i.kind))
+      for (int b : i.in) in.push_back(&read(r, b));
+    switch (i.kind) {
+      case InstrKind::Compute: {
+        auto outs = ir::run_kernel(p_.graph, *op, in, context(r, i, step));
+        WEFT_ASSERT(outs.size() == i.out.size(), "kernel result count");
+        for (std::size_t k = 0; k < outs.size(); ++k) {
+          WEFT_CHECK(outs[k].shape == tile(i.out[k], r).local_shape, "kernel result shape {} differs from the tile {}",
+                     outs[k].shape, tile(i.out[k], r).local_shape);
+          write(r, i.out[k], std::move(outs[k]));
+        }
+        return;
+      }
+      case InstrKind::CeRowMax: write(r, i.out[0], ir::ce_row_max(*in[0])); return;
+      case InstrKind::CeSumTarget:
+        write(r, i.out[0], ir::ce_row_sum_target(*op, *in[0], *in[1], *in[2], context(r, i, step)));
+        return;
+      case InstrKind::CeLoss: {
+        bool contribute = true;
+        for (int a : i.axes) contribute = contribute && p_.ranks[static_cast<std::size_t>(r)].coord[static_cast<std::size_t>(a)] == 0;
+        write(r, i.out[0], ir::ce_loss(*in[2], *in[3], context(r, i, step).tokens, contribute));
+        return;
+      }
+      case InstrKind::CeGrad:
+        write(r, i.out[0], ir::ce_grad(*op, *in[0], *in[1], *in[2], *in[3], *in[4], context(r, i, step)));
+        return;
+      case InstrKind::Copy: {
+        HostTensor v = *in[0];
+        write(r, i.out[0], std::move(v));
+        return;
+      }
+      case InstrKind::Free:
+        for (int b : i.in) values_[static_cast<std::size_t>(r)][static_cast<std::size_t>(b)].reset();
+        return;
+      case InstrKind::LocalSlice:
+      case InstrKind::LocalPartial: write(r, i.out[0], regroup(r, i, {{r, in[0]}})); return;
+      default: collective(r, pc, i); return;
+    }
+  }
+
+  // The output tile of rank r for a resharding step along one axis, from the inputs of its group.
+  HostTensor regroup(int r, const Instr& i, const std::map<int, const HostTensor*>& members) {
+    const int src = i.in[0], dst = i.out[0];
+    const TileIndex& out_t = tile(dst, r);
+    HostTensor out{out_t.local_shape, {}};
+    out.data.assign(static_cast<std::size_t>(out.numel()), 0.0);
+    const bool reducing = i.kind == InstrKind::AllReduce || i.kind == InstrKind::ReduceScatter;
+    const std::string kind(lower::instr_kind_name(i.kind));
+    const std::int64_t eb = p_.buffers[static_cast<std::size_t>(src)].element_bytes;
+    auto& recv = recv_from_[static_cast<std::size_t>(r)];
+    std::vector<std::pair<int, const TileIndex*>> tiles;
+    for (const auto& [m, v] : members) tiles.emplace_back(m, &tile(src, m));
+    if (i.kind == InstrKind::LocalPartial) {
+      const int axis = i.axis;
+      const bool keep = i.reduce == lower::ReduceOp::Max || p_.ranks[static_cast<std::size_t>(r)].coord[static_cast<std::size_t>(axis)] == 0;
+      if (keep) out.data = members.at(r)->data;
+      return out;
+    }
+    std::vector<std::int64_t> off(tiles.size());
+    for_each_index(out_t.local_shape, [&](const std::vector<std::int64_t>& idx, std::int64_t k) {
+      double acc = 0;
+      bool first = true;
+      for (std::size_t m = 0; m < tiles.size(); ++m) {
+        const TileIndex& t = *tiles[m].second;
+        const auto& st = t.strides;
+        std::int64_t o = 0;
+        bool held = true;
+        for (std::size_t d = 0; d < idx.size() && held; ++d) {
+          const std::int64_t l = t.local[d][static_cast<std::size_t>(out_t.global[d][static_cast<std::size_t>(idx[d])])];
+          held = l >= 0;
+          o += l * st[d];
+        }
+        if (!held) continue;
+        const double x = members.at(tiles[m].first)->data[static_cast<std::size_t>(o)];
+        if (!reducing) {
+          out.data[static_cast<std::size_t>(k)] = x;
+          if (tiles[m].first != r) recv[{tiles[m].first, kind, i.internal}] += eb;
+          return;
+        }
+        acc = first ? x : (i.reduce == lower::ReduceOp::Max ? std::max(acc, x) : acc + x);
+        first = false;
+      }
+      WEFT_CHECK(reducing && !first, "no rank of the group holds element {} of '{}'", idx,
+                 p_.buffers[static_cast<std::size_t>(src)].name);
+      out.data[static_cast<std::size_t>(k)] = acc;
+    });
+    if (i.kind == InstrKind::ReduceScatter)
+      for (const auto& [m, v] : members)
+        if (m != r) recv[{m, kind, i.internal}] += out.numel() * eb;
+    if (i.kind == InstrKind::AllReduce) {
+      // Ring all-reduce: member j owns chunk j of the flat buffer; this rank receives its own
+      // chunk's terms from every other member and every other member's reduced chunk.
+      const auto k = static_cast<std::int64_t>(i.group.size());
+      auto chunk = [&](std::int64_t j) {
+        const std::int64_t n = out.numel(), c = (n + k - 1) / k;
+        return std::max<std::int64_t>(0, std::min(n, (j + 1) * c) - std::min(n, j * c));
+      };
+      const std::int64_t me = std::find(i.group.begin(), i.group.end(), r) - i.group.begin();
+      for (std::int64_t j = 0; j < k; ++j)
+        if (j != me) recv[{i.group[static_cast<std::size_t>(j)], kind, i.internal}] += (chunk(me) + chunk(j)) * eb;
+    }
+    return out;
+  }
+
+  void collective(int r, int pc, const Instr& i) {
+    std::unique_lock lock(mu_);
+    auto& count = seq_[{r, i.group}];
+    const std::pair<std::vector<int>, int> key{i.group, count++};
+    Slot& slot = slots_[key];
+    slot.inputs[r] = &read(r, i.in[0]);
+    ++slot.arrived;
+    cv_.notify_all();
+    const int k = static_cast<int>(i.group.size());
+    auto wait = [&](auto ready) {
+      const auto deadline = Clock::now() + std::chrono::duration<double>(opt_.timeout_s);
+      while (!ready()) {
+        if (abort_) throw Error("stopped: another rank failed");
+        if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && !ready()) {
+          std::vector<int> missing;
+          for (int g : i.group)
+            if (!slot.inputs.count(g)) missing.push_back(g);
+          fail("waited {} s at this collective for ranks {} of its group (deadlock or a failed rank)", opt_.timeout_s,
+               missing);
+        }
+      }
+    };
+    wait([&] { return slot.arrived == k; });
+    std::map<int, const HostTensor*> members = slot.inputs;
+    lock.unlock();
+    HostTensor out = regroup(r, i, members);  // reads the others' inputs: they wait below
+    lock.lock();
+    ++slot.finished;
+    cv_.notify_all();
+    wait([&] { return slot.finished == k; });
+    if (++slot.arrived == 2 * k) slots_.erase(key);  // the last one to leave
+    lock.unlock();
+    write(r, i.out[0], std::move(out));
+    (void)pc;
+  }
+
+  const Program& p_;
+  const ExecuteOptions& opt_;
+  LeafValues init_;
+  std::vector<sharding::ShardingSpec> specs_;
+  std::vector<std::vector<std::optional<TileIndex>>> tiles_;  // per buffer and rank of its stage
+  std::map<ir::TensorId, const HostTensor*> inputs_;
+  std::vector<std::vector<std::optional<HostTensor>>> values_;
+  std::vector<RankStats> stats_;
+  std::vector<std::map<std::tuple<int, std::string, bool>, std::int64_t>> recv_from_;
+  std::vector<std::vector<HostTensor>> losses_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::pair<std::vector<int>, int>, Slot> slots_;
+  std::map<std::pair<int, std::vector<int>>, int> seq_;
+  std::atomic<bool> abort_{false};
+  std::exception_ptr error_;
+};
+
+}  // namespace
+
+ExecutionResult execute_program(const lower::Program& program, const ExecuteOptions& options) {
+  return Executor(program, options).run();
+}
+
+ExecutionResult execute_reference(const ir::Graph& g, const ExecuteOptions& opt) {
+  g.validate();
+  WEFT_CHECK(opt.dtype == DType::F64 || opt.dtype == DType::F32, "execute_reference: dtype must be f64 or f32, got {}",
+             dtype_name(opt.dtype));
+  WEFT_CHECK(opt.steps >= 1, "execute_reference: steps must be >= 1, got {}", opt.steps);
+  const auto t0 = Clock::now();
+  LeafValues init(g, opt.seed);
+  const auto n = g.tensors().size();
+  std::vector<HostTensor> val(n);
+  auto fill = [&](ir::TensorId t, int step) {
+    const auto& info = g.tensor(t);
+    HostTensor v{info.shape, {}};
+    auto it = opt.inputs.find(info.name);
+    if (it != opt.inputs.end() && info.role == ir::Role::Input) {
+      WEFT_CHECK(it->second.shape == info.shape, "execute_reference: inputs['{}'] has shape {}, the input has {}",
+                 info.name, it->second.shape, info.shape);
+      v = it->second;
+    } else {
+      v.data.resize(static_cast<std::size_t>(v.numel()));
+      for (std::int64_t k = 0; k < v.numel(); ++k) v.data[static_cast<std::size_t>(k)] = init.value(t, step, k);
+    }
+    round_to(v, opt.dtype);
+    val[static_cast<std::size_t>(t)] = std::move(v);
+  };
+  const auto carries = lower::state_carries(g);
+  const auto order = g.topo_order();
+  ExecutionResult res;
+  for (int step = 1; step <= opt.steps; ++step) {
+    for (ir::TensorId t = 0; t < static_cast<ir::TensorId>(n); ++t) {
+      const auto& info = g.tensor(t);
+      if (info.producer != ir::kNoOp) continue;
+      const bool persistent = info.role == ir::Role::Parameter || info.role == ir::Role::OptimizerState;
+      if (!persistent || step == 1) fill(t, step);
+    }
+    for (ir::OpId o : order) {
+      const auto& op = g.op(o);
+      std::vector<const HostTensor*> in;
+      for (ir::TensorId t : op.inputs) in.push_back(&val[static_cast<std::size_t>(t)]);
+      ir::KernelContext ctx;
+      ctx.adam_step = step;
+      auto outs = ir::run_kernel(g, op, in, ctx);
+      for (std::size_t k = 0; k < outs.size(); ++k) {
+        round_to(outs[k], opt.dtype);
+        val[static_cast<std::size_t>(op.outputs[k])] = std::move(outs[k]);
+      }
+    }
+    res.losses.push_back(g.loss() ? val[static_cast<std::size_t>(*g.loss())].data.at(0) : 0.0);
+    if (step == opt.steps)
+      for (ir::TensorId t = 0; t < static_cast<ir::TensorId>(n); ++t) {
+        const auto& info = g.tensor(t);
+        if (info.producer != ir::kNoOp || info.role != ir::Role::Parameter) continue;
+        auto grad = g.grad(t);
+        if (grad && g.tensor(*grad).producer != ir::kNoOp) res.gradients[info.name] = val[static_cast<std::size_t>(*grad)];
+      }
+    for (auto [out, leaf] : carries) val[static_cast<std::size_t>(leaf)] = val[static_cast<std::size_t>(out)];
+  }
+  for (ir::TensorId t = 0; t < static_cast<ir::TensorId>(n); ++t) {
+    const auto& info = g.tensor(t);
+    if (info.producer == ir::kNoOp && info.role == ir::Role::Parameter) res.parameters[info.name] = val[static_cast<std::size_t>(t)];
+  }
+  res.seconds = seconds_since(t0);
+  return res;
+}
+
+}  // namespace weft::exec
