@@ -37,6 +37,18 @@ void bind_plan(py::module_& m) {
       .def("__repr__", [](const ParamSpec& p) {
         return fmt::format("PlanParamSpec({} [{}] {})", p.name, fmt::join(p.shape, ","), p.spec);
       });
+  py::class_<OpLayout>(m, "PlanOpLayout",
+                       "How a stage's SPMD search laid out one op of the per-micro-batch training graph: "
+                       "per axis of the stage's SPMD mesh, the op's index-map factor it splits (-1: "
+                       "replicated) and its inner stride (0: the default).")
+      .def_readonly("op", &OpLayout::op)
+      .def_readonly("factors", &OpLayout::factors)
+      .def_readonly("inner_strides", &OpLayout::inner_strides)
+      .def(py::self == py::self)
+      .def("__repr__", [](const OpLayout& l) {
+        return fmt::format("PlanOpLayout({} factors [{}] inner_strides [{}])", l.op,
+                           fmt::join(l.factors, ","), fmt::join(l.inner_strides, ","));
+      });
   py::class_<Stage>(m, "PlanStage",
                     "One pipeline stage of a Plan (times per micro-batch, memory per device).")
       .def_readonly("index", &Stage::index)
@@ -46,6 +58,17 @@ void bind_plan(py::module_& m) {
       .def_readonly("devices", &Stage::devices)
       .def_readonly("mesh_shape", &Stage::mesh_shape)
       .def_readonly("params", &Stage::params)
+      .def_readonly("op_layouts", &Stage::op_layouts,
+                    "Every op of the stage (ascending op id) with its SPMD layout; empty in plans made "
+                    "before lowering existed.")
+      .def_property_readonly(
+          "leaf_specs",
+          [](const Stage& s) {
+            py::dict d;
+            for (const auto& l : s.leaf_specs) d[py::str(l.tensor)] = l.spec;
+            return d;
+          },
+          "Leaf tensor name -> the spec the SPMD search chose for it, on the stage's SPMD mesh.")
       .def_readonly("forward_time", &Stage::forward_time)
       .def_readonly("backward_time", &Stage::backward_time)
       .def_readonly("weight_time", &Stage::weight_time)

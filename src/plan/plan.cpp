@@ -22,8 +22,11 @@ json to_j(const ParamSpec& p) {
 }
 
 json to_j(const Stage& s) {
-  json params = json::array();
+  json params = json::array(), layouts = json::array(), leaves = json::array();
   for (const auto& p : s.params) params.push_back(to_j(p));
+  for (const auto& l : s.op_layouts)
+    layouts.push_back(json{{"op", l.op}, {"factors", l.factors}, {"inner_strides", l.inner_strides}});
+  for (const auto& l : s.leaf_specs) leaves.push_back(json{{"tensor", l.tensor}, {"spec", l.spec}});
   return json{{"index", s.index},
               {"first_block", s.first_block},
               {"last_block", s.last_block},
@@ -31,6 +34,8 @@ json to_j(const Stage& s) {
               {"devices", s.devices},
               {"mesh_shape", s.mesh_shape},
               {"params", params},
+              {"op_layouts", layouts},
+              {"leaf_specs", leaves},
               {"forward_time", s.forward_time},
               {"backward_time", s.backward_time},
               {"weight_time", s.weight_time},
@@ -93,6 +98,24 @@ ParamSpec param_from(const json& j, const std::string& path) {
   return p;
 }
 
+OpLayout op_layout_from(const json& j, const std::string& path) {
+  OpLayout l;
+  l.op = field<std::string>(j, "op", path);
+  l.factors = field<std::vector<int>>(j, "factors", path);
+  l.inner_strides = field<std::vector<std::int64_t>>(j, "inner_strides", path);
+  WEFT_CHECK(l.factors.size() == l.inner_strides.size(),
+             "Plan JSON: {} has {} factors but {} inner_strides (one of each per SPMD mesh axis)", path,
+             l.factors.size(), l.inner_strides.size());
+  return l;
+}
+
+TensorLayout tensor_layout_from(const json& j, const std::string& path) {
+  TensorLayout l;
+  l.tensor = field<std::string>(j, "tensor", path);
+  l.spec = field<std::string>(j, "spec", path);
+  return l;
+}
+
 Stage stage_from(const json& j, const std::string& path) {
   Stage s;
   s.index = field<int>(j, "index", path);
@@ -104,6 +127,16 @@ Stage stage_from(const json& j, const std::string& path) {
   const auto& ps = array_field(j, "params", path);
   for (std::size_t i = 0; i < ps.size(); ++i)
     s.params.push_back(param_from(ps[i], fmt::format("{}.params[{}]", path, i)));
+  if (j.contains("op_layouts")) {  // absent in plans written before lowering
+    const auto& ls = array_field(j, "op_layouts", path);
+    for (std::size_t i = 0; i < ls.size(); ++i)
+      s.op_layouts.push_back(op_layout_from(ls[i], fmt::format("{}.op_layouts[{}]", path, i)));
+  }
+  if (j.contains("leaf_specs")) {
+    const auto& ls = array_field(j, "leaf_specs", path);
+    for (std::size_t i = 0; i < ls.size(); ++i)
+      s.leaf_specs.push_back(tensor_layout_from(ls[i], fmt::format("{}.leaf_specs[{}]", path, i)));
+  }
   s.forward_time = field<double>(j, "forward_time", path);
   s.backward_time = field<double>(j, "backward_time", path);
   s.weight_time = field<double>(j, "weight_time", path);
@@ -257,6 +290,16 @@ Plan Plan::from_json(std::string_view text) {
   WEFT_CHECK(p.split_fraction.empty() ||
                  (p.stages.size() == 1 && p.split_fraction.size() == p.stages[0].devices.size()),
              "Plan JSON: plan.split_fraction needs one stage and a fraction per device of it");
+  for (std::size_t i = 0; i < p.stages.size(); ++i) {
+    // The layouts are on the SPMD mesh: mesh_shape without the replica axis.
+    const auto& st = p.stages[i];
+    const std::size_t spmd_ndim =
+        st.mesh_shape.size() - (p.data_parallel > 1 && !st.mesh_shape.empty() ? 1 : 0);
+    for (std::size_t k = 0; k < st.op_layouts.size(); ++k)
+      WEFT_CHECK(st.op_layouts[k].factors.size() == spmd_ndim,
+                 "Plan JSON: plan.stages[{}].op_layouts[{}] has {} factors for a {}-axis SPMD mesh", i, k,
+                 st.op_layouts[k].factors.size(), spmd_ndim);
+  }
   WEFT_CHECK(p.device_memory.size() == p.devices_used.size(),
              "Plan JSON: plan.device_memory and plan.devices_used differ in length");
   for (const auto& c : p.cross_tensors)

@@ -136,7 +136,11 @@ const BlockCost& Context::block_cost(int b, std::int64_t bs, const MeshOption& m
     const auto& dev = mesh_spec(m.mesh);
     double f = 0, bw = 0, w = 0, u = 0;
     bc.split_factor.assign(bg.ops().size(), -1);
+    bc.axes.resize(bg.ops().size());
     for (ir::OpId o = 0; o < static_cast<ir::OpId>(bg.ops().size()); ++o) {
+      bc.axes[o] = p.op_strategies[o].axes;
+      WEFT_ASSERT(static_cast<int>(bc.axes[o].size()) == m.mesh.ndim(),
+                  "an SPMD strategy without one assignment per mesh axis");
       bc.split_factor[o] = p.op_strategies[o].axes.empty() ? -1 : p.op_strategies[o].axes[0].factor;
       const double t = cost::op_cost(bg, bg.op(o), dev, p.op_strategies[o].factor_shards).time;
       const ir::OpId orig = sg.original_op[o];
@@ -759,9 +763,15 @@ Built materialise_in_place(Context& ctx, const std::vector<SubmeshOptions>& subs
     stage.static_memory = a.static_mem;
     stage.activation_memory = a.act_mem;
     stage.transient_memory = a.transient;
+    // The layouts for lowering, on the SPMD mesh (replica 0's): every op of the stage's blocks
+    // (an op is in one block) by its id in the micro-batch graph, and every leaf of the training
+    // graph the stage reads with the spec of the first block that reads it.
+    std::vector<std::pair<ir::OpId, OpLayout>> layouts;
+    std::map<std::string, std::string> leaf_spec;
     for (int b = st.first; b <= st.last; ++b) {
       const BlockCost& bc = ctx.block_cost(b, cand.bs, *mopt[s], st.variant, st.forced_dp);
-      const auto& bg = ab.blocks[b].graph;
+      const auto& sg = ab.blocks[b];
+      const auto& bg = sg.graph;
       for (int t = 0; t < static_cast<int>(bg.tensors().size()); ++t) {
         const auto& info = bg.tensor(t);
         tensor_in_stage[s].emplace(info.name, InStage{&bc, t, info.shape});
@@ -769,9 +779,36 @@ Built materialise_in_place(Context& ctx, const std::vector<SubmeshOptions>& subs
           stage.params.push_back(
               {info.name, info.shape, (dp > 1 ? "R " : "") + bc.spec[t], bc.local_bytes[t]});
       }
+      WEFT_ASSERT(bc.axes.size() == bg.ops().size(), "a block cost without the ops' layouts");
+      for (ir::OpId o = 0; o < static_cast<ir::OpId>(bg.ops().size()); ++o) {
+        OpLayout ol;
+        ol.op = bg.op(o).name;
+        for (const auto& ax : bc.axes[o]) {
+          ol.factors.push_back(ax.factor);
+          ol.inner_strides.push_back(ax.inner_stride);
+        }
+        layouts.emplace_back(sg.original_op[o], std::move(ol));
+        for (ir::TensorId t : bg.op(o).inputs) {
+          if (g.tensor(sg.original_tensor[t]).producer != ir::kNoOp) continue;
+          const auto& info = bg.tensor(t);
+          if (leaf_spec.count(info.name)) continue;
+          std::string spec = bc.spec[t];
+          if (spec.empty())
+            spec = sharding::ShardingSpec::replicated(info.shape, mopt[s]->mesh.shape()).to_string();
+          leaf_spec.emplace(info.name, std::move(spec));
+        }
+      }
     }
-    std::sort(stage.params.begin(), stage.params.end(),
-              [](const ParamSpec& x, const ParamSpec& y) { return x.name < y.name; });
+    std::sort(layouts.begin(), layouts.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
+    for (std::size_t i = 0; i < layouts.size(); ++i) {
+      WEFT_ASSERT(i == 0 || layouts[i - 1].first != layouts[i].first, "an op in two blocks of a stage");
+      stage.op_layouts.push_back(std::move(layouts[i].second));
+    }
+    for (auto& [name, spec] : leaf_spec) stage.leaf_specs.push_back({name, std::move(spec)});
+    // Stable: a parameter read by several blocks (a tied embedding) keeps the first block's spec,
+    // as leaf_specs does.
+    std::stable_sort(stage.params.begin(), stage.params.end(),
+                     [](const ParamSpec& x, const ParamSpec& y) { return x.name < y.name; });
     stage.params.erase(std::unique(stage.params.begin(), stage.params.end(),
                                    [](const ParamSpec& x, const ParamSpec& y) { return x.name == y.name; }),
                        stage.params.end());

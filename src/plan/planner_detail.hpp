@@ -70,6 +70,9 @@ struct BlockCost {
   double static_mem = 0, act_mem = 0, transient = 0;
   std::vector<std::string> spec;    // per tensor of the block graph: spec text ("" = none)
   std::vector<double> local_bytes;  // per tensor of the block graph
+  // Per op of the block graph: the chosen strategy's factor and inner stride per mesh axis (what
+  // a Plan's Stage::op_layouts records for lowering).
+  std::vector<std::vector<spmd::AxisAssign>> axes;
   // For re-pricing an uneven split (uneven_split.cpp): the compute part of fwd/bwd/wgt/upd (the
   // rest is communication), per op the factor mesh axis 0 splits (-1: replicated on it), per
   // tensor how it counts in memory.

@@ -45,6 +45,37 @@ def test_plan_json_round_trip_and_resimulation(tmp_path):
         weft.Plan.from_json(json.dumps(d))
 
 
+def test_plan_stages_carry_op_layouts_and_leaf_specs():
+    g = small_gpt(batch=16, layers=4)
+    leaf_names = {t["name"] for t in g.train_step(optimizer="adam").tensors if t["producer"] is None}
+    plans = [weft.plan(g, one_node(4), num_microbatches=4, num_blocks=4, compare_megatron=False),
+             weft.layout_plan(g, one_node(4), [(0, 3, [0, 1, 2, 3], [2, 2])], num_microbatches=2, num_blocks=4),
+             weft.megatron_plan(g, one_node(4), t=2, p=1, d=2, num_microbatches=4, num_blocks=4)]
+    assert plans[2].data_parallel == 2
+    for p in plans:
+        for st in p.stages:
+            spmd_ndim = len(st.mesh_shape) - (1 if p.data_parallel > 1 else 0)
+            assert [l.op for l in st.op_layouts] == st.ops
+            for l in st.op_layouts:
+                assert isinstance(l, weft._weft.PlanOpLayout)
+                assert len(l.factors) == len(l.inner_strides) == spmd_ndim
+                assert all(f >= -1 for f in l.factors) and all(s >= 0 for s in l.inner_strides)
+            leaves = st.leaf_specs
+            assert isinstance(leaves, dict) and list(leaves) == sorted(leaves)
+            for prm in st.params:
+                assert prm.spec == ("R " if p.data_parallel > 1 else "") + leaves[prm.name]
+            assert set(leaves) <= leaf_names
+        d = json.loads(p.to_json())
+        assert d["stages"][0]["op_layouts"][0]["op"] == p.stages[0].ops[0]
+        assert weft.Plan.from_json(p.to_json()) == p
+        for st in d["stages"]:
+            del st["op_layouts"], st["leaf_specs"]
+        old = weft.Plan.from_json(json.dumps(d))
+        assert all(st.op_layouts == [] and st.leaf_specs == {} for st in old.stages)
+    # The 2x2 stage splits ops on both mesh axes.
+    assert {a for l in plans[1].stages[0].op_layouts for a, f in enumerate(l.factors) if f >= 0} == {0, 1}
+
+
 def test_plan_infeasible_says_how_much_memory_is_missing():
     g = small_gpt()
     with pytest.raises(ValueError, match=r"GB missing"):

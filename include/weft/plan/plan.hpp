@@ -17,6 +17,9 @@
 // split schedules take weight_time = W out of it), optimizer_time = the parameter update once per
 // step. send_time of a boundary = simulated time of its resharding plan (reshard module), which the
 // simulator's link reproduces exactly (bandwidth = bytes / send_time).
+// For lowering to per-device programs, a stage also records what its SPMD searches chose, on its
+// SPMD mesh (mesh_shape without the replica axis): every op's layout (OpLayout) and the spec of
+// every leaf tensor it reads (TensorLayout).
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -35,6 +38,24 @@ struct ParamSpec {
   bool operator==(const ParamSpec&) const = default;
 };
 
+// How the SPMD search of a stage laid out one op of the per-micro-batch training graph
+// (plan::rebatch(step, microbatch_size)): per axis of the stage's SPMD mesh (mesh_shape without
+// the leading replica axis when data_parallel > 1), the index-map factor of the op that the axis
+// splits (-1 = replicated along it) and its inner stride (0 = the default, maximum stride).
+struct OpLayout {
+  std::string op;                           // op name in the training graph
+  std::vector<int> factors;                 // per SPMD mesh axis
+  std::vector<std::int64_t> inner_strides;  // per SPMD mesh axis
+  bool operator==(const OpLayout&) const = default;
+};
+// The spec the SPMD search chose for a leaf tensor a stage reads (parameters, optimizer states,
+// inputs, constants), on the stage's SPMD mesh (same mesh as OpLayout).
+struct TensorLayout {
+  std::string tensor;
+  std::string spec;  // sharding::ShardingSpec text
+  bool operator==(const TensorLayout&) const = default;
+};
+
 struct Stage {
   int index = 0;
   int first_block = 0, last_block = 0;   // inclusive range of layer-grouping blocks
@@ -42,6 +63,9 @@ struct Stage {
   std::vector<int> devices;              // device ids, row-major over mesh_shape
   std::vector<std::int64_t> mesh_shape;  // logical mesh the SPMD search ran on
   std::vector<ParamSpec> params;
+  // Every op of the stage, ascending op id; empty in plans made before lowering existed.
+  std::vector<OpLayout> op_layouts;
+  std::vector<TensorLayout> leaf_specs;  // sorted by tensor name
   double forward_time = 0, backward_time = 0, weight_time = 0, optimizer_time = 0;  // see header
   double compute_time = 0, comm_time = 0;  // per micro-batch (F + B), roofline / collectives
   double static_memory = 0;                // params + grads + optimizer states per device

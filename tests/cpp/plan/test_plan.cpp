@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <string>
 
@@ -16,7 +18,9 @@
 #include "weft/plan/planner.hpp"
 #include "weft/plan/rebatch.hpp"
 #include "weft/schedule/schedule.hpp"
+#include "weft/sharding/sharding_spec.hpp"
 #include "weft/sim/simulator.hpp"
+#include "weft/spmd/strategy.hpp"
 
 using namespace weft;
 
@@ -196,6 +200,132 @@ TEST_CASE("plan: a model that cannot fit fails fast and says how much memory is 
   bad = {};
   bad.num_microbatches = 3;  // 8 is not divisible by 3
   CHECK_THROWS_WITH_AS(plan::make_plan(g, c, bad), doctest::Contains("divisible"), Error);
+}
+
+// What lowering reads from a plan: per stage, every op's SPMD layout on the stage's SPMD mesh
+// (valid strategies of the per-micro-batch graph) and the specs of the leaves it reads.
+static void check_layouts(const ir::Graph& step, const plan::Plan& p) {
+  const ir::Graph g = plan::rebatch(step, p.microbatch_size);
+  std::map<std::string, ir::OpId> op_id;
+  for (ir::OpId o = 0; o < static_cast<ir::OpId>(g.ops().size()); ++o) op_id[g.op(o).name] = o;
+  for (const auto& st : p.stages) {
+    CAPTURE(st.index);
+    std::vector<std::int64_t> mesh = st.mesh_shape;
+    if (p.data_parallel > 1) mesh.erase(mesh.begin());
+    // Every op of the stage, in order, exactly once, with a valid strategy.
+    REQUIRE(st.op_layouts.size() == st.ops.size());
+    std::set<std::string> stage_ops;
+    for (std::size_t i = 0; i < st.ops.size(); ++i) {
+      const auto& l = st.op_layouts[i];
+      CHECK(l.op == st.ops[i]);
+      stage_ops.insert(l.op);
+      REQUIRE(l.factors.size() == mesh.size());
+      REQUIRE(l.inner_strides.size() == mesh.size());
+      std::vector<spmd::AxisAssign> axes;
+      for (std::size_t a = 0; a < mesh.size(); ++a) axes.push_back({l.factors[a], l.inner_strides[a]});
+      REQUIRE(op_id.count(l.op));
+      const auto s = spmd::make_strategy(g, g.op(op_id.at(l.op)), mesh, axes);
+      CHECK_MESSAGE(s.has_value(), l.op);
+    }
+    // The leaves: exactly those the stage's ops read, sorted by name, specs parse on the mesh.
+    std::set<std::string> leaves;
+    for (const auto& name : stage_ops)
+      for (ir::TensorId t : g.op(op_id.at(name)).inputs)
+        if (g.tensor(t).producer == ir::kNoOp) leaves.insert(g.tensor(t).name);
+    std::vector<std::string> recorded;
+    std::map<std::string, std::string> spec_of;
+    for (const auto& l : st.leaf_specs) {
+      recorded.push_back(l.tensor);
+      spec_of[l.tensor] = l.spec;
+      const auto t = g.find_tensor(l.tensor);
+      REQUIRE(t.has_value());
+      CHECK_NOTHROW((void)sharding::ShardingSpec::parse(l.spec, g.tensor(*t).shape, mesh));
+    }
+    CHECK(recorded == std::vector<std::string>(leaves.begin(), leaves.end()));
+    // The parameters' specs are the leaves' (with the replica axis first when replicated).
+    for (const auto& pr : st.params) {
+      CAPTURE(pr.name);
+      REQUIRE(spec_of.count(pr.name));
+      CHECK(pr.spec == (p.data_parallel > 1 ? "R " : "") + spec_of.at(pr.name));
+    }
+  }
+}
+
+TEST_CASE("plan: stages record every op's SPMD layout and the leaves' specs for lowering") {
+  const auto g = small_gpt(4, 64, 16);
+  const auto c = one_node(4);
+  plan::PlanOptions o;
+  o.num_microbatches = 4;
+  o.num_blocks = 4;
+  o.compare_megatron = false;
+  std::vector<plan::Plan> plans;
+  plans.push_back(plan::make_plan(g, c, o));
+  // Two stages of two devices; one stage on a 2x2 mesh holding both readers of the tied embedding
+  // (the first and the last block).
+  plans.push_back(plan::layout_plan(g, c, {{0, 1, {0, 1}, {1, 2}}, {2, 3, {2, 3}, {}}}, 4, o));
+  plans.push_back(plan::layout_plan(g, c, {{0, 3, {0, 1, 2, 3}, {2, 2}}}, 2, o));
+  // Replicated pipelines (the replica axis is not part of the SPMD mesh).
+  plans.push_back(plan::megatron_plan(g, c, {2, 1, 2}, o));
+  plans.push_back(plan::megatron_plan(g, c, {1, 2, 2}, o));
+  // Mixed kinds: uneven data parallelism (one-device SPMD mesh) and an uneven split (the even
+  // split's layouts).
+  auto p100 = cluster::Cluster::preset("P100", 1).nodes()[0];
+  p100.num_devices = 1;
+  const auto mixed = cluster::Cluster::concat(one_node(1), cluster::Cluster({p100}));
+  plans.push_back(plan::data_parallel_plan(g, mixed, {5, 3}, 2, o));
+  plans.push_back(plan::split_plan(g, mixed, {0.6, 0.4}, 2, o));
+  for (const auto& p : plans) {
+    CAPTURE(p.to_string());
+    check_layouts(g, p);
+    const auto q = plan::Plan::from_json(p.to_json());
+    CHECK(q == p);
+    CHECK(q.to_json() == p.to_json());
+  }
+  CHECK(plans[3].data_parallel == 2);
+  // Not all replicated: the 2x2 stage splits ops on both axes.
+  std::set<std::size_t> split_axes;
+  for (const auto& l : plans[2].stages[0].op_layouts)
+    for (std::size_t a = 0; a < l.factors.size(); ++a)
+      if (l.factors[a] >= 0) split_axes.insert(a);
+  CHECK(split_axes.size() == 2);
+  CHECK(plans[2].stages[0].mesh_shape == std::vector<std::int64_t>{2, 2});
+  // The layouts are part of the value.
+  auto changed = plans[2];
+  changed.stages[0].op_layouts[0].factors[0] = 7;
+  CHECK(changed != plans[2]);
+  changed = plans[2];
+  changed.stages[0].leaf_specs[0].spec += " ";
+  CHECK(changed != plans[2]);
+  // A plan written before the layouts existed still loads (empty), and bad layouts name the field.
+  auto j = nlohmann::json::parse(plans[2].to_json());
+  for (auto& st : j["stages"]) {
+    st.erase("op_layouts");
+    st.erase("leaf_specs");
+  }
+  const auto old = plan::Plan::from_json(j.dump());
+  CHECK(old.stages[0].op_layouts.empty());
+  CHECK(old.stages[0].leaf_specs.empty());
+  auto expect = plans[2];
+  expect.stages[0].op_layouts.clear();
+  expect.stages[0].leaf_specs.clear();
+  CHECK(old == expect);
+  j = nlohmann::json::parse(plans[2].to_json());
+  j["stages"][0]["op_layouts"][1]["factors"] = "x";
+  CHECK_THROWS_WITH_AS(plan::Plan::from_json(j.dump()),
+                       doctest::Contains("plan.stages[0].op_layouts[1].factors"), Error);
+  j = nlohmann::json::parse(plans[2].to_json());
+  j["stages"][0]["op_layouts"][0]["factors"] = {-1};  // one factor on a 2-axis mesh
+  j["stages"][0]["op_layouts"][0]["inner_strides"] = {0};
+  CHECK_THROWS_WITH_AS(plan::Plan::from_json(j.dump()), doctest::Contains("plan.stages[0].op_layouts[0]"),
+                       Error);
+  j = nlohmann::json::parse(plans[2].to_json());
+  j["stages"][0]["leaf_specs"][0].erase("spec");
+  CHECK_THROWS_WITH_AS(plan::Plan::from_json(j.dump()),
+                       doctest::Contains("plan.stages[0].leaf_specs[0].spec"), Error);
+  j = nlohmann::json::parse(plans[2].to_json());
+  j["stages"][0]["leaf_specs"] = 3;
+  CHECK_THROWS_WITH_AS(plan::Plan::from_json(j.dump()), doctest::Contains("plan.stages[0].leaf_specs"),
+                       Error);
 }
 
 TEST_CASE("plan: a stage pays the resharding between its blocks (finer blocks never look cheaper)") {
