@@ -111,7 +111,7 @@ class StageLowering {
   }
 
   // The buffer of `t` in `spec`, resharding from its first (produced) layout when needed.
-  int layout(ir::TensorId t, const ShardingSpec& spec) {
+  int layout(ir::TensorId t, const ShardingSpec spec) {  // by value: callers pass specs_ elements
     auto& ls = layouts_.at(t);
     for (const auto& [s, b] : ls)
       if (s == spec) return b;
@@ -134,7 +134,9 @@ class StageLowering {
       }
       cur = next;
     }
-    WEFT_ASSERT(specs_[static_cast<std::size_t>(cur)] == spec, "resharding plan ends in the wrong spec");
+    WEFT_ASSERT(specs_[static_cast<std::size_t>(cur)] == spec,
+                fmt::format("resharding plan of '{}' from {} to {} ends in {} ({})", g_.tensor(t).name, from.to_string(),
+                            spec.to_string(), specs_[static_cast<std::size_t>(cur)].to_string(), plan.to_string()));
     return cur;
   }
 
