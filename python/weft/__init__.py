@@ -53,4 +53,7 @@ __all__ += ["Plan", "plan", "megatron_plan", "data_parallel_plan", "split_plan",
 # reshard / exec (cross-mesh resharding planner and the CPU reference executor)
 from . import reshard
 __all__ += ["reshard"]
+# lower / execute (per-rank programs of a plan, run on the CPU executor against the one-device reference)
+from .execution import ExecutionResult, Program, execute, execute_reference, lower, lower_spmd
+__all__ += ["ExecutionResult", "Program", "execute", "execute_reference", "lower", "lower_spmd"]
 __version__ = "0.1.0"

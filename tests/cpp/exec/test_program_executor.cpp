@@ -7,8 +7,11 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <set>
+
 #include "equivalence.hpp"
 #include "weft/core/error.hpp"
+#include "weft/plan/planner.hpp"
 #include "weft/sharding/reshard.hpp"
 
 using namespace weft;
@@ -246,4 +249,168 @@ TEST_CASE("exec program: f32 storage with SGD equals one device to 1e-5 (random 
     CHECK(d < 1e-5);
     CHECK(d > 0);  // f32 rounding differs with the summation order: the comparison is not vacuous
   }
+}
+
+TEST_CASE("exec program: a changed stride in one spec is caught") {
+  // The spec of a buffer that a resharding collective writes gets another stride: the collective
+  // then lays out its result that way while the op reading it expects the planned layout. (A leaf's
+  // or a kernel result's spec relabelled alone is another valid program: leaves are initialised
+  // and kernels' results read through their own specs.)
+  const auto g = test::tiny_gpt();
+  const std::vector<std::int64_t> mesh{4};
+  const auto prog = lower::lower_spmd(g, m8(), cluster::DeviceMesh::iota(mesh), random_layout(g, mesh, 3));
+  exec::ExecuteOptions eo;
+  eo.steps = 1;
+  const auto ref = exec::execute_reference(g, eo);
+  auto bad = prog;
+  int changed = -1;
+  std::set<int> einsum_operands;  // buffers an einsum reads (its kernel does not look at tiles)
+  for (const auto& i : bad.ranks[0].instrs)
+    if (i.kind == lower::InstrKind::Compute && g.op(i.op).kind == ir::OpKind::Einsum)
+      einsum_operands.insert(i.in.begin(), i.in.end());
+  for (const auto& i : bad.ranks[0].instrs) {
+    if (changed >= 0 || (i.kind != lower::InstrKind::AllToAll && i.kind != lower::InstrKind::LocalSlice)) continue;
+    if (!einsum_operands.count(i.out[0])) continue;
+    auto& buf = bad.buffers[static_cast<std::size_t>(i.out[0])];
+    auto spec = sharding::ShardingSpec::parse(buf.spec, buf.shape, mesh);
+    const auto& p = spec.per_axis()[0];
+    for (std::int64_t stride : {std::int64_t{1}, std::int64_t{2}, std::int64_t{4}}) {
+      auto other = sharding::ShardingSpec::try_make(buf.shape, mesh, {sharding::Placement::shard(p.dim, stride)});
+      if (p.kind != sharding::Placement::Shard || !other || *other == spec) continue;
+      buf.spec = other->to_string();
+      changed = i.out[0];
+      break;
+    }
+  }
+  REQUIRE(changed >= 0);
+  CAPTURE(prog.buffers[static_cast<std::size_t>(changed)].name);
+  CAPTURE(bad.buffers[static_cast<std::size_t>(changed)].spec);
+  CHECK(max_rel_diff(exec::execute_program(bad, eo), ref) > 1e-3);
+}
+
+TEST_CASE("exec program: a dropped all-reduce is caught") {
+  const auto g = test::tiny_gpt();
+  const auto prog = lower::lower_spmd(g, m8(), cluster::DeviceMesh::iota({4}), random_layout(g, {4}, 3));
+  exec::ExecuteOptions eo;
+  eo.steps = 1;
+  const auto ref = exec::execute_reference(g, eo);
+  REQUIRE(max_rel_diff(exec::execute_program(prog, eo), ref) < 1e-10);
+  // The first all-reduce of a resharding edge (a partial sum resolved).
+  std::size_t k = 0;
+  while (k < prog.ranks[0].instrs.size() &&
+         !(prog.ranks[0].instrs[k].kind == lower::InstrKind::AllReduce && !prog.ranks[0].instrs[k].internal))
+    ++k;
+  REQUIRE(k < prog.ranks[0].instrs.size());
+  SUBCASE("dropped: the static check finds its result never written") {
+    auto bad = prog;
+    for (auto& r : bad.ranks) r.instrs.erase(r.instrs.begin() + static_cast<std::ptrdiff_t>(k));
+    CHECK_THROWS_WITH_AS(lower::check(bad), doctest::Contains("has not written"), Error);
+    CHECK_THROWS_AS(exec::execute_program(bad, eo), Error);
+  }
+  SUBCASE("replaced by a local copy: it runs, and the results differ") {
+    auto bad = prog;
+    for (auto& r : bad.ranks) {
+      auto& i = r.instrs[k];
+      i.kind = lower::InstrKind::Copy;
+      i.group.clear();
+      i.axis = -1;
+    }
+    CHECK_NOTHROW(lower::check(bad));
+    CHECK(max_rel_diff(exec::execute_program(bad, eo), ref) > 1e-3);
+  }
+}
+
+TEST_CASE("exec program: the bytes each rank sends equal the cost model's for the same collectives") {
+  // Exact per rank for all-reduce, all-gather and reduce-scatter. All-to-all: the α-β model charges
+  // (k−1)/k·B on every rank; an all-to-all that restrides a dim can keep more or less than 1/k of a
+  // tile on some ranks, so the measured total is checked within 1% (and the gap printed).
+  const auto g = test::tiny_gpt();
+  double a2a_model = 0, a2a_sent = 0;
+  for (std::uint32_t seed : {21u, 22u}) {
+    const std::vector<std::int64_t> mesh{2, 4};
+    auto prog = lower::lower_spmd(g, m8(), cluster::DeviceMesh::iota(mesh), random_layout(g, mesh, seed));
+    exec::ExecuteOptions eo;
+    eo.steps = 1;
+    auto res = exec::execute_program(prog, eo);
+    // The model: per collective, B = the padded local tile bytes the resharding planner charges
+    // (max_local_elements × element size) and k the group size; per rank all-reduce 2(k−1)/k·B,
+    // all-gather (k−1)/k·B_after, reduce-scatter (k−1)/k·B_before, all-to-all (k−1)/k·B.
+    for (int r = 0; r < prog.num_ranks(); ++r) {
+      std::map<std::string, double> model;
+      for (const auto& i : prog.ranks[static_cast<std::size_t>(r)].instrs) {
+        if (!lower::is_collective(i.kind) || i.internal) continue;
+        auto bytes = [&](int b) {
+          const auto& buf = prog.buffers[static_cast<std::size_t>(b)];
+          auto spec = sharding::ShardingSpec::parse(buf.spec, buf.shape, prog.stages[0].shape);
+          return static_cast<double>(spec.max_local_elements() * buf.element_bytes);
+        };
+        const double k = static_cast<double>(i.group.size()), f = (k - 1) / k;
+        double b = 0;
+        switch (i.kind) {
+          case lower::InstrKind::AllReduce: b = 2 * f * bytes(i.in[0]); break;
+          case lower::InstrKind::AllGather: b = f * bytes(i.out[0]); break;
+          case lower::InstrKind::ReduceScatter:
+          case lower::InstrKind::AllToAll: b = f * bytes(i.in[0]); break;
+          default: break;
+        }
+        model[std::string(lower::instr_kind_name(i.kind))] += b;
+      }
+      const auto& sent = res.ranks[static_cast<std::size_t>(r)].bytes_sent;
+      CHECK(sent.size() == model.size());
+      for (const auto& [kind, b] : model) {
+        CAPTURE(kind);
+        if (kind == "all-to-all") {
+          a2a_model += b;
+          a2a_sent += static_cast<double>(sent.at(kind));
+          continue;
+        }
+        CHECK(static_cast<double>(sent.at(kind)) == doctest::Approx(b).epsilon(1e-12));
+      }
+    }
+  }
+  CHECK(a2a_model > 0);
+  CHECK(a2a_sent == doctest::Approx(a2a_model).epsilon(0.01));
+  MESSAGE(fmt::format("all-to-all: sent {} B, the model charges {} B ({:+.3f}%)", a2a_sent, a2a_model,
+                      100 * (a2a_sent / a2a_model - 1)));
+}
+
+TEST_CASE("exec program: plans from the planner (one SPMD stage) lower and equal one device") {
+  const auto g = test::tiny_gpt(8);
+  const auto cluster = cluster::Cluster::preset("p3.8xlarge", 1);  // 4 V100
+  plan::PlanOptions po;
+  po.pipeline = false;
+  po.max_data_parallel = 1;
+  po.num_microbatches = 1;
+  po.uneven_split = false;
+  po.compare_megatron = false;
+  po.two_d_meshes = true;
+  exec::ExecuteOptions eo;
+  const auto ref = exec::execute_reference(g, eo);
+  auto own = plan::make_plan(g, cluster, po);
+  auto layout = plan::layout_plan(g, cluster, {{0, own.num_blocks - 1, {0, 1, 2, 3}, {2, 2}}}, 1, po);
+  for (const auto* p : {&own, &layout}) {
+    CAPTURE(p->summary());
+    REQUIRE(p->num_stages() == 1);
+    auto back = plan::Plan::from_json(p->to_json());
+    auto prog = lower::lower(back, g, cluster);
+    std::string worst;
+    CHECK(max_rel_diff(exec::execute_program(prog, eo), ref, &worst) < 1e-10);
+    CAPTURE(worst);
+  }
+  // A plan without layouts (made before lowering) or a pipeline is refused with a clear message.
+  auto old = own;
+  for (auto& s : old.stages) s.op_layouts.clear();
+  CHECK_THROWS_WITH_AS(lower::lower(old, g, cluster), doctest::Contains("plan it again"), Error);
+}
+
+TEST_CASE("exec program: a failing rank stops every rank with an error naming it and the instruction") {
+  const auto g = test::tiny_gpt();
+  auto prog = lower::lower_spmd(g, m8(), cluster::DeviceMesh::iota({4}), random_layout(g, {4}, 31));
+  exec::ExecuteOptions eo;
+  eo.inputs["tokens"] = ir::HostTensor{{4, 8}, std::vector<double>(32, 0.0)};
+  eo.inputs["tokens"].data[31] = 500;  // past the vocabulary of 128
+  CHECK_THROWS_WITH_AS(exec::execute_program(prog, eo), doctest::Contains("rank"), Error);
+  CHECK_THROWS_WITH_AS(exec::execute_program(prog, eo), doctest::Contains("not an integer in [0, 128)"), Error);
+  eo.inputs["tokens"] = ir::HostTensor{{4, 9}, std::vector<double>(36, 0.0)};
+  CHECK_THROWS_WITH_AS(exec::execute_program(prog, eo), doctest::Contains("has shape"), Error);
 }

@@ -1,0 +1,264 @@
+// Bindings of weft/lower (lower::Program, lowering of plans and SPMD search results) and of the CPU
+// executor of lowered programs (exec::execute_program / execute_reference). The Pythonic layer is
+// python/weft/execution.py (weft.lower, weft.lower_spmd, weft.execute, weft.execute_reference).
+#include <fmt/format.h>
+#include <pybind11/numpy.h>
+#include <pybind11/operators.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <algorithm>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "weft/cluster/cluster.hpp"
+#include "weft/cluster/device_mesh.hpp"
+#include "weft/core/dtype.hpp"
+#include "weft/core/error.hpp"
+#include "weft/exec/program_executor.hpp"
+#include "weft/ir/graph.hpp"
+#include "weft/ir/interpreter.hpp"
+#include "weft/lower/lower.hpp"
+#include "weft/lower/program.hpp"
+#include "weft/plan/plan.hpp"
+#include "weft/spmd/search.hpp"
+
+namespace py = pybind11;
+using namespace weft;
+
+namespace {
+
+const lower::RankProgram& rank_of(const lower::Program& p, int rank) {
+  WEFT_CHECK(rank >= 0 && rank < p.num_ranks(), "Program: rank {} out of range (the program has {} ranks)",
+             rank, p.num_ranks());
+  return p.ranks[static_cast<std::size_t>(rank)];
+}
+
+py::object buffer_name(const lower::Program& p, int b) {
+  if (b < 0 || b >= static_cast<int>(p.buffers.size())) return py::none();
+  return py::str(p.buffers[static_cast<std::size_t>(b)].name);
+}
+
+py::list buffer_names(const lower::Program& p, const std::vector<int>& ids) {
+  py::list out;
+  for (int b : ids) out.append(buffer_name(p, b));
+  return out;
+}
+
+py::dict instr_dict(const lower::Program& p, const lower::Instr& i) {
+  py::dict d;
+  d["kind"] = std::string(lower::instr_kind_name(i.kind));
+  const bool has_op = i.op >= 0 && i.op < static_cast<ir::OpId>(p.graph.ops().size());
+  d["op"] = has_op ? py::object(py::str(p.graph.op(i.op).name)) : py::object(py::none());
+  d["inputs"] = buffer_names(p, i.in);
+  d["outputs"] = buffer_names(p, i.out);
+  d["axis"] = i.axis;
+  d["group"] = i.group;
+  d["reduce"] = i.reduce == lower::ReduceOp::Max ? "max" : "sum";
+  d["axes"] = i.axes;
+  d["internal"] = i.internal;
+  return d;
+}
+
+py::array_t<double> to_numpy(const ir::HostTensor& h) {
+  std::vector<py::ssize_t> shape(h.shape.begin(), h.shape.end());
+  py::array_t<double> a(shape);
+  std::copy(h.data.begin(), h.data.end(), a.mutable_data());
+  return a;
+}
+
+ir::HostTensor from_numpy(const std::string& name, const py::handle& v) {
+  auto arr = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(v);
+  WEFT_CHECK(arr, "execute: inputs['{}'] is not convertible to a float64 array", name);
+  ir::HostTensor h;
+  for (py::ssize_t d = 0; d < arr.ndim(); ++d) h.shape.push_back(arr.shape(d));
+  h.data.assign(arr.data(), arr.data() + arr.size());
+  return h;
+}
+
+exec::ExecuteOptions make_options(int steps, std::uint64_t seed, const std::string& dtype,
+                                  const py::dict& inputs, double timeout_s) {
+  WEFT_CHECK(steps >= 1, "execute: steps must be at least 1, got {}", steps);
+  WEFT_CHECK(dtype == "f64" || dtype == "f32", "execute: dtype must be 'f64' or 'f32', got '{}'", dtype);
+  WEFT_CHECK(timeout_s > 0, "execute: timeout_s must be positive, got {}", timeout_s);
+  exec::ExecuteOptions o;
+  o.steps = steps;
+  o.seed = seed;
+  o.dtype = parse_dtype(dtype);
+  o.timeout_s = timeout_s;
+  for (auto [k, v] : inputs) {
+    auto name = py::cast<std::string>(k);
+    o.inputs[name] = from_numpy(name, v);
+  }
+  return o;
+}
+
+py::dict result_dict(const exec::ExecutionResult& r) {
+  py::dict d;
+  d["losses"] = r.losses;
+  py::dict params, grads;
+  for (const auto& [n, t] : r.parameters) params[py::str(n)] = to_numpy(t);
+  for (const auto& [n, t] : r.gradients) grads[py::str(n)] = to_numpy(t);
+  d["parameters"] = params;
+  d["gradients"] = grads;
+  py::list sent, received, internal, peak, seconds;
+  for (const auto& s : r.ranks) {
+    sent.append(py::cast(s.bytes_sent));
+    received.append(py::cast(s.bytes_received));
+    internal.append(s.internal_bytes_sent);
+    peak.append(s.peak_bytes);
+    seconds.append(s.seconds);
+  }
+  d["bytes_sent"] = sent;
+  d["bytes_received"] = received;
+  d["internal_bytes_sent"] = internal;
+  d["peak_bytes"] = peak;
+  d["rank_seconds"] = seconds;
+  d["seconds"] = r.seconds;
+  return d;
+}
+
+}  // namespace
+
+void bind_lower(py::module_& m) {
+  using lower::Program;
+  py::class_<Program>(m, "Program",
+                      "A lowered plan: one ordered instruction list per rank (device) over buffers that are "
+                      "tiles of the training graph's tensors; JSON, readable dumps, a static check.")
+      .def_property_readonly("num_ranks", &Program::num_ranks)
+      .def_property_readonly(
+          "graph", [](const Program& p) { return p.graph; },
+          "The (per-micro-batch) training graph it computes.")
+      .def_property_readonly(
+          "buffers",
+          [](const Program& p) {
+            py::list out;
+            for (const auto& b : p.buffers) {
+              py::dict d;
+              d["name"] = b.name;
+              d["tensor"] = b.tensor >= 0 ? py::object(py::str(p.graph.tensor(b.tensor).name))
+                                          : py::object(py::none());
+              d["shape"] = b.shape;
+              d["spec"] = b.spec;
+              d["stage"] = b.stage;
+              d["element_bytes"] = b.element_bytes;
+              out.append(d);
+            }
+            return out;
+          },
+          "Every buffer: name, tensor (None for statistics), global shape, spec, stage, element_bytes.")
+      .def_property_readonly(
+          "ranks",
+          [](const Program& p) {
+            py::list out;
+            for (const auto& r : p.ranks) {
+              py::dict d;
+              d["rank"] = r.rank;
+              d["device"] = r.device;
+              d["stage"] = r.stage;
+              d["coord"] = r.coord;
+              d["num_instrs"] = r.instrs.size();
+              out.append(d);
+            }
+            return out;
+          },
+          "Per rank: rank, cluster device id, stage, coordinate on the stage mesh, instruction count.")
+      .def_property_readonly(
+          "parameters",
+          [](const Program& p) {
+            py::dict d;
+            for (const auto& [n, b] : p.parameters) d[py::str(n)] = buffer_name(p, b);
+            return d;
+          },
+          "Parameter name -> its leaf buffer's name.")
+      .def_property_readonly(
+          "gradients",
+          [](const Program& p) {
+            py::dict d;
+            for (const auto& [n, b] : p.gradients) d[py::str(n)] = buffer_name(p, b);
+            return d;
+          },
+          "Parameter name -> its gradient's buffer name.")
+      .def_property_readonly(
+          "loss", [](const Program& p) { return buffer_name(p, p.loss); }, "The loss's buffer name.")
+      .def(
+          "instructions",
+          [](const Program& p, int rank) {
+            py::list out;
+            for (const auto& i : rank_of(p, rank).instrs) out.append(instr_dict(p, i));
+            return out;
+          },
+          py::arg("rank"),
+          "Rank's instructions in order, each a dict {kind, op (name or None), inputs, outputs (buffer "
+          "names), axis, group, reduce, axes, internal}.")
+      .def("to_json", &Program::to_json)
+      .def_static(
+          "from_json", [](const std::string& text) { return Program::from_json(text); }, py::arg("text"))
+      .def("dump", &Program::dump, "Readable, one line per instruction, per rank.")
+      .def(
+          "dump_rank",
+          [](const Program& p, int rank) {
+            rank_of(p, rank);
+            return p.dump_rank(rank);
+          },
+          py::arg("rank"))
+      .def(
+          "describe",
+          [](const Program& p, int rank, int index) {
+            const auto& r = rank_of(p, rank);
+            WEFT_CHECK(index >= 0 && index < static_cast<int>(r.instrs.size()),
+                       "Program: rank {} has {} instructions, no #{}", rank, r.instrs.size(), index);
+            return p.describe(rank, index);
+          },
+          py::arg("rank"), py::arg("index"))
+      .def(
+          "check", [](const Program& p) { lower::check(p); },
+          "Static check (buffers, collective groups, no deadlock); raises ValueError naming the rank and "
+          "the instruction.")
+      .def(py::self == py::self)
+      .def("__repr__", [](const Program& p) {
+        std::size_t instrs = 0;
+        for (const auto& r : p.ranks) instrs += r.instrs.size();
+        return fmt::format("Program('{}': {} ranks, {} stages, {} buffers, {} instructions)", p.graph.name(),
+                           p.num_ranks(), p.stages.size(), p.buffers.size(), instrs);
+      });
+
+  m.def("_lower", &lower::lower, py::arg("plan"), py::arg("step"), py::arg("cluster"),
+        py::call_guard<py::gil_scoped_release>(),
+        "Lowers a one-stage plan (weft.plan) of the training step on the cluster to a Program.");
+  m.def(
+      "_lower_spmd",
+      [](const ir::Graph& g, const cluster::Cluster& c, const cluster::DeviceMesh& mesh,
+         const spmd::SpmdPlan& plan) { return lower::lower_spmd(g, c, mesh, lower::layout_of(g, plan)); },
+      py::arg("graph"), py::arg("cluster"), py::arg("mesh"), py::arg("spmd_plan"),
+      py::call_guard<py::gil_scoped_release>(), "Lowers the layout an SPMD search chose to a Program.");
+  m.def(
+      "_execute_program",
+      [](const Program& p, int steps, std::uint64_t seed, const std::string& dtype,
+         const py::dict& inputs, double timeout_s) {
+        const auto o = make_options(steps, seed, dtype, inputs, timeout_s);
+        exec::ExecutionResult r;
+        {
+          py::gil_scoped_release nogil;
+          r = exec::execute_program(p, o);
+        }
+        return result_dict(r);
+      },
+      py::arg("program"), py::arg("steps") = 3, py::arg("seed") = 0, py::arg("dtype") = "f64",
+      py::arg("inputs") = py::dict(), py::arg("timeout_s") = 30.0);
+  m.def(
+      "_execute_reference",
+      [](const ir::Graph& g, int steps, std::uint64_t seed, const std::string& dtype,
+         const py::dict& inputs) {
+        const auto o = make_options(steps, seed, dtype, inputs, 30.0);
+        exec::ExecutionResult r;
+        {
+          py::gil_scoped_release nogil;
+          r = exec::execute_reference(g, o);
+        }
+        return result_dict(r);
+      },
+      py::arg("step"), py::arg("steps") = 3, py::arg("seed") = 0, py::arg("dtype") = "f64",
+      py::arg("inputs") = py::dict());
+}
