@@ -49,7 +49,30 @@ def main() -> None:
             f.write(plan.to_json())
         assert weft.Plan.from_json(open(args.json).read()) == plan
         print(f"plan written to {args.json}")
+    run_a_plan(plan, step, cluster)
     print(f"\ntotal {time.perf_counter() - t0:.1f} s")
+
+
+def run_a_plan(plan, step, cluster):
+    """Plans that run: lower a plan to per-rank programs and execute them on CPU threads, against
+    the same training steps on one device."""
+    print("\nPlans that run (CPU reference executor, f64, 3 Adam steps):")
+    try:
+        weft.lower(plan, step, cluster)
+    except ValueError as e:
+        print(f"  the plan above is not lowered yet: {str(e).split(';')[0]}")
+    small = weft.models.gpt(layers=2, hidden=64, heads=4, seq=8, vocab=128, batch=8).train_step(optimizer="adam")
+    four = weft.Cluster.preset("p3.8xlarge")
+    p = weft.plan(small, four, num_microbatches=1, pipeline=False, max_data_parallel=1, uneven_split=False,
+                  compare_megatron=False, two_d_meshes=True)
+    program = weft.lower(p, small, four)
+    got = weft.execute(program, steps=3)
+    ref = weft.execute_reference(small, steps=3)
+    print(f"  a small GPT planned on {four}: {p.strategy} on mesh {p.stages[0].mesh_shape}, "
+          f"{len(program.instructions(0))} instructions per rank")
+    print(f"  losses on {program.num_ranks} ranks {[round(x, 6) for x in got.losses]}, on one device "
+          f"{[round(x, 6) for x in ref.losses]}; largest relative difference (losses, parameters, gradients) "
+          f"{got.max_relative_error(ref):.1e}")
 
 
 if __name__ == "__main__":
