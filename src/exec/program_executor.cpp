@@ -119,8 +119,9 @@ class Executor {
       auto t = p.graph.find_tensor(name);
       WEFT_CHECK(t && p.graph.tensor(*t).role == ir::Role::Input && p.graph.tensor(*t).producer == ir::kNoOp,
                  "execute: inputs['{}'] is not an input of the graph", name);
-      WEFT_CHECK(v.shape == p.graph.tensor(*t).shape && static_cast<std::int64_t>(v.data.size()) == v.numel(),
-                 "execute: inputs['{}'] has shape {}, the input has {}", name, v.shape, p.graph.tensor(*t).shape);
+      const auto want = global_shape(*t);
+      WEFT_CHECK(v.shape == want && static_cast<std::int64_t>(v.data.size()) == v.numel(),
+                 "execute: inputs['{}'] has shape {}, the input has {} (the global batch)", name, v.shape, want);
       inputs_[*t] = &v;
     }
     values_.assign(static_cast<std::size_t>(nr), std::vector<std::optional<HostTensor>>(p.buffers.size()));
@@ -162,6 +163,15 @@ class Executor {
   }
 
  private:
+  // The global-batch shape of an Input leaf (the program's graph holds one micro-batch).
+  ir::Shape global_shape(ir::TensorId t) const {
+    ir::Shape s = p_.graph.tensor(t).shape;
+    const auto& st = p_.stages.front();
+    if (!s.empty() && st.microbatch_size > 0 && s[0] == st.microbatch_size)
+      s[0] = st.microbatch_size * st.replicas * st.microbatches;
+    return s;
+  }
+
   const TileIndex& tile(int buffer, int rank) {
     const auto& t = tiles_[static_cast<std::size_t>(buffer)][static_cast<std::size_t>(rank)];
     WEFT_CHECK(t.has_value(), "buffer '{}' lives on stage {}, not on rank {}'s",
@@ -262,20 +272,27 @@ class Executor {
       if (buf.stage != rp.stage) continue;
       const auto role = p_.graph.tensor(buf.tensor).role;
       const bool persistent = role == ir::Role::Parameter || role == ir::Role::OptimizerState;
-      if (persistent && step > 1) continue;
-      const TileIndex& t = tile(b, r);
-      const auto gst = strides_of(buf.shape);
-      auto in = inputs_.find(buf.tensor);
-      HostTensor v{t.local_shape, {}};
-      v.data.resize(static_cast<std::size_t>(v.numel()));
-      for_each_index(t.local_shape, [&](const std::vector<std::int64_t>& idx, std::int64_t k) {
-        std::int64_t g = 0;
-        for (std::size_t d = 0; d < idx.size(); ++d) g += t.global[d][static_cast<std::size_t>(idx[d])] * gst[d];
-        v.data[static_cast<std::size_t>(k)] =
-            in != inputs_.end() ? in->second->data[static_cast<std::size_t>(g)] : init_.value(buf.tensor, step, g);
-      });
-      write(r, b, std::move(v));
+      if (role == ir::Role::Input || (persistent && step > 1)) continue;  // inputs: LoadInput
+      fill(r, b, step, 0);
     }
+  }
+
+  // Rank r's tile of leaf buffer b from the global values, dim 0 shifted by `offset` samples.
+  void fill(int r, int b, int step, std::int64_t offset) {
+    const auto& buf = p_.buffers[static_cast<std::size_t>(b)];
+    const TileIndex& t = tile(b, r);
+    const auto gst = strides_of(global_shape(buf.tensor));
+    auto in = inputs_.find(buf.tensor);
+    HostTensor v{t.local_shape, {}};
+    v.data.resize(static_cast<std::size_t>(v.numel()));
+    for_each_index(t.local_shape, [&](const std::vector<std::int64_t>& idx, std::int64_t k) {
+      std::int64_t g = 0;
+      for (std::size_t d = 0; d < idx.size(); ++d)
+        g += (t.global[d][static_cast<std::size_t>(idx[d])] + (d == 0 ? offset : 0)) * gst[d];
+      v.data[static_cast<std::size_t>(k)] =
+          in != inputs_.end() ? in->second->data[static_cast<std::size_t>(g)] : init_.value(buf.tensor, step, g);
+    });
+    write(r, b, std::move(v));
   }
 
   ir::KernelContext context(int r, const Instr& i, int step) {
@@ -347,6 +364,31 @@ class Executor {
         return;
       case InstrKind::Copy: {
         HostTensor v = *in[0];
+        write(r, i.out[0], std::move(v));
+        return;
+      }
+      case InstrKind::LoadInput: {
+        const auto& rp = p_.ranks[static_cast<std::size_t>(r)];
+        const auto& st = p_.stages[static_cast<std::size_t>(rp.stage)];
+        const std::int64_t replica = st.replicas > 1 ? rp.coord.at(0) : 0;
+        const auto& info = p_.graph.tensor(p_.buffers[static_cast<std::size_t>(i.out[0])].tensor);
+        const std::int64_t offset =
+            info.rank() >= 1 && info.shape[0] == st.microbatch_size
+                ? (static_cast<std::int64_t>(i.microbatch) * st.replicas + replica) * st.microbatch_size
+                : 0;
+        fill(r, i.out[0], step, offset);
+        return;
+      }
+      case InstrKind::Accumulate: {
+        HostTensor v = *in[0];
+        WEFT_CHECK(v.data.size() == in[1]->data.size(), "accumulate: sizes differ");
+        for (std::size_t k = 0; k < v.data.size(); ++k) v.data[k] += in[1]->data[k];
+        write(r, i.out[0], std::move(v));
+        return;
+      }
+      case InstrKind::Scale: {
+        HostTensor v = *in[0];
+        for (auto& x : v.data) x *= i.scale;
         write(r, i.out[0], std::move(v));
         return;
       }

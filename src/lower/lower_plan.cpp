@@ -16,13 +16,11 @@ Program lower(const plan::Plan& plan, const ir::Graph& step, const cluster::Clus
                "lower: stage {} of the plan has no op layouts (a plan made before lowering existed): plan it again "
                "with this version of weft",
                st.index);
-  WEFT_CHECK(plan.num_stages() == 1 && plan.num_microbatches == 1 && plan.data_parallel == 1 &&
-                 plan.replica_microbatch.empty() && plan.split_fraction.empty(),
-             "lower: only one-stage plans with one micro-batch and one replica are lowered so far; this plan has {} "
-             "stages, {} micro-batches, {} data-parallel replicas{}{} (pipelines, gradient accumulation and "
-             "replica gradient synchronisation are the next lowering steps)",
-             plan.num_stages(), plan.num_microbatches, plan.data_parallel,
-             plan.replica_microbatch.empty() ? "" : ", uneven replica shares",
+  WEFT_CHECK(plan.num_stages() == 1 && plan.replica_microbatch.empty() && plan.split_fraction.empty(),
+             "lower: only one-stage plans are lowered so far (SPMD with data-parallel replicas and micro-batches); "
+             "this plan has {} stages{}{} (pipelines with their schedules, uneven replica shares and the uneven "
+             "split are the next lowering steps)",
+             plan.num_stages(), plan.replica_microbatch.empty() ? "" : ", uneven replica shares",
              plan.split_fraction.empty() ? "" : ", an uneven tensor split");
   WEFT_CHECK(plan.model == step.name(), "lower: the plan is for model '{}', the step graph is '{}'", plan.model,
              step.name());
@@ -43,21 +41,24 @@ Program lower(const plan::Plan& plan, const ir::Graph& step, const cluster::Clus
   for (const auto& l : st.op_layouts) {
     auto it = op_id.find(l.op);
     WEFT_CHECK(it != op_id.end(), "lower: the plan lays out op '{}', which the step graph does not have", l.op);
-    WEFT_CHECK(l.factors.size() == st.mesh_shape.size() && l.inner_strides.size() == st.mesh_shape.size(),
-               "lower: op '{}' has {} axis assignments, the stage mesh {} axes", l.op, l.factors.size(),
-               st.mesh_shape.size());
+    const std::size_t spmd_ndim = st.mesh_shape.size() - (plan.data_parallel > 1 ? 1 : 0);
+    WEFT_CHECK(l.factors.size() == spmd_ndim && l.inner_strides.size() == spmd_ndim,
+               "lower: op '{}' has {} axis assignments, the stage's SPMD mesh {} axes", l.op, l.factors.size(),
+               spmd_ndim);
     auto& axes = layout.op_axes[static_cast<std::size_t>(it->second)];
     for (std::size_t a = 0; a < l.factors.size(); ++a) axes.push_back({l.factors[a], l.inner_strides[a]});
     seen[static_cast<std::size_t>(it->second)] = 1;
   }
   for (ir::OpId o = 0; o < static_cast<ir::OpId>(g.ops().size()); ++o)
     WEFT_CHECK(seen[static_cast<std::size_t>(o)], "lower: the plan has no layout for op '{}'", g.op(o).name);
+  const std::vector<std::int64_t> spmd_shape(st.mesh_shape.begin() + (plan.data_parallel > 1 ? 1 : 0),
+                                             st.mesh_shape.end());
   for (const auto& l : st.leaf_specs) {
     auto t = g.find_tensor(l.tensor);
     WEFT_CHECK(t.has_value(), "lower: the plan lays out tensor '{}', which the step graph does not have", l.tensor);
-    layout.leaf_specs.emplace(*t, sharding::ShardingSpec::parse(l.spec, g.tensor(*t).shape, st.mesh_shape));
+    layout.leaf_specs.emplace(*t, sharding::ShardingSpec::parse(l.spec, g.tensor(*t).shape, spmd_shape));
   }
-  return lower_spmd(g, cluster, mesh, layout);
+  return lower_spmd(g, cluster, mesh, layout, {plan.data_parallel, plan.num_microbatches});
 }
 
 }  // namespace weft::lower

@@ -7,6 +7,7 @@
 
 #include "weft/core/error.hpp"
 #include "weft/lower/lower.hpp"
+#include "weft/pipeline/grouping.hpp"
 #include "weft/sharding/reshard.hpp"
 
 namespace weft::lower {
@@ -47,12 +48,18 @@ ShardingSpec stats_spec(const ShardingSpec& logits, std::int64_t extra) {
 class StageLowering {
  public:
   StageLowering(const ir::Graph& g, const cluster::Cluster& c, const cluster::DeviceMesh& mesh,
-                const SpmdLayout& layout)
-      : g_(g), mesh_(mesh), layout_(layout), links_(cluster::axis_links(c, mesh)) {}
+                const SpmdLayout& layout, const StageOptions& opt)
+      : g_(g), mesh_(mesh), layout_(layout), opt_(opt), links_(cluster::axis_links(c, mesh)) {}
 
   Program run() {
     g_.validate();
     const auto& shape = mesh_.shape();
+    const int dp = opt_.replicas, mbs = opt_.microbatches;
+    WEFT_CHECK(dp >= 1 && mbs >= 1, "lowering: replicas ({}) and micro-batches ({}) must be >= 1", dp, mbs);
+    WEFT_CHECK(dp == 1 || (!shape.empty() && shape[0] == dp),
+               "lowering: with {} replicas the mesh must start with a replica axis of {}, it is {}", dp, dp, shape);
+    lead_ = dp > 1 ? 1 : 0;
+    spmd_shape_.assign(shape.begin() + lead_, shape.end());
     WEFT_CHECK(layout_.op_axes.size() == g_.ops().size(), "lowering: the layout has {} op assignments, the graph {} ops",
                layout_.op_axes.size(), g_.ops().size());
     p_.graph = g_;
@@ -60,25 +67,42 @@ class StageLowering {
     std::vector<char> read(g_.tensors().size(), 0);
     for (const auto& op : g_.ops())
       for (ir::TensorId t : op.inputs) read[static_cast<std::size_t>(t)] = 1;
+    std::vector<int> inputs;
     for (ir::TensorId t = 0; t < static_cast<ir::TensorId>(g_.tensors().size()); ++t) {
       const auto& info = g_.tensor(t);
       if (info.producer != ir::kNoOp || !read[static_cast<std::size_t>(t)]) continue;
       auto it = layout_.leaf_specs.find(t);
-      ShardingSpec spec = it != layout_.leaf_specs.end() ? it->second : ShardingSpec::replicated(info.shape, shape);
-      WEFT_CHECK(spec.tensor_shape() == info.shape && spec.mesh_shape() == shape,
+      ShardingSpec spec = it != layout_.leaf_specs.end() ? it->second : ShardingSpec::replicated(info.shape, spmd_shape_);
+      WEFT_CHECK(spec.tensor_shape() == info.shape && spec.mesh_shape() == spmd_shape_,
                  "lowering: the spec of leaf '{}' is for shape {} on mesh {}, the tensor is {} on mesh {}", info.name,
-                 spec.tensor_shape(), spec.mesh_shape(), info.shape, shape);
-      int b = buffer(t, spec);
+                 spec.tensor_shape(), spec.mesh_shape(), info.shape, spmd_shape_);
+      int b = buffer(t, widen(spec));
       p_.leaf_buffers.push_back(b);
       if (info.role == ir::Role::Parameter) p_.parameters[info.name] = b;
+      if (info.role == ir::Role::Input) inputs.push_back(b);
     }
-    for (ir::OpId o : g_.topo_order()) lower_op(o);
+    auto load_inputs = [&] {
+      for (int b : inputs) {
+        Instr i;
+        i.kind = InstrKind::LoadInput;
+        i.out = {b};
+        i.microbatch = 0;
+        emit(std::move(i));
+      }
+    };
+    const auto order = g_.topo_order();
+    if (dp == 1 && mbs == 1) {
+      load_inputs();
+      for (ir::OpId o : order) lower_op(o);
+      if (auto loss = g_.loss()) p_.loss = produced(*loss);
+      for (const auto& [name, b] : p_.parameters) {
+        auto grad = g_.grad(p_.buffers[static_cast<std::size_t>(b)].tensor);
+        if (grad && g_.tensor(*grad).producer != ir::kNoOp) p_.gradients[name] = produced(*grad);
+      }
+    } else {
+      accumulate_microbatches(order, load_inputs);
+    }
     carry_state();
-    if (auto loss = g_.loss()) p_.loss = produced(*loss);
-    for (const auto& [name, b] : p_.parameters) {
-      auto grad = g_.grad(p_.buffers[static_cast<std::size_t>(b)].tensor);
-      if (grad && g_.tensor(*grad).producer != ir::kNoOp) p_.gradients[name] = produced(*grad);
-    }
     add_frees();
     instantiate();
     check(p_);
@@ -86,7 +110,7 @@ class StageLowering {
   }
 
  private:
-  int buffer(ir::TensorId t, const ShardingSpec& spec, const std::string& label = {}) {
+  int buffer(ir::TensorId t, const ShardingSpec& spec, const std::string& label = {}, bool register_layout = true) {
     Buffer b;
     const std::string text = spec.to_string();
     b.tensor = t;
@@ -99,10 +123,88 @@ class StageLowering {
     p_.buffers.push_back(std::move(b));
     const int id = static_cast<int>(p_.buffers.size()) - 1;
     specs_.push_back(spec);
-    if (t >= 0) layouts_[t].emplace_back(spec, id);
+    if (t >= 0 && register_layout) layouts_[t].emplace_back(spec, id);
     return id;
   }
   int produced(ir::TensorId t) const { return layouts_.at(t).front().second; }
+
+  // A spec of the SPMD mesh on the stage mesh: replicated along the replica axis.
+  ShardingSpec widen(const ShardingSpec& s) const {
+    if (lead_ == 0) return s;
+    std::vector<Placement> pl{Placement::replicate()};
+    pl.insert(pl.end(), s.per_axis().begin(), s.per_axis().end());
+    return ShardingSpec(s.tensor_shape(), mesh_.shape(), pl);
+  }
+
+  // Micro-batches and replicas: the forward/backward instructions once per micro-batch (same
+  // buffers), the tensors the update reads (gradients) and the loss accumulated, then scaled to
+  // the mean and marked P(sum) on the replica axis; the update ops read them through the usual
+  // resharding (the replicas' all-reduce / reduce-scatter).
+  template <typename Load>
+  void accumulate_microbatches(const std::vector<ir::OpId>& order, Load&& load_inputs) {
+    const auto phase = pipeline::classify_ops(g_);
+    std::vector<ir::OpId> per_mb, update;
+    for (ir::OpId o : order) (phase[static_cast<std::size_t>(o)] == pipeline::OpPhase::Update ? update : per_mb).push_back(o);
+    std::set<ir::OpId> in_mb(per_mb.begin(), per_mb.end());
+    const std::size_t start = tmpl_.size();
+    load_inputs();
+    for (ir::OpId o : per_mb) lower_op(o);
+    std::vector<ir::TensorId> acc_tensors;
+    std::set<ir::TensorId> seen;
+    for (ir::OpId o : update)
+      for (ir::TensorId t : g_.op(o).inputs) {
+        const ir::OpId prod = g_.tensor(t).producer;
+        if (prod == ir::kNoOp || !in_mb.count(prod) || !seen.insert(t).second) continue;
+        WEFT_CHECK(g_.tensor(t).role == ir::Role::Gradient,
+                   "lowering: the update reads '{}' ({}) from the micro-batches; only gradients can be accumulated",
+                   g_.tensor(t).name, ir::role_name(g_.tensor(t).role));
+        acc_tensors.push_back(t);
+      }
+    if (auto loss = g_.loss()) acc_tensors.push_back(*loss);
+    std::vector<int> acc;
+    std::vector<std::size_t> acc_instr;  // index in the micro-batch block of the copy into acc
+    for (ir::TensorId t : acc_tensors) {
+      const int prod = produced(t);
+      acc.push_back(buffer(t, specs_[static_cast<std::size_t>(prod)], {}, false));
+      Instr i;
+      i.kind = InstrKind::Copy;
+      i.in = {prod};
+      i.out = {acc.back()};
+      acc_instr.push_back(tmpl_.size() - start);
+      emit(std::move(i));
+    }
+    const std::vector<Instr> block(tmpl_.begin() + static_cast<std::ptrdiff_t>(start), tmpl_.end());
+    for (int m = 1; m < opt_.microbatches; ++m)
+      for (std::size_t k = 0; k < block.size(); ++k) {
+        Instr i = block[k];
+        if (i.kind == InstrKind::LoadInput) i.microbatch = m;
+        if (std::find(acc_instr.begin(), acc_instr.end(), k) != acc_instr.end()) {
+          i.kind = InstrKind::Accumulate;
+          i.in = {i.out[0], i.in[0]};
+        }
+        emit(std::move(i));
+      }
+    const double scale = 1.0 / (static_cast<double>(opt_.microbatches) * opt_.replicas);
+    for (std::size_t k = 0; k < acc_tensors.size(); ++k) {
+      const ir::TensorId t = acc_tensors[k];
+      ShardingSpec spec = specs_[static_cast<std::size_t>(acc[k])];
+      if (lead_ > 0) spec = spec.with_axis(0, Placement::partial());
+      const int mean = buffer(t, spec, {}, false);
+      Instr i;
+      i.kind = InstrKind::Scale;
+      i.in = {acc[k]};
+      i.out = {mean};
+      i.scale = scale;
+      emit(std::move(i));
+      layouts_[t] = {{spec, mean}};  // the update reads the mean of the step
+    }
+    if (auto loss = g_.loss()) p_.loss = produced(*loss);
+    for (const auto& [name, b] : p_.parameters) {
+      auto grad = g_.grad(p_.buffers[static_cast<std::size_t>(b)].tensor);
+      if (grad && g_.tensor(*grad).producer != ir::kNoOp) p_.gradients[name] = produced(*grad);
+    }
+    for (ir::OpId o : update) lower_op(o);
+  }
 
   sharding::ReshardPlanner& planner(int element_bytes) {
     auto it = planners_.find(element_bytes);
@@ -145,7 +247,10 @@ class StageLowering {
   void lower_op(ir::OpId o) {
     const ir::Op& op = g_.op(o);
     WEFT_CHECK(op.kind != ir::OpKind::Opaque, "lowering: op '{}' is opaque and cannot be executed", op.name);
-    const auto& axes = layout_.op_axes[static_cast<std::size_t>(o)];
+    auto axes = layout_.op_axes[static_cast<std::size_t>(o)];
+    WEFT_CHECK(axes.size() == spmd_shape_.size(), "lowering: op '{}' has {} axis assignments, the SPMD mesh {} axes",
+               op.name, axes.size(), spmd_shape_.size());
+    if (lead_ > 0) axes.insert(axes.begin(), spmd::AxisAssign{});  // replicated along the replicas
     auto strat = spmd::make_strategy(g_, op, mesh_.shape(), axes);
     WEFT_CHECK(strat.has_value(), "lowering: the layout of op '{}' is not a valid strategy on mesh {}", op.name,
                mesh_.shape());
@@ -250,6 +355,9 @@ class StageLowering {
     std::map<int, int> rank_of;
     StageMesh sm;
     sm.shape = mesh_.shape();
+    sm.replicas = opt_.replicas;
+    sm.microbatches = opt_.microbatches;
+    sm.microbatch_size = g_.tensors().empty() ? 0 : batch_of(g_);
     for (std::size_t r = 0; r < ids.size(); ++r) {
       rank_of[ids[r]] = static_cast<int>(r);
       sm.ranks.push_back(static_cast<int>(r));
@@ -268,9 +376,18 @@ class StageLowering {
     }
   }
 
+  static std::int64_t batch_of(const ir::Graph& g) {
+    for (const auto& t : g.tensors())
+      if (t.role == ir::Role::Input && t.producer == ir::kNoOp && t.rank() >= 1) return t.shape[0];
+    return 0;
+  }
+
   const ir::Graph& g_;
   const cluster::DeviceMesh& mesh_;
   const SpmdLayout& layout_;
+  StageOptions opt_;
+  int lead_ = 0;  // 1 when the mesh has a replica axis
+  std::vector<std::int64_t> spmd_shape_;
   std::vector<cluster::AxisLink> links_;
   std::map<int, sharding::ReshardPlanner> planners_;
   Program p_;
@@ -311,8 +428,8 @@ SpmdLayout layout_of(const ir::Graph& g, const spmd::SpmdPlan& plan) {
 }
 
 Program lower_spmd(const ir::Graph& g, const cluster::Cluster& cluster, const cluster::DeviceMesh& mesh,
-                   const SpmdLayout& layout) {
-  return StageLowering(g, cluster, mesh, layout).run();
+                   const SpmdLayout& layout, const StageOptions& options) {
+  return StageLowering(g, cluster, mesh, layout, options).run();
 }
 
 }  // namespace weft::lower

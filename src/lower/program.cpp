@@ -17,7 +17,7 @@ namespace {
 
 using nlohmann::json;
 
-constexpr std::array<std::pair<InstrKind, std::string_view>, 13> kKindNames{{
+constexpr std::array<std::pair<InstrKind, std::string_view>, 16> kKindNames{{
     {InstrKind::Compute, "compute"},
     {InstrKind::CeRowMax, "ce-row-max"},
     {InstrKind::CeSumTarget, "ce-sum-target"},
@@ -31,6 +31,9 @@ constexpr std::array<std::pair<InstrKind, std::string_view>, 13> kKindNames{{
     {InstrKind::LocalPartial, "local-partial"},
     {InstrKind::Copy, "copy"},
     {InstrKind::Free, "free"},
+    {InstrKind::LoadInput, "load-input"},
+    {InstrKind::Accumulate, "accumulate"},
+    {InstrKind::Scale, "scale"},
 }};
 
 template <typename T>
@@ -80,7 +83,12 @@ std::string Program::to_json() const {
                         {"spec", b.spec},
                         {"stage", b.stage},
                         {"element_bytes", b.element_bytes}});
-  for (const auto& s : stages) sts.push_back(json{{"shape", s.shape}, {"ranks", s.ranks}});
+  for (const auto& s : stages)
+    sts.push_back(json{{"shape", s.shape},
+                       {"ranks", s.ranks},
+                       {"replicas", s.replicas},
+                       {"microbatches", s.microbatches},
+                       {"microbatch_size", s.microbatch_size}});
   for (const auto& r : ranks) {
     json ins = json::array();
     for (const auto& i : r.instrs)
@@ -92,7 +100,9 @@ std::string Program::to_json() const {
                          {"group", i.group},
                          {"reduce", i.reduce == ReduceOp::Sum ? "sum" : "max"},
                          {"axes", i.axes},
-                         {"internal", i.internal}});
+                         {"internal", i.internal},
+                         {"microbatch", i.microbatch},
+                         {"scale", i.scale}});
     rks.push_back(
         json{{"rank", r.rank}, {"device", r.device}, {"stage", r.stage}, {"coord", r.coord}, {"instrs", ins}});
   }
@@ -123,8 +133,13 @@ Program Program::from_json(std::string_view text) {
   const auto& sts = array_field(j, "stages", "program");
   for (std::size_t i = 0; i < sts.size(); ++i) {
     auto path = fmt::format("stages[{}]", i);
-    p.stages.push_back({field<std::vector<std::int64_t>>(sts[i], "shape", path),
-                        field<std::vector<int>>(sts[i], "ranks", path)});
+    StageMesh sm;
+    sm.shape = field<std::vector<std::int64_t>>(sts[i], "shape", path);
+    sm.ranks = field<std::vector<int>>(sts[i], "ranks", path);
+    sm.replicas = field<int>(sts[i], "replicas", path);
+    sm.microbatches = field<int>(sts[i], "microbatches", path);
+    sm.microbatch_size = field<std::int64_t>(sts[i], "microbatch_size", path);
+    p.stages.push_back(std::move(sm));
   }
   const auto& bufs = array_field(j, "buffers", "program");
   for (std::size_t i = 0; i < bufs.size(); ++i) {
@@ -161,6 +176,8 @@ Program Program::from_json(std::string_view text) {
       in.reduce = red == "sum" ? ReduceOp::Sum : ReduceOp::Max;
       in.axes = field<std::vector<int>>(ins[k], "axes", ip);
       in.internal = field<bool>(ins[k], "internal", ip);
+      in.microbatch = field<int>(ins[k], "microbatch", ip);
+      in.scale = field<double>(ins[k], "scale", ip);
       rp.instrs.push_back(std::move(in));
     }
     p.ranks.push_back(std::move(rp));
@@ -189,6 +206,8 @@ std::string Program::describe(int rank, int index) const {
   if (i.kind == InstrKind::AllReduce || i.kind == InstrKind::ReduceScatter)
     head += i.reduce == ReduceOp::Sum ? " (sum)" : " (max)";
   if (i.kind == InstrKind::Free) return head + " " + names(i.in);
+  if (i.kind == InstrKind::LoadInput) head += fmt::format(" micro-batch {}", i.microbatch);
+  if (i.kind == InstrKind::Scale) head += fmt::format(" ×{:.6g}", i.scale);
   return fmt::format("{} {} -> {}", head, names(i.in), names(i.out));
 }
 

@@ -42,10 +42,22 @@ std::vector<std::pair<ir::TensorId, ir::TensorId>> state_carries(const ir::Graph
 // The layout an SPMD search chose.
 SpmdLayout layout_of(const ir::Graph& g, const spmd::SpmdPlan& plan);
 
+// Data parallelism and gradient accumulation of one stage. With replicas > 1 the mesh passed to
+// lower_spmd is [replicas] + the SPMD mesh (the layout is on the SPMD mesh; every spec gets R on the
+// replica axis); each replica runs `microbatches` micro-batches of the graph's batch: forward and
+// backward per micro-batch (the Input leaves loaded with that micro-batch's samples), the
+// gradients read by the update accumulated, scaled by 1/(microbatches·replicas) and, labelled
+// P(sum) on the replica axis, resharded to the update's layout — the replicas' gradient
+// all-reduce (or reduce-scatter) — then the update once per step. The loss is accumulated the same way.
+struct StageOptions {
+  int replicas = 1;
+  int microbatches = 1;
+};
+
 // Lowers one SPMD stage. Throws weft::Error naming the op for an assignment that is not a valid
 // strategy, a leaf spec of the wrong shape/mesh, or an Opaque op.
 Program lower_spmd(const ir::Graph& g, const cluster::Cluster& cluster, const cluster::DeviceMesh& mesh,
-                   const SpmdLayout& layout);
+                   const SpmdLayout& layout, const StageOptions& options = {});
 
 // Lowers a plan made by plan::make_plan for the training step `step` (the global-batch graph the
 // plan was made for) on `cluster`. Supported today: one stage, one micro-batch, one replica (the

@@ -15,6 +15,11 @@
 //   LocalSlice (R -> S) / LocalPartial (R -> P: the value on coordinate 0, zeros elsewhere)
 //   Copy           out = in (end of step: an updated parameter / optimizer state becomes the leaf)
 //   Free           the buffer's memory is released (its last use on this rank was before)
+//   LoadInput      out = this rank's tile of micro-batch `microbatch` of an Input leaf: samples
+//                  [(microbatch·replicas + replica)·microbatch_size, +microbatch_size) of the
+//                  global batch (replica = the rank's coordinate on the replica axis 0)
+//   Accumulate     out = in[0] + in[1] (gradient accumulation over micro-batches; out == in[0])
+//   Scale          out = scale · in (the mean over micro-batches and replicas)
 // Every collective is entered by exactly the ranks of its group, in the same order on each
 // (check() proves it, and that the order cannot deadlock, before anything runs).
 #include <cstdint>
@@ -30,7 +35,7 @@ namespace weft::lower {
 enum class InstrKind {
   Compute, CeRowMax, CeSumTarget, CeLoss, CeGrad,
   AllReduce, AllGather, ReduceScatter, AllToAll, LocalSlice, LocalPartial,
-  Copy, Free
+  Copy, Free, LoadInput, Accumulate, Scale
 };
 std::string_view instr_kind_name(InstrKind k);  // "compute", "all-reduce", ...
 InstrKind parse_instr_kind(std::string_view name);
@@ -58,6 +63,8 @@ struct Instr {
   std::vector<int> axes;         // CeLoss/CeGrad: the mesh axes splitting the class dim
   bool internal = false;         // a collective inside one op (vocab-parallel statistics), not a
                                  // resharding edge the planner's cost model prices
+  int microbatch = -1;           // LoadInput
+  double scale = 1;              // Scale
   bool operator==(const Instr&) const = default;
 };
 
@@ -71,8 +78,11 @@ struct RankProgram {
 };
 
 struct StageMesh {
-  std::vector<std::int64_t> shape;  // the SPMD mesh of the stage
+  std::vector<std::int64_t> shape;  // the stage mesh: [replicas] + the SPMD mesh when replicas > 1
   std::vector<int> ranks;           // rank at each mesh position, row-major
+  int replicas = 1;                 // data-parallel replicas (mesh axis 0 when > 1)
+  int microbatches = 1;             // per step and replica (gradients accumulated)
+  std::int64_t microbatch_size = 0;  // samples per micro-batch (the program graph's batch)
   bool operator==(const StageMesh&) const = default;
 };
 

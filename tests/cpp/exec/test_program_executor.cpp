@@ -12,6 +12,7 @@
 #include "equivalence.hpp"
 #include "weft/core/error.hpp"
 #include "weft/plan/planner.hpp"
+#include "weft/plan/rebatch.hpp"
 #include "weft/sharding/reshard.hpp"
 
 using namespace weft;
@@ -413,4 +414,48 @@ TEST_CASE("exec program: a failing rank stops every rank with an error naming it
   CHECK_THROWS_WITH_AS(exec::execute_program(prog, eo), doctest::Contains("not an integer in [0, 128)"), Error);
   eo.inputs["tokens"] = ir::HostTensor{{4, 9}, std::vector<double>(36, 0.0)};
   CHECK_THROWS_WITH_AS(exec::execute_program(prog, eo), doctest::Contains("has shape"), Error);
+}
+
+TEST_CASE("exec program: data-parallel replicas and micro-batches (gradient accumulation) equal one device") {
+  const auto step = test::tiny_gpt(8);
+  exec::ExecuteOptions eo;
+  const auto ref = exec::execute_reference(step, eo);
+  SUBCASE("random layouts of a 2-way SPMD stage, 2 replicas x 2 micro-batches of 2 samples") {
+    const auto mb = plan::rebatch(step, 2);
+    for (std::uint32_t seed : {41u, 42u}) {
+      auto prog = lower::lower_spmd(mb, m8(), cluster::DeviceMesh::iota({2, 2}), random_layout(mb, {2}, seed), {2, 2});
+      std::string worst;
+      const auto dist = exec::execute_program(prog, eo);
+      CHECK(max_rel_diff(dist, ref, &worst) < 1e-10);
+      CAPTURE(worst);
+      // The replicas' gradients meet in all-reduces / reduce-scatters along the replica axis 0.
+      bool replica_sync = false;
+      for (const auto& i : prog.ranks[0].instrs)
+        replica_sync = replica_sync || (lower::is_collective(i.kind) && i.axis == 0);
+      CHECK(replica_sync);
+    }
+  }
+  SUBCASE("4 micro-batches on one replica (mesh 4)") {
+    const auto mb = plan::rebatch(step, 2);
+    auto prog = lower::lower_spmd(mb, m8(), cluster::DeviceMesh::iota({4}), random_layout(mb, {4}, 43), {1, 4});
+    CHECK(max_rel_diff(exec::execute_program(prog, eo), ref) < 1e-10);
+  }
+  SUBCASE("Megatron-style plans t x d (p = 1) from the planner") {
+    const auto cluster = cluster::Cluster::preset("p3.8xlarge", 1);
+    for (auto [t, d] : std::vector<std::pair<int, int>>{{2, 2}, {1, 4}}) {
+      plan::PlanOptions po;
+      po.num_microbatches = 2;
+      auto p = plan::megatron_plan(step, cluster, {t, 1, d}, po);
+      CAPTURE(p.summary());
+      REQUIRE(p.num_stages() == 1);
+      CHECK(p.data_parallel == d);
+      CHECK(p.num_microbatches == 2);
+      auto prog = lower::lower(plan::Plan::from_json(p.to_json()), step, cluster);
+      std::string worst;
+      CHECK(max_rel_diff(exec::execute_program(prog, eo), ref, &worst) < 1e-10);
+      CAPTURE(worst);
+      MESSAGE(fmt::format("megatron t={} d={}: {} micro-batches of {}, {} instructions on rank 0", t, d,
+                          p.num_microbatches, p.microbatch_size, prog.ranks[0].instrs.size()));
+    }
+  }
 }
