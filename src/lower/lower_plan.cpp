@@ -1,6 +1,7 @@
 // Lowering of a plan::Plan (see lower.hpp): the stage layouts the planner recorded, on the
 // per-micro-batch graph it costed them on.
 #include <fmt/format.h>
+#include <algorithm>
 #include <fmt/ranges.h>
 
 #include "weft/core/error.hpp"
@@ -16,11 +17,15 @@ Program lower(const plan::Plan& plan, const ir::Graph& step, const cluster::Clus
                "lower: stage {} of the plan has no op layouts (a plan made before lowering existed): plan it again "
                "with this version of weft",
                st.index);
-  WEFT_CHECK(plan.num_stages() == 1 && plan.replica_microbatch.empty() && plan.split_fraction.empty(),
+  // Equal replica shares are ordinary data parallelism.
+  const bool even_shares =
+      std::all_of(plan.replica_microbatch.begin(), plan.replica_microbatch.end(),
+                  [&](std::int64_t s) { return s == plan.microbatch_size; });
+  WEFT_CHECK(plan.num_stages() == 1 && even_shares && plan.split_fraction.empty(),
              "lower: only one-stage plans are lowered so far (SPMD with data-parallel replicas and micro-batches); "
              "this plan has {} stages{}{} (pipelines with their schedules, uneven replica shares and the uneven "
              "split are the next lowering steps)",
-             plan.num_stages(), plan.replica_microbatch.empty() ? "" : ", uneven replica shares",
+             plan.num_stages(), even_shares ? "" : ", uneven replica shares",
              plan.split_fraction.empty() ? "" : ", an uneven tensor split");
   WEFT_CHECK(plan.model == step.name(), "lower: the plan is for model '{}', the step graph is '{}'", plan.model,
              step.name());

@@ -158,9 +158,23 @@ def test_bad_input(step, cluster, program):
                      compare_megatron=False, spmd_time_limit=10)
     with pytest.raises(ValueError, match="step"):
         weft.execute(plan)
-    with pytest.raises(ValueError, match="one replica"):  # not lowered yet: data parallelism
-        weft.execute(weft.data_parallel_plan(step, cluster, [1, 1, 1, 1]), step, cluster)
+    with pytest.raises(ValueError, match="uneven replica shares"):  # not lowered yet
+        weft.execute(weft.data_parallel_plan(step, cluster, [2, 1, 1, 0]), step, cluster)
     with pytest.raises(ValueError):
         weft.execute("not a program")
     with pytest.raises(ValueError):
         weft.execute(program, inputs={"no_such_input": np.zeros(3)})
+
+
+def test_data_parallel_and_microbatch_plans_match_reference(step, cluster, reference):
+    # Even data-parallel shares over 4 GPUs, 2 micro-batches each: gradients accumulated, then
+    # all-reduced across the replicas.
+    dp = weft.data_parallel_plan(step, cluster, [1, 1, 1, 1], num_microbatches=1)
+    assert dp.data_parallel == 4
+    assert_same(weft.execute(dp, step, cluster), reference, 1e-10)
+    got = weft.execute(dp, step, cluster)
+    assert_same(got, reference, 1e-10)
+    # The planner's own choice on the 4-GPU cluster when it is one stage (SPMD, replicas, micro-batches).
+    own = weft.plan(step, cluster, pipeline=False, compare_megatron=False, spmd_time_limit=10)
+    assert own.num_stages == 1
+    assert_same(weft.execute(own, step, cluster), reference, 1e-10)
