@@ -12,6 +12,7 @@
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <tuple>
 
 #include "weft/core/error.hpp"
 #include "weft/exec/init.hpp"
@@ -397,6 +398,8 @@ class Executor {
         return;
       case InstrKind::LocalSlice:
       case InstrKind::LocalPartial: write(r, i.out[0], regroup(r, i, {{r, in[0]}})); return;
+      case InstrKind::Send: send(r, i, *in[0], step); return;
+      case InstrKind::Recv: recv(r, i, step); return;
       default: collective(r, pc, i); return;
     }
   }
@@ -465,6 +468,85 @@ class Executor {
     return out;
   }
 
+  // The global indices of a transfer's region, per dim.
+  static std::vector<std::vector<std::int64_t>> region_indices(const Instr& i) {
+    std::vector<std::vector<std::int64_t>> idx;
+    for (const auto& d : i.region) {
+      std::vector<std::int64_t> v;
+      for (std::size_t k = 0; k + 1 < d.size(); k += 2)
+        for (std::int64_t e = d[k]; e < d[k + 1]; ++e) v.push_back(e);
+      idx.push_back(std::move(v));
+    }
+    return idx;
+  }
+
+  // Visits the region's elements in row-major order with their offset in rank r's tile of buffer b.
+  template <typename F>
+  void for_each_region_element(int r, int b, const Instr& i, F&& f) {
+    const TileIndex& t = tile(b, r);
+    const auto idx = region_indices(i);
+    std::vector<std::int64_t> extents;
+    for (const auto& v : idx) extents.push_back(static_cast<std::int64_t>(v.size()));
+    for_each_index(extents, [&](const std::vector<std::int64_t>& at, std::int64_t k) {
+      std::int64_t o = 0;
+      for (std::size_t d = 0; d < at.size(); ++d) {
+        const std::int64_t l = t.local[d][static_cast<std::size_t>(idx[d][static_cast<std::size_t>(at[d])])];
+        WEFT_CHECK(l >= 0, "element {} of the region is not in this rank's tile of '{}'", at,
+                   p_.buffers[static_cast<std::size_t>(b)].name);
+        o += l * t.strides[d];
+      }
+      f(o, k);
+    });
+  }
+
+  // A Send posts the region's elements to every receiver (non-blocking, as isend).
+  void send(int r, const Instr& i, const HostTensor& src, int step) {
+    std::vector<double> msg;
+    for_each_region_element(r, i.in[0], i, [&](std::int64_t o, std::int64_t) {
+      msg.push_back(src.data[static_cast<std::size_t>(o)]);
+    });
+    std::lock_guard lock(mu_);
+    for (int q : i.group) mail_[{step, i.tag, q}] = Message{r, msg};
+    cv_.notify_all();
+  }
+
+  // A Recv waits for its message and writes it into its part of the output tile.
+  void recv(int r, const Instr& i, int step) {
+    Message m;
+    {
+      std::unique_lock lock(mu_);
+      const auto deadline = Clock::now() + std::chrono::duration<double>(opt_.timeout_s);
+      for (;;) {
+        auto it = mail_.find({step, i.tag, r});
+        if (it != mail_.end()) {
+          m = std::move(it->second);
+          mail_.erase(it);
+          break;
+        }
+        if (abort_) throw Error("stopped: another rank failed");
+        if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && !mail_.count({step, i.tag, r}))
+          fail("waited {} s for message {} from rank {} (deadlock or a failed rank)", opt_.timeout_s, i.tag,
+               i.group.at(0));
+      }
+    }
+    WEFT_CHECK(m.sender == i.group.at(0), "message {} came from rank {}, expected rank {}", i.tag, m.sender, i.group.at(0));
+    const int dst = i.out[0];
+    auto& held = values_[static_cast<std::size_t>(r)][static_cast<std::size_t>(dst)];
+    HostTensor out = held ? *held : HostTensor{tile(dst, r).local_shape, {}};
+    if (!held) out.data.assign(static_cast<std::size_t>(out.numel()), 0.0);
+    std::int64_t n = 0;
+    for_each_region_element(r, dst, i, [&](std::int64_t o, std::int64_t k) {
+      WEFT_CHECK(k < static_cast<std::int64_t>(m.data.size()), "message {} is shorter than its region", i.tag);
+      out.data[static_cast<std::size_t>(o)] = m.data[static_cast<std::size_t>(k)];
+      ++n;
+    });
+    WEFT_CHECK(n == static_cast<std::int64_t>(m.data.size()), "message {} has {} elements, its region {}", i.tag,
+               m.data.size(), n);
+    recv_from_[static_cast<std::size_t>(r)][{m.sender, std::string(lower::instr_kind_name(InstrKind::Send)), false}] +=
+        n * p_.buffers[static_cast<std::size_t>(dst)].element_bytes;
+    write(r, dst, std::move(out));
+  }
+
   void collective(int r, int pc, const Instr& i) {
     std::unique_lock lock(mu_);
     auto& count = seq_[{r, i.group}];
@@ -514,6 +596,11 @@ class Executor {
   std::mutex mu_;
   std::condition_variable cv_;
   std::map<std::pair<std::vector<int>, int>, Slot> slots_;
+  struct Message {
+    int sender = -1;
+    std::vector<double> data;
+  };
+  std::map<std::tuple<int, int, int>, Message> mail_;  // (step, tag, receiver) -> posted message
   std::map<std::pair<int, std::vector<int>>, int> seq_;
   std::atomic<bool> abort_{false};
   std::exception_ptr error_;

@@ -21,49 +21,72 @@ Program lower(const plan::Plan& plan, const ir::Graph& step, const cluster::Clus
   const bool even_shares =
       std::all_of(plan.replica_microbatch.begin(), plan.replica_microbatch.end(),
                   [&](std::int64_t s) { return s == plan.microbatch_size; });
-  WEFT_CHECK(plan.num_stages() == 1 && even_shares && plan.split_fraction.empty(),
-             "lower: only one-stage plans are lowered so far (SPMD with data-parallel replicas and micro-batches); "
-             "this plan has {} stages{}{} (pipelines with their schedules, uneven replica shares and the uneven "
-             "split are the next lowering steps)",
-             plan.num_stages(), even_shares ? "" : ", uneven replica shares",
-             plan.split_fraction.empty() ? "" : ", an uneven tensor split");
+  const bool interleaved = plan.schedule == "interleaved" && plan.num_stages() > 1 && plan.schedule_v > 1;
+  WEFT_CHECK(even_shares && plan.split_fraction.empty() && !interleaved,
+             "lower: this plan has {} (not lowered yet: uneven data-parallel shares need one graph per share, the "
+             "uneven split uneven tiles, the interleaved schedule several stages per device)",
+             !even_shares ? "uneven replica shares" : !plan.split_fraction.empty() ? "an uneven tensor split"
+                                                                                  : "the interleaved schedule");
   WEFT_CHECK(plan.model == step.name(), "lower: the plan is for model '{}', the step graph is '{}'", plan.model,
              step.name());
   const std::int64_t batch = plan::batch_size(step);
   WEFT_CHECK(plan.global_batch() == batch, "lower: the plan is for a global batch of {}, the step graph has {}",
              plan.global_batch(), batch);
   const ir::Graph g = plan.microbatch_size == batch ? step : plan::rebatch(step, plan.microbatch_size);
-  const plan::Stage& st = plan.stages[0];
-  cluster::DeviceMesh mesh(st.mesh_shape, st.devices);
-  for (int d : st.devices)
-    WEFT_CHECK(d >= 0 && d < cluster.num_devices(), "lower: the plan uses device {}, the cluster has {} devices", d,
-               cluster.num_devices());
-  SpmdLayout layout;
-  layout.op_axes.assign(g.ops().size(), {});
-  std::vector<char> seen(g.ops().size(), 0);
   std::map<std::string, ir::OpId> op_id;
   for (ir::OpId o = 0; o < static_cast<ir::OpId>(g.ops().size()); ++o) op_id[g.op(o).name] = o;
-  for (const auto& l : st.op_layouts) {
-    auto it = op_id.find(l.op);
-    WEFT_CHECK(it != op_id.end(), "lower: the plan lays out op '{}', which the step graph does not have", l.op);
-    const std::size_t spmd_ndim = st.mesh_shape.size() - (plan.data_parallel > 1 ? 1 : 0);
-    WEFT_CHECK(l.factors.size() == spmd_ndim && l.inner_strides.size() == spmd_ndim,
-               "lower: op '{}' has {} axis assignments, the stage's SPMD mesh {} axes", l.op, l.factors.size(),
-               spmd_ndim);
-    auto& axes = layout.op_axes[static_cast<std::size_t>(it->second)];
-    for (std::size_t a = 0; a < l.factors.size(); ++a) axes.push_back({l.factors[a], l.inner_strides[a]});
-    seen[static_cast<std::size_t>(it->second)] = 1;
+  const int lead = plan.data_parallel > 1 ? 1 : 0;
+  std::vector<PipelineStage> stages;
+  std::vector<std::vector<std::int64_t>> spmd_shapes;
+  std::vector<char> seen(g.ops().size(), 0);
+  for (const auto& st : plan.stages) {
+    for (int d : st.devices)
+      WEFT_CHECK(d >= 0 && d < cluster.num_devices(), "lower: the plan uses device {}, the cluster has {} devices", d,
+                 cluster.num_devices());
+    PipelineStage ps{cluster::DeviceMesh(st.mesh_shape, st.devices), {}, {}};
+    const std::vector<std::int64_t> spmd_shape(st.mesh_shape.begin() + lead, st.mesh_shape.end());
+    ps.layout.op_axes.assign(g.ops().size(), {});
+    for (const auto& l : st.op_layouts) {
+      auto it = op_id.find(l.op);
+      WEFT_CHECK(it != op_id.end(), "lower: the plan lays out op '{}', which the step graph does not have", l.op);
+      WEFT_CHECK(l.factors.size() == spmd_shape.size() && l.inner_strides.size() == spmd_shape.size(),
+                 "lower: op '{}' has {} axis assignments, stage {}'s SPMD mesh {} axes", l.op, l.factors.size(),
+                 st.index, spmd_shape.size());
+      WEFT_CHECK(!seen[static_cast<std::size_t>(it->second)], "lower: the plan lays out op '{}' twice", l.op);
+      seen[static_cast<std::size_t>(it->second)] = 1;
+      auto& axes = ps.layout.op_axes[static_cast<std::size_t>(it->second)];
+      for (std::size_t a = 0; a < l.factors.size(); ++a) axes.push_back({l.factors[a], l.inner_strides[a]});
+      ps.ops.push_back(it->second);
+    }
+    for (const auto& l : st.leaf_specs) {
+      auto t = g.find_tensor(l.tensor);
+      WEFT_CHECK(t.has_value(), "lower: the plan lays out tensor '{}', which the step graph does not have", l.tensor);
+      ps.layout.leaf_specs.emplace(*t, sharding::ShardingSpec::parse(l.spec, g.tensor(*t).shape, spmd_shape));
+    }
+    stages.push_back(std::move(ps));
+    spmd_shapes.push_back(spmd_shape);
   }
   for (ir::OpId o = 0; o < static_cast<ir::OpId>(g.ops().size()); ++o)
     WEFT_CHECK(seen[static_cast<std::size_t>(o)], "lower: the plan has no layout for op '{}'", g.op(o).name);
-  const std::vector<std::int64_t> spmd_shape(st.mesh_shape.begin() + (plan.data_parallel > 1 ? 1 : 0),
-                                             st.mesh_shape.end());
-  for (const auto& l : st.leaf_specs) {
-    auto t = g.find_tensor(l.tensor);
-    WEFT_CHECK(t.has_value(), "lower: the plan lays out tensor '{}', which the step graph does not have", l.tensor);
-    layout.leaf_specs.emplace(*t, sharding::ShardingSpec::parse(l.spec, g.tensor(*t).shape, spmd_shape));
+  std::vector<CrossStageSpec> cross;
+  for (const auto& c : plan.cross_tensors) {
+    auto t = g.find_tensor(c.name);
+    WEFT_CHECK(t.has_value(), "lower: the plan sends tensor '{}', which the step graph does not have", c.name);
+    WEFT_CHECK(c.from_stage >= 0 && c.from_stage < plan.num_stages() && c.to_stage >= 0 &&
+                   c.to_stage < plan.num_stages(),
+               "lower: cross tensor '{}' names stages {} -> {} of {}", c.name, c.from_stage, c.to_stage,
+               plan.num_stages());
+    const auto& shape = g.tensor(*t).shape;
+    cross.push_back({*t, c.from_stage, c.to_stage,
+                     sharding::ShardingSpec::parse(c.src_spec, shape, spmd_shapes[static_cast<std::size_t>(c.from_stage)]),
+                     sharding::ShardingSpec::parse(c.dst_spec, shape, spmd_shapes[static_cast<std::size_t>(c.to_stage)])});
   }
-  return lower_spmd(g, cluster, mesh, layout, {plan.data_parallel, plan.num_microbatches});
+  PipelineOptions po;
+  po.replicas = plan.data_parallel;
+  po.microbatches = plan.num_microbatches;
+  po.schedule = plan.num_stages() == 1 ? "1f1b" : plan.schedule;
+  po.schedule_k = plan.schedule_k;
+  return lower_pipeline(g, cluster, stages, cross, po);
 }
 
 }  // namespace weft::lower

@@ -4,7 +4,9 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <array>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -17,7 +19,7 @@ namespace {
 
 using nlohmann::json;
 
-constexpr std::array<std::pair<InstrKind, std::string_view>, 16> kKindNames{{
+constexpr std::array<std::pair<InstrKind, std::string_view>, 18> kKindNames{{
     {InstrKind::Compute, "compute"},
     {InstrKind::CeRowMax, "ce-row-max"},
     {InstrKind::CeSumTarget, "ce-sum-target"},
@@ -34,6 +36,8 @@ constexpr std::array<std::pair<InstrKind, std::string_view>, 16> kKindNames{{
     {InstrKind::LoadInput, "load-input"},
     {InstrKind::Accumulate, "accumulate"},
     {InstrKind::Scale, "scale"},
+    {InstrKind::Send, "send"},
+    {InstrKind::Recv, "recv"},
 }};
 
 template <typename T>
@@ -74,6 +78,20 @@ bool is_collective(InstrKind k) {
          k == InstrKind::AllToAll;
 }
 
+bool is_transfer(InstrKind k) { return k == InstrKind::Send || k == InstrKind::Recv; }
+
+namespace {
+std::string region_text(const std::vector<std::vector<std::int64_t>>& region) {
+  std::string s;
+  for (const auto& d : region) {
+    s += "[";
+    for (std::size_t k = 0; k + 1 < d.size(); k += 2) s += fmt::format("{}{}:{}", k ? "," : "", d[k], d[k + 1]);
+    s += "]";
+  }
+  return s;
+}
+}  // namespace
+
 std::string Program::to_json() const {
   json bufs = json::array(), rks = json::array(), sts = json::array();
   for (const auto& b : buffers)
@@ -88,7 +106,8 @@ std::string Program::to_json() const {
                        {"ranks", s.ranks},
                        {"replicas", s.replicas},
                        {"microbatches", s.microbatches},
-                       {"microbatch_size", s.microbatch_size}});
+                       {"microbatch_size", s.microbatch_size},
+                       {"schedule", s.schedule}});
   for (const auto& r : ranks) {
     json ins = json::array();
     for (const auto& i : r.instrs)
@@ -102,7 +121,9 @@ std::string Program::to_json() const {
                          {"axes", i.axes},
                          {"internal", i.internal},
                          {"microbatch", i.microbatch},
-                         {"scale", i.scale}});
+                         {"scale", i.scale},
+                         {"tag", i.tag},
+                         {"region", i.region}});
     rks.push_back(
         json{{"rank", r.rank}, {"device", r.device}, {"stage", r.stage}, {"coord", r.coord}, {"instrs", ins}});
   }
@@ -139,6 +160,7 @@ Program Program::from_json(std::string_view text) {
     sm.replicas = field<int>(sts[i], "replicas", path);
     sm.microbatches = field<int>(sts[i], "microbatches", path);
     sm.microbatch_size = field<std::int64_t>(sts[i], "microbatch_size", path);
+    sm.schedule = sts[i].value("schedule", std::string());
     p.stages.push_back(std::move(sm));
   }
   const auto& bufs = array_field(j, "buffers", "program");
@@ -178,6 +200,9 @@ Program Program::from_json(std::string_view text) {
       in.internal = field<bool>(ins[k], "internal", ip);
       in.microbatch = field<int>(ins[k], "microbatch", ip);
       in.scale = field<double>(ins[k], "scale", ip);
+      if (ins[k].contains("tag")) in.tag = field<int>(ins[k], "tag", ip);
+      if (ins[k].contains("region"))
+        in.region = field<std::vector<std::vector<std::int64_t>>>(ins[k], "region", ip);
       rp.instrs.push_back(std::move(in));
     }
     p.ranks.push_back(std::move(rp));
@@ -208,6 +233,9 @@ std::string Program::describe(int rank, int index) const {
   if (i.kind == InstrKind::Free) return head + " " + names(i.in);
   if (i.kind == InstrKind::LoadInput) head += fmt::format(" micro-batch {}", i.microbatch);
   if (i.kind == InstrKind::Scale) head += fmt::format(" ×{:.6g}", i.scale);
+  if (i.kind == InstrKind::Send) head += fmt::format(" to ranks {} tag {} region {}", i.group, i.tag, region_text(i.region));
+  if (i.kind == InstrKind::Recv)
+    head += fmt::format(" from rank {} tag {} region {}", i.group.empty() ? -1 : i.group[0], i.tag, region_text(i.region));
   return fmt::format("{} {} -> {}", head, names(i.in), names(i.out));
 }
 
@@ -240,51 +268,95 @@ void check(const Program& p) {
     WEFT_CHECK(b.tensor >= -1 && b.tensor < static_cast<ir::TensorId>(p.graph.tensors().size()),
                "program: buffer '{}' names tensor id {}, which does not exist", b.name, b.tensor);
 
-  // Per rank: dataflow (read after write, not after free) and the collectives' groups.
+  // Per rank: dataflow (read after write, not after free) and the groups of collectives and
+  // transfers. A Send reads its input here (its output lives on the receivers); a Recv writes its
+  // output here (its input lives on the sender).
   for (int r = 0; r < nr; ++r) {
     const auto& rp = p.ranks[static_cast<std::size_t>(r)];
     std::vector<char> live(static_cast<std::size_t>(nb), 0);
     for (int b : p.leaf_buffers) live[static_cast<std::size_t>(b)] = 1;
     for (int k = 0; k < static_cast<int>(rp.instrs.size()); ++k) {
       const Instr& i = rp.instrs[static_cast<std::size_t>(k)];
-      for (int b : i.in) {
-        WEFT_CHECK(buf_ok(b), "program: {} reads buffer id {} (out of range)", p.describe(r, k), b);
-        WEFT_CHECK(live[static_cast<std::size_t>(b)], "program: {} reads '{}', which this rank has not written or has freed",
-                   p.describe(r, k), p.buffers[static_cast<std::size_t>(b)].name);
-      }
+      for (int b : i.in) WEFT_CHECK(buf_ok(b), "program: {} reads buffer id {} (out of range)", p.describe(r, k), b);
       for (int b : i.out) WEFT_CHECK(buf_ok(b), "program: {} writes buffer id {} (out of range)", p.describe(r, k), b);
+      if (i.kind != InstrKind::Recv)
+        for (int b : i.in)
+          WEFT_CHECK(live[static_cast<std::size_t>(b)],
+                     "program: {} reads '{}', which this rank has not written or has freed", p.describe(r, k),
+                     p.buffers[static_cast<std::size_t>(b)].name);
       if (i.kind == InstrKind::Free)
         for (int b : i.in) live[static_cast<std::size_t>(b)] = 0;
-      else
+      else if (i.kind != InstrKind::Send)
         for (int b : i.out) live[static_cast<std::size_t>(b)] = 1;
-      if (is_collective(i.kind)) {
+      if (is_collective(i.kind) || is_transfer(i.kind)) {
         WEFT_CHECK(i.in.size() == 1 && i.out.size() == 1, "program: {} must read and write one buffer",
                    p.describe(r, k));
-        WEFT_CHECK(std::find(i.group.begin(), i.group.end(), r) != i.group.end(),
-                   "program: {}: the rank is not in its own group", p.describe(r, k));
         std::set<int> uniq(i.group.begin(), i.group.end());
         WEFT_CHECK(uniq.size() == i.group.size(), "program: {}: a rank appears twice in the group", p.describe(r, k));
         for (int g : i.group) WEFT_CHECK(g >= 0 && g < nr, "program: {}: group rank {} does not exist", p.describe(r, k), g);
       }
+      if (is_collective(i.kind))
+        WEFT_CHECK(std::find(i.group.begin(), i.group.end(), r) != i.group.end(),
+                   "program: {}: the rank is not in its own group", p.describe(r, k));
+      if (is_transfer(i.kind)) {
+        WEFT_CHECK(!i.group.empty() && std::find(i.group.begin(), i.group.end(), r) == i.group.end(),
+                   "program: {}: a transfer needs peers other than the rank itself", p.describe(r, k));
+        WEFT_CHECK(i.kind == InstrKind::Send || i.group.size() == 1, "program: {}: a recv has exactly one sender",
+                   p.describe(r, k));
+        WEFT_CHECK(i.tag >= 0, "program: {}: a transfer needs a tag", p.describe(r, k));
+        const auto& shape = p.buffers[static_cast<std::size_t>(i.in[0])].shape;
+        WEFT_CHECK(i.region.size() == shape.size(), "program: {}: the region has {} dims, the tensor {}",
+                   p.describe(r, k), i.region.size(), shape.size());
+        for (std::size_t d = 0; d < shape.size(); ++d) {
+          const auto& iv = i.region[d];
+          WEFT_CHECK(iv.size() % 2 == 0, "program: {}: region dim {} is not a list of intervals", p.describe(r, k), d);
+          for (std::size_t q = 0; q < iv.size(); q += 2)
+            WEFT_CHECK(iv[q] >= (q ? iv[q - 1] : 0) && iv[q] < iv[q + 1] && iv[q + 1] <= shape[d],
+                       "program: {}: region dim {} interval [{}, {}) is not sorted inside [0, {})", p.describe(r, k),
+                       d, iv[q], iv[q + 1], shape[d]);
+        }
+      }
     }
   }
 
-  // Simulated execution: every rank runs to its next collective; a collective completes when every
-  // member of its group stands at a matching one. No progress before the end = a deadlock.
+  // Simulated execution: every rank runs until it stands at a collective or at a Recv whose
+  // message has not been posted; a Send posts its message to each receiver; a collective completes
+  // when every member of its group stands at a matching one. No progress before the end = a deadlock.
   std::vector<std::size_t> pc(static_cast<std::size_t>(nr), 0);
+  std::map<std::pair<int, int>, std::pair<int, const Instr*>> posted;  // (tag, receiver) -> (sender, send)
   auto advance = [&](int r) {
     const auto& ins = p.ranks[static_cast<std::size_t>(r)].instrs;
     auto& k = pc[static_cast<std::size_t>(r)];
-    while (k < ins.size() && !is_collective(ins[k].kind)) ++k;
+    for (; k < ins.size() && !is_collective(ins[k].kind); ++k) {
+      const Instr& i = ins[k];
+      if (i.kind == InstrKind::Send) {
+        for (int q : i.group)
+          WEFT_CHECK(posted.emplace(std::pair{i.tag, q}, std::pair{r, &i}).second,
+                     "program: {}: tag {} is sent to rank {} twice", p.describe(r, static_cast<int>(k)), i.tag, q);
+      } else if (i.kind == InstrKind::Recv) {
+        auto it = posted.find({i.tag, r});
+        if (it == posted.end()) break;
+        const Instr& s = *it->second.second;
+        WEFT_CHECK(it->second.first == i.group[0] && s.in == i.in && s.out == i.out && s.region == i.region,
+                   "program: transfer mismatch: {} meets a send of tag {} from rank {} with other buffers or region",
+                   p.describe(r, static_cast<int>(k)), i.tag, it->second.first);
+        posted.erase(it);
+      }
+    }
   };
-  for (int r = 0; r < nr; ++r) advance(r);
   for (;;) {
     bool done = true, progress = false;
     for (int r = 0; r < nr; ++r) {
+      const std::size_t before = pc[static_cast<std::size_t>(r)];
+      advance(r);
+      progress = progress || pc[static_cast<std::size_t>(r)] != before;
+      done = done && pc[static_cast<std::size_t>(r)] >= p.ranks[static_cast<std::size_t>(r)].instrs.size();
+    }
+    if (done) break;
+    for (int r = 0; r < nr; ++r) {
       const auto& ins = p.ranks[static_cast<std::size_t>(r)].instrs;
       std::size_t k = pc[static_cast<std::size_t>(r)];
-      if (k >= ins.size()) continue;
-      done = false;
+      if (k >= ins.size() || !is_collective(ins[k].kind)) continue;
       const Instr& i = ins[k];
       if (i.group.front() != r) continue;  // the group's first rank decides
       bool ready = true;
@@ -301,22 +373,21 @@ void check(const Program& p) {
                    p.describe(g, static_cast<int>(gk)));
       }
       if (!ready) continue;
-      for (int g : i.group) {
-        ++pc[static_cast<std::size_t>(g)];
-        advance(g);
-      }
+      for (int g : i.group) ++pc[static_cast<std::size_t>(g)];
       progress = true;
     }
-    if (done) return;
     if (!progress) {
       for (int r = 0; r < nr; ++r) {
         const auto& ins = p.ranks[static_cast<std::size_t>(r)].instrs;
         std::size_t k = pc[static_cast<std::size_t>(r)];
         if (k < ins.size())
-          fail("program: deadlock: {} waits for its group, which never gathers there", p.describe(r, static_cast<int>(k)));
+          fail("program: deadlock: {} waits for {}, which never comes", p.describe(r, static_cast<int>(k)),
+               ins[k].kind == InstrKind::Recv ? "its message" : "its group");
       }
     }
   }
+  for (const auto& [key, send] : posted)
+    fail("program: rank {} sends tag {} to rank {}, which never receives it", send.first, key.first, key.second);
 }
 
 }  // namespace weft::lower

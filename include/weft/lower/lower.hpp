@@ -13,6 +13,7 @@
 // except the leaves, the loss and the parameters' gradients (results of the step).
 #include <cstdint>
 #include <map>
+#include <string>
 #include <vector>
 
 #include "weft/cluster/cluster.hpp"
@@ -20,6 +21,7 @@
 #include "weft/ir/graph.hpp"
 #include "weft/lower/program.hpp"
 #include "weft/plan/plan.hpp"
+#include "weft/reshard/plan.hpp"
 #include "weft/sharding/sharding_spec.hpp"
 #include "weft/spmd/search.hpp"
 #include "weft/spmd/strategy.hpp"
@@ -59,10 +61,55 @@ struct StageOptions {
 Program lower_spmd(const ir::Graph& g, const cluster::Cluster& cluster, const cluster::DeviceMesh& mesh,
                    const SpmdLayout& layout, const StageOptions& options = {});
 
-// Lowers a plan made by plan::make_plan for the training step `step` (the global-batch graph the
-// plan was made for) on `cluster`. Supported today: one stage, one micro-batch, one replica (the
-// "spmd" plans); other plans throw weft::Error saying what is not lowered yet. A plan without the
-// stage layouts (made before lowering existed) throws weft::Error asking to re-plan.
+// One stage of a pipeline: its mesh ([replicas] + the SPMD mesh when replicas > 1; its devices are
+// the stage's ranks, row-major), the ops of the graph it runs, and their layout on its SPMD mesh
+// (op_axes indexed by op id of the whole graph; the entries of other stages' ops are not read).
+struct PipelineStage {
+  cluster::DeviceMesh mesh;
+  std::vector<ir::OpId> ops;
+  SpmdLayout layout;
+};
+
+// How a tensor made in stage from_stage travels to stage to_stage: it leaves in src_spec (on the
+// producer's SPMD mesh; a partial placement is reduced on that mesh first) and arrives in dst_spec
+// (on the consumer's SPMD mesh), replica r of the producer sending to replica r of the consumer.
+// A crossing without one leaves in the producer's layout and arrives in the same spec (equal SPMD
+// mesh shapes) or replicated.
+struct CrossStageSpec {
+  ir::TensorId tensor = -1;
+  int from_stage = 0, to_stage = 0;
+  sharding::ShardingSpec src_spec, dst_spec;
+};
+
+// Broadcast transfers, senders balanced largest first (deterministic and fast on big meshes).
+reshard::PlanOptions default_transfer_options();
+
+struct PipelineOptions {
+  int replicas = 1;      // data-parallel replicas of the whole pipeline (mesh axis 0 of every stage)
+  int microbatches = 1;  // per step and replica
+  std::string schedule = "1f1b";  // schedule::make_schedule kinds but "interleaved" (a device runs one stage)
+  int schedule_k = 1;             // kFkB group size
+  reshard::PlanOptions transfers = default_transfer_options();  // cross-stage transfer plans
+};
+
+// Lowers a pipeline: every rank runs its stage's ops in the schedule's order — F / B (/ W under
+// zb_h1, whose W phase holds the weight-gradient ops) of micro-batch m on micro-batch m's own
+// buffers — then the update once per step. Tensors crossing stages are sent after the phase that
+// makes them and received before the phase that first reads them, by the transfers of a
+// reshard::plan per (stage pair, phase pair, replica). A tied parameter (a state leaf read by
+// several stages) is updated where its update op is, and the new value is sent to the other
+// stages' copies at the end of the step. Throws weft::Error naming the op / tensor / stage for an
+// invalid layout, an op in no stage or in two, a device in two stages, or data that flows against
+// the schedule's order.
+Program lower_pipeline(const ir::Graph& g, const cluster::Cluster& cluster, const std::vector<PipelineStage>& stages,
+                       const std::vector<CrossStageSpec>& cross, const PipelineOptions& options);
+
+// Lowers a plan made by plan::make_plan (or layout_plan / megatron_plan / data_parallel_plan) for
+// the training step `step` (the global-batch graph the plan was made for) on `cluster`: its stages
+// with their recorded layouts on the per-micro-batch graph, its cross-stage tensors in the specs
+// the planner costed, its schedule, micro-batches and replicas. Not lowered yet (weft::Error saying
+// so): the interleaved schedule, uneven replica shares and the uneven tensor split. A plan without
+// the stage layouts (made before lowering existed) throws weft::Error asking to re-plan.
 Program lower(const plan::Plan& plan, const ir::Graph& step, const cluster::Cluster& cluster);
 
 }  // namespace weft::lower

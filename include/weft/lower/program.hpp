@@ -20,6 +20,11 @@
 //                  global batch (replica = the rank's coordinate on the replica axis 0)
 //   Accumulate     out = in[0] + in[1] (gradient accumulation over micro-batches; out == in[0])
 //   Scale          out = scale · in (the mean over micro-batches and replicas)
+//   Send / Recv    a cross-stage transfer (pipelines): the elements of `region` (global indices)
+//                  of buffer in[0] (a tile on the sender's stage) go into buffer out[0] (a tile on
+//                  each receiver's stage). Send: group = the receiver ranks; non-blocking (the
+//                  bytes are posted, as isend). Recv: group = {the sender rank}; blocks until the
+//                  message with the same `tag` has arrived. Several Recvs may fill one buffer.
 // Every collective is entered by exactly the ranks of its group, in the same order on each
 // (check() proves it, and that the order cannot deadlock, before anything runs).
 #include <cstdint>
@@ -35,11 +40,12 @@ namespace weft::lower {
 enum class InstrKind {
   Compute, CeRowMax, CeSumTarget, CeLoss, CeGrad,
   AllReduce, AllGather, ReduceScatter, AllToAll, LocalSlice, LocalPartial,
-  Copy, Free, LoadInput, Accumulate, Scale
+  Copy, Free, LoadInput, Accumulate, Scale, Send, Recv
 };
 std::string_view instr_kind_name(InstrKind k);  // "compute", "all-reduce", ...
 InstrKind parse_instr_kind(std::string_view name);
-bool is_collective(InstrKind k);  // AllReduce .. AllToAll (data crosses ranks)
+bool is_collective(InstrKind k);  // AllReduce .. AllToAll (data crosses ranks inside a group)
+bool is_transfer(InstrKind k);    // Send / Recv (point to point, across stages)
 
 enum class ReduceOp { Sum, Max };
 
@@ -65,6 +71,10 @@ struct Instr {
                                  // resharding edge the planner's cost model prices
   int microbatch = -1;           // LoadInput
   double scale = 1;              // Scale
+  int tag = -1;                  // Send / Recv: the message (unique in the program)
+  // Send / Recv: per dim of the tensor, sorted disjoint [begin, end) intervals of global indices,
+  // flattened (begin0, end0, begin1, end1, ...); a union of blocks when a spec is strided.
+  std::vector<std::vector<std::int64_t>> region;
   bool operator==(const Instr&) const = default;
 };
 
@@ -78,11 +88,14 @@ struct RankProgram {
 };
 
 struct StageMesh {
+  // Pipeline stage k of a program is stages[k]; its ranks run their stage's ops in the order of
+  // the schedule (micro-batch by micro-batch), then the update once per step.
   std::vector<std::int64_t> shape;  // the stage mesh: [replicas] + the SPMD mesh when replicas > 1
   std::vector<int> ranks;           // rank at each mesh position, row-major
   int replicas = 1;                 // data-parallel replicas (mesh axis 0 when > 1)
   int microbatches = 1;             // per step and replica (gradients accumulated)
   std::int64_t microbatch_size = 0;  // samples per micro-batch (the program graph's batch)
+  std::string schedule;              // the pipeline schedule the ranks' order follows ("1f1b", ...)
   bool operator==(const StageMesh&) const = default;
 };
 
@@ -110,8 +123,10 @@ struct Program {
 // Static check before execution: buffer ids in range, every buffer read on a rank was written (or
 // is a leaf) there and not freed, every rank's own coordinate is in its collective groups, and a
 // simulated execution in which a collective completes once all of its group stand at it reaches
-// the end on every rank (same kind, axis, buffers and reduce op in every member). Throws
-// weft::Error naming the rank and the instruction.
+// the end on every rank (same kind, axis, buffers and reduce op in every member). Transfers: a
+// Send posts its message to each receiver (never blocks), a Recv waits for the Send of its tag from
+// its sender with the same buffers and region; every message is received exactly once by each of
+// its receivers. Throws weft::Error naming the rank and the instruction.
 void check(const Program& p);
 
 }  // namespace weft::lower

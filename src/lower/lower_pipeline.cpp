@@ -1,0 +1,794 @@
+// Lowering of pipeline stages to per-rank programs (see lower.hpp). One SPMD stage (lower_spmd) is
+// the pipeline of one stage.
+//
+// Per stage the ops are lowered once into phase templates — F (forward), B (backward, or only the
+// input gradients under a split schedule), W (the weight gradients, split schedules), U (the
+// update, once per step) — over template buffers. Each rank then runs its stage's schedule order
+// (F/B/W of micro-batch m), every phase instantiated with micro-batch m's own copies of the
+// per-micro-batch buffers (activations of several micro-batches are in flight under 1F1B), then U.
+// Cross-stage tensors go by Send/Recv, planned by the reshard module (one joint plan per stage pair
+// and phase pair, per replica) from the producer's layout (partial sums reduced on its mesh first)
+// to the consumer's.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <array>
+#include <set>
+
+#include "weft/core/error.hpp"
+#include "weft/lower/lower.hpp"
+#include "weft/pipeline/grouping.hpp"
+#include "weft/reshard/decompose.hpp"
+#include "weft/schedule/schedule.hpp"
+#include "weft/sharding/reshard.hpp"
+
+namespace weft::lower {
+
+namespace {
+
+using sharding::Placement;
+using sharding::ShardingSpec;
+
+enum Phase : int { kF = 0, kB = 1, kW = 2, kU = 3 };
+constexpr std::array<const char*, 4> kPhaseName{"forward", "backward", "weight-gradient", "update"};
+
+InstrKind kind_of(sharding::CollectiveKind k) {
+  switch (k) {
+    case sharding::CollectiveKind::AllGather: return InstrKind::AllGather;
+    case sharding::CollectiveKind::ReduceScatter: return InstrKind::ReduceScatter;
+    case sharding::CollectiveKind::AllReduce: return InstrKind::AllReduce;
+    case sharding::CollectiveKind::AllToAll: return InstrKind::AllToAll;
+    case sharding::CollectiveKind::LocalSlice: return InstrKind::LocalSlice;
+    case sharding::CollectiveKind::LocalPartial: return InstrKind::LocalPartial;
+  }
+  throw InternalError("collective kind");
+}
+
+// The spec of a per-token statistics tensor of logits laid out as `logits` (the class dim removed;
+// the axes that split it replicate the statistics); `extra` appends an unsharded trailing dim.
+ShardingSpec stats_spec(const ShardingSpec& logits, std::int64_t extra) {
+  const int v = logits.rank() - 1;
+  std::vector<std::int64_t> shape(logits.tensor_shape().begin(), logits.tensor_shape().end() - 1);
+  if (extra > 0) shape.push_back(extra);
+  std::vector<Placement> pl;
+  for (const auto& p : logits.per_axis())
+    pl.push_back(p.kind == Placement::Shard && p.dim == v ? Placement::replicate() : p);
+  return ShardingSpec(shape, logits.mesh_shape(), pl);
+}
+
+// A partial layout made whole (what leaves a stage: the reduction runs on the producer's mesh).
+ShardingSpec reduced(const ShardingSpec& s) {
+  if (!s.has_partial()) return s;
+  std::vector<Placement> pl = s.per_axis();
+  for (auto& p : pl)
+    if (p.kind == Placement::Partial) p = Placement::replicate();
+  return ShardingSpec(s.tensor_shape(), s.mesh_shape(), pl);
+}
+
+std::vector<std::vector<std::int64_t>> flat_region(const reshard::Region& r) {
+  std::vector<std::vector<std::int64_t>> out;
+  for (const auto& d : r.dims) {
+    std::vector<std::int64_t> iv;
+    for (const auto& i : d) {
+      iv.push_back(i.begin);
+      iv.push_back(i.end);
+    }
+    out.push_back(std::move(iv));
+  }
+  return out;
+}
+
+// An instruction of a phase template.
+struct Tmpl {
+  Instr i;
+  int only_device = -1;   // Send / Recv: the one device (of the stage) that runs it
+  bool acc_slot = false;  // copy into the accumulator on the phase's first run, accumulate after
+};
+
+// A tensor made in one stage and read in another (per micro-batch, or once per step for the
+// refreshed copy of a tied parameter).
+struct Crossing {
+  ir::TensorId tensor = -1;
+  int from = 0, to = 0;
+  Phase send_phase = kF, recv_phase = kF;
+  ShardingSpec src, dst;  // on the SPMD meshes
+  int dst_buffer = -1;    // the template buffer it arrives in (stage `to`)
+  ir::TensorId src_tensor = -1;  // what is sent (the tensor itself; the leaf for a refresh)
+};
+
+class PipelineLowering {
+ public:
+  PipelineLowering(const ir::Graph& g, const cluster::Cluster& c, const std::vector<PipelineStage>& stages,
+                   const std::vector<CrossStageSpec>& cross, const PipelineOptions& opt)
+      : g_(g), c_(c), in_(stages), cross_in_(cross), opt_(opt) {}
+
+  Program run() {
+    g_.validate();
+    S_ = static_cast<int>(in_.size());
+    M_ = opt_.microbatches;
+    dp_ = opt_.replicas;
+    WEFT_CHECK(S_ >= 1, "lowering: no stages");
+    WEFT_CHECK(dp_ >= 1 && M_ >= 1, "lowering: replicas ({}) and micro-batches ({}) must be >= 1", dp_, M_);
+    sched_ = std::make_unique<schedule::Schedule>(schedule::make_schedule(opt_.schedule, S_, M_, opt_.schedule_k, 1));
+    accumulate_ = M_ > 1 || dp_ > 1;
+    p_.graph = g_;
+    setup_stages();
+    classify();
+    find_crossings();
+    plan_transfers();
+    for (int s = 0; s < S_; ++s) lower_stage(s);
+    results();
+    instantiate();
+    check(p_);
+    return std::move(p_);
+  }
+
+ private:
+  struct StageCtx {
+    cluster::DeviceMesh mesh;
+    int lead = 0;  // 1 when the mesh has a replica axis
+    std::vector<std::int64_t> spmd_shape;
+    std::vector<cluster::AxisLink> links;
+    std::map<int, sharding::ReshardPlanner> planners;
+    std::map<ir::TensorId, std::vector<std::pair<ShardingSpec, int>>> layouts;
+    std::array<std::vector<Tmpl>, 4> tmpl;
+    std::map<ir::TensorId, int> leaves;                    // leaf tensor -> its buffer
+    std::vector<std::pair<ir::TensorId, int>> acc;         // accumulated tensor -> accumulator
+    std::vector<ir::OpId> ops;                             // topological order
+  };
+
+  // ---------- setup ----------
+  void setup_stages() {
+    stage_of_op_.assign(g_.ops().size(), -1);
+    std::set<int> devices;
+    int rank = 0;
+    for (int s = 0; s < S_; ++s) {
+      const auto& ps = in_[static_cast<std::size_t>(s)];
+      StageCtx st{ps.mesh, 0, {}, cluster::axis_links(c_, ps.mesh), {}, {}, {}, {}, {}, {}};
+      const auto& shape = ps.mesh.shape();
+      WEFT_CHECK(dp_ == 1 || (!shape.empty() && shape[0] == dp_),
+                 "lowering: with {} replicas stage {}'s mesh must start with a replica axis of {}, it is {}", dp_, s,
+                 dp_, shape);
+      st.lead = dp_ > 1 ? 1 : 0;
+      st.spmd_shape.assign(shape.begin() + st.lead, shape.end());
+      WEFT_CHECK(ps.layout.op_axes.size() == g_.ops().size(),
+                 "lowering: stage {}'s layout has {} op assignments, the graph {} ops", s, ps.layout.op_axes.size(),
+                 g_.ops().size());
+      for (ir::OpId o : ps.ops) {
+        WEFT_CHECK(o >= 0 && o < static_cast<ir::OpId>(g_.ops().size()), "lowering: stage {} lists op id {}", s, o);
+        WEFT_CHECK(stage_of_op_[static_cast<std::size_t>(o)] < 0, "lowering: op '{}' is in stages {} and {}",
+                   g_.op(o).name, stage_of_op_[static_cast<std::size_t>(o)], s);
+        stage_of_op_[static_cast<std::size_t>(o)] = s;
+      }
+      StageMesh sm;
+      sm.shape = shape;
+      sm.replicas = dp_;
+      sm.microbatches = M_;
+      sm.microbatch_size = batch_of(g_);
+      sm.schedule = opt_.schedule;
+      for (int d : ps.mesh.device_ids()) {
+        WEFT_CHECK(devices.insert(d).second,
+                   "lowering: device {} is in two stages (a device runs one stage; interleaved stages are not "
+                   "lowered)",
+                   d);
+        rank_of_device_[d] = rank;
+        sm.ranks.push_back(rank++);
+      }
+      p_.stages.push_back(std::move(sm));
+      st_.push_back(std::move(st));
+    }
+    for (ir::OpId o = 0; o < static_cast<ir::OpId>(g_.ops().size()); ++o)
+      WEFT_CHECK(stage_of_op_[static_cast<std::size_t>(o)] >= 0, "lowering: op '{}' is in no stage", g_.op(o).name);
+    for (ir::OpId o : g_.topo_order()) st_[static_cast<std::size_t>(stage_of_op_[static_cast<std::size_t>(o)])].ops.push_back(o);
+  }
+
+  // Phase of every op: forward, backward, update; under a split schedule the backward ops that
+  // make weight gradients (a tensor that is the gradient of a parameter leaf) and feed nothing but
+  // weight gradients and updates of their own stage run in W.
+  void classify() {
+    const auto ph = pipeline::classify_ops(g_);
+    phase_.assign(g_.ops().size(), kF);
+    for (std::size_t o = 0; o < ph.size(); ++o)
+      phase_[o] = ph[o] == pipeline::OpPhase::Forward ? kF : ph[o] == pipeline::OpPhase::Backward ? kB : kU;
+    if (!sched_->split_backward()) return;
+    for (ir::OpId o = 0; o < static_cast<ir::OpId>(g_.ops().size()); ++o) {
+      if (phase_[static_cast<std::size_t>(o)] != kB) continue;
+      for (ir::TensorId t : g_.op(o).outputs) {
+        auto of = g_.grad_of(t);
+        if (of && g_.tensor(*of).role == ir::Role::Parameter && g_.tensor(*of).producer == ir::kNoOp)
+          phase_[static_cast<std::size_t>(o)] = kW;
+      }
+    }
+    for (bool changed = true; changed;) {
+      changed = false;
+      for (ir::OpId o = 0; o < static_cast<ir::OpId>(g_.ops().size()); ++o) {
+        if (phase_[static_cast<std::size_t>(o)] != kW) continue;
+        bool keep = true;
+        for (ir::TensorId t : g_.op(o).outputs)
+          for (ir::OpId r : g_.consumers(t))
+            keep = keep && stage_of_op_[static_cast<std::size_t>(r)] == stage_of_op_[static_cast<std::size_t>(o)] &&
+                   (phase_[static_cast<std::size_t>(r)] == kW || phase_[static_cast<std::size_t>(r)] == kU);
+        if (!keep) {
+          phase_[static_cast<std::size_t>(o)] = kB;
+          changed = true;
+        }
+      }
+    }
+  }
+
+  const ShardingSpec* given_cross(ir::TensorId t, int a, int b, bool src) const {
+    for (const auto& c : cross_in_)
+      if (c.tensor == t && c.from_stage == a && c.to_stage == b) return src ? &c.src_spec : &c.dst_spec;
+    return nullptr;
+  }
+
+  ShardingSpec leaf_spec(int s, ir::TensorId t) const {
+    const auto& ls = in_[static_cast<std::size_t>(s)].layout.leaf_specs;
+    auto it = ls.find(t);
+    const auto& spmd = st_[static_cast<std::size_t>(s)].spmd_shape;
+    ShardingSpec spec = it != ls.end() ? it->second : ShardingSpec::replicated(g_.tensor(t).shape, spmd);
+    WEFT_CHECK(spec.tensor_shape() == g_.tensor(t).shape && spec.mesh_shape() == spmd,
+               "lowering: the spec of leaf '{}' is for shape {} on mesh {}, the tensor is {} on stage {}'s mesh {}",
+               g_.tensor(t).name, spec.tensor_shape(), spec.mesh_shape(), g_.tensor(t).shape, s, spmd);
+    return spec;
+  }
+
+  // The strategy of op o on its stage's mesh (replicated along the replica axis).
+  spmd::OpStrategy strategy(ir::OpId o) const {
+    const int s = stage_of_op_[static_cast<std::size_t>(o)];
+    const auto& st = st_[static_cast<std::size_t>(s)];
+    const ir::Op& op = g_.op(o);
+    auto axes = in_[static_cast<std::size_t>(s)].layout.op_axes[static_cast<std::size_t>(o)];
+    WEFT_CHECK(axes.size() == st.spmd_shape.size(), "lowering: op '{}' has {} axis assignments, the SPMD mesh {} axes",
+               op.name, axes.size(), st.spmd_shape.size());
+    if (st.lead > 0) axes.insert(axes.begin(), spmd::AxisAssign{});
+    auto strat = spmd::make_strategy(g_, op, st.mesh.shape(), axes);
+    WEFT_CHECK(strat.has_value(), "lowering: the layout of op '{}' is not a valid strategy on mesh {}", op.name,
+               st.mesh.shape());
+    return *strat;
+  }
+
+  ShardingSpec narrow(const StageCtx& st, const ShardingSpec& s) const {  // drop the replica axis
+    if (st.lead == 0) return s;
+    std::vector<Placement> pl(s.per_axis().begin() + 1, s.per_axis().end());
+    return ShardingSpec(s.tensor_shape(), st.spmd_shape, pl);
+  }
+  ShardingSpec widen(const StageCtx& st, const ShardingSpec& s, Placement replica = Placement::replicate()) const {
+    if (st.lead == 0) return s;
+    std::vector<Placement> pl{replica};
+    pl.insert(pl.end(), s.per_axis().begin(), s.per_axis().end());
+    return ShardingSpec(s.tensor_shape(), st.mesh.shape(), pl);
+  }
+
+  void find_crossings() {
+    std::map<std::pair<ir::TensorId, int>, std::size_t> index;
+    for (ir::OpId o : g_.topo_order()) {
+      const int b = stage_of_op_[static_cast<std::size_t>(o)];
+      const Phase rp = phase_[static_cast<std::size_t>(o)];
+      for (ir::TensorId t : g_.op(o).inputs) {
+        const ir::OpId prod = g_.tensor(t).producer;
+        if (prod == ir::kNoOp) continue;
+        const int a = stage_of_op_[static_cast<std::size_t>(prod)];
+        if (a == b) continue;
+        auto [it, fresh] = index.emplace(std::pair{t, b}, crossings_.size());
+        if (!fresh) {
+          auto& c = crossings_[it->second];
+          c.recv_phase = std::min(c.recv_phase, rp);
+          continue;
+        }
+        const Phase sp = phase_[static_cast<std::size_t>(prod)];
+        const auto& sa = st_[static_cast<std::size_t>(a)];
+        const auto& sb = st_[static_cast<std::size_t>(b)];
+        // The producer's layout of t, reduced, unless the caller fixed the specs.
+        ShardingSpec src = reduced(narrow(sa, strategy(prod).outputs[static_cast<std::size_t>(
+                                                  std::find(g_.op(prod).outputs.begin(), g_.op(prod).outputs.end(), t) -
+                                                  g_.op(prod).outputs.begin())]));
+        if (const auto* s = given_cross(t, a, b, true)) src = reduced(*s);
+        ShardingSpec dst = src.mesh_shape() == sb.spmd_shape ? src : ShardingSpec::replicated(g_.tensor(t).shape, sb.spmd_shape);
+        if (const auto* d = given_cross(t, a, b, false)) dst = reduced(*d);
+        WEFT_CHECK(src.tensor_shape() == g_.tensor(t).shape && src.mesh_shape() == sa.spmd_shape &&
+                       dst.tensor_shape() == g_.tensor(t).shape && dst.mesh_shape() == sb.spmd_shape,
+                   "lowering: the specs of '{}' from stage {} to stage {} do not fit its shape {} and the meshes {} / {}",
+                   g_.tensor(t).name, a, b, g_.tensor(t).shape, sa.spmd_shape, sb.spmd_shape);
+        crossings_.push_back({t, a, b, sp, rp, src, dst, -1, t});
+      }
+    }
+    for (const auto& c : crossings_) {
+      WEFT_CHECK(c.recv_phase != kU,
+                 "lowering: the update of stage {} reads '{}', which stage {} makes per micro-batch (not lowered: "
+                 "accumulate it where it is made)",
+                 c.to, g_.tensor(c.tensor).name, c.from);
+      WEFT_CHECK(c.send_phase <= c.recv_phase && (c.send_phase != c.recv_phase || c.send_phase == kW ||
+                                                   (c.send_phase == kF) == (c.from < c.to)),
+                 "lowering: '{}' goes from the {} of stage {} to the {} of stage {}, against the pipeline's order",
+                 g_.tensor(c.tensor).name, kPhaseName[c.send_phase], c.from, kPhaseName[c.recv_phase], c.to);
+    }
+    // Tied parameters: a state leaf read by several stages is updated in the stage of its update
+    // op; the others receive the new value at the end of the step.
+    for (auto [out, leaf] : state_carries(g_)) {
+      const ir::OpId upd = g_.tensor(out).producer;
+      const int u = stage_of_op_[static_cast<std::size_t>(upd)];
+      std::set<int> readers;
+      for (ir::OpId r : g_.consumers(leaf)) readers.insert(stage_of_op_[static_cast<std::size_t>(r)]);
+      for (int v : readers)
+        if (v != u) crossings_.push_back({leaf, u, v, kU, kU, leaf_spec(u, leaf), leaf_spec(v, leaf), -1, leaf});
+    }
+    // The buffers they arrive in: the first layout of the tensor on the receiving stage.
+    for (auto& c : crossings_) {
+      auto& sb = st_[static_cast<std::size_t>(c.to)];
+      if (c.send_phase == kU) continue;  // a refresh lands in the leaf itself (made with the leaves)
+      c.dst_buffer = buffer(c.to, c.tensor, widen(sb, c.dst), c.recv_phase != kU);
+      sb.layouts[c.tensor].emplace_back(specs_.back(), c.dst_buffer);
+    }
+  }
+
+  // One joint resharding plan per (stage pair, phase pair) and replica; each of its transfers
+  // becomes a Send on the sender and a Recv on every receiver.
+  struct Transfer {
+    int crossing;
+    int sender_device;
+    std::vector<int> receiver_devices;
+    std::vector<std::vector<std::int64_t>> region;
+    int tag;
+  };
+  void plan_transfers() {
+    const auto hosts = reshard::HostMap::from_cluster(c_);
+    std::map<std::tuple<int, int, int, int>, std::vector<int>> groups;
+    for (int k = 0; k < static_cast<int>(crossings_.size()); ++k) {
+      const auto& c = crossings_[static_cast<std::size_t>(k)];
+      groups[{c.from, c.to, c.send_phase, c.recv_phase}].push_back(k);
+    }
+    for (const auto& [key, list] : groups) {
+      const int a = std::get<0>(key), b = std::get<1>(key);
+      const auto& ma = st_[static_cast<std::size_t>(a)].mesh;
+      const auto& mb = st_[static_cast<std::size_t>(b)].mesh;
+      const auto& shape_a = st_[static_cast<std::size_t>(a)].spmd_shape;
+      const auto& shape_b = st_[static_cast<std::size_t>(b)].spmd_shape;
+      const std::size_t na = ma.device_ids().size() / static_cast<std::size_t>(dp_);
+      const std::size_t nb = mb.device_ids().size() / static_cast<std::size_t>(dp_);
+      for (int r = 0; r < dp_; ++r) {
+        const auto& ia = ma.device_ids();
+        const auto& ib = mb.device_ids();
+        cluster::DeviceMesh ra(shape_a, std::vector<int>(ia.begin() + static_cast<std::ptrdiff_t>(r * na),
+                                                          ia.begin() + static_cast<std::ptrdiff_t>((r + 1) * na)));
+        cluster::DeviceMesh rb(shape_b, std::vector<int>(ib.begin() + static_cast<std::ptrdiff_t>(r * nb),
+                                                          ib.begin() + static_cast<std::ptrdiff_t>((r + 1) * nb)));
+        std::vector<reshard::TensorReshard> trs;
+        for (int k : list) {
+          const auto& c = crossings_[static_cast<std::size_t>(k)];
+          trs.emplace_back(g_.tensor(c.tensor).shape, g_.tensor(c.tensor).dtype, c.src, ra, c.dst, rb);
+        }
+        const auto plan = reshard::plan(reshard::make_problem(trs, hosts), opt_.transfers);
+        for (const auto& op : plan.ops) {
+          WEFT_CHECK(!op.from_destination,
+                     "lowering: the transfer strategy {} relays through receivers; use send_recv or broadcast",
+                     reshard::to_string(opt_.transfers.strategy));
+          if (op.receivers.empty()) continue;
+          transfers_.push_back({list[static_cast<std::size_t>(op.tensor)], op.sender, op.receivers,
+                                flat_region(op.region), next_tag_++});
+        }
+      }
+    }
+  }
+
+  // ---------- buffers and layouts ----------
+  int buffer(int s, ir::TensorId t, const ShardingSpec& spec, bool per_mb, const std::string& label = {}) {
+    Buffer b;
+    const std::string text = spec.to_string();
+    const std::string base = t >= 0 ? g_.tensor(t).name : label;
+    b.tensor = t;
+    b.shape = spec.tensor_shape();
+    b.spec = text;
+    b.stage = s;
+    b.element_bytes = t >= 0 ? static_cast<int>(dtype_size(g_.tensor(t).dtype)) : 4;
+    b.name = S_ > 1 ? fmt::format("{}@{}:s{}", base, text, s) : base + "@" + text;
+    for (int k = 2; names_.count(b.name); ++k) b.name = fmt::format("{}@{}#{}", base, text, k);
+    names_.insert(b.name);
+    p_.buffers.push_back(std::move(b));
+    specs_.push_back(spec);
+    per_mb_.push_back(per_mb ? 1 : 0);
+    return static_cast<int>(p_.buffers.size()) - 1;
+  }
+  // A buffer made by the phase being lowered (per micro-batch unless it is the update's).
+  int made(int s, ir::TensorId t, const ShardingSpec& spec, const std::string& label = {}) {
+    const int b = buffer(s, t, spec, phase_now_ != kU, label);
+    if (t >= 0) st_[static_cast<std::size_t>(s)].layouts[t].emplace_back(spec, b);
+    return b;
+  }
+  int produced(int s, ir::TensorId t) const { return st_[static_cast<std::size_t>(s)].layouts.at(t).front().second; }
+
+  void emit(int s, Instr i, int only_device = -1, bool acc_slot = false) {
+    st_[static_cast<std::size_t>(s)].tmpl[static_cast<std::size_t>(phase_now_)].push_back({std::move(i), only_device, acc_slot});
+  }
+
+  sharding::ReshardPlanner& planner(StageCtx& st, int element_bytes) {
+    auto it = st.planners.find(element_bytes);
+    if (it == st.planners.end()) it = st.planners.emplace(element_bytes, sharding::ReshardPlanner(st.links, element_bytes)).first;
+    return it->second;
+  }
+
+  // The buffer of `t` in `spec` on stage s, resharding from its first layout there when needed.
+  int layout(int s, ir::TensorId t, const ShardingSpec spec) {  // by value: callers pass specs_ elements
+    auto& st = st_[static_cast<std::size_t>(s)];
+    auto lit = st.layouts.find(t);
+    WEFT_ASSERT(lit != st.layouts.end(), fmt::format("tensor '{}' has no layout on stage {}", g_.tensor(t).name, s));
+    for (const auto& [sp, b] : lit->second)
+      if (sp == spec) return b;
+    int cur = lit->second.front().second;
+    const ShardingSpec from = lit->second.front().first;
+    const auto& plan = planner(st, static_cast<int>(dtype_size(g_.tensor(t).dtype))).plan(from, spec);
+    for (const auto& step : plan.steps) {
+      int next = -1;
+      for (const auto& [sp, b] : st.layouts.at(t))
+        if (sp == step.to) next = b;
+      if (next < 0) {
+        next = made(s, t, step.to);
+        Instr i;
+        i.kind = kind_of(step.kind);
+        i.axis = step.axis;
+        i.in = {cur};
+        i.out = {next};
+        if (auto r = step.from.reduce_kind(); r && *r == sharding::ReduceKind::Max) i.reduce = ReduceOp::Max;
+        emit(s, std::move(i));
+      }
+      cur = next;
+    }
+    WEFT_ASSERT(specs_[static_cast<std::size_t>(cur)] == spec,
+                fmt::format("resharding plan of '{}' from {} to {} ends in {} ({})", g_.tensor(t).name, from.to_string(),
+                            spec.to_string(), specs_[static_cast<std::size_t>(cur)].to_string(), plan.to_string()));
+    return cur;
+  }
+
+  // ---------- one stage ----------
+  void lower_stage(int s) {
+    auto& st = st_[static_cast<std::size_t>(s)];
+    // Leaves read by the stage: one buffer each in its spec (parameters and optimizer states
+    // persist, inputs are loaded per micro-batch, constants filled each step).
+    std::vector<char> read(g_.tensors().size(), 0);
+    for (ir::OpId o : st.ops)
+      for (ir::TensorId t : g_.op(o).inputs) read[static_cast<std::size_t>(t)] = 1;
+    std::vector<int> inputs;
+    for (ir::TensorId t = 0; t < static_cast<ir::TensorId>(g_.tensors().size()); ++t) {
+      const auto& info = g_.tensor(t);
+      if (info.producer != ir::kNoOp || !read[static_cast<std::size_t>(t)]) continue;
+      const int b = buffer(s, t, widen(st, leaf_spec(s, t)), false);
+      st.layouts[t].emplace_back(specs_.back(), b);
+      st.leaves[t] = b;
+      p_.leaf_buffers.push_back(b);
+      if (info.role == ir::Role::Input) inputs.push_back(b);
+    }
+    // What the update reads from the micro-batches (gradients), and the loss: accumulated.
+    std::set<ir::TensorId> acc_set;
+    if (accumulate_) {
+      for (ir::OpId o : st.ops) {
+        if (phase_[static_cast<std::size_t>(o)] != kU) continue;
+        for (ir::TensorId t : g_.op(o).inputs) {
+          const ir::OpId prod = g_.tensor(t).producer;
+          if (prod == ir::kNoOp || phase_[static_cast<std::size_t>(prod)] == kU || stage_of_op_[static_cast<std::size_t>(prod)] != s)
+            continue;
+          WEFT_CHECK(g_.tensor(t).role == ir::Role::Gradient,
+                     "lowering: the update reads '{}' ({}) from the micro-batches; only gradients can be accumulated",
+                     g_.tensor(t).name, ir::role_name(g_.tensor(t).role));
+          acc_set.insert(t);
+        }
+      }
+      if (auto loss = g_.loss(); loss && stage_of_op_[static_cast<std::size_t>(g_.tensor(*loss).producer)] == s)
+        acc_set.insert(*loss);
+    }
+    for (Phase ph : {kF, kB, kW}) {
+      phase_now_ = ph;
+      for (const auto& tr : transfers_) {  // what arrives from other stages, first
+        const auto& c = crossings_[static_cast<std::size_t>(tr.crossing)];
+        if (c.to != s || c.recv_phase != ph) continue;
+        for (int d : tr.receiver_devices) {
+          Instr i;
+          i.kind = InstrKind::Recv;
+          i.out = {c.dst_buffer};
+          i.group = {tr.sender_device};
+          i.tag = tr.tag;
+          i.region = tr.region;
+          emit(s, std::move(i), d);
+        }
+      }
+      if (ph == kF)
+        for (int b : inputs) {
+          Instr i;
+          i.kind = InstrKind::LoadInput;
+          i.out = {b};
+          i.microbatch = 0;
+          emit(s, std::move(i));
+        }
+      for (ir::OpId o : st.ops)
+        if (phase_[static_cast<std::size_t>(o)] == ph) lower_op(s, o);
+      send(s, ph);
+      for (ir::TensorId t : acc_set) {
+        if (phase_[static_cast<std::size_t>(g_.tensor(t).producer)] != ph) continue;
+        const int prod = produced(s, t);
+        const int acc = buffer(s, t, specs_[static_cast<std::size_t>(prod)], false);
+        Instr i;
+        i.kind = InstrKind::Copy;
+        i.in = {prod};
+        i.out = {acc};
+        emit(s, std::move(i), -1, true);
+        st.acc.emplace_back(t, acc);
+      }
+    }
+    phase_now_ = kU;
+    const double scale = 1.0 / (static_cast<double>(M_) * dp_);
+    for (auto [t, acc] : st.acc) {
+      const ShardingSpec spec = st.lead > 0 ? specs_[static_cast<std::size_t>(acc)].with_axis(0, Placement::partial())
+                                            : specs_[static_cast<std::size_t>(acc)];
+      const int mean = buffer(s, t, spec, false);
+      Instr i;
+      i.kind = InstrKind::Scale;
+      i.in = {acc};
+      i.out = {mean};
+      i.scale = scale;
+      emit(s, std::move(i));
+      st.layouts[t] = {{spec, mean}};  // the update reads the mean of the step
+    }
+    for (ir::OpId o : st.ops)
+      if (phase_[static_cast<std::size_t>(o)] == kU) lower_op(s, o);
+    // The loop-carried edges: each updated state is resharded to its leaf's layout and copied in.
+    std::vector<std::pair<int, int>> copies;
+    for (auto [out, leaf_t] : state_carries(g_)) {
+      if (stage_of_op_[static_cast<std::size_t>(g_.tensor(out).producer)] != s) continue;
+      const int leaf = st.leaves.at(leaf_t);
+      copies.emplace_back(layout(s, out, specs_[static_cast<std::size_t>(leaf)]), leaf);
+    }
+    for (auto [from, to] : copies) {
+      Instr i;
+      i.kind = InstrKind::Copy;
+      i.in = {from};
+      i.out = {to};
+      emit(s, std::move(i));
+    }
+    send(s, kU);
+    for (const auto& tr : transfers_) {  // tied parameters refreshed from their update's stage
+      const auto& c = crossings_[static_cast<std::size_t>(tr.crossing)];
+      if (c.to != s || c.recv_phase != kU) continue;
+      for (int d : tr.receiver_devices) {
+        Instr i;
+        i.kind = InstrKind::Recv;
+        i.out = {st.leaves.at(c.tensor)};
+        i.group = {tr.sender_device};
+        i.tag = tr.tag;
+        i.region = tr.region;
+        emit(s, std::move(i), d);
+      }
+    }
+  }
+
+  // The Sends of what stage s made in phase ph for other stages: the tensor in its source layout
+  // (a partial sum reduced on this mesh first), region by region as the transfer plan says.
+  void send(int s, Phase ph) {
+    auto& st = st_[static_cast<std::size_t>(s)];
+    std::map<int, int> src_buffer;  // crossing -> its buffer here
+    for (const auto& tr : transfers_) {
+      const auto& c = crossings_[static_cast<std::size_t>(tr.crossing)];
+      if (c.from != s || c.send_phase != ph) continue;
+      auto it = src_buffer.find(tr.crossing);
+      if (it == src_buffer.end())
+        it = src_buffer.emplace(tr.crossing, c.send_phase == kU ? st.leaves.at(c.src_tensor)
+                                                                : layout(s, c.src_tensor, widen(st, c.src)))
+                 .first;
+      Instr i;
+      i.kind = InstrKind::Send;
+      i.in = {it->second};
+      i.out = {c.send_phase == kU ? st_[static_cast<std::size_t>(c.to)].leaves.at(c.tensor) : c.dst_buffer};
+      i.group = tr.receiver_devices;
+      i.tag = tr.tag;
+      i.region = tr.region;
+      emit(s, std::move(i), tr.sender_device);
+    }
+  }
+
+  void lower_op(int s, ir::OpId o) {
+    const ir::Op& op = g_.op(o);
+    WEFT_CHECK(op.kind != ir::OpKind::Opaque, "lowering: op '{}' is opaque and cannot be executed", op.name);
+    const auto strat = strategy(o);
+    std::vector<int> in;
+    for (std::size_t i = 0; i < op.inputs.size(); ++i) in.push_back(layout(s, op.inputs[i], strat.inputs[i]));
+    const bool ce = op.kind == ir::OpKind::CrossEntropy || op.kind == ir::OpKind::CrossEntropyGrad;
+    std::vector<int> vocab_axes;
+    if (ce) vocab_axes = strat.inputs[0].axes_of_dim(strat.inputs[0].rank() - 1);
+    if (!ce || vocab_axes.empty()) {
+      Instr i;
+      i.kind = InstrKind::Compute;
+      i.op = o;
+      i.in = in;
+      for (std::size_t k = 0; k < op.outputs.size(); ++k) i.out.push_back(made(s, op.outputs[k], strat.outputs[k]));
+      emit(s, std::move(i));
+      return;
+    }
+    // Vocab-parallel cross-entropy: per-token max and (Σ exp, target logit) over the whole class
+    // dim by all-reduces along the axes that split it, then the local loss / gradient.
+    const ShardingSpec& lg = strat.inputs[0];
+    auto stat_step = [&](InstrKind kind, const std::vector<int>& ins, const ShardingSpec& spec, ReduceOp red,
+                         const std::string& label) {
+      int b = made(s, -1, spec, op.name + "." + label);
+      Instr i;
+      i.kind = kind;
+      i.op = o;
+      i.in = ins;
+      i.out = {b};
+      emit(s, std::move(i));
+      for (int a : vocab_axes) {
+        int nb = made(s, -1, spec, op.name + "." + label + ".reduced");
+        Instr r;
+        r.kind = InstrKind::AllReduce;
+        r.axis = a;
+        r.in = {b};
+        r.out = {nb};
+        r.reduce = red;
+        r.internal = true;
+        emit(s, std::move(r));
+        b = nb;
+      }
+      return b;
+    };
+    int row_max = stat_step(InstrKind::CeRowMax, {in[0]}, stats_spec(lg, 0), ReduceOp::Max, "row_max");
+    int sum_target =
+        stat_step(InstrKind::CeSumTarget, {in[0], in[1], row_max}, stats_spec(lg, 2), ReduceOp::Sum, "sum_target");
+    Instr i;
+    i.kind = op.kind == ir::OpKind::CrossEntropy ? InstrKind::CeLoss : InstrKind::CeGrad;
+    i.op = o;
+    i.axes = vocab_axes;
+    i.in = in;
+    i.in.push_back(row_max);
+    i.in.push_back(sum_target);
+    const int out = made(s, op.outputs[0], strat.outputs[0]);
+    i.out = {out};
+    emit(s, std::move(i));
+  }
+
+  // The step's results: the loss (mean over micro-batches and replicas), each parameter's leaf
+  // (on the stage that updates it) and its gradient.
+  void results() {
+    if (auto loss = g_.loss()) p_.loss = produced(stage_of_op_[static_cast<std::size_t>(g_.tensor(*loss).producer)], *loss);
+    std::map<ir::TensorId, int> updated_in;
+    for (auto [out, leaf] : state_carries(g_)) updated_in[leaf] = stage_of_op_[static_cast<std::size_t>(g_.tensor(out).producer)];
+    for (int s = 0; s < S_; ++s)
+      for (const auto& [t, b] : st_[static_cast<std::size_t>(s)].leaves) {
+        const auto& info = g_.tensor(t);
+        if (info.role != ir::Role::Parameter) continue;
+        auto u = updated_in.find(t);
+        if (!p_.parameters.count(info.name) || (u != updated_in.end() && u->second == s)) p_.parameters[info.name] = b;
+        auto grad = g_.grad(t);
+        if (!grad || g_.tensor(*grad).producer == ir::kNoOp) continue;
+        const int gs = stage_of_op_[static_cast<std::size_t>(g_.tensor(*grad).producer)];
+        p_.gradients[info.name] = produced(gs, *grad);
+      }
+  }
+
+  // ---------- per-rank programs ----------
+  // Micro-batch m's copy of a template buffer (the template buffer itself for m = 0 and for
+  // buffers that live across micro-batches).
+  int inst(int b, int m) {
+    if (m == 0 || !per_mb_[static_cast<std::size_t>(b)]) return b;
+    auto [it, fresh] = inst_.emplace(std::pair{b, m}, -1);
+    if (fresh) {
+      Buffer copy = p_.buffers[static_cast<std::size_t>(b)];
+      copy.name += fmt::format("/m{}", m);
+      p_.buffers.push_back(std::move(copy));
+      specs_.push_back(specs_[static_cast<std::size_t>(b)]);
+      per_mb_.push_back(1);
+      it->second = static_cast<int>(p_.buffers.size()) - 1;
+    }
+    return it->second;
+  }
+
+  void instantiate() {
+    std::set<int> keep(p_.leaf_buffers.begin(), p_.leaf_buffers.end());
+    if (p_.loss >= 0) keep.insert(p_.loss);
+    for (const auto& [n, b] : p_.gradients) keep.insert(b);
+    for (int s = 0; s < S_; ++s) {
+      const auto& st = st_[static_cast<std::size_t>(s)];
+      const auto& order = sched_->device_order(s);
+      for (int d : st.mesh.device_ids()) {
+        RankProgram rp;
+        rp.rank = rank_of_device_.at(d);
+        rp.device = d;
+        rp.stage = s;
+        rp.coord = st.mesh.coord_of(d);
+        std::array<bool, 4> first{true, true, true, true};
+        auto run_phase = [&](Phase ph, int m) {
+          for (const auto& t : st.tmpl[static_cast<std::size_t>(ph)]) {
+            if (t.only_device >= 0 && t.only_device != d) continue;
+            Instr i = t.i;
+            for (int& b : i.in) b = inst(b, m);
+            for (int& b : i.out) b = inst(b, m);
+            if (t.acc_slot && !first[static_cast<std::size_t>(ph)]) {
+              i.kind = InstrKind::Accumulate;
+              i.in = {i.out[0], i.in[0]};
+            }
+            if (i.kind == InstrKind::LoadInput) i.microbatch = m;
+            if (is_transfer(i.kind)) {
+              i.tag = i.tag * M_ + m;
+              for (int& g : i.group) g = rank_of_device_.at(g);
+            }
+            if (is_collective(i.kind))
+              for (int g : st.mesh.group_along(rp.coord, i.axis)) i.group.push_back(rank_of_device_.at(g));
+            rp.instrs.push_back(std::move(i));
+          }
+          first[static_cast<std::size_t>(ph)] = false;
+        };
+        for (const auto& op : order)
+          run_phase(op.kind == schedule::OpKind::F ? kF : op.kind == schedule::OpKind::B ? kB : kW, op.micro);
+        run_phase(kU, 0);
+        add_frees(rp.instrs, keep);
+        p_.ranks.push_back(std::move(rp));
+      }
+    }
+    std::sort(p_.ranks.begin(), p_.ranks.end(), [](const RankProgram& x, const RankProgram& y) { return x.rank < y.rank; });
+  }
+
+  // Every buffer but the leaves, the loss and the gradients is freed after its last use.
+  static void add_frees(std::vector<Instr>& instrs, const std::set<int>& keep) {
+    std::map<int, std::size_t> last;  // buffer -> index of its last use (read or write)
+    for (std::size_t k = 0; k < instrs.size(); ++k) {
+      for (int b : instrs[k].in) last[b] = k;
+      for (int b : instrs[k].out)
+        if (instrs[k].kind != InstrKind::Send) last[b] = std::max(last[b], k);
+    }
+    std::vector<std::vector<int>> frees(instrs.size());
+    for (auto [b, k] : last)
+      if (!keep.count(b)) frees[k].push_back(b);
+    std::vector<Instr> out;
+    out.reserve(instrs.size() * 2);
+    for (std::size_t k = 0; k < instrs.size(); ++k) {
+      out.push_back(std::move(instrs[k]));
+      if (frees[k].empty()) continue;
+      Instr f;
+      f.kind = InstrKind::Free;
+      f.in = std::move(frees[k]);
+      out.push_back(std::move(f));
+    }
+    instrs = std::move(out);
+  }
+
+  static std::int64_t batch_of(const ir::Graph& g) {
+    for (const auto& t : g.tensors())
+      if (t.role == ir::Role::Input && t.producer == ir::kNoOp && t.rank() >= 1) return t.shape[0];
+    return 0;
+  }
+
+  const ir::Graph& g_;
+  const cluster::Cluster& c_;
+  const std::vector<PipelineStage>& in_;
+  const std::vector<CrossStageSpec>& cross_in_;
+  PipelineOptions opt_;
+  int S_ = 1, M_ = 1, dp_ = 1;
+  bool accumulate_ = false;
+  std::unique_ptr<schedule::Schedule> sched_;
+  std::vector<int> stage_of_op_;
+  std::vector<Phase> phase_;
+  Phase phase_now_ = kF;
+  std::vector<StageCtx> st_;
+  std::map<int, int> rank_of_device_;
+  std::vector<Crossing> crossings_;
+  std::vector<Transfer> transfers_;
+  int next_tag_ = 0;
+  Program p_;
+  std::vector<ShardingSpec> specs_;  // per buffer
+  std::vector<char> per_mb_;         // per buffer: one copy per micro-batch
+  std::map<std::pair<int, int>, int> inst_;
+  std::set<std::string> names_;
+};
+
+}  // namespace
+
+reshard::PlanOptions default_transfer_options() {
+  reshard::PlanOptions o;
+  o.strategy = reshard::Strategy::Broadcast;
+  o.balancer = reshard::Balancer::LargestFirst;
+  return o;
+}
+
+Program lower_pipeline(const ir::Graph& g, const cluster::Cluster& cluster, const std::vector<PipelineStage>& stages,
+                       const std::vector<CrossStageSpec>& cross, const PipelineOptions& options) {
+  return PipelineLowering(g, cluster, stages, cross, options).run();
+}
+
+}  // namespace weft::lower
