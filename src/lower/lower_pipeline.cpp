@@ -117,6 +117,7 @@ class PipelineLowering {
     classify();
     find_crossings();
     plan_transfers();
+    for (int s = 0; s < S_; ++s) make_leaves(s);
     for (int s = 0; s < S_; ++s) lower_stage(s);
     results();
     instantiate();
@@ -136,6 +137,7 @@ class PipelineLowering {
     std::map<ir::TensorId, int> leaves;                    // leaf tensor -> its buffer
     std::vector<std::pair<ir::TensorId, int>> acc;         // accumulated tensor -> accumulator
     std::vector<ir::OpId> ops;                             // topological order
+    std::vector<int> inputs;                               // Input leaf buffers (loaded per micro-batch)
   };
 
   // ---------- setup ----------
@@ -145,7 +147,7 @@ class PipelineLowering {
     int rank = 0;
     for (int s = 0; s < S_; ++s) {
       const auto& ps = in_[static_cast<std::size_t>(s)];
-      StageCtx st{ps.mesh, 0, {}, cluster::axis_links(c_, ps.mesh), {}, {}, {}, {}, {}, {}};
+      StageCtx st{ps.mesh, 0, {}, cluster::axis_links(c_, ps.mesh), {}, {}, {}, {}, {}, {}, {}};
       const auto& shape = ps.mesh.shape();
       WEFT_CHECK(dp_ == 1 || (!shape.empty() && shape[0] == dp_),
                  "lowering: with {} replicas stage {}'s mesh must start with a replica axis of {}, it is {}", dp_, s,
@@ -441,23 +443,28 @@ class PipelineLowering {
   }
 
   // ---------- one stage ----------
-  void lower_stage(int s) {
+  // Leaves read by stage s: one buffer each in its spec (parameters and optimizer states persist,
+  // inputs are loaded per micro-batch, constants filled each step).
+  void make_leaves(int s) {
     auto& st = st_[static_cast<std::size_t>(s)];
-    // Leaves read by the stage: one buffer each in its spec (parameters and optimizer states
-    // persist, inputs are loaded per micro-batch, constants filled each step).
     std::vector<char> read(g_.tensors().size(), 0);
     for (ir::OpId o : st.ops)
       for (ir::TensorId t : g_.op(o).inputs) read[static_cast<std::size_t>(t)] = 1;
-    std::vector<int> inputs;
     for (ir::TensorId t = 0; t < static_cast<ir::TensorId>(g_.tensors().size()); ++t) {
       const auto& info = g_.tensor(t);
       if (info.producer != ir::kNoOp || !read[static_cast<std::size_t>(t)]) continue;
-      const int b = buffer(s, t, widen(st, leaf_spec(s, t)), false);
+      // An input holds one micro-batch: each micro-batch in flight has its own copy.
+      const int b = buffer(s, t, widen(st, leaf_spec(s, t)), info.role == ir::Role::Input);
       st.layouts[t].emplace_back(specs_.back(), b);
       st.leaves[t] = b;
       p_.leaf_buffers.push_back(b);
-      if (info.role == ir::Role::Input) inputs.push_back(b);
+      if (info.role == ir::Role::Input) st.inputs.push_back(b);
     }
+  }
+
+  void lower_stage(int s) {
+    auto& st = st_[static_cast<std::size_t>(s)];
+    const auto& inputs = st.inputs;
     // What the update reads from the micro-batches (gradients), and the loss: accumulated.
     std::set<ir::TensorId> acc_set;
     if (accumulate_) {

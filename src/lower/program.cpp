@@ -289,8 +289,8 @@ void check(const Program& p) {
       else if (i.kind != InstrKind::Send)
         for (int b : i.out) live[static_cast<std::size_t>(b)] = 1;
       if (is_collective(i.kind) || is_transfer(i.kind)) {
-        WEFT_CHECK(i.in.size() == 1 && i.out.size() == 1, "program: {} must read and write one buffer",
-                   p.describe(r, k));
+        WEFT_CHECK(i.in.size() == (i.kind == InstrKind::Recv ? 0u : 1u) && i.out.size() == 1,
+                   "program: {} must read and write one buffer (a recv: write one)", p.describe(r, k));
         std::set<int> uniq(i.group.begin(), i.group.end());
         WEFT_CHECK(uniq.size() == i.group.size(), "program: {}: a rank appears twice in the group", p.describe(r, k));
         for (int g : i.group) WEFT_CHECK(g >= 0 && g < nr, "program: {}: group rank {} does not exist", p.describe(r, k), g);
@@ -304,7 +304,7 @@ void check(const Program& p) {
         WEFT_CHECK(i.kind == InstrKind::Send || i.group.size() == 1, "program: {}: a recv has exactly one sender",
                    p.describe(r, k));
         WEFT_CHECK(i.tag >= 0, "program: {}: a transfer needs a tag", p.describe(r, k));
-        const auto& shape = p.buffers[static_cast<std::size_t>(i.in[0])].shape;
+        const auto& shape = p.buffers[static_cast<std::size_t>(i.out[0])].shape;
         WEFT_CHECK(i.region.size() == shape.size(), "program: {}: the region has {} dims, the tensor {}",
                    p.describe(r, k), i.region.size(), shape.size());
         for (std::size_t d = 0; d < shape.size(); ++d) {
@@ -337,7 +337,7 @@ void check(const Program& p) {
         auto it = posted.find({i.tag, r});
         if (it == posted.end()) break;
         const Instr& s = *it->second.second;
-        WEFT_CHECK(it->second.first == i.group[0] && s.in == i.in && s.out == i.out && s.region == i.region,
+        WEFT_CHECK(it->second.first == i.group[0] && s.out == i.out && s.region == i.region,
                    "program: transfer mismatch: {} meets a send of tag {} from rank {} with other buffers or region",
                    p.describe(r, static_cast<int>(k)), i.tag, it->second.first);
         posted.erase(it);

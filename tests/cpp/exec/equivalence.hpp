@@ -6,13 +6,17 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "weft/cluster/cluster.hpp"
 #include "weft/exec/program_executor.hpp"
 #include "weft/ir/autodiff.hpp"
 #include "weft/lower/lower.hpp"
 #include "weft/models/models.hpp"
+#include "weft/sharding/sharding_spec.hpp"
 #include "weft/spmd/search.hpp"
+#include "weft/spmd/strategy.hpp"
 
 namespace weft::test {
 
@@ -20,6 +24,32 @@ inline ir::Graph tiny_gpt(std::int64_t batch = 4) {
   models::GptConfig c;
   c.layers = 2, c.hidden = 64, c.heads = 4, c.seq = 8, c.vocab = 128, c.batch = batch;
   return ir::build_training_graph(models::gpt(c));
+}
+
+// Tiny MoE (4 experts, top-2), U-Net (skip connections), Wide-ResNet-50 and BERT, batch 2.
+inline std::vector<std::pair<std::string, ir::Graph>> tiny_zoo(std::int64_t batch = 2) {
+  std::vector<std::pair<std::string, ir::Graph>> models;
+  {
+    models::MoeConfig c;
+    c.layers = 2, c.hidden = 32, c.heads = 4, c.ffn = 64, c.experts = 4, c.seq = 8, c.vocab = 64, c.batch = batch;
+    models.emplace_back("MoE", ir::build_training_graph(models::moe(c)));
+  }
+  {
+    models::UNetConfig c;
+    c.base_channels = 4, c.depth = 2, c.in_channels = 2, c.classes = 2, c.image = 8, c.batch = batch;
+    models.emplace_back("U-Net", ir::build_training_graph(models::unet(c)));
+  }
+  {
+    models::WideResNetConfig c;
+    c.layers = 50, c.channels = 4, c.width_factor = 2, c.classes = 8, c.image = 32, c.batch = batch;
+    models.emplace_back("Wide-ResNet", ir::build_training_graph(models::wide_resnet(c)));
+  }
+  {
+    models::BertConfig c;
+    c.layers = 2, c.hidden = 32, c.heads = 4, c.seq = 8, c.vocab = 64, c.batch = batch;
+    models.emplace_back("BERT", ir::build_training_graph(models::bert(c)));
+  }
+  return models;
 }
 
 // max |a − b| / max |b| over a tensor (0 when both are zero).
@@ -50,6 +80,29 @@ inline double max_rel_diff(const exec::ExecutionResult& a, const exec::Execution
   REQUIRE(a.gradients.size() == ref.gradients.size());
   for (const auto& [n, v] : ref.gradients) note(rel_diff(a.gradients.at(n), v), "gradient " + n);
   return w;
+}
+
+// Every op a random valid strategy and every leaf a random (non-partial) spec on `mesh`.
+inline lower::SpmdLayout random_layout(const ir::Graph& g, const std::vector<std::int64_t>& mesh, std::uint32_t seed) {
+  std::uint64_t state = seed * 0x9E3779B97F4A7C15ULL + 1;
+  auto next = [&](std::size_t n) {
+    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return static_cast<std::size_t>((state >> 33) % n);
+  };
+  lower::SpmdLayout l;
+  for (const auto& op : g.ops()) {
+    auto st = spmd::enumerate_strategies(g, op, mesh);
+    l.op_axes.push_back(st[next(st.size())].axes);
+  }
+  sharding::EnumerateOptions eo;
+  eo.partial = false;
+  for (ir::TensorId t = 0; t < static_cast<ir::TensorId>(g.tensors().size()); ++t) {
+    const auto& info = g.tensor(t);
+    if (info.producer != ir::kNoOp) continue;
+    auto specs = sharding::enumerate_specs(info.shape, mesh, eo);
+    l.leaf_specs.emplace(t, specs[next(specs.size())]);
+  }
+  return l;
 }
 
 inline spmd::SearchOptions quick_search() {

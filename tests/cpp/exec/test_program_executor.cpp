@@ -70,28 +70,6 @@ namespace {
 
 // A random valid layout: every op a random strategy of its index map, every leaf a random spec
 // (strided ones included); the lowering must reshard whatever meets.
-lower::SpmdLayout random_layout(const ir::Graph& g, const std::vector<std::int64_t>& mesh, std::uint32_t seed) {
-  std::uint64_t state = seed * 0x9E3779B97F4A7C15ULL + 1;
-  auto next = [&](std::size_t n) {
-    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
-    return static_cast<std::size_t>((state >> 33) % n);
-  };
-  lower::SpmdLayout l;
-  for (const auto& op : g.ops()) {
-    auto st = spmd::enumerate_strategies(g, op, mesh);
-    l.op_axes.push_back(st[next(st.size())].axes);
-  }
-  sharding::EnumerateOptions eo;
-  eo.partial = false;
-  for (ir::TensorId t = 0; t < static_cast<ir::TensorId>(g.tensors().size()); ++t) {
-    const auto& info = g.tensor(t);
-    if (info.producer != ir::kNoOp) continue;
-    auto specs = sharding::enumerate_specs(info.shape, mesh, eo);
-    l.leaf_specs.emplace(t, specs[next(specs.size())]);
-  }
-  return l;
-}
-
 }  // namespace
 
 TEST_CASE("exec program: random layouts of every op and leaf on meshes 2, 4, 2x2, 2x4 equal one device (f64)") {
@@ -103,7 +81,7 @@ TEST_CASE("exec program: random layouts of every op and leaf on meshes 2, 4, 2x2
     for (int k = 0; k < 2; ++k, ++seed) {
       CAPTURE(fmt::format("mesh {} seed {}", fmt::join(mesh, "x"), seed));
       auto m = cluster::DeviceMesh::iota(mesh);
-      auto prog = lower::lower_spmd(g, m8(), m, random_layout(g, mesh, seed));
+      auto prog = lower::lower_spmd(g, m8(), m, test::random_layout(g, mesh, seed));
       auto dist = exec::execute_program(prog, eo);
       std::string worst;
       double d = max_rel_diff(dist, ref, &worst);
@@ -192,27 +170,7 @@ TEST_CASE("exec program: the search under a memory limit shards the model (ZeRO-
 }
 
 TEST_CASE("exec program: MoE, U-Net, Wide-ResNet and BERT (tiny) under random layouts equal one device") {
-  std::vector<std::pair<std::string, ir::Graph>> models;
-  {
-    models::MoeConfig c;
-    c.layers = 2, c.hidden = 32, c.heads = 4, c.ffn = 64, c.experts = 4, c.seq = 8, c.vocab = 64, c.batch = 2;
-    models.emplace_back("MoE", ir::build_training_graph(models::moe(c)));
-  }
-  {
-    models::UNetConfig c;
-    c.base_channels = 4, c.depth = 2, c.in_channels = 2, c.classes = 2, c.image = 8, c.batch = 2;
-    models.emplace_back("U-Net", ir::build_training_graph(models::unet(c)));
-  }
-  {
-    models::WideResNetConfig c;
-    c.layers = 50, c.channels = 4, c.width_factor = 2, c.classes = 8, c.image = 32, c.batch = 2;
-    models.emplace_back("Wide-ResNet", ir::build_training_graph(models::wide_resnet(c)));
-  }
-  {
-    models::BertConfig c;
-    c.layers = 2, c.hidden = 32, c.heads = 4, c.seq = 8, c.vocab = 64, c.batch = 2;
-    models.emplace_back("BERT", ir::build_training_graph(models::bert(c)));
-  }
+  const auto models = test::tiny_zoo();
   exec::ExecuteOptions eo;
   eo.steps = 2;
   std::uint32_t seed = 100;
@@ -220,7 +178,7 @@ TEST_CASE("exec program: MoE, U-Net, Wide-ResNet and BERT (tiny) under random la
     const auto ref = exec::execute_reference(g, eo);
     for (auto mesh : std::vector<std::vector<std::int64_t>>{{2}, {2, 2}}) {
       CAPTURE(fmt::format("{} on {} (seed {})", name, fmt::join(mesh, "x"), seed));
-      auto prog = lower::lower_spmd(g, m8(), cluster::DeviceMesh::iota(mesh), random_layout(g, mesh, seed++));
+      auto prog = lower::lower_spmd(g, m8(), cluster::DeviceMesh::iota(mesh), test::random_layout(g, mesh, seed++));
       auto dist = exec::execute_program(prog, eo);
       std::string worst;
       double d = max_rel_diff(dist, ref, &worst);
@@ -243,7 +201,7 @@ TEST_CASE("exec program: f32 storage with SGD equals one device to 1e-5 (random 
   eo.dtype = DType::F32;
   const auto ref = exec::execute_reference(g, eo);
   for (std::uint32_t seed : {11u, 12u}) {
-    auto prog = lower::lower_spmd(g, m8(), cluster::DeviceMesh::iota({2, 2}), random_layout(g, {2, 2}, seed));
+    auto prog = lower::lower_spmd(g, m8(), cluster::DeviceMesh::iota({2, 2}), test::random_layout(g, {2, 2}, seed));
     std::string worst;
     double d = max_rel_diff(exec::execute_program(prog, eo), ref, &worst);
     CAPTURE(worst);
@@ -259,7 +217,7 @@ TEST_CASE("exec program: a changed stride in one spec is caught") {
   // and kernels' results read through their own specs.)
   const auto g = test::tiny_gpt();
   const std::vector<std::int64_t> mesh{4};
-  const auto prog = lower::lower_spmd(g, m8(), cluster::DeviceMesh::iota(mesh), random_layout(g, mesh, 3));
+  const auto prog = lower::lower_spmd(g, m8(), cluster::DeviceMesh::iota(mesh), test::random_layout(g, mesh, 3));
   exec::ExecuteOptions eo;
   eo.steps = 1;
   const auto ref = exec::execute_reference(g, eo);
@@ -291,7 +249,7 @@ TEST_CASE("exec program: a changed stride in one spec is caught") {
 
 TEST_CASE("exec program: a dropped all-reduce is caught") {
   const auto g = test::tiny_gpt();
-  const auto prog = lower::lower_spmd(g, m8(), cluster::DeviceMesh::iota({4}), random_layout(g, {4}, 3));
+  const auto prog = lower::lower_spmd(g, m8(), cluster::DeviceMesh::iota({4}), test::random_layout(g, {4}, 3));
   exec::ExecuteOptions eo;
   eo.steps = 1;
   const auto ref = exec::execute_reference(g, eo);
@@ -329,7 +287,7 @@ TEST_CASE("exec program: the bytes each rank sends equal the cost model's for th
   double a2a_model = 0, a2a_sent = 0;
   for (std::uint32_t seed : {21u, 22u}) {
     const std::vector<std::int64_t> mesh{2, 4};
-    auto prog = lower::lower_spmd(g, m8(), cluster::DeviceMesh::iota(mesh), random_layout(g, mesh, seed));
+    auto prog = lower::lower_spmd(g, m8(), cluster::DeviceMesh::iota(mesh), test::random_layout(g, mesh, seed));
     exec::ExecuteOptions eo;
     eo.steps = 1;
     auto res = exec::execute_program(prog, eo);
@@ -406,7 +364,7 @@ TEST_CASE("exec program: plans from the planner (one SPMD stage) lower and equal
 
 TEST_CASE("exec program: a failing rank stops every rank with an error naming it and the instruction") {
   const auto g = test::tiny_gpt();
-  auto prog = lower::lower_spmd(g, m8(), cluster::DeviceMesh::iota({4}), random_layout(g, {4}, 31));
+  auto prog = lower::lower_spmd(g, m8(), cluster::DeviceMesh::iota({4}), test::random_layout(g, {4}, 31));
   exec::ExecuteOptions eo;
   eo.inputs["tokens"] = ir::HostTensor{{4, 8}, std::vector<double>(32, 0.0)};
   eo.inputs["tokens"].data[31] = 500;  // past the vocabulary of 128
@@ -423,7 +381,7 @@ TEST_CASE("exec program: data-parallel replicas and micro-batches (gradient accu
   SUBCASE("random layouts of a 2-way SPMD stage, 2 replicas x 2 micro-batches of 2 samples") {
     const auto mb = plan::rebatch(step, 2);
     for (std::uint32_t seed : {41u, 42u}) {
-      auto prog = lower::lower_spmd(mb, m8(), cluster::DeviceMesh::iota({2, 2}), random_layout(mb, {2}, seed), {2, 2});
+      auto prog = lower::lower_spmd(mb, m8(), cluster::DeviceMesh::iota({2, 2}), test::random_layout(mb, {2}, seed), {2, 2});
       std::string worst;
       const auto dist = exec::execute_program(prog, eo);
       CHECK(max_rel_diff(dist, ref, &worst) < 1e-10);
@@ -437,7 +395,7 @@ TEST_CASE("exec program: data-parallel replicas and micro-batches (gradient accu
   }
   SUBCASE("4 micro-batches on one replica (mesh 4)") {
     const auto mb = plan::rebatch(step, 2);
-    auto prog = lower::lower_spmd(mb, m8(), cluster::DeviceMesh::iota({4}), random_layout(mb, {4}, 43), {1, 4});
+    auto prog = lower::lower_spmd(mb, m8(), cluster::DeviceMesh::iota({4}), test::random_layout(mb, {4}, 43), {1, 4});
     CHECK(max_rel_diff(exec::execute_program(prog, eo), ref) < 1e-10);
   }
   SUBCASE("Megatron-style plans t x d (p = 1) from the planner") {
