@@ -95,6 +95,7 @@ struct Crossing {
   ShardingSpec src, dst;  // on the SPMD meshes
   int dst_buffer = -1;    // the template buffer it arrives in (stage `to`)
   ir::TensorId src_tensor = -1;  // what is sent (the tensor itself; the leaf for a refresh)
+  bool refresh = false;          // a tied parameter's new value, into the receiver's leaf
 };
 
 class PipelineLowering {
@@ -189,10 +190,30 @@ class PipelineLowering {
   // make weight gradients (a tensor that is the gradient of a parameter leaf) and feed nothing but
   // weight gradients and updates of their own stage run in W.
   void classify() {
+    readers_.assign(g_.tensors().size(), {});
+    for (ir::OpId o = 0; o < static_cast<ir::OpId>(g_.ops().size()); ++o)
+      for (ir::TensorId t : g_.op(o).inputs) readers_[static_cast<std::size_t>(t)].push_back(o);
     const auto ph = pipeline::classify_ops(g_);
     phase_.assign(g_.ops().size(), kF);
     for (std::size_t o = 0; o < ph.size(); ++o)
       phase_[o] = ph[o] == pipeline::OpPhase::Forward ? kF : ph[o] == pipeline::OpPhase::Backward ? kB : kU;
+    // A parameter's gradient sum that adds a contribution made on another stage runs once per step,
+    // in the update phase, on the contributions accumulated over the micro-batches (the contribution
+    // crosses once per step, as the planner charges it and as Megatron syncs tied embeddings).
+    const auto sums = pipeline::gradient_sums_into_update(g_);
+    deferred_.assign(g_.ops().size(), 0);
+    for (ir::OpId o : g_.topo_order()) {
+      if (!sums[static_cast<std::size_t>(o)]) continue;
+      bool defer = false;
+      for (ir::TensorId t : g_.op(o).inputs) {
+        const ir::OpId p = g_.tensor(t).producer;
+        defer = defer || (p != ir::kNoOp && (stage_of_op_[static_cast<std::size_t>(p)] != stage_of_op_[static_cast<std::size_t>(o)] ||
+                                             deferred_[static_cast<std::size_t>(p)]));
+      }
+      if (!defer) continue;
+      deferred_[static_cast<std::size_t>(o)] = 1;
+      phase_[static_cast<std::size_t>(o)] = kU;
+    }
     if (!sched_->split_backward()) return;
     for (ir::OpId o = 0; o < static_cast<ir::OpId>(g_.ops().size()); ++o) {
       if (phase_[static_cast<std::size_t>(o)] != kB) continue;
@@ -208,9 +229,12 @@ class PipelineLowering {
         if (phase_[static_cast<std::size_t>(o)] != kW) continue;
         bool keep = true;
         for (ir::TensorId t : g_.op(o).outputs)
-          for (ir::OpId r : g_.consumers(t))
-            keep = keep && stage_of_op_[static_cast<std::size_t>(r)] == stage_of_op_[static_cast<std::size_t>(o)] &&
-                   (phase_[static_cast<std::size_t>(r)] == kW || phase_[static_cast<std::size_t>(r)] == kU);
+          for (ir::OpId r : readers_[static_cast<std::size_t>(t)]) {
+            const bool same_stage = stage_of_op_[static_cast<std::size_t>(r)] == stage_of_op_[static_cast<std::size_t>(o)];
+            const Phase rp = phase_[static_cast<std::size_t>(r)];
+            // A weight gradient may feed W ops and updates of its stage, or a once-per-step sum.
+            keep = keep && ((same_stage && (rp == kW || rp == kU)) || deferred_[static_cast<std::size_t>(r)]);
+          }
         if (!keep) {
           phase_[static_cast<std::size_t>(o)] = kB;
           changed = true;
@@ -244,11 +268,21 @@ class PipelineLowering {
     auto axes = in_[static_cast<std::size_t>(s)].layout.op_axes[static_cast<std::size_t>(o)];
     WEFT_CHECK(axes.size() == st.spmd_shape.size(), "lowering: op '{}' has {} axis assignments, the SPMD mesh {} axes",
                op.name, axes.size(), st.spmd_shape.size());
-    if (st.lead > 0) axes.insert(axes.begin(), spmd::AxisAssign{});
-    auto strat = spmd::make_strategy(g_, op, st.mesh.shape(), axes);
+    const bool partial_sum = st.lead > 0 && deferred_[static_cast<std::size_t>(o)] && accumulate_;
+    if (st.lead > 0 && !partial_sum) axes.insert(axes.begin(), spmd::AxisAssign{});
+    auto strat = spmd::make_strategy(g_, op, partial_sum ? st.spmd_shape : st.mesh.shape(), axes);
     WEFT_CHECK(strat.has_value(), "lowering: the layout of op '{}' is not a valid strategy on mesh {}", op.name,
                st.mesh.shape());
+    if (partial_sum) {  // a sum of the replicas' partial means stays one: P(sum) on the replica axis
+      for (auto& sp : strat->inputs) sp = widen(st, sp, Placement::partial());
+      for (auto& sp : strat->outputs) sp = widen(st, sp, Placement::partial());
+    }
     return *strat;
+  }
+
+  // On the replica axis: a once-per-step gradient crosses as the replicas' partial means.
+  Placement replica_placement(const Crossing& c) const {
+    return !c.refresh && c.send_phase == kU && accumulate_ ? Placement::partial() : Placement::replicate();
   }
 
   ShardingSpec narrow(const StageCtx& st, const ShardingSpec& s) const {  // drop the replica axis
@@ -293,14 +327,12 @@ class PipelineLowering {
                        dst.tensor_shape() == g_.tensor(t).shape && dst.mesh_shape() == sb.spmd_shape,
                    "lowering: the specs of '{}' from stage {} to stage {} do not fit its shape {} and the meshes {} / {}",
                    g_.tensor(t).name, a, b, g_.tensor(t).shape, sa.spmd_shape, sb.spmd_shape);
-        crossings_.push_back({t, a, b, sp, rp, src, dst, -1, t});
+        crossings_.push_back({t, a, b, sp, rp, src, dst, -1, t, false});
       }
     }
-    for (const auto& c : crossings_) {
-      WEFT_CHECK(c.recv_phase != kU,
-                 "lowering: the update of stage {} reads '{}', which stage {} makes per micro-batch (not lowered: "
-                 "accumulate it where it is made)",
-                 c.to, g_.tensor(c.tensor).name, c.from);
+    for (auto& c : crossings_) {
+      // Read only once per step (by the update phase): accumulated where it is made, sent once.
+      if (c.recv_phase == kU) c.send_phase = kU;
       WEFT_CHECK(c.send_phase <= c.recv_phase && (c.send_phase != c.recv_phase || c.send_phase == kW ||
                                                    (c.send_phase == kF) == (c.from < c.to)),
                  "lowering: '{}' goes from the {} of stage {} to the {} of stage {}, against the pipeline's order",
@@ -312,15 +344,16 @@ class PipelineLowering {
       const ir::OpId upd = g_.tensor(out).producer;
       const int u = stage_of_op_[static_cast<std::size_t>(upd)];
       std::set<int> readers;
-      for (ir::OpId r : g_.consumers(leaf)) readers.insert(stage_of_op_[static_cast<std::size_t>(r)]);
+      for (ir::OpId r : readers_[static_cast<std::size_t>(leaf)]) readers.insert(stage_of_op_[static_cast<std::size_t>(r)]);
       for (int v : readers)
-        if (v != u) crossings_.push_back({leaf, u, v, kU, kU, leaf_spec(u, leaf), leaf_spec(v, leaf), -1, leaf});
+        if (v != u) crossings_.push_back({leaf, u, v, kU, kU, leaf_spec(u, leaf), leaf_spec(v, leaf), -1, leaf, true});
     }
-    // The buffers they arrive in: the first layout of the tensor on the receiving stage.
+    // The buffers they arrive in: the first layout of the tensor on the receiving stage (the
+    // replicas' partial means of a once-per-step gradient stay partial).
     for (auto& c : crossings_) {
       auto& sb = st_[static_cast<std::size_t>(c.to)];
-      if (c.send_phase == kU) continue;  // a refresh lands in the leaf itself (made with the leaves)
-      c.dst_buffer = buffer(c.to, c.tensor, widen(sb, c.dst), c.recv_phase != kU);
+      if (c.refresh) continue;  // a refresh lands in the leaf itself (made with the leaves)
+      c.dst_buffer = buffer(c.to, c.tensor, widen(sb, c.dst, replica_placement(c)), c.recv_phase != kU);
       sb.layouts[c.tensor].emplace_back(specs_.back(), c.dst_buffer);
     }
   }
@@ -466,9 +499,11 @@ class PipelineLowering {
     auto& st = st_[static_cast<std::size_t>(s)];
     const auto& inputs = st.inputs;
     // What the update reads from the micro-batches (gradients), and the loss: accumulated.
+    // (A once-per-step gradient sum on another stage reads it too: it is accumulated here and
+    // crosses once.)
     std::set<ir::TensorId> acc_set;
     if (accumulate_) {
-      for (ir::OpId o : st.ops) {
+      for (ir::OpId o = 0; o < static_cast<ir::OpId>(g_.ops().size()); ++o) {
         if (phase_[static_cast<std::size_t>(o)] != kU) continue;
         for (ir::TensorId t : g_.op(o).inputs) {
           const ir::OpId prod = g_.tensor(t).producer;
@@ -485,19 +520,7 @@ class PipelineLowering {
     }
     for (Phase ph : {kF, kB, kW}) {
       phase_now_ = ph;
-      for (const auto& tr : transfers_) {  // what arrives from other stages, first
-        const auto& c = crossings_[static_cast<std::size_t>(tr.crossing)];
-        if (c.to != s || c.recv_phase != ph) continue;
-        for (int d : tr.receiver_devices) {
-          Instr i;
-          i.kind = InstrKind::Recv;
-          i.out = {c.dst_buffer};
-          i.group = {tr.sender_device};
-          i.tag = tr.tag;
-          i.region = tr.region;
-          emit(s, std::move(i), d);
-        }
-      }
+      recv(s, ph, false);  // what arrives from other stages, first
       if (ph == kF)
         for (int b : inputs) {
           Instr i;
@@ -508,7 +531,7 @@ class PipelineLowering {
         }
       for (ir::OpId o : st.ops)
         if (phase_[static_cast<std::size_t>(o)] == ph) lower_op(s, o);
-      send(s, ph);
+      send(s, ph, false);
       for (ir::TensorId t : acc_set) {
         if (phase_[static_cast<std::size_t>(g_.tensor(t).producer)] != ph) continue;
         const int prod = produced(s, t);
@@ -535,6 +558,8 @@ class PipelineLowering {
       emit(s, std::move(i));
       st.layouts[t] = {{spec, mean}};  // the update reads the mean of the step
     }
+    send(s, kU, false);  // once-per-step gradient contributions, both ways
+    recv(s, kU, false);
     for (ir::OpId o : st.ops)
       if (phase_[static_cast<std::size_t>(o)] == kU) lower_op(s, o);
     // The loop-carried edges: each updated state is resharded to its leaf's layout and copied in.
@@ -551,14 +576,19 @@ class PipelineLowering {
       i.out = {to};
       emit(s, std::move(i));
     }
-    send(s, kU);
-    for (const auto& tr : transfers_) {  // tied parameters refreshed from their update's stage
+    send(s, kU, true);  // tied parameters: the new value to the other stages' copies
+    recv(s, kU, true);
+  }
+
+  // The Recvs of stage s in phase ph: each receiving device's part of each transfer into it.
+  void recv(int s, Phase ph, bool refresh) {
+    for (const auto& tr : transfers_) {
       const auto& c = crossings_[static_cast<std::size_t>(tr.crossing)];
-      if (c.to != s || c.recv_phase != kU) continue;
+      if (c.to != s || c.recv_phase != ph || c.refresh != refresh) continue;
       for (int d : tr.receiver_devices) {
         Instr i;
         i.kind = InstrKind::Recv;
-        i.out = {st.leaves.at(c.tensor)};
+        i.out = {refresh ? st_[static_cast<std::size_t>(s)].leaves.at(c.tensor) : c.dst_buffer};
         i.group = {tr.sender_device};
         i.tag = tr.tag;
         i.region = tr.region;
@@ -569,21 +599,21 @@ class PipelineLowering {
 
   // The Sends of what stage s made in phase ph for other stages: the tensor in its source layout
   // (a partial sum reduced on this mesh first), region by region as the transfer plan says.
-  void send(int s, Phase ph) {
+  void send(int s, Phase ph, bool refresh) {
     auto& st = st_[static_cast<std::size_t>(s)];
     std::map<int, int> src_buffer;  // crossing -> its buffer here
     for (const auto& tr : transfers_) {
       const auto& c = crossings_[static_cast<std::size_t>(tr.crossing)];
-      if (c.from != s || c.send_phase != ph) continue;
+      if (c.from != s || c.send_phase != ph || c.refresh != refresh) continue;
       auto it = src_buffer.find(tr.crossing);
       if (it == src_buffer.end())
-        it = src_buffer.emplace(tr.crossing, c.send_phase == kU ? st.leaves.at(c.src_tensor)
-                                                                : layout(s, c.src_tensor, widen(st, c.src)))
+        it = src_buffer.emplace(tr.crossing, refresh ? st.leaves.at(c.src_tensor)
+                                                     : layout(s, c.src_tensor, widen(st, c.src, replica_placement(c))))
                  .first;
       Instr i;
       i.kind = InstrKind::Send;
       i.in = {it->second};
-      i.out = {c.send_phase == kU ? st_[static_cast<std::size_t>(c.to)].leaves.at(c.tensor) : c.dst_buffer};
+      i.out = {refresh ? st_[static_cast<std::size_t>(c.to)].leaves.at(c.tensor) : c.dst_buffer};
       i.group = tr.receiver_devices;
       i.tag = tr.tag;
       i.region = tr.region;
@@ -771,6 +801,8 @@ class PipelineLowering {
   std::unique_ptr<schedule::Schedule> sched_;
   std::vector<int> stage_of_op_;
   std::vector<Phase> phase_;
+  std::vector<char> deferred_;  // per op: a gradient sum run once per step (phase U)
+  std::vector<std::vector<ir::OpId>> readers_;  // per tensor: the ops reading it
   Phase phase_now_ = kF;
   std::vector<StageCtx> st_;
   std::map<int, int> rank_of_device_;

@@ -68,6 +68,27 @@ std::vector<OpPhase> classify_ops(const Graph& g) {
   return phase;
 }
 
+std::vector<char> gradient_sums_into_update(const Graph& g) {
+  const auto phase = classify_ops(g);
+  std::vector<char> sum(g.ops().size(), 0);
+  const auto readers = consumer_index(g);
+  const auto order = g.topo_order();
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    const OpId o = *it;
+    const auto& op = g.op(o);
+    if (phase[o] != OpPhase::Backward || op.kind != ir::OpKind::Binary || op.attrs.binary != ir::BinaryFn::Add ||
+        op.outputs.size() != 1)
+      continue;
+    const auto& shape = g.tensor(op.outputs[0]).shape;
+    bool ok = g.tensor(op.inputs[0]).shape == shape && g.tensor(op.inputs[1]).shape == shape;
+    const auto& cons = readers[static_cast<std::size_t>(op.outputs[0])];
+    ok = ok && !cons.empty();
+    for (OpId c : cons) ok = ok && (phase[c] == OpPhase::Update || sum[c]);
+    sum[o] = ok ? 1 : 0;
+  }
+  return sum;
+}
+
 std::vector<OpId> owner_forward_op(const Graph& g) {
   const auto& ops = g.ops();
   const auto& ts = g.tensors();

@@ -21,6 +21,12 @@ namespace weft::pipeline {
 enum class OpPhase : std::uint8_t { Forward, Backward, Update };
 std::vector<OpPhase> classify_ops(const ir::Graph& training_graph);
 
+// Per op: 1 for a backward Add of two same-shape gradient contributions whose result only feeds
+// updates (or more such sums) — the gradient sum of a parameter used twice (a tied embedding).
+// Linear up to the update, it may run once per step on contributions accumulated over the
+// micro-batches: a contribution made on another pipeline stage then crosses once per step.
+std::vector<char> gradient_sums_into_update(const ir::Graph& training_graph);
+
 // For every op, the forward op whose block it joins (the op itself for a forward op), by the
 // first rule that applies:
 // - a backward op named "d:<forward op>/..." (autodiff's naming) -> that forward op (its input
