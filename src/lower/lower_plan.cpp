@@ -70,6 +70,7 @@ Program lower(const plan::Plan& plan, const ir::Graph& step, const cluster::Clus
     WEFT_CHECK(seen[static_cast<std::size_t>(o)], "lower: the plan has no layout for op '{}'", g.op(o).name);
   std::vector<CrossStageSpec> cross;
   for (const auto& c : plan.cross_tensors) {
+    if (c.refresh) continue;  // a tied parameter's new value goes between its stages' leaf specs
     auto t = g.find_tensor(c.name);
     WEFT_CHECK(t.has_value(), "lower: the plan sends tensor '{}', which the step graph does not have", c.name);
     WEFT_CHECK(c.from_stage >= 0 && c.from_stage < plan.num_stages() && c.to_stage >= 0 &&

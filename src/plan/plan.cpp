@@ -60,7 +60,9 @@ json to_j(const CrossTensor& c) {
               {"dst_spec", c.dst_spec},
               {"reshard_time", c.reshard_time},
               {"lower_bound", c.lower_bound},
-              {"reshard_summary", c.reshard_summary}};
+              {"reshard_summary", c.reshard_summary},
+              {"per_step", c.per_step},
+              {"refresh", c.refresh}};
 }
 
 json to_j(const Alternative& a) {
@@ -171,6 +173,8 @@ CrossTensor cross_from(const json& j, const std::string& path) {
   c.reshard_time = field<double>(j, "reshard_time", path);
   c.lower_bound = field<double>(j, "lower_bound", path);
   c.reshard_summary = field<std::string>(j, "reshard_summary", path);
+  if (j.contains("per_step")) c.per_step = field<bool>(j, "per_step", path);  // absent in older plans
+  if (j.contains("refresh")) c.refresh = field<bool>(j, "refresh", path);
   return c;
 }
 
@@ -395,9 +399,10 @@ std::string Plan::summary() const {
   if (!cross_tensors.empty()) {
     s += "  cross-stage tensors:\n";
     for (const auto& c : cross_tensors)
-      s += fmt::format("    {} {}->{} [{}] {}: {} -> {}, {} (bound {})\n", c.name, c.from_stage, c.to_stage,
+      s += fmt::format("    {} {}->{} [{}] {}: {} -> {}, {} (bound {}){}\n", c.name, c.from_stage, c.to_stage,
                        fmt::join(c.shape, ","), c.dtype, c.src_spec, c.dst_spec, ms(c.reshard_time),
-                       ms(c.lower_bound));
+                       ms(c.lower_bound),
+                       c.refresh ? ", new value once per step" : c.per_step ? ", once per step" : "");
   }
   if (!alternatives.empty()) {
     s += "  alternatives considered (best first):\n";

@@ -829,13 +829,30 @@ Built materialise_in_place(Context& ctx, const std::vector<SubmeshOptions>& subs
       if (stage_of_op[o] == s) stage.ops.push_back(g.op(o).name);
     p.stages.push_back(std::move(stage));
   }
-  // Cross-stage tensors: read in stage b, produced in stage a != b (within one replica).
-  using SpecPair = std::pair<sharding::ShardingSpec, sharding::ShardingSpec>;
-  std::map<std::pair<int, int>, std::vector<std::pair<ir::TensorId, SpecPair>>> pairs;
+  // Cross-stage tensors: read in stage b, produced in stage a != b (within one replica). Per
+  // micro-batch, except a gradient contribution that only a parameter's gradient sum reads on b
+  // (a tied embedding's other use): accumulated on a and sent once per step, before b's update —
+  // and a tied parameter's new value, sent once per step from the stage that updates it to the
+  // other stages that read it. The lowering (lower::lower_pipeline) moves exactly these.
+  struct Crossing {
+    ir::TensorId tensor;
+    sharding::ShardingSpec src, dst;
+    bool refresh;
+  };
+  std::map<std::tuple<int, int, bool>, std::vector<Crossing>> pairs;  // (from, to, once per step)
   std::vector<std::set<ir::TensorId>> seen(S);
+  const auto sums = pipeline::gradient_sums_into_update(g);
+  std::vector<std::vector<ir::OpId>> readers(g.tensors().size());
+  for (ir::OpId o = 0; o < static_cast<ir::OpId>(g.ops().size()); ++o)
+    for (ir::TensorId t : g.op(o).inputs) readers[t].push_back(o);
+  auto once_per_step = [&](ir::TensorId t, int b) {
+    for (ir::OpId r : readers[t])
+      if (stage_of_op[r] == b && !sums[r]) return false;
+    return true;
+  };
   // A partial result (its block left the sum to its consumers) is reduced on its own stage's mesh
   // before it leaves: per micro-batch in the producing stage's forward / backward, or once per
-  // step for an accumulated gradient sent to a non-adjacent stage (as the transfer below).
+  // step for an accumulated gradient sent once per step (as the transfer below).
   auto reduce_time = [&](int a, const std::string& text, const std::vector<std::int64_t>& shape, DType dt) {
     if (text.empty()) return 0.0;
     const auto from = sharding::ShardingSpec::parse(text, shape, meshes[a].shape());
@@ -859,18 +876,35 @@ Built materialise_in_place(Context& ctx, const std::vector<SubmeshOptions>& subs
       auto src = parse_spec_or_replicated(src_text, shape, meshes[a].shape());
       auto dst =
           parse_spec_or_replicated(dst_it->second.cost->spec[dst_it->second.index], shape, meshes[b].shape());
-      pairs[{a, b}].push_back({t, {src, dst}});
+      const bool once = once_per_step(t, b);
+      pairs[{a, b, once}].push_back({t, src, dst, false});
       if (const double red = reduce_time(a, src_text, shape, info.dtype); red > 0) {
-        if (b > a) {
-          p.stages[a].forward_time += red;
-          p.stages[a].comm_time += red;
-        } else if (a == b + 1) {
-          p.stages[a].backward_time += red;
-          p.stages[a].comm_time += red;
-        } else {
+        if (once) {
           p.stages[b].optimizer_time += red;
+        } else {
+          auto& st = p.stages[a];
+          (b > a ? st.forward_time : st.backward_time) += red;
+          st.comm_time += red;
         }
       }
+    }
+  }
+  // Tied parameters: the update's stage sends the new value to every other stage reading the leaf.
+  for (ir::OpId o = 0; o < static_cast<ir::OpId>(g.ops().size()); ++o) {
+    if (ctx.phase[o] != pipeline::OpPhase::Update) continue;
+    const int u = stage_of_op[o];
+    for (ir::TensorId t : g.op(o).inputs) {
+      const auto& info = g.tensor(t);
+      if (info.producer != ir::kNoOp || info.role != ir::Role::Parameter) continue;
+      std::set<int> others;
+      for (ir::OpId r : readers[t])
+        if (stage_of_op[r] != u) others.insert(stage_of_op[r]);
+      auto spec_in = [&](int s) {
+        for (const auto& l : p.stages[s].leaf_specs)
+          if (l.tensor == info.name) return parse_spec_or_replicated(l.spec, info.shape, meshes[s].shape());
+        return sharding::ShardingSpec::replicated(info.shape, meshes[s].shape());
+      };
+      for (int v : others) pairs[{u, v, true}].push_back({t, spec_in(u), spec_in(v), true});
     }
   }
   const auto hosts = reshard::HostMap::from_cluster(c);
@@ -883,18 +917,17 @@ Built materialise_in_place(Context& ctx, const std::vector<SubmeshOptions>& subs
   p.boundary_bytes.assign(std::max(0, S - 1), 0.0);
   std::vector<double> fwd_time(std::max(0, S - 1), 0.0), bwd_time(std::max(0, S - 1), 0.0);
   for (auto& [key, list] : pairs) {
-    const int a = key.first, b = key.second;
+    const auto [a, b, once] = key;
     std::vector<reshard::TensorReshard> trs;
     double total_bytes = 0;
-    for (auto& [t, specs] : list) {
-      const auto& info = g.tensor(t);
-      trs.emplace_back(specs.first.tensor_shape(), info.dtype, specs.first, meshes[a], specs.second,
-                       meshes[b]);
+    for (const auto& x : list) {
+      const auto& info = g.tensor(x.tensor);
+      trs.emplace_back(x.src.tensor_shape(), info.dtype, x.src, meshes[a], x.dst, meshes[b]);
       total_bytes += static_cast<double>(trs.back().bytes());
     }
     const double joint = reshard::plan(reshard::make_problem(trs, hosts), ro).completion_time;
     for (std::size_t i = 0; i < list.size(); ++i) {
-      const auto& info = g.tensor(list[i].first);
+      const auto& info = g.tensor(list[i].tensor);
       CrossTensor ct;
       ct.name = info.name;
       ct.from_stage = a;
@@ -902,8 +935,10 @@ Built materialise_in_place(Context& ctx, const std::vector<SubmeshOptions>& subs
       ct.shape = trs[i].shape();
       ct.dtype = std::string(dtype_name(info.dtype));
       ct.bytes = trs[i].bytes();
-      ct.src_spec = list[i].second.first.to_string();
-      ct.dst_spec = list[i].second.second.to_string();
+      ct.src_spec = list[i].src.to_string();
+      ct.dst_spec = list[i].dst.to_string();
+      ct.per_step = once;
+      ct.refresh = list[i].refresh;
       // Each tensor alone (for the report); the joint plan's time is what the pipeline pays.
       auto one = reshard::plan(reshard::make_problem({trs[i]}, hosts), ro);
       ct.reshard_time = one.completion_time;
@@ -911,18 +946,15 @@ Built materialise_in_place(Context& ctx, const std::vector<SubmeshOptions>& subs
       ct.reshard_summary = one.summary();
       p.cross_tensors.push_back(std::move(ct));
     }
-    if (b == a + 1) {
-      fwd_time[a] += joint;
-      p.boundary_bytes[a] += total_bytes;
-    } else if (a == b + 1) {
-      bwd_time[b] += joint;
+    if (once) {
+      // Once per step, before b's update (a gradient contribution, or after a's update, a tied
+      // parameter's new value: charged to b's update too).
+      p.stages[b].optimizer_time += joint;
     } else if (b > a) {
-      fwd_time[b - 1] += joint;  // a skip connection: its last hop lands on the boundary before b
+      fwd_time[b - 1] += joint;  // (a skip connection: its last hop lands on the boundary before b)
       p.boundary_bytes[b - 1] += total_bytes;
     } else {
-      // A backward tensor to a non-adjacent earlier stage (e.g. a tied embedding's gradient):
-      // accumulated over the micro-batches and sent once per step, before b's update.
-      p.stages[b].optimizer_time += joint;
+      bwd_time[b] += joint;  // the gradient's last hop lands on the boundary after b
     }
   }
   for (int i = 0; i + 1 < S; ++i) p.send_time[i] = std::max(fwd_time[i], bwd_time[i]);

@@ -77,7 +77,8 @@ struct Stage {
 };
 
 // One tensor crossing a stage boundary (forward activation i → i+1, or its gradient i+1 → i, or a
-// non-adjacent one such as the gradient of a tied embedding).
+// non-adjacent one such as a skip connection, the gradient contribution to a tied embedding or the
+// tied embedding's updated value).
 struct CrossTensor {
   std::string name;
   int from_stage = 0, to_stage = 0;
@@ -88,6 +89,11 @@ struct CrossTensor {
   double reshard_time = 0;  // reshard::plan simulated completion time (alone)
   double lower_bound = 0;   // reshard::lower_bound
   std::string reshard_summary;
+  // Sent once per step, not per micro-batch: a gradient contribution that only a parameter's
+  // gradient sum reads on the receiving stage (accumulated, then sent), or a tied parameter's new
+  // value (`refresh`: from the stage that updates it to another stage that reads it).
+  bool per_step = false;
+  bool refresh = false;
   bool operator==(const CrossTensor&) const = default;
 };
 

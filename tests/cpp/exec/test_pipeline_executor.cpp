@@ -315,9 +315,35 @@ TEST_CASE("exec pipeline: plans from the planner (Megatron t x p x d, layout_pla
     auto prog = lower::lower(plan::Plan::from_json(p.to_json()), step, c);
     CHECK(static_cast<int>(prog.stages.size()) == p.num_stages());
     std::string worst;
-    const double d = max_rel_diff(exec::execute_program(prog, eo), ref, &worst);
+    const auto dist = exec::execute_program(prog, eo);
+    const double d = max_rel_diff(dist, ref, &worst);
     CAPTURE(worst);
     CHECK(d < 1e-10);
+    // The bytes each device receives across stages are what the plan's cross tensors charge: the
+    // arrival tile of every replica's devices, per micro-batch or once per step.
+    std::map<int, std::int64_t> want;
+    for (const auto& ct : p.cross_tensors) {
+      const auto& st = p.stages[static_cast<std::size_t>(ct.to_stage)];
+      const std::vector<std::int64_t> spmd(st.mesh_shape.begin() + (p.data_parallel > 1 ? 1 : 0), st.mesh_shape.end());
+      const auto spec = sharding::ShardingSpec::parse(ct.dst_spec, ct.shape, spmd);
+      const std::size_t n = st.devices.size() / static_cast<std::size_t>(p.data_parallel);
+      for (int r = 0; r < p.data_parallel; ++r) {
+        const std::vector<int> devs(st.devices.begin() + static_cast<std::ptrdiff_t>(r * n),
+                                    st.devices.begin() + static_cast<std::ptrdiff_t>((r + 1) * n));
+        const cluster::DeviceMesh mesh(spmd, devs);
+        for (int dev : devs) {
+          std::int64_t elems = 1;
+          for (auto x : sharding::tile_of(spec, mesh.coord_of(dev)).local_shape()) elems *= x;
+          want[dev] += elems * static_cast<std::int64_t>(dtype_size(parse_dtype(ct.dtype))) *
+                       (ct.per_step ? 1 : p.num_microbatches) * eo.steps;
+        }
+      }
+    }
+    for (int r = 0; r < prog.num_ranks(); ++r) {
+      const auto& bytes = dist.ranks[static_cast<std::size_t>(r)].bytes_received;
+      const std::int64_t got = bytes.count("send") ? bytes.at("send") : 0;
+      CHECK(got == want[prog.ranks[static_cast<std::size_t>(r)].device]);
+    }
     MESSAGE(fmt::format("{} ({}, {} stages, {} x{} micro-batches, {} replicas): {} ranks, diff {:.1e}", p.strategy,
                         p.schedule, p.num_stages(), p.num_microbatches, p.microbatch_size, p.data_parallel,
                         prog.num_ranks(), d));
