@@ -58,6 +58,9 @@ py::dict instr_dict(const lower::Program& p, const lower::Instr& i) {
   d["reduce"] = i.reduce == lower::ReduceOp::Max ? "max" : "sum";
   d["axes"] = i.axes;
   d["internal"] = i.internal;
+  d["microbatch"] = i.microbatch;
+  d["tag"] = i.tag;
+  d["region"] = i.region;
   return d;
 }
 
@@ -158,7 +161,7 @@ void bind_lower(py::module_& m) {
               d["device"] = r.device;
               d["stage"] = r.stage;
               d["coord"] = r.coord;
-              d["num_instrs"] = r.instrs.size();
+              d["num_instrs"] = p.num_instructions(r.rank);
               out.append(d);
             }
             return out;
@@ -186,12 +189,14 @@ void bind_lower(py::module_& m) {
           "instructions",
           [](const Program& p, int rank) {
             py::list out;
-            for (const auto& i : rank_of(p, rank).instrs) out.append(instr_dict(p, i));
+            rank_of(p, rank);
+            for (const auto& i : p.instructions(rank)) out.append(instr_dict(p, i));
             return out;
           },
           py::arg("rank"),
           "Rank's instructions in order, each a dict {kind, op (name or None), inputs, outputs (buffer "
-          "names), axis, group, reduce, axes, internal}.")
+          "names), axis, group (ranks: a collective's group, a send's receivers, a recv's sender), reduce, "
+          "axes, internal, microbatch (load-input), tag and region (send / recv: per dim [begin, end, ...])}.")
       .def("to_json", &Program::to_json)
       .def_static(
           "from_json", [](const std::string& text) { return Program::from_json(text); }, py::arg("text"))
@@ -207,8 +212,8 @@ void bind_lower(py::module_& m) {
           "describe",
           [](const Program& p, int rank, int index) {
             const auto& r = rank_of(p, rank);
-            WEFT_CHECK(index >= 0 && index < static_cast<int>(r.instrs.size()),
-                       "Program: rank {} has {} instructions, no #{}", rank, r.instrs.size(), index);
+            WEFT_CHECK(index >= 0 && index < static_cast<int>(r.instrs().size()),
+                       "Program: rank {}'s list has {} instructions, no #{}", rank, r.instrs().size(), index);
             return p.describe(rank, index);
           },
           py::arg("rank"), py::arg("index"))
@@ -219,14 +224,15 @@ void bind_lower(py::module_& m) {
       .def(py::self == py::self)
       .def("__repr__", [](const Program& p) {
         std::size_t instrs = 0;
-        for (const auto& r : p.ranks) instrs += r.instrs.size();
+        for (const auto& r : p.ranks) instrs += p.num_instructions(r.rank);
         return fmt::format("Program('{}': {} ranks, {} stages, {} buffers, {} instructions)", p.graph.name(),
                            p.num_ranks(), p.stages.size(), p.buffers.size(), instrs);
       });
 
   m.def("_lower", &lower::lower, py::arg("plan"), py::arg("step"), py::arg("cluster"),
         py::call_guard<py::gil_scoped_release>(),
-        "Lowers a one-stage plan (weft.plan) of the training step on the cluster to a Program.");
+        "Lowers a plan (weft.plan and friends) of the training step on the cluster to a Program: its stages, "
+        "schedule, micro-batches, replicas and cross-stage transfers.");
   m.def(
       "_lower_spmd",
       [](const ir::Graph& g, const cluster::Cluster& c, const cluster::DeviceMesh& mesh,

@@ -35,7 +35,7 @@ class ExecutionResult:
 
     ``losses``: one per step. ``parameters`` / ``gradients``: name -> global float64 array (after
     the last step / of the last step). Per rank (empty for the reference): ``bytes_sent`` and
-    ``bytes_received`` (collective kind -> bytes, resharding edges), ``internal_bytes_sent``
+    ``bytes_received`` (collective kind -> bytes, resharding edges; "send": cross-stage transfers), ``internal_bytes_sent``
     (collectives inside an op, e.g. vocab-parallel statistics), ``peak_bytes`` (largest live
     buffer bytes in f64 storage), ``rank_seconds``. ``seconds``: wall time of the run.
     """
@@ -111,9 +111,13 @@ def _inputs(inputs: Optional[Mapping[str, np.ndarray]]) -> dict:
 
 
 def lower(plan, step, cluster) -> Program:
-    """Lowers a plan of :func:`weft.plan` (one SPMD stage, one micro-batch, one replica so far) to a
-    :class:`weft.Program`. ``step``: the graph the plan was made for (a forward graph is turned into
-    its Adam training step, as :func:`weft.plan` does); ``cluster``: the plan's cluster."""
+    """Lowers a plan of :func:`weft.plan` (or :func:`weft.megatron_plan`, :func:`weft.layout_plan`,
+    :func:`weft.data_parallel_plan`) to a :class:`weft.Program`: one instruction list per device, its
+    stage's ops in the plan's schedule order (GPipe, 1F1B, kFkB, eager-1F1B, ZB-H1), micro-batches,
+    data-parallel replicas, and the cross-stage send / recv transfers. ``step``: the graph the plan
+    was made for (a forward graph is turned into its Adam training step, as :func:`weft.plan` does);
+    ``cluster``: the plan's cluster. Not lowered yet (ValueError): the interleaved schedule, uneven
+    replica shares, the uneven tensor split."""
     if not isinstance(plan, _weft.Plan):
         raise ValueError(f"lower: expected a weft.Plan, got {type(plan).__name__}")
     return _weft._lower(plan, _training_graph(step), cluster)

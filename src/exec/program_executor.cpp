@@ -126,6 +126,14 @@ class Executor {
       inputs_[*t] = &v;
     }
     values_.assign(static_cast<std::size_t>(nr), std::vector<std::optional<HostTensor>>(p.buffers.size()));
+    axis_groups_.resize(static_cast<std::size_t>(nr));
+    for (int r = 0; r < nr; ++r) {
+      Instr probe;
+      probe.kind = InstrKind::AllReduce;
+      const auto& st = p.stages[static_cast<std::size_t>(p.ranks[static_cast<std::size_t>(r)].stage)];
+      for (probe.axis = 0; probe.axis < static_cast<int>(st.shape.size()); ++probe.axis)
+        axis_groups_[static_cast<std::size_t>(r)].push_back(p.group_of(r, probe));
+    }
     stats_.assign(static_cast<std::size_t>(nr), RankStats{});
     recv_from_.assign(static_cast<std::size_t>(nr), {});
     losses_.assign(static_cast<std::size_t>(nr), {});
@@ -223,10 +231,19 @@ class Executor {
     try {
       for (int step = 1; step <= opt_.steps; ++step) {
         init_leaves(r, step);
-        const auto& ins = p_.ranks[static_cast<std::size_t>(r)].instrs;
+        const auto& rp = p_.ranks[static_cast<std::size_t>(r)];
+        const auto& ins = rp.instrs();
         for (pc = 0; pc < static_cast<int>(ins.size()); ++pc) {
           if (abort_) return;
-          run_instr(r, pc, ins[static_cast<std::size_t>(pc)], step);
+          const Instr& i = ins[static_cast<std::size_t>(pc)];
+          if (!rp.runs(i)) continue;  // another rank's transfer
+          if (lower::is_collective(i.kind) && i.group.empty()) {  // the rank's group along the axis
+            Instr with = i;
+            with.group = axis_groups_[static_cast<std::size_t>(r)].at(static_cast<std::size_t>(i.axis));
+            run_instr(r, pc, with, step);
+          } else {
+            run_instr(r, pc, i, step);
+          }
         }
         pc = -1;
         if (p_.loss >= 0) {
@@ -591,6 +608,7 @@ class Executor {
   std::map<ir::TensorId, const HostTensor*> inputs_;
   std::vector<std::vector<std::optional<HostTensor>>> values_;
   std::vector<RankStats> stats_;
+  std::vector<std::vector<std::vector<int>>> axis_groups_;  // per rank and stage-mesh axis
   std::vector<std::map<std::tuple<int, std::string, bool>, std::int64_t>> recv_from_;
   std::vector<std::vector<HostTensor>> losses_;
   std::mutex mu_;

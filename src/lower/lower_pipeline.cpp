@@ -716,49 +716,51 @@ class PipelineLowering {
     return it->second;
   }
 
+  // One list per stage, shared by its ranks: the schedule's order of phases, each phase with
+  // micro-batch m's buffers; a transfer runs on its one rank (on_rank), a collective on the group
+  // of each rank along its axis.
   void instantiate() {
     std::set<int> keep(p_.leaf_buffers.begin(), p_.leaf_buffers.end());
     if (p_.loss >= 0) keep.insert(p_.loss);
     for (const auto& [n, b] : p_.gradients) keep.insert(b);
+    p_.ranks.resize(rank_of_device_.size());
     for (int s = 0; s < S_; ++s) {
       const auto& st = st_[static_cast<std::size_t>(s)];
-      const auto& order = sched_->device_order(s);
+      std::vector<Instr> list;
+      std::array<bool, 4> first{true, true, true, true};
+      auto run_phase = [&](Phase ph, int m) {
+        for (const auto& t : st.tmpl[static_cast<std::size_t>(ph)]) {
+          Instr i = t.i;
+          for (int& b : i.in) b = inst(b, m);
+          for (int& b : i.out) b = inst(b, m);
+          if (t.acc_slot && !first[static_cast<std::size_t>(ph)]) {
+            i.kind = InstrKind::Accumulate;
+            i.in = {i.out[0], i.in[0]};
+          }
+          if (i.kind == InstrKind::LoadInput) i.microbatch = m;
+          if (is_transfer(i.kind)) {
+            i.tag = i.tag * M_ + m;
+            i.on_rank = rank_of_device_.at(t.only_device);
+            for (int& g : i.group) g = rank_of_device_.at(g);
+          }
+          list.push_back(std::move(i));
+        }
+        first[static_cast<std::size_t>(ph)] = false;
+      };
+      for (const auto& op : sched_->device_order(s))
+        run_phase(op.kind == schedule::OpKind::F ? kF : op.kind == schedule::OpKind::B ? kB : kW, op.micro);
+      run_phase(kU, 0);
+      add_frees(list, keep);
+      auto code = std::make_shared<std::vector<Instr>>(std::move(list));
       for (int d : st.mesh.device_ids()) {
-        RankProgram rp;
+        RankProgram& rp = p_.ranks[static_cast<std::size_t>(rank_of_device_.at(d))];
         rp.rank = rank_of_device_.at(d);
         rp.device = d;
         rp.stage = s;
         rp.coord = st.mesh.coord_of(d);
-        std::array<bool, 4> first{true, true, true, true};
-        auto run_phase = [&](Phase ph, int m) {
-          for (const auto& t : st.tmpl[static_cast<std::size_t>(ph)]) {
-            if (t.only_device >= 0 && t.only_device != d) continue;
-            Instr i = t.i;
-            for (int& b : i.in) b = inst(b, m);
-            for (int& b : i.out) b = inst(b, m);
-            if (t.acc_slot && !first[static_cast<std::size_t>(ph)]) {
-              i.kind = InstrKind::Accumulate;
-              i.in = {i.out[0], i.in[0]};
-            }
-            if (i.kind == InstrKind::LoadInput) i.microbatch = m;
-            if (is_transfer(i.kind)) {
-              i.tag = i.tag * M_ + m;
-              for (int& g : i.group) g = rank_of_device_.at(g);
-            }
-            if (is_collective(i.kind))
-              for (int g : st.mesh.group_along(rp.coord, i.axis)) i.group.push_back(rank_of_device_.at(g));
-            rp.instrs.push_back(std::move(i));
-          }
-          first[static_cast<std::size_t>(ph)] = false;
-        };
-        for (const auto& op : order)
-          run_phase(op.kind == schedule::OpKind::F ? kF : op.kind == schedule::OpKind::B ? kB : kW, op.micro);
-        run_phase(kU, 0);
-        add_frees(rp.instrs, keep);
-        p_.ranks.push_back(std::move(rp));
+        rp.code = code;
       }
     }
-    std::sort(p_.ranks.begin(), p_.ranks.end(), [](const RankProgram& x, const RankProgram& y) { return x.rank < y.rank; });
   }
 
   // Every buffer but the leaves, the loss and the gradients is freed after its last use.

@@ -108,29 +108,38 @@ std::string Program::to_json() const {
                        {"microbatches", s.microbatches},
                        {"microbatch_size", s.microbatch_size},
                        {"schedule", s.schedule}});
+  // Each distinct list once (the ranks of a stage share theirs).
+  json codes = json::array();
+  std::map<const std::vector<Instr>*, int> code_index;
   for (const auto& r : ranks) {
-    json ins = json::array();
-    for (const auto& i : r.instrs)
-      ins.push_back(json{{"kind", instr_kind_name(i.kind)},
-                         {"op", i.op},
-                         {"in", i.in},
-                         {"out", i.out},
-                         {"axis", i.axis},
-                         {"group", i.group},
-                         {"reduce", i.reduce == ReduceOp::Sum ? "sum" : "max"},
-                         {"axes", i.axes},
-                         {"internal", i.internal},
-                         {"microbatch", i.microbatch},
-                         {"scale", i.scale},
-                         {"tag", i.tag},
-                         {"region", i.region}});
+    auto [it, fresh] = code_index.emplace(r.code.get(), static_cast<int>(codes.size()));
+    if (fresh) {
+      json ins = json::array();
+      for (const auto& i : *r.code)
+        ins.push_back(json{{"kind", instr_kind_name(i.kind)},
+                           {"op", i.op},
+                           {"in", i.in},
+                           {"out", i.out},
+                           {"axis", i.axis},
+                           {"group", i.group},
+                           {"on_rank", i.on_rank},
+                           {"reduce", i.reduce == ReduceOp::Sum ? "sum" : "max"},
+                           {"axes", i.axes},
+                           {"internal", i.internal},
+                           {"microbatch", i.microbatch},
+                           {"scale", i.scale},
+                           {"tag", i.tag},
+                           {"region", i.region}});
+      codes.push_back(std::move(ins));
+    }
     rks.push_back(
-        json{{"rank", r.rank}, {"device", r.device}, {"stage", r.stage}, {"coord", r.coord}, {"instrs", ins}});
+        json{{"rank", r.rank}, {"device", r.device}, {"stage", r.stage}, {"coord", r.coord}, {"code", it->second}});
   }
-  json j{{"format", "weft.program/1"},
+  json j{{"format", "weft.program/2"},
          {"graph", json::parse(ir::graph_to_json(graph))},
          {"stages", sts},
          {"buffers", bufs},
+         {"codes", codes},
          {"ranks", rks},
          {"leaf_buffers", leaf_buffers},
          {"parameters", parameters},
@@ -146,8 +155,8 @@ Program Program::from_json(std::string_view text) {
   } catch (const json::exception& e) {
     fail("Program JSON: not valid JSON ({})", e.what());
   }
-  WEFT_CHECK(j.is_object() && j.value("format", "") == "weft.program/1",
-             "Program JSON: not a weft program (field format must be \"weft.program/1\")");
+  WEFT_CHECK(j.is_object() && j.value("format", "") == "weft.program/2",
+             "Program JSON: not a weft program (field format must be \"weft.program/2\")");
   Program p;
   WEFT_CHECK(j.contains("graph"), "Program JSON: missing field graph");
   p.graph = ir::graph_from_json(j["graph"].dump());
@@ -175,6 +184,35 @@ Program Program::from_json(std::string_view text) {
     b.element_bytes = field<int>(bufs[i], "element_bytes", path);
     p.buffers.push_back(std::move(b));
   }
+  const auto& cds = array_field(j, "codes", "program");
+  std::vector<std::shared_ptr<std::vector<Instr>>> codes;
+  for (std::size_t c = 0; c < cds.size(); ++c) {
+    WEFT_CHECK(cds[c].is_array(), "Program JSON: codes[{}] must be an array", c);
+    std::vector<Instr> list;
+    for (std::size_t k = 0; k < cds[c].size(); ++k) {
+      const auto& x = cds[c][k];
+      auto ip = fmt::format("codes[{}][{}]", c, k);
+      Instr in;
+      in.kind = parse_instr_kind(field<std::string>(x, "kind", ip));
+      in.op = field<ir::OpId>(x, "op", ip);
+      in.in = field<std::vector<int>>(x, "in", ip);
+      in.out = field<std::vector<int>>(x, "out", ip);
+      in.axis = field<int>(x, "axis", ip);
+      in.group = field<std::vector<int>>(x, "group", ip);
+      in.on_rank = field<int>(x, "on_rank", ip);
+      auto red = field<std::string>(x, "reduce", ip);
+      WEFT_CHECK(red == "sum" || red == "max", "Program JSON: {}.reduce must be sum or max, got '{}'", ip, red);
+      in.reduce = red == "sum" ? ReduceOp::Sum : ReduceOp::Max;
+      in.axes = field<std::vector<int>>(x, "axes", ip);
+      in.internal = field<bool>(x, "internal", ip);
+      in.microbatch = field<int>(x, "microbatch", ip);
+      in.scale = field<double>(x, "scale", ip);
+      in.tag = field<int>(x, "tag", ip);
+      in.region = field<std::vector<std::vector<std::int64_t>>>(x, "region", ip);
+      list.push_back(std::move(in));
+    }
+    codes.push_back(std::make_shared<std::vector<Instr>>(std::move(list)));
+  }
   const auto& rks = array_field(j, "ranks", "program");
   for (std::size_t r = 0; r < rks.size(); ++r) {
     auto path = fmt::format("ranks[{}]", r);
@@ -183,28 +221,10 @@ Program Program::from_json(std::string_view text) {
     rp.device = field<int>(rks[r], "device", path);
     rp.stage = field<int>(rks[r], "stage", path);
     rp.coord = field<std::vector<std::int64_t>>(rks[r], "coord", path);
-    const auto& ins = array_field(rks[r], "instrs", path);
-    for (std::size_t k = 0; k < ins.size(); ++k) {
-      auto ip = fmt::format("{}.instrs[{}]", path, k);
-      Instr in;
-      in.kind = parse_instr_kind(field<std::string>(ins[k], "kind", ip));
-      in.op = field<ir::OpId>(ins[k], "op", ip);
-      in.in = field<std::vector<int>>(ins[k], "in", ip);
-      in.out = field<std::vector<int>>(ins[k], "out", ip);
-      in.axis = field<int>(ins[k], "axis", ip);
-      in.group = field<std::vector<int>>(ins[k], "group", ip);
-      auto red = field<std::string>(ins[k], "reduce", ip);
-      WEFT_CHECK(red == "sum" || red == "max", "Program JSON: {}.reduce must be sum or max, got '{}'", ip, red);
-      in.reduce = red == "sum" ? ReduceOp::Sum : ReduceOp::Max;
-      in.axes = field<std::vector<int>>(ins[k], "axes", ip);
-      in.internal = field<bool>(ins[k], "internal", ip);
-      in.microbatch = field<int>(ins[k], "microbatch", ip);
-      in.scale = field<double>(ins[k], "scale", ip);
-      if (ins[k].contains("tag")) in.tag = field<int>(ins[k], "tag", ip);
-      if (ins[k].contains("region"))
-        in.region = field<std::vector<std::vector<std::int64_t>>>(ins[k], "region", ip);
-      rp.instrs.push_back(std::move(in));
-    }
+    const int c = field<int>(rks[r], "code", path);
+    WEFT_CHECK(c >= 0 && c < static_cast<int>(codes.size()), "Program JSON: {}.code {} is not one of the {} codes",
+               path, c, codes.size());
+    rp.code = codes[static_cast<std::size_t>(c)];
     p.ranks.push_back(std::move(rp));
   }
   p.leaf_buffers = field<std::vector<int>>(j, "leaf_buffers", "program");
@@ -215,8 +235,47 @@ Program Program::from_json(std::string_view text) {
   return p;
 }
 
+std::vector<Instr>& RankProgram::edit() {
+  if (code.use_count() > 1) code = std::make_shared<std::vector<Instr>>(*code);
+  return *code;
+}
+
+std::vector<int> Program::group_of(int rank, const Instr& i) const {
+  if (!is_collective(i.kind) || !i.group.empty()) return i.group;
+  const auto& rp = ranks.at(static_cast<std::size_t>(rank));
+  const auto& st = stages.at(static_cast<std::size_t>(rp.stage));
+  WEFT_CHECK(i.axis >= 0 && i.axis < static_cast<int>(st.shape.size()) && rp.coord.size() == st.shape.size(),
+             "program: rank {}'s collective names axis {} of a {}-axis stage mesh", rank, i.axis, st.shape.size());
+  std::vector<int> g;
+  auto c = rp.coord;
+  for (std::int64_t k = 0; k < st.shape[static_cast<std::size_t>(i.axis)]; ++k) {
+    c[static_cast<std::size_t>(i.axis)] = k;
+    std::int64_t idx = 0;
+    for (std::size_t d = 0; d < c.size(); ++d) idx = idx * st.shape[d] + c[d];
+    g.push_back(st.ranks.at(static_cast<std::size_t>(idx)));
+  }
+  return g;
+}
+
+std::vector<Instr> Program::instructions(int rank) const {
+  const auto& rp = ranks.at(static_cast<std::size_t>(rank));
+  std::vector<Instr> out;
+  for (const auto& i : rp.instrs())
+    if (rp.runs(i)) {
+      out.push_back(i);
+      out.back().group = group_of(rank, i);
+    }
+  return out;
+}
+
+std::size_t Program::num_instructions(int rank) const {
+  const auto& rp = ranks.at(static_cast<std::size_t>(rank));
+  return static_cast<std::size_t>(
+      std::count_if(rp.instrs().begin(), rp.instrs().end(), [&](const Instr& i) { return rp.runs(i); }));
+}
+
 std::string Program::describe(int rank, int index) const {
-  const Instr& i = ranks.at(static_cast<std::size_t>(rank)).instrs.at(static_cast<std::size_t>(index));
+  const Instr& i = ranks.at(static_cast<std::size_t>(rank)).instrs().at(static_cast<std::size_t>(index));
   auto names = [&](const std::vector<int>& ids) {
     std::vector<std::string> n;
     for (int b : ids)
@@ -227,7 +286,14 @@ std::string Program::describe(int rank, int index) const {
   std::string head = fmt::format("rank {} #{} {}", rank, index, instr_kind_name(i.kind));
   if (i.op >= 0 && i.op < static_cast<ir::OpId>(graph.ops().size())) head += " " + graph.op(i.op).name;
   if (i.axis >= 0) head += fmt::format("@{}", i.axis);
-  if (is_collective(i.kind)) head += fmt::format(" group {}", i.group);
+  if (is_collective(i.kind)) {
+    std::vector<int> g = i.group;
+    try {
+      g = group_of(rank, i);
+    } catch (const Error&) {  // a bad axis: describe what is there
+    }
+    head += fmt::format(" group {}", g);
+  }
   if (i.kind == InstrKind::AllReduce || i.kind == InstrKind::ReduceScatter)
     head += i.reduce == ReduceOp::Sum ? " (sum)" : " (max)";
   if (i.kind == InstrKind::Free) return head + " " + names(i.in);
@@ -242,8 +308,9 @@ std::string Program::describe(int rank, int index) const {
 std::string Program::dump_rank(int rank) const {
   const auto& r = ranks.at(static_cast<std::size_t>(rank));
   std::string s = fmt::format("rank {} (device {}, stage {}, coord {}): {} instructions\n", r.rank, r.device,
-                              r.stage, r.coord, r.instrs.size());
-  for (int k = 0; k < static_cast<int>(r.instrs.size()); ++k) s += "  " + describe(rank, k) + "\n";
+                              r.stage, r.coord, num_instructions(rank));
+  for (int k = 0; k < static_cast<int>(r.instrs().size()); ++k)
+    if (r.runs(r.instrs()[static_cast<std::size_t>(k)])) s += "  " + describe(rank, k) + "\n";
   return s;
 }
 
@@ -269,14 +336,43 @@ void check(const Program& p) {
                "program: buffer '{}' names tensor id {}, which does not exist", b.name, b.tensor);
 
   // Per rank: dataflow (read after write, not after free) and the groups of collectives and
-  // transfers. A Send reads its input here (its output lives on the receivers); a Recv writes its
-  // output here (its input lives on the sender).
+  // transfers, over the instructions the rank runs. A Send reads its input here (its output lives
+  // on the receivers); a Recv writes its output here.
+  // The groups of each rank along each axis of its stage mesh (collectives without an explicit one).
+  std::vector<std::vector<std::vector<int>>> axis_group(static_cast<std::size_t>(nr));
   for (int r = 0; r < nr; ++r) {
     const auto& rp = p.ranks[static_cast<std::size_t>(r)];
-    std::vector<char> live(static_cast<std::size_t>(nb), 0);
+    WEFT_CHECK(rp.stage >= 0 && rp.stage < static_cast<int>(p.stages.size()), "program: rank {} names stage {} of {}",
+               r, rp.stage, p.stages.size());
+    const auto& st = p.stages[static_cast<std::size_t>(rp.stage)];
+    WEFT_CHECK(rp.coord.size() == st.shape.size(), "program: rank {}'s coordinate {} is not on its stage mesh {}", r,
+               rp.coord, st.shape);
+    for (int a = 0; a < static_cast<int>(st.shape.size()); ++a) {
+      Instr probe;
+      probe.kind = InstrKind::AllReduce;
+      probe.axis = a;
+      axis_group[static_cast<std::size_t>(r)].push_back(p.group_of(r, probe));
+    }
+  }
+  auto group = [&](int r, const Instr& i) -> const std::vector<int>& {
+    if (!is_collective(i.kind) || !i.group.empty()) return i.group;
+    const auto& ag = axis_group[static_cast<std::size_t>(r)];
+    WEFT_CHECK(i.axis >= 0 && i.axis < static_cast<int>(ag.size()), "program: rank {}: a collective on axis {} of a {}-axis mesh",
+               r, i.axis, ag.size());
+    return ag[static_cast<std::size_t>(i.axis)];
+  };
+  std::vector<char> live(static_cast<std::size_t>(nb), 0);
+  for (int r = 0; r < nr; ++r) {
+    const auto& rp = p.ranks[static_cast<std::size_t>(r)];
+    const auto& ins = rp.instrs();
+    std::fill(live.begin(), live.end(), 0);
     for (int b : p.leaf_buffers) live[static_cast<std::size_t>(b)] = 1;
-    for (int k = 0; k < static_cast<int>(rp.instrs.size()); ++k) {
-      const Instr& i = rp.instrs[static_cast<std::size_t>(k)];
+    for (int k = 0; k < static_cast<int>(ins.size()); ++k) {
+      const Instr& i = ins[static_cast<std::size_t>(k)];
+      if (is_transfer(i.kind))
+        WEFT_CHECK(i.on_rank >= 0 && i.on_rank < nr && p.ranks[static_cast<std::size_t>(i.on_rank)].stage == rp.stage,
+                   "program: {}: a transfer runs on one rank of its stage, not on rank {}", p.describe(r, k), i.on_rank);
+      if (!rp.runs(i)) continue;
       for (int b : i.in) WEFT_CHECK(buf_ok(b), "program: {} reads buffer id {} (out of range)", p.describe(r, k), b);
       for (int b : i.out) WEFT_CHECK(buf_ok(b), "program: {} writes buffer id {} (out of range)", p.describe(r, k), b);
       if (i.kind != InstrKind::Recv)
@@ -288,33 +384,32 @@ void check(const Program& p) {
         for (int b : i.in) live[static_cast<std::size_t>(b)] = 0;
       else if (i.kind != InstrKind::Send)
         for (int b : i.out) live[static_cast<std::size_t>(b)] = 1;
-      if (is_collective(i.kind) || is_transfer(i.kind)) {
-        WEFT_CHECK(i.in.size() == (i.kind == InstrKind::Recv ? 0u : 1u) && i.out.size() == 1,
-                   "program: {} must read and write one buffer (a recv: write one)", p.describe(r, k));
-        std::set<int> uniq(i.group.begin(), i.group.end());
-        WEFT_CHECK(uniq.size() == i.group.size(), "program: {}: a rank appears twice in the group", p.describe(r, k));
-        for (int g : i.group) WEFT_CHECK(g >= 0 && g < nr, "program: {}: group rank {} does not exist", p.describe(r, k), g);
+      if (!is_collective(i.kind) && !is_transfer(i.kind)) continue;
+      WEFT_CHECK(i.in.size() == (i.kind == InstrKind::Recv ? 0u : 1u) && i.out.size() == 1,
+                 "program: {} must read and write one buffer (a recv: write one)", p.describe(r, k));
+      const auto& g = group(r, i);
+      std::set<int> uniq(g.begin(), g.end());
+      WEFT_CHECK(uniq.size() == g.size(), "program: {}: a rank appears twice in the group", p.describe(r, k));
+      for (int m : g) WEFT_CHECK(m >= 0 && m < nr, "program: {}: group rank {} does not exist", p.describe(r, k), m);
+      if (is_collective(i.kind)) {
+        WEFT_CHECK(uniq.count(r), "program: {}: the rank is not in its own group", p.describe(r, k));
+        continue;
       }
-      if (is_collective(i.kind))
-        WEFT_CHECK(std::find(i.group.begin(), i.group.end(), r) != i.group.end(),
-                   "program: {}: the rank is not in its own group", p.describe(r, k));
-      if (is_transfer(i.kind)) {
-        WEFT_CHECK(!i.group.empty() && std::find(i.group.begin(), i.group.end(), r) == i.group.end(),
-                   "program: {}: a transfer needs peers other than the rank itself", p.describe(r, k));
-        WEFT_CHECK(i.kind == InstrKind::Send || i.group.size() == 1, "program: {}: a recv has exactly one sender",
-                   p.describe(r, k));
-        WEFT_CHECK(i.tag >= 0, "program: {}: a transfer needs a tag", p.describe(r, k));
-        const auto& shape = p.buffers[static_cast<std::size_t>(i.out[0])].shape;
-        WEFT_CHECK(i.region.size() == shape.size(), "program: {}: the region has {} dims, the tensor {}",
-                   p.describe(r, k), i.region.size(), shape.size());
-        for (std::size_t d = 0; d < shape.size(); ++d) {
-          const auto& iv = i.region[d];
-          WEFT_CHECK(iv.size() % 2 == 0, "program: {}: region dim {} is not a list of intervals", p.describe(r, k), d);
-          for (std::size_t q = 0; q < iv.size(); q += 2)
-            WEFT_CHECK(iv[q] >= (q ? iv[q - 1] : 0) && iv[q] < iv[q + 1] && iv[q + 1] <= shape[d],
-                       "program: {}: region dim {} interval [{}, {}) is not sorted inside [0, {})", p.describe(r, k),
-                       d, iv[q], iv[q + 1], shape[d]);
-        }
+      WEFT_CHECK(!g.empty() && !uniq.count(r), "program: {}: a transfer needs peers other than the rank itself",
+                 p.describe(r, k));
+      WEFT_CHECK(i.kind == InstrKind::Send || g.size() == 1, "program: {}: a recv has exactly one sender",
+                 p.describe(r, k));
+      WEFT_CHECK(i.tag >= 0, "program: {}: a transfer needs a tag", p.describe(r, k));
+      const auto& shape = p.buffers[static_cast<std::size_t>(i.out[0])].shape;
+      WEFT_CHECK(i.region.size() == shape.size(), "program: {}: the region has {} dims, the tensor {}",
+                 p.describe(r, k), i.region.size(), shape.size());
+      for (std::size_t d = 0; d < shape.size(); ++d) {
+        const auto& iv = i.region[d];
+        WEFT_CHECK(iv.size() % 2 == 0, "program: {}: region dim {} is not a list of intervals", p.describe(r, k), d);
+        for (std::size_t q = 0; q < iv.size(); q += 2)
+          WEFT_CHECK(iv[q] >= (q ? iv[q - 1] : 0) && iv[q] < iv[q + 1] && iv[q + 1] <= shape[d],
+                     "program: {}: region dim {} interval [{}, {}) is not sorted inside [0, {})", p.describe(r, k), d,
+                     iv[q], iv[q + 1], shape[d]);
       }
     }
   }
@@ -325,10 +420,13 @@ void check(const Program& p) {
   std::vector<std::size_t> pc(static_cast<std::size_t>(nr), 0);
   std::map<std::pair<int, int>, std::pair<int, const Instr*>> posted;  // (tag, receiver) -> (sender, send)
   auto advance = [&](int r) {
-    const auto& ins = p.ranks[static_cast<std::size_t>(r)].instrs;
+    const auto& rp = p.ranks[static_cast<std::size_t>(r)];
+    const auto& ins = rp.instrs();
     auto& k = pc[static_cast<std::size_t>(r)];
-    for (; k < ins.size() && !is_collective(ins[k].kind); ++k) {
+    for (; k < ins.size(); ++k) {
       const Instr& i = ins[k];
+      if (!rp.runs(i)) continue;
+      if (is_collective(i.kind)) break;
       if (i.kind == InstrKind::Send) {
         for (int q : i.group)
           WEFT_CHECK(posted.emplace(std::pair{i.tag, q}, std::pair{r, &i}).second,
@@ -336,53 +434,59 @@ void check(const Program& p) {
       } else if (i.kind == InstrKind::Recv) {
         auto it = posted.find({i.tag, r});
         if (it == posted.end()) break;
-        const Instr& s = *it->second.second;
-        WEFT_CHECK(it->second.first == i.group[0] && s.out == i.out && s.region == i.region,
+        const Instr& snd = *it->second.second;
+        WEFT_CHECK(it->second.first == i.group[0] && snd.out == i.out && snd.region == i.region,
                    "program: transfer mismatch: {} meets a send of tag {} from rank {} with other buffers or region",
                    p.describe(r, static_cast<int>(k)), i.tag, it->second.first);
         posted.erase(it);
       }
     }
   };
+  auto at_end = [&](int r) { return pc[static_cast<std::size_t>(r)] >= p.ranks[static_cast<std::size_t>(r)].instrs().size(); };
   for (;;) {
     bool done = true, progress = false;
     for (int r = 0; r < nr; ++r) {
       const std::size_t before = pc[static_cast<std::size_t>(r)];
       advance(r);
       progress = progress || pc[static_cast<std::size_t>(r)] != before;
-      done = done && pc[static_cast<std::size_t>(r)] >= p.ranks[static_cast<std::size_t>(r)].instrs.size();
+      done = done && at_end(r);
     }
     if (done) break;
     for (int r = 0; r < nr; ++r) {
-      const auto& ins = p.ranks[static_cast<std::size_t>(r)].instrs;
-      std::size_t k = pc[static_cast<std::size_t>(r)];
-      if (k >= ins.size() || !is_collective(ins[k].kind)) continue;
+      if (at_end(r)) continue;
+      const auto& ins = p.ranks[static_cast<std::size_t>(r)].instrs();
+      const std::size_t k = pc[static_cast<std::size_t>(r)];
       const Instr& i = ins[k];
-      if (i.group.front() != r) continue;  // the group's first rank decides
+      if (!is_collective(i.kind)) continue;
+      const auto& g = group(r, i);
+      if (g.front() != r) continue;  // the group's first rank decides
       bool ready = true;
-      for (int g : i.group) {
-        const auto& gi = p.ranks[static_cast<std::size_t>(g)].instrs;
-        std::size_t gk = pc[static_cast<std::size_t>(g)];
-        if (gk >= gi.size() || gi[gk].group != i.group) {
+      for (int m : g) {
+        if (at_end(m)) {
           ready = false;
           break;
         }
-        const Instr& o = gi[gk];
+        const auto& mi = p.ranks[static_cast<std::size_t>(m)].instrs();
+        const std::size_t mk = pc[static_cast<std::size_t>(m)];
+        const Instr& o = mi[mk];
+        if (!is_collective(o.kind) || group(m, o) != g) {
+          ready = false;
+          break;
+        }
         WEFT_CHECK(o.kind == i.kind && o.axis == i.axis && o.in == i.in && o.out == i.out && o.reduce == i.reduce,
                    "program: collective mismatch: {} meets {}", p.describe(r, static_cast<int>(k)),
-                   p.describe(g, static_cast<int>(gk)));
+                   p.describe(m, static_cast<int>(mk)));
       }
       if (!ready) continue;
-      for (int g : i.group) ++pc[static_cast<std::size_t>(g)];
+      for (int m : g) ++pc[static_cast<std::size_t>(m)];
       progress = true;
     }
     if (!progress) {
       for (int r = 0; r < nr; ++r) {
-        const auto& ins = p.ranks[static_cast<std::size_t>(r)].instrs;
-        std::size_t k = pc[static_cast<std::size_t>(r)];
-        if (k < ins.size())
-          fail("program: deadlock: {} waits for {}, which never comes", p.describe(r, static_cast<int>(k)),
-               ins[k].kind == InstrKind::Recv ? "its message" : "its group");
+        if (at_end(r)) continue;
+        const std::size_t k = pc[static_cast<std::size_t>(r)];
+        fail("program: deadlock: {} waits for {}, which never comes", p.describe(r, static_cast<int>(k)),
+             p.ranks[static_cast<std::size_t>(r)].instrs()[k].kind == InstrKind::Recv ? "its message" : "its group");
       }
     }
   }

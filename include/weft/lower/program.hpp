@@ -29,6 +29,7 @@
 // (check() proves it, and that the order cannot deadlock, before anything runs).
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -64,7 +65,11 @@ struct Instr {
   ir::OpId op = -1;              // compute kinds
   std::vector<int> in, out;      // buffer ids
   int axis = -1;                 // collectives / local reshard steps: the mesh axis
-  std::vector<int> group;        // collectives: ranks along `axis`, coordinate order
+  // Collectives: the ranks along `axis`, coordinate order; empty = the running rank's group along
+  // `axis` of its stage mesh (Program::group_of), as the lowering writes them so that the ranks of
+  // a stage share one list. Send: the receiver ranks. Recv: {the sender rank}.
+  std::vector<int> group;
+  int on_rank = -1;              // Send / Recv: the one rank that runs it (-1: every rank of the list)
   ReduceOp reduce = ReduceOp::Sum;
   std::vector<int> axes;         // CeLoss/CeGrad: the mesh axes splitting the class dim
   bool internal = false;         // a collective inside one op (vocab-parallel statistics), not a
@@ -78,13 +83,24 @@ struct Instr {
   bool operator==(const Instr&) const = default;
 };
 
+// A rank's program. The ranks of a stage run the same instructions (SPMD: collective groups come
+// from each rank's coordinate, a transfer runs only on its `on_rank`), so the lowering gives them
+// one shared list; edit() makes a rank's own copy (copy on write).
 struct RankProgram {
   int rank = 0;
   int device = 0;                      // cluster device id
   int stage = 0;
   std::vector<std::int64_t> coord;     // on the stage mesh
-  std::vector<Instr> instrs;
-  bool operator==(const RankProgram&) const = default;
+  // Shared by the ranks of a stage: change it through edit() only.
+  std::shared_ptr<std::vector<Instr>> code = std::make_shared<std::vector<Instr>>();
+
+  const std::vector<Instr>& instrs() const { return *code; }
+  std::vector<Instr>& edit();  // this rank's own list, to change (copied first when shared)
+  // Whether instruction k of the list is this rank's (a transfer of another rank is not).
+  bool runs(const Instr& i) const { return i.on_rank < 0 || i.on_rank == rank; }
+  bool operator==(const RankProgram& o) const {
+    return rank == o.rank && device == o.device && stage == o.stage && coord == o.coord && *code == *o.code;
+  }
 };
 
 struct StageMesh {
@@ -112,11 +128,18 @@ struct Program {
   int loss = -1;                          // the loss's produced buffer
 
   int num_ranks() const { return static_cast<int>(ranks.size()); }
+  // The ranks of a collective of `rank` (its explicit group, or its group along the axis of its
+  // stage mesh); the peers of a transfer.
+  std::vector<int> group_of(int rank, const Instr& i) const;
+  // What `rank` runs, in order: its list without other ranks' transfers, collective groups filled in.
+  std::vector<Instr> instructions(int rank) const;
+  std::size_t num_instructions(int rank) const;
   std::string to_json() const;
   static Program from_json(std::string_view text);  // weft::Error naming the bad field
   std::string dump() const;                          // readable, one line per instruction, per rank
   std::string dump_rank(int rank) const;
-  std::string describe(int rank, int index) const;   // "rank 3 #12 all-reduce@1 h@P(sum) -> h@R"
+  // Instruction `index` of the rank's list: "rank 3 #12 all-reduce@1 group [1, 3] (sum) h@P(sum) -> h@R".
+  std::string describe(int rank, int index) const;
   bool operator==(const Program&) const = default;
 };
 

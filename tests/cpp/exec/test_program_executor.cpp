@@ -62,7 +62,7 @@ TEST_CASE("exec program: tiny GPT, the search's layouts on meshes 2, 4, 2x2, 2x4
     std::int64_t sent = 0;
     for (const auto& s : r.dist.ranks) sent += s.total_sent();
     MESSAGE(fmt::format("mesh {}: {} instructions on rank 0, {} B sent, max rel diff {:.2e} ({})", fmt::join(mesh, "x"),
-                        r.program.ranks[0].instrs.size(), sent, r.diff, r.worst));
+                        r.program.num_instructions(0), sent, r.diff, r.worst));
   }
 }
 
@@ -91,7 +91,7 @@ TEST_CASE("exec program: random layouts of every op and leaf on meshes 2, 4, 2x2
       for (const auto& r : dist.ranks)
         for (const auto& [kind, b] : r.bytes_sent) kinds[kind] += b;
       MESSAGE(fmt::format("mesh {} seed {}: {} instructions, sent {}, diff {:.1e}", fmt::join(mesh, "x"), seed,
-                          prog.ranks[0].instrs.size(), kinds, d));
+                          prog.num_instructions(0), kinds, d));
     }
   }
 }
@@ -185,7 +185,7 @@ TEST_CASE("exec program: MoE, U-Net, Wide-ResNet and BERT (tiny) under random la
       CAPTURE(worst);
       CHECK(d < 1e-10);
       MESSAGE(fmt::format("{} on {}: {} instructions, diff {:.1e}", name, fmt::join(mesh, "x"),
-                          prog.ranks[0].instrs.size(), d));
+                          prog.num_instructions(0), d));
     }
   }
 }
@@ -224,10 +224,10 @@ TEST_CASE("exec program: a changed stride in one spec is caught") {
   auto bad = prog;
   int changed = -1;
   std::set<int> einsum_operands;  // buffers an einsum reads (its kernel does not look at tiles)
-  for (const auto& i : bad.ranks[0].instrs)
+  for (const auto& i : bad.ranks[0].instrs())
     if (i.kind == lower::InstrKind::Compute && g.op(i.op).kind == ir::OpKind::Einsum)
       einsum_operands.insert(i.in.begin(), i.in.end());
-  for (const auto& i : bad.ranks[0].instrs) {
+  for (const auto& i : bad.ranks[0].instrs()) {
     if (changed >= 0 || (i.kind != lower::InstrKind::AllToAll && i.kind != lower::InstrKind::LocalSlice)) continue;
     if (!einsum_operands.count(i.out[0])) continue;
     auto& buf = bad.buffers[static_cast<std::size_t>(i.out[0])];
@@ -256,20 +256,22 @@ TEST_CASE("exec program: a dropped all-reduce is caught") {
   REQUIRE(max_rel_diff(exec::execute_program(prog, eo), ref) < 1e-10);
   // The first all-reduce of a resharding edge (a partial sum resolved).
   std::size_t k = 0;
-  while (k < prog.ranks[0].instrs.size() &&
-         !(prog.ranks[0].instrs[k].kind == lower::InstrKind::AllReduce && !prog.ranks[0].instrs[k].internal))
-    ++k;
-  REQUIRE(k < prog.ranks[0].instrs.size());
+  const auto& ins = prog.ranks[0].instrs();  // the stage's shared list
+  while (k < ins.size() && !(ins[k].kind == lower::InstrKind::AllReduce && !ins[k].internal)) ++k;
+  REQUIRE(k < ins.size());
   SUBCASE("dropped: the static check finds its result never written") {
     auto bad = prog;
-    for (auto& r : bad.ranks) r.instrs.erase(r.instrs.begin() + static_cast<std::ptrdiff_t>(k));
+    for (auto& r : bad.ranks) {
+      auto& list = r.edit();
+      list.erase(list.begin() + static_cast<std::ptrdiff_t>(k));
+    }
     CHECK_THROWS_WITH_AS(lower::check(bad), doctest::Contains("has not written"), Error);
     CHECK_THROWS_AS(exec::execute_program(bad, eo), Error);
   }
   SUBCASE("replaced by a local copy: it runs, and the results differ") {
     auto bad = prog;
     for (auto& r : bad.ranks) {
-      auto& i = r.instrs[k];
+      auto& i = r.edit()[k];
       i.kind = lower::InstrKind::Copy;
       i.group.clear();
       i.axis = -1;
@@ -296,7 +298,7 @@ TEST_CASE("exec program: the bytes each rank sends equal the cost model's for th
     // all-gather (k−1)/k·B_after, reduce-scatter (k−1)/k·B_before, all-to-all (k−1)/k·B.
     for (int r = 0; r < prog.num_ranks(); ++r) {
       std::map<std::string, double> model;
-      for (const auto& i : prog.ranks[static_cast<std::size_t>(r)].instrs) {
+      for (const auto& i : prog.instructions(r)) {
         if (!lower::is_collective(i.kind) || i.internal) continue;
         auto bytes = [&](int b) {
           const auto& buf = prog.buffers[static_cast<std::size_t>(b)];
@@ -388,7 +390,7 @@ TEST_CASE("exec program: data-parallel replicas and micro-batches (gradient accu
       CAPTURE(worst);
       // The replicas' gradients meet in all-reduces / reduce-scatters along the replica axis 0.
       bool replica_sync = false;
-      for (const auto& i : prog.ranks[0].instrs)
+      for (const auto& i : prog.ranks[0].instrs())
         replica_sync = replica_sync || (lower::is_collective(i.kind) && i.axis == 0);
       CHECK(replica_sync);
     }
@@ -413,7 +415,7 @@ TEST_CASE("exec program: data-parallel replicas and micro-batches (gradient accu
       CHECK(max_rel_diff(exec::execute_program(prog, eo), ref, &worst) < 1e-10);
       CAPTURE(worst);
       MESSAGE(fmt::format("megatron t={} d={}: {} micro-batches of {}, {} instructions on rank 0", t, d,
-                          p.num_microbatches, p.microbatch_size, prog.ranks[0].instrs.size()));
+                          p.num_microbatches, p.microbatch_size, prog.num_instructions(0)));
     }
   }
 }

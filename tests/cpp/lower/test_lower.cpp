@@ -32,7 +32,7 @@ lower::Program program_2x2() {
 
 // Index of the first collective on `rank` along `axis`.
 std::size_t first_collective(const lower::Program& p, int rank, int axis, std::size_t from = 0) {
-  const auto& ins = p.ranks[static_cast<std::size_t>(rank)].instrs;
+  const auto& ins = p.ranks[static_cast<std::size_t>(rank)].instrs();
   for (std::size_t k = from; k < ins.size(); ++k)
     if (lower::is_collective(ins[k].kind) && ins[k].axis == axis) return k;
   return ins.size();
@@ -46,17 +46,21 @@ TEST_CASE("lower: a program has one list per rank, round-trips through JSON and 
   CHECK_NOTHROW(lower::check(p));
   for (int r = 0; r < 4; ++r) {
     CHECK(p.ranks[static_cast<std::size_t>(r)].rank == r);
-    CHECK(p.ranks[static_cast<std::size_t>(r)].instrs.size() == p.ranks[0].instrs.size());  // SPMD: one template
+    CHECK(p.ranks[static_cast<std::size_t>(r)].code == p.ranks[0].code);  // SPMD: one shared list
+    CHECK(p.instructions(r).size() == p.num_instructions(r));
   }
-  CHECK(first_collective(p, 0, 0) < p.ranks[0].instrs.size());
-  CHECK(first_collective(p, 0, 1) < p.ranks[0].instrs.size());
+  CHECK(first_collective(p, 0, 0) < p.ranks[0].instrs().size());
+  CHECK(first_collective(p, 0, 1) < p.ranks[0].instrs().size());
   // Groups along an axis: ranks differing only in that coordinate, in coordinate order.
-  const auto& i0 = p.ranks[3].instrs[first_collective(p, 3, 0)];
-  CHECK(i0.group == std::vector<int>{1, 3});
-  const auto& i1 = p.ranks[3].instrs[first_collective(p, 3, 1)];
-  CHECK(i1.group == std::vector<int>{2, 3});
+  const auto& i0 = p.ranks[3].instrs()[first_collective(p, 3, 0)];
+  CHECK(p.group_of(3, i0) == std::vector<int>{1, 3});
+  CHECK(p.group_of(0, i0) == std::vector<int>{0, 2});
+  const auto& i1 = p.ranks[3].instrs()[first_collective(p, 3, 1)];
+  CHECK(p.group_of(3, i1) == std::vector<int>{2, 3});
+  CHECK(p.instructions(3)[first_collective(p, 3, 1)].group == std::vector<int>{2, 3});
   const auto back = lower::Program::from_json(p.to_json());
   CHECK(back == p);
+  CHECK(back.ranks[1].code == back.ranks[2].code);  // still shared after the round trip
   CHECK(back.dump() == p.dump());
   CHECK(p.dump_rank(0).find("rank 0 #0 load-input") != std::string::npos);
   CHECK_THROWS_WITH_AS(lower::Program::from_json("{\"format\": \"other\"}"), doctest::Contains("not a weft program"),
@@ -70,28 +74,29 @@ TEST_CASE("lower: the static check catches what would hang or read garbage, nami
   const auto good = program_2x2();
   SUBCASE("two collectives of different groups swapped on one rank: deadlock or mismatch") {
     auto p = good;
-    auto& ins = p.ranks[0].instrs;
     const std::size_t a = first_collective(p, 0, 0), b = first_collective(p, 0, 1);
+    auto& ins = p.ranks[0].edit();  // rank 0's own list from now on
     std::swap(ins[a], ins[b]);
     CHECK_THROWS_WITH_AS(lower::check(p), doctest::Contains("rank"), Error);
   }
   SUBCASE("a collective missing on one member: its group never gathers") {
     auto p = good;
-    auto& ins = p.ranks[2].instrs;
     const std::size_t a = first_collective(p, 2, 0);
+    auto& ins = p.ranks[2].edit();
     ins[a].kind = lower::InstrKind::Copy;
     ins[a].group.clear();
     CHECK_THROWS_AS(lower::check(p), Error);
   }
   SUBCASE("a rank outside its own group") {
     auto p = good;
-    auto& i = p.ranks[1].instrs[first_collective(p, 1, 1)];
-    i.group = {0, 2};
+    const std::size_t a = first_collective(p, 1, 1);
+    auto& i = p.ranks[1].edit()[a];
+    i.group = {0, 2};  // an explicit group without rank 1
     CHECK_THROWS_WITH_AS(lower::check(p), doctest::Contains("not in its own group"), Error);
   }
   SUBCASE("a buffer read after its free") {
     auto p = good;
-    auto& ins = p.ranks[0].instrs;
+    auto& ins = p.ranks[0].edit();
     auto f = std::find_if(ins.begin(), ins.end(), [](const lower::Instr& i) { return i.kind == lower::InstrKind::Free; });
     REQUIRE(f != ins.end());
     const int freed = f->in[0];
