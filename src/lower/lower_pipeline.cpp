@@ -111,10 +111,22 @@ class PipelineLowering {
     dp_ = opt_.replicas;
     WEFT_CHECK(S_ >= 1, "lowering: no stages");
     WEFT_CHECK(dp_ >= 1 && M_ >= 1, "lowering: replicas ({}) and micro-batches ({}) must be >= 1", dp_, M_);
-    sched_ = std::make_unique<schedule::Schedule>(schedule::make_schedule(opt_.schedule, S_, M_, opt_.schedule_k, 1));
     accumulate_ = M_ > 1 || dp_ > 1;
     p_.graph = g_;
     setup_stages();
+    // Logical stage s runs on device group s mod D (D groups, S = D·v: interleaved when v > 1).
+    const int D = static_cast<int>(group_mesh_.size());
+    WEFT_CHECK(S_ % D == 0, "lowering: {} stages on {} device groups: every group must hold as many stages", S_, D);
+    for (int s = 0; s < S_; ++s)
+      WEFT_CHECK(group_of_stage_[static_cast<std::size_t>(s)] == s % D,
+                 "lowering: stage {} runs on device group {}, the schedule puts it on group {} (stage s on group s mod "
+                 "{})",
+                 s, group_of_stage_[static_cast<std::size_t>(s)], s % D, D);
+    WEFT_CHECK(S_ == D || opt_.schedule == "interleaved",
+               "lowering: several stages per device group need the interleaved schedule, not '{}'", opt_.schedule);
+    sched_ = std::make_unique<schedule::Schedule>(
+        opt_.schedule == "interleaved" ? schedule::interleaved_1f1b(D, S_ / D, M_)
+                                       : schedule::make_schedule(opt_.schedule, S_, M_, opt_.schedule_k, 1));
     classify();
     find_crossings();
     plan_transfers();
@@ -164,21 +176,30 @@ class PipelineLowering {
                    g_.op(o).name, stage_of_op_[static_cast<std::size_t>(o)], s);
         stage_of_op_[static_cast<std::size_t>(o)] = s;
       }
-      StageMesh sm;
-      sm.shape = shape;
-      sm.replicas = dp_;
-      sm.microbatches = M_;
-      sm.microbatch_size = batch_of(g_);
-      sm.schedule = opt_.schedule;
-      for (int d : ps.mesh.device_ids()) {
-        WEFT_CHECK(devices.insert(d).second,
-                   "lowering: device {} is in two stages (a device runs one stage; interleaved stages are not "
-                   "lowered)",
-                   d);
-        rank_of_device_[d] = rank;
-        sm.ranks.push_back(rank++);
+      // The device group of the stage: a new one, or (interleaved) the one holding its devices.
+      int grp = -1;
+      for (int g = 0; g < static_cast<int>(group_mesh_.size()); ++g)
+        if (group_mesh_[static_cast<std::size_t>(g)] == ps.mesh) grp = g;
+      if (grp < 0) {
+        grp = static_cast<int>(group_mesh_.size());
+        group_mesh_.push_back(ps.mesh);
+        StageMesh sm;
+        sm.shape = shape;
+        sm.replicas = dp_;
+        sm.microbatches = M_;
+        sm.microbatch_size = batch_of(g_);
+        sm.schedule = opt_.schedule;
+        for (int d : ps.mesh.device_ids()) {
+          WEFT_CHECK(devices.insert(d).second,
+                     "lowering: device {} is in two stages with different meshes (a device group runs its stages on "
+                     "one mesh)",
+                     d);
+          rank_of_device_[d] = rank;
+          sm.ranks.push_back(rank++);
+        }
+        p_.stages.push_back(std::move(sm));
       }
-      p_.stages.push_back(std::move(sm));
+      group_of_stage_.push_back(grp);
       st_.push_back(std::move(st));
     }
     for (ir::OpId o = 0; o < static_cast<ir::OpId>(g_.ops().size()); ++o)
@@ -348,6 +369,10 @@ class PipelineLowering {
       for (int v : readers)
         if (v != u) crossings_.push_back({leaf, u, v, kU, kU, leaf_spec(u, leaf), leaf_spec(v, leaf), -1, leaf, true});
     }
+    for (const auto& c : crossings_)
+      WEFT_CHECK(group_of_stage_[static_cast<std::size_t>(c.from)] != group_of_stage_[static_cast<std::size_t>(c.to)],
+                 "lowering: '{}' goes from stage {} to stage {}, which run on the same devices (not lowered)",
+                 g_.tensor(c.tensor).name, c.from, c.to);
     // The buffers they arrive in: the first layout of the tensor on the receiving stage (the
     // replicas' partial means of a once-per-step gradient stay partial).
     for (auto& c : crossings_) {
@@ -417,6 +442,7 @@ class PipelineLowering {
     b.spec = text;
     b.stage = s;
     b.element_bytes = t >= 0 ? static_cast<int>(dtype_size(g_.tensor(t).dtype)) : 4;
+    b.stage = group_of_stage_[static_cast<std::size_t>(s)];  // the program's stage: the device group
     b.name = S_ > 1 ? fmt::format("{}@{}:s{}", base, text, s) : base + "@" + text;
     for (int k = 2; names_.count(b.name); ++k) b.name = fmt::format("{}@{}#{}", base, text, k);
     names_.insert(b.name);
@@ -724,16 +750,18 @@ class PipelineLowering {
     if (p_.loss >= 0) keep.insert(p_.loss);
     for (const auto& [n, b] : p_.gradients) keep.insert(b);
     p_.ranks.resize(rank_of_device_.size());
-    for (int s = 0; s < S_; ++s) {
-      const auto& st = st_[static_cast<std::size_t>(s)];
+    for (int grp = 0; grp < static_cast<int>(group_mesh_.size()); ++grp) {
       std::vector<Instr> list;
-      std::array<bool, 4> first{true, true, true, true};
-      auto run_phase = [&](Phase ph, int m) {
+      std::map<std::pair<int, int>, bool> ran;  // (stage, phase) -> ran before
+      auto run_phase = [&](int s, Phase ph, int m) {
+        const auto& st = st_[static_cast<std::size_t>(s)];
+        const bool first = !ran[{s, ph}];
+        ran[{s, ph}] = true;
         for (const auto& t : st.tmpl[static_cast<std::size_t>(ph)]) {
           Instr i = t.i;
           for (int& b : i.in) b = inst(b, m);
           for (int& b : i.out) b = inst(b, m);
-          if (t.acc_slot && !first[static_cast<std::size_t>(ph)]) {
+          if (t.acc_slot && !first) {
             i.kind = InstrKind::Accumulate;
             i.in = {i.out[0], i.in[0]};
           }
@@ -745,19 +773,19 @@ class PipelineLowering {
           }
           list.push_back(std::move(i));
         }
-        first[static_cast<std::size_t>(ph)] = false;
       };
-      for (const auto& op : sched_->device_order(s))
-        run_phase(op.kind == schedule::OpKind::F ? kF : op.kind == schedule::OpKind::B ? kB : kW, op.micro);
-      run_phase(kU, 0);
+      for (const auto& op : sched_->device_order(grp))
+        run_phase(op.stage, op.kind == schedule::OpKind::F ? kF : op.kind == schedule::OpKind::B ? kB : kW, op.micro);
+      for (int s = grp; s < S_; s += static_cast<int>(group_mesh_.size())) run_phase(s, kU, 0);
       add_frees(list, keep);
       auto code = std::make_shared<std::vector<Instr>>(std::move(list));
-      for (int d : st.mesh.device_ids()) {
+      const auto& mesh = group_mesh_[static_cast<std::size_t>(grp)];
+      for (int d : mesh.device_ids()) {
         RankProgram& rp = p_.ranks[static_cast<std::size_t>(rank_of_device_.at(d))];
         rp.rank = rank_of_device_.at(d);
         rp.device = d;
-        rp.stage = s;
-        rp.coord = st.mesh.coord_of(d);
+        rp.stage = grp;
+        rp.coord = mesh.coord_of(d);
         rp.code = code;
       }
     }
@@ -808,6 +836,8 @@ class PipelineLowering {
   Phase phase_now_ = kF;
   std::vector<StageCtx> st_;
   std::map<int, int> rank_of_device_;
+  std::vector<cluster::DeviceMesh> group_mesh_;  // per device group (the program's stages)
+  std::vector<int> group_of_stage_;              // per (logical) stage
   std::vector<Crossing> crossings_;
   std::vector<Transfer> transfers_;
   int next_tag_ = 0;

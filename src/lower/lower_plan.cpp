@@ -6,9 +6,67 @@
 
 #include "weft/core/error.hpp"
 #include "weft/lower/lower.hpp"
+#include "weft/pipeline/grouping.hpp"
 #include "weft/plan/rebatch.hpp"
 
 namespace weft::lower {
+
+namespace {
+
+// Megatron's interleaving of a pipeline of D stages with v chunks each: every stage's ops are cut
+// into v chunks of consecutive forward ops (with their backward and update ops), balanced by FLOPs;
+// the model's k-th chunk (stage k / v, chunk k mod v) becomes logical stage k, on the devices of
+// stage k mod D. The chunks keep their ops' layouts, so every stage must have the same mesh shape.
+std::vector<PipelineStage> interleave(const ir::Graph& g, const std::vector<PipelineStage>& stages, int v) {
+  const int D = static_cast<int>(stages.size());
+  for (const auto& st : stages)
+    WEFT_CHECK(st.mesh.shape() == stages[0].mesh.shape(),
+               "lower: the interleaved schedule moves chunks between stages, which needs one mesh shape; the stages "
+               "have {} and {}",
+               stages[0].mesh.shape(), st.mesh.shape());
+  const auto owner = pipeline::owner_forward_op(g);
+  const auto phase = pipeline::classify_ops(g);
+  std::vector<double> flops(g.ops().size(), 0);  // per forward op: its own and its owned ops' FLOPs
+  for (ir::OpId o = 0; o < static_cast<ir::OpId>(g.ops().size()); ++o)
+    if (owner[static_cast<std::size_t>(o)] != ir::kNoOp) flops[static_cast<std::size_t>(owner[static_cast<std::size_t>(o)])] += g.op(o).flops();
+  std::vector<std::vector<ir::OpId>> chunk_ops(static_cast<std::size_t>(D * v));
+  for (int d = 0; d < D; ++d) {
+    const auto& st = stages[static_cast<std::size_t>(d)];
+    std::vector<char> in_stage(g.ops().size(), 0);
+    for (ir::OpId o : st.ops) in_stage[static_cast<std::size_t>(o)] = 1;
+    std::vector<ir::OpId> fwd;
+    double total = 0;
+    for (ir::OpId o : g.topo_order())
+      if (in_stage[static_cast<std::size_t>(o)] && phase[static_cast<std::size_t>(o)] == pipeline::OpPhase::Forward) {
+        fwd.push_back(o);
+        total += flops[static_cast<std::size_t>(o)];
+      }
+    WEFT_CHECK(static_cast<int>(fwd.size()) >= v, "lower: stage {} has {} forward ops, too few for {} chunks", d,
+               fwd.size(), v);
+    std::vector<int> chunk_of(g.ops().size(), -1);
+    double acc = 0;
+    int c = 0;
+    for (std::size_t k = 0; k < fwd.size(); ++k) {
+      // Cut when the chunk has its share, leaving at least one op for each chunk after it.
+      const int left = static_cast<int>(fwd.size() - k);
+      if (c + 1 < v && (acc >= total * (c + 1) / v || left <= v - 1 - c) && k > 0) ++c;
+      chunk_of[static_cast<std::size_t>(fwd[k])] = c;
+      acc += flops[static_cast<std::size_t>(fwd[k])];
+    }
+    for (ir::OpId o : st.ops) {
+      const ir::OpId f = owner[static_cast<std::size_t>(o)];
+      const int ch = f != ir::kNoOp && chunk_of[static_cast<std::size_t>(f)] >= 0 ? chunk_of[static_cast<std::size_t>(f)] : v - 1;
+      chunk_ops[static_cast<std::size_t>(d * v + ch)].push_back(o);
+    }
+  }
+  std::vector<PipelineStage> out;
+  for (int k = 0; k < D * v; ++k)  // the ops' layouts and leaf specs are those of their plan stage
+    out.push_back({stages[static_cast<std::size_t>(k % D)].mesh, std::move(chunk_ops[static_cast<std::size_t>(k)]),
+                   stages[static_cast<std::size_t>(k / v)].layout});
+  return out;
+}
+
+}  // namespace
 
 Program lower(const plan::Plan& plan, const ir::Graph& step, const cluster::Cluster& cluster) {
   WEFT_CHECK(!plan.stages.empty(), "lower: the plan has no stages");
@@ -22,11 +80,10 @@ Program lower(const plan::Plan& plan, const ir::Graph& step, const cluster::Clus
       std::all_of(plan.replica_microbatch.begin(), plan.replica_microbatch.end(),
                   [&](std::int64_t s) { return s == plan.microbatch_size; });
   const bool interleaved = plan.schedule == "interleaved" && plan.num_stages() > 1 && plan.schedule_v > 1;
-  WEFT_CHECK(even_shares && plan.split_fraction.empty() && !interleaved,
+  WEFT_CHECK(even_shares && plan.split_fraction.empty(),
              "lower: this plan has {} (not lowered yet: uneven data-parallel shares need one graph per share, the "
-             "uneven split uneven tiles, the interleaved schedule several stages per device)",
-             !even_shares ? "uneven replica shares" : !plan.split_fraction.empty() ? "an uneven tensor split"
-                                                                                  : "the interleaved schedule");
+             "uneven split uneven tiles)",
+             !even_shares ? "uneven replica shares" : "an uneven tensor split");
   WEFT_CHECK(plan.model == step.name(), "lower: the plan is for model '{}', the step graph is '{}'", plan.model,
              step.name());
   const std::int64_t batch = plan::batch_size(step);
@@ -81,6 +138,10 @@ Program lower(const plan::Plan& plan, const ir::Graph& step, const cluster::Clus
     cross.push_back({*t, c.from_stage, c.to_stage,
                      sharding::ShardingSpec::parse(c.src_spec, shape, spmd_shapes[static_cast<std::size_t>(c.from_stage)]),
                      sharding::ShardingSpec::parse(c.dst_spec, shape, spmd_shapes[static_cast<std::size_t>(c.to_stage)])});
+  }
+  if (interleaved) {
+    stages = interleave(g, stages, plan.schedule_v);
+    cross.clear();  // the chunks cross other boundaries than the plan's stages: producer layouts
   }
   PipelineOptions po;
   po.replicas = plan.data_parallel;

@@ -35,8 +35,9 @@ struct Cut {
   std::vector<lower::PipelineStage> stages;
   std::vector<lower::CrossStageSpec> cross;
 };
+// With `groups` < the stages, stage s runs on the devices of stage s mod groups (interleaved).
 Cut random_pipeline(const ir::Graph& g, const std::vector<std::vector<std::int64_t>>& meshes, std::uint32_t seed,
-                    int replicas = 1, bool random_arrival = true) {
+                    int replicas = 1, bool random_arrival = true, int groups = 0) {
   const int S = static_cast<int>(meshes.size());
   const auto grouping = pipeline::group_layers(g, S);
   Cut cut;
@@ -50,7 +51,10 @@ Cut random_pipeline(const ir::Graph& g, const std::vector<std::vector<std::int64
     std::int64_t n = 1;
     for (auto x : shape) n *= x;
     std::vector<int> devs;
-    for (int k = 0; k < n; ++k) devs.push_back(next_device++);
+    if (groups > 0 && s >= groups)
+      devs = cut.stages[static_cast<std::size_t>(s % groups)].mesh.device_ids();
+    else
+      for (int k = 0; k < n; ++k) devs.push_back(next_device++);
     lower::PipelineStage st{cluster::DeviceMesh(shape, devs), {}, test::random_layout(g, meshes[static_cast<std::size_t>(s)], seed + static_cast<std::uint32_t>(s))};
     for (ir::OpId o = 0; o < static_cast<ir::OpId>(g.ops().size()); ++o)
       if (stage_of_op[static_cast<std::size_t>(o)] == s) st.ops.push_back(o);
@@ -189,6 +193,53 @@ TEST_CASE("exec pipeline: 3 and 4 stages on meshes of different shapes, replicas
         CHECK(d < 1e-10);
         MESSAGE(fmt::format("{} 3 stages {}: {} sends, diff {:.1e}", name, sched, count(prog, lower::InstrKind::Send), d));
       }
+    }
+  }
+}
+
+TEST_CASE("exec pipeline: interleaved 1F1B, two chunks per device group, equals one device") {
+  const auto step = test::tiny_gpt(8);
+  exec::ExecuteOptions eo;
+  const auto ref = exec::execute_reference(step, eo);
+  const auto mb = plan::rebatch(step, 2);
+  SUBCASE("4 stages on 2 groups of 2 devices, random layouts (lower_pipeline)") {
+    const auto cut = random_pipeline(mb, {{2}, {2}, {2}, {2}}, 31, 1, true, 2);
+    auto prog = lower::lower_pipeline(mb, m8(), cut.stages, cut.cross, options("interleaved", 4));
+    CHECK(prog.stages.size() == 2);
+    CHECK(prog.num_ranks() == 4);
+    std::string worst;
+    const double d = max_rel_diff(exec::execute_program(prog, eo), ref, &worst);
+    CAPTURE(worst);
+    CHECK(d < 1e-10);
+    // Device group 0 runs stages 0 and 2: its list holds the forward of both for micro-batch 0.
+    std::set<int> stages_run;
+    for (const auto& i : prog.instructions(0))
+      if (i.kind == lower::InstrKind::Compute)
+        for (int s = 0; s < 4; ++s)
+          if (std::find(cut.stages[static_cast<std::size_t>(s)].ops.begin(), cut.stages[static_cast<std::size_t>(s)].ops.end(),
+                        i.op) != cut.stages[static_cast<std::size_t>(s)].ops.end())
+            stages_run.insert(s);
+    CHECK(stages_run == std::set<int>{0, 2});
+    MESSAGE(fmt::format("interleaved 4 stages on 2 groups: {} instructions on rank 0, diff {:.1e}",
+                        prog.num_instructions(0), d));
+  }
+  SUBCASE("Megatron t x p x d plans with the interleaved schedule (v = 2): chunks dealt round-robin") {
+    const auto four = cluster::Cluster::preset("p3.8xlarge", 1);
+    for (const auto& l : std::vector<plan::MegatronLayout>{{1, 2, 2}, {2, 2, 1}, {1, 4, 1}}) {
+      plan::PlanOptions po;
+      po.num_microbatches = 4;
+      po.schedule = "interleaved";
+      po.schedule_v = 2;
+      auto p = plan::megatron_plan(step, four, l, po);
+      CAPTURE(p.summary());
+      REQUIRE(p.num_stages() == l.p);
+      auto prog = lower::lower(plan::Plan::from_json(p.to_json()), step, four);
+      CHECK(static_cast<int>(prog.stages.size()) == l.p);
+      std::string worst;
+      const double d = max_rel_diff(exec::execute_program(prog, eo), ref, &worst);
+      CAPTURE(worst);
+      CHECK(d < 1e-10);
+      MESSAGE(fmt::format("megatron {} interleaved v=2: diff {:.1e}", l.to_string(), d));
     }
   }
 }
