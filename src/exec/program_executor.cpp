@@ -18,6 +18,7 @@
 #include "weft/exec/init.hpp"
 #include "weft/ir/kernels.hpp"
 #include "weft/lower/lower.hpp"
+#include "weft/plan/rebatch.hpp"
 #include "weft/sharding/sharding_spec.hpp"
 #include "weft/sharding/tile.hpp"
 
@@ -110,12 +111,42 @@ class Executor {
       const auto& mesh = p.stages.at(static_cast<std::size_t>(b.stage)).shape;
       specs_.push_back(sharding::ShardingSpec::parse(b.spec, b.shape, mesh));
     }
-    // Every tile up front: the threads read each other's tiles, so none is made lazily.
+    // Uneven data parallelism: each replica runs the program's graph at its own share.
+    rank_graph_.assign(static_cast<std::size_t>(nr), &p.graph);
+    share_.assign(static_cast<std::size_t>(nr), 0);
+    for (int r = 0; r < nr; ++r) {
+      const auto& rp = p.ranks[static_cast<std::size_t>(r)];
+      const auto& st = p.stages[static_cast<std::size_t>(rp.stage)];
+      if (st.replica_microbatch.empty()) continue;
+      const std::int64_t replica = st.replicas > 1 ? rp.coord.at(0) : 0;
+      WEFT_CHECK(replica < static_cast<std::int64_t>(st.replica_microbatch.size()),
+                 "execute: stage {} has {} replica shares, rank {} is replica {}", rp.stage,
+                 st.replica_microbatch.size(), r, replica);
+      const std::int64_t b = st.replica_microbatch[static_cast<std::size_t>(replica)];
+      share_[static_cast<std::size_t>(r)] = b;
+      if (b == st.microbatch_size) continue;
+      auto it = graphs_.find(b);
+      if (it == graphs_.end()) it = graphs_.emplace(b, plan::rebatch(p.graph, b)).first;
+      rank_graph_[static_cast<std::size_t>(r)] = &it->second;
+    }
+    // Every tile up front: the threads read each other's tiles, so none is made lazily. A replica
+    // with its own graph holds the buffer's spec over its own shape.
     tiles_.assign(p.buffers.size(), std::vector<std::optional<TileIndex>>(static_cast<std::size_t>(nr)));
     for (std::size_t b = 0; b < p.buffers.size(); ++b)
-      for (int r = 0; r < nr; ++r)
-        if (p.ranks[static_cast<std::size_t>(r)].stage == p.buffers[b].stage)
-          tiles_[b][static_cast<std::size_t>(r)] = make_tile(specs_[b], p.ranks[static_cast<std::size_t>(r)].coord);
+      for (int r = 0; r < nr; ++r) {
+        const auto& rp = p.ranks[static_cast<std::size_t>(r)];
+        if (rp.stage != p.buffers[b].stage) continue;
+        const ir::Graph& g = *rank_graph_[static_cast<std::size_t>(r)];
+        const auto& buf = p.buffers[b];
+        ir::Shape shape = buf.shape;
+        const auto& st = p.stages[static_cast<std::size_t>(rp.stage)];
+        if (buf.tensor >= 0)
+          shape = g.tensor(buf.tensor).shape;
+        else if (&g != &p.graph && !shape.empty() && shape[0] == st.microbatch_size)  // per-sample statistics
+          shape[0] = share_[static_cast<std::size_t>(r)];
+        tiles_[b][static_cast<std::size_t>(r)] =
+            make_tile(shape == buf.shape ? specs_[b] : sharding::ShardingSpec::parse(buf.spec, shape, st.shape), rp.coord);
+      }
     for (const auto& [name, v] : opt.inputs) {
       auto t = p.graph.find_tensor(name);
       WEFT_CHECK(t && p.graph.tensor(*t).role == ir::Role::Input && p.graph.tensor(*t).producer == ir::kNoOp,
@@ -177,8 +208,14 @@ class Executor {
     ir::Shape s = p_.graph.tensor(t).shape;
     const auto& st = p_.stages.front();
     if (!s.empty() && st.microbatch_size > 0 && s[0] == st.microbatch_size)
-      s[0] = st.microbatch_size * st.replicas * st.microbatches;
+      s[0] = samples_per_microbatch(st) * st.microbatches;
     return s;
+  }
+  // Samples of one micro-batch over all replicas.
+  static std::int64_t samples_per_microbatch(const lower::StageMesh& st) {
+    std::int64_t n = 0;
+    for (auto b : st.replica_microbatch) n += b;
+    return st.replica_microbatch.empty() ? st.microbatch_size * st.replicas : n;
   }
 
   const TileIndex& tile(int buffer, int rank) {
@@ -314,11 +351,12 @@ class Executor {
   }
 
   ir::KernelContext context(int r, const Instr& i, int step) {
-    const ir::Op& op = p_.graph.op(i.op);
+    const ir::Graph& graph = *rank_graph_[static_cast<std::size_t>(r)];
+    const ir::Op& op = graph.op(i.op);
     ir::KernelContext ctx;
     for (int b : i.out) ctx.out_shapes.push_back(tile(b, r).local_shape);
     ctx.adam_step = step;
-    auto global_shape = [&](ir::TensorId t) -> const ir::Shape& { return p_.graph.tensor(t).shape; };
+    auto global_shape = [&](ir::TensorId t) -> const ir::Shape& { return graph.tensor(t).shape; };
     switch (op.kind) {
       case ir::OpKind::Reduce: {
         double n = 1;
@@ -352,13 +390,14 @@ class Executor {
   }
 
   void run_instr(int r, int pc, const Instr& i, int step) {
-    const ir::Op* op = i.op >= 0 ? &p_.graph.op(i.op) : nullptr;
+    const ir::Graph& graph = *rank_graph_[static_cast<std::size_t>(r)];
+    const ir::Op* op = i.op >= 0 ? &graph.op(i.op) : nullptr;
     std::vector<const HostTensor*> in;
     if (i.kind != InstrKind::Free && !lower::is_collective(i.kind))
       for (int b : i.in) in.push_back(&read(r, b));
     switch (i.kind) {
       case InstrKind::Compute: {
-        auto outs = ir::run_kernel(p_.graph, *op, in, context(r, i, step));
+        auto outs = ir::run_kernel(graph, *op, in, context(r, i, step));
         WEFT_ASSERT(outs.size() == i.out.size(), "kernel result count");
         for (std::size_t k = 0; k < outs.size(); ++k) {
           WEFT_CHECK(outs[k].shape == tile(i.out[k], r).local_shape, "kernel result shape {} differs from the tile {}",
@@ -390,10 +429,14 @@ class Executor {
         const auto& st = p_.stages[static_cast<std::size_t>(rp.stage)];
         const std::int64_t replica = st.replicas > 1 ? rp.coord.at(0) : 0;
         const auto& info = p_.graph.tensor(p_.buffers[static_cast<std::size_t>(i.out[0])].tensor);
-        const std::int64_t offset =
-            info.rank() >= 1 && info.shape[0] == st.microbatch_size
-                ? (static_cast<std::int64_t>(i.microbatch) * st.replicas + replica) * st.microbatch_size
-                : 0;
+        std::int64_t before = replica * st.microbatch_size;  // samples of this micro-batch's earlier replicas
+        if (!st.replica_microbatch.empty()) {
+          before = 0;
+          for (std::int64_t q = 0; q < replica; ++q) before += st.replica_microbatch[static_cast<std::size_t>(q)];
+        }
+        const std::int64_t offset = info.rank() >= 1 && info.shape[0] == st.microbatch_size
+                                        ? static_cast<std::int64_t>(i.microbatch) * samples_per_microbatch(st) + before
+                                        : 0;
         fill(r, i.out[0], step, offset);
         return;
       }
@@ -406,7 +449,13 @@ class Executor {
       }
       case InstrKind::Scale: {
         HostTensor v = *in[0];
-        for (auto& x : v.data) x *= i.scale;
+        double f = i.scale;
+        if (i.by_share) {  // this replica's share of the samples
+          const auto& st = p_.stages[static_cast<std::size_t>(p_.ranks[static_cast<std::size_t>(r)].stage)];
+          WEFT_CHECK(!st.replica_microbatch.empty(), "a scale by share on a stage without replica shares");
+          f *= static_cast<double>(share_[static_cast<std::size_t>(r)]) / static_cast<double>(samples_per_microbatch(st));
+        }
+        for (auto& x : v.data) x *= f;
         write(r, i.out[0], std::move(v));
         return;
       }
@@ -609,6 +658,9 @@ class Executor {
   std::vector<std::vector<std::optional<HostTensor>>> values_;
   std::vector<RankStats> stats_;
   std::vector<std::vector<std::vector<int>>> axis_groups_;  // per rank and stage-mesh axis
+  std::map<std::int64_t, ir::Graph> graphs_;          // uneven shares: the graph at each other share
+  std::vector<const ir::Graph*> rank_graph_;          // per rank: the graph it computes
+  std::vector<std::int64_t> share_;                   // per rank: its replica's samples (uneven shares)
   std::vector<std::map<std::tuple<int, std::string, bool>, std::int64_t>> recv_from_;
   std::vector<std::vector<HostTensor>> losses_;
   std::mutex mu_;

@@ -112,6 +112,15 @@ class PipelineLowering {
     WEFT_CHECK(S_ >= 1, "lowering: no stages");
     WEFT_CHECK(dp_ >= 1 && M_ >= 1, "lowering: replicas ({}) and micro-batches ({}) must be >= 1", dp_, M_);
     accumulate_ = M_ > 1 || dp_ > 1;
+    const auto& shares = opt_.replica_microbatch;
+    if (!shares.empty()) {
+      WEFT_CHECK(static_cast<int>(shares.size()) == dp_, "lowering: {} replica shares for {} replicas", shares.size(),
+                 dp_);
+      for (auto b : shares) WEFT_CHECK(b >= 1, "lowering: a replica share of {} samples (each must be >= 1)", b);
+      WEFT_CHECK(*std::max_element(shares.begin(), shares.end()) == batch_of(g_),
+                 "lowering: the graph's batch {} must be the largest replica share {}", batch_of(g_),
+                 *std::max_element(shares.begin(), shares.end()));
+    }
     p_.graph = g_;
     setup_stages();
     // Logical stage s runs on device group s mod D (D groups, S = D·v: interleaved when v > 1).
@@ -189,6 +198,7 @@ class PipelineLowering {
         sm.microbatches = M_;
         sm.microbatch_size = batch_of(g_);
         sm.schedule = opt_.schedule;
+        sm.replica_microbatch = opt_.replica_microbatch;
         for (int d : ps.mesh.device_ids()) {
           WEFT_CHECK(devices.insert(d).second,
                      "lowering: device {} is in two stages with different meshes (a device group runs its stages on "
@@ -571,7 +581,10 @@ class PipelineLowering {
       }
     }
     phase_now_ = kU;
-    const double scale = 1.0 / (static_cast<double>(M_) * dp_);
+    // The mean over micro-batches and replicas (uneven shares: each replica's mean weighted by its
+    // share of the samples, b_r / Σb, applied by the executor from the stage's shares).
+    const bool by_share = !opt_.replica_microbatch.empty();
+    const double scale = 1.0 / (static_cast<double>(M_) * (by_share ? 1 : dp_));
     for (auto [t, acc] : st.acc) {
       const ShardingSpec spec = st.lead > 0 ? specs_[static_cast<std::size_t>(acc)].with_axis(0, Placement::partial())
                                             : specs_[static_cast<std::size_t>(acc)];
@@ -581,6 +594,7 @@ class PipelineLowering {
       i.in = {acc};
       i.out = {mean};
       i.scale = scale;
+      i.by_share = by_share;
       emit(s, std::move(i));
       st.layouts[t] = {{spec, mean}};  // the update reads the mean of the step
     }

@@ -80,10 +80,13 @@ Program lower(const plan::Plan& plan, const ir::Graph& step, const cluster::Clus
       std::all_of(plan.replica_microbatch.begin(), plan.replica_microbatch.end(),
                   [&](std::int64_t s) { return s == plan.microbatch_size; });
   const bool interleaved = plan.schedule == "interleaved" && plan.num_stages() > 1 && plan.schedule_v > 1;
-  WEFT_CHECK(even_shares && plan.split_fraction.empty(),
-             "lower: this plan has {} (not lowered yet: uneven data-parallel shares need one graph per share, the "
-             "uneven split uneven tiles)",
-             !even_shares ? "uneven replica shares" : "an uneven tensor split");
+  WEFT_CHECK(plan.split_fraction.empty(),
+             "lower: this plan has an uneven tensor split (not lowered yet: its tiles are uneven, which the sharding "
+             "specs do not express)");
+  WEFT_CHECK(even_shares || (plan.num_stages() == 1 && static_cast<int>(plan.replica_microbatch.size()) == plan.data_parallel),
+             "lower: uneven replica shares are lowered for one-stage plans with one share per replica; this plan has "
+             "{} stages and {} shares for {} replicas",
+             plan.num_stages(), plan.replica_microbatch.size(), plan.data_parallel);
   WEFT_CHECK(plan.model == step.name(), "lower: the plan is for model '{}', the step graph is '{}'", plan.model,
              step.name());
   const std::int64_t batch = plan::batch_size(step);
@@ -145,6 +148,28 @@ Program lower(const plan::Plan& plan, const ir::Graph& step, const cluster::Clus
   }
   PipelineOptions po;
   po.replicas = plan.data_parallel;
+  if (!even_shares) {
+    // Uneven data parallelism: a device without samples is left out; the others keep their shares.
+    auto& st = stages[0];
+    const auto& ids = st.mesh.device_ids();
+    const std::size_t n = ids.size() / plan.replica_microbatch.size();
+    std::vector<int> devs;
+    for (std::size_t r = 0; r < plan.replica_microbatch.size(); ++r)
+      if (plan.replica_microbatch[r] > 0) {
+        po.replica_microbatch.push_back(plan.replica_microbatch[r]);
+        devs.insert(devs.end(), ids.begin() + static_cast<std::ptrdiff_t>(r * n),
+                    ids.begin() + static_cast<std::ptrdiff_t>((r + 1) * n));
+      }
+    auto shape = st.mesh.shape();
+    shape[0] = static_cast<std::int64_t>(po.replica_microbatch.size());
+    if (shape[0] == 1) {  // one replica left: no replica axis
+      shape.erase(shape.begin());
+      if (shape.empty()) shape = {1};
+    }
+    po.replicas = static_cast<int>(po.replica_microbatch.size());
+    if (po.replicas == 1) po.replica_microbatch.clear();
+    st.mesh = cluster::DeviceMesh(shape, devs);
+  }
   po.microbatches = plan.num_microbatches;
   po.schedule = plan.num_stages() == 1 ? "1f1b" : plan.schedule;
   po.schedule_k = plan.schedule_k;

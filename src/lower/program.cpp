@@ -107,7 +107,8 @@ std::string Program::to_json() const {
                        {"replicas", s.replicas},
                        {"microbatches", s.microbatches},
                        {"microbatch_size", s.microbatch_size},
-                       {"schedule", s.schedule}});
+                       {"schedule", s.schedule},
+                       {"replica_microbatch", s.replica_microbatch}});
   // Each distinct list once (the ranks of a stage share theirs).
   json codes = json::array();
   std::map<const std::vector<Instr>*, int> code_index;
@@ -128,6 +129,7 @@ std::string Program::to_json() const {
                            {"internal", i.internal},
                            {"microbatch", i.microbatch},
                            {"scale", i.scale},
+                           {"by_share", i.by_share},
                            {"tag", i.tag},
                            {"region", i.region}});
       codes.push_back(std::move(ins));
@@ -170,6 +172,8 @@ Program Program::from_json(std::string_view text) {
     sm.microbatches = field<int>(sts[i], "microbatches", path);
     sm.microbatch_size = field<std::int64_t>(sts[i], "microbatch_size", path);
     sm.schedule = sts[i].value("schedule", std::string());
+    if (sts[i].contains("replica_microbatch"))
+      sm.replica_microbatch = field<std::vector<std::int64_t>>(sts[i], "replica_microbatch", path);
     p.stages.push_back(std::move(sm));
   }
   const auto& bufs = array_field(j, "buffers", "program");
@@ -207,6 +211,7 @@ Program Program::from_json(std::string_view text) {
       in.internal = field<bool>(x, "internal", ip);
       in.microbatch = field<int>(x, "microbatch", ip);
       in.scale = field<double>(x, "scale", ip);
+      in.by_share = field<bool>(x, "by_share", ip);
       in.tag = field<int>(x, "tag", ip);
       in.region = field<std::vector<std::vector<std::int64_t>>>(x, "region", ip);
       list.push_back(std::move(in));
@@ -298,7 +303,7 @@ std::string Program::describe(int rank, int index) const {
     head += i.reduce == ReduceOp::Sum ? " (sum)" : " (max)";
   if (i.kind == InstrKind::Free) return head + " " + names(i.in);
   if (i.kind == InstrKind::LoadInput) head += fmt::format(" micro-batch {}", i.microbatch);
-  if (i.kind == InstrKind::Scale) head += fmt::format(" ×{:.6g}", i.scale);
+  if (i.kind == InstrKind::Scale) head += fmt::format(" ×{:.6g}{}", i.scale, i.by_share ? " × replica share" : "");
   if (i.kind == InstrKind::Send) head += fmt::format(" to ranks {} tag {} region {}", i.group, i.tag, region_text(i.region));
   if (i.kind == InstrKind::Recv)
     head += fmt::format(" from rank {} tag {} region {}", i.group.empty() ? -1 : i.group[0], i.tag, region_text(i.region));

@@ -158,8 +158,11 @@ def test_bad_input(step, cluster, program):
                      compare_megatron=False, spmd_time_limit=10)
     with pytest.raises(ValueError, match="step"):
         weft.execute(plan)
-    with pytest.raises(ValueError, match="uneven replica shares"):  # not lowered yet
-        weft.execute(weft.data_parallel_plan(step, cluster, [2, 1, 1, 0]), step, cluster)
+    mixed = weft.Cluster.concat(weft.Cluster.preset("p3.8xlarge"), weft.Cluster.preset("P100"))
+    step12 = weft.models.gpt(layers=1, hidden=48, heads=4, seq=12, vocab=96, batch=12).train_step(optimizer="sgd")
+    split = weft.split_plan(step12, mixed, [2] * 4 + [1] * 8)
+    with pytest.raises(ValueError, match="uneven tensor split"):  # not lowered yet
+        weft.execute(split, step12, mixed)
     with pytest.raises(ValueError):
         weft.execute("not a program")
     with pytest.raises(ValueError):
@@ -204,3 +207,20 @@ def test_pipeline_plans_match_reference(cluster):
     own = weft.plan(step, eight)
     got = weft.execute(own, step, eight)
     assert_same(got, ref, 1e-10)
+
+
+def test_uneven_shares_and_mixed_cluster_plans_match_reference():
+    # Mixed GPUs: uneven data-parallel shares (each replica runs its own batch, the gradients are
+    # weighted by samples) and the planner's heterogeneous pipeline, both equal to one device.
+    step = weft.models.gpt(layers=2, hidden=64, heads=4, seq=8, vocab=128, batch=16).train_step(optimizer="adam")
+    ref = weft.execute_reference(step)
+    mixed = weft.Cluster.concat(weft.Cluster.preset("p3.8xlarge"), weft.Cluster.preset("P100"))
+    dp = weft.plan(step, mixed, pipeline=False, uneven_split=False)
+    assert dp.replica_microbatch and len(set(dp.replica_microbatch)) > 1
+    assert_same(weft.execute(dp, step, mixed), ref, 1e-10)
+    piped = weft.plan(step, mixed, uneven_split=False)
+    assert_same(weft.execute(piped, step, mixed), ref, 1e-10)
+    shares = weft.data_parallel_plan(step, weft.Cluster.preset("p3.8xlarge"), [5, 2, 1, 0], num_microbatches=2)
+    prog = weft.lower(shares, step, weft.Cluster.preset("p3.8xlarge"))
+    assert prog.num_ranks == 3  # the device without samples is left out
+    assert_same(weft.execute(prog), ref, 1e-10)

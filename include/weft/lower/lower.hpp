@@ -89,6 +89,10 @@ struct PipelineOptions {
   int microbatches = 1;  // per step and replica
   std::string schedule = "1f1b";  // schedule::make_schedule kinds but "interleaved" (a device runs one stage)
   int schedule_k = 1;             // kFkB group size
+  // Uneven data parallelism: samples per micro-batch of each replica (size = replicas; the graph is
+  // at their maximum). The replicas' accumulated gradients and losses are weighted by their share
+  // of the samples before the all-reduce. Empty: every replica runs the graph's batch.
+  std::vector<std::int64_t> replica_microbatch;
   reshard::PlanOptions transfers = default_transfer_options();  // cross-stage transfer plans
 };
 
@@ -108,7 +112,10 @@ Program lower_pipeline(const ir::Graph& g, const cluster::Cluster& cluster, cons
 // the training step `step` (the global-batch graph the plan was made for) on `cluster`: its stages
 // with their recorded layouts on the per-micro-batch graph, its cross-stage tensors in the specs
 // the planner costed, its schedule, micro-batches and replicas. Not lowered yet (weft::Error saying
-// so): the interleaved schedule, uneven replica shares and the uneven tensor split. A plan without
+// so): the uneven tensor split. Uneven replica shares run each replica's graph at its share (a
+// device with no share is left out); the interleaved schedule deals each stage's ops into
+// schedule_v chunks, the model's k-th chunk on the devices of stage k mod D (Megatron's
+// assignment; the planner approximates it as 1/v of each stage's work). A plan without
 // the stage layouts (made before lowering existed) throws weft::Error asking to re-plan.
 Program lower(const plan::Plan& plan, const ir::Graph& step, const cluster::Cluster& cluster);
 

@@ -17,9 +17,10 @@
 //   Free           the buffer's memory is released (its last use on this rank was before)
 //   LoadInput      out = this rank's tile of micro-batch `microbatch` of an Input leaf: samples
 //                  [(microbatch·replicas + replica)·microbatch_size, +microbatch_size) of the
-//                  global batch (replica = the rank's coordinate on the replica axis 0)
+//                  global batch (replica = the rank's coordinate on the replica axis 0); with
+//                  uneven shares b_r: [microbatch·Σb + Σ_{r'<r} b_r', +b_r)
 //   Accumulate     out = in[0] + in[1] (gradient accumulation over micro-batches; out == in[0])
-//   Scale          out = scale · in (the mean over micro-batches and replicas)
+//   Scale          out = scale · in (the mean over micro-batches and replicas; × b_r / Σb when by_share)
 //   Send / Recv    a cross-stage transfer (pipelines): the elements of `region` (global indices)
 //                  of buffer in[0] (a tile on the sender's stage) go into buffer out[0] (a tile on
 //                  each receiver's stage). Send: group = the receiver ranks; non-blocking (the
@@ -76,6 +77,8 @@ struct Instr {
                                  // resharding edge the planner's cost model prices
   int microbatch = -1;           // LoadInput
   double scale = 1;              // Scale
+  bool by_share = false;         // Scale: also times the running replica's share of the samples
+                                 // (uneven data parallelism: the replicas' means weighted by samples)
   int tag = -1;                  // Send / Recv: the message (unique in the program)
   // Send / Recv: per dim of the tensor, sorted disjoint [begin, end) intervals of global indices,
   // flattened (begin0, end0, begin1, end1, ...); a union of blocks when a spec is strided.
@@ -112,6 +115,10 @@ struct StageMesh {
   int microbatches = 1;             // per step and replica (gradients accumulated)
   std::int64_t microbatch_size = 0;  // samples per micro-batch (the program graph's batch)
   std::string schedule;              // the pipeline schedule the ranks' order follows ("1f1b", ...)
+  // Uneven data parallelism (mixed GPUs): samples per micro-batch of each replica (index = the
+  // coordinate on the replica axis 0); microbatch_size is their maximum, the program's graph is at
+  // that size, and a replica runs the same graph at its own size (plan::rebatch). Empty: even.
+  std::vector<std::int64_t> replica_microbatch;
   bool operator==(const StageMesh&) const = default;
 };
 
