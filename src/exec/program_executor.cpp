@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <exception>
 #include <mutex>
+#include <numeric>
 #include <optional>
 #include <thread>
 #include <tuple>
@@ -18,6 +19,7 @@
 #include "weft/exec/init.hpp"
 #include "weft/ir/kernels.hpp"
 #include "weft/lower/lower.hpp"
+#include "weft/pipeline/hetero.hpp"
 #include "weft/plan/rebatch.hpp"
 #include "weft/sharding/sharding_spec.hpp"
 #include "weft/sharding/tile.hpp"
@@ -76,19 +78,40 @@ struct TileIndex {
   std::vector<std::int64_t> strides;  // row-major strides of local_shape
 };
 
-TileIndex make_tile(const sharding::ShardingSpec& spec, const std::vector<std::int64_t>& coord) {
+// Rank's tile at `coord`; with split fractions (an uneven split on a 1-D mesh) a sharded dim holds
+// this position's proportional piece instead of the even block.
+TileIndex make_tile(const sharding::ShardingSpec& spec, const std::vector<std::int64_t>& coord,
+                    const std::vector<double>& fraction = {}) {
   auto tile = sharding::tile_of(spec, coord);
   TileIndex t;
   t.local_shape = tile.local_shape();
   t.partial_index = tile.partial_index;
   t.partial_count = tile.partial_count;
-  t.strides = strides_of(t.local_shape);
+  std::vector<int> uneven_dim(static_cast<std::size_t>(spec.rank()), 0);
+  if (!fraction.empty())
+    for (const auto& p : spec.per_axis())
+      if (p.kind == sharding::Placement::Shard) {
+        WEFT_CHECK(spec.mesh_ndim() == 1 && spec.is_block(),
+                   "an uneven split needs block shards on a 1-D mesh, the spec is {}", spec.to_string());
+        uneven_dim[static_cast<std::size_t>(p.dim)] = 1;
+      }
   for (int d = 0; d < spec.rank(); ++d) {
-    t.global.push_back(tile.indices(d));
+    if (uneven_dim[static_cast<std::size_t>(d)]) {
+      const auto pieces = pipeline::proportional_pieces(spec.tensor_shape()[static_cast<std::size_t>(d)], fraction);
+      std::int64_t begin = 0;
+      for (std::int64_t q = 0; q < coord.at(0); ++q) begin += pieces[static_cast<std::size_t>(q)];
+      std::vector<std::int64_t> idx(static_cast<std::size_t>(pieces[static_cast<std::size_t>(coord[0])]));
+      std::iota(idx.begin(), idx.end(), begin);
+      t.local_shape[static_cast<std::size_t>(d)] = static_cast<std::int64_t>(idx.size());
+      t.global.push_back(std::move(idx));
+    } else {
+      t.global.push_back(tile.indices(d));
+    }
     std::vector<std::int64_t> loc(static_cast<std::size_t>(spec.tensor_shape()[static_cast<std::size_t>(d)]), -1);
     for (std::size_t i = 0; i < t.global.back().size(); ++i) loc[static_cast<std::size_t>(t.global.back()[i])] = static_cast<std::int64_t>(i);
     t.local.push_back(std::move(loc));
   }
+  t.strides = strides_of(t.local_shape);
   return t;
 }
 
@@ -145,7 +168,8 @@ class Executor {
         else if (&g != &p.graph && !shape.empty() && shape[0] == st.microbatch_size)  // per-sample statistics
           shape[0] = share_[static_cast<std::size_t>(r)];
         tiles_[b][static_cast<std::size_t>(r)] =
-            make_tile(shape == buf.shape ? specs_[b] : sharding::ShardingSpec::parse(buf.spec, shape, st.shape), rp.coord);
+            make_tile(shape == buf.shape ? specs_[b] : sharding::ShardingSpec::parse(buf.spec, shape, st.shape), rp.coord,
+                      st.split_fraction);
       }
     for (const auto& [name, v] : opt.inputs) {
       auto t = p.graph.find_tensor(name);

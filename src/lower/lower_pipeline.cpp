@@ -112,6 +112,19 @@ class PipelineLowering {
     WEFT_CHECK(S_ >= 1, "lowering: no stages");
     WEFT_CHECK(dp_ >= 1 && M_ >= 1, "lowering: replicas ({}) and micro-batches ({}) must be >= 1", dp_, M_);
     accumulate_ = M_ > 1 || dp_ > 1;
+    if (!opt_.split_fraction.empty()) {
+      WEFT_CHECK(S_ == 1 && dp_ == 1 && in_[0].mesh.ndim() == 1 &&
+                     static_cast<std::int64_t>(opt_.split_fraction.size()) == in_[0].mesh.size(),
+                 "lowering: an uneven split needs one stage on a 1-D mesh and one fraction per device ({} fractions, "
+                 "{} stages, mesh {})",
+                 opt_.split_fraction.size(), S_, in_[0].mesh.shape());
+      double sum = 0;
+      for (double f : opt_.split_fraction) {
+        WEFT_CHECK(f >= 0, "lowering: a negative split fraction {}", f);
+        sum += f;
+      }
+      WEFT_CHECK(sum > 0, "lowering: the split fractions sum to {}", sum);
+    }
     const auto& shares = opt_.replica_microbatch;
     if (!shares.empty()) {
       WEFT_CHECK(static_cast<int>(shares.size()) == dp_, "lowering: {} replica shares for {} replicas", shares.size(),
@@ -199,6 +212,7 @@ class PipelineLowering {
         sm.microbatch_size = batch_of(g_);
         sm.schedule = opt_.schedule;
         sm.replica_microbatch = opt_.replica_microbatch;
+        sm.split_fraction = opt_.split_fraction;
         for (int d : ps.mesh.device_ids()) {
           WEFT_CHECK(devices.insert(d).second,
                      "lowering: device {} is in two stages with different meshes (a device group runs its stages on "

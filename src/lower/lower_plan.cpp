@@ -80,9 +80,6 @@ Program lower(const plan::Plan& plan, const ir::Graph& step, const cluster::Clus
       std::all_of(plan.replica_microbatch.begin(), plan.replica_microbatch.end(),
                   [&](std::int64_t s) { return s == plan.microbatch_size; });
   const bool interleaved = plan.schedule == "interleaved" && plan.num_stages() > 1 && plan.schedule_v > 1;
-  WEFT_CHECK(plan.split_fraction.empty(),
-             "lower: this plan has an uneven tensor split (not lowered yet: its tiles are uneven, which the sharding "
-             "specs do not express)");
   WEFT_CHECK(even_shares || (plan.num_stages() == 1 && static_cast<int>(plan.replica_microbatch.size()) == plan.data_parallel),
              "lower: uneven replica shares are lowered for one-stage plans with one share per replica; this plan has "
              "{} stages and {} shares for {} replicas",
@@ -148,6 +145,7 @@ Program lower(const plan::Plan& plan, const ir::Graph& step, const cluster::Clus
   }
   PipelineOptions po;
   po.replicas = plan.data_parallel;
+  po.split_fraction = plan.split_fraction;
   if (!even_shares) {
     // Uneven data parallelism: a device without samples is left out; the others keep their shares.
     auto& st = stages[0];

@@ -108,7 +108,8 @@ std::string Program::to_json() const {
                        {"microbatches", s.microbatches},
                        {"microbatch_size", s.microbatch_size},
                        {"schedule", s.schedule},
-                       {"replica_microbatch", s.replica_microbatch}});
+                       {"replica_microbatch", s.replica_microbatch},
+                       {"split_fraction", s.split_fraction}});
   // Each distinct list once (the ranks of a stage share theirs).
   json codes = json::array();
   std::map<const std::vector<Instr>*, int> code_index;
@@ -174,6 +175,8 @@ Program Program::from_json(std::string_view text) {
     sm.schedule = sts[i].value("schedule", std::string());
     if (sts[i].contains("replica_microbatch"))
       sm.replica_microbatch = field<std::vector<std::int64_t>>(sts[i], "replica_microbatch", path);
+    if (sts[i].contains("split_fraction"))
+      sm.split_fraction = field<std::vector<double>>(sts[i], "split_fraction", path);
     p.stages.push_back(std::move(sm));
   }
   const auto& bufs = array_field(j, "buffers", "program");

@@ -93,6 +93,9 @@ struct PipelineOptions {
   // at their maximum). The replicas' accumulated gradients and losses are weighted by their share
   // of the samples before the all-reduce. Empty: every replica runs the graph's batch.
   std::vector<std::int64_t> replica_microbatch;
+  // Uneven tensor split (one stage on a 1-D mesh): device i's fraction of every dim a spec shards
+  // (Program StageMesh::split_fraction). Empty: even tiles.
+  std::vector<double> split_fraction;
   reshard::PlanOptions transfers = default_transfer_options();  // cross-stage transfer plans
 };
 
@@ -112,7 +115,8 @@ Program lower_pipeline(const ir::Graph& g, const cluster::Cluster& cluster, cons
 // the training step `step` (the global-batch graph the plan was made for) on `cluster`: its stages
 // with their recorded layouts on the per-micro-batch graph, its cross-stage tensors in the specs
 // the planner costed, its schedule, micro-batches and replicas. Not lowered yet (weft::Error saying
-// so): the uneven tensor split. Uneven replica shares run each replica's graph at its share (a
+// so): nothing. The uneven tensor split gives each device its proportional piece of every sharded
+// dim (the specs stay the even ones). Uneven replica shares run each replica's graph at its share (a
 // device with no share is left out); the interleaved schedule deals each stage's ops into
 // schedule_v chunks, the model's k-th chunk on the devices of stage k mod D (Megatron's
 // assignment; the planner approximates it as 1/v of each stage's work). A plan without

@@ -119,6 +119,10 @@ struct StageMesh {
   // coordinate on the replica axis 0); microbatch_size is their maximum, the program's graph is at
   // that size, and a replica runs the same graph at its own size (plan::rebatch). Empty: even.
   std::vector<std::int64_t> replica_microbatch;
+  // Uneven tensor split (Whale's split over mixed GPUs, a 1-D stage mesh): the device at mesh
+  // position i holds the piece pipeline::proportional_pieces(size, split_fraction)[i] of every dim
+  // a spec shards (a block split; consecutive pieces in position order). Empty: even tiles.
+  std::vector<double> split_fraction;
   bool operator==(const StageMesh&) const = default;
 };
 

@@ -14,6 +14,7 @@
 #include "equivalence.hpp"
 #include "weft/core/error.hpp"
 #include "weft/pipeline/grouping.hpp"
+#include "weft/pipeline/hetero.hpp"
 #include "weft/plan/planner.hpp"
 #include "weft/plan/rebatch.hpp"
 #include "weft/sharding/tile.hpp"
@@ -484,4 +485,38 @@ TEST_CASE("exec pipeline: uneven data-parallel shares (mixed GPUs) equal one dev
   CHECK(!own.replica_microbatch.empty());
   CHECK(max_rel_diff(exec::execute_program(lower::lower(own, step16, mixed), eo), exec::execute_reference(step16, eo)) <
         1e-10);
+}
+
+TEST_CASE("exec pipeline: Whale's uneven tensor split over mixed GPUs equals one device, with uneven tiles") {
+  models::GptConfig c;
+  c.layers = 1, c.hidden = 48, c.heads = 4, c.seq = 12, c.vocab = 96, c.batch = 12;
+  const auto step = ir::build_training_graph(models::gpt(c));
+  exec::ExecuteOptions eo;
+  const auto ref = exec::execute_reference(step, eo);
+  const auto mixed = cluster::Cluster::concat(cluster::Cluster::preset("p3.8xlarge", 1), cluster::Cluster::preset("P100", 1));
+  bool uneven_tokens = false;
+  for (const auto& fr : std::vector<std::vector<double>>{std::vector<double>(4, 2.0), {3, 3, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1}}) {
+    std::vector<double> fraction = fr;
+    fraction.resize(12, 1.0);
+    auto p = plan::split_plan(step, mixed, fraction, 1);
+    REQUIRE(!p.split_fraction.empty());
+    auto prog = lower::lower(plan::Plan::from_json(p.to_json()), step, mixed);
+    CHECK(prog.stages[0].split_fraction == p.split_fraction);
+    std::string worst;
+    const auto dist = exec::execute_program(prog, eo);
+    const double d = max_rel_diff(dist, ref, &worst);
+    CAPTURE(worst);
+    CHECK(d < 1e-10);
+    // The input tokens are split by batch: a V100 (rank 0) loads more samples than a P100 (rank 11).
+    std::int64_t first = -1, last = -1;
+    for (const auto& b : prog.buffers)
+      if (b.tensor >= 0 && step.tensor(b.tensor).name == "tokens" && b.spec.find("S(0)") != std::string::npos) {
+        const auto pieces = pipeline::proportional_pieces(b.shape[0], p.split_fraction);
+        first = pieces.front(), last = pieces.back();
+      }
+    CHECK(first >= last);
+    uneven_tokens = uneven_tokens || first > last;
+    MESSAGE(fmt::format("uneven split {}: diff {:.1e}, tokens rows V100 {} vs P100 {}", p.split_fraction, d, first, last));
+  }
+  CHECK(uneven_tokens);  // (a P100 holding no row at all included)
 }
