@@ -4,7 +4,9 @@ Builds GPT-2.7B from the zoo (Rhino/Alpa table configuration) with its training 
 backward, Adam), plans it on 2 Rhino M8 nodes (16 V100-32GB) — stage partition, submeshes,
 SPMD sharding per stage, micro-batching, data-parallel replicas, resharding between stages,
 simulated 1F1B step — and compares the plan with the best Megatron-style manual layout
-(tensor parallel inside a node x pipeline x data parallel) under the same cost model.
+(tensor parallel inside a node x pipeline x data parallel) under the same cost model. Then lowers
+the plan to per-device programs, and runs a small GPT's plan on 8 GPUs on CPU threads against one
+device.
 """
 import argparse
 import time
@@ -54,25 +56,31 @@ def main() -> None:
 
 
 def run_a_plan(plan, step, cluster):
-    """Plans that run: lower a plan to per-rank programs and execute them on CPU threads, against
-    the same training steps on one device."""
-    print("\nPlans that run (CPU reference executor, f64, 3 Adam steps):")
-    try:
-        weft.lower(plan, step, cluster)
-    except ValueError as e:
-        print(f"  the plan above is not lowered yet: {str(e).split(';')[0]}")
+    """Plans that run: lower the plan to per-device programs; then plan a small GPT on one 8-GPU
+    node, lower it and execute it on CPU threads against the same training steps on one device."""
+    print("\nPlans that run:")
+    t0 = time.perf_counter()
+    program = weft.lower(plan, step, cluster)
+    ranks = program.ranks
+    print(f"  the plan above lowered in {time.perf_counter() - t0:.2f} s: {len(ranks)} ranks in "
+          f"{len({r['stage'] for r in ranks})} stage program(s), {max(r['num_instrs'] for r in ranks)} instructions "
+          f"on the busiest rank, {len(program.buffers)} buffers")
     small = weft.models.gpt(layers=2, hidden=64, heads=4, seq=8, vocab=128, batch=8).train_step(optimizer="adam")
-    four = weft.Cluster.preset("p3.8xlarge")
-    p = weft.plan(small, four, num_microbatches=1, pipeline=False, max_data_parallel=1, uneven_split=False,
-                  compare_megatron=False, two_d_meshes=True)
-    program = weft.lower(p, small, four)
+    eight = weft.Cluster.preset("M8")
+    p = weft.plan(small, eight)
+    program = weft.lower(p, small, eight)
+    kinds = {}
+    for r in range(program.num_ranks):
+        for i in program.instructions(r):
+            kinds[i["kind"]] = kinds.get(i["kind"], 0) + 1
     got = weft.execute(program, steps=3)
     ref = weft.execute_reference(small, steps=3)
-    print(f"  a small GPT planned on {four}: {p.strategy} on mesh {p.stages[0].mesh_shape}, "
-          f"{len(program.instructions(0))} instructions per rank")
-    print(f"  losses on {program.num_ranks} ranks {[round(x, 6) for x in got.losses]}, on one device "
-          f"{[round(x, 6) for x in ref.losses]}; largest relative difference (losses, parameters, gradients) "
-          f"{got.max_relative_error(ref):.1e}")
+    print(f"  a small GPT planned on {eight}: {p.strategy}, {p.num_stages} stage(s), {p.schedule}, "
+          f"{p.num_microbatches} micro-batches x {p.data_parallel} replica(s); {program.num_ranks} ranks run "
+          + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items(), key=lambda x: -x[1])[:6]))
+    print(f"  CPU executor (ranks as threads, f64, 3 Adam steps): losses {[round(x, 6) for x in got.losses]}, "
+          f"on one device {[round(x, 6) for x in ref.losses]}; largest relative difference (losses, parameters, "
+          f"gradients) {got.max_relative_error(ref):.1e}")
 
 
 if __name__ == "__main__":

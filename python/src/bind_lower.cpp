@@ -140,8 +140,8 @@ void bind_lower(py::module_& m) {
             for (const auto& b : p.buffers) {
               py::dict d;
               d["name"] = b.name;
-              d["tensor"] = b.tensor >= 0 ? py::object(py::str(p.graph.tensor(b.tensor).name))
-                                          : py::object(py::none());
+              d["tensor"] =
+                  b.tensor >= 0 ? py::object(py::str(p.graph.tensor(b.tensor).name)) : py::object(py::none());
               d["shape"] = b.shape;
               d["spec"] = b.spec;
               d["stage"] = b.stage;
@@ -196,7 +196,8 @@ void bind_lower(py::module_& m) {
           py::arg("rank"),
           "Rank's instructions in order, each a dict {kind, op (name or None), inputs, outputs (buffer "
           "names), axis, group (ranks: a collective's group, a send's receivers, a recv's sender), reduce, "
-          "axes, internal, microbatch (load-input), tag and region (send / recv: per dim [begin, end, ...])}.")
+          "axes, internal, microbatch (load-input), tag and region (send / recv: per dim [begin, end, "
+          "...])}.")
       .def("to_json", &Program::to_json)
       .def_static(
           "from_json", [](const std::string& text) { return Program::from_json(text); }, py::arg("text"))
@@ -241,8 +242,8 @@ void bind_lower(py::module_& m) {
       py::call_guard<py::gil_scoped_release>(), "Lowers the layout an SPMD search chose to a Program.");
   m.def(
       "_execute_program",
-      [](const Program& p, int steps, std::uint64_t seed, const std::string& dtype,
-         const py::dict& inputs, double timeout_s) {
+      [](const Program& p, int steps, std::uint64_t seed, const std::string& dtype, const py::dict& inputs,
+         double timeout_s) {
         const auto o = make_options(steps, seed, dtype, inputs, timeout_s);
         exec::ExecutionResult r;
         {

@@ -40,7 +40,9 @@ using lower::InstrKind;
 using lower::Program;
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
 
 void round_to(HostTensor& t, DType dtype) {
   if (dtype == DType::F32)
@@ -97,7 +99,8 @@ TileIndex make_tile(const sharding::ShardingSpec& spec, const std::vector<std::i
       }
   for (int d = 0; d < spec.rank(); ++d) {
     if (uneven_dim[static_cast<std::size_t>(d)]) {
-      const auto pieces = pipeline::proportional_pieces(spec.tensor_shape()[static_cast<std::size_t>(d)], fraction);
+      const auto pieces =
+          pipeline::proportional_pieces(spec.tensor_shape()[static_cast<std::size_t>(d)], fraction);
       std::int64_t begin = 0;
       for (std::int64_t q = 0; q < coord.at(0); ++q) begin += pieces[static_cast<std::size_t>(q)];
       std::vector<std::int64_t> idx(static_cast<std::size_t>(pieces[static_cast<std::size_t>(coord[0])]));
@@ -107,8 +110,10 @@ TileIndex make_tile(const sharding::ShardingSpec& spec, const std::vector<std::i
     } else {
       t.global.push_back(tile.indices(d));
     }
-    std::vector<std::int64_t> loc(static_cast<std::size_t>(spec.tensor_shape()[static_cast<std::size_t>(d)]), -1);
-    for (std::size_t i = 0; i < t.global.back().size(); ++i) loc[static_cast<std::size_t>(t.global.back()[i])] = static_cast<std::int64_t>(i);
+    std::vector<std::int64_t> loc(static_cast<std::size_t>(spec.tensor_shape()[static_cast<std::size_t>(d)]),
+                                  -1);
+    for (std::size_t i = 0; i < t.global.back().size(); ++i)
+      loc[static_cast<std::size_t>(t.global.back()[i])] = static_cast<std::int64_t>(i);
     t.local.push_back(std::move(loc));
   }
   t.strides = strides_of(t.local_shape);
@@ -125,8 +130,8 @@ class Executor {
  public:
   Executor(const Program& p, const ExecuteOptions& opt) : p_(p), opt_(opt), init_(p.graph, opt.seed) {
     lower::check(p);
-    WEFT_CHECK(opt.dtype == DType::F64 || opt.dtype == DType::F32, "execute: dtype must be f64 or f32, got {}",
-               dtype_name(opt.dtype));
+    WEFT_CHECK(opt.dtype == DType::F64 || opt.dtype == DType::F32,
+               "execute: dtype must be f64 or f32, got {}", dtype_name(opt.dtype));
     WEFT_CHECK(opt.steps >= 1, "execute: steps must be >= 1, got {}", opt.steps);
     const int nr = p.num_ranks();
     // Parsed specs and tiles, per buffer and rank (rank r's tile at its coordinate).
@@ -167,9 +172,9 @@ class Executor {
           shape = g.tensor(buf.tensor).shape;
         else if (&g != &p.graph && !shape.empty() && shape[0] == st.microbatch_size)  // per-sample statistics
           shape[0] = share_[static_cast<std::size_t>(r)];
-        tiles_[b][static_cast<std::size_t>(r)] =
-            make_tile(shape == buf.shape ? specs_[b] : sharding::ShardingSpec::parse(buf.spec, shape, st.shape), rp.coord,
-                      st.split_fraction);
+        tiles_[b][static_cast<std::size_t>(r)] = make_tile(
+            shape == buf.shape ? specs_[b] : sharding::ShardingSpec::parse(buf.spec, shape, st.shape),
+            rp.coord, st.split_fraction);
       }
     for (const auto& [name, v] : opt.inputs) {
       auto t = p.graph.find_tensor(name);
@@ -177,7 +182,8 @@ class Executor {
                  "execute: inputs['{}'] is not an input of the graph", name);
       const auto want = global_shape(*t);
       WEFT_CHECK(v.shape == want && static_cast<std::int64_t>(v.data.size()) == v.numel(),
-                 "execute: inputs['{}'] has shape {}, the input has {} (the global batch)", name, v.shape, want);
+                 "execute: inputs['{}'] has shape {}, the input has {} (the global batch)", name, v.shape,
+                 want);
       inputs_[*t] = &v;
     }
     values_.assign(static_cast<std::size_t>(nr), std::vector<std::optional<HostTensor>>(p.buffers.size()));
@@ -216,9 +222,10 @@ class Executor {
     res.ranks = stats_;
     for (int s = 0; s < opt_.steps; ++s) {
       double loss = 0;
-      if (p_.loss >= 0) loss = assemble_from(p_.loss, [&](int r) -> const HostTensor* {
-                                 return &losses_[static_cast<std::size_t>(r)][static_cast<std::size_t>(s)];
-                               }).data.at(0);
+      if (p_.loss >= 0)
+        loss = assemble_from(p_.loss, [&](int r) -> const HostTensor* {
+                 return &losses_[static_cast<std::size_t>(r)][static_cast<std::size_t>(s)];
+               }).data.at(0);
       res.losses.push_back(loss);
     }
     for (const auto& [name, b] : p_.parameters) res.parameters[name] = assemble(b);
@@ -245,7 +252,8 @@ class Executor {
   const TileIndex& tile(int buffer, int rank) {
     const auto& t = tiles_[static_cast<std::size_t>(buffer)][static_cast<std::size_t>(rank)];
     WEFT_CHECK(t.has_value(), "buffer '{}' lives on stage {}, not on rank {}'s",
-               p_.buffers[static_cast<std::size_t>(buffer)].name, p_.buffers[static_cast<std::size_t>(buffer)].stage, rank);
+               p_.buffers[static_cast<std::size_t>(buffer)].name,
+               p_.buffers[static_cast<std::size_t>(buffer)].stage, rank);
     return *t;
   }
 
@@ -269,7 +277,8 @@ class Executor {
       auto& s = seen[static_cast<std::size_t>(t.partial_index)];
       for_each_index(t.local_shape, [&](const std::vector<std::int64_t>& idx, std::int64_t k) {
         std::int64_t g = 0;
-        for (std::size_t d = 0; d < idx.size(); ++d) g += t.global[d][static_cast<std::size_t>(idx[d])] * gst[d];
+        for (std::size_t d = 0; d < idx.size(); ++d)
+          g += t.global[d][static_cast<std::size_t>(idx[d])] * gst[d];
         if (s[static_cast<std::size_t>(g)]) return;
         s[static_cast<std::size_t>(g)] = 1;
         double x = v->data[static_cast<std::size_t>(k)];
@@ -297,7 +306,7 @@ class Executor {
         for (pc = 0; pc < static_cast<int>(ins.size()); ++pc) {
           if (abort_) return;
           const Instr& i = ins[static_cast<std::size_t>(pc)];
-          if (!rp.runs(i)) continue;  // another rank's transfer
+          if (!rp.runs(i)) continue;                              // another rank's transfer
           if (lower::is_collective(i.kind) && i.group.empty()) {  // the rank's group along the axis
             Instr with = i;
             with.group = axis_groups_[static_cast<std::size_t>(r)].at(static_cast<std::size_t>(i.axis));
@@ -328,7 +337,9 @@ class Executor {
     stats_[static_cast<std::size_t>(r)].seconds = seconds_since(t0);
   }
 
-  HostTensor& value(int r, int b) { return *values_[static_cast<std::size_t>(r)][static_cast<std::size_t>(b)]; }
+  HostTensor& value(int r, int b) {
+    return *values_[static_cast<std::size_t>(r)][static_cast<std::size_t>(b)];
+  }
   const HostTensor& read(int r, int b) {
     auto& v = values_[static_cast<std::size_t>(r)][static_cast<std::size_t>(b)];
     WEFT_CHECK(v.has_value(), "buffer '{}' is not held", p_.buffers[static_cast<std::size_t>(b)].name);
@@ -368,8 +379,9 @@ class Executor {
       std::int64_t g = 0;
       for (std::size_t d = 0; d < idx.size(); ++d)
         g += (t.global[d][static_cast<std::size_t>(idx[d])] + (d == 0 ? offset : 0)) * gst[d];
-      v.data[static_cast<std::size_t>(k)] =
-          in != inputs_.end() ? in->second->data[static_cast<std::size_t>(g)] : init_.value(buf.tensor, step, g);
+      v.data[static_cast<std::size_t>(k)] = in != inputs_.end()
+                                                ? in->second->data[static_cast<std::size_t>(g)]
+                                                : init_.value(buf.tensor, step, g);
     });
     write(r, b, std::move(v));
   }
@@ -385,7 +397,8 @@ class Executor {
       case ir::OpKind::Reduce: {
         double n = 1;
         const auto& s = global_shape(op.inputs[0]);
-        for (int a : op.attrs.axes) n *= static_cast<double>(s[static_cast<std::size_t>(a < 0 ? a + static_cast<int>(s.size()) : a)]);
+        for (int a : op.attrs.axes)
+          n *= static_cast<double>(s[static_cast<std::size_t>(a < 0 ? a + static_cast<int>(s.size()) : a)]);
         ctx.mean_count = n;
         break;
       }
@@ -424,8 +437,9 @@ class Executor {
         auto outs = ir::run_kernel(graph, *op, in, context(r, i, step));
         WEFT_ASSERT(outs.size() == i.out.size(), "kernel result count");
         for (std::size_t k = 0; k < outs.size(); ++k) {
-          WEFT_CHECK(outs[k].shape == tile(i.out[k], r).local_shape, "kernel result shape {} differs from the tile {}",
-                     outs[k].shape, tile(i.out[k], r).local_shape);
+          WEFT_CHECK(outs[k].shape == tile(i.out[k], r).local_shape,
+                     "kernel result shape {} differs from the tile {}", outs[k].shape,
+                     tile(i.out[k], r).local_shape);
           write(r, i.out[k], std::move(outs[k]));
         }
         return;
@@ -436,7 +450,9 @@ class Executor {
         return;
       case InstrKind::CeLoss: {
         bool contribute = true;
-        for (int a : i.axes) contribute = contribute && p_.ranks[static_cast<std::size_t>(r)].coord[static_cast<std::size_t>(a)] == 0;
+        for (int a : i.axes)
+          contribute =
+              contribute && p_.ranks[static_cast<std::size_t>(r)].coord[static_cast<std::size_t>(a)] == 0;
         write(r, i.out[0], ir::ce_loss(*in[2], *in[3], context(r, i, step).tokens, contribute));
         return;
       }
@@ -456,11 +472,13 @@ class Executor {
         std::int64_t before = replica * st.microbatch_size;  // samples of this micro-batch's earlier replicas
         if (!st.replica_microbatch.empty()) {
           before = 0;
-          for (std::int64_t q = 0; q < replica; ++q) before += st.replica_microbatch[static_cast<std::size_t>(q)];
+          for (std::int64_t q = 0; q < replica; ++q)
+            before += st.replica_microbatch[static_cast<std::size_t>(q)];
         }
-        const std::int64_t offset = info.rank() >= 1 && info.shape[0] == st.microbatch_size
-                                        ? static_cast<std::int64_t>(i.microbatch) * samples_per_microbatch(st) + before
-                                        : 0;
+        const std::int64_t offset =
+            info.rank() >= 1 && info.shape[0] == st.microbatch_size
+                ? static_cast<std::int64_t>(i.microbatch) * samples_per_microbatch(st) + before
+                : 0;
         fill(r, i.out[0], step, offset);
         return;
       }
@@ -477,7 +495,8 @@ class Executor {
         if (i.by_share) {  // this replica's share of the samples
           const auto& st = p_.stages[static_cast<std::size_t>(p_.ranks[static_cast<std::size_t>(r)].stage)];
           WEFT_CHECK(!st.replica_microbatch.empty(), "a scale by share on a stage without replica shares");
-          f *= static_cast<double>(share_[static_cast<std::size_t>(r)]) / static_cast<double>(samples_per_microbatch(st));
+          f *= static_cast<double>(share_[static_cast<std::size_t>(r)]) /
+               static_cast<double>(samples_per_microbatch(st));
         }
         for (auto& x : v.data) x *= f;
         write(r, i.out[0], std::move(v));
@@ -508,7 +527,8 @@ class Executor {
     for (const auto& [m, v] : members) tiles.emplace_back(m, &tile(src, m));
     if (i.kind == InstrKind::LocalPartial) {
       const int axis = i.axis;
-      const bool keep = i.reduce == lower::ReduceOp::Max || p_.ranks[static_cast<std::size_t>(r)].coord[static_cast<std::size_t>(axis)] == 0;
+      const bool keep = i.reduce == lower::ReduceOp::Max ||
+                        p_.ranks[static_cast<std::size_t>(r)].coord[static_cast<std::size_t>(axis)] == 0;
       if (keep) out.data = members.at(r)->data;
       return out;
     }
@@ -522,7 +542,8 @@ class Executor {
         std::int64_t o = 0;
         bool held = true;
         for (std::size_t d = 0; d < idx.size() && held; ++d) {
-          const std::int64_t l = t.local[d][static_cast<std::size_t>(out_t.global[d][static_cast<std::size_t>(idx[d])])];
+          const std::int64_t l =
+              t.local[d][static_cast<std::size_t>(out_t.global[d][static_cast<std::size_t>(idx[d])])];
           held = l >= 0;
           o += l * st[d];
         }
@@ -553,7 +574,8 @@ class Executor {
       };
       const std::int64_t me = std::find(i.group.begin(), i.group.end(), r) - i.group.begin();
       for (std::int64_t j = 0; j < k; ++j)
-        if (j != me) recv[{i.group[static_cast<std::size_t>(j)], kind, i.internal}] += (chunk(me) + chunk(j)) * eb;
+        if (j != me)
+          recv[{i.group[static_cast<std::size_t>(j)], kind, i.internal}] += (chunk(me) + chunk(j)) * eb;
     }
     return out;
   }
@@ -619,20 +641,23 @@ class Executor {
                i.group.at(0));
       }
     }
-    WEFT_CHECK(m.sender == i.group.at(0), "message {} came from rank {}, expected rank {}", i.tag, m.sender, i.group.at(0));
+    WEFT_CHECK(m.sender == i.group.at(0), "message {} came from rank {}, expected rank {}", i.tag, m.sender,
+               i.group.at(0));
     const int dst = i.out[0];
     auto& held = values_[static_cast<std::size_t>(r)][static_cast<std::size_t>(dst)];
     HostTensor out = held ? *held : HostTensor{tile(dst, r).local_shape, {}};
     if (!held) out.data.assign(static_cast<std::size_t>(out.numel()), 0.0);
     std::int64_t n = 0;
     for_each_region_element(r, dst, i, [&](std::int64_t o, std::int64_t k) {
-      WEFT_CHECK(k < static_cast<std::int64_t>(m.data.size()), "message {} is shorter than its region", i.tag);
+      WEFT_CHECK(k < static_cast<std::int64_t>(m.data.size()), "message {} is shorter than its region",
+                 i.tag);
       out.data[static_cast<std::size_t>(o)] = m.data[static_cast<std::size_t>(k)];
       ++n;
     });
-    WEFT_CHECK(n == static_cast<std::int64_t>(m.data.size()), "message {} has {} elements, its region {}", i.tag,
-               m.data.size(), n);
-    recv_from_[static_cast<std::size_t>(r)][{m.sender, std::string(lower::instr_kind_name(InstrKind::Send)), false}] +=
+    WEFT_CHECK(n == static_cast<std::int64_t>(m.data.size()), "message {} has {} elements, its region {}",
+               i.tag, m.data.size(), n);
+    recv_from_[static_cast<std::size_t>(r)]
+              [{m.sender, std::string(lower::instr_kind_name(InstrKind::Send)), false}] +=
         n * p_.buffers[static_cast<std::size_t>(dst)].element_bytes;
     write(r, dst, std::move(out));
   }
@@ -654,8 +679,8 @@ class Executor {
           std::vector<int> missing;
           for (int g : i.group)
             if (!slot.inputs.count(g)) missing.push_back(g);
-          fail("waited {} s at this collective for ranks {} of its group (deadlock or a failed rank)", opt_.timeout_s,
-               missing);
+          fail("waited {} s at this collective for ranks {} of its group (deadlock or a failed rank)",
+               opt_.timeout_s, missing);
         }
       }
     };
@@ -682,9 +707,9 @@ class Executor {
   std::vector<std::vector<std::optional<HostTensor>>> values_;
   std::vector<RankStats> stats_;
   std::vector<std::vector<std::vector<int>>> axis_groups_;  // per rank and stage-mesh axis
-  std::map<std::int64_t, ir::Graph> graphs_;          // uneven shares: the graph at each other share
-  std::vector<const ir::Graph*> rank_graph_;          // per rank: the graph it computes
-  std::vector<std::int64_t> share_;                   // per rank: its replica's samples (uneven shares)
+  std::map<std::int64_t, ir::Graph> graphs_;                // uneven shares: the graph at each other share
+  std::vector<const ir::Graph*> rank_graph_;                // per rank: the graph it computes
+  std::vector<std::int64_t> share_;                         // per rank: its replica's samples (uneven shares)
   std::vector<std::map<std::tuple<int, std::string, bool>, std::int64_t>> recv_from_;
   std::vector<std::vector<HostTensor>> losses_;
   std::mutex mu_;
@@ -708,8 +733,8 @@ ExecutionResult execute_program(const lower::Program& program, const ExecuteOpti
 
 ExecutionResult execute_reference(const ir::Graph& g, const ExecuteOptions& opt) {
   g.validate();
-  WEFT_CHECK(opt.dtype == DType::F64 || opt.dtype == DType::F32, "execute_reference: dtype must be f64 or f32, got {}",
-             dtype_name(opt.dtype));
+  WEFT_CHECK(opt.dtype == DType::F64 || opt.dtype == DType::F32,
+             "execute_reference: dtype must be f64 or f32, got {}", dtype_name(opt.dtype));
   WEFT_CHECK(opt.steps >= 1, "execute_reference: steps must be >= 1, got {}", opt.steps);
   const auto t0 = Clock::now();
   LeafValues init(g, opt.seed);
@@ -720,12 +745,14 @@ ExecutionResult execute_reference(const ir::Graph& g, const ExecuteOptions& opt)
     HostTensor v{info.shape, {}};
     auto it = opt.inputs.find(info.name);
     if (it != opt.inputs.end() && info.role == ir::Role::Input) {
-      WEFT_CHECK(it->second.shape == info.shape, "execute_reference: inputs['{}'] has shape {}, the input has {}",
-                 info.name, it->second.shape, info.shape);
+      WEFT_CHECK(it->second.shape == info.shape,
+                 "execute_reference: inputs['{}'] has shape {}, the input has {}", info.name,
+                 it->second.shape, info.shape);
       v = it->second;
     } else {
       v.data.resize(static_cast<std::size_t>(v.numel()));
-      for (std::int64_t k = 0; k < v.numel(); ++k) v.data[static_cast<std::size_t>(k)] = init.value(t, step, k);
+      for (std::int64_t k = 0; k < v.numel(); ++k)
+        v.data[static_cast<std::size_t>(k)] = init.value(t, step, k);
     }
     round_to(v, opt.dtype);
     val[static_cast<std::size_t>(t)] = std::move(v);
@@ -758,13 +785,15 @@ ExecutionResult execute_reference(const ir::Graph& g, const ExecuteOptions& opt)
         const auto& info = g.tensor(t);
         if (info.producer != ir::kNoOp || info.role != ir::Role::Parameter) continue;
         auto grad = g.grad(t);
-        if (grad && g.tensor(*grad).producer != ir::kNoOp) res.gradients[info.name] = val[static_cast<std::size_t>(*grad)];
+        if (grad && g.tensor(*grad).producer != ir::kNoOp)
+          res.gradients[info.name] = val[static_cast<std::size_t>(*grad)];
       }
     for (auto [out, leaf] : carries) val[static_cast<std::size_t>(leaf)] = val[static_cast<std::size_t>(out)];
   }
   for (ir::TensorId t = 0; t < static_cast<ir::TensorId>(n); ++t) {
     const auto& info = g.tensor(t);
-    if (info.producer == ir::kNoOp && info.role == ir::Role::Parameter) res.parameters[info.name] = val[static_cast<std::size_t>(t)];
+    if (info.producer == ir::kNoOp && info.role == ir::Role::Parameter)
+      res.parameters[info.name] = val[static_cast<std::size_t>(t)];
   }
   res.seconds = seconds_since(t0);
   return res;

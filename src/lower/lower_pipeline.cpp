@@ -92,8 +92,8 @@ struct Crossing {
   ir::TensorId tensor = -1;
   int from = 0, to = 0;
   Phase send_phase = kF, recv_phase = kF;
-  ShardingSpec src, dst;  // on the SPMD meshes
-  int dst_buffer = -1;    // the template buffer it arrives in (stage `to`)
+  ShardingSpec src, dst;         // on the SPMD meshes
+  int dst_buffer = -1;           // the template buffer it arrives in (stage `to`)
   ir::TensorId src_tensor = -1;  // what is sent (the tensor itself; the leaf for a refresh)
   bool refresh = false;          // a tied parameter's new value, into the receiver's leaf
 };
@@ -115,7 +115,8 @@ class PipelineLowering {
     if (!opt_.split_fraction.empty()) {
       WEFT_CHECK(S_ == 1 && dp_ == 1 && in_[0].mesh.ndim() == 1 &&
                      static_cast<std::int64_t>(opt_.split_fraction.size()) == in_[0].mesh.size(),
-                 "lowering: an uneven split needs one stage on a 1-D mesh and one fraction per device ({} fractions, "
+                 "lowering: an uneven split needs one stage on a 1-D mesh and one fraction per device ({} "
+                 "fractions, "
                  "{} stages, mesh {})",
                  opt_.split_fraction.size(), S_, in_[0].mesh.shape());
       double sum = 0;
@@ -127,9 +128,10 @@ class PipelineLowering {
     }
     const auto& shares = opt_.replica_microbatch;
     if (!shares.empty()) {
-      WEFT_CHECK(static_cast<int>(shares.size()) == dp_, "lowering: {} replica shares for {} replicas", shares.size(),
-                 dp_);
-      for (auto b : shares) WEFT_CHECK(b >= 1, "lowering: a replica share of {} samples (each must be >= 1)", b);
+      WEFT_CHECK(static_cast<int>(shares.size()) == dp_, "lowering: {} replica shares for {} replicas",
+                 shares.size(), dp_);
+      for (auto b : shares)
+        WEFT_CHECK(b >= 1, "lowering: a replica share of {} samples (each must be >= 1)", b);
       WEFT_CHECK(*std::max_element(shares.begin(), shares.end()) == batch_of(g_),
                  "lowering: the graph's batch {} must be the largest replica share {}", batch_of(g_),
                  *std::max_element(shares.begin(), shares.end()));
@@ -138,14 +140,17 @@ class PipelineLowering {
     setup_stages();
     // Logical stage s runs on device group s mod D (D groups, S = D·v: interleaved when v > 1).
     const int D = static_cast<int>(group_mesh_.size());
-    WEFT_CHECK(S_ % D == 0, "lowering: {} stages on {} device groups: every group must hold as many stages", S_, D);
+    WEFT_CHECK(S_ % D == 0, "lowering: {} stages on {} device groups: every group must hold as many stages",
+               S_, D);
     for (int s = 0; s < S_; ++s)
       WEFT_CHECK(group_of_stage_[static_cast<std::size_t>(s)] == s % D,
-                 "lowering: stage {} runs on device group {}, the schedule puts it on group {} (stage s on group s mod "
+                 "lowering: stage {} runs on device group {}, the schedule puts it on group {} (stage s on "
+                 "group s mod "
                  "{})",
                  s, group_of_stage_[static_cast<std::size_t>(s)], s % D, D);
     WEFT_CHECK(S_ == D || opt_.schedule == "interleaved",
-               "lowering: several stages per device group need the interleaved schedule, not '{}'", opt_.schedule);
+               "lowering: several stages per device group need the interleaved schedule, not '{}'",
+               opt_.schedule);
     sched_ = std::make_unique<schedule::Schedule>(
         opt_.schedule == "interleaved" ? schedule::interleaved_1f1b(D, S_ / D, M_)
                                        : schedule::make_schedule(opt_.schedule, S_, M_, opt_.schedule_k, 1));
@@ -169,10 +174,10 @@ class PipelineLowering {
     std::map<int, sharding::ReshardPlanner> planners;
     std::map<ir::TensorId, std::vector<std::pair<ShardingSpec, int>>> layouts;
     std::array<std::vector<Tmpl>, 4> tmpl;
-    std::map<ir::TensorId, int> leaves;                    // leaf tensor -> its buffer
-    std::vector<std::pair<ir::TensorId, int>> acc;         // accumulated tensor -> accumulator
-    std::vector<ir::OpId> ops;                             // topological order
-    std::vector<int> inputs;                               // Input leaf buffers (loaded per micro-batch)
+    std::map<ir::TensorId, int> leaves;             // leaf tensor -> its buffer
+    std::vector<std::pair<ir::TensorId, int>> acc;  // accumulated tensor -> accumulator
+    std::vector<ir::OpId> ops;                      // topological order
+    std::vector<int> inputs;                        // Input leaf buffers (loaded per micro-batch)
   };
 
   // ---------- setup ----------
@@ -185,15 +190,16 @@ class PipelineLowering {
       StageCtx st{ps.mesh, 0, {}, cluster::axis_links(c_, ps.mesh), {}, {}, {}, {}, {}, {}, {}};
       const auto& shape = ps.mesh.shape();
       WEFT_CHECK(dp_ == 1 || (!shape.empty() && shape[0] == dp_),
-                 "lowering: with {} replicas stage {}'s mesh must start with a replica axis of {}, it is {}", dp_, s,
-                 dp_, shape);
+                 "lowering: with {} replicas stage {}'s mesh must start with a replica axis of {}, it is {}",
+                 dp_, s, dp_, shape);
       st.lead = dp_ > 1 ? 1 : 0;
       st.spmd_shape.assign(shape.begin() + st.lead, shape.end());
       WEFT_CHECK(ps.layout.op_axes.size() == g_.ops().size(),
-                 "lowering: stage {}'s layout has {} op assignments, the graph {} ops", s, ps.layout.op_axes.size(),
-                 g_.ops().size());
+                 "lowering: stage {}'s layout has {} op assignments, the graph {} ops", s,
+                 ps.layout.op_axes.size(), g_.ops().size());
       for (ir::OpId o : ps.ops) {
-        WEFT_CHECK(o >= 0 && o < static_cast<ir::OpId>(g_.ops().size()), "lowering: stage {} lists op id {}", s, o);
+        WEFT_CHECK(o >= 0 && o < static_cast<ir::OpId>(g_.ops().size()), "lowering: stage {} lists op id {}",
+                   s, o);
         WEFT_CHECK(stage_of_op_[static_cast<std::size_t>(o)] < 0, "lowering: op '{}' is in stages {} and {}",
                    g_.op(o).name, stage_of_op_[static_cast<std::size_t>(o)], s);
         stage_of_op_[static_cast<std::size_t>(o)] = s;
@@ -214,10 +220,11 @@ class PipelineLowering {
         sm.replica_microbatch = opt_.replica_microbatch;
         sm.split_fraction = opt_.split_fraction;
         for (int d : ps.mesh.device_ids()) {
-          WEFT_CHECK(devices.insert(d).second,
-                     "lowering: device {} is in two stages with different meshes (a device group runs its stages on "
-                     "one mesh)",
-                     d);
+          WEFT_CHECK(
+              devices.insert(d).second,
+              "lowering: device {} is in two stages with different meshes (a device group runs its stages on "
+              "one mesh)",
+              d);
           rank_of_device_[d] = rank;
           sm.ranks.push_back(rank++);
         }
@@ -227,8 +234,10 @@ class PipelineLowering {
       st_.push_back(std::move(st));
     }
     for (ir::OpId o = 0; o < static_cast<ir::OpId>(g_.ops().size()); ++o)
-      WEFT_CHECK(stage_of_op_[static_cast<std::size_t>(o)] >= 0, "lowering: op '{}' is in no stage", g_.op(o).name);
-    for (ir::OpId o : g_.topo_order()) st_[static_cast<std::size_t>(stage_of_op_[static_cast<std::size_t>(o)])].ops.push_back(o);
+      WEFT_CHECK(stage_of_op_[static_cast<std::size_t>(o)] >= 0, "lowering: op '{}' is in no stage",
+                 g_.op(o).name);
+    for (ir::OpId o : g_.topo_order())
+      st_[static_cast<std::size_t>(stage_of_op_[static_cast<std::size_t>(o)])].ops.push_back(o);
   }
 
   // Phase of every op: forward, backward, update; under a split schedule the backward ops that
@@ -252,7 +261,8 @@ class PipelineLowering {
       bool defer = false;
       for (ir::TensorId t : g_.op(o).inputs) {
         const ir::OpId p = g_.tensor(t).producer;
-        defer = defer || (p != ir::kNoOp && (stage_of_op_[static_cast<std::size_t>(p)] != stage_of_op_[static_cast<std::size_t>(o)] ||
+        defer = defer || (p != ir::kNoOp && (stage_of_op_[static_cast<std::size_t>(p)] !=
+                                                 stage_of_op_[static_cast<std::size_t>(o)] ||
                                              deferred_[static_cast<std::size_t>(p)]));
       }
       if (!defer) continue;
@@ -275,7 +285,8 @@ class PipelineLowering {
         bool keep = true;
         for (ir::TensorId t : g_.op(o).outputs)
           for (ir::OpId r : readers_[static_cast<std::size_t>(t)]) {
-            const bool same_stage = stage_of_op_[static_cast<std::size_t>(r)] == stage_of_op_[static_cast<std::size_t>(o)];
+            const bool same_stage =
+                stage_of_op_[static_cast<std::size_t>(r)] == stage_of_op_[static_cast<std::size_t>(o)];
             const Phase rp = phase_[static_cast<std::size_t>(r)];
             // A weight gradient may feed W ops and updates of its stage, or a once-per-step sum.
             keep = keep && ((same_stage && (rp == kW || rp == kU)) || deferred_[static_cast<std::size_t>(r)]);
@@ -299,9 +310,10 @@ class PipelineLowering {
     auto it = ls.find(t);
     const auto& spmd = st_[static_cast<std::size_t>(s)].spmd_shape;
     ShardingSpec spec = it != ls.end() ? it->second : ShardingSpec::replicated(g_.tensor(t).shape, spmd);
-    WEFT_CHECK(spec.tensor_shape() == g_.tensor(t).shape && spec.mesh_shape() == spmd,
-               "lowering: the spec of leaf '{}' is for shape {} on mesh {}, the tensor is {} on stage {}'s mesh {}",
-               g_.tensor(t).name, spec.tensor_shape(), spec.mesh_shape(), g_.tensor(t).shape, s, spmd);
+    WEFT_CHECK(
+        spec.tensor_shape() == g_.tensor(t).shape && spec.mesh_shape() == spmd,
+        "lowering: the spec of leaf '{}' is for shape {} on mesh {}, the tensor is {} on stage {}'s mesh {}",
+        g_.tensor(t).name, spec.tensor_shape(), spec.mesh_shape(), g_.tensor(t).shape, s, spmd);
     return spec;
   }
 
@@ -311,13 +323,14 @@ class PipelineLowering {
     const auto& st = st_[static_cast<std::size_t>(s)];
     const ir::Op& op = g_.op(o);
     auto axes = in_[static_cast<std::size_t>(s)].layout.op_axes[static_cast<std::size_t>(o)];
-    WEFT_CHECK(axes.size() == st.spmd_shape.size(), "lowering: op '{}' has {} axis assignments, the SPMD mesh {} axes",
-               op.name, axes.size(), st.spmd_shape.size());
+    WEFT_CHECK(axes.size() == st.spmd_shape.size(),
+               "lowering: op '{}' has {} axis assignments, the SPMD mesh {} axes", op.name, axes.size(),
+               st.spmd_shape.size());
     const bool partial_sum = st.lead > 0 && deferred_[static_cast<std::size_t>(o)] && accumulate_;
     if (st.lead > 0 && !partial_sum) axes.insert(axes.begin(), spmd::AxisAssign{});
     auto strat = spmd::make_strategy(g_, op, partial_sum ? st.spmd_shape : st.mesh.shape(), axes);
-    WEFT_CHECK(strat.has_value(), "lowering: the layout of op '{}' is not a valid strategy on mesh {}", op.name,
-               st.mesh.shape());
+    WEFT_CHECK(strat.has_value(), "lowering: the layout of op '{}' is not a valid strategy on mesh {}",
+               op.name, st.mesh.shape());
     if (partial_sum) {  // a sum of the replicas' partial means stays one: P(sum) on the replica axis
       for (auto& sp : strat->inputs) sp = widen(st, sp, Placement::partial());
       for (auto& sp : strat->outputs) sp = widen(st, sp, Placement::partial());
@@ -335,7 +348,8 @@ class PipelineLowering {
     std::vector<Placement> pl(s.per_axis().begin() + 1, s.per_axis().end());
     return ShardingSpec(s.tensor_shape(), st.spmd_shape, pl);
   }
-  ShardingSpec widen(const StageCtx& st, const ShardingSpec& s, Placement replica = Placement::replicate()) const {
+  ShardingSpec widen(const StageCtx& st, const ShardingSpec& s,
+                     Placement replica = Placement::replicate()) const {
     if (st.lead == 0) return s;
     std::vector<Placement> pl{replica};
     pl.insert(pl.end(), s.per_axis().begin(), s.per_axis().end());
@@ -362,15 +376,19 @@ class PipelineLowering {
         const auto& sa = st_[static_cast<std::size_t>(a)];
         const auto& sb = st_[static_cast<std::size_t>(b)];
         // The producer's layout of t, reduced, unless the caller fixed the specs.
-        ShardingSpec src = reduced(narrow(sa, strategy(prod).outputs[static_cast<std::size_t>(
-                                                  std::find(g_.op(prod).outputs.begin(), g_.op(prod).outputs.end(), t) -
-                                                  g_.op(prod).outputs.begin())]));
+        ShardingSpec src =
+            reduced(narrow(sa, strategy(prod).outputs[static_cast<std::size_t>(
+                                   std::find(g_.op(prod).outputs.begin(), g_.op(prod).outputs.end(), t) -
+                                   g_.op(prod).outputs.begin())]));
         if (const auto* s = given_cross(t, a, b, true)) src = reduced(*s);
-        ShardingSpec dst = src.mesh_shape() == sb.spmd_shape ? src : ShardingSpec::replicated(g_.tensor(t).shape, sb.spmd_shape);
+        ShardingSpec dst = src.mesh_shape() == sb.spmd_shape
+                               ? src
+                               : ShardingSpec::replicated(g_.tensor(t).shape, sb.spmd_shape);
         if (const auto* d = given_cross(t, a, b, false)) dst = reduced(*d);
         WEFT_CHECK(src.tensor_shape() == g_.tensor(t).shape && src.mesh_shape() == sa.spmd_shape &&
                        dst.tensor_shape() == g_.tensor(t).shape && dst.mesh_shape() == sb.spmd_shape,
-                   "lowering: the specs of '{}' from stage {} to stage {} do not fit its shape {} and the meshes {} / {}",
+                   "lowering: the specs of '{}' from stage {} to stage {} do not fit its shape {} and the "
+                   "meshes {} / {}",
                    g_.tensor(t).name, a, b, g_.tensor(t).shape, sa.spmd_shape, sb.spmd_shape);
         crossings_.push_back({t, a, b, sp, rp, src, dst, -1, t, false});
       }
@@ -378,10 +396,11 @@ class PipelineLowering {
     for (auto& c : crossings_) {
       // Read only once per step (by the update phase): accumulated where it is made, sent once.
       if (c.recv_phase == kU) c.send_phase = kU;
-      WEFT_CHECK(c.send_phase <= c.recv_phase && (c.send_phase != c.recv_phase || c.send_phase == kW ||
-                                                   (c.send_phase == kF) == (c.from < c.to)),
-                 "lowering: '{}' goes from the {} of stage {} to the {} of stage {}, against the pipeline's order",
-                 g_.tensor(c.tensor).name, kPhaseName[c.send_phase], c.from, kPhaseName[c.recv_phase], c.to);
+      WEFT_CHECK(
+          c.send_phase <= c.recv_phase &&
+              (c.send_phase != c.recv_phase || c.send_phase == kW || (c.send_phase == kF) == (c.from < c.to)),
+          "lowering: '{}' goes from the {} of stage {} to the {} of stage {}, against the pipeline's order",
+          g_.tensor(c.tensor).name, kPhaseName[c.send_phase], c.from, kPhaseName[c.recv_phase], c.to);
     }
     // Tied parameters: a state leaf read by several stages is updated in the stage of its update
     // op; the others receive the new value at the end of the step.
@@ -389,12 +408,15 @@ class PipelineLowering {
       const ir::OpId upd = g_.tensor(out).producer;
       const int u = stage_of_op_[static_cast<std::size_t>(upd)];
       std::set<int> readers;
-      for (ir::OpId r : readers_[static_cast<std::size_t>(leaf)]) readers.insert(stage_of_op_[static_cast<std::size_t>(r)]);
+      for (ir::OpId r : readers_[static_cast<std::size_t>(leaf)])
+        readers.insert(stage_of_op_[static_cast<std::size_t>(r)]);
       for (int v : readers)
-        if (v != u) crossings_.push_back({leaf, u, v, kU, kU, leaf_spec(u, leaf), leaf_spec(v, leaf), -1, leaf, true});
+        if (v != u)
+          crossings_.push_back({leaf, u, v, kU, kU, leaf_spec(u, leaf), leaf_spec(v, leaf), -1, leaf, true});
     }
     for (const auto& c : crossings_)
-      WEFT_CHECK(group_of_stage_[static_cast<std::size_t>(c.from)] != group_of_stage_[static_cast<std::size_t>(c.to)],
+      WEFT_CHECK(group_of_stage_[static_cast<std::size_t>(c.from)] !=
+                     group_of_stage_[static_cast<std::size_t>(c.to)],
                  "lowering: '{}' goes from stage {} to stage {}, which run on the same devices (not lowered)",
                  g_.tensor(c.tensor).name, c.from, c.to);
     // The buffers they arrive in: the first layout of the tensor on the receiving stage (the
@@ -434,10 +456,12 @@ class PipelineLowering {
       for (int r = 0; r < dp_; ++r) {
         const auto& ia = ma.device_ids();
         const auto& ib = mb.device_ids();
-        cluster::DeviceMesh ra(shape_a, std::vector<int>(ia.begin() + static_cast<std::ptrdiff_t>(r * na),
-                                                          ia.begin() + static_cast<std::ptrdiff_t>((r + 1) * na)));
-        cluster::DeviceMesh rb(shape_b, std::vector<int>(ib.begin() + static_cast<std::ptrdiff_t>(r * nb),
-                                                          ib.begin() + static_cast<std::ptrdiff_t>((r + 1) * nb)));
+        cluster::DeviceMesh ra(shape_a,
+                               std::vector<int>(ia.begin() + static_cast<std::ptrdiff_t>(r * na),
+                                                ia.begin() + static_cast<std::ptrdiff_t>((r + 1) * na)));
+        cluster::DeviceMesh rb(shape_b,
+                               std::vector<int>(ib.begin() + static_cast<std::ptrdiff_t>(r * nb),
+                                                ib.begin() + static_cast<std::ptrdiff_t>((r + 1) * nb)));
         std::vector<reshard::TensorReshard> trs;
         for (int k : list) {
           const auto& c = crossings_[static_cast<std::size_t>(k)];
@@ -445,9 +469,10 @@ class PipelineLowering {
         }
         const auto plan = reshard::plan(reshard::make_problem(trs, hosts), opt_.transfers);
         for (const auto& op : plan.ops) {
-          WEFT_CHECK(!op.from_destination,
-                     "lowering: the transfer strategy {} relays through receivers; use send_recv or broadcast",
-                     reshard::to_string(opt_.transfers.strategy));
+          WEFT_CHECK(
+              !op.from_destination,
+              "lowering: the transfer strategy {} relays through receivers; use send_recv or broadcast",
+              reshard::to_string(opt_.transfers.strategy));
           if (op.receivers.empty()) continue;
           transfers_.push_back({list[static_cast<std::size_t>(op.tensor)], op.sender, op.receivers,
                                 flat_region(op.region), next_tag_++});
@@ -481,15 +506,19 @@ class PipelineLowering {
     if (t >= 0) st_[static_cast<std::size_t>(s)].layouts[t].emplace_back(spec, b);
     return b;
   }
-  int produced(int s, ir::TensorId t) const { return st_[static_cast<std::size_t>(s)].layouts.at(t).front().second; }
+  int produced(int s, ir::TensorId t) const {
+    return st_[static_cast<std::size_t>(s)].layouts.at(t).front().second;
+  }
 
   void emit(int s, Instr i, int only_device = -1, bool acc_slot = false) {
-    st_[static_cast<std::size_t>(s)].tmpl[static_cast<std::size_t>(phase_now_)].push_back({std::move(i), only_device, acc_slot});
+    st_[static_cast<std::size_t>(s)].tmpl[static_cast<std::size_t>(phase_now_)].push_back(
+        {std::move(i), only_device, acc_slot});
   }
 
   sharding::ReshardPlanner& planner(StageCtx& st, int element_bytes) {
     auto it = st.planners.find(element_bytes);
-    if (it == st.planners.end()) it = st.planners.emplace(element_bytes, sharding::ReshardPlanner(st.links, element_bytes)).first;
+    if (it == st.planners.end())
+      it = st.planners.emplace(element_bytes, sharding::ReshardPlanner(st.links, element_bytes)).first;
     return it->second;
   }
 
@@ -497,7 +526,8 @@ class PipelineLowering {
   int layout(int s, ir::TensorId t, const ShardingSpec spec) {  // by value: callers pass specs_ elements
     auto& st = st_[static_cast<std::size_t>(s)];
     auto lit = st.layouts.find(t);
-    WEFT_ASSERT(lit != st.layouts.end(), fmt::format("tensor '{}' has no layout on stage {}", g_.tensor(t).name, s));
+    WEFT_ASSERT(lit != st.layouts.end(),
+                fmt::format("tensor '{}' has no layout on stage {}", g_.tensor(t).name, s));
     for (const auto& [sp, b] : lit->second)
       if (sp == spec) return b;
     int cur = lit->second.front().second;
@@ -520,8 +550,9 @@ class PipelineLowering {
       cur = next;
     }
     WEFT_ASSERT(specs_[static_cast<std::size_t>(cur)] == spec,
-                fmt::format("resharding plan of '{}' from {} to {} ends in {} ({})", g_.tensor(t).name, from.to_string(),
-                            spec.to_string(), specs_[static_cast<std::size_t>(cur)].to_string(), plan.to_string()));
+                fmt::format("resharding plan of '{}' from {} to {} ends in {} ({})", g_.tensor(t).name,
+                            from.to_string(), spec.to_string(),
+                            specs_[static_cast<std::size_t>(cur)].to_string(), plan.to_string()));
     return cur;
   }
 
@@ -557,15 +588,18 @@ class PipelineLowering {
         if (phase_[static_cast<std::size_t>(o)] != kU) continue;
         for (ir::TensorId t : g_.op(o).inputs) {
           const ir::OpId prod = g_.tensor(t).producer;
-          if (prod == ir::kNoOp || phase_[static_cast<std::size_t>(prod)] == kU || stage_of_op_[static_cast<std::size_t>(prod)] != s)
+          if (prod == ir::kNoOp || phase_[static_cast<std::size_t>(prod)] == kU ||
+              stage_of_op_[static_cast<std::size_t>(prod)] != s)
             continue;
           WEFT_CHECK(g_.tensor(t).role == ir::Role::Gradient,
-                     "lowering: the update reads '{}' ({}) from the micro-batches; only gradients can be accumulated",
+                     "lowering: the update reads '{}' ({}) from the micro-batches; only gradients can be "
+                     "accumulated",
                      g_.tensor(t).name, ir::role_name(g_.tensor(t).role));
           acc_set.insert(t);
         }
       }
-      if (auto loss = g_.loss(); loss && stage_of_op_[static_cast<std::size_t>(g_.tensor(*loss).producer)] == s)
+      if (auto loss = g_.loss();
+          loss && stage_of_op_[static_cast<std::size_t>(g_.tensor(*loss).producer)] == s)
         acc_set.insert(*loss);
     }
     for (Phase ph : {kF, kB, kW}) {
@@ -600,8 +634,9 @@ class PipelineLowering {
     const bool by_share = !opt_.replica_microbatch.empty();
     const double scale = 1.0 / (static_cast<double>(M_) * (by_share ? 1 : dp_));
     for (auto [t, acc] : st.acc) {
-      const ShardingSpec spec = st.lead > 0 ? specs_[static_cast<std::size_t>(acc)].with_axis(0, Placement::partial())
-                                            : specs_[static_cast<std::size_t>(acc)];
+      const ShardingSpec spec = st.lead > 0
+                                    ? specs_[static_cast<std::size_t>(acc)].with_axis(0, Placement::partial())
+                                    : specs_[static_cast<std::size_t>(acc)];
       const int mean = buffer(s, t, spec, false);
       Instr i;
       i.kind = InstrKind::Scale;
@@ -661,8 +696,10 @@ class PipelineLowering {
       if (c.from != s || c.send_phase != ph || c.refresh != refresh) continue;
       auto it = src_buffer.find(tr.crossing);
       if (it == src_buffer.end())
-        it = src_buffer.emplace(tr.crossing, refresh ? st.leaves.at(c.src_tensor)
-                                                     : layout(s, c.src_tensor, widen(st, c.src, replica_placement(c))))
+        it = src_buffer
+                 .emplace(tr.crossing, refresh
+                                           ? st.leaves.at(c.src_tensor)
+                                           : layout(s, c.src_tensor, widen(st, c.src, replica_placement(c))))
                  .first;
       Instr i;
       i.kind = InstrKind::Send;
@@ -689,7 +726,8 @@ class PipelineLowering {
       i.kind = InstrKind::Compute;
       i.op = o;
       i.in = in;
-      for (std::size_t k = 0; k < op.outputs.size(); ++k) i.out.push_back(made(s, op.outputs[k], strat.outputs[k]));
+      for (std::size_t k = 0; k < op.outputs.size(); ++k)
+        i.out.push_back(made(s, op.outputs[k], strat.outputs[k]));
       emit(s, std::move(i));
       return;
     }
@@ -720,8 +758,8 @@ class PipelineLowering {
       return b;
     };
     int row_max = stat_step(InstrKind::CeRowMax, {in[0]}, stats_spec(lg, 0), ReduceOp::Max, "row_max");
-    int sum_target =
-        stat_step(InstrKind::CeSumTarget, {in[0], in[1], row_max}, stats_spec(lg, 2), ReduceOp::Sum, "sum_target");
+    int sum_target = stat_step(InstrKind::CeSumTarget, {in[0], in[1], row_max}, stats_spec(lg, 2),
+                               ReduceOp::Sum, "sum_target");
     Instr i;
     i.kind = op.kind == ir::OpKind::CrossEntropy ? InstrKind::CeLoss : InstrKind::CeGrad;
     i.op = o;
@@ -737,15 +775,18 @@ class PipelineLowering {
   // The step's results: the loss (mean over micro-batches and replicas), each parameter's leaf
   // (on the stage that updates it) and its gradient.
   void results() {
-    if (auto loss = g_.loss()) p_.loss = produced(stage_of_op_[static_cast<std::size_t>(g_.tensor(*loss).producer)], *loss);
+    if (auto loss = g_.loss())
+      p_.loss = produced(stage_of_op_[static_cast<std::size_t>(g_.tensor(*loss).producer)], *loss);
     std::map<ir::TensorId, int> updated_in;
-    for (auto [out, leaf] : state_carries(g_)) updated_in[leaf] = stage_of_op_[static_cast<std::size_t>(g_.tensor(out).producer)];
+    for (auto [out, leaf] : state_carries(g_))
+      updated_in[leaf] = stage_of_op_[static_cast<std::size_t>(g_.tensor(out).producer)];
     for (int s = 0; s < S_; ++s)
       for (const auto& [t, b] : st_[static_cast<std::size_t>(s)].leaves) {
         const auto& info = g_.tensor(t);
         if (info.role != ir::Role::Parameter) continue;
         auto u = updated_in.find(t);
-        if (!p_.parameters.count(info.name) || (u != updated_in.end() && u->second == s)) p_.parameters[info.name] = b;
+        if (!p_.parameters.count(info.name) || (u != updated_in.end() && u->second == s))
+          p_.parameters[info.name] = b;
         auto grad = g_.grad(t);
         if (!grad || g_.tensor(*grad).producer == ir::kNoOp) continue;
         const int gs = stage_of_op_[static_cast<std::size_t>(g_.tensor(*grad).producer)];
@@ -803,7 +844,11 @@ class PipelineLowering {
         }
       };
       for (const auto& op : sched_->device_order(grp))
-        run_phase(op.stage, op.kind == schedule::OpKind::F ? kF : op.kind == schedule::OpKind::B ? kB : kW, op.micro);
+        run_phase(op.stage,
+                  op.kind == schedule::OpKind::F   ? kF
+                  : op.kind == schedule::OpKind::B ? kB
+                                                   : kW,
+                  op.micro);
       for (int s = grp; s < S_; s += static_cast<int>(group_mesh_.size())) run_phase(s, kU, 0);
       add_frees(list, keep);
       auto code = std::make_shared<std::vector<Instr>>(std::move(list));
@@ -859,7 +904,7 @@ class PipelineLowering {
   std::unique_ptr<schedule::Schedule> sched_;
   std::vector<int> stage_of_op_;
   std::vector<Phase> phase_;
-  std::vector<char> deferred_;  // per op: a gradient sum run once per step (phase U)
+  std::vector<char> deferred_;                  // per op: a gradient sum run once per step (phase U)
   std::vector<std::vector<ir::OpId>> readers_;  // per tensor: the ops reading it
   Phase phase_now_ = kF;
   std::vector<StageCtx> st_;
@@ -885,8 +930,9 @@ reshard::PlanOptions default_transfer_options() {
   return o;
 }
 
-Program lower_pipeline(const ir::Graph& g, const cluster::Cluster& cluster, const std::vector<PipelineStage>& stages,
-                       const std::vector<CrossStageSpec>& cross, const PipelineOptions& options) {
+Program lower_pipeline(const ir::Graph& g, const cluster::Cluster& cluster,
+                       const std::vector<PipelineStage>& stages, const std::vector<CrossStageSpec>& cross,
+                       const PipelineOptions& options) {
   return PipelineLowering(g, cluster, stages, cross, options).run();
 }
 

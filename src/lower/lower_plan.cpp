@@ -1,8 +1,9 @@
 // Lowering of a plan::Plan (see lower.hpp): the stage layouts the planner recorded, on the
 // per-micro-batch graph it costed them on.
 #include <fmt/format.h>
-#include <algorithm>
 #include <fmt/ranges.h>
+
+#include <algorithm>
 
 #include "weft/core/error.hpp"
 #include "weft/lower/lower.hpp"
@@ -20,15 +21,17 @@ namespace {
 std::vector<PipelineStage> interleave(const ir::Graph& g, const std::vector<PipelineStage>& stages, int v) {
   const int D = static_cast<int>(stages.size());
   for (const auto& st : stages)
-    WEFT_CHECK(st.mesh.shape() == stages[0].mesh.shape(),
-               "lower: the interleaved schedule moves chunks between stages, which needs one mesh shape; the stages "
-               "have {} and {}",
-               stages[0].mesh.shape(), st.mesh.shape());
+    WEFT_CHECK(
+        st.mesh.shape() == stages[0].mesh.shape(),
+        "lower: the interleaved schedule moves chunks between stages, which needs one mesh shape; the stages "
+        "have {} and {}",
+        stages[0].mesh.shape(), st.mesh.shape());
   const auto owner = pipeline::owner_forward_op(g);
   const auto phase = pipeline::classify_ops(g);
   std::vector<double> flops(g.ops().size(), 0);  // per forward op: its own and its owned ops' FLOPs
   for (ir::OpId o = 0; o < static_cast<ir::OpId>(g.ops().size()); ++o)
-    if (owner[static_cast<std::size_t>(o)] != ir::kNoOp) flops[static_cast<std::size_t>(owner[static_cast<std::size_t>(o)])] += g.op(o).flops();
+    if (owner[static_cast<std::size_t>(o)] != ir::kNoOp)
+      flops[static_cast<std::size_t>(owner[static_cast<std::size_t>(o)])] += g.op(o).flops();
   std::vector<std::vector<ir::OpId>> chunk_ops(static_cast<std::size_t>(D * v));
   for (int d = 0; d < D; ++d) {
     const auto& st = stages[static_cast<std::size_t>(d)];
@@ -37,12 +40,13 @@ std::vector<PipelineStage> interleave(const ir::Graph& g, const std::vector<Pipe
     std::vector<ir::OpId> fwd;
     double total = 0;
     for (ir::OpId o : g.topo_order())
-      if (in_stage[static_cast<std::size_t>(o)] && phase[static_cast<std::size_t>(o)] == pipeline::OpPhase::Forward) {
+      if (in_stage[static_cast<std::size_t>(o)] &&
+          phase[static_cast<std::size_t>(o)] == pipeline::OpPhase::Forward) {
         fwd.push_back(o);
         total += flops[static_cast<std::size_t>(o)];
       }
-    WEFT_CHECK(static_cast<int>(fwd.size()) >= v, "lower: stage {} has {} forward ops, too few for {} chunks", d,
-               fwd.size(), v);
+    WEFT_CHECK(static_cast<int>(fwd.size()) >= v, "lower: stage {} has {} forward ops, too few for {} chunks",
+               d, fwd.size(), v);
     std::vector<int> chunk_of(g.ops().size(), -1);
     double acc = 0;
     int c = 0;
@@ -55,13 +59,16 @@ std::vector<PipelineStage> interleave(const ir::Graph& g, const std::vector<Pipe
     }
     for (ir::OpId o : st.ops) {
       const ir::OpId f = owner[static_cast<std::size_t>(o)];
-      const int ch = f != ir::kNoOp && chunk_of[static_cast<std::size_t>(f)] >= 0 ? chunk_of[static_cast<std::size_t>(f)] : v - 1;
+      const int ch = f != ir::kNoOp && chunk_of[static_cast<std::size_t>(f)] >= 0
+                         ? chunk_of[static_cast<std::size_t>(f)]
+                         : v - 1;
       chunk_ops[static_cast<std::size_t>(d * v + ch)].push_back(o);
     }
   }
   std::vector<PipelineStage> out;
   for (int k = 0; k < D * v; ++k)  // the ops' layouts and leaf specs are those of their plan stage
-    out.push_back({stages[static_cast<std::size_t>(k % D)].mesh, std::move(chunk_ops[static_cast<std::size_t>(k)]),
+    out.push_back({stages[static_cast<std::size_t>(k % D)].mesh,
+                   std::move(chunk_ops[static_cast<std::size_t>(k)]),
                    stages[static_cast<std::size_t>(k / v)].layout});
   return out;
 }
@@ -71,24 +78,27 @@ std::vector<PipelineStage> interleave(const ir::Graph& g, const std::vector<Pipe
 Program lower(const plan::Plan& plan, const ir::Graph& step, const cluster::Cluster& cluster) {
   WEFT_CHECK(!plan.stages.empty(), "lower: the plan has no stages");
   for (const auto& st : plan.stages)
-    WEFT_CHECK(!st.op_layouts.empty(),
-               "lower: stage {} of the plan has no op layouts (a plan made before lowering existed): plan it again "
-               "with this version of weft",
-               st.index);
+    WEFT_CHECK(
+        !st.op_layouts.empty(),
+        "lower: stage {} of the plan has no op layouts (a plan made before lowering existed): plan it again "
+        "with this version of weft",
+        st.index);
   // Equal replica shares are ordinary data parallelism.
-  const bool even_shares =
-      std::all_of(plan.replica_microbatch.begin(), plan.replica_microbatch.end(),
-                  [&](std::int64_t s) { return s == plan.microbatch_size; });
+  const bool even_shares = std::all_of(plan.replica_microbatch.begin(), plan.replica_microbatch.end(),
+                                       [&](std::int64_t s) { return s == plan.microbatch_size; });
   const bool interleaved = plan.schedule == "interleaved" && plan.num_stages() > 1 && plan.schedule_v > 1;
-  WEFT_CHECK(even_shares || (plan.num_stages() == 1 && static_cast<int>(plan.replica_microbatch.size()) == plan.data_parallel),
-             "lower: uneven replica shares are lowered for one-stage plans with one share per replica; this plan has "
+  WEFT_CHECK(even_shares || (plan.num_stages() == 1 &&
+                             static_cast<int>(plan.replica_microbatch.size()) == plan.data_parallel),
+             "lower: uneven replica shares are lowered for one-stage plans with one share per replica; this "
+             "plan has "
              "{} stages and {} shares for {} replicas",
              plan.num_stages(), plan.replica_microbatch.size(), plan.data_parallel);
-  WEFT_CHECK(plan.model == step.name(), "lower: the plan is for model '{}', the step graph is '{}'", plan.model,
-             step.name());
+  WEFT_CHECK(plan.model == step.name(), "lower: the plan is for model '{}', the step graph is '{}'",
+             plan.model, step.name());
   const std::int64_t batch = plan::batch_size(step);
-  WEFT_CHECK(plan.global_batch() == batch, "lower: the plan is for a global batch of {}, the step graph has {}",
-             plan.global_batch(), batch);
+  WEFT_CHECK(plan.global_batch() == batch,
+             "lower: the plan is for a global batch of {}, the step graph has {}", plan.global_batch(),
+             batch);
   const ir::Graph g = plan.microbatch_size == batch ? step : plan::rebatch(step, plan.microbatch_size);
   std::map<std::string, ir::OpId> op_id;
   for (ir::OpId o = 0; o < static_cast<ir::OpId>(g.ops().size()); ++o) op_id[g.op(o).name] = o;
@@ -98,17 +108,18 @@ Program lower(const plan::Plan& plan, const ir::Graph& step, const cluster::Clus
   std::vector<char> seen(g.ops().size(), 0);
   for (const auto& st : plan.stages) {
     for (int d : st.devices)
-      WEFT_CHECK(d >= 0 && d < cluster.num_devices(), "lower: the plan uses device {}, the cluster has {} devices", d,
-                 cluster.num_devices());
+      WEFT_CHECK(d >= 0 && d < cluster.num_devices(),
+                 "lower: the plan uses device {}, the cluster has {} devices", d, cluster.num_devices());
     PipelineStage ps{cluster::DeviceMesh(st.mesh_shape, st.devices), {}, {}};
     const std::vector<std::int64_t> spmd_shape(st.mesh_shape.begin() + lead, st.mesh_shape.end());
     ps.layout.op_axes.assign(g.ops().size(), {});
     for (const auto& l : st.op_layouts) {
       auto it = op_id.find(l.op);
-      WEFT_CHECK(it != op_id.end(), "lower: the plan lays out op '{}', which the step graph does not have", l.op);
+      WEFT_CHECK(it != op_id.end(), "lower: the plan lays out op '{}', which the step graph does not have",
+                 l.op);
       WEFT_CHECK(l.factors.size() == spmd_shape.size() && l.inner_strides.size() == spmd_shape.size(),
-                 "lower: op '{}' has {} axis assignments, stage {}'s SPMD mesh {} axes", l.op, l.factors.size(),
-                 st.index, spmd_shape.size());
+                 "lower: op '{}' has {} axis assignments, stage {}'s SPMD mesh {} axes", l.op,
+                 l.factors.size(), st.index, spmd_shape.size());
       WEFT_CHECK(!seen[static_cast<std::size_t>(it->second)], "lower: the plan lays out op '{}' twice", l.op);
       seen[static_cast<std::size_t>(it->second)] = 1;
       auto& axes = ps.layout.op_axes[static_cast<std::size_t>(it->second)];
@@ -117,7 +128,8 @@ Program lower(const plan::Plan& plan, const ir::Graph& step, const cluster::Clus
     }
     for (const auto& l : st.leaf_specs) {
       auto t = g.find_tensor(l.tensor);
-      WEFT_CHECK(t.has_value(), "lower: the plan lays out tensor '{}', which the step graph does not have", l.tensor);
+      WEFT_CHECK(t.has_value(), "lower: the plan lays out tensor '{}', which the step graph does not have",
+                 l.tensor);
       ps.layout.leaf_specs.emplace(*t, sharding::ShardingSpec::parse(l.spec, g.tensor(*t).shape, spmd_shape));
     }
     stages.push_back(std::move(ps));
@@ -129,15 +141,18 @@ Program lower(const plan::Plan& plan, const ir::Graph& step, const cluster::Clus
   for (const auto& c : plan.cross_tensors) {
     if (c.refresh) continue;  // a tied parameter's new value goes between its stages' leaf specs
     auto t = g.find_tensor(c.name);
-    WEFT_CHECK(t.has_value(), "lower: the plan sends tensor '{}', which the step graph does not have", c.name);
+    WEFT_CHECK(t.has_value(), "lower: the plan sends tensor '{}', which the step graph does not have",
+               c.name);
     WEFT_CHECK(c.from_stage >= 0 && c.from_stage < plan.num_stages() && c.to_stage >= 0 &&
                    c.to_stage < plan.num_stages(),
                "lower: cross tensor '{}' names stages {} -> {} of {}", c.name, c.from_stage, c.to_stage,
                plan.num_stages());
     const auto& shape = g.tensor(*t).shape;
     cross.push_back({*t, c.from_stage, c.to_stage,
-                     sharding::ShardingSpec::parse(c.src_spec, shape, spmd_shapes[static_cast<std::size_t>(c.from_stage)]),
-                     sharding::ShardingSpec::parse(c.dst_spec, shape, spmd_shapes[static_cast<std::size_t>(c.to_stage)])});
+                     sharding::ShardingSpec::parse(c.src_spec, shape,
+                                                   spmd_shapes[static_cast<std::size_t>(c.from_stage)]),
+                     sharding::ShardingSpec::parse(c.dst_spec, shape,
+                                                   spmd_shapes[static_cast<std::size_t>(c.to_stage)])});
   }
   if (interleaved) {
     stages = interleave(g, stages, plan.schedule_v);

@@ -85,7 +85,8 @@ std::string region_text(const std::vector<std::vector<std::int64_t>>& region) {
   std::string s;
   for (const auto& d : region) {
     s += "[";
-    for (std::size_t k = 0; k + 1 < d.size(); k += 2) s += fmt::format("{}{}:{}", k ? "," : "", d[k], d[k + 1]);
+    for (std::size_t k = 0; k + 1 < d.size(); k += 2)
+      s += fmt::format("{}{}:{}", k ? "," : "", d[k], d[k + 1]);
     s += "]";
   }
   return s;
@@ -135,8 +136,11 @@ std::string Program::to_json() const {
                            {"region", i.region}});
       codes.push_back(std::move(ins));
     }
-    rks.push_back(
-        json{{"rank", r.rank}, {"device", r.device}, {"stage", r.stage}, {"coord", r.coord}, {"code", it->second}});
+    rks.push_back(json{{"rank", r.rank},
+                       {"device", r.device},
+                       {"stage", r.stage},
+                       {"coord", r.coord},
+                       {"code", it->second}});
   }
   json j{{"format", "weft.program/2"},
          {"graph", json::parse(ir::graph_to_json(graph))},
@@ -208,7 +212,8 @@ Program Program::from_json(std::string_view text) {
       in.group = field<std::vector<int>>(x, "group", ip);
       in.on_rank = field<int>(x, "on_rank", ip);
       auto red = field<std::string>(x, "reduce", ip);
-      WEFT_CHECK(red == "sum" || red == "max", "Program JSON: {}.reduce must be sum or max, got '{}'", ip, red);
+      WEFT_CHECK(red == "sum" || red == "max", "Program JSON: {}.reduce must be sum or max, got '{}'", ip,
+                 red);
       in.reduce = red == "sum" ? ReduceOp::Sum : ReduceOp::Max;
       in.axes = field<std::vector<int>>(x, "axes", ip);
       in.internal = field<bool>(x, "internal", ip);
@@ -230,8 +235,8 @@ Program Program::from_json(std::string_view text) {
     rp.stage = field<int>(rks[r], "stage", path);
     rp.coord = field<std::vector<std::int64_t>>(rks[r], "coord", path);
     const int c = field<int>(rks[r], "code", path);
-    WEFT_CHECK(c >= 0 && c < static_cast<int>(codes.size()), "Program JSON: {}.code {} is not one of the {} codes",
-               path, c, codes.size());
+    WEFT_CHECK(c >= 0 && c < static_cast<int>(codes.size()),
+               "Program JSON: {}.code {} is not one of the {} codes", path, c, codes.size());
     rp.code = codes[static_cast<std::size_t>(c)];
     p.ranks.push_back(std::move(rp));
   }
@@ -253,7 +258,8 @@ std::vector<int> Program::group_of(int rank, const Instr& i) const {
   const auto& rp = ranks.at(static_cast<std::size_t>(rank));
   const auto& st = stages.at(static_cast<std::size_t>(rp.stage));
   WEFT_CHECK(i.axis >= 0 && i.axis < static_cast<int>(st.shape.size()) && rp.coord.size() == st.shape.size(),
-             "program: rank {}'s collective names axis {} of a {}-axis stage mesh", rank, i.axis, st.shape.size());
+             "program: rank {}'s collective names axis {} of a {}-axis stage mesh", rank, i.axis,
+             st.shape.size());
   std::vector<int> g;
   auto c = rp.coord;
   for (std::int64_t k = 0; k < st.shape[static_cast<std::size_t>(i.axis)]; ++k) {
@@ -288,7 +294,7 @@ std::string Program::describe(int rank, int index) const {
     std::vector<std::string> n;
     for (int b : ids)
       n.push_back(b >= 0 && b < static_cast<int>(buffers.size()) ? buffers[static_cast<std::size_t>(b)].name
-                                                                  : fmt::format("<bad buffer {}>", b));
+                                                                 : fmt::format("<bad buffer {}>", b));
     return fmt::format("{}", fmt::join(n, ", "));
   };
   std::string head = fmt::format("rank {} #{} {}", rank, index, instr_kind_name(i.kind));
@@ -306,10 +312,13 @@ std::string Program::describe(int rank, int index) const {
     head += i.reduce == ReduceOp::Sum ? " (sum)" : " (max)";
   if (i.kind == InstrKind::Free) return head + " " + names(i.in);
   if (i.kind == InstrKind::LoadInput) head += fmt::format(" micro-batch {}", i.microbatch);
-  if (i.kind == InstrKind::Scale) head += fmt::format(" ×{:.6g}{}", i.scale, i.by_share ? " × replica share" : "");
-  if (i.kind == InstrKind::Send) head += fmt::format(" to ranks {} tag {} region {}", i.group, i.tag, region_text(i.region));
+  if (i.kind == InstrKind::Scale)
+    head += fmt::format(" ×{:.6g}{}", i.scale, i.by_share ? " × replica share" : "");
+  if (i.kind == InstrKind::Send)
+    head += fmt::format(" to ranks {} tag {} region {}", i.group, i.tag, region_text(i.region));
   if (i.kind == InstrKind::Recv)
-    head += fmt::format(" from rank {} tag {} region {}", i.group.empty() ? -1 : i.group[0], i.tag, region_text(i.region));
+    head += fmt::format(" from rank {} tag {} region {}", i.group.empty() ? -1 : i.group[0], i.tag,
+                        region_text(i.region));
   return fmt::format("{} {} -> {}", head, names(i.in), names(i.out));
 }
 
@@ -323,8 +332,8 @@ std::string Program::dump_rank(int rank) const {
 }
 
 std::string Program::dump() const {
-  std::string s = fmt::format("program of '{}': {} ranks, {} stages, {} buffers\n", graph.name(), ranks.size(),
-                              stages.size(), buffers.size());
+  std::string s = fmt::format("program of '{}': {} ranks, {} stages, {} buffers\n", graph.name(),
+                              ranks.size(), stages.size(), buffers.size());
   for (int r = 0; r < num_ranks(); ++r) s += dump_rank(r);
   return s;
 }
@@ -350,11 +359,11 @@ void check(const Program& p) {
   std::vector<std::vector<std::vector<int>>> axis_group(static_cast<std::size_t>(nr));
   for (int r = 0; r < nr; ++r) {
     const auto& rp = p.ranks[static_cast<std::size_t>(r)];
-    WEFT_CHECK(rp.stage >= 0 && rp.stage < static_cast<int>(p.stages.size()), "program: rank {} names stage {} of {}",
-               r, rp.stage, p.stages.size());
+    WEFT_CHECK(rp.stage >= 0 && rp.stage < static_cast<int>(p.stages.size()),
+               "program: rank {} names stage {} of {}", r, rp.stage, p.stages.size());
     const auto& st = p.stages[static_cast<std::size_t>(rp.stage)];
-    WEFT_CHECK(rp.coord.size() == st.shape.size(), "program: rank {}'s coordinate {} is not on its stage mesh {}", r,
-               rp.coord, st.shape);
+    WEFT_CHECK(rp.coord.size() == st.shape.size(),
+               "program: rank {}'s coordinate {} is not on its stage mesh {}", r, rp.coord, st.shape);
     for (int a = 0; a < static_cast<int>(st.shape.size()); ++a) {
       Instr probe;
       probe.kind = InstrKind::AllReduce;
@@ -365,8 +374,8 @@ void check(const Program& p) {
   auto group = [&](int r, const Instr& i) -> const std::vector<int>& {
     if (!is_collective(i.kind) || !i.group.empty()) return i.group;
     const auto& ag = axis_group[static_cast<std::size_t>(r)];
-    WEFT_CHECK(i.axis >= 0 && i.axis < static_cast<int>(ag.size()), "program: rank {}: a collective on axis {} of a {}-axis mesh",
-               r, i.axis, ag.size());
+    WEFT_CHECK(i.axis >= 0 && i.axis < static_cast<int>(ag.size()),
+               "program: rank {}: a collective on axis {} of a {}-axis mesh", r, i.axis, ag.size());
     return ag[static_cast<std::size_t>(i.axis)];
   };
   std::vector<char> live(static_cast<std::size_t>(nb), 0);
@@ -378,11 +387,15 @@ void check(const Program& p) {
     for (int k = 0; k < static_cast<int>(ins.size()); ++k) {
       const Instr& i = ins[static_cast<std::size_t>(k)];
       if (is_transfer(i.kind))
-        WEFT_CHECK(i.on_rank >= 0 && i.on_rank < nr && p.ranks[static_cast<std::size_t>(i.on_rank)].stage == rp.stage,
-                   "program: {}: a transfer runs on one rank of its stage, not on rank {}", p.describe(r, k), i.on_rank);
+        WEFT_CHECK(i.on_rank >= 0 && i.on_rank < nr &&
+                       p.ranks[static_cast<std::size_t>(i.on_rank)].stage == rp.stage,
+                   "program: {}: a transfer runs on one rank of its stage, not on rank {}", p.describe(r, k),
+                   i.on_rank);
       if (!rp.runs(i)) continue;
-      for (int b : i.in) WEFT_CHECK(buf_ok(b), "program: {} reads buffer id {} (out of range)", p.describe(r, k), b);
-      for (int b : i.out) WEFT_CHECK(buf_ok(b), "program: {} writes buffer id {} (out of range)", p.describe(r, k), b);
+      for (int b : i.in)
+        WEFT_CHECK(buf_ok(b), "program: {} reads buffer id {} (out of range)", p.describe(r, k), b);
+      for (int b : i.out)
+        WEFT_CHECK(buf_ok(b), "program: {} writes buffer id {} (out of range)", p.describe(r, k), b);
       if (i.kind != InstrKind::Recv)
         for (int b : i.in)
           WEFT_CHECK(live[static_cast<std::size_t>(b)],
@@ -398,13 +411,14 @@ void check(const Program& p) {
       const auto& g = group(r, i);
       std::set<int> uniq(g.begin(), g.end());
       WEFT_CHECK(uniq.size() == g.size(), "program: {}: a rank appears twice in the group", p.describe(r, k));
-      for (int m : g) WEFT_CHECK(m >= 0 && m < nr, "program: {}: group rank {} does not exist", p.describe(r, k), m);
+      for (int m : g)
+        WEFT_CHECK(m >= 0 && m < nr, "program: {}: group rank {} does not exist", p.describe(r, k), m);
       if (is_collective(i.kind)) {
         WEFT_CHECK(uniq.count(r), "program: {}: the rank is not in its own group", p.describe(r, k));
         continue;
       }
-      WEFT_CHECK(!g.empty() && !uniq.count(r), "program: {}: a transfer needs peers other than the rank itself",
-                 p.describe(r, k));
+      WEFT_CHECK(!g.empty() && !uniq.count(r),
+                 "program: {}: a transfer needs peers other than the rank itself", p.describe(r, k));
       WEFT_CHECK(i.kind == InstrKind::Send || g.size() == 1, "program: {}: a recv has exactly one sender",
                  p.describe(r, k));
       WEFT_CHECK(i.tag >= 0, "program: {}: a transfer needs a tag", p.describe(r, k));
@@ -413,11 +427,12 @@ void check(const Program& p) {
                  p.describe(r, k), i.region.size(), shape.size());
       for (std::size_t d = 0; d < shape.size(); ++d) {
         const auto& iv = i.region[d];
-        WEFT_CHECK(iv.size() % 2 == 0, "program: {}: region dim {} is not a list of intervals", p.describe(r, k), d);
+        WEFT_CHECK(iv.size() % 2 == 0, "program: {}: region dim {} is not a list of intervals",
+                   p.describe(r, k), d);
         for (std::size_t q = 0; q < iv.size(); q += 2)
           WEFT_CHECK(iv[q] >= (q ? iv[q - 1] : 0) && iv[q] < iv[q + 1] && iv[q + 1] <= shape[d],
-                     "program: {}: region dim {} interval [{}, {}) is not sorted inside [0, {})", p.describe(r, k), d,
-                     iv[q], iv[q + 1], shape[d]);
+                     "program: {}: region dim {} interval [{}, {}) is not sorted inside [0, {})",
+                     p.describe(r, k), d, iv[q], iv[q + 1], shape[d]);
       }
     }
   }
@@ -438,19 +453,23 @@ void check(const Program& p) {
       if (i.kind == InstrKind::Send) {
         for (int q : i.group)
           WEFT_CHECK(posted.emplace(std::pair{i.tag, q}, std::pair{r, &i}).second,
-                     "program: {}: tag {} is sent to rank {} twice", p.describe(r, static_cast<int>(k)), i.tag, q);
+                     "program: {}: tag {} is sent to rank {} twice", p.describe(r, static_cast<int>(k)),
+                     i.tag, q);
       } else if (i.kind == InstrKind::Recv) {
         auto it = posted.find({i.tag, r});
         if (it == posted.end()) break;
         const Instr& snd = *it->second.second;
-        WEFT_CHECK(it->second.first == i.group[0] && snd.out == i.out && snd.region == i.region,
-                   "program: transfer mismatch: {} meets a send of tag {} from rank {} with other buffers or region",
-                   p.describe(r, static_cast<int>(k)), i.tag, it->second.first);
+        WEFT_CHECK(
+            it->second.first == i.group[0] && snd.out == i.out && snd.region == i.region,
+            "program: transfer mismatch: {} meets a send of tag {} from rank {} with other buffers or region",
+            p.describe(r, static_cast<int>(k)), i.tag, it->second.first);
         posted.erase(it);
       }
     }
   };
-  auto at_end = [&](int r) { return pc[static_cast<std::size_t>(r)] >= p.ranks[static_cast<std::size_t>(r)].instrs().size(); };
+  auto at_end = [&](int r) {
+    return pc[static_cast<std::size_t>(r)] >= p.ranks[static_cast<std::size_t>(r)].instrs().size();
+  };
   for (;;) {
     bool done = true, progress = false;
     for (int r = 0; r < nr; ++r) {
@@ -481,9 +500,10 @@ void check(const Program& p) {
           ready = false;
           break;
         }
-        WEFT_CHECK(o.kind == i.kind && o.axis == i.axis && o.in == i.in && o.out == i.out && o.reduce == i.reduce,
-                   "program: collective mismatch: {} meets {}", p.describe(r, static_cast<int>(k)),
-                   p.describe(m, static_cast<int>(mk)));
+        WEFT_CHECK(
+            o.kind == i.kind && o.axis == i.axis && o.in == i.in && o.out == i.out && o.reduce == i.reduce,
+            "program: collective mismatch: {} meets {}", p.describe(r, static_cast<int>(k)),
+            p.describe(m, static_cast<int>(mk)));
       }
       if (!ready) continue;
       for (int m : g) ++pc[static_cast<std::size_t>(m)];
@@ -494,12 +514,14 @@ void check(const Program& p) {
         if (at_end(r)) continue;
         const std::size_t k = pc[static_cast<std::size_t>(r)];
         fail("program: deadlock: {} waits for {}, which never comes", p.describe(r, static_cast<int>(k)),
-             p.ranks[static_cast<std::size_t>(r)].instrs()[k].kind == InstrKind::Recv ? "its message" : "its group");
+             p.ranks[static_cast<std::size_t>(r)].instrs()[k].kind == InstrKind::Recv ? "its message"
+                                                                                      : "its group");
       }
     }
   }
   for (const auto& [key, send] : posted)
-    fail("program: rank {} sends tag {} to rank {}, which never receives it", send.first, key.first, key.second);
+    fail("program: rank {} sends tag {} to rank {}, which never receives it", send.first, key.first,
+         key.second);
 }
 
 }  // namespace weft::lower

@@ -76,8 +76,8 @@ std::vector<char> gradient_sums_into_update(const Graph& g) {
   for (auto it = order.rbegin(); it != order.rend(); ++it) {
     const OpId o = *it;
     const auto& op = g.op(o);
-    if (phase[o] != OpPhase::Backward || op.kind != ir::OpKind::Binary || op.attrs.binary != ir::BinaryFn::Add ||
-        op.outputs.size() != 1)
+    if (phase[o] != OpPhase::Backward || op.kind != ir::OpKind::Binary ||
+        op.attrs.binary != ir::BinaryFn::Add || op.outputs.size() != 1)
       continue;
     const auto& shape = g.tensor(op.outputs[0]).shape;
     bool ok = g.tensor(op.inputs[0]).shape == shape && g.tensor(op.inputs[1]).shape == shape;

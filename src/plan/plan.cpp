@@ -402,7 +402,9 @@ std::string Plan::summary() const {
       s += fmt::format("    {} {}->{} [{}] {}: {} -> {}, {} (bound {}){}\n", c.name, c.from_stage, c.to_stage,
                        fmt::join(c.shape, ","), c.dtype, c.src_spec, c.dst_spec, ms(c.reshard_time),
                        ms(c.lower_bound),
-                       c.refresh ? ", new value once per step" : c.per_step ? ", once per step" : "");
+                       c.refresh    ? ", new value once per step"
+                       : c.per_step ? ", once per step"
+                                    : "");
   }
   if (!alternatives.empty()) {
     s += "  alternatives considered (best first):\n";

@@ -85,8 +85,8 @@ struct CrossStageSpec {
 reshard::PlanOptions default_transfer_options();
 
 struct PipelineOptions {
-  int replicas = 1;      // data-parallel replicas of the whole pipeline (mesh axis 0 of every stage)
-  int microbatches = 1;  // per step and replica
+  int replicas = 1;               // data-parallel replicas of the whole pipeline (mesh axis 0 of every stage)
+  int microbatches = 1;           // per step and replica
   std::string schedule = "1f1b";  // schedule::make_schedule kinds but "interleaved" (a device runs one stage)
   int schedule_k = 1;             // kFkB group size
   // Uneven data parallelism: samples per micro-batch of each replica (size = replicas; the graph is
@@ -108,8 +108,9 @@ struct PipelineOptions {
 // stages' copies at the end of the step. Throws weft::Error naming the op / tensor / stage for an
 // invalid layout, an op in no stage or in two, a device in two stages, or data that flows against
 // the schedule's order.
-Program lower_pipeline(const ir::Graph& g, const cluster::Cluster& cluster, const std::vector<PipelineStage>& stages,
-                       const std::vector<CrossStageSpec>& cross, const PipelineOptions& options);
+Program lower_pipeline(const ir::Graph& g, const cluster::Cluster& cluster,
+                       const std::vector<PipelineStage>& stages, const std::vector<CrossStageSpec>& cross,
+                       const PipelineOptions& options);
 
 // Lowers a plan made by plan::make_plan (or layout_plan / megatron_plan / data_parallel_plan) for
 // the training step `step` (the global-batch graph the plan was made for) on `cluster`: its stages

@@ -40,9 +40,24 @@
 namespace weft::lower {
 
 enum class InstrKind {
-  Compute, CeRowMax, CeSumTarget, CeLoss, CeGrad,
-  AllReduce, AllGather, ReduceScatter, AllToAll, LocalSlice, LocalPartial,
-  Copy, Free, LoadInput, Accumulate, Scale, Send, Recv
+  Compute,
+  CeRowMax,
+  CeSumTarget,
+  CeLoss,
+  CeGrad,
+  AllReduce,
+  AllGather,
+  ReduceScatter,
+  AllToAll,
+  LocalSlice,
+  LocalPartial,
+  Copy,
+  Free,
+  LoadInput,
+  Accumulate,
+  Scale,
+  Send,
+  Recv
 };
 std::string_view instr_kind_name(InstrKind k);  // "compute", "all-reduce", ...
 InstrKind parse_instr_kind(std::string_view name);
@@ -52,34 +67,34 @@ bool is_transfer(InstrKind k);    // Send / Recv (point to point, across stages)
 enum class ReduceOp { Sum, Max };
 
 struct Buffer {
-  std::string name;             // "<tensor>@<spec>" (readable; unique)
-  ir::TensorId tensor = -1;     // tensor of the program's graph; -1 for a statistics buffer
+  std::string name;                 // "<tensor>@<spec>" (readable; unique)
+  ir::TensorId tensor = -1;         // tensor of the program's graph; -1 for a statistics buffer
   std::vector<std::int64_t> shape;  // global shape
-  std::string spec;             // sharding::ShardingSpec text on the stage mesh
+  std::string spec;                 // sharding::ShardingSpec text on the stage mesh
   int stage = 0;
-  int element_bytes = 4;        // of the graph tensor's dtype (what the cost model charges)
+  int element_bytes = 4;  // of the graph tensor's dtype (what the cost model charges)
   bool operator==(const Buffer&) const = default;
 };
 
 struct Instr {
   InstrKind kind = InstrKind::Compute;
-  ir::OpId op = -1;              // compute kinds
-  std::vector<int> in, out;      // buffer ids
-  int axis = -1;                 // collectives / local reshard steps: the mesh axis
+  ir::OpId op = -1;          // compute kinds
+  std::vector<int> in, out;  // buffer ids
+  int axis = -1;             // collectives / local reshard steps: the mesh axis
   // Collectives: the ranks along `axis`, coordinate order; empty = the running rank's group along
   // `axis` of its stage mesh (Program::group_of), as the lowering writes them so that the ranks of
   // a stage share one list. Send: the receiver ranks. Recv: {the sender rank}.
   std::vector<int> group;
-  int on_rank = -1;              // Send / Recv: the one rank that runs it (-1: every rank of the list)
+  int on_rank = -1;  // Send / Recv: the one rank that runs it (-1: every rank of the list)
   ReduceOp reduce = ReduceOp::Sum;
-  std::vector<int> axes;         // CeLoss/CeGrad: the mesh axes splitting the class dim
-  bool internal = false;         // a collective inside one op (vocab-parallel statistics), not a
-                                 // resharding edge the planner's cost model prices
-  int microbatch = -1;           // LoadInput
-  double scale = 1;              // Scale
-  bool by_share = false;         // Scale: also times the running replica's share of the samples
-                                 // (uneven data parallelism: the replicas' means weighted by samples)
-  int tag = -1;                  // Send / Recv: the message (unique in the program)
+  std::vector<int> axes;  // CeLoss/CeGrad: the mesh axes splitting the class dim
+  bool internal = false;  // a collective inside one op (vocab-parallel statistics), not a
+                          // resharding edge the planner's cost model prices
+  int microbatch = -1;    // LoadInput
+  double scale = 1;       // Scale
+  bool by_share = false;  // Scale: also times the running replica's share of the samples
+                          // (uneven data parallelism: the replicas' means weighted by samples)
+  int tag = -1;           // Send / Recv: the message (unique in the program)
   // Send / Recv: per dim of the tensor, sorted disjoint [begin, end) intervals of global indices,
   // flattened (begin0, end0, begin1, end1, ...); a union of blocks when a spec is strided.
   std::vector<std::vector<std::int64_t>> region;
@@ -91,9 +106,9 @@ struct Instr {
 // one shared list; edit() makes a rank's own copy (copy on write).
 struct RankProgram {
   int rank = 0;
-  int device = 0;                      // cluster device id
+  int device = 0;  // cluster device id
   int stage = 0;
-  std::vector<std::int64_t> coord;     // on the stage mesh
+  std::vector<std::int64_t> coord;  // on the stage mesh
   // Shared by the ranks of a stage: change it through edit() only.
   std::shared_ptr<std::vector<Instr>> code = std::make_shared<std::vector<Instr>>();
 
@@ -109,10 +124,10 @@ struct RankProgram {
 struct StageMesh {
   // Pipeline stage k of a program is stages[k]; its ranks run their stage's ops in the order of
   // the schedule (micro-batch by micro-batch), then the update once per step.
-  std::vector<std::int64_t> shape;  // the stage mesh: [replicas] + the SPMD mesh when replicas > 1
-  std::vector<int> ranks;           // rank at each mesh position, row-major
-  int replicas = 1;                 // data-parallel replicas (mesh axis 0 when > 1)
-  int microbatches = 1;             // per step and replica (gradients accumulated)
+  std::vector<std::int64_t> shape;   // the stage mesh: [replicas] + the SPMD mesh when replicas > 1
+  std::vector<int> ranks;            // rank at each mesh position, row-major
+  int replicas = 1;                  // data-parallel replicas (mesh axis 0 when > 1)
+  int microbatches = 1;              // per step and replica (gradients accumulated)
   std::int64_t microbatch_size = 0;  // samples per micro-batch (the program graph's batch)
   std::string schedule;              // the pipeline schedule the ranks' order follows ("1f1b", ...)
   // Uneven data parallelism (mixed GPUs): samples per micro-batch of each replica (index = the
@@ -127,7 +142,7 @@ struct StageMesh {
 };
 
 struct Program {
-  ir::Graph graph;                 // the (per-micro-batch) training graph the program computes
+  ir::Graph graph;  // the (per-micro-batch) training graph the program computes
   std::vector<StageMesh> stages;
   std::vector<Buffer> buffers;
   std::vector<RankProgram> ranks;  // indexed by rank
@@ -147,7 +162,7 @@ struct Program {
   std::size_t num_instructions(int rank) const;
   std::string to_json() const;
   static Program from_json(std::string_view text);  // weft::Error naming the bad field
-  std::string dump() const;                          // readable, one line per instruction, per rank
+  std::string dump() const;                         // readable, one line per instruction, per rank
   std::string dump_rank(int rank) const;
   // Instruction `index` of the rank's list: "rank 3 #12 all-reduce@1 group [1, 3] (sum) h@P(sum) -> h@R".
   std::string describe(int rank, int index) const;

@@ -65,7 +65,7 @@ struct Stage {
   std::vector<ParamSpec> params;
   // Every op of the stage, ascending op id; empty in plans made before lowering existed.
   std::vector<OpLayout> op_layouts;
-  std::vector<TensorLayout> leaf_specs;  // sorted by tensor name
+  std::vector<TensorLayout> leaf_specs;                                             // sorted by tensor name
   double forward_time = 0, backward_time = 0, weight_time = 0, optimizer_time = 0;  // see header
   double compute_time = 0, comm_time = 0;  // per micro-batch (F + B), roofline / collectives
   double static_memory = 0;                // params + grads + optimizer states per device

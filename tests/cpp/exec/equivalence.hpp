@@ -20,6 +20,12 @@
 
 namespace weft::test {
 
+// One M8 node (8 V100-32GB): the cluster the lowering tests place their meshes on.
+inline const cluster::Cluster& m8() {
+  static const auto c = cluster::Cluster::preset("M8", 1);
+  return c;
+}
+
 inline ir::Graph tiny_gpt(std::int64_t batch = 4) {
   models::GptConfig c;
   c.layers = 2, c.hidden = 64, c.heads = 4, c.seq = 8, c.vocab = 128, c.batch = batch;
@@ -31,7 +37,8 @@ inline std::vector<std::pair<std::string, ir::Graph>> tiny_zoo(std::int64_t batc
   std::vector<std::pair<std::string, ir::Graph>> models;
   {
     models::MoeConfig c;
-    c.layers = 2, c.hidden = 32, c.heads = 4, c.ffn = 64, c.experts = 4, c.seq = 8, c.vocab = 64, c.batch = batch;
+    c.layers = 2, c.hidden = 32, c.heads = 4, c.ffn = 64, c.experts = 4, c.seq = 8, c.vocab = 64,
+    c.batch = batch;
     models.emplace_back("MoE", ir::build_training_graph(models::moe(c)));
   }
   {
@@ -64,7 +71,8 @@ inline double rel_diff(const ir::HostTensor& a, const ir::HostTensor& b) {
 }
 
 // The largest relative difference over the losses, parameters and gradients of two runs.
-inline double max_rel_diff(const exec::ExecutionResult& a, const exec::ExecutionResult& ref, std::string* worst = nullptr) {
+inline double max_rel_diff(const exec::ExecutionResult& a, const exec::ExecutionResult& ref,
+                           std::string* worst = nullptr) {
   double w = 0;
   auto note = [&](double d, const std::string& what) {
     if (d > w) {
@@ -83,7 +91,8 @@ inline double max_rel_diff(const exec::ExecutionResult& a, const exec::Execution
 }
 
 // Every op a random valid strategy and every leaf a random (non-partial) spec on `mesh`.
-inline lower::SpmdLayout random_layout(const ir::Graph& g, const std::vector<std::int64_t>& mesh, std::uint32_t seed) {
+inline lower::SpmdLayout random_layout(const ir::Graph& g, const std::vector<std::int64_t>& mesh,
+                                       std::uint32_t seed) {
   std::uint64_t state = seed * 0x9E3779B97F4A7C15ULL + 1;
   auto next = [&](std::size_t n) {
     state = state * 6364136223846793005ULL + 1442695040888963407ULL;

@@ -5,7 +5,6 @@
 // planner's own plans. A dropped send and a changed region are caught; the bytes every rank
 // receives across stages equal the tiles of the arrival specs.
 #include <doctest/doctest.h>
-
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -20,14 +19,10 @@
 #include "weft/sharding/tile.hpp"
 
 using namespace weft;
+using test::m8;
 using test::max_rel_diff;
 
 namespace {
-
-const cluster::Cluster& m8() {
-  static const auto c = cluster::Cluster::preset("M8", 1);
-  return c;
-}
 
 // The ops of a training graph cut into `meshes.size()` stages of consecutive layer-grouping blocks
 // (an op owned by no forward op goes last, as in the planner), each stage on its own mesh of the
@@ -37,15 +32,16 @@ struct Cut {
   std::vector<lower::CrossStageSpec> cross;
 };
 // With `groups` < the stages, stage s runs on the devices of stage s mod groups (interleaved).
-Cut random_pipeline(const ir::Graph& g, const std::vector<std::vector<std::int64_t>>& meshes, std::uint32_t seed,
-                    int replicas = 1, bool random_arrival = true, int groups = 0) {
+Cut random_pipeline(const ir::Graph& g, const std::vector<std::vector<std::int64_t>>& meshes,
+                    std::uint32_t seed, int replicas = 1, bool random_arrival = true, int groups = 0) {
   const int S = static_cast<int>(meshes.size());
   const auto grouping = pipeline::group_layers(g, S);
   Cut cut;
   int next_device = 0;
   std::vector<int> stage_of_op(g.ops().size(), S - 1);
   for (ir::OpId o = 0; o < static_cast<ir::OpId>(g.ops().size()); ++o)
-    if (grouping.block_of_op[static_cast<std::size_t>(o)] >= 0) stage_of_op[static_cast<std::size_t>(o)] = grouping.block_of_op[static_cast<std::size_t>(o)];
+    if (grouping.block_of_op[static_cast<std::size_t>(o)] >= 0)
+      stage_of_op[static_cast<std::size_t>(o)] = grouping.block_of_op[static_cast<std::size_t>(o)];
   for (int s = 0; s < S; ++s) {
     std::vector<std::int64_t> shape = meshes[static_cast<std::size_t>(s)];
     if (replicas > 1) shape.insert(shape.begin(), replicas);
@@ -56,7 +52,10 @@ Cut random_pipeline(const ir::Graph& g, const std::vector<std::vector<std::int64
       devs = cut.stages[static_cast<std::size_t>(s % groups)].mesh.device_ids();
     else
       for (int k = 0; k < n; ++k) devs.push_back(next_device++);
-    lower::PipelineStage st{cluster::DeviceMesh(shape, devs), {}, test::random_layout(g, meshes[static_cast<std::size_t>(s)], seed + static_cast<std::uint32_t>(s))};
+    lower::PipelineStage st{
+        cluster::DeviceMesh(shape, devs),
+        {},
+        test::random_layout(g, meshes[static_cast<std::size_t>(s)], seed + static_cast<std::uint32_t>(s))};
     for (ir::OpId o = 0; o < static_cast<ir::OpId>(g.ops().size()); ++o)
       if (stage_of_op[static_cast<std::size_t>(o)] == s) st.ops.push_back(o);
     cut.stages.push_back(std::move(st));
@@ -76,7 +75,8 @@ Cut random_pipeline(const ir::Graph& g, const std::vector<std::vector<std::int64
       auto specs = sharding::enumerate_specs(g.tensor(t).shape, meshes[static_cast<std::size_t>(b)], eo);
       state = state * 6364136223846793005ULL + 1442695040888963407ULL;
       const auto& dst = specs[static_cast<std::size_t>((state >> 33) % specs.size())];
-      const auto src = sharding::ShardingSpec::replicated(g.tensor(t).shape, meshes[static_cast<std::size_t>(a)]);
+      const auto src =
+          sharding::ShardingSpec::replicated(g.tensor(t).shape, meshes[static_cast<std::size_t>(a)]);
       cut.cross.push_back({t, a, b, src, dst});
     }
   return cut;
@@ -110,7 +110,8 @@ TEST_CASE("exec pipeline: tiny GPT in 2 stages under every schedule equals one d
     std::string name;
     int k;
   };
-  for (const auto& s : std::vector<Sched>{{"gpipe", 1}, {"1f1b", 1}, {"kfkb", 2}, {"kfkb", 3}, {"eager_1f1b", 1}, {"zb_h1", 1}}) {
+  for (const auto& s : std::vector<Sched>{
+           {"gpipe", 1}, {"1f1b", 1}, {"kfkb", 2}, {"kfkb", 3}, {"eager_1f1b", 1}, {"zb_h1", 1}}) {
     CAPTURE(s.name);
     CAPTURE(s.k);
     auto prog = lower::lower_pipeline(mb, m8(), cut.stages, cut.cross, options(s.name, 4, 1, s.k));
@@ -121,8 +122,8 @@ TEST_CASE("exec pipeline: tiny GPT in 2 stages under every schedule equals one d
     const double d = max_rel_diff(dist, ref, &worst);
     CAPTURE(worst);
     CHECK(d < 1e-10);
-    MESSAGE(fmt::format("{} k={}: {} ranks, rank 0 {} instructions, {} sends, diff {:.1e}", s.name, s.k, prog.num_ranks(),
-                        prog.num_instructions(0), count(prog, lower::InstrKind::Send), d));
+    MESSAGE(fmt::format("{} k={}: {} ranks, rank 0 {} instructions, {} sends, diff {:.1e}", s.name, s.k,
+                        prog.num_ranks(), prog.num_instructions(0), count(prog, lower::InstrKind::Send), d));
   }
   // The ranks follow the schedule: under GPipe stage 0 runs every forward before any backward, under
   // 1F1B its second micro-batch's backward comes before its last forward.
@@ -146,7 +147,8 @@ TEST_CASE("exec pipeline: tiny GPT in 2 stages under every schedule equals one d
 
 TEST_CASE("exec pipeline: 3 and 4 stages on meshes of different shapes, replicas, the zoo (random layouts)") {
   exec::ExecuteOptions eo;
-  SUBCASE("GPT: 3 stages 1 / 2x2 / 2, 1F1B; 4 stages 2 / 1 / 2 / 2, ZB-H1; 2 replicas of 2 stages, kFkB k=2") {
+  SUBCASE(
+      "GPT: 3 stages 1 / 2x2 / 2, 1F1B; 4 stages 2 / 1 / 2 / 2, ZB-H1; 2 replicas of 2 stages, kFkB k=2") {
     const auto step = test::tiny_gpt(8);
     const auto ref = exec::execute_reference(step, eo);
     const auto mb2 = plan::rebatch(step, 2);
@@ -172,8 +174,8 @@ TEST_CASE("exec pipeline: 3 and 4 stages on meshes of different shapes, replicas
       const double d = max_rel_diff(dist, ref, &worst);
       CAPTURE(worst);
       CHECK(d < 1e-10);
-      MESSAGE(fmt::format("GPT {} stages {} x{} replicas, {} micro-batches: {} ranks, diff {:.1e}", c.meshes.size(),
-                          c.sched, c.dp, c.M, prog.num_ranks(), d));
+      MESSAGE(fmt::format("GPT {} stages {} x{} replicas, {} micro-batches: {} ranks, diff {:.1e}",
+                          c.meshes.size(), c.sched, c.dp, c.M, prog.num_ranks(), d));
     }
   }
   SUBCASE("MoE, U-Net (skips cross stages), Wide-ResNet, BERT in 3 stages, 2 micro-batches, 1F1B / ZB-H1") {
@@ -192,7 +194,8 @@ TEST_CASE("exec pipeline: 3 and 4 stages on meshes of different shapes, replicas
         const double d = max_rel_diff(dist, ref, &worst);
         CAPTURE(worst);
         CHECK(d < 1e-10);
-        MESSAGE(fmt::format("{} 3 stages {}: {} sends, diff {:.1e}", name, sched, count(prog, lower::InstrKind::Send), d));
+        MESSAGE(fmt::format("{} 3 stages {}: {} sends, diff {:.1e}", name, sched,
+                            count(prog, lower::InstrKind::Send), d));
       }
     }
   }
@@ -217,7 +220,8 @@ TEST_CASE("exec pipeline: interleaved 1F1B, two chunks per device group, equals 
     for (const auto& i : prog.instructions(0))
       if (i.kind == lower::InstrKind::Compute)
         for (int s = 0; s < 4; ++s)
-          if (std::find(cut.stages[static_cast<std::size_t>(s)].ops.begin(), cut.stages[static_cast<std::size_t>(s)].ops.end(),
+          if (std::find(cut.stages[static_cast<std::size_t>(s)].ops.begin(),
+                        cut.stages[static_cast<std::size_t>(s)].ops.end(),
                         i.op) != cut.stages[static_cast<std::size_t>(s)].ops.end())
             stages_run.insert(s);
     CHECK(stages_run == std::set<int>{0, 2});
@@ -257,7 +261,9 @@ TEST_CASE("exec pipeline: a dropped send, a changed region and a swapped recv ar
   {
     auto bad = prog;
     auto& ins = bad.ranks[0].edit();
-    auto it = std::find_if(ins.begin(), ins.end(), [](const lower::Instr& i) { return i.kind == lower::InstrKind::Send && i.on_rank == 0; });
+    auto it = std::find_if(ins.begin(), ins.end(), [](const lower::Instr& i) {
+      return i.kind == lower::InstrKind::Send && i.on_rank == 0;
+    });
     REQUIRE(it != ins.end());
     ins.erase(it);
     CHECK_THROWS_WITH_AS(lower::check(bad), doctest::Contains("deadlock"), Error);
@@ -331,7 +337,8 @@ TEST_CASE("exec pipeline: the bytes each rank receives across stages are the til
       const auto tile = sharding::tile_of(c.dst_spec, mesh.coord_of(d));
       std::int64_t n = 1;
       for (auto x : tile.local_shape()) n *= x;
-      const std::int64_t bytes = n * static_cast<std::int64_t>(dtype_size(mb.tensor(c.tensor).dtype)) * (once ? 1 : M) * 3;
+      const std::int64_t bytes =
+          n * static_cast<std::int64_t>(dtype_size(mb.tensor(c.tensor).dtype)) * (once ? 1 : M) * 3;
       want[d] += bytes;
       total_want += bytes;
     }
@@ -357,10 +364,13 @@ TEST_CASE("exec pipeline: the bytes each rank receives across stages are the til
   }
   CHECK(total_sent == total_want);
   CHECK(deferred == 1);  // the logits' contribution to d:wte
-  MESSAGE(fmt::format("cross-stage bytes over 3 steps: {} (received = sent = the arrival tiles)", total_sent));
+  MESSAGE(
+      fmt::format("cross-stage bytes over 3 steps: {} (received = sent = the arrival tiles)", total_sent));
 }
 
-TEST_CASE("exec pipeline: plans from the planner (Megatron t x p x d, layout_plan, make_plan on 8 GPUs) equal one device") {
+TEST_CASE(
+    "exec pipeline: plans from the planner (Megatron t x p x d, layout_plan, make_plan on 8 GPUs) equal one "
+    "device") {
   const auto step = test::tiny_gpt(8);
   exec::ExecuteOptions eo;
   const auto ref = exec::execute_reference(step, eo);
@@ -378,7 +388,8 @@ TEST_CASE("exec pipeline: plans from the planner (Megatron t x p x d, layout_pla
     std::map<int, std::int64_t> want;
     for (const auto& ct : p.cross_tensors) {
       const auto& st = p.stages[static_cast<std::size_t>(ct.to_stage)];
-      const std::vector<std::int64_t> spmd(st.mesh_shape.begin() + (p.data_parallel > 1 ? 1 : 0), st.mesh_shape.end());
+      const std::vector<std::int64_t> spmd(st.mesh_shape.begin() + (p.data_parallel > 1 ? 1 : 0),
+                                           st.mesh_shape.end());
       const auto spec = sharding::ShardingSpec::parse(ct.dst_spec, ct.shape, spmd);
       const std::size_t n = st.devices.size() / static_cast<std::size_t>(p.data_parallel);
       for (int r = 0; r < p.data_parallel; ++r) {
@@ -398,9 +409,9 @@ TEST_CASE("exec pipeline: plans from the planner (Megatron t x p x d, layout_pla
       const std::int64_t got = bytes.count("send") ? bytes.at("send") : 0;
       CHECK(got == want[prog.ranks[static_cast<std::size_t>(r)].device]);
     }
-    MESSAGE(fmt::format("{} ({}, {} stages, {} x{} micro-batches, {} replicas): {} ranks, diff {:.1e}", p.strategy,
-                        p.schedule, p.num_stages(), p.num_microbatches, p.microbatch_size, p.data_parallel,
-                        prog.num_ranks(), d));
+    MESSAGE(fmt::format("{} ({}, {} stages, {} x{} micro-batches, {} replicas): {} ranks, diff {:.1e}",
+                        p.strategy, p.schedule, p.num_stages(), p.num_microbatches, p.microbatch_size,
+                        p.data_parallel, prog.num_ranks(), d));
   };
   const auto four = cluster::Cluster::preset("p3.8xlarge", 1);  // 4 V100
   const auto eight = cluster::Cluster::preset("M8", 1);         // 8 V100
@@ -429,7 +440,8 @@ TEST_CASE("exec pipeline: plans from the planner (Megatron t x p x d, layout_pla
     plan::PlanOptions po;
     po.schedule = "1f1b";
     po.num_blocks = 6;
-    auto p = plan::layout_plan(step, eight, {{0, 1, {0, 1}, {2}}, {2, 3, {2, 3, 4, 5}, {2, 2}}, {4, 5, {6}, {1}}}, 4, po);
+    auto p = plan::layout_plan(step, eight,
+                               {{0, 1, {0, 1}, {2}}, {2, 3, {2, 3, 4, 5}, {2, 2}}, {4, 5, {6}, {1}}}, 4, po);
     REQUIRE(p.num_stages() == 3);
     CHECK(!p.cross_tensors.empty());
     run(p, eight);
@@ -440,7 +452,9 @@ TEST_CASE("exec pipeline: plans from the planner (Megatron t x p x d, layout_pla
   }
 }
 
-TEST_CASE("exec pipeline: uneven data-parallel shares (mixed GPUs) equal one device, gradients weighted by samples") {
+TEST_CASE(
+    "exec pipeline: uneven data-parallel shares (mixed GPUs) equal one device, gradients weighted by "
+    "samples") {
   const auto step = test::tiny_gpt(12);
   exec::ExecuteOptions eo;
   const auto ref = exec::execute_reference(step, eo);
@@ -464,7 +478,8 @@ TEST_CASE("exec pipeline: uneven data-parallel shares (mixed GPUs) equal one dev
     const double d = max_rel_diff(dist, ref, &worst);
     CAPTURE(worst);
     CHECK(d < 1e-10);
-    MESSAGE(fmt::format("shares {} x {} micro-batches: {} ranks, diff {:.1e}", c.shares, c.M, prog.num_ranks(), d));
+    MESSAGE(fmt::format("shares {} x {} micro-batches: {} ranks, diff {:.1e}", c.shares, c.M,
+                        prog.num_ranks(), d));
   }
   // Weighting matters: the same program with every replica weighted alike (a plain mean of the
   // replicas' means) is not the step of one device.
@@ -483,8 +498,8 @@ TEST_CASE("exec pipeline: uneven data-parallel shares (mixed GPUs) equal one dev
   auto own = plan::make_plan(step16, mixed, po);
   CAPTURE(own.summary());
   CHECK(!own.replica_microbatch.empty());
-  CHECK(max_rel_diff(exec::execute_program(lower::lower(own, step16, mixed), eo), exec::execute_reference(step16, eo)) <
-        1e-10);
+  CHECK(max_rel_diff(exec::execute_program(lower::lower(own, step16, mixed), eo),
+                     exec::execute_reference(step16, eo)) < 1e-10);
 }
 
 TEST_CASE("exec pipeline: Whale's uneven tensor split over mixed GPUs equals one device, with uneven tiles") {
@@ -493,9 +508,11 @@ TEST_CASE("exec pipeline: Whale's uneven tensor split over mixed GPUs equals one
   const auto step = ir::build_training_graph(models::gpt(c));
   exec::ExecuteOptions eo;
   const auto ref = exec::execute_reference(step, eo);
-  const auto mixed = cluster::Cluster::concat(cluster::Cluster::preset("p3.8xlarge", 1), cluster::Cluster::preset("P100", 1));
+  const auto mixed = cluster::Cluster::concat(cluster::Cluster::preset("p3.8xlarge", 1),
+                                              cluster::Cluster::preset("P100", 1));
   bool uneven_tokens = false;
-  for (const auto& fr : std::vector<std::vector<double>>{std::vector<double>(4, 2.0), {3, 3, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1}}) {
+  for (const auto& fr :
+       std::vector<std::vector<double>>{std::vector<double>(4, 2.0), {3, 3, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1}}) {
     std::vector<double> fraction = fr;
     fraction.resize(12, 1.0);
     auto p = plan::split_plan(step, mixed, fraction, 1);
@@ -510,13 +527,15 @@ TEST_CASE("exec pipeline: Whale's uneven tensor split over mixed GPUs equals one
     // The input tokens are split by batch: a V100 (rank 0) loads more samples than a P100 (rank 11).
     std::int64_t first = -1, last = -1;
     for (const auto& b : prog.buffers)
-      if (b.tensor >= 0 && step.tensor(b.tensor).name == "tokens" && b.spec.find("S(0)") != std::string::npos) {
+      if (b.tensor >= 0 && step.tensor(b.tensor).name == "tokens" &&
+          b.spec.find("S(0)") != std::string::npos) {
         const auto pieces = pipeline::proportional_pieces(b.shape[0], p.split_fraction);
         first = pieces.front(), last = pieces.back();
       }
     CHECK(first >= last);
     uneven_tokens = uneven_tokens || first > last;
-    MESSAGE(fmt::format("uneven split {}: diff {:.1e}, tokens rows V100 {} vs P100 {}", p.split_fraction, d, first, last));
+    MESSAGE(fmt::format("uneven split {}: diff {:.1e}, tokens rows V100 {} vs P100 {}", p.split_fraction, d,
+                        first, last));
   }
   CHECK(uneven_tokens);  // (a P100 holding no row at all included)
 }

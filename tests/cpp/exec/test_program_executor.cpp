@@ -3,7 +3,6 @@
 // and f32 to 1e-5; a dropped all-reduce and a changed stride are caught; the bytes each rank sends
 // equal what the cost model charges for the same collectives.
 #include <doctest/doctest.h>
-
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -16,14 +15,10 @@
 #include "weft/sharding/reshard.hpp"
 
 using namespace weft;
+using test::m8;
 using test::max_rel_diff;
 
 namespace {
-
-const cluster::Cluster& m8() {
-  static const auto c = cluster::Cluster::preset("M8", 1);
-  return c;
-}
 
 struct Run {
   lower::Program program;
@@ -32,8 +27,8 @@ struct Run {
   std::string worst;
 };
 
-Run run_search(const ir::Graph& g, std::vector<std::int64_t> mesh_shape, spmd::SearchOptions so = test::quick_search(),
-               DType dtype = DType::F64) {
+Run run_search(const ir::Graph& g, std::vector<std::int64_t> mesh_shape,
+               spmd::SearchOptions so = test::quick_search(), DType dtype = DType::F64) {
   std::int64_t n = 1;
   for (auto s : mesh_shape) n *= s;
   cluster::DeviceMesh mesh = cluster::DeviceMesh::iota(mesh_shape);
@@ -61,8 +56,8 @@ TEST_CASE("exec program: tiny GPT, the search's layouts on meshes 2, 4, 2x2, 2x4
     CHECK(r.ref.losses[2] != r.ref.losses[0]);
     std::int64_t sent = 0;
     for (const auto& s : r.dist.ranks) sent += s.total_sent();
-    MESSAGE(fmt::format("mesh {}: {} instructions on rank 0, {} B sent, max rel diff {:.2e} ({})", fmt::join(mesh, "x"),
-                        r.program.num_instructions(0), sent, r.diff, r.worst));
+    MESSAGE(fmt::format("mesh {}: {} instructions on rank 0, {} B sent, max rel diff {:.2e} ({})",
+                        fmt::join(mesh, "x"), r.program.num_instructions(0), sent, r.diff, r.worst));
   }
 }
 
@@ -72,7 +67,8 @@ namespace {
 // (strided ones included); the lowering must reshard whatever meets.
 }  // namespace
 
-TEST_CASE("exec program: random layouts of every op and leaf on meshes 2, 4, 2x2, 2x4 equal one device (f64)") {
+TEST_CASE(
+    "exec program: random layouts of every op and leaf on meshes 2, 4, 2x2, 2x4 equal one device (f64)") {
   const auto g = test::tiny_gpt();
   exec::ExecuteOptions eo;
   const auto ref = exec::execute_reference(g, eo);
@@ -90,8 +86,8 @@ TEST_CASE("exec program: random layouts of every op and leaf on meshes 2, 4, 2x2
       std::map<std::string, std::int64_t> kinds;
       for (const auto& r : dist.ranks)
         for (const auto& [kind, b] : r.bytes_sent) kinds[kind] += b;
-      MESSAGE(fmt::format("mesh {} seed {}: {} instructions, sent {}, diff {:.1e}", fmt::join(mesh, "x"), seed,
-                          prog.num_instructions(0), kinds, d));
+      MESSAGE(fmt::format("mesh {} seed {}: {} instructions, sent {}, diff {:.1e}", fmt::join(mesh, "x"),
+                          seed, prog.num_instructions(0), kinds, d));
     }
   }
 }
@@ -117,7 +113,9 @@ std::map<std::string, std::string> megatron_specs(std::int64_t layers) {
 
 }  // namespace
 
-TEST_CASE("exec program: forced Megatron layout (strided fused QKV, vocab-parallel embedding + loss) equals one device") {
+TEST_CASE(
+    "exec program: forced Megatron layout (strided fused QKV, vocab-parallel embedding + loss) equals one "
+    "device") {
   const auto g = test::tiny_gpt();
   auto so = test::quick_search();
   so.fixed_specs = megatron_specs(2);
@@ -138,7 +136,8 @@ TEST_CASE("exec program: forced Megatron layout (strided fused QKV, vocab-parall
     // The layout is what was forced: the strided QKV weight is a leaf buffer, and the loss ran the
     // vocab-parallel statistics exchange.
     bool strided = false;
-    for (int b : r.program.leaf_buffers) strided = strided || r.program.buffers[b].name == "h0.attn.qkv.w@S(1,16)";
+    for (int b : r.program.leaf_buffers)
+      strided = strided || r.program.buffers[b].name == "h0.attn.qkv.w@S(1,16)";
     CHECK(strided);
     std::int64_t internal = 0, all_reduce = 0, reduce_scatter = 0;
     for (const auto& s : r.dist.ranks) {
@@ -152,10 +151,13 @@ TEST_CASE("exec program: forced Megatron layout (strided fused QKV, vocab-parall
   }
 }
 
-TEST_CASE("exec program: the search under a memory limit shards the model (ZeRO-like states) and equals one device") {
+TEST_CASE(
+    "exec program: the search under a memory limit shards the model (ZeRO-like states) and equals one "
+    "device") {
   const auto g = test::tiny_gpt();
   auto so = test::quick_search();
-  so.memory_limit = 0.3 * static_cast<double>(g.param_bytes()) * 4;  // params + grads + 2 Adam states do not fit
+  so.memory_limit =
+      0.3 * static_cast<double>(g.param_bytes()) * 4;  // params + grads + 2 Adam states do not fit
   for (auto mesh : std::vector<std::vector<std::int64_t>>{{4}, {2, 2}}) {
     auto r = run_search(g, mesh, so);
     CAPTURE(r.worst);
@@ -164,8 +166,8 @@ TEST_CASE("exec program: the search under a memory limit shards the model (ZeRO-
     for (int b : r.program.leaf_buffers)
       if (r.program.buffers[b].spec.find('S') != std::string::npos) ++sharded;
     CHECK(sharded > 0);
-    MESSAGE(fmt::format("memory-limited search on {}: {} sharded leaves, diff {:.1e}", fmt::join(mesh, "x"), sharded,
-                        r.diff));
+    MESSAGE(fmt::format("memory-limited search on {}: {} sharded leaves, diff {:.1e}", fmt::join(mesh, "x"),
+                        sharded, r.diff));
   }
 }
 
@@ -178,7 +180,8 @@ TEST_CASE("exec program: MoE, U-Net, Wide-ResNet and BERT (tiny) under random la
     const auto ref = exec::execute_reference(g, eo);
     for (auto mesh : std::vector<std::vector<std::int64_t>>{{2}, {2, 2}}) {
       CAPTURE(fmt::format("{} on {} (seed {})", name, fmt::join(mesh, "x"), seed));
-      auto prog = lower::lower_spmd(g, m8(), cluster::DeviceMesh::iota(mesh), test::random_layout(g, mesh, seed++));
+      auto prog =
+          lower::lower_spmd(g, m8(), cluster::DeviceMesh::iota(mesh), test::random_layout(g, mesh, seed++));
       auto dist = exec::execute_program(prog, eo);
       std::string worst;
       double d = max_rel_diff(dist, ref, &worst);
@@ -201,7 +204,8 @@ TEST_CASE("exec program: f32 storage with SGD equals one device to 1e-5 (random 
   eo.dtype = DType::F32;
   const auto ref = exec::execute_reference(g, eo);
   for (std::uint32_t seed : {11u, 12u}) {
-    auto prog = lower::lower_spmd(g, m8(), cluster::DeviceMesh::iota({2, 2}), test::random_layout(g, {2, 2}, seed));
+    auto prog =
+        lower::lower_spmd(g, m8(), cluster::DeviceMesh::iota({2, 2}), test::random_layout(g, {2, 2}, seed));
     std::string worst;
     double d = max_rel_diff(exec::execute_program(prog, eo), ref, &worst);
     CAPTURE(worst);
@@ -217,7 +221,8 @@ TEST_CASE("exec program: a changed stride in one spec is caught") {
   // and kernels' results read through their own specs.)
   const auto g = test::tiny_gpt();
   const std::vector<std::int64_t> mesh{4};
-  const auto prog = lower::lower_spmd(g, m8(), cluster::DeviceMesh::iota(mesh), test::random_layout(g, mesh, 3));
+  const auto prog =
+      lower::lower_spmd(g, m8(), cluster::DeviceMesh::iota(mesh), test::random_layout(g, mesh, 3));
   exec::ExecuteOptions eo;
   eo.steps = 1;
   const auto ref = exec::execute_reference(g, eo);
@@ -228,13 +233,15 @@ TEST_CASE("exec program: a changed stride in one spec is caught") {
     if (i.kind == lower::InstrKind::Compute && g.op(i.op).kind == ir::OpKind::Einsum)
       einsum_operands.insert(i.in.begin(), i.in.end());
   for (const auto& i : bad.ranks[0].instrs()) {
-    if (changed >= 0 || (i.kind != lower::InstrKind::AllToAll && i.kind != lower::InstrKind::LocalSlice)) continue;
+    if (changed >= 0 || (i.kind != lower::InstrKind::AllToAll && i.kind != lower::InstrKind::LocalSlice))
+      continue;
     if (!einsum_operands.count(i.out[0])) continue;
     auto& buf = bad.buffers[static_cast<std::size_t>(i.out[0])];
     auto spec = sharding::ShardingSpec::parse(buf.spec, buf.shape, mesh);
     const auto& p = spec.per_axis()[0];
     for (std::int64_t stride : {std::int64_t{1}, std::int64_t{2}, std::int64_t{4}}) {
-      auto other = sharding::ShardingSpec::try_make(buf.shape, mesh, {sharding::Placement::shard(p.dim, stride)});
+      auto other =
+          sharding::ShardingSpec::try_make(buf.shape, mesh, {sharding::Placement::shard(p.dim, stride)});
       if (p.kind != sharding::Placement::Shard || !other || *other == spec) continue;
       buf.spec = other->to_string();
       changed = i.out[0];
@@ -249,7 +256,8 @@ TEST_CASE("exec program: a changed stride in one spec is caught") {
 
 TEST_CASE("exec program: a dropped all-reduce is caught") {
   const auto g = test::tiny_gpt();
-  const auto prog = lower::lower_spmd(g, m8(), cluster::DeviceMesh::iota({4}), test::random_layout(g, {4}, 3));
+  const auto prog =
+      lower::lower_spmd(g, m8(), cluster::DeviceMesh::iota({4}), test::random_layout(g, {4}, 3));
   exec::ExecuteOptions eo;
   eo.steps = 1;
   const auto ref = exec::execute_reference(g, eo);
@@ -289,7 +297,8 @@ TEST_CASE("exec program: the bytes each rank sends equal the cost model's for th
   double a2a_model = 0, a2a_sent = 0;
   for (std::uint32_t seed : {21u, 22u}) {
     const std::vector<std::int64_t> mesh{2, 4};
-    auto prog = lower::lower_spmd(g, m8(), cluster::DeviceMesh::iota(mesh), test::random_layout(g, mesh, seed));
+    auto prog =
+        lower::lower_spmd(g, m8(), cluster::DeviceMesh::iota(mesh), test::random_layout(g, mesh, seed));
     exec::ExecuteOptions eo;
     eo.steps = 1;
     auto res = exec::execute_program(prog, eo);
@@ -371,7 +380,8 @@ TEST_CASE("exec program: a failing rank stops every rank with an error naming it
   eo.inputs["tokens"] = ir::HostTensor{{4, 8}, std::vector<double>(32, 0.0)};
   eo.inputs["tokens"].data[31] = 500;  // past the vocabulary of 128
   CHECK_THROWS_WITH_AS(exec::execute_program(prog, eo), doctest::Contains("rank"), Error);
-  CHECK_THROWS_WITH_AS(exec::execute_program(prog, eo), doctest::Contains("not an integer in [0, 128)"), Error);
+  CHECK_THROWS_WITH_AS(exec::execute_program(prog, eo), doctest::Contains("not an integer in [0, 128)"),
+                       Error);
   eo.inputs["tokens"] = ir::HostTensor{{4, 9}, std::vector<double>(36, 0.0)};
   CHECK_THROWS_WITH_AS(exec::execute_program(prog, eo), doctest::Contains("has shape"), Error);
 }
@@ -383,7 +393,8 @@ TEST_CASE("exec program: data-parallel replicas and micro-batches (gradient accu
   SUBCASE("random layouts of a 2-way SPMD stage, 2 replicas x 2 micro-batches of 2 samples") {
     const auto mb = plan::rebatch(step, 2);
     for (std::uint32_t seed : {41u, 42u}) {
-      auto prog = lower::lower_spmd(mb, m8(), cluster::DeviceMesh::iota({2, 2}), test::random_layout(mb, {2}, seed), {2, 2});
+      auto prog = lower::lower_spmd(mb, m8(), cluster::DeviceMesh::iota({2, 2}),
+                                    test::random_layout(mb, {2}, seed), {2, 2});
       std::string worst;
       const auto dist = exec::execute_program(prog, eo);
       CHECK(max_rel_diff(dist, ref, &worst) < 1e-10);
@@ -397,7 +408,8 @@ TEST_CASE("exec program: data-parallel replicas and micro-batches (gradient accu
   }
   SUBCASE("4 micro-batches on one replica (mesh 4)") {
     const auto mb = plan::rebatch(step, 2);
-    auto prog = lower::lower_spmd(mb, m8(), cluster::DeviceMesh::iota({4}), test::random_layout(mb, {4}, 43), {1, 4});
+    auto prog =
+        lower::lower_spmd(mb, m8(), cluster::DeviceMesh::iota({4}), test::random_layout(mb, {4}, 43), {1, 4});
     CHECK(max_rel_diff(exec::execute_program(prog, eo), ref) < 1e-10);
   }
   SUBCASE("Megatron-style plans t x d (p = 1) from the planner") {

@@ -63,8 +63,8 @@ TEST_CASE("lower: a program has one list per rank, round-trips through JSON and 
   CHECK(back.ranks[1].code == back.ranks[2].code);  // still shared after the round trip
   CHECK(back.dump() == p.dump());
   CHECK(p.dump_rank(0).find("rank 0 #0 load-input") != std::string::npos);
-  CHECK_THROWS_WITH_AS(lower::Program::from_json("{\"format\": \"other\"}"), doctest::Contains("not a weft program"),
-                       Error);
+  CHECK_THROWS_WITH_AS(lower::Program::from_json("{\"format\": \"other\"}"),
+                       doctest::Contains("not a weft program"), Error);
   auto j = p.to_json();
   j.replace(j.find("\"all-"), 5, "\"bogus-");
   CHECK_THROWS_WITH_AS(lower::Program::from_json(j), doctest::Contains("unknown instruction kind"), Error);
@@ -97,7 +97,8 @@ TEST_CASE("lower: the static check catches what would hang or read garbage, nami
   SUBCASE("a buffer read after its free") {
     auto p = good;
     auto& ins = p.ranks[0].edit();
-    auto f = std::find_if(ins.begin(), ins.end(), [](const lower::Instr& i) { return i.kind == lower::InstrKind::Free; });
+    auto f = std::find_if(ins.begin(), ins.end(),
+                          [](const lower::Instr& i) { return i.kind == lower::InstrKind::Free; });
     REQUIRE(f != ins.end());
     const int freed = f->in[0];
     // Read it again at the end.
