@@ -539,3 +539,30 @@ TEST_CASE("exec pipeline: Whale's uneven tensor split over mixed GPUs equals one
   }
   CHECK(uneven_tokens);  // (a P100 holding no row at all included)
 }
+
+TEST_CASE("exec pipeline: f32 storage, 2 stages x 4 micro-batches under SGD, equals one device to 1e-5") {
+  models::GptConfig c;
+  c.layers = 2, c.hidden = 64, c.heads = 4, c.seq = 8, c.vocab = 128, c.batch = 8;
+  ir::TrainOptions to;
+  to.optimizer = ir::Optimizer::Sgd;
+  to.lr = 0.1;
+  const auto step = ir::build_training_graph(models::gpt(c), to);
+  exec::ExecuteOptions eo;
+  eo.dtype = DType::F32;
+  const auto mb = plan::rebatch(step, 2);
+  for (const std::string sched : {"1f1b", "zb_h1"}) {
+    CAPTURE(sched);
+    const auto cut = random_pipeline(mb, {{2}, {2, 2}}, 61);
+    auto prog = lower::lower_pipeline(mb, m8(), cut.stages, cut.cross, options(sched, 4));
+    const auto dist = exec::execute_program(prog, eo);
+    for (DType ref_dtype : {DType::F32, DType::F64}) {
+      exec::ExecuteOptions ro = eo;
+      ro.dtype = ref_dtype;
+      std::string worst;
+      const double d = max_rel_diff(dist, exec::execute_reference(step, ro), &worst);
+      CAPTURE(worst);
+      CHECK(d < 1e-5);
+      CHECK(d > 0);  // f32 rounding differs with the summation order: the comparison is not vacuous
+    }
+  }
+}
