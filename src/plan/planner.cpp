@@ -1279,6 +1279,8 @@ std::pair<std::optional<Built>, std::vector<Alternative>> megatron_all(Context& 
   std::size_t i = 0;
   for (const auto& lay : layouts)
     for (int M : Ms) {
+      // The user's limits bound the baselines too.
+      if ((o.max_data_parallel > 0 && lay.d > o.max_data_parallel) || (!o.pipeline && lay.p > 1)) continue;
       ctx.progress("baseline", static_cast<double>(i++) / (layouts.size() * Ms.size()),
                    fmt::format("{} M={}", lay.to_string(), M));
       if (lay.p == 1 && M > 1 && Ms.size() > 1 && M != Ms.front()) {

@@ -7,6 +7,7 @@
 #include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <set>
 #include <string>
 
@@ -467,4 +468,47 @@ TEST_CASE("plan: GPT-3 175B on 128 DGX-A100 nodes (manual, benchmark)" * doctest
   o.progress = print_progress();
   const auto p = plan::make_plan(g, c, o);
   fmt::print("{}\n", p.summary());
+}
+
+TEST_CASE("plan: the user's limits bound every candidate family, the Megatron baselines included") {
+  // Issue 18: max_data_parallel=1 returned an 8-way data-parallel Megatron layout.
+  const auto g = small_gpt(4, 64, 16);
+  const auto c = one_node(8);
+  auto number = [](const std::string& text, const std::string& re) -> int {
+    std::smatch m;
+    return std::regex_search(text, m, std::regex(re)) ? std::stoi(m[1]) : -1;
+  };
+  struct Limit {
+    std::string name;
+    std::function<void(plan::PlanOptions&)> set;
+    std::function<bool(int dp, int stages, int M)> ok;
+  };
+  const std::vector<Limit> limits{
+      {"max_data_parallel=1", [](plan::PlanOptions& o) { o.max_data_parallel = 1; },
+       [](int dp, int, int) { return dp <= 1; }},
+      {"max_data_parallel=2", [](plan::PlanOptions& o) { o.max_data_parallel = 2; },
+       [](int dp, int, int) { return dp <= 2; }},
+      {"pipeline=false", [](plan::PlanOptions& o) { o.pipeline = false; },
+       [](int, int stages, int) { return stages <= 1; }},
+      {"max_stages=2", [](plan::PlanOptions& o) { o.max_stages = 2; }, [](int, int stages, int) { return stages <= 2; }},
+      {"num_microbatches=2", [](plan::PlanOptions& o) { o.num_microbatches = 2; },
+       [](int, int, int M) { return M == -1 || M == 2; }},
+  };
+  for (const auto& l : limits) {
+    CAPTURE(l.name);
+    plan::PlanOptions o;
+    o.num_blocks = 4;
+    o.max_alternatives = 1000;
+    l.set(o);
+    const auto p = plan::make_plan(g, c, o);
+    CAPTURE(p.summary());
+    CHECK(l.ok(p.data_parallel, p.num_stages(), p.num_microbatches));
+    for (const auto& a : p.alternatives) {
+      const std::string text = a.strategy + " " + a.layout;
+      CAPTURE(text);
+      int dp = number(text, R"(\bdp=(\d+))"), stages = number(text, R"((\d+) stages?\b)");
+      if (text.rfind("megatron", 0) == 0) dp = number(text, R"(\bd=(\d+))"), stages = number(text, R"(\bp=(\d+))");
+      CHECK(l.ok(dp < 0 ? 1 : dp, stages < 0 ? 1 : stages, number(text, R"(\bM=(\d+))")));
+    }
+  }
 }
