@@ -1,6 +1,7 @@
 // Bindings of weft/plan: the planner (make_plan, Megatron-style baseline), the Plan value type with
 // JSON and summary, and plan.rebatch. The Pythonic layer is python/weft/planning.py (weft.plan).
 #include <fmt/format.h>
+#include "interruptible.hpp"
 #include <pybind11/functional.h>
 #include <pybind11/operators.h>
 #include <pybind11/pybind11.h>
@@ -236,8 +237,11 @@ void bind_plan(py::module_& m) {
         o.max_alternatives = py::cast<int>(v);
       else if (key == "progress") {
         if (!v.is_none()) {
-          auto fn = py::cast<py::function>(v);
-          o.progress = [fn](const PlanProgress& p) { fn(p.phase, p.fraction, p.message); };
+          auto fn = weft::python::python_callback(py::cast<py::function>(v));
+          o.progress = [fn](const PlanProgress& p) {
+            py::gil_scoped_acquire gil;
+            (*fn)(p.phase, p.fraction, p.message);
+          };
         }
       } else {
         throw weft::Error("plan: unknown option '" + key + "'");
@@ -245,40 +249,56 @@ void bind_plan(py::module_& m) {
     }
     return o;
   };
+  // A planning call off the GIL, answering Ctrl-C (interruptible.hpp): the planner stops at its
+  // next progress report once interrupted.
+  auto released = [](PlanOptions o, auto plan_fn) {
+    return weft::python::run_interruptible([o = std::move(o), plan_fn](weft::python::CancelFlag cancel) mutable {
+      o.progress = weft::python::cancellation_hook<PlanProgress>(std::move(cancel), std::move(o.progress));
+      return plan_fn(o);
+    });
+  };
   m.def(
       "make_plan",
-      [options](const weft::ir::Graph& g, const weft::cluster::Cluster& c, const py::kwargs& kw) {
-        return make_plan(g, c, options(kw));
+      [options, released](const weft::ir::Graph& g, const weft::cluster::Cluster& c, const py::kwargs& kw) {
+        return released(options(kw), [g, c](const PlanOptions& o) { return make_plan(g, c, o); });
       },
       py::arg("training_graph"), py::arg("cluster"),
       "The fastest plan that fits (options as keyword arguments; see weft.plan).");
   m.def(
       "megatron_plan",
-      [options](const weft::ir::Graph& g, const weft::cluster::Cluster& c, const MegatronLayout& l,
-                const py::kwargs& kw) { return megatron_plan(g, c, l, options(kw)); },
+      [options, released](const weft::ir::Graph& g, const weft::cluster::Cluster& c, const MegatronLayout& l,
+                const py::kwargs& kw) {
+        return released(options(kw), [g, c, l](const PlanOptions& o) { return megatron_plan(g, c, l, o); });
+      },
       py::arg("training_graph"), py::arg("cluster"), py::arg("layout"));
   m.def(
       "best_megatron_plan",
-      [options](const weft::ir::Graph& g, const weft::cluster::Cluster& c, const py::kwargs& kw) {
-        return best_megatron_plan(g, c, options(kw));
+      [options, released](const weft::ir::Graph& g, const weft::cluster::Cluster& c, const py::kwargs& kw) {
+        return released(options(kw), [g, c](const PlanOptions& o) { return best_megatron_plan(g, c, o); });
       },
       py::arg("training_graph"), py::arg("cluster"));
   m.def(
       "data_parallel_plan",
-      [options](const weft::ir::Graph& g, const weft::cluster::Cluster& c,
+      [options, released](const weft::ir::Graph& g, const weft::cluster::Cluster& c,
                 const std::vector<std::int64_t>& shares, int num_microbatches, const py::kwargs& kw) {
-        return data_parallel_plan(g, c, shares, num_microbatches, options(kw));
+        return released(options(kw), [g, c, shares, num_microbatches](const PlanOptions& o) {
+          return data_parallel_plan(g, c, shares, num_microbatches, o);
+        });
       },
       py::arg("training_graph"), py::arg("cluster"), py::arg("shares"), py::arg("num_microbatches") = 1);
   m.def(
       "split_plan",
-      [options](const weft::ir::Graph& g, const weft::cluster::Cluster& c,
+      [options, released](const weft::ir::Graph& g, const weft::cluster::Cluster& c,
                 const std::vector<double>& fraction, int num_microbatches,
-                const py::kwargs& kw) { return split_plan(g, c, fraction, num_microbatches, options(kw)); },
+                const py::kwargs& kw) {
+        return released(options(kw), [g, c, fraction, num_microbatches](const PlanOptions& o) {
+          return split_plan(g, c, fraction, num_microbatches, o);
+        });
+      },
       py::arg("training_graph"), py::arg("cluster"), py::arg("fraction"), py::arg("num_microbatches") = 1);
   m.def(
       "layout_plan",
-      [options](const weft::ir::Graph& g, const weft::cluster::Cluster& c, const py::list& stages,
+      [options, released](const weft::ir::Graph& g, const weft::cluster::Cluster& c, const py::list& stages,
                 int num_microbatches, const py::kwargs& kw) {
         std::vector<StageLayout> layout;
         for (const auto& item : stages) {
@@ -292,7 +312,9 @@ void bind_plan(py::module_& m) {
           if (t.size() == 4) s.mesh = py::cast<std::vector<std::int64_t>>(t[3]);
           layout.push_back(std::move(s));
         }
-        return layout_plan(g, c, layout, num_microbatches, options(kw));
+        return released(options(kw), [g, c, layout, num_microbatches](const PlanOptions& o) {
+          return layout_plan(g, c, layout, num_microbatches, o);
+        });
       },
       py::arg("training_graph"), py::arg("cluster"), py::arg("stages"), py::arg("num_microbatches") = 1);
   m.def("megatron_layouts", &megatron_layouts, py::arg("cluster"), py::arg("max_p") = 0);

@@ -1,5 +1,6 @@
 // Bindings of weft/spmd: the SPMD strategy search (weft.spmd_search wraps _weft.spmd.search) and
 // the independent plan evaluator.
+#include "interruptible.hpp"
 #include <pybind11/functional.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -112,7 +113,7 @@ void bind_spmd(py::module_& root) {
          const std::string& level, double memory_limit, const std::string& memory_mode, double time_limit,
          double relative_gap, bool reuse, bool strided, bool pricing,
          const std::map<std::string, std::string>& fixed, const std::map<std::string, std::string>& outputs,
-         const std::function<void(const std::string&, double, const std::string&)>& progress) {
+         const py::object& progress) {
         SearchOptions o;
         o.level = parse_level(level);
         o.memory_limit = memory_limit;
@@ -124,19 +125,25 @@ void bind_spmd(py::module_& root) {
         o.o2_memory_pricing = pricing;
         o.fixed_specs = fixed;
         o.output_specs = outputs;
-        if (progress)
-          o.progress = [&progress](const Progress& p) {
+        if (!progress.is_none()) {
+          auto fn = weft::python::python_callback(py::cast<py::function>(progress));
+          o.progress = [fn](const Progress& p) {
             py::gil_scoped_acquire gil;
-            progress(p.phase, p.fraction, p.message);
+            (*fn)(p.phase, p.fraction, p.message);
           };
-        return spmd_search(g, c, mesh, o);
+        }
+        // Off the GIL, answering Ctrl-C (interruptible.hpp).
+        return weft::python::run_interruptible([g, c, mesh, o](weft::python::CancelFlag cancel) mutable {
+          o.progress = weft::python::cancellation_hook<Progress>(std::move(cancel), std::move(o.progress));
+          return spmd_search(g, c, mesh, o);
+        });
       },
       py::arg("graph"), py::arg("cluster"), py::arg("mesh"), py::arg("level") = "O2",
       py::arg("memory_limit") = 0.0, py::arg("memory_mode") = "ilp", py::arg("time_limit") = 60.0,
       py::arg("relative_gap") = 0.0, py::arg("reuse_repeated_layers") = true,
       py::arg("strided_candidates") = true, py::arg("memory_pricing") = true,
       py::arg("fixed_specs") = std::map<std::string, std::string>{},
-      py::arg("output_specs") = std::map<std::string, std::string>{}, py::arg("progress") = nullptr);
+      py::arg("output_specs") = std::map<std::string, std::string>{}, py::arg("progress") = py::none());
   m.def(
       "evaluate_plan",
       [](const ir::Graph& g, const cluster::Cluster& c, const cluster::DeviceMesh& mesh, const SpmdPlan& p) {

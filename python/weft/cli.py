@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
@@ -79,6 +80,12 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as e:
             print(f"weft plan: {e}", file=sys.stderr)
             return 2
+        except KeyboardInterrupt:
+            # The search runs off the GIL and answers Ctrl-C at once; its worker thread stops at its
+            # next progress report. Leave without waiting for it (no interpreter teardown under it).
+            print("weft plan: interrupted", file=sys.stderr, flush=True)
+            sys.stdout.flush()
+            os._exit(130)
     return 0
 
 

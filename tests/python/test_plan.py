@@ -222,3 +222,60 @@ def test_cli_plans_a_mixed_cluster(capsys):
                  "--num-microbatches", "2", "--num-blocks", "4", "--max-stages", "2"]) == 0
     text = capsys.readouterr().out
     assert "P100" in text and "Plan for" in text
+
+
+def test_planning_releases_the_gil_and_answers_ctrl_c():
+    # Issue 18: the search runs off the GIL (other Python threads keep running) and a Ctrl-C raises
+    # KeyboardInterrupt at once, not when the search ends.
+    import _thread
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    big = weft.models.build("GPT-2.7B", batch=16, dtype="f16").train_step(optimizer="adam")
+    cluster = weft.Cluster.preset("M8", nodes=2)
+    fired = {}
+
+    def interrupt():
+        fired["t"] = time.perf_counter()
+        _thread.interrupt_main()
+
+    timer = threading.Timer(0.5, interrupt)
+    timer.start()
+    t0 = time.perf_counter()
+    with pytest.raises(KeyboardInterrupt):
+        weft.plan(big, cluster)  # about 10 s when not interrupted
+    assert time.perf_counter() - fired["t"] < 1.0
+    assert time.perf_counter() - t0 < 3.0
+
+    ticks = [0]
+    stop = threading.Event()
+
+    def spin():
+        while not stop.is_set():
+            ticks[0] += 1
+            time.sleep(0.001)
+
+    th = threading.Thread(target=spin)
+    th.start()
+    t0 = time.perf_counter()
+    weft.plan(weft.models.gpt(layers=4, hidden=256, heads=4, seq=64, vocab=512, batch=16).train_step(), cluster)
+    searched = time.perf_counter() - t0
+    stop.set()
+    th.join()
+    # The other thread kept ticking (about one per 1.1 ms when free; none if the GIL were held).
+    assert searched > 0.2 and ticks[0] > 0.25 * searched / 0.001
+
+    # The CLI: Ctrl-C (SIGINT) mid-search exits 130 with one line, promptly.
+    import signal
+
+    proc = subprocess.Popen([sys.executable, "-m", "weft.cli", "plan", "--model", "GPT-2.7B", "--nodes", "2"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(4.0)  # imports, graph building, then the search
+    sent = time.perf_counter()
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, (out, err)
+    assert "interrupted" in err and "Traceback" not in err
+    assert time.perf_counter() - sent < 3.0
