@@ -1,7 +1,6 @@
 // Bindings of weft/plan: the planner (make_plan, Megatron-style baseline), the Plan value type with
 // JSON and summary, and plan.rebatch. The Pythonic layer is python/weft/planning.py (weft.plan).
 #include <fmt/format.h>
-#include "interruptible.hpp"
 #include <pybind11/functional.h>
 #include <pybind11/operators.h>
 #include <pybind11/pybind11.h>
@@ -9,6 +8,7 @@
 
 #include <string>
 
+#include "interruptible.hpp"
 #include "weft/cluster/cluster.hpp"
 #include "weft/core/error.hpp"
 #include "weft/ir/graph.hpp"
@@ -252,7 +252,8 @@ void bind_plan(py::module_& m) {
   // A planning call off the GIL, answering Ctrl-C (interruptible.hpp): the planner stops at its
   // next progress report once interrupted.
   auto released = [](PlanOptions o, auto plan_fn) {
-    return weft::python::run_interruptible([o = std::move(o), plan_fn](weft::python::CancelFlag cancel) mutable {
+    return weft::python::run_interruptible([o = std::move(o),
+                                            plan_fn](weft::python::CancelFlag cancel) mutable {
       o.progress = weft::python::cancellation_hook<PlanProgress>(std::move(cancel), std::move(o.progress));
       return plan_fn(o);
     });
@@ -267,7 +268,7 @@ void bind_plan(py::module_& m) {
   m.def(
       "megatron_plan",
       [options, released](const weft::ir::Graph& g, const weft::cluster::Cluster& c, const MegatronLayout& l,
-                const py::kwargs& kw) {
+                          const py::kwargs& kw) {
         return released(options(kw), [g, c, l](const PlanOptions& o) { return megatron_plan(g, c, l, o); });
       },
       py::arg("training_graph"), py::arg("cluster"), py::arg("layout"));
@@ -280,7 +281,8 @@ void bind_plan(py::module_& m) {
   m.def(
       "data_parallel_plan",
       [options, released](const weft::ir::Graph& g, const weft::cluster::Cluster& c,
-                const std::vector<std::int64_t>& shares, int num_microbatches, const py::kwargs& kw) {
+                          const std::vector<std::int64_t>& shares, int num_microbatches,
+                          const py::kwargs& kw) {
         return released(options(kw), [g, c, shares, num_microbatches](const PlanOptions& o) {
           return data_parallel_plan(g, c, shares, num_microbatches, o);
         });
@@ -289,8 +291,7 @@ void bind_plan(py::module_& m) {
   m.def(
       "split_plan",
       [options, released](const weft::ir::Graph& g, const weft::cluster::Cluster& c,
-                const std::vector<double>& fraction, int num_microbatches,
-                const py::kwargs& kw) {
+                          const std::vector<double>& fraction, int num_microbatches, const py::kwargs& kw) {
         return released(options(kw), [g, c, fraction, num_microbatches](const PlanOptions& o) {
           return split_plan(g, c, fraction, num_microbatches, o);
         });
@@ -299,7 +300,7 @@ void bind_plan(py::module_& m) {
   m.def(
       "layout_plan",
       [options, released](const weft::ir::Graph& g, const weft::cluster::Cluster& c, const py::list& stages,
-                int num_microbatches, const py::kwargs& kw) {
+                          int num_microbatches, const py::kwargs& kw) {
         std::vector<StageLayout> layout;
         for (const auto& item : stages) {
           const auto t = py::cast<py::tuple>(item);

@@ -1,6 +1,5 @@
 // Bindings of weft/spmd: the SPMD strategy search (weft.spmd_search wraps _weft.spmd.search) and
 // the independent plan evaluator.
-#include "interruptible.hpp"
 #include <pybind11/functional.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -8,6 +7,7 @@
 #include <map>
 #include <string>
 
+#include "interruptible.hpp"
 #include "weft/core/error.hpp"
 #include "weft/ir/graph.hpp"
 #include "weft/spmd/search.hpp"

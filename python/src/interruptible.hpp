@@ -45,7 +45,8 @@ inline std::shared_ptr<py::function> python_callback(py::function fn) {
 
 // A progress hook that stops the work once the caller is interrupted, then forwards to `next`.
 template <typename Report>
-std::function<void(const Report&)> cancellation_hook(CancelFlag cancelled, std::function<void(const Report&)> next) {
+std::function<void(const Report&)> cancellation_hook(CancelFlag cancelled,
+                                                     std::function<void(const Report&)> next) {
   return [cancelled = std::move(cancelled), next = std::move(next)](const Report& r) {
     if (cancelled->load()) throw Cancelled();
     if (next) next(r);

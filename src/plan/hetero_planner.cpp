@@ -473,7 +473,7 @@ Plan make_hetero_plan(Context& ctx) {
     consider(materialise(ctx, {}, cands[i], reshard::Balancer::LargestFirst), &cands[i]);
   }
   if (!best) {
-    sort_alternatives(alts, 0);
+    sort_alternatives(alts, 0, false);
     std::string why;
     for (std::size_t i = 0; i < std::min<std::size_t>(4, alts.size()); ++i)
       why += fmt::format("\n  {} {}: {}", alts[i].strategy, alts[i].layout, alts[i].note);

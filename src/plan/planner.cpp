@@ -33,6 +33,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -1255,7 +1256,7 @@ Alternative alternative_of(const Built& b) {
   return a;
 }
 
-void sort_alternatives(std::vector<Alternative>& alts, int max_n) {
+void sort_alternatives(std::vector<Alternative>& alts, int max_n, bool summarise_infeasible) {
   std::stable_sort(alts.begin(), alts.end(), [](const Alternative& x, const Alternative& y) {
     if (x.feasible != y.feasible) return x.feasible;
     return x.step_time < y.step_time;
@@ -1266,6 +1267,40 @@ void sort_alternatives(std::vector<Alternative>& alts, int max_n) {
     const bool baseline = a.strategy.find("(baseline)") != std::string::npos;
     return a.feasible && !a.layout.empty() && !seen.insert({a.layout, a.step_time, baseline}).second;
   });
+  if (summarise_infeasible) {
+    // The candidates that do not fit, as one last row: how many, per reason (the note with its
+    // numbers blanked, one example each).
+    std::map<std::string, std::pair<int, std::string>> reasons;
+    int n = 0;
+    std::erase_if(alts, [&](const Alternative& a) {
+      if (a.feasible) return false;
+      std::string key;
+      for (char ch : a.note) {
+        const bool digit = std::isdigit(static_cast<unsigned char>(ch)) || ch == '.';
+        if (!digit || key.empty() || key.back() != '#') key += digit ? '#' : ch;
+      }
+      auto& r = reasons[key];
+      if (r.first++ == 0) r.second = a.strategy + " " + a.layout + ": " + a.note;
+      ++n;
+      return true;
+    });
+    if (max_n > 0 && static_cast<int>(alts.size()) >= max_n)
+      alts.resize(static_cast<std::size_t>(std::max(0, max_n - (n > 0))));
+    if (n > 0) {
+      Alternative row;
+      row.strategy = "infeasible";
+      row.layout = fmt::format("{} candidate{}", n, n == 1 ? "" : "s");
+      row.feasible = false;
+      std::vector<std::pair<int, std::string>> by_count;
+      for (auto& [key, r] : reasons) by_count.push_back(r);
+      std::stable_sort(by_count.begin(), by_count.end(),
+                       [](const auto& x, const auto& y) { return x.first > y.first; });
+      for (const auto& [k, example] : by_count)
+        row.note += fmt::format("{}{} x (e.g. {})", row.note.empty() ? "" : "; ", k, example);
+      alts.push_back(std::move(row));
+    }
+    return;
+  }
   if (max_n > 0 && static_cast<int>(alts.size()) > max_n) alts.resize(static_cast<std::size_t>(max_n));
 }
 
@@ -1506,7 +1541,7 @@ Plan make_plan(const ir::Graph& g, const cluster::Cluster& c, const PlanOptions&
     }
   }
   if (!best) {
-    sort_alternatives(alts, 0);
+    sort_alternatives(alts, 0, false);
     std::string why;
     for (std::size_t i = 0; i < std::min<std::size_t>(4, alts.size()); ++i)
       why += fmt::format("\n  {} {}: {}", alts[i].strategy, alts[i].layout, alts[i].note);

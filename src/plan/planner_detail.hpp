@@ -380,7 +380,9 @@ Built materialise(Context& ctx, const std::vector<SubmeshOptions>& subs, const C
 std::vector<std::vector<int>> ilp_block_orders(Context& ctx, int max_stages);
 std::string layout_text(const Plan& p);
 Alternative alternative_of(const Built& b);
-void sort_alternatives(std::vector<Alternative>& alts, int max_n);
+// Best first, each layout once, at most max_n rows (0: all); with summarise_infeasible the
+// candidates that do not fit become one last row ("infeasible", "N candidates", counts per reason).
+void sort_alternatives(std::vector<Alternative>& alts, int max_n, bool summarise_infeasible = true);
 Context make_context(const ir::Graph& g, const cluster::Cluster& c, const PlanOptions& o, double start);
 // make_context + blocks for the plans of given per-device shares (data_parallel_plan, split_plan):
 // checks that M divides the batch and that there is one share per device.

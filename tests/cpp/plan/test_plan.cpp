@@ -490,7 +490,8 @@ TEST_CASE("plan: the user's limits bound every candidate family, the Megatron ba
        [](int dp, int, int) { return dp <= 2; }},
       {"pipeline=false", [](plan::PlanOptions& o) { o.pipeline = false; },
        [](int, int stages, int) { return stages <= 1; }},
-      {"max_stages=2", [](plan::PlanOptions& o) { o.max_stages = 2; }, [](int, int stages, int) { return stages <= 2; }},
+      {"max_stages=2", [](plan::PlanOptions& o) { o.max_stages = 2; },
+       [](int, int stages, int) { return stages <= 2; }},
       {"num_microbatches=2", [](plan::PlanOptions& o) { o.num_microbatches = 2; },
        [](int, int, int M) { return M == -1 || M == 2; }},
   };
@@ -507,8 +508,50 @@ TEST_CASE("plan: the user's limits bound every candidate family, the Megatron ba
       const std::string text = a.strategy + " " + a.layout;
       CAPTURE(text);
       int dp = number(text, R"(\bdp=(\d+))"), stages = number(text, R"((\d+) stages?\b)");
-      if (text.rfind("megatron", 0) == 0) dp = number(text, R"(\bd=(\d+))"), stages = number(text, R"(\bp=(\d+))");
+      if (text.rfind("megatron", 0) == 0)
+        dp = number(text, R"(\bd=(\d+))"), stages = number(text, R"(\bp=(\d+))");
       CHECK(l.ok(dp < 0 ? 1 : dp, stages < 0 ? 1 : stages, number(text, R"(\bM=(\d+))")));
     }
   }
+}
+
+TEST_CASE("plan: the alternatives list each layout once and the candidates that do not fit in one row") {
+  // Issue 18: one row per distinct candidate; the infeasible ones summarised with their reasons.
+  const auto g = small_gpt(4, 256, 16);
+  const auto c = one_node(8);
+  plan::PlanOptions o;
+  o.num_blocks = 4;
+  o.max_alternatives = 1000;
+  o.memory_limit = plan::model_state_bytes(g) * 0.6;  // whole replicas of the model do not fit
+  o.memory_fraction = 1.0;
+  const auto p = plan::make_plan(g, c, o);
+  REQUIRE(!p.alternatives.empty());
+  int infeasible_rows = 0;
+  std::set<std::tuple<std::string, std::string, double>> rows;
+  for (const auto& a : p.alternatives) {
+    if (!a.feasible) {
+      ++infeasible_rows;
+      continue;
+    }
+    CHECK(rows.insert({a.strategy, a.layout, a.step_time}).second);
+  }
+  REQUIRE(infeasible_rows == 1);
+  const auto& last = p.alternatives.back();
+  CHECK(!last.feasible);
+  CHECK(last.strategy == "infeasible");
+  // "N candidates" and the counts per reason add up to N.
+  const int n = std::stoi(last.layout);
+  int sum = 0;
+  std::regex count(R"((?:^|; )(\d+) x \(e\.g\. )");
+  for (auto it = std::sregex_iterator(last.note.begin(), last.note.end(), count);
+       it != std::sregex_iterator(); ++it)
+    sum += std::stoi((*it)[1]);
+  CHECK(n > 0);
+  CHECK(sum == n);
+  MESSAGE(last.layout << ": " << last.note.substr(0, 300));
+  // A limited list keeps the summary as its last row.
+  o.max_alternatives = 3;
+  const auto q = plan::make_plan(g, c, o);
+  CHECK(q.alternatives.size() == 3);
+  CHECK(!q.alternatives.back().feasible);
 }
