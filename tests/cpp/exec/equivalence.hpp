@@ -26,10 +26,14 @@ inline const cluster::Cluster& m8() {
   return c;
 }
 
-inline ir::Graph tiny_gpt(std::int64_t batch = 4) {
+// The tiny GPT's training step: Adam, or SGD with lr 0.1 (f32 tests: Adam's first steps amplify
+// rounding where a gradient is near zero).
+inline ir::Graph tiny_gpt(std::int64_t batch = 4, bool sgd = false) {
   models::GptConfig c;
   c.layers = 2, c.hidden = 64, c.heads = 4, c.seq = 8, c.vocab = 128, c.batch = batch;
-  return ir::build_training_graph(models::gpt(c));
+  ir::TrainOptions to;
+  if (sgd) to.optimizer = ir::Optimizer::Sgd, to.lr = 0.1;
+  return ir::build_training_graph(models::gpt(c), to);
 }
 
 // Tiny MoE (4 experts, top-2), U-Net (skip connections), Wide-ResNet-50 and BERT, batch 2.

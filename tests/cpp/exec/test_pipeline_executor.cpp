@@ -541,12 +541,7 @@ TEST_CASE("exec pipeline: Whale's uneven tensor split over mixed GPUs equals one
 }
 
 TEST_CASE("exec pipeline: f32 storage, 2 stages x 4 micro-batches under SGD, equals one device to 1e-5") {
-  models::GptConfig c;
-  c.layers = 2, c.hidden = 64, c.heads = 4, c.seq = 8, c.vocab = 128, c.batch = 8;
-  ir::TrainOptions to;
-  to.optimizer = ir::Optimizer::Sgd;
-  to.lr = 0.1;
-  const auto step = ir::build_training_graph(models::gpt(c), to);
+  const auto step = test::tiny_gpt(8, true);
   exec::ExecuteOptions eo;
   eo.dtype = DType::F32;
   const auto mb = plan::rebatch(step, 2);

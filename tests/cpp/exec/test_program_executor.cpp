@@ -194,12 +194,7 @@ TEST_CASE("exec program: MoE, U-Net, Wide-ResNet and BERT (tiny) under random la
 }
 
 TEST_CASE("exec program: f32 storage with SGD equals one device to 1e-5 (random layouts on 2x2)") {
-  models::GptConfig c;
-  c.layers = 2, c.hidden = 64, c.heads = 4, c.seq = 8, c.vocab = 128, c.batch = 4;
-  ir::TrainOptions to;
-  to.optimizer = ir::Optimizer::Sgd;
-  to.lr = 0.1;
-  const auto g = ir::build_training_graph(models::gpt(c), to);
+  const auto g = test::tiny_gpt(4, true);
   exec::ExecuteOptions eo;
   eo.dtype = DType::F32;
   const auto ref = exec::execute_reference(g, eo);
