@@ -2,12 +2,12 @@
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
+#include <cctype>
 #include <cmath>
 #include <cstdlib>
 #include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <regex>
 #include <set>
 #include <string>
 
@@ -474,9 +474,23 @@ TEST_CASE("plan: the user's limits bound every candidate family, the Megatron ba
   // Issue 18: max_data_parallel=1 returned an 8-way data-parallel Megatron layout.
   const auto g = small_gpt(4, 64, 16);
   const auto c = one_node(8);
-  auto number = [](const std::string& text, const std::string& re) -> int {
-    std::smatch m;
-    return std::regex_search(text, m, std::regex(re)) ? std::stoi(m[1]) : -1;
+  // The number right after `key` ("dp=", "d=", "p=", "M=") at a word start, or before " stage";
+  // -1 when absent.
+  auto number_after = [](const std::string& text, const std::string& key) -> int {
+    for (std::size_t at = text.find(key); at != std::string::npos; at = text.find(key, at + 1)) {
+      if (at > 0 && std::isalnum(static_cast<unsigned char>(text[at - 1]))) continue;
+      std::size_t k = at + key.size();
+      if (k < text.size() && std::isdigit(static_cast<unsigned char>(text[k])))
+        return std::stoi(text.substr(k));
+    }
+    return -1;
+  };
+  auto stages_in = [](const std::string& text) -> int {
+    const std::size_t at = text.find(" stage");
+    if (at == std::string::npos) return -1;
+    std::size_t b = at;
+    while (b > 0 && std::isdigit(static_cast<unsigned char>(text[b - 1]))) --b;
+    return b < at ? std::stoi(text.substr(b, at - b)) : -1;
   };
   struct Limit {
     std::string name;
@@ -507,10 +521,9 @@ TEST_CASE("plan: the user's limits bound every candidate family, the Megatron ba
     for (const auto& a : p.alternatives) {
       const std::string text = a.strategy + " " + a.layout;
       CAPTURE(text);
-      int dp = number(text, R"(\bdp=(\d+))"), stages = number(text, R"((\d+) stages?\b)");
-      if (text.rfind("megatron", 0) == 0)
-        dp = number(text, R"(\bd=(\d+))"), stages = number(text, R"(\bp=(\d+))");
-      CHECK(l.ok(dp < 0 ? 1 : dp, stages < 0 ? 1 : stages, number(text, R"(\bM=(\d+))")));
+      int dp = number_after(text, "dp="), stages = stages_in(text);
+      if (text.rfind("megatron", 0) == 0) dp = number_after(text, "d="), stages = number_after(text, "p=");
+      CHECK(l.ok(dp < 0 ? 1 : dp, stages < 0 ? 1 : stages, number_after(text, "M=")));
     }
   }
 }
@@ -541,11 +554,14 @@ TEST_CASE("plan: the alternatives list each layout once and the candidates that 
   CHECK(last.strategy == "infeasible");
   // "N candidates" and the counts per reason add up to N.
   const int n = std::stoi(last.layout);
-  int sum = 0;
-  std::regex count(R"((?:^|; )(\d+) x \(e\.g\. )");
-  for (auto it = std::sregex_iterator(last.note.begin(), last.note.end(), count);
-       it != std::sregex_iterator(); ++it)
-    sum += std::stoi((*it)[1]);
+  int sum = 0;  // "K x (e.g. ...)" per reason, "; " between them
+  for (std::size_t at = last.note.find(" x (e.g. "); at != std::string::npos;
+       at = last.note.find(" x (e.g. ", at + 1)) {
+    std::size_t b = at;
+    while (b > 0 && std::isdigit(static_cast<unsigned char>(last.note[b - 1]))) --b;
+    if (b < at && (b == 0 || (b >= 2 && last.note.compare(b - 2, 2, "; ") == 0)))
+      sum += std::stoi(last.note.substr(b, at - b));
+  }
   CHECK(n > 0);
   CHECK(sum == n);
   MESSAGE(last.layout << ": " << last.note.substr(0, 300));
