@@ -189,11 +189,9 @@ class Executor {
     values_.assign(static_cast<std::size_t>(nr), std::vector<std::optional<HostTensor>>(p.buffers.size()));
     axis_groups_.resize(static_cast<std::size_t>(nr));
     for (int r = 0; r < nr; ++r) {
-      Instr probe;
-      probe.kind = InstrKind::AllReduce;
       const auto& st = p.stages[static_cast<std::size_t>(p.ranks[static_cast<std::size_t>(r)].stage)];
-      for (probe.axis = 0; probe.axis < static_cast<int>(st.shape.size()); ++probe.axis)
-        axis_groups_[static_cast<std::size_t>(r)].push_back(p.group_of(r, probe));
+      for (int a = 0; a < static_cast<int>(st.shape.size()); ++a)
+        axis_groups_[static_cast<std::size_t>(r)].push_back(p.group_along(r, a));
     }
     stats_.assign(static_cast<std::size_t>(nr), RankStats{});
     recv_from_.assign(static_cast<std::size_t>(nr), {});

@@ -215,6 +215,13 @@ std::optional<TensorId> Graph::find_tensor(const std::string& name) const {
   return std::nullopt;
 }
 
+std::vector<std::vector<OpId>> Graph::consumer_index() const {
+  std::vector<std::vector<OpId>> cons(tensors_.size());
+  for (std::size_t o = 0; o < ops_.size(); ++o)
+    for (TensorId t : ops_[o].inputs) cons[static_cast<std::size_t>(t)].push_back(static_cast<OpId>(o));
+  return cons;
+}
+
 std::vector<OpId> Graph::consumers(TensorId t) const {
   std::vector<OpId> out;
   for (std::size_t o = 0; o < ops_.size(); ++o)

@@ -57,15 +57,6 @@ ShardingSpec stats_spec(const ShardingSpec& logits, std::int64_t extra) {
   return ShardingSpec(shape, logits.mesh_shape(), pl);
 }
 
-// A partial layout made whole (what leaves a stage: the reduction runs on the producer's mesh).
-ShardingSpec reduced(const ShardingSpec& s) {
-  if (!s.has_partial()) return s;
-  std::vector<Placement> pl = s.per_axis();
-  for (auto& p : pl)
-    if (p.kind == Placement::Partial) p = Placement::replicate();
-  return ShardingSpec(s.tensor_shape(), s.mesh_shape(), pl);
-}
-
 std::vector<std::vector<std::int64_t>> flat_region(const reshard::Region& r) {
   std::vector<std::vector<std::int64_t>> out;
   for (const auto& d : r.dims) {
@@ -92,10 +83,9 @@ struct Crossing {
   ir::TensorId tensor = -1;
   int from = 0, to = 0;
   Phase send_phase = kF, recv_phase = kF;
-  ShardingSpec src, dst;         // on the SPMD meshes
-  int dst_buffer = -1;           // the template buffer it arrives in (stage `to`)
-  ir::TensorId src_tensor = -1;  // what is sent (the tensor itself; the leaf for a refresh)
-  bool refresh = false;          // a tied parameter's new value, into the receiver's leaf
+  ShardingSpec src, dst;  // on the SPMD meshes
+  int dst_buffer = -1;    // the template buffer it arrives in (stage `to`)
+  bool refresh = false;   // a tied parameter's new value, into the receiver's leaf
 };
 
 class PipelineLowering {
@@ -244,9 +234,7 @@ class PipelineLowering {
   // make weight gradients (a tensor that is the gradient of a parameter leaf) and feed nothing but
   // weight gradients and updates of their own stage run in W.
   void classify() {
-    readers_.assign(g_.tensors().size(), {});
-    for (ir::OpId o = 0; o < static_cast<ir::OpId>(g_.ops().size()); ++o)
-      for (ir::TensorId t : g_.op(o).inputs) readers_[static_cast<std::size_t>(t)].push_back(o);
+    readers_ = g_.consumer_index();
     const auto ph = pipeline::classify_ops(g_);
     phase_.assign(g_.ops().size(), kF);
     for (std::size_t o = 0; o < ph.size(); ++o)
@@ -376,21 +364,20 @@ class PipelineLowering {
         const auto& sa = st_[static_cast<std::size_t>(a)];
         const auto& sb = st_[static_cast<std::size_t>(b)];
         // The producer's layout of t, reduced, unless the caller fixed the specs.
-        ShardingSpec src =
-            reduced(narrow(sa, strategy(prod).outputs[static_cast<std::size_t>(
-                                   std::find(g_.op(prod).outputs.begin(), g_.op(prod).outputs.end(), t) -
-                                   g_.op(prod).outputs.begin())]));
-        if (const auto* s = given_cross(t, a, b, true)) src = reduced(*s);
+        const auto& outs = g_.op(prod).outputs;
+        const auto k = static_cast<std::size_t>(std::find(outs.begin(), outs.end(), t) - outs.begin());
+        ShardingSpec src = narrow(sa, strategy(prod).outputs[k]).reduced();
+        if (const auto* s = given_cross(t, a, b, true)) src = s->reduced();
         ShardingSpec dst = src.mesh_shape() == sb.spmd_shape
                                ? src
                                : ShardingSpec::replicated(g_.tensor(t).shape, sb.spmd_shape);
-        if (const auto* d = given_cross(t, a, b, false)) dst = reduced(*d);
+        if (const auto* d = given_cross(t, a, b, false)) dst = d->reduced();
         WEFT_CHECK(src.tensor_shape() == g_.tensor(t).shape && src.mesh_shape() == sa.spmd_shape &&
                        dst.tensor_shape() == g_.tensor(t).shape && dst.mesh_shape() == sb.spmd_shape,
                    "lowering: the specs of '{}' from stage {} to stage {} do not fit its shape {} and the "
                    "meshes {} / {}",
                    g_.tensor(t).name, a, b, g_.tensor(t).shape, sa.spmd_shape, sb.spmd_shape);
-        crossings_.push_back({t, a, b, sp, rp, src, dst, -1, t, false});
+        crossings_.push_back({t, a, b, sp, rp, src, dst, -1, false});
       }
     }
     for (auto& c : crossings_) {
@@ -412,7 +399,7 @@ class PipelineLowering {
         readers.insert(stage_of_op_[static_cast<std::size_t>(r)]);
       for (int v : readers)
         if (v != u)
-          crossings_.push_back({leaf, u, v, kU, kU, leaf_spec(u, leaf), leaf_spec(v, leaf), -1, leaf, true});
+          crossings_.push_back({leaf, u, v, kU, kU, leaf_spec(u, leaf), leaf_spec(v, leaf), -1, true});
     }
     for (const auto& c : crossings_)
       WEFT_CHECK(group_of_stage_[static_cast<std::size_t>(c.from)] !=
@@ -489,7 +476,6 @@ class PipelineLowering {
     b.tensor = t;
     b.shape = spec.tensor_shape();
     b.spec = text;
-    b.stage = s;
     b.element_bytes = t >= 0 ? static_cast<int>(dtype_size(g_.tensor(t).dtype)) : 4;
     b.stage = group_of_stage_[static_cast<std::size_t>(s)];  // the program's stage: the device group
     b.name = S_ > 1 ? fmt::format("{}@{}:s{}", base, text, s) : base + "@" + text;
@@ -697,9 +683,8 @@ class PipelineLowering {
       auto it = src_buffer.find(tr.crossing);
       if (it == src_buffer.end())
         it = src_buffer
-                 .emplace(tr.crossing, refresh
-                                           ? st.leaves.at(c.src_tensor)
-                                           : layout(s, c.src_tensor, widen(st, c.src, replica_placement(c))))
+                 .emplace(tr.crossing, refresh ? st.leaves.at(c.tensor)
+                                               : layout(s, c.tensor, widen(st, c.src, replica_placement(c))))
                  .first;
       Instr i;
       i.kind = InstrKind::Send;

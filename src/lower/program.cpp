@@ -255,15 +255,19 @@ std::vector<Instr>& RankProgram::edit() {
 
 std::vector<int> Program::group_of(int rank, const Instr& i) const {
   if (!is_collective(i.kind) || !i.group.empty()) return i.group;
+  return group_along(rank, i.axis);
+}
+
+std::vector<int> Program::group_along(int rank, int axis) const {
   const auto& rp = ranks.at(static_cast<std::size_t>(rank));
   const auto& st = stages.at(static_cast<std::size_t>(rp.stage));
-  WEFT_CHECK(i.axis >= 0 && i.axis < static_cast<int>(st.shape.size()) && rp.coord.size() == st.shape.size(),
-             "program: rank {}'s collective names axis {} of a {}-axis stage mesh", rank, i.axis,
+  WEFT_CHECK(axis >= 0 && axis < static_cast<int>(st.shape.size()) && rp.coord.size() == st.shape.size(),
+             "program: rank {}'s collective names axis {} of a {}-axis stage mesh", rank, axis,
              st.shape.size());
   std::vector<int> g;
   auto c = rp.coord;
-  for (std::int64_t k = 0; k < st.shape[static_cast<std::size_t>(i.axis)]; ++k) {
-    c[static_cast<std::size_t>(i.axis)] = k;
+  for (std::int64_t k = 0; k < st.shape[static_cast<std::size_t>(axis)]; ++k) {
+    c[static_cast<std::size_t>(axis)] = k;
     std::int64_t idx = 0;
     for (std::size_t d = 0; d < c.size(); ++d) idx = idx * st.shape[d] + c[d];
     g.push_back(st.ranks.at(static_cast<std::size_t>(idx)));
@@ -364,12 +368,8 @@ void check(const Program& p) {
     const auto& st = p.stages[static_cast<std::size_t>(rp.stage)];
     WEFT_CHECK(rp.coord.size() == st.shape.size(),
                "program: rank {}'s coordinate {} is not on its stage mesh {}", r, rp.coord, st.shape);
-    for (int a = 0; a < static_cast<int>(st.shape.size()); ++a) {
-      Instr probe;
-      probe.kind = InstrKind::AllReduce;
-      probe.axis = a;
-      axis_group[static_cast<std::size_t>(r)].push_back(p.group_of(r, probe));
-    }
+    for (int a = 0; a < static_cast<int>(st.shape.size()); ++a)
+      axis_group[static_cast<std::size_t>(r)].push_back(p.group_along(r, a));
   }
   auto group = [&](int r, const Instr& i) -> const std::vector<int>& {
     if (!is_collective(i.kind) || !i.group.empty()) return i.group;

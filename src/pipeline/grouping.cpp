@@ -38,14 +38,6 @@ namespace {
 
 bool is_update(ir::OpKind k) { return k == ir::OpKind::SgdUpdate || k == ir::OpKind::AdamUpdate; }
 
-// Consumers of every tensor, in topological position order.
-std::vector<std::vector<OpId>> consumer_index(const Graph& g) {
-  std::vector<std::vector<OpId>> cons(g.tensors().size());
-  for (OpId o = 0; o < static_cast<OpId>(g.ops().size()); ++o)
-    for (TensorId t : g.op(o).inputs) cons[t].push_back(o);
-  return cons;
-}
-
 }  // namespace
 
 std::vector<OpPhase> classify_ops(const Graph& g) {
@@ -71,7 +63,7 @@ std::vector<OpPhase> classify_ops(const Graph& g) {
 std::vector<char> gradient_sums_into_update(const Graph& g) {
   const auto phase = classify_ops(g);
   std::vector<char> sum(g.ops().size(), 0);
-  const auto readers = consumer_index(g);
+  const auto readers = g.consumer_index();
   const auto order = g.topo_order();
   for (auto it = order.rbegin(); it != order.rend(); ++it) {
     const OpId o = *it;
@@ -94,7 +86,7 @@ std::vector<OpId> owner_forward_op(const Graph& g) {
   const auto& ts = g.tensors();
   const auto phase = classify_ops(g);
   const auto order = g.topo_order();
-  const auto cons = consumer_index(g);
+  const auto cons = g.consumer_index();
   std::vector<int> pos(ops.size(), 0);
   for (std::size_t i = 0; i < order.size(); ++i) pos[order[i]] = static_cast<int>(i);
 
@@ -237,7 +229,7 @@ LayerGrouping group_layers(const Graph& g, int num_blocks) {
   // Crossing bytes c_p for p in 1..n-1: a forward activation made at a and last read (by a
   // forward op) at z > a crosses every cut p in (a, z].
   std::vector<std::int64_t> diff(n + 1, 0);
-  const auto cons = consumer_index(g);
+  const auto cons = g.consumer_index();
   for (TensorId t = 0; t < static_cast<TensorId>(ts.size()); ++t) {
     OpId p = ts[t].producer;
     if (p == kNoOp || phase[p] != OpPhase::Forward) continue;

@@ -663,13 +663,8 @@ sharding::ShardingSpec parse_spec_or_replicated(const std::string& text,
                                                 const std::vector<std::int64_t>& shape,
                                                 const std::vector<std::int64_t>& mesh) {
   if (text.empty()) return sharding::ShardingSpec::replicated(shape, mesh);
-  auto s = sharding::ShardingSpec::parse(text, shape, mesh);
-  if (!s.has_partial()) return s;
   // A partial result is reduced before it leaves its stage: what crosses is the reduced layout.
-  std::vector<sharding::Placement> pl = s.per_axis();
-  for (auto& p : pl)
-    if (p.kind == sharding::Placement::Partial) p = sharding::Placement::replicate();
-  return sharding::ShardingSpec(shape, mesh, pl);
+  return sharding::ShardingSpec::parse(text, shape, mesh).reduced();
 }
 
 DType graph_compute_dtype(const ir::Graph& g) {
@@ -843,9 +838,7 @@ Built materialise_in_place(Context& ctx, const std::vector<SubmeshOptions>& subs
   std::map<std::tuple<int, int, bool>, std::vector<Crossing>> pairs;  // (from, to, once per step)
   std::vector<std::set<ir::TensorId>> seen(S);
   const auto sums = pipeline::gradient_sums_into_update(g);
-  std::vector<std::vector<ir::OpId>> readers(g.tensors().size());
-  for (ir::OpId o = 0; o < static_cast<ir::OpId>(g.ops().size()); ++o)
-    for (ir::TensorId t : g.op(o).inputs) readers[t].push_back(o);
+  const auto readers = g.consumer_index();
   auto once_per_step = [&](ir::TensorId t, int b) {
     for (ir::OpId r : readers[t])
       if (stage_of_op[r] == b && !sums[r]) return false;

@@ -491,6 +491,14 @@ ShardingSpec ShardingSpec::with_axis(int axis, Placement p) const {
   return ShardingSpec(shape_, mesh_, std::move(q), padding_);
 }
 
+ShardingSpec ShardingSpec::reduced() const {
+  if (!has_partial()) return *this;
+  std::vector<Placement> q = axes_;
+  for (auto& p : q)
+    if (p.kind == Placement::Partial) p = Placement::replicate();
+  return ShardingSpec(shape_, mesh_, std::move(q), padding_);
+}
+
 bool ShardingSpec::operator<(const ShardingSpec& o) const {
   auto key = [](const ShardingSpec& s) {
     std::vector<int64_t> k(s.shape_);

@@ -74,6 +74,8 @@ class Graph {
   void set_role(TensorId t, Role role);  // e.g. an optimizer op's state results
   bool has_op_name(const std::string& name) const { return op_names_.count(name) > 0; }
   std::vector<OpId> consumers(TensorId t) const;  // in op order; O(#ops): build an index for loops
+  // The index: per tensor the ops reading it, in op order (an op once per operand that reads it).
+  std::vector<std::vector<OpId>> consumer_index() const;
   // Bookkeeping for autodiff: which forward tensor a gradient/optimizer tensor belongs to.
   void set_grad_of(TensorId grad, TensorId of);
   std::optional<TensorId> grad_of(TensorId grad) const;

@@ -157,6 +157,8 @@ struct Program {
   // The ranks of a collective of `rank` (its explicit group, or its group along the axis of its
   // stage mesh); the peers of a transfer.
   std::vector<int> group_of(int rank, const Instr& i) const;
+  // The ranks that share every coordinate of `rank` on its stage mesh but the one along `axis`.
+  std::vector<int> group_along(int rank, int axis) const;
   // What `rank` runs, in order: its list without other ranks' transfers, collective groups filled in.
   std::vector<Instr> instructions(int rank) const;
   std::size_t num_instructions(int rank) const;

@@ -98,6 +98,8 @@ class ShardingSpec {
   int64_t max_local_elements() const;  // ceil-based local element count (the largest device)
   // The same spec with placement of `axis` replaced (result validated).
   ShardingSpec with_axis(int axis, Placement p) const;
+  // The value after its reduction: every partial axis replicated (the spec itself when none is).
+  ShardingSpec reduced() const;
 
   bool operator==(const ShardingSpec& o) const {
     return shape_ == o.shape_ && mesh_ == o.mesh_ && axes_ == o.axes_ && padding_ == o.padding_;

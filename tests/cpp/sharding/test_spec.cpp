@@ -82,3 +82,13 @@ TEST_CASE("enumeration: Rhino's 16 specs for 256x256 on 4 devices, brute-force c
   CHECK(std::set<ShardingSpec>(e.begin(), e.end()) == bf);
   CHECK(e.size() == bf.size());
 }
+
+TEST_CASE("reduced: every partial axis becomes replicated, shards and strides stay") {
+  const auto p = ShardingSpec::parse("P(sum) S(1,4)", {8, 16}, {2, 4});
+  CHECK(p.reduced() == ShardingSpec::parse("R S(1,4)", {8, 16}, {2, 4}));
+  CHECK(!p.reduced().has_partial());
+  const auto m = ShardingSpec::parse("S(0) P(max)", {8, 16}, {2, 4});
+  CHECK(m.reduced().to_string() == "S(0) R");
+  const auto whole = ShardingSpec::parse("S(0) S(1)", {8, 16}, {2, 4});
+  CHECK(whole.reduced() == whole);
+}
