@@ -142,6 +142,7 @@ void bind_lower(py::module_& m) {
               d["name"] = b.name;
               d["tensor"] =
                   b.tensor >= 0 ? py::object(py::str(p.graph.tensor(b.tensor).name)) : py::object(py::none());
+              d["tensor_id"] = b.tensor;
               d["shape"] = b.shape;
               d["spec"] = b.spec;
               d["stage"] = b.stage;
@@ -150,7 +151,19 @@ void bind_lower(py::module_& m) {
             }
             return out;
           },
-          "Every buffer: name, tensor (None for statistics), global shape, spec, stage, element_bytes.")
+          "Every buffer: name, tensor (None for statistics), tensor_id (-1), global shape, spec, stage, "
+          "element_bytes.")
+      .def_property_readonly(
+          "leaf_buffer_ids", [](const Program& p) { return p.leaf_buffers; },
+          "Buffer ids of the leaves ranks hold at the start of a step.")
+      .def_property_readonly(
+          "parameter_ids", [](const Program& p) { return p.parameters; },
+          "Parameter name -> its leaf buffer's id.")
+      .def_property_readonly(
+          "gradient_ids", [](const Program& p) { return p.gradients; },
+          "Parameter name -> its gradient's buffer id.")
+      .def_property_readonly(
+          "loss_id", [](const Program& p) { return p.loss; }, "The loss's buffer id (-1: none).")
       .def_property_readonly(
           "ranks",
           [](const Program& p) {

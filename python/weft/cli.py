@@ -49,6 +49,24 @@ def _plan(args) -> int:
     return 0
 
 
+def _calibrate(args) -> int:
+    from .calibration import calibrate
+
+    cluster = _cluster(args.cluster, 1) if args.cluster else None
+    dtypes = [t.strip() for t in args.dtypes.split(",") if t.strip()] if args.dtypes else None
+    report = calibrate(device=args.device, nproc=args.nproc, dtypes=dtypes, cluster=cluster, quick=args.quick,
+                       threads=args.threads)
+    print(report.summary())
+    with open(args.out, "w") as f:  # the Calibration JSON only: weft.Calibration.from_json loads it
+        f.write(report.to_json() + "\n")
+    print(f"calibration written to {args.out}")
+    if args.report:
+        with open(args.report, "w") as f:
+            f.write(report.report_json() + "\n")
+        print(f"measurements written to {args.report}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="weft", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -69,6 +87,16 @@ def main(argv: list[str] | None = None) -> int:
     pp.add_argument("--no-megatron", action="store_true", help="skip the Megatron-style baseline")
     pp.add_argument("--progress", action="store_true", help="show a progress bar")
     pp.add_argument("--json", default=None, help="write the plan as JSON to this file")
+    cp = sub.add_parser("calibrate", help="time matmuls, memory-bound ops and collectives here; write a calibration")
+    cp.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    cp.add_argument("--nproc", type=int, default=2, help="local processes for the collectives (1 = none)")
+    cp.add_argument("--quick", action="store_true", help="small shapes, short timings")
+    cp.add_argument("--out", default="calibration.json", help="the calibration JSON (weft.Calibration)")
+    cp.add_argument("--report", default=None, help="also write the measurements and fits as JSON to this file")
+    cp.add_argument("--cluster", default=None,
+                    help="preset whose link α/β the measured ones are scaled against (alpha_scale, beta_scale)")
+    cp.add_argument("--dtypes", default=None, help="matmul dtypes, e.g. f32,bf16 (default: per device)")
+    cp.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     args = parser.parse_args(argv)
     if args.cmd == "version":
         from . import __version__
@@ -86,6 +114,12 @@ def main(argv: list[str] | None = None) -> int:
             print("weft plan: interrupted", file=sys.stderr, flush=True)
             sys.stdout.flush()
             os._exit(130)
+    elif args.cmd == "calibrate":
+        try:
+            return _calibrate(args)
+        except (ValueError, TypeError, ImportError) as e:
+            print(f"weft calibrate: {e}", file=sys.stderr)
+            return 2
     return 0
 
 

@@ -37,7 +37,8 @@ class ExecutionResult:
     the last step / of the last step). Per rank (empty for the reference): ``bytes_sent`` and
     ``bytes_received`` (collective kind -> bytes, resharding edges; "send": cross-stage transfers), ``internal_bytes_sent``
     (collectives inside an op, e.g. vocab-parallel statistics), ``peak_bytes`` (largest live
-    buffer bytes in f64 storage), ``rank_seconds``. ``seconds``: wall time of the run.
+    buffer bytes in f64 storage; weft.run: in the run's dtype), ``rank_seconds``, ``step_seconds`` (weft.run:
+    per rank, the wall time of each step). ``seconds``: wall time of the run.
     """
 
     losses: List[float]
@@ -49,6 +50,7 @@ class ExecutionResult:
     peak_bytes: List[int] = field(default_factory=list)
     seconds: float = 0.0
     rank_seconds: List[float] = field(default_factory=list)
+    step_seconds: List[List[float]] = field(default_factory=list)  # per rank, per step (weft.run)
 
     @property
     def total_bytes_sent(self) -> int:

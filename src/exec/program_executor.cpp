@@ -17,12 +17,10 @@
 
 #include "weft/core/error.hpp"
 #include "weft/exec/init.hpp"
+#include "weft/exec/program_layout.hpp"
 #include "weft/ir/kernels.hpp"
 #include "weft/lower/lower.hpp"
-#include "weft/pipeline/hetero.hpp"
-#include "weft/plan/rebatch.hpp"
 #include "weft/sharding/sharding_spec.hpp"
-#include "weft/sharding/tile.hpp"
 
 namespace weft::exec {
 
@@ -71,53 +69,10 @@ void for_each_index(const std::vector<std::int64_t>& shape, F&& f) {
   }
 }
 
-// The tile of a buffer on one rank: global indices per dim and the map back.
-struct TileIndex {
-  std::vector<std::int64_t> local_shape;
-  std::vector<std::vector<std::int64_t>> global;  // per dim: local -> global
-  std::vector<std::vector<std::int64_t>> local;   // per dim: global -> local or -1
-  int partial_index = 0, partial_count = 1;
-  std::vector<std::int64_t> strides;  // row-major strides of local_shape
-};
-
-// Rank's tile at `coord`; with split fractions (an uneven split on a 1-D mesh) a sharded dim holds
-// this position's proportional piece instead of the even block.
-TileIndex make_tile(const sharding::ShardingSpec& spec, const std::vector<std::int64_t>& coord,
-                    const std::vector<double>& fraction = {}) {
-  auto tile = sharding::tile_of(spec, coord);
-  TileIndex t;
-  t.local_shape = tile.local_shape();
-  t.partial_index = tile.partial_index;
-  t.partial_count = tile.partial_count;
-  std::vector<int> uneven_dim(static_cast<std::size_t>(spec.rank()), 0);
-  if (!fraction.empty())
-    for (const auto& p : spec.per_axis())
-      if (p.kind == sharding::Placement::Shard) {
-        WEFT_CHECK(spec.mesh_ndim() == 1 && spec.is_block(),
-                   "an uneven split needs block shards on a 1-D mesh, the spec is {}", spec.to_string());
-        uneven_dim[static_cast<std::size_t>(p.dim)] = 1;
-      }
-  for (int d = 0; d < spec.rank(); ++d) {
-    if (uneven_dim[static_cast<std::size_t>(d)]) {
-      const auto pieces =
-          pipeline::proportional_pieces(spec.tensor_shape()[static_cast<std::size_t>(d)], fraction);
-      std::int64_t begin = 0;
-      for (std::int64_t q = 0; q < coord.at(0); ++q) begin += pieces[static_cast<std::size_t>(q)];
-      std::vector<std::int64_t> idx(static_cast<std::size_t>(pieces[static_cast<std::size_t>(coord[0])]));
-      std::iota(idx.begin(), idx.end(), begin);
-      t.local_shape[static_cast<std::size_t>(d)] = static_cast<std::int64_t>(idx.size());
-      t.global.push_back(std::move(idx));
-    } else {
-      t.global.push_back(tile.indices(d));
-    }
-    std::vector<std::int64_t> loc(static_cast<std::size_t>(spec.tensor_shape()[static_cast<std::size_t>(d)]),
-                                  -1);
-    for (std::size_t i = 0; i < t.global.back().size(); ++i)
-      loc[static_cast<std::size_t>(t.global.back()[i])] = static_cast<std::int64_t>(i);
-    t.local.push_back(std::move(loc));
-  }
-  t.strides = strides_of(t.local_shape);
-  return t;
+// The program after its static check (the layout reads its buffers and stages).
+const Program& checked(const Program& p) {
+  lower::check(p);
+  return p;
 }
 
 // A rendezvous per collective instance, keyed by (group, how many collectives this group ran).
@@ -128,59 +83,17 @@ struct Slot {
 
 class Executor {
  public:
-  Executor(const Program& p, const ExecuteOptions& opt) : p_(p), opt_(opt), init_(p.graph, opt.seed) {
-    lower::check(p);
+  Executor(const Program& p, const ExecuteOptions& opt)
+      : p_(p), opt_(opt), init_(p.graph, opt.seed), layout_(checked(p)) {
     WEFT_CHECK(opt.dtype == DType::F64 || opt.dtype == DType::F32,
                "execute: dtype must be f64 or f32, got {}", dtype_name(opt.dtype));
     WEFT_CHECK(opt.steps >= 1, "execute: steps must be >= 1, got {}", opt.steps);
     const int nr = p.num_ranks();
-    // Parsed specs and tiles, per buffer and rank (rank r's tile at its coordinate).
-    for (const auto& b : p.buffers) {
-      const auto& mesh = p.stages.at(static_cast<std::size_t>(b.stage)).shape;
-      specs_.push_back(sharding::ShardingSpec::parse(b.spec, b.shape, mesh));
-    }
-    // Uneven data parallelism: each replica runs the program's graph at its own share.
-    rank_graph_.assign(static_cast<std::size_t>(nr), &p.graph);
-    share_.assign(static_cast<std::size_t>(nr), 0);
-    for (int r = 0; r < nr; ++r) {
-      const auto& rp = p.ranks[static_cast<std::size_t>(r)];
-      const auto& st = p.stages[static_cast<std::size_t>(rp.stage)];
-      if (st.replica_microbatch.empty()) continue;
-      const std::int64_t replica = st.replicas > 1 ? rp.coord.at(0) : 0;
-      WEFT_CHECK(replica < static_cast<std::int64_t>(st.replica_microbatch.size()),
-                 "execute: stage {} has {} replica shares, rank {} is replica {}", rp.stage,
-                 st.replica_microbatch.size(), r, replica);
-      const std::int64_t b = st.replica_microbatch[static_cast<std::size_t>(replica)];
-      share_[static_cast<std::size_t>(r)] = b;
-      if (b == st.microbatch_size) continue;
-      auto it = graphs_.find(b);
-      if (it == graphs_.end()) it = graphs_.emplace(b, plan::rebatch(p.graph, b)).first;
-      rank_graph_[static_cast<std::size_t>(r)] = &it->second;
-    }
-    // Every tile up front: the threads read each other's tiles, so none is made lazily. A replica
-    // with its own graph holds the buffer's spec over its own shape.
-    tiles_.assign(p.buffers.size(), std::vector<std::optional<TileIndex>>(static_cast<std::size_t>(nr)));
-    for (std::size_t b = 0; b < p.buffers.size(); ++b)
-      for (int r = 0; r < nr; ++r) {
-        const auto& rp = p.ranks[static_cast<std::size_t>(r)];
-        if (rp.stage != p.buffers[b].stage) continue;
-        const ir::Graph& g = *rank_graph_[static_cast<std::size_t>(r)];
-        const auto& buf = p.buffers[b];
-        ir::Shape shape = buf.shape;
-        const auto& st = p.stages[static_cast<std::size_t>(rp.stage)];
-        if (buf.tensor >= 0)
-          shape = g.tensor(buf.tensor).shape;
-        else if (&g != &p.graph && !shape.empty() && shape[0] == st.microbatch_size)  // per-sample statistics
-          shape[0] = share_[static_cast<std::size_t>(r)];
-        tiles_[b][static_cast<std::size_t>(r)] = make_tile(
-            shape == buf.shape ? specs_[b] : sharding::ShardingSpec::parse(buf.spec, shape, st.shape),
-            rp.coord, st.split_fraction);
-      }
     for (const auto& [name, v] : opt.inputs) {
       auto t = p.graph.find_tensor(name);
       WEFT_CHECK(t && p.graph.tensor(*t).role == ir::Role::Input && p.graph.tensor(*t).producer == ir::kNoOp,
                  "execute: inputs['{}'] is not an input of the graph", name);
-      const auto want = global_shape(*t);
+      const auto want = layout_.global_input_shape(*t);
       WEFT_CHECK(v.shape == want && static_cast<std::int64_t>(v.data.size()) == v.numel(),
                  "execute: inputs['{}'] has shape {}, the input has {} (the global batch)", name, v.shape,
                  want);
@@ -232,35 +145,14 @@ class Executor {
   }
 
  private:
-  // The global-batch shape of an Input leaf (the program's graph holds one micro-batch).
-  ir::Shape global_shape(ir::TensorId t) const {
-    ir::Shape s = p_.graph.tensor(t).shape;
-    const auto& st = p_.stages.front();
-    if (!s.empty() && st.microbatch_size > 0 && s[0] == st.microbatch_size)
-      s[0] = samples_per_microbatch(st) * st.microbatches;
-    return s;
-  }
-  // Samples of one micro-batch over all replicas.
-  static std::int64_t samples_per_microbatch(const lower::StageMesh& st) {
-    std::int64_t n = 0;
-    for (auto b : st.replica_microbatch) n += b;
-    return st.replica_microbatch.empty() ? st.microbatch_size * st.replicas : n;
-  }
-
-  const TileIndex& tile(int buffer, int rank) {
-    const auto& t = tiles_[static_cast<std::size_t>(buffer)][static_cast<std::size_t>(rank)];
-    WEFT_CHECK(t.has_value(), "buffer '{}' lives on stage {}, not on rank {}'s",
-               p_.buffers[static_cast<std::size_t>(buffer)].name,
-               p_.buffers[static_cast<std::size_t>(buffer)].stage, rank);
-    return *t;
-  }
+  const TileIndex& tile(int buffer, int rank) const { return layout_.tile(buffer, rank); }
 
   // The global value of a buffer: each element from a rank that holds it, summed (or maxed) over
   // the distinct partial terms.
   template <typename Get>
   HostTensor assemble_from(int b, Get get) {
     const auto& buf = p_.buffers[static_cast<std::size_t>(b)];
-    const auto& spec = specs_[static_cast<std::size_t>(b)];
+    const auto& spec = layout_.spec(b);
     const bool is_max = spec.reduce_kind() && *spec.reduce_kind() == sharding::ReduceKind::Max;
     HostTensor out{buf.shape, {}};
     out.data.assign(static_cast<std::size_t>(out.numel()), 0.0);
@@ -369,7 +261,7 @@ class Executor {
   void fill(int r, int b, int step, std::int64_t offset) {
     const auto& buf = p_.buffers[static_cast<std::size_t>(b)];
     const TileIndex& t = tile(b, r);
-    const auto gst = strides_of(global_shape(buf.tensor));
+    const auto gst = strides_of(layout_.global_input_shape(buf.tensor));
     auto in = inputs_.find(buf.tensor);
     HostTensor v{t.local_shape, {}};
     v.data.resize(static_cast<std::size_t>(v.numel()));
@@ -384,48 +276,12 @@ class Executor {
     write(r, b, std::move(v));
   }
 
-  ir::KernelContext context(int r, const Instr& i, int step) {
-    const ir::Graph& graph = *rank_graph_[static_cast<std::size_t>(r)];
-    const ir::Op& op = graph.op(i.op);
-    ir::KernelContext ctx;
-    for (int b : i.out) ctx.out_shapes.push_back(tile(b, r).local_shape);
-    ctx.adam_step = step;
-    auto global_shape = [&](ir::TensorId t) -> const ir::Shape& { return graph.tensor(t).shape; };
-    switch (op.kind) {
-      case ir::OpKind::Reduce: {
-        double n = 1;
-        const auto& s = global_shape(op.inputs[0]);
-        for (int a : op.attrs.axes)
-          n *= static_cast<double>(s[static_cast<std::size_t>(a < 0 ? a + static_cast<int>(s.size()) : a)]);
-        ctx.mean_count = n;
-        break;
-      }
-      case ir::OpKind::Embedding:
-        ctx.vocab_index = tile(i.in[0], r).global[0];
-        ctx.vocab_size = global_shape(op.inputs[0])[0];
-        break;
-      case ir::OpKind::EmbeddingGrad:
-        ctx.vocab_index = tile(i.out[0], r).global[0];
-        ctx.vocab_size = global_shape(op.outputs[0])[0];
-        break;
-      case ir::OpKind::CrossEntropy:
-      case ir::OpKind::CrossEntropyGrad: {
-        const auto& lg = global_shape(op.inputs[0]);
-        const auto& t = tile(i.in[0], r);
-        ctx.vocab_index = t.global.back();
-        ctx.vocab_size = lg.back();
-        double n = 1;
-        for (std::size_t d = 0; d + 1 < lg.size(); ++d) n *= static_cast<double>(lg[d]);
-        ctx.tokens = n;
-        break;
-      }
-      default: break;
-    }
-    return ctx;
+  ir::KernelContext context(int r, const Instr& i, int step) const {
+    return layout_.kernel_context(r, i, step);
   }
 
   void run_instr(int r, int pc, const Instr& i, int step) {
-    const ir::Graph& graph = *rank_graph_[static_cast<std::size_t>(r)];
+    const ir::Graph& graph = layout_.graph_of(r);
     const ir::Op* op = i.op >= 0 ? &graph.op(i.op) : nullptr;
     std::vector<const HostTensor*> in;
     if (i.kind != InstrKind::Free && !lower::is_collective(i.kind))
@@ -446,14 +302,10 @@ class Executor {
       case InstrKind::CeSumTarget:
         write(r, i.out[0], ir::ce_row_sum_target(*op, *in[0], *in[1], *in[2], context(r, i, step)));
         return;
-      case InstrKind::CeLoss: {
-        bool contribute = true;
-        for (int a : i.axes)
-          contribute =
-              contribute && p_.ranks[static_cast<std::size_t>(r)].coord[static_cast<std::size_t>(a)] == 0;
-        write(r, i.out[0], ir::ce_loss(*in[2], *in[3], context(r, i, step).tokens, contribute));
+      case InstrKind::CeLoss:
+        write(r, i.out[0],
+              ir::ce_loss(*in[2], *in[3], context(r, i, step).tokens, layout_.contributes(r, i)));
         return;
-      }
       case InstrKind::CeGrad:
         write(r, i.out[0], ir::ce_grad(*op, *in[0], *in[1], *in[2], *in[3], *in[4], context(r, i, step)));
         return;
@@ -462,24 +314,7 @@ class Executor {
         write(r, i.out[0], std::move(v));
         return;
       }
-      case InstrKind::LoadInput: {
-        const auto& rp = p_.ranks[static_cast<std::size_t>(r)];
-        const auto& st = p_.stages[static_cast<std::size_t>(rp.stage)];
-        const std::int64_t replica = st.replicas > 1 ? rp.coord.at(0) : 0;
-        const auto& info = p_.graph.tensor(p_.buffers[static_cast<std::size_t>(i.out[0])].tensor);
-        std::int64_t before = replica * st.microbatch_size;  // samples of this micro-batch's earlier replicas
-        if (!st.replica_microbatch.empty()) {
-          before = 0;
-          for (std::int64_t q = 0; q < replica; ++q)
-            before += st.replica_microbatch[static_cast<std::size_t>(q)];
-        }
-        const std::int64_t offset =
-            info.rank() >= 1 && info.shape[0] == st.microbatch_size
-                ? static_cast<std::int64_t>(i.microbatch) * samples_per_microbatch(st) + before
-                : 0;
-        fill(r, i.out[0], step, offset);
-        return;
-      }
+      case InstrKind::LoadInput: fill(r, i.out[0], step, layout_.load_offset(r, i)); return;
       case InstrKind::Accumulate: {
         HostTensor v = *in[0];
         WEFT_CHECK(v.data.size() == in[1]->data.size(), "accumulate: sizes differ");
@@ -489,13 +324,7 @@ class Executor {
       }
       case InstrKind::Scale: {
         HostTensor v = *in[0];
-        double f = i.scale;
-        if (i.by_share) {  // this replica's share of the samples
-          const auto& st = p_.stages[static_cast<std::size_t>(p_.ranks[static_cast<std::size_t>(r)].stage)];
-          WEFT_CHECK(!st.replica_microbatch.empty(), "a scale by share on a stage without replica shares");
-          f *= static_cast<double>(share_[static_cast<std::size_t>(r)]) /
-               static_cast<double>(samples_per_microbatch(st));
-        }
+        const double f = layout_.scale_factor(r, i);
         for (auto& x : v.data) x *= f;
         write(r, i.out[0], std::move(v));
         return;
@@ -699,15 +528,11 @@ class Executor {
   const Program& p_;
   const ExecuteOptions& opt_;
   LeafValues init_;
-  std::vector<sharding::ShardingSpec> specs_;
-  std::vector<std::vector<std::optional<TileIndex>>> tiles_;  // per buffer and rank of its stage
+  ProgramLayout layout_;
   std::map<ir::TensorId, const HostTensor*> inputs_;
   std::vector<std::vector<std::optional<HostTensor>>> values_;
   std::vector<RankStats> stats_;
   std::vector<std::vector<std::vector<int>>> axis_groups_;  // per rank and stage-mesh axis
-  std::map<std::int64_t, ir::Graph> graphs_;                // uneven shares: the graph at each other share
-  std::vector<const ir::Graph*> rank_graph_;                // per rank: the graph it computes
-  std::vector<std::int64_t> share_;                         // per rank: its replica's samples (uneven shares)
   std::vector<std::map<std::tuple<int, std::string, bool>, std::int64_t>> recv_from_;
   std::vector<std::vector<HostTensor>> losses_;
   std::mutex mu_;

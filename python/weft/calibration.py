@@ -1,0 +1,1005 @@
+"""Calibration: measure this machine and write the constants of weft's cost model.
+
+``weft.calibrate()`` (and ``weft calibrate``) times, on the device it runs on (CPU, or one GPU):
+
+- matmuls of several shapes (square, and transformer-like skinny ones) in each dtype
+  -> achieved FLOP/s -> ``compute_efficiency`` (a fraction of the device's peak per dtype);
+- memory-bound ops (add, gelu, layer_norm, softmax) on large tensors -> achieved bytes/s
+  -> ``memory_efficiency``; the same ops on tiny tensors -> the fixed cost per op,
+  ``kernel_overhead_s``;
+- collectives between ``nproc`` local processes (all-reduce, all-gather, reduce-scatter where the
+  backend has it, send/recv) over message sizes from small to large -> a least-squares α (s) and
+  β (s/byte) of the link -> ``alpha_scale`` / ``beta_scale`` against a cluster model's link.
+
+The result is a :class:`CalibrationReport`: the raw tables, the fits, and ``.calibration``, a
+``weft.Calibration`` built through ``Calibration.from_json`` (so it is valid by construction).
+See docs/modules/calibrate.md for the definitions, and the CPU caveat (a CPU has no datasheet
+peak: its efficiencies are relative to the best measured matmul / memory op).
+
+torch is imported inside the functions: ``import weft`` works without it.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import socket
+import statistics
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Iterable, Optional, Sequence
+
+__all__ = ["calibrate", "CalibrationReport", "MatmulTiming", "MemoryOpTiming", "OverheadTiming",
+           "CollectiveTiming", "AlphaBetaFit", "fit_alpha_beta", "collective_coefficients", "match_device_kind"]
+
+# weft dtype name -> torch dtype attribute name.
+_TORCH_DTYPES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16", "f64": "float64"}
+_DEVICES = ("auto", "cpu", "cuda")
+_BACKENDS = ("gloo", "nccl", "mpi")
+_MEMORY_OPS = ("add", "gelu", "layer_norm", "softmax")
+_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
+# Memory-bound ops run in f32: memory_efficiency is per device kind, not per dtype.
+_MEMORY_DTYPE = "f32"
+_ROW = 1024  # last dimension of the layer_norm / softmax inputs (a hidden size)
+_WARMUP_CALLS = 3  # per collective and size: the first calls of a new size set up buffers / channels
+
+
+# ---------------------------------------------------------------------------------------------
+# Measurement tables
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class MatmulTiming:
+    """One matmul (M×K) @ (K×N): median seconds per call and the achieved FLOP/s (2·M·K·N / s)."""
+    m: int
+    k: int
+    n: int
+    dtype: str
+    seconds: float
+    flops: float
+    flops_per_s: float
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return (self.m, self.k, self.n)
+
+
+@dataclass(frozen=True)
+class MemoryOpTiming:
+    """One memory-bound op on a large tensor. ``bytes`` is the minimal traffic (each input read
+    once, each output written once) — the same count the cost model uses for an op's bytes."""
+    op: str
+    dtype: str
+    numel: int
+    bytes: float
+    seconds: float
+    bytes_per_s: float
+
+
+@dataclass(frozen=True)
+class OverheadTiming:
+    """One op on a tiny tensor: its time is the fixed cost per op (dispatch / kernel launch)."""
+    op: str
+    numel: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class CollectiveTiming:
+    """One collective between ``nproc`` processes: the slowest rank's median seconds per call.
+    ``bytes`` follows the cost model: all_reduce the buffer, all_gather the bytes after (all
+    ranks' parts), reduce_scatter the bytes before, send_recv the message."""
+    collective: str
+    impl: str  # the torch.distributed call that ran (e.g. all_gather_into_tensor)
+    bytes: int
+    seconds: float
+    nproc: int
+
+
+def collective_coefficients(collective: str, nproc: int) -> tuple[float, float]:
+    """(c_α, c_β) with time = c_α·α + c_β·bytes·β on a flat ring of ``nproc`` (the cost model's forms,
+    weft/cluster/alpha_beta.hpp); send_recv is one hop between two processes."""
+    n = nproc
+    if collective == "all_reduce":
+        return 2.0 * (n - 1), 2.0 * (n - 1) / n
+    if collective in ("all_gather", "reduce_scatter"):
+        return float(n - 1), (n - 1) / n
+    if collective == "send_recv":
+        return 1.0, 1.0
+    raise ValueError(f"unknown collective {collective!r} (known: {', '.join(_COLLECTIVES)})")
+
+
+@dataclass(frozen=True)
+class AlphaBetaFit:
+    """α (s, per hop) and β (s/byte, per hop) of a link, fitted to collective timings.
+    ``max_rel_error``: the worst |predicted − measured| / measured over the fitted points."""
+    alpha: float
+    beta: float
+    points: int
+    max_rel_error: float
+
+    def predict(self, collective: str, nbytes: float, nproc: int) -> float:
+        ca, cb = collective_coefficients(collective, nproc)
+        return ca * self.alpha + cb * nbytes * self.beta
+
+    @property
+    def bandwidth(self) -> float:
+        """1/β in bytes/s (inf when β fitted to 0)."""
+        return 1.0 / self.beta if self.beta > 0 else math.inf
+
+
+def fit_alpha_beta(timings: Sequence[CollectiveTiming]) -> AlphaBetaFit:
+    """Least squares for one link's α, β over timings of one or several collectives.
+
+    Each timing gives t ≈ c_α·α + c_β·B·β (collective_coefficients). The residuals are relative
+    (divided by t): the sizes span orders of magnitude and a plain fit would ignore the small
+    messages, where α is visible. α, β are kept >= 0 (a negative one is dropped and the other
+    refitted alone)."""
+    import numpy as np
+
+    if not timings:
+        raise ValueError("fit_alpha_beta needs at least one timing")
+    rows, t = [], []
+    for x in timings:
+        ca, cb = collective_coefficients(x.collective, x.nproc)
+        rows.append((ca, cb * x.bytes))
+        t.append(x.seconds)
+    A = np.asarray(rows, dtype=float)
+    t = np.asarray(t, dtype=float)
+    if np.any(t <= 0):
+        raise ValueError("fit_alpha_beta: timings must be > 0 seconds")
+    Aw, tw = A / t[:, None], t / t  # relative residuals: (A·x − t) / t
+
+    def solve(cols: list[int]) -> np.ndarray:
+        x = np.zeros(2)
+        if cols:
+            x[cols] = np.linalg.lstsq(Aw[:, cols], tw, rcond=None)[0]
+        return x
+
+    x = solve([0, 1])
+    if x[0] < 0 or x[1] < 0:  # the non-negative optimum lies on an edge: best of the two edges
+        edges = [solve([0]), solve([1])]
+        edges = [e for e in edges if e.min() >= 0]
+        x = min(edges, key=lambda e: float(np.sum((Aw @ e - tw) ** 2))) if edges else np.zeros(2)
+    rel = np.abs(A @ x - t) / t
+    return AlphaBetaFit(alpha=float(x[0]), beta=float(x[1]), points=len(t), max_rel_error=float(rel.max()))
+
+
+# ---------------------------------------------------------------------------------------------
+# The report
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class CalibrationReport:
+    """Everything one calibration measured and derived.
+
+    ``to_json()`` is the Calibration JSON (what ``weft calibrate --out`` writes; loadable by
+    ``weft.Calibration.from_json``, which rejects unknown keys). ``report_json()`` adds the raw
+    measurements, fits and device description under separate keys (``weft calibrate --report``).
+    """
+    device: str                       # "cpu" or "cuda"
+    device_name: str                  # CPU model / GPU name
+    device_kind: str                  # the kind the efficiencies are filed under
+    peak_source: str                  # "datasheet" (a DeviceSpec's peaks) or "measured" (best timings)
+    reference_peak_flops: dict        # dtype -> FLOP/s the compute efficiencies are relative to
+    reference_memory_bandwidth: float  # bytes/s the memory efficiency is relative to
+    measured_peak_flops: dict         # dtype -> best achieved FLOP/s
+    measured_memory_bandwidth: float  # best achieved bytes/s
+    memory_bytes: float               # device (GPU) or host (CPU) memory, bytes
+    threads: int                      # torch intra-op threads (CPU)
+    torch_version: str
+    quick: bool
+    seed: int
+    matmuls: list = field(default_factory=list)       # MatmulTiming
+    memory_ops: list = field(default_factory=list)    # MemoryOpTiming
+    overheads: list = field(default_factory=list)     # OverheadTiming
+    collectives: list = field(default_factory=list)   # CollectiveTiming
+    nproc: int = 1
+    backend: Optional[str] = None
+    collective_fits: dict = field(default_factory=dict)  # collective -> AlphaBetaFit (link α, β)
+    link_fit: Optional[AlphaBetaFit] = None           # one α, β over all collectives
+    reference_link: Optional[tuple] = None            # (α, β) of the cluster's axis, if a cluster was given
+    reference_cluster: Optional[str] = None
+    compute_efficiency: dict = field(default_factory=dict)  # dtype -> efficiency (for device_kind)
+    default_compute_efficiency: float = 1.0
+    memory_efficiency: float = 1.0
+    kernel_overhead_s: float = 0.0
+    alpha_scale: float = 1.0
+    beta_scale: float = 1.0
+    elapsed_s: float = 0.0
+    load_average: Optional[float] = None  # 1-minute load average at the start (None where unknown)
+    notes: list = field(default_factory=list)
+
+    # -- outputs -------------------------------------------------------------------------------
+    def calibration_dict(self) -> dict:
+        """The Calibration JSON as a dict (keys of src/cost/calibration.cpp only)."""
+        ce = {"default": _sig(self.default_compute_efficiency)}
+        if self.compute_efficiency:
+            ce[self.device_kind] = {t: _sig(e) for t, e in self.compute_efficiency.items()}
+        return {
+            "compute_efficiency": ce,
+            "memory_efficiency": {"default": _sig(self.memory_efficiency),
+                                  self.device_kind: _sig(self.memory_efficiency)},
+            "kernel_overhead_s": _sig(self.kernel_overhead_s),
+            "alpha_scale": _sig(self.alpha_scale),
+            "beta_scale": _sig(self.beta_scale),
+        }
+
+    def to_json(self) -> str:
+        """The Calibration JSON: loadable by ``weft.Calibration.from_json``."""
+        return json.dumps(self.calibration_dict(), indent=2)
+
+    @property
+    def calibration(self):
+        """A ``weft.Calibration`` (via ``from_json``, so it passes the C++ validation)."""
+        from ._weft import Calibration
+
+        return Calibration.from_json(self.to_json())
+
+    def report_json(self) -> str:
+        """The calibration plus the raw measurements, fits and device description."""
+        fits = {k: asdict(v) for k, v in self.collective_fits.items()}
+        doc = {
+            "calibration": self.calibration_dict(),
+            "device": {"device": self.device, "name": self.device_name, "kind": self.device_kind,
+                       "peak_source": self.peak_source, "reference_peak_flops": self.reference_peak_flops,
+                       "reference_memory_bandwidth": self.reference_memory_bandwidth,
+                       "measured_peak_flops": self.measured_peak_flops,
+                       "measured_memory_bandwidth": self.measured_memory_bandwidth,
+                       "memory_bytes": self.memory_bytes, "threads": self.threads,
+                       "torch": self.torch_version},
+            "measurements": {"matmul": [asdict(x) for x in self.matmuls],
+                             "memory": [asdict(x) for x in self.memory_ops],
+                             "overhead": [asdict(x) for x in self.overheads],
+                             "collectives": [asdict(x) for x in self.collectives]},
+            "fits": {"collectives": fits, "link": asdict(self.link_fit) if self.link_fit else None,
+                     "reference_link": (None if self.reference_link is None else
+                                        {"cluster": self.reference_cluster, "alpha": self.reference_link[0],
+                                         "beta": self.reference_link[1]})},
+            "run": {"quick": self.quick, "seed": self.seed, "nproc": self.nproc, "backend": self.backend,
+                    "elapsed_s": self.elapsed_s, "load_average": self.load_average},
+            "notes": list(self.notes),
+        }
+        return json.dumps(doc, indent=2)
+
+    def measured_device_spec(self):
+        """A ``weft.DeviceSpec`` with the measured peaks and bandwidth (best timings), under
+        ``device_kind``. On a CPU this is the spec that, with this calibration, reproduces the
+        measured typical matmul / memory-op speed in the planner's roofline."""
+        from ._weft import DeviceSpec
+
+        return DeviceSpec(self.device_kind, dict(self.measured_peak_flops), float(self.memory_bytes),
+                          float(self.measured_memory_bandwidth))
+
+    def summary(self) -> str:
+        lines = [f"weft calibrate: {self.device} — {self.device_name} "
+                 f"({'threads ' + str(self.threads) + ', ' if self.device == 'cpu' else ''}torch {self.torch_version}"
+                 f"{', quick' if self.quick else ''}, {self.elapsed_s:.1f} s)",
+                 f"  efficiencies filed under kind {self.device_kind!r}; peaks: {self.peak_source}"]
+        if self.matmuls:
+            lines.append("matmul (median seconds per call):")
+            lines.append(f"  {'dtype':<5} {'M x K x N':<20} {'time':>10} {'TFLOP/s':>9} {'of peak':>8}")
+            for x in self.matmuls:
+                ref = self.reference_peak_flops.get(x.dtype)
+                eff = f"{x.flops_per_s / ref:8.2f}" if ref else f"{'-':>8}"
+                lines.append(f"  {x.dtype:<5} {f'{x.m}x{x.k}x{x.n}':<20} {_fmt_s(x.seconds):>10} "
+                             f"{x.flops_per_s / 1e12:9.3f} {eff}")
+        if self.memory_ops:
+            lines.append(f"memory-bound ops ({_MEMORY_DTYPE}):")
+            lines.append(f"  {'op':<11} {'MB moved':>9} {'time':>10} {'GB/s':>8} {'of ref':>7}")
+            for x in self.memory_ops:
+                lines.append(f"  {x.op:<11} {x.bytes / 1e6:9.1f} {_fmt_s(x.seconds):>10} {x.bytes_per_s / 1e9:8.2f} "
+                             f"{x.bytes_per_s / self.reference_memory_bandwidth:7.2f}")
+        if self.overheads:
+            per = ", ".join(f"{x.op} {_fmt_s(x.seconds)}" for x in self.overheads)
+            lines.append(f"per-op overhead (tiny tensors): {per}")
+        if self.collectives:
+            lines.append(f"collectives ({self.backend}, {self.nproc} processes; median of the slowest rank):")
+            lines.append(f"  {'collective':<15} {'bytes':>10} {'time':>10} {'GB/s':>8}")
+            for x in self.collectives:
+                lines.append(f"  {x.collective:<15} {_fmt_bytes(x.bytes):>10} {_fmt_s(x.seconds):>10} "
+                             f"{x.bytes / x.seconds / 1e9:8.3f}")
+            for name, f in self.collective_fits.items():
+                lines.append(f"  fit {name:<15} α = {_fmt_s(f.alpha)}, β = {f.beta * 1e9:.4g} ns/B "
+                             f"({_fmt_bw(f.bandwidth)}), worst point off by {f.max_rel_error:.0%}")
+            if self.link_fit:
+                f = self.link_fit
+                lines.append(f"  link (all collectives) α = {_fmt_s(f.alpha)}, β = {f.beta * 1e9:.4g} ns/B "
+                             f"({_fmt_bw(f.bandwidth)}), worst point off by {f.max_rel_error:.0%}")
+            if self.reference_link:
+                a, b = self.reference_link
+                lines.append(f"  reference link of {self.reference_cluster}: α = {_fmt_s(a)}, "
+                             f"β = {b * 1e9:.4g} ns/B ({_fmt_bw(1 / b if b > 0 else math.inf)})")
+        ce = ", ".join(f"{t} {e:.3f}" for t, e in self.compute_efficiency.items())
+        lines.append("calibration:")
+        lines.append(f"  compute_efficiency  {ce} (default {self.default_compute_efficiency:.3f})")
+        lines.append(f"  memory_efficiency   {self.memory_efficiency:.3f}")
+        lines.append(f"  kernel_overhead_s   {self.kernel_overhead_s:.3g}")
+        lines.append(f"  alpha_scale {self.alpha_scale:.4g}, beta_scale {self.beta_scale:.4g}")
+        for n in self.notes:
+            lines.append(f"note: {n}")
+        return "\n".join(lines)
+
+
+def _sig(x: float) -> float:
+    """Six significant digits: the JSON stays readable; the measurements are not that precise."""
+    return float(f"{x:.6g}")
+
+
+def _fmt_s(s: float) -> str:
+    if s >= 1:
+        return f"{s:.3f} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.3f} ms"
+    return f"{s * 1e6:.2f} us"
+
+
+def _fmt_bytes(b: float) -> str:
+    for unit, f in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if b >= f:
+            return f"{b / f:g} {unit}"
+    return f"{int(b)} B"
+
+
+def _fmt_bw(bps: float) -> str:
+    return "inf" if math.isinf(bps) else f"{bps / 1e9:.3g} GB/s"
+
+
+# ---------------------------------------------------------------------------------------------
+# Timing
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Budget:
+    """How long to spend on one measurement. A sample runs the op `inner` times back to back (so
+    microsecond ops are timed over >= sample_s); the median of the samples is the result."""
+    per_measurement_s: float
+    sample_s: float
+    min_samples: int = 3
+    max_samples: int = 25
+    max_inner: int = 1000
+
+
+_QUICK = _Budget(per_measurement_s=0.04, sample_s=0.001)
+_FULL = _Budget(per_measurement_s=0.4, sample_s=0.005, min_samples=5, max_samples=50)
+
+
+def _median_seconds(fn: Callable[[], object], sync: Callable[[], None], budget: _Budget) -> float:
+    """Median seconds per call of ``fn`` after a warm-up (allocations, kernel selection, caches)."""
+    fn()
+    sync()
+    t0 = time.perf_counter()
+    fn()
+    sync()
+    once = max(time.perf_counter() - t0, 1e-9)
+    inner = max(1, min(budget.max_inner, int(budget.sample_s / once)))
+    samples = max(budget.min_samples, min(budget.max_samples, int(budget.per_measurement_s / (once * inner))))
+    times = []
+    for _ in range(samples):
+        t0 = time.perf_counter()
+        for _ in range(inner):
+            fn()
+        sync()
+        times.append((time.perf_counter() - t0) / inner)
+    return statistics.median(times)
+
+
+def _matmul_shapes(device: str, quick: bool) -> list[tuple[int, int, int]]:
+    """(M, K, N): squares (each 2× the last side, so 8× the FLOPs) and transformer-like shapes with
+    M = tokens, K/N = hidden and 4·hidden (MLP up and down projections); the MLP-up shape also with
+    twice the tokens (2× the FLOPs)."""
+    if device == "cuda":
+        if quick:
+            return [(1024, 1024, 1024), (2048, 2048, 2048), (4096, 1024, 4096), (8192, 1024, 4096),
+                    (4096, 4096, 1024)]
+        return [(2048, 2048, 2048), (4096, 4096, 4096), (8192, 8192, 8192),
+                (8192, 4096, 16384), (16384, 4096, 16384), (8192, 16384, 4096), (8192, 4096, 4096)]
+    if quick:
+        return [(256, 256, 256), (512, 512, 512), (1024, 256, 1024), (2048, 256, 1024), (1024, 1024, 256)]
+    return [(512, 512, 512), (1024, 1024, 1024), (2048, 2048, 2048),
+            (4096, 1024, 4096), (8192, 1024, 4096), (4096, 4096, 1024), (4096, 1024, 1024)]
+
+
+def _memory_numel(device: str, quick: bool) -> int:
+    """Elements of the large tensors: well beyond the last-level cache (a CPU's is tens of MB)."""
+    if device == "cuda":
+        return (32 if quick else 256) * 1024 * 1024
+    return (4 if quick else 32) * 1024 * 1024
+
+
+def _collective_sizes(device: str, quick: bool) -> list[int]:
+    """Message bytes, ×4 apart from 1 KiB (latency-bound) to MiBs (bandwidth-bound)."""
+    top = {("cpu", True): 4 << 20, ("cpu", False): 64 << 20,
+           ("cuda", True): 64 << 20, ("cuda", False): 1 << 30}[(device, quick)]
+    sizes, b = [], 1 << 10
+    while b <= top:
+        sizes.append(b)
+        b *= 4 if quick else 2
+    return sizes
+
+
+def _measure_matmuls(torch, dev, dtypes, shapes, sync, budget, gen) -> list[MatmulTiming]:
+    out = []
+    for t in dtypes:
+        td = getattr(torch, _TORCH_DTYPES[t])
+        for m, k, n in shapes:
+            a = torch.randn(m, k, generator=gen).to(device=dev, dtype=td)
+            b = torch.randn(k, n, generator=gen).to(device=dev, dtype=td)
+            c = torch.empty(m, n, device=dev, dtype=td)  # out=: no allocation inside the timing
+            s = _median_seconds(lambda: torch.matmul(a, b, out=c), sync, budget)
+            flops = 2.0 * m * k * n
+            out.append(MatmulTiming(m, k, n, t, s, flops, flops / s))
+            del a, b, c
+    return out
+
+
+def _memory_op_calls(torch, x, y, z):
+    """op -> (call, tensors moved: bytes = tensors × numel × element size). Outputs are preallocated (out=):
+    a fresh multi-MB CPU allocation per call would time page faults, not memory bandwidth."""
+    F = torch.nn.functional
+    aten = torch.ops.aten
+    rows = x.numel() // _ROW
+    x2, z2 = x.view(rows, _ROW), z.view(rows, _ROW)
+    w = torch.ones(_ROW, device=x.device, dtype=x.dtype)
+    bias = torch.zeros(_ROW, device=x.device, dtype=x.dtype)
+    mean = torch.empty(rows, 1, device=x.device, dtype=x.dtype)
+    rstd = torch.empty(rows, 1, device=x.device, dtype=x.dtype)
+
+    def with_fallback(out_call, alloc_call):
+        try:
+            out_call()
+            return out_call
+        except (AttributeError, RuntimeError, TypeError):
+            return alloc_call
+
+    return {
+        "add": (lambda: torch.add(x, y, out=z), 3),
+        "gelu": (with_fallback(lambda: aten.gelu.out(x, out=z), lambda: F.gelu(x)), 2),
+        "layer_norm": (with_fallback(
+            lambda: aten.native_layer_norm.out(x2, (_ROW,), w, bias, 1e-5, out0=z2, out1=mean, out2=rstd),
+            lambda: F.layer_norm(x2, (_ROW,), w, bias)), 2),
+        "softmax": (with_fallback(lambda: aten._softmax.out(x2, -1, False, out=z2),
+                                  lambda: torch.softmax(x2, -1)), 2),
+    }
+
+
+def _measure_memory_ops(torch, dev, numel, sync, budget, gen) -> list[MemoryOpTiming]:
+    td = getattr(torch, _TORCH_DTYPES[_MEMORY_DTYPE])
+    numel = max(_ROW, numel // _ROW * _ROW)
+    x = torch.randn(numel, generator=gen).to(device=dev, dtype=td)
+    y = torch.randn(numel, generator=gen).to(device=dev, dtype=td)
+    z = torch.empty(numel, device=dev, dtype=td)
+    size = x.element_size()
+    out = []
+    for op, (call, tensors) in _memory_op_calls(torch, x, y, z).items():
+        s = _median_seconds(call, sync, budget)
+        nbytes = float(tensors * numel * size)
+        out.append(MemoryOpTiming(op, _MEMORY_DTYPE, numel, nbytes, s, nbytes / s))
+    return out
+
+
+def _measure_overheads(torch, dev, sync, budget, gen) -> list[OverheadTiming]:
+    # One row of _ROW elements: the same ops as above with nothing to move; what is left is the
+    # per-op cost the roofline adds as kernel_overhead_s (dispatch on CPU, launch on GPU; a sample
+    # runs many back to back, as a training step does, so a GPU launch is not serialized with a sync).
+    td = getattr(torch, _TORCH_DTYPES[_MEMORY_DTYPE])
+    x = torch.randn(_ROW, generator=gen).to(device=dev, dtype=td)
+    y = torch.randn(_ROW, generator=gen).to(device=dev, dtype=td)
+    z = torch.empty(_ROW, device=dev, dtype=td)
+    tiny = _Budget(per_measurement_s=budget.per_measurement_s, sample_s=max(budget.sample_s, 0.002),
+                   min_samples=budget.min_samples, max_samples=budget.max_samples, max_inner=2000)
+    return [OverheadTiming(op, _ROW, _median_seconds(call, sync, tiny))
+            for op, (call, _) in _memory_op_calls(torch, x, y, z).items()]
+
+
+# ---------------------------------------------------------------------------------------------
+# Collectives between local processes
+# ---------------------------------------------------------------------------------------------
+
+def _free_port() -> int:
+    """A TCP port free right now on 127.0.0.1 (the OS picks it for a socket bound to port 0)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _collective_calls(torch, dist, name, nbytes, nproc, rank, dev) -> list:
+    """[(impl, call)] for one collective of ``nbytes`` (the cost model's byte convention), in order of
+    preference: the single-tensor forms first (their names differ across torch versions), the list
+    forms as the fallback for a backend that lacks them. ``call`` is None where this rank has no part
+    (send_recv beyond ranks 0 and 1)."""
+    numel = _collective_numel(nbytes, nproc)
+    out = []
+    if name == "all_reduce":
+        buf = torch.ones(numel, device=dev)
+        out.append(("all_reduce", lambda: dist.all_reduce(buf)))
+    elif name == "all_gather":
+        part = torch.ones(numel // nproc, device=dev)
+        full = torch.empty(numel, device=dev)
+        for impl in ("all_gather_single", "all_gather_into_tensor"):
+            if hasattr(dist, impl):
+                out.append((impl, lambda f=getattr(dist, impl): f(full, part)))
+                break
+        parts = list(full.chunk(nproc))
+        out.append(("all_gather", lambda: dist.all_gather(parts, part)))
+    elif name == "reduce_scatter":
+        full = torch.ones(numel, device=dev)
+        part = torch.empty(numel // nproc, device=dev)
+        for impl in ("reduce_scatter_single", "reduce_scatter_tensor"):
+            if hasattr(dist, impl):
+                out.append((impl, lambda f=getattr(dist, impl): f(part, full)))
+                break
+        parts = list(full.chunk(nproc))
+        out.append(("reduce_scatter", lambda: dist.reduce_scatter(part, parts)))
+    elif name == "send_recv":
+        # Ping-pong between ranks 0 and 1: a call is one round trip, two one-way messages; the
+        # timing loop halves it (see _collective_worker).
+        buf = torch.ones(numel, device=dev)
+        if rank == 0:
+            out.append(("send/recv", lambda: (dist.send(buf, 1), dist.recv(buf, 1))))
+        elif rank == 1:
+            out.append(("send/recv", lambda: (dist.recv(buf, 0), dist.send(buf, 0))))
+        else:
+            out.append(("send/recv", None))
+    else:
+        raise ValueError(f"unknown collective {name!r}")
+    return out
+
+
+def _collective_numel(nbytes: int, nproc: int) -> int:
+    """f32 elements for a message of about ``nbytes``, divisible among the ranks."""
+    return max(nproc, nbytes // 4 // nproc * nproc)
+
+
+def _collective_worker(rank: int, nproc: int, backend: str, init_method: str, device: str, sizes: list,
+                       budget: _Budget, timeout_s: float, threads: int, result_path: str) -> None:
+    """One process of the collective benchmark (spawned; module-level so that it pickles by name).
+    Every rank runs the same number of calls: the counts come from a MAX all-reduce of a first
+    timing, never from a rank's own clock. Rank 0 writes the rows as JSON to ``result_path``."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(threads)
+    if device == "cuda":
+        torch.cuda.set_device(rank)
+        dev = torch.device("cuda", rank)
+        sync = torch.cuda.synchronize
+    else:
+        dev = torch.device("cpu")
+        sync = lambda: None  # noqa: E731 (gloo calls return when done)
+    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=nproc,
+                            timeout=timedelta(seconds=timeout_s))
+    # NCCL's barrier is an all-reduce on a GPU: name this rank's, or it guesses.
+    barrier = (lambda: dist.barrier(device_ids=[rank])) if backend == "nccl" else dist.barrier
+
+    def agree_max(x: float) -> float:
+        v = torch.tensor([x], dtype=torch.float64 if device == "cpu" else torch.float32, device=dev)
+        dist.all_reduce(v, op=dist.ReduceOp.MAX)
+        return float(v.item())
+
+    rows, skipped = [], {}
+    try:
+        for name in _COLLECTIVES:
+            if name == "send_recv" and nproc < 2:
+                continue
+            for nbytes in sizes:
+                impl, call = None, None
+                for cand_impl, cand_call in _collective_calls(torch, dist, name, nbytes, nproc, rank, dev):
+                    run = cand_call or (lambda: None)
+                    failed = 0.0
+                    try:  # warm-up (connections, buffers) and the support check: an unsupported
+                        for _ in range(_WARMUP_CALLS):  # call raises on every rank alike
+                            run()
+                        sync()
+                    except (RuntimeError, NotImplementedError, ValueError) as e:
+                        failed = 1.0
+                        skipped[name] = f"{cand_impl}: {str(e).strip().splitlines()[0][:160]}"
+                    if not agree_max(failed):
+                        impl, call = cand_impl, cand_call
+                        break
+                if impl is None:
+                    break  # no form of this collective works on this backend
+                skipped.pop(name, None)
+                run = call or (lambda: None)
+                t0 = time.perf_counter()
+                run()
+                sync()
+                once = max(agree_max(time.perf_counter() - t0), 1e-9)
+                inner = max(1, min(budget.max_inner, int(budget.sample_s / once)))
+                samples = max(budget.min_samples,
+                              min(budget.max_samples, int(budget.per_measurement_s / (once * inner))))
+                times = []
+                for _ in range(samples):
+                    barrier()
+                    t0 = time.perf_counter()
+                    for _ in range(inner):
+                        run()
+                    sync()
+                    times.append((time.perf_counter() - t0) / inner)
+                seconds = agree_max(statistics.median(times) if call else 0.0)
+                if name == "send_recv":
+                    seconds /= 2  # a round trip is two one-way messages
+                rows.append({"collective": name, "impl": impl, "bytes": _collective_numel(nbytes, nproc) * 4,
+                             "seconds": seconds, "nproc": 2 if name == "send_recv" else nproc})
+        if rank == 0:
+            with open(result_path, "w") as f:
+                json.dump({"rows": rows, "skipped": skipped}, f)
+    finally:
+        dist.destroy_process_group()
+
+
+def _run_collectives(device: str, nproc: int, backend: str, sizes: list, budget: _Budget,
+                     timeout_s: float) -> tuple[list[CollectiveTiming], list[str]]:
+    """Spawns ``nproc`` processes, runs the collective benchmark in them, and returns the rows and
+    notes. Never hangs: the processes get ``timeout_s`` in all (their process group the same
+    timeout), after which they are killed and the collectives reported as missing."""
+    import torch.multiprocessing as mp
+
+    notes: list[str] = []
+    threads = max(1, (os.cpu_count() or 1) // nproc)
+    with tempfile.TemporaryDirectory(prefix="weft-calibrate-") as tmp:
+        result_path = os.path.join(tmp, "collectives.json")
+        init_method = f"tcp://127.0.0.1:{_free_port()}"
+        ctx = mp.start_processes(_collective_worker, nprocs=nproc, join=False, start_method="spawn",
+                                 args=(nproc, backend, init_method, device, sizes, budget, timeout_s, threads,
+                                       result_path))
+        deadline = time.monotonic() + timeout_s
+        try:
+            while not ctx.join(timeout=max(0.05, min(1.0, deadline - time.monotonic()))):
+                if time.monotonic() > deadline:
+                    notes.append(f"collectives timed out after {timeout_s:g} s: skipped")
+                    break
+        except Exception as e:  # a worker raised or died: report, keep the other measurements
+            msg = str(e).strip().splitlines()
+            notes.append(f"collectives failed ({type(e).__name__}: {msg[-1][:200] if msg else ''}): skipped")
+        finally:
+            for p in ctx.processes:  # the workers this call started, and only those
+                if p.is_alive():
+                    p.kill()
+                    p.join(5)
+        if not os.path.exists(result_path):
+            if not notes:
+                notes.append("collectives produced no result: skipped")
+            return [], notes
+        with open(result_path) as f:
+            doc = json.load(f)
+    rows = [CollectiveTiming(**r) for r in doc["rows"]]
+    for name, why in doc["skipped"].items():
+        notes.append(f"{name} not measured: the {backend} backend refused it ({why})")
+    return rows, notes
+
+
+# ---------------------------------------------------------------------------------------------
+# Device identification and reference peaks
+# ---------------------------------------------------------------------------------------------
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def _host_memory_bytes() -> float:
+    try:
+        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return 1.0
+
+
+def _load_average() -> Optional[float]:
+    try:
+        return os.getloadavg()[0]
+    except (OSError, AttributeError):  # not on every platform
+        return None
+
+
+def _tokens(text: str) -> list[str]:
+    out, cur = [], ""
+    for ch in text.upper():
+        if ch.isalnum():
+            cur += ch
+        elif cur:
+            out.append(cur)
+            cur = ""
+    return out + ([cur] if cur else [])
+
+
+def _form_factor(tokens: Iterable[str]) -> Optional[str]:
+    for t in tokens:
+        for ff in ("SXM", "PCIE", "NVL"):
+            if t.startswith(ff):
+                return ff
+    return None
+
+
+def match_device_kind(gpu_name: str, gpu_memory_bytes: float, specs: Iterable) -> Optional[object]:
+    """The DeviceSpec among ``specs`` that describes a GPU called ``gpu_name``, or None.
+
+    Conservative, because a wrong match gives wrong efficiencies: the kind's family (its first
+    token, "H100" in "H100-SXM5-80GB") must be a word of the name, a form factor named by both
+    (SXM / PCIe / NVL) must agree, and the memory sizes must be within 15 %. An H200, an H100 PCIe
+    or an A100 40GB matches none of the presets: their efficiencies are then relative to measured
+    peaks (pass ``device_spec=`` for their datasheet)."""
+    name_tokens = _tokens(gpu_name)
+    best = None
+    for spec in specs:
+        kind_tokens = _tokens(spec.kind)
+        if not kind_tokens or kind_tokens[0] not in name_tokens:
+            continue
+        ff_name, ff_kind = _form_factor(name_tokens), _form_factor(kind_tokens)
+        if ff_name and ff_kind and ff_name != ff_kind:
+            continue
+        if gpu_memory_bytes > 0 and spec.memory_bytes > 0 and \
+                abs(gpu_memory_bytes - spec.memory_bytes) > 0.15 * spec.memory_bytes:
+            continue
+        score = sum(t in name_tokens for t in kind_tokens)
+        if best is None or score > best[0]:
+            best = (score, spec)
+    return best[1] if best else None
+
+
+def _candidate_specs(cluster) -> list:
+    """Device specs to match a GPU against: the given cluster's first, then every preset's."""
+    from ._weft import Cluster
+
+    specs = []
+    if cluster is not None:
+        specs += [n.device for n in cluster.nodes]
+    for name in Cluster.preset_names():
+        specs.append(Cluster.preset(name).nodes[0].device)
+    return specs
+
+
+# ---------------------------------------------------------------------------------------------
+# Argument checks
+# ---------------------------------------------------------------------------------------------
+
+def _check_args(device, nproc, backend, dtypes, device_spec, cluster, seed, collectives, timeout_s):
+    from ._weft import Cluster, DeviceSpec
+
+    if not isinstance(device, str) or device not in _DEVICES:
+        raise ValueError(f"calibrate: device must be one of {', '.join(map(repr, _DEVICES))} (got {device!r})")
+    if isinstance(nproc, bool) or not isinstance(nproc, int):
+        raise TypeError(f"calibrate: nproc must be an int (got {type(nproc).__name__})")
+    if nproc < 1:
+        raise ValueError(f"calibrate: nproc must be >= 1 (got {nproc}); nproc=1 skips the collectives")
+    if backend is not None and backend not in _BACKENDS:
+        raise ValueError(f"calibrate: backend must be None (gloo on CPU, nccl on CUDA) or one of "
+                         f"{', '.join(_BACKENDS)} (got {backend!r})")
+    if dtypes is not None:
+        if isinstance(dtypes, str):
+            dtypes = (dtypes,)
+        dtypes = tuple(dtypes)
+        if not dtypes:
+            raise ValueError("calibrate: dtypes is empty (give at least one of f32, bf16, f16, f64)")
+        for t in dtypes:
+            if t not in _TORCH_DTYPES:
+                raise ValueError(f"calibrate: unknown dtype {t!r} (known: {', '.join(_TORCH_DTYPES)})")
+        if len(set(dtypes)) != len(dtypes):
+            raise ValueError(f"calibrate: dtypes has duplicates: {dtypes}")
+    if device_spec is not None and not isinstance(device_spec, DeviceSpec):
+        raise TypeError(f"calibrate: device_spec must be a weft.DeviceSpec (got {type(device_spec).__name__})")
+    if cluster is not None and not isinstance(cluster, Cluster):
+        raise TypeError(f"calibrate: cluster must be a weft.Cluster (got {type(cluster).__name__})")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"calibrate: seed must be an int (got {type(seed).__name__})")
+    if timeout_s is not None and not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
+        raise ValueError(f"calibrate: timeout_s must be > 0 seconds (got {timeout_s!r})")
+    if cluster is not None and collectives and nproc > 1 and cluster.num_devices < nproc:
+        raise ValueError(f"calibrate: the cluster has {cluster.num_devices} devices, fewer than nproc={nproc}; "
+                         f"its link for {nproc} processes is undefined")
+    return dtypes
+
+
+def _import_torch():
+    try:
+        import torch
+    except ImportError as e:
+        raise ImportError("weft.calibrate needs PyTorch (pip install torch); the rest of weft does not") from e
+    return torch
+
+
+# ---------------------------------------------------------------------------------------------
+# Entry point
+# ---------------------------------------------------------------------------------------------
+
+def calibrate(device: str = "auto", nproc: int = 2, backend: Optional[str] = None,
+              dtypes: Optional[Sequence[str]] = None, device_spec=None, cluster=None, quick: bool = False,
+              seed: int = 0, collectives: bool = True, timeout_s: Optional[float] = None,
+              threads: Optional[int] = None) -> CalibrationReport:
+    """Measures this machine and returns a :class:`CalibrationReport` (``.calibration`` is the
+    ``weft.Calibration``; ``.to_json()`` its JSON).
+
+    device: "auto" (CUDA when torch sees a GPU, else CPU), "cpu" or "cuda" (GPU 0).
+    nproc: local processes for the collectives (1, or ``collectives=False``, skips them; on CUDA
+        at most the number of GPUs).
+    backend: torch.distributed backend; None = gloo on CPU, nccl on CUDA.
+    dtypes: matmul dtypes; None = f32, bf16, f64 on CPU and f32, bf16, f16 on CUDA.
+    device_spec: a ``weft.DeviceSpec`` whose datasheet peaks the efficiencies are relative to; None =
+        on CUDA the GPU's name matched to ``cluster``'s / the presets' kinds, on CPU (or no match) the
+        best measured matmul per dtype and the best memory op (see docs/modules/calibrate.md).
+    cluster: a ``weft.Cluster``; when given, alpha_scale / beta_scale are the measured α / β over the
+        α / β of the cluster's link for a 1-D mesh of ``nproc`` devices (devices 0..nproc-1);
+        without one they are 1.0 and the raw α, β are in the report.
+    quick: small shapes and short timings (seconds on a CPU) instead of the full run.
+    seed: seeds the random inputs.
+    timeout_s: the collectives' time limit (default 60 s quick, 600 s full).
+    threads: torch intra-op threads for the CPU measurements (None = torch's current setting; restored
+        afterwards). The collective processes share the cores: each gets cores / nproc threads.
+    """
+    dtypes = _check_args(device, nproc, backend, dtypes, device_spec, cluster, seed, collectives, timeout_s)
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise ValueError(f"calibrate: threads must be None or an int >= 1 (got {threads!r})")
+    torch = _import_torch()
+    previous_threads = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        return _calibrate(torch, device, nproc, backend, dtypes, device_spec, cluster, quick, seed, collectives,
+                          timeout_s)
+    finally:
+        torch.set_num_threads(previous_threads)
+
+
+def _calibrate(torch, device, nproc, backend, dtypes, device_spec, cluster, quick, seed, collectives,
+               timeout_s) -> CalibrationReport:
+    started = time.perf_counter()
+    notes: list[str] = []
+    load = _load_average()
+    cores = os.cpu_count() or 1
+    if load is not None and load > 0.5 * cores:
+        # Other work on the cores stalls the threads of a parallel kernel (and the collective
+        # processes): the timings then measure the machine's load as much as the device.
+        notes.append(f"the machine was busy (load average {load:.1f} on {cores} cores): the timings include "
+                     "contention; calibrate on an idle machine for the planner")
+
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("calibrate: device='cuda' but torch sees no CUDA GPU (torch.cuda.is_available() is False)")
+    if dtypes is None:
+        dtypes = ("f32", "bf16", "f16") if device == "cuda" else ("f32", "bf16", "f64")
+    if backend is None:
+        backend = "nccl" if device == "cuda" else "gloo"
+    if backend == "nccl" and device != "cuda":
+        raise ValueError("calibrate: the nccl backend needs device='cuda' (use gloo on CPU)")
+
+    budget = _QUICK if quick else _FULL
+    gen = torch.Generator().manual_seed(seed)  # inputs are made on the CPU, then moved: same values everywhere
+    if device == "cuda":
+        dev = torch.device("cuda", 0)
+        sync = torch.cuda.synchronize
+        props = torch.cuda.get_device_properties(0)
+        device_name, memory_bytes, threads = torch.cuda.get_device_name(0), float(props.total_memory), 1
+    else:
+        dev = torch.device("cpu")
+        sync = lambda: None  # noqa: E731 (CPU ops return when done)
+        device_name, memory_bytes, threads = _cpu_name(), _host_memory_bytes(), torch.get_num_threads()
+    if device == "cuda" and "f32" in dtypes and torch.get_float32_matmul_precision() != "highest":
+        notes.append(f"torch float32 matmul precision is {torch.get_float32_matmul_precision()!r} (TF32): "
+                     "f32 efficiencies against the FP32 datasheet peak can exceed 1")
+
+    # -- compute and memory ------------------------------------------------------------------
+    matmuls = _measure_matmuls(torch, dev, dtypes, _matmul_shapes(device, quick), sync, budget, gen)
+    memory_ops = _measure_memory_ops(torch, dev, _memory_numel(device, quick), sync, budget, gen)
+    overheads = _measure_overheads(torch, dev, sync, budget, gen)
+    if device == "cuda":
+        torch.cuda.empty_cache()
+
+    measured_peak = {t: max(x.flops_per_s for x in matmuls if x.dtype == t) for t in dtypes}
+    measured_bw = max(x.bytes_per_s for x in memory_ops)
+
+    # -- reference peaks: a datasheet where we know the device, else the best measurement ---------
+    spec = device_spec
+    if spec is None and device == "cuda":
+        spec = match_device_kind(device_name, memory_bytes, _candidate_specs(cluster))
+        if spec is None:
+            notes.append(f"GPU {device_name!r} matches no known device kind (pass device_spec= for its "
+                         "datasheet): efficiencies are relative to the best measurement")
+    if spec is not None:
+        kind, peak_source = spec.kind, "datasheet"
+        reference_peak = {t: spec.peak_flops[t] for t in dtypes if t in spec.peak_flops}
+        for t in dtypes:
+            if t not in reference_peak:
+                notes.append(f"{spec.kind} has no datasheet peak for {t}: no compute efficiency for it")
+        reference_bw = spec.memory_bandwidth
+    else:
+        kind = f"{'cpu' if device == 'cpu' else 'cuda'}:{device_name}"
+        peak_source = "measured"
+        reference_peak, reference_bw = dict(measured_peak), measured_bw
+        if device == "cpu":
+            notes.append("a CPU has no datasheet peak: compute efficiencies are relative to the best measured "
+                         "matmul per dtype, the memory efficiency to the best memory op; use "
+                         "report.measured_device_spec() as the device with this calibration")
+
+    # Efficiency = the typical (median over shapes / ops) achieved speed over the reference peak.
+    compute_eff = {t: statistics.median(x.flops_per_s for x in matmuls if x.dtype == t) / reference_peak[t]
+                   for t in dtypes if t in reference_peak}
+    memory_eff = statistics.median(x.bytes_per_s for x in memory_ops) / reference_bw
+    default_compute_eff = statistics.median(compute_eff.values()) if compute_eff else 1.0
+    kernel_overhead = statistics.median(x.seconds for x in overheads)
+
+    report = CalibrationReport(
+        device=device, device_name=device_name, device_kind=kind, peak_source=peak_source,
+        reference_peak_flops=reference_peak, reference_memory_bandwidth=reference_bw,
+        measured_peak_flops=measured_peak, measured_memory_bandwidth=measured_bw, memory_bytes=memory_bytes,
+        threads=threads, torch_version=torch.__version__.split("+")[0], quick=quick, seed=seed,
+        matmuls=matmuls, memory_ops=memory_ops, overheads=overheads, compute_efficiency=compute_eff,
+        default_compute_efficiency=default_compute_eff, memory_efficiency=memory_eff,
+        kernel_overhead_s=kernel_overhead, load_average=load, notes=notes)
+
+    # -- collectives ---------------------------------------------------------------------------
+    if collectives and nproc > 1:
+        _calibrate_collectives(report, torch, device, nproc, backend, cluster, quick, budget, timeout_s)
+    elif nproc == 1:
+        notes.append("nproc=1: no collectives measured (alpha_scale = beta_scale = 1)")
+    else:
+        notes.append("collectives=False: no collectives measured (alpha_scale = beta_scale = 1)")
+
+    report.elapsed_s = time.perf_counter() - started
+    report.calibration  # noqa: B018 (validates through Calibration.from_json; raises if it cannot load)
+    return report
+
+
+def _calibrate_collectives(report: CalibrationReport, torch, device, nproc, backend, cluster, quick, budget,
+                           timeout_s) -> None:
+    import torch.distributed as dist
+
+    notes = report.notes
+    if not dist.is_available():
+        notes.append("torch.distributed is not available in this torch build: no collectives measured")
+        return
+    if device == "cuda":
+        gpus = torch.cuda.device_count()
+        if gpus < 2:
+            notes.append(f"{gpus} GPU: collectives need >= 2 GPUs (one per process); none measured")
+            return
+        if gpus < nproc:
+            notes.append(f"nproc={nproc} > {gpus} GPUs: collectives between {gpus} processes")
+            nproc = gpus
+    available = getattr(dist, f"is_{backend}_available", None)
+    if available is not None and not available():
+        notes.append(f"the {backend} backend is not available in this torch build: no collectives measured")
+        return
+    if timeout_s is None:
+        timeout_s = 60.0 if quick else 600.0
+    rows, more = _run_collectives(device, nproc, backend, _collective_sizes(device, quick), budget, timeout_s)
+    notes += more
+    report.nproc, report.backend, report.collectives = nproc, backend, rows
+    if not rows:
+        return
+    for name in _COLLECTIVES:
+        mine = [x for x in rows if x.collective == name]
+        if len(mine) >= 2:
+            report.collective_fits[name] = fit_alpha_beta(mine)
+    report.link_fit = fit_alpha_beta(rows)
+    alpha, beta = report.link_fit.alpha, report.link_fit.beta
+    if cluster is None:
+        notes.append("no cluster given: alpha_scale = beta_scale = 1; the fitted link α, β are in the report")
+        return
+    from ._weft import DeviceMesh
+
+    link = DeviceMesh.iota([nproc]).axis_links(cluster)[0]
+    report.reference_link = (link.alpha, link.beta)
+    report.reference_cluster = repr(cluster)
+    # The scales must be > 0 for Calibration: a coefficient fitted to 0 (no visible latency, say)
+    # is floored at 1e-3 of the cluster's, with a note.
+    for attr, measured, model in (("alpha_scale", alpha, link.alpha), ("beta_scale", beta, link.beta)):
+        if model <= 0:
+            notes.append(f"{attr}: the cluster's link has {attr.split('_')[0]} 0; the scale stays 1")
+            continue
+        scale = measured / model
+        if scale < 1e-3:
+            notes.append(f"{attr}: measured {measured:.3g} is < 1e-3 of the cluster's {model:.3g}; floored")
+            scale = 1e-3
+        setattr(report, attr, scale)
+

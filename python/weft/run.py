@@ -1,0 +1,99 @@
+"""Run a plan under torchrun, one process per rank (across nodes as torchrun does):
+
+    torchrun --nproc-per-node 4 -m weft.run plan.json --model step.json --cluster cluster.json \\
+        [--steps 3] [--backend gloo|nccl] [--dtype f32] [--seed 0] [--out result.npz]
+
+``plan.json``: a lowered program (``Program.to_json``), or a plan (``Plan.to_json``) that every rank
+lowers with ``--model`` (a graph JSON, or a zoo preset name) and ``--cluster`` (a cluster JSON, or a
+preset spec such as ``p3.8xlarge`` / ``M8:2``). Rank 0 prints the losses and per-rank step times and
+writes ``--out`` (losses, parameters, gradients, step_seconds). A failing rank prints its error
+(naming the rank and the instruction) and exits 1; torchrun stops the others.
+
+(Invoked as ``python -m weft.run``; in Python, ``weft.run`` is the function that starts local
+processes itself.)
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import signal
+import sys
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m weft.run", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("plan", help="a program JSON, or a plan JSON (with --model and --cluster)")
+    ap.add_argument("--model", default=None, help="the training graph JSON, or a zoo preset name")
+    ap.add_argument("--cluster", default=None, help="a cluster JSON, or a preset spec (PRESET[:NODES])")
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--backend", default="gloo", choices=["gloo", "nccl"])
+    ap.add_argument("--dtype", default="f32", help="f64, f32, bf16, f16, or 'graph' (the graph's dtypes)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--timeout", type=float, default=60.0, help="seconds any wait may take")
+    ap.add_argument("--out", default=None, help="rank 0 writes the result here (.npz)")
+    return ap
+
+
+def save_result(result, path: str) -> None:
+    import numpy as np
+
+    arrays = {"losses": np.asarray(result.losses)}
+    arrays.update({f"param/{k}": v for k, v in result.parameters.items()})
+    arrays.update({f"grad/{k}": v for k, v in result.gradients.items()})
+    if result.step_seconds:
+        arrays["step_seconds"] = np.asarray(result.step_seconds)
+    np.savez(path, **arrays)
+
+
+def describe(result) -> str:
+    lines = ["losses " + " ".join(f"{x:.6f}" for x in result.losses)]
+    for r, s in enumerate(result.step_seconds):
+        lines.append(f"rank {r}: " + " ".join(f"{1e3 * t:.1f}" for t in s) + " ms per step")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    rank = int(os.environ.get("RANK", "-1"))
+    world = int(os.environ.get("WORLD_SIZE", "0"))
+    if rank < 0 or world < 1:
+        print("python -m weft.run: RANK / WORLD_SIZE are not set: launch it with torchrun "
+              "(or use `weft run --nproc N`, which starts the processes itself)", file=sys.stderr)
+        return 2
+    # torchrun stops the other ranks (SIGTERM) when one fails: each still says why it ends.
+    def stopped(signum, frame):
+        print(f"weft.run: rank {rank}: stopped: the launcher ended this rank (another rank failed)",
+              file=sys.stderr, flush=True)
+        os._exit(1)
+
+    signal.signal(signal.SIGTERM, stopped)
+    try:
+        import torch.distributed as dist
+
+        from .runtime import load_program
+        from .runtime.launch import check_options, device_for, run_rank
+
+        dtype = None if args.dtype == "graph" else args.dtype
+        program = load_program(args.plan, args.model, args.cluster)
+        check_options(program, world, args.steps, args.backend, dtype, args.timeout)
+        device = device_for(args.backend, int(os.environ.get("LOCAL_RANK", rank)))
+        dist.init_process_group(args.backend, timeout=datetime.timedelta(seconds=args.timeout))
+        result = run_rank(program, steps=args.steps, seed=args.seed, dtype=dtype, device=device)
+        if result is not None:
+            print(describe(result), flush=True)
+            if args.out:
+                save_result(result, args.out)
+                print(f"result written to {args.out}", flush=True)
+        code = 0
+    except Exception as e:  # noqa: BLE001 - every rank reports its own failure
+        print(f"weft.run: rank {rank}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        code = 1
+    sys.stdout.flush()
+    # Leave at once: tearing down a process group whose peers failed can block.
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

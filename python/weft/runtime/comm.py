@@ -1,0 +1,290 @@
+"""Communication of the torch runtime: process groups per collective group (created once, in the
+same order on every process), the collectives of a lowered program on torch.distributed, and the
+cross-stage transfers.
+
+Every collective is prepared once per instruction (the index maps from the tiles of its group's
+members, tiles.py) and issued asynchronously; its result is finished when an instruction first
+reads the output buffer (so compute between the two overlaps the communication). Kinds:
+
+- all-reduce: ``all_reduce`` in place when every member holds the same elements in the same order
+  (a partial value -> replicated), else the general reduce-exchange below;
+- all-gather: ``all_gather_single`` (``all_gather_into_tensor``) of the padded flat tiles, then each
+  element of the output tile picked from the member that holds it;
+- reduce-scatter: ``reduce_scatter_single`` (``reduce_scatter_tensor``): member m's input chunk j is
+  its terms of member j's output tile;
+- all-to-all: ``all_to_all_single`` with split sizes: member m sends member j the elements of j's
+  output tile that m is the first holder of;
+- reduce-exchange (the general fallback for a reducing collective whose tiles differ):
+  ``all_to_all_single`` of every held term, summed (maxed) by the receiver;
+- send / recv: ``batch_isend_irecv`` of the region's elements to each receiver (non-blocking) and
+  ``irecv`` into the receiver's part of its buffer, matched by the program's message tag.
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from . import tiles as T
+
+_all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter_flat = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+def reduce_op(name: str):
+    return dist.ReduceOp.MAX if name == "max" else dist.ReduceOp.SUM
+
+
+class ProcessGroups:
+    """The process group of every collective group of a program, created once: ``new_group`` is
+    collective over the world, so every process creates all of them in the same (sorted) order."""
+
+    def __init__(self, groups: Sequence[Sequence[int]], timeout=None):
+        self._pg: Dict[Tuple[int, ...], object] = {}
+        for g in groups:
+            key = tuple(int(r) for r in g)
+            if len(key) > 1 and key not in self._pg:
+                self._pg[key] = dist.new_group(list(key), timeout=timeout) if timeout else dist.new_group(list(key))
+
+    def of(self, group: Sequence[int]):
+        key = tuple(int(r) for r in group)
+        if key not in self._pg:
+            raise ValueError(f"no process group for ranks {list(key)} (not a collective group of the program)")
+        return self._pg[key]
+
+    def __len__(self) -> int:
+        return len(self._pg)
+
+
+Finish = Callable[[], torch.Tensor]
+
+
+class Comm:
+    """One rank's communication: prepares each collective / transfer once (cached by its position
+    in the rank's list) and issues it; returns the finisher that yields the output tile."""
+
+    def __init__(self, rank: int, layout, buffers: List[dict], groups: ProcessGroups, device):
+        self.rank = rank
+        self.layout = layout
+        self.buffers = buffers
+        self.groups = groups
+        self.device = device
+        self._prep: Dict[int, tuple] = {}
+        self._flat_cache: Dict[Tuple[int, int], np.ndarray] = {}
+        self.bytes_sent: Dict[str, int] = {}
+        self.sends: List[object] = []  # in-flight send works (waited at the end of a step)
+
+    # -- tile index maps
+
+    def _numel(self, b: int) -> int:
+        return int(np.prod(self.buffers[b]["shape"])) if self.buffers[b]["shape"] else 1
+
+    def flat(self, b: int, r: int) -> np.ndarray:
+        key = (b, r)
+        if key not in self._flat_cache:
+            self._flat_cache[key] = T.flat_global(self.layout.tile(b, r), self.buffers[b]["shape"])
+        return self._flat_cache[key]
+
+    def _count(self, kind: str, n_elements: int, t: torch.Tensor) -> None:
+        self.bytes_sent[kind] = self.bytes_sent.get(kind, 0) + int(n_elements) * t.element_size()
+
+    def _idx(self, a: np.ndarray) -> torch.Tensor:
+        return torch.as_tensor(a, dtype=torch.int64, device=self.device)
+
+    # -- collectives
+
+    def collective(self, ins: dict, x: torch.Tensor, local_shape: Sequence[int]) -> Finish:
+        kind, group = ins["kind"], ins["group"]
+        if len(group) == 1:  # a group of one: the tiles are the same
+            out = x.clone()
+            return lambda: out
+        prep = self._prep.get(ins["pc"])
+        if prep is None:
+            prep = self._prep[ins["pc"]] = self._prepare(ins)
+        pg = self.groups.of(group)
+        return prep[0](ins, x, local_shape, pg, *prep[1:])
+
+    def _prepare(self, ins: dict) -> tuple:
+        kind, group, me = ins["kind"], ins["group"], self.rank
+        src, dst = ins["inputs"][0], ins["outputs"][0]
+        flats = [self.flat(src, m) for m in group]
+        mine = group.index(me)
+        numel = self._numel(src)
+        if kind == "all-reduce":
+            same = all(len(f) == len(flats[mine]) and np.array_equal(f, flats[mine]) for f in flats) and \
+                np.array_equal(self.flat(dst, me), flats[mine])
+            if same:
+                return (self._all_reduce,)
+            return self._prepare_reduce_exchange(ins, flats, numel)
+        if kind == "all-gather":
+            maxn = max(len(f) for f in flats)
+            who, where = T.holder_map(flats, numel)
+            out_flat = self.flat(dst, me)
+            if np.any(who[out_flat] < 0):
+                raise ValueError(f"no rank of group {group} holds element {int(out_flat[who[out_flat] < 0][0])}")
+            sel = who[out_flat] * maxn + where[out_flat]
+            return (self._all_gather, maxn, self._idx(sel))
+        if kind == "reduce-scatter":
+            dsts = [self.flat(dst, m) for m in group]
+            maxn = max(len(f) for f in dsts)
+            pos = T.positions_in(flats[mine], numel)
+            chunks = np.full((len(group), maxn), -1, dtype=np.int64)
+            for j, f in enumerate(dsts):
+                chunks[j, :len(f)] = pos[f]
+            if all(np.all(pos[f] >= 0) for f in dsts):
+                return (self._reduce_scatter, maxn, self._idx(chunks.reshape(-1).clip(min=0)),
+                        self._idx(np.nonzero(chunks.reshape(-1) < 0)[0]), len(dsts[mine]))
+            return self._prepare_reduce_exchange(ins, flats, numel)
+        if kind == "all-to-all":
+            return self._prepare_exchange(ins, flats, numel)
+        raise ValueError(f"not a collective: {kind}")
+
+    def _all_reduce(self, ins, x, local_shape, pg):
+        out = x.clone()
+        work = dist.all_reduce(out, op=reduce_op(ins["reduce"]), group=pg, async_op=True)
+        k = len(ins["group"])
+        self._count(ins["kind"], 2 * (k - 1) * out.numel() // k, out)
+        return _finisher(work, lambda: out)
+
+    def _all_gather(self, ins, x, local_shape, pg, maxn, sel):
+        flat = x.reshape(-1)
+        if flat.numel() < maxn:
+            flat = torch.cat([flat, flat.new_zeros(maxn - flat.numel())])
+        gathered = flat.new_empty(maxn * len(ins["group"]))
+        work = _all_gather_flat(gathered, flat.contiguous(), group=pg, async_op=True)
+        self._count(ins["kind"], (len(ins["group"]) - 1) * x.numel(), x)
+        return _finisher(work, lambda: gathered[sel].reshape(local_shape))
+
+    def _reduce_scatter(self, ins, x, local_shape, pg, maxn, chunks, pad, n_out):
+        inp = x.reshape(-1)[chunks]
+        if pad.numel():
+            inp[pad] = -torch.inf if ins["reduce"] == "max" else 0
+        out = x.new_empty(maxn)
+        work = _reduce_scatter_flat(out, inp.contiguous(), op=reduce_op(ins["reduce"]), group=pg, async_op=True)
+        self._count(ins["kind"], (len(ins["group"]) - 1) * n_out, x)
+        return _finisher(work, lambda: out[:n_out].reshape(local_shape))
+
+    def _prepare_exchange(self, ins, flats, numel):
+        """all-to-all: each element of a member's output tile from its first holder."""
+        group, me = ins["group"], self.rank
+        mine = group.index(me)
+        who, where = T.holder_map(flats, numel)
+        send_idx, send_n = [], []
+        for m in group:
+            f = self.flat(ins["outputs"][0], m)
+            if np.any(who[f] < 0):
+                raise ValueError(f"no rank of group {group} holds element {int(f[who[f] < 0][0])}")
+            take = who[f] == mine
+            send_idx.append(where[f][take])
+            send_n.append(int(take.sum()))
+        out_flat = self.flat(ins["outputs"][0], me)
+        recv_pos, recv_n = [], []
+        for j in range(len(group)):
+            at = np.nonzero(who[out_flat] == j)[0]
+            recv_pos.append(at)
+            recv_n.append(len(at))
+        return (self._exchange, self._idx(np.concatenate(send_idx)), send_n,
+                self._idx(np.concatenate(recv_pos)), recv_n, len(out_flat))
+
+    def _exchange(self, ins, x, local_shape, pg, send_idx, send_n, recv_pos, recv_n, n_out):
+        inp = x.reshape(-1)[send_idx].contiguous()
+        got = x.new_empty(sum(recv_n))
+        work = dist.all_to_all_single(got, inp, recv_n, send_n, group=pg, async_op=True)
+        self._count(ins["kind"], sum(send_n) - send_n[ins["group"].index(self.rank)], x)
+
+        def finish():
+            out = x.new_empty(n_out)
+            out[recv_pos] = got
+            return out.reshape(local_shape)
+
+        return _finisher(work, finish)
+
+    def _prepare_reduce_exchange(self, ins, flats, numel):
+        """A reducing collective in general: every member sends each member all of its terms of that
+        member's output tile; the receiver sums (maxes) them."""
+        group, me = ins["group"], self.rank
+        mine = group.index(me)
+        pos_me = T.positions_in(flats[mine], numel)
+        send_idx, send_n = [], []
+        for m in group:
+            f = self.flat(ins["outputs"][0], m)
+            held = pos_me[f]
+            send_idx.append(held[held >= 0])
+            send_n.append(int((held >= 0).sum()))
+        out_flat = self.flat(ins["outputs"][0], me)
+        recv_pos, recv_n = [], []
+        covered = np.zeros(len(out_flat), dtype=bool)
+        for j in range(len(group)):
+            at = np.nonzero(T.positions_in(flats[j], numel)[out_flat] >= 0)[0]
+            covered[at] = True
+            recv_pos.append(at)
+            recv_n.append(len(at))
+        if not np.all(covered):
+            raise ValueError(f"no rank of group {group} holds element {int(out_flat[~covered][0])}")
+        return (self._reduce_exchange, self._idx(np.concatenate(send_idx)), send_n,
+                self._idx(np.concatenate(recv_pos)), recv_n, len(out_flat))
+
+    def _reduce_exchange(self, ins, x, local_shape, pg, send_idx, send_n, recv_pos, recv_n, n_out):
+        inp = x.reshape(-1)[send_idx].contiguous()
+        got = x.new_empty(sum(recv_n))
+        work = dist.all_to_all_single(got, inp, recv_n, send_n, group=pg, async_op=True)
+        self._count(ins["kind"], sum(send_n) - send_n[ins["group"].index(self.rank)], x)
+        is_max = ins["reduce"] == "max"
+
+        def finish():
+            out = x.new_full((n_out,), -torch.inf) if is_max else x.new_zeros(n_out)
+            out.scatter_reduce_(0, recv_pos, got, reduce="amax" if is_max else "sum", include_self=not is_max)
+            return out.reshape(local_shape)
+
+        return _finisher(work, finish)
+
+    # -- cross-stage transfers
+
+    def send(self, ins: dict, x: torch.Tensor) -> None:
+        key = ins["pc"]
+        if key not in self._prep:
+            self._prep[key] = (self._idx(T.local_offsets(self.layout.tile(ins["inputs"][0], self.rank),
+                                                         ins["region"])),)
+        msg = x.reshape(-1)[self._prep[key][0]].contiguous()
+        ops = [dist.P2POp(dist.isend, msg, int(q), tag=int(ins["tag"])) for q in ins["group"]]
+        self.sends.extend(dist.batch_isend_irecv(ops))
+        self.sends.append(msg)  # alive until the step's end
+        self._count("send", msg.numel() * len(ins["group"]), msg)
+
+    def recv(self, ins: dict, base: Optional[Finish], held: Optional[torch.Tensor], local_shape, dtype) -> Finish:
+        key = ins["pc"]
+        if key not in self._prep:
+            self._prep[key] = (self._idx(T.local_offsets(self.layout.tile(ins["outputs"][0], self.rank),
+                                                         ins["region"])),)
+        at = self._prep[key][0]
+        buf = torch.empty(at.numel(), dtype=dtype, device=self.device)
+        work = dist.irecv(buf, src=int(ins["group"][0]), tag=int(ins["tag"]))
+
+        def finish():
+            prev = base() if base is not None else held
+            out = torch.zeros(local_shape, dtype=dtype, device=self.device) if prev is None else prev.clone()
+            work.wait()
+            out.view(-1)[at] = buf
+            return out
+
+        return finish
+
+    def wait_sends(self) -> None:
+        for w in self.sends:
+            if hasattr(w, "wait"):
+                w.wait()
+        self.sends.clear()
+
+
+def _finisher(work, result: Callable[[], torch.Tensor]) -> Finish:
+    done: List[torch.Tensor] = []
+
+    def finish():
+        if not done:
+            work.wait()
+            done.append(result())
+        return done[0]
+
+    return finish

@@ -1,0 +1,393 @@
+"""The op kernels of the torch runtime: one function per IR op kind, on a rank's local tiles.
+
+The semantics are those of the C++ kernels (include/weft/ir/interpreter.hpp, src/ir/kernels.cpp),
+which the CPU reference executor runs; each function here computes the same thing with torch on
+the tensors' own dtype (f32 accumulation inside matmuls and reductions where torch does it for
+f16 / bf16). A tile needs what a whole tensor does not, and the instruction's ``context`` carries it
+(exec::ProgramLayout::kernel_context): the local result shapes, the GLOBAL normalisers (Reduce
+Mean's count, cross-entropy's token count), and the global index of each local row of a
+vocabulary dim (a vocab-sharded embedding is a masked lookup whose other rows contribute zeros to
+a partial sum).
+
+Vocab-parallel cross-entropy runs as four steps with all-reduces of per-token statistics between
+them (ce_row_max, ce_row_sum_target, ce_loss, ce_grad); the unsharded kernel is the same four steps.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Dict, List, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+
+_GELU_C = math.sqrt(2.0 / math.pi)
+_GELU_A = 0.044715
+
+
+class KernelError(ValueError):
+    """An op the runtime cannot run on these values (an opaque op, an id or label out of range)."""
+
+
+def _axis(a: int, rank: int) -> int:
+    return a + rank if a < 0 else a
+
+
+def _out_shape(ctx: dict, i: int = 0) -> List[int]:
+    return list(ctx["out_shapes"][i])
+
+
+# ---- unary functions and their derivatives (UnaryFn)
+
+def _unary(fn: str, x: torch.Tensor, scalar: float) -> torch.Tensor:
+    if fn == "identity":
+        return x
+    if fn == "neg":
+        return -x
+    if fn == "relu":
+        return torch.relu(x)
+    if fn == "gelu":  # the tanh approximation, as the C++ kernel
+        return F.gelu(x, approximate="tanh")
+    if fn == "tanh":
+        return torch.tanh(x)
+    if fn == "exp":
+        return torch.exp(x)
+    if fn == "log":
+        return torch.log(x)
+    if fn == "sigmoid":
+        return torch.sigmoid(x)
+    if fn == "sqrt":
+        return torch.sqrt(x)
+    if fn == "rsqrt":
+        return torch.rsqrt(x)
+    if fn == "square":
+        return x * x
+    if fn == "scale":
+        return x * scalar
+    raise KernelError(f"unknown unary function {fn!r}")
+
+
+def _unary_derivative(fn: str, x: torch.Tensor, scalar: float) -> torch.Tensor:
+    if fn == "identity":
+        return torch.ones_like(x)
+    if fn == "neg":
+        return -torch.ones_like(x)
+    if fn == "relu":
+        return (x > 0).to(x.dtype)
+    if fn == "gelu":
+        u = _GELU_C * (x + _GELU_A * x * x * x)
+        th = torch.tanh(u)
+        du = _GELU_C * (1 + 3 * _GELU_A * x * x)
+        return 0.5 * (1 + th) + 0.5 * x * (1 - th * th) * du
+    if fn == "tanh":
+        t = torch.tanh(x)
+        return 1 - t * t
+    if fn == "exp":
+        return torch.exp(x)
+    if fn == "log":
+        return 1 / x
+    if fn == "sigmoid":
+        s = torch.sigmoid(x)
+        return s * (1 - s)
+    if fn == "sqrt":
+        return 0.5 / torch.sqrt(x)
+    if fn == "rsqrt":
+        return -0.5 / (x * torch.sqrt(x))
+    if fn == "square":
+        return 2 * x
+    if fn == "scale":
+        return torch.full_like(x, scalar)
+    raise KernelError(f"unknown unary function {fn!r}")
+
+
+# ---- vocabulary rows of a sharded dim
+
+def _vocab_rows(op: dict, ids: torch.Tensor, ctx: dict, n_local: int, what: str):
+    """(local row of each id or -1, mask of the ids held here); ids checked against the global vocabulary."""
+    index = ctx.get("vocab_index")
+    n_global = int(ctx.get("vocab_size") or 0) or n_local
+    ids = ids.to(torch.int64)
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= n_global):
+        bad = ids[(ids < 0) | (ids >= n_global)][0].item()
+        raise KernelError(f"op '{op['name']}': {what} {bad} is not an integer in [0, {n_global})")
+    if index is None:
+        return ids, None
+    lookup = ctx.get("_vocab_lookup")  # cached per instruction by the runtime
+    if lookup is None or lookup.device != ids.device:
+        lookup = torch.full((n_global,), -1, dtype=torch.int64, device=ids.device)
+        lookup[torch.as_tensor(index, dtype=torch.int64, device=ids.device)] = torch.arange(
+            len(index), dtype=torch.int64, device=ids.device)
+        ctx["_vocab_lookup"] = lookup
+    rows = lookup[ids]
+    return rows, rows >= 0
+
+
+# ---- cross-entropy in steps (ir/kernels.hpp)
+
+def ce_row_max(logits: torch.Tensor) -> torch.Tensor:
+    if logits.shape[-1] == 0:
+        return torch.full(logits.shape[:-1], -math.inf, dtype=logits.dtype, device=logits.device)
+    return torch.amax(logits, dim=-1)
+
+
+def ce_row_sum_target(op: dict, logits: torch.Tensor, labels: torch.Tensor, row_max: torch.Tensor,
+                      ctx: dict) -> torch.Tensor:
+    s = torch.exp(logits - row_max.unsqueeze(-1)).sum(dim=-1)
+    rows, held = _vocab_rows(op, labels, ctx, logits.shape[-1], "label")
+    z = torch.gather(logits, -1, rows.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    if held is not None:
+        z = torch.where(held, z, torch.zeros_like(z))
+    return torch.stack([s, z], dim=-1)
+
+
+def ce_loss(row_max: torch.Tensor, sum_target: torch.Tensor, tokens: float, contribute: bool) -> torch.Tensor:
+    if not contribute:
+        return torch.zeros((), dtype=row_max.dtype, device=row_max.device)
+    per = row_max + torch.log(sum_target[..., 0]) - sum_target[..., 1]
+    return per.sum() / tokens
+
+
+def ce_grad(op: dict, logits: torch.Tensor, labels: torch.Tensor, dloss: torch.Tensor, row_max: torch.Tensor,
+            sum_target: torch.Tensor, ctx: dict) -> torch.Tensor:
+    tokens = ctx.get("tokens") or float(row_max.numel())
+    scale = dloss.reshape(()) / tokens
+    p = torch.exp(logits - row_max.unsqueeze(-1)) / sum_target[..., 0].unsqueeze(-1)
+    rows, held = _vocab_rows(op, labels, ctx, logits.shape[-1], "label")
+    onehot = torch.zeros_like(p)
+    src = torch.ones_like(rows, dtype=p.dtype) if held is None else held.to(p.dtype)
+    onehot.scatter_(-1, rows.clamp(min=0).unsqueeze(-1), src.unsqueeze(-1))
+    return scale * (p - onehot)
+
+
+# ---- one function per op kind: (op, inputs, ctx) -> list of outputs
+
+def _einsum(op, x, ctx):
+    return [torch.einsum(op["attrs"]["equation"], *x)]
+
+
+def _unary_op(op, x, ctx):
+    a = op["attrs"]
+    return [_unary(a.get("unary", "identity"), x[0], a.get("scalar", 0.0))]
+
+
+_BINARY = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "max": torch.maximum}
+
+
+def _binary(op, x, ctx):
+    fn = op["attrs"].get("binary", "add")
+    return [_BINARY[fn](x[0], x[1])]
+
+
+def _reduce(op, x, ctx):
+    a = op["attrs"]
+    fn = a.get("reduce", "sum")
+    dims = sorted({_axis(d, x[0].dim()) for d in a.get("axes", [])})
+    if fn == "max":
+        y = torch.amax(x[0], dim=dims) if dims else x[0]
+    else:
+        y = torch.sum(x[0], dim=dims) if dims else x[0]
+        if fn == "mean":
+            count = ctx.get("mean_count") or math.prod(x[0].shape[d] for d in dims)
+            y = y / count
+    return [y.reshape(_out_shape(ctx))]
+
+
+def _softmax(op, x, ctx):
+    return [torch.softmax(x[0], dim=_axis(op["attrs"]["axes"][0], x[0].dim()))]
+
+
+def _softmax_grad(op, x, ctx):
+    y, dy = x
+    ax = _axis(op["attrs"]["axes"][0], y.dim())
+    return [y * (dy - (dy * y).sum(dim=ax, keepdim=True))]
+
+
+def _ln_normalised(x, eps):
+    mu = x.mean(dim=-1, keepdim=True)
+    var = ((x - mu) ** 2).mean(dim=-1, keepdim=True)
+    rstd = torch.rsqrt(var + eps)
+    return (x - mu) * rstd, rstd
+
+
+def _layer_norm(op, x, ctx):
+    eps = op["attrs"].get("scalar", 0.0)
+    return [F.layer_norm(x[0], [x[0].shape[-1]], x[1], x[2], eps)]
+
+
+def _layer_norm_grad(op, x, ctx):
+    xv, gamma, dy = x
+    xh, rstd = _ln_normalised(xv, op["attrs"].get("scalar", 0.0))
+    g = dy * gamma
+    return [rstd * (g - g.mean(dim=-1, keepdim=True) - xh * (g * xh).mean(dim=-1, keepdim=True))]
+
+
+def _layer_norm_param_grad(op, x, ctx):
+    xv, dy = x
+    xh, _ = _ln_normalised(xv, op["attrs"].get("scalar", 0.0))
+    h = xv.shape[-1]
+    return [(dy * xh).reshape(-1, h).sum(dim=0), dy.reshape(-1, h).sum(dim=0)]
+
+
+def _embedding(op, x, ctx):
+    table, ids = x
+    rows, held = _vocab_rows(op, ids, ctx, table.shape[0], "id")
+    y = F.embedding(rows.clamp(min=0), table)
+    if held is not None:
+        y = y * held.unsqueeze(-1).to(y.dtype)
+    return [y]
+
+
+def _embedding_grad(op, x, ctx):
+    ids, dy = x
+    shape = _out_shape(ctx)
+    rows, held = _vocab_rows(op, ids, ctx, shape[0], "id")
+    h = shape[1]
+    rows, dyf = rows.reshape(-1), dy.reshape(-1, h)
+    if held is not None:
+        keep = held.reshape(-1)
+        rows, dyf = rows[keep], dyf[keep]
+    out = torch.zeros(shape, dtype=dy.dtype, device=dy.device)
+    out.index_add_(0, rows, dyf)
+    return [out]
+
+
+def _cross_entropy(op, x, ctx):
+    lg, lab = x[0], x[1]
+    m = ce_row_max(lg)
+    st = ce_row_sum_target(op, lg, lab, m, ctx)
+    tokens = ctx.get("tokens") or float(m.numel())
+    if op["kind"] == "cross_entropy":
+        return [ce_loss(m, st, tokens, True)]
+    return [ce_grad(op, lg, lab, x[2], m, st, ctx)]
+
+
+def _transpose(op, x, ctx):
+    return [x[0].permute(*op["attrs"]["axes"]).contiguous()]
+
+
+def _reshape(op, x, ctx):
+    return [x[0].reshape(_out_shape(ctx))]
+
+
+def _concat(op, x, ctx):
+    return [torch.cat(list(x), dim=_axis(op["attrs"]["axes"][0], x[0].dim()))]
+
+
+def _slice(op, x, ctx):
+    shape = _out_shape(ctx)
+    ax = _axis(op["attrs"]["axes"][0], len(shape))
+    return [x[0].narrow(ax, int(op["attrs"]["ints"][0]), shape[ax]).contiguous()]
+
+
+def _pad(op, x, ctx):
+    shape = _out_shape(ctx)
+    ax = _axis(op["attrs"]["axes"][0], len(shape))
+    y = torch.zeros(shape, dtype=x[0].dtype, device=x[0].device)
+    y.narrow(ax, int(op["attrs"]["ints"][0]), x[0].shape[ax]).copy_(x[0])
+    return [y]
+
+
+def _conv2d(op, x, ctx):
+    s, pad = (int(v) for v in op["attrs"]["ints"][:2])
+    return [F.conv2d(x[0], x[1], stride=s, padding=pad)]
+
+
+def _conv2d_grad_input(op, x, ctx):
+    dy, w = x
+    s, pad, H, W = (int(v) for v in op["attrs"]["ints"][:4])
+    return [torch.nn.grad.conv2d_input((dy.shape[0], w.shape[1], H, W), w, dy, stride=s, padding=pad)]
+
+
+def _conv2d_grad_weight(op, x, ctx):
+    xv, dy = x
+    s, pad, r, t = (int(v) for v in op["attrs"]["ints"][:4])
+    return [torch.nn.grad.conv2d_weight(xv, (dy.shape[1], xv.shape[1], r, t), dy, stride=s, padding=pad)]
+
+
+def _pool(x, a):
+    k, s, pad = (int(v) for v in a["ints"][:3])
+    if a.get("reduce", "sum") == "max":
+        return F.max_pool2d(x, k, s, pad)
+    return F.avg_pool2d(x, k, s, pad, count_include_pad=True)
+
+
+def _pool2d(op, x, ctx):
+    return [_pool(x[0], op["attrs"])]
+
+
+def _pool2d_grad(op, x, ctx):
+    # The adjoint of the pool: autograd of torch's own pool (max: dy to the window's argmax).
+    with torch.enable_grad():
+        xr = x[0].detach().requires_grad_(True)
+        (g,) = torch.autograd.grad(_pool(xr, op["attrs"]), xr, x[2])
+    return [g]
+
+
+def _unary_grad(op, x, ctx):
+    a = op["attrs"]
+    return [x[1] * _unary_derivative(a.get("unary", "identity"), x[0], a.get("scalar", 0.0))]
+
+
+def _broadcast_to(op, x, ctx):
+    shape = _out_shape(ctx)
+    y = x[0]
+    for ax in sorted(_axis(a, len(shape)) for a in op["attrs"].get("axes", [])):
+        y = y.unsqueeze(ax)
+    return [y.expand(*shape).contiguous()]
+
+
+def _sgd(op, x, ctx):
+    return [x[0] - op["attrs"]["scalars"][0] * x[1]]
+
+
+def _adam(op, x, ctx):
+    lr, b1, b2, eps = op["attrs"]["scalars"][:4]
+    step = ctx.get("adam_step") or op["attrs"]["scalars"][4]
+    p, g, m, v = x
+    m = b1 * m + (1 - b1) * g
+    v = b2 * v + (1 - b2) * g * g
+    c1, c2 = 1 - b1 ** step, 1 - b2 ** step
+    return [p - lr * (m / c1) / (torch.sqrt(v / c2) + eps), m, v]
+
+
+def _opaque(op, x, ctx):
+    raise KernelError(f"op '{op['name']}' is opaque: the runtime cannot execute it")
+
+
+KERNELS: Dict[str, Callable[[dict, Sequence[torch.Tensor], dict], List[torch.Tensor]]] = {
+    "einsum": _einsum,
+    "unary": _unary_op,
+    "binary": _binary,
+    "reduce": _reduce,
+    "softmax": _softmax,
+    "layer_norm": _layer_norm,
+    "embedding": _embedding,
+    "cross_entropy": _cross_entropy,
+    "transpose": _transpose,
+    "reshape": _reshape,
+    "concat": _concat,
+    "slice": _slice,
+    "conv2d": _conv2d,
+    "pool2d": _pool2d,
+    "opaque": _opaque,
+    "unary_grad": _unary_grad,
+    "broadcast_to": _broadcast_to,
+    "softmax_grad": _softmax_grad,
+    "layer_norm_grad": _layer_norm_grad,
+    "layer_norm_param_grad": _layer_norm_param_grad,
+    "embedding_grad": _embedding_grad,
+    "cross_entropy_grad": _cross_entropy,
+    "pad": _pad,
+    "conv2d_grad_input": _conv2d_grad_input,
+    "conv2d_grad_weight": _conv2d_grad_weight,
+    "pool2d_grad": _pool2d_grad,
+    "sgd_update": _sgd,
+    "adam_update": _adam,
+}
+
+
+def run_kernel(op: dict, inputs: Sequence[torch.Tensor], ctx: Optional[dict] = None) -> List[torch.Tensor]:
+    """Runs one op (a dict of ``Graph.ops``: kind, name, attrs) on its operand tiles."""
+    fn = KERNELS.get(op["kind"])
+    if fn is None:
+        raise KernelError(f"op '{op['name']}': no torch kernel for op kind {op['kind']!r}")
+    return fn(op, inputs, ctx or {})

@@ -1,0 +1,242 @@
+"""Running a program on torch.distributed: in an initialised process (torchrun: ``run_rank``) or by
+starting one local process per rank (``run``: torch.multiprocessing, spawn), with the results
+gathered on rank 0 into the :class:`weft.ExecutionResult` the CPU executor returns.
+
+Failure handling: every rank checks the program before anything runs (a wrong plan fails on every
+rank with the same message); a rank that raises reports its error (naming the rank and the
+instruction) and exits; the launcher then stops the other ranks at once and raises the first error
+(a rank's peers see a closed connection, which is only reported when no rank said more). A rank
+killed from outside is reported with its exit code. Process-group timeouts (``timeout_s``) bound
+every wait, so nothing hangs.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import signal
+import socket
+import tempfile
+import time
+import traceback
+from typing import Dict, List, Mapping, Optional
+
+import numpy as np
+
+from .. import _weft
+
+BACKENDS = ("gloo", "nccl")
+DTYPES = ("f64", "f32", "bf16", "f16")
+# Messages of a rank that only saw another rank go away (reported when no rank says more).
+_PEER_LOSS = ("Connection closed", "Connection reset", "connection reset", "peer", "Broken pipe",
+              "stopped by weft", "NCCL communicator was aborted", "Socket Timeout", "timed out")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def check_options(program, nproc, steps, backend, dtype, timeout_s) -> None:
+    if not isinstance(program, _weft.Program):
+        raise TypeError(f"expected a weft.Program, got {type(program).__name__}")
+    if nproc is not None and int(nproc) != program.num_ranks:
+        raise ValueError(f"nproc={nproc}, but the program has {program.num_ranks} ranks (one process per rank)")
+    if int(steps) < 1:
+        raise ValueError(f"steps must be at least 1, got {steps}")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if dtype is not None and dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPES} or None (the graph's dtypes), got {dtype!r}")
+    if not float(timeout_s) > 0:
+        raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+
+
+def device_for(backend: str, local_rank: int):
+    import torch
+
+    if backend == "nccl":
+        if not torch.cuda.is_available():
+            raise ValueError("backend 'nccl' needs CUDA; this machine has no GPU (use backend='gloo')")
+        idx = local_rank % torch.cuda.device_count()
+        torch.cuda.set_device(idx)
+        return torch.device("cuda", idx)
+    return torch.device("cpu")
+
+
+def run_rank(program, *, steps: int = 3, seed: int = 0, dtype: Optional[str] = "f32",
+             inputs: Optional[Mapping[str, np.ndarray]] = None, device=None):
+    """Runs this process's rank (``torch.distributed`` already initialised, world size = the
+    program's ranks) for ``steps`` steps; returns the ExecutionResult on rank 0, None elsewhere."""
+    import torch.distributed as dist
+
+    from .comm import ProcessGroups
+    from .rank import RankRuntime
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if world != program.num_ranks:
+        raise ValueError(f"the world has {world} processes, the program {program.num_ranks} ranks")
+    t0 = time.perf_counter()
+    layout = _weft.ProgramLayout(program)  # checks the program: a wrong plan fails here, on every rank
+    groups = ProcessGroups(layout.collective_groups())
+    rt = RankRuntime(layout, rank, device=device or "cpu", dtype=dtype, seed=seed, inputs=inputs, groups=groups)
+    res = rt.run(int(steps))
+    gathered = [None] * world if rank == 0 else None
+    dist.gather_object(res, gathered, dst=0)
+    if rank != 0:
+        return None
+    return assemble_result(program, gathered, time.perf_counter() - t0)
+
+
+def assemble_result(program, results: List, seconds: float):
+    """The global ExecutionResult from every rank's RankResult."""
+    from ..execution import ExecutionResult
+    from . import tiles as T
+
+    buffers = program.buffers
+
+    def reduce_kind(b):
+        return "max" if "P(max)" in buffers[b]["spec"] else "sum"
+
+    def value(b, pieces):
+        pieces = [p for p in pieces if p is not None]
+        return T.assemble(buffers[b]["shape"], pieces, reduce_kind(b))
+
+    steps = len(results[0].losses)
+    losses = []
+    for s in range(steps):
+        if program.loss_id < 0:
+            losses.append(0.0)
+            continue
+        losses.append(float(value(program.loss_id, [r.losses[s] for r in results]).reshape(-1)[0]))
+    params = {n: value(b, [r.parameters.get(n) for r in results]) for n, b in program.parameter_ids.items()}
+    grads = {n: value(b, [r.gradients.get(n) for r in results]) for n, b in program.gradient_ids.items()}
+    return ExecutionResult(losses=losses, parameters=params, gradients=grads,
+                           bytes_sent=[dict(r.bytes_sent) for r in results],
+                           peak_bytes=[int(r.peak_bytes) for r in results], seconds=seconds,
+                           rank_seconds=[float(sum(r.step_seconds)) for r in results],
+                           step_seconds=[list(r.step_seconds) for r in results])
+
+
+def worker_main(tmp: str, rank: int, world: int, port: int) -> int:
+    """One local process of ``run`` (``python -m weft.runtime.worker``): initialise gloo / NCCL over
+    TCP on loopback, run the rank, write rank 0's result (or this rank's error) into ``tmp``."""
+    try:
+        import pickle
+
+        import torch.distributed as dist
+
+        with open(os.path.join(tmp, "options.pkl"), "rb") as f:
+            opts = pickle.load(f)
+        program = _weft.Program.from_json(open(os.path.join(tmp, "program.json")).read())
+        device = device_for(opts["backend"], rank)
+        dist.init_process_group(opts["backend"], init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=opts["timeout_s"]))
+        res = run_rank(program, steps=opts["steps"], seed=opts["seed"], dtype=opts["dtype"], inputs=opts["inputs"],
+                       device=device)
+        if rank == 0:
+            with open(os.path.join(tmp, "result.pkl.part"), "wb") as f:
+                pickle.dump(res, f)
+            os.replace(os.path.join(tmp, "result.pkl.part"), os.path.join(tmp, "result.pkl"))
+        return 0
+    except BaseException as e:  # noqa: BLE001 - every failure is reported to the launcher
+        msg = str(e) if isinstance(e, (ValueError, RuntimeError)) else f"{type(e).__name__}: {e}"
+        with open(os.path.join(tmp, f"error-{rank}.txt"), "w") as f:
+            f.write(msg or traceback.format_exc())
+        return 1
+
+
+def _is_peer_loss(msg: str) -> bool:
+    return any(s in msg for s in _PEER_LOSS)
+
+
+def _child_env() -> dict:
+    """The environment of a rank process: this process's, with the paths weft and _weft came from."""
+    import weft
+
+    paths = [os.path.dirname(os.path.dirname(os.path.abspath(weft.__file__))),
+             os.path.dirname(os.path.abspath(_weft.__file__))]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(paths + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env.setdefault("OMP_NUM_THREADS", "1")  # N ranks on one host: no oversubscription by default
+    return env
+
+
+def run(program, *, steps: int = 3, backend: str = "gloo", seed: int = 0, dtype: Optional[str] = "f32",
+        inputs: Optional[Mapping[str, np.ndarray]] = None, timeout_s: float = 60.0, nproc: Optional[int] = None):
+    """Starts one local process per rank of ``program`` (``python -m weft.runtime.worker``), runs
+    ``steps`` steps on torch.distributed and returns rank 0's ExecutionResult. A failing rank stops
+    the others; its error is raised as RuntimeError naming the rank and the instruction."""
+    import pickle
+    import subprocess
+    import sys
+
+    check_options(program, nproc, steps, backend, dtype, timeout_s)
+    if backend == "nccl":
+        import torch
+
+        if not torch.cuda.is_available() or torch.cuda.device_count() < program.num_ranks:
+            raise ValueError(f"backend 'nccl' needs one CUDA device per rank: {program.num_ranks} ranks, "
+                             f"{torch.cuda.device_count() if torch.cuda.is_available() else 0} GPUs here")
+    _weft.ProgramLayout(program)  # a wrong program: ValueError here, before any process starts
+    world = program.num_ranks
+    opts = dict(steps=int(steps), backend=backend, seed=int(seed), dtype=dtype, timeout_s=float(timeout_s),
+                inputs={str(k): np.asarray(v) for k, v in (inputs or {}).items()})
+    with tempfile.TemporaryDirectory(prefix="weft-run-") as tmp:
+        with open(os.path.join(tmp, "program.json"), "w") as f:
+            f.write(program.to_json())
+        with open(os.path.join(tmp, "options.pkl"), "wb") as f:
+            pickle.dump(opts, f)
+        port = free_port()
+        env = _child_env()
+        procs = []
+        try:
+            for r in range(world):
+                log = open(os.path.join(tmp, f"rank-{r}.log"), "w")
+                procs.append(subprocess.Popen([sys.executable, "-m", "weft.runtime.worker", tmp, str(r), str(world),
+                                               str(port)], env=env, stdout=log, stderr=subprocess.STDOUT))
+                log.close()
+            _wait(procs, tmp)
+            with open(os.path.join(tmp, "result.pkl"), "rb") as f:
+                return pickle.load(f)
+        finally:
+            _stop(procs)
+
+
+def _error_of(tmp: str, r: int) -> Optional[str]:
+    path = os.path.join(tmp, f"error-{r}.txt")
+    return open(path).read() if os.path.exists(path) else None
+
+
+def _wait(procs, tmp: str) -> None:
+    """Until every rank exits 0; on the first failure, stop the others and raise its error."""
+    while True:
+        codes = [p.poll() for p in procs]
+        failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
+        if not failed and all(c == 0 for c in codes):
+            return
+        if failed:
+            time.sleep(0.3)  # the other ranks' reports of the same failure
+            _stop(procs)
+            errors = [(r, _error_of(tmp, r)) for r in range(len(procs))]
+            said = [(r, m) for r, m in errors if m]
+            first = next(((r, m) for r, m in said if not _is_peer_loss(m)), None)
+            if first is None:  # a rank that died without a word (killed) is the cause
+                r = next((r for r in failed if not _error_of(tmp, r)), failed[0])
+                c = codes[r]
+                why = f"signal {signal.Signals(-c).name}" if c is not None and c < 0 else f"exit code {c}"
+                log = open(os.path.join(tmp, f"rank-{r}.log")).read().strip().splitlines()[-5:]
+                first = (r, f"the process died ({why})" + (": " + " | ".join(log) if log else ""))
+            raise RuntimeError(f"weft.run: rank {first[0]} failed: {first[1]} (the other ranks were stopped)")
+        time.sleep(0.05)
+
+
+def _stop(procs) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+    for p in procs:
+        try:
+            p.wait(timeout=5)
+        except Exception:  # noqa: BLE001
+            pass

@@ -1,0 +1,251 @@
+"""One rank of a lowered program, run in its own process on torch (weft.runtime).
+
+The rank runs its instruction list (``ProgramLayout.instructions(rank)``) once per training step:
+compute on its local tiles with the torch kernels (kernels.py), collectives and cross-stage
+transfers on torch.distributed (comm.py), leaves initialised from the same counter-based values
+as the CPU reference executor (a pure function of seed, tensor, step and global element index, so
+every rank fills its own shard), buffers freed where the program says. Parameters and optimizer
+states persist across steps; inputs are loaded per micro-batch.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Dict, List, Mapping, Optional
+
+import numpy as np
+import torch
+
+from .. import _weft
+from . import tiles as T
+from .comm import Comm, ProcessGroups
+from .kernels import ce_grad, ce_loss, ce_row_max, ce_row_sum_target, run_kernel
+
+# Storage dtypes: the runtime's float policy, and the graph's dtype names.
+TORCH_DTYPES = {"f64": torch.float64, "f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+_INT_DTYPES = {"i32", "i64", "bool"}
+
+
+class RankError(RuntimeError):
+    """A rank's failure, naming the rank and the instruction it failed at."""
+
+
+@dataclass
+class RankResult:
+    """What a rank reports at the end of a run (gathered on rank 0)."""
+
+    rank: int
+    losses: List[tuple] = field(default_factory=list)  # per step: (flat, values, partial index) or None
+    parameters: Dict[str, tuple] = field(default_factory=dict)  # name -> (flat, values, partial index)
+    gradients: Dict[str, tuple] = field(default_factory=dict)
+    step_seconds: List[float] = field(default_factory=list)
+    bytes_sent: Dict[str, int] = field(default_factory=dict)
+    peak_bytes: int = 0
+
+
+class RankRuntime:
+    """Runs rank ``rank`` of a program (its ProgramLayout) on torch.distributed, already initialised
+    with one process per rank (``dist.get_rank() == rank``)."""
+
+    def __init__(self, layout, rank: int, *, device="cpu", dtype: Optional[str] = "f32", seed: int = 0,
+                 inputs: Optional[Mapping[str, np.ndarray]] = None, groups: Optional[ProcessGroups] = None):
+        self.layout = layout
+        self.program = layout.program
+        self.rank = rank
+        self.device = torch.device(device)
+        self.info = self.program.ranks[rank]
+        self.graph = layout.graph_of(rank)
+        self.ops = self.graph.ops
+        self.tensors = self.program.graph.tensors
+        self.buffers = self.program.buffers
+        self.instrs = layout.instructions(rank)
+        self.leaves = LeafInit(self.program.graph, seed)
+        self.inputs = {k: np.asarray(v) for k, v in (inputs or {}).items()}
+        self.float_dtype = TORCH_DTYPES[dtype] if dtype else None
+        self.groups = groups if groups is not None else ProcessGroups(layout.collective_groups())
+        self.comm = Comm(rank, layout, self.buffers, self.groups, self.device)
+        self.values: Dict[int, torch.Tensor] = {}
+        self.pending: Dict[int, callable] = {}
+        self.live_bytes = 0
+        self.peak_bytes = 0
+        self._leaf_ids = [b for b in self.program.leaf_buffer_ids if self.buffers[b]["stage"] == self.info["stage"]]
+        self._local_shape: Dict[int, List[int]] = {}
+
+    # -- buffers
+
+    def dtype_of(self, b: int) -> torch.dtype:
+        t = self.buffers[b]["tensor_id"]
+        dt = self.tensors[t]["dtype"] if t is not None and t >= 0 else "f32"
+        if dt in _INT_DTYPES:
+            return torch.int64
+        return self.float_dtype or TORCH_DTYPES.get(dt, torch.float32)
+
+    def local_shape(self, b: int) -> List[int]:
+        if b not in self._local_shape:
+            self._local_shape[b] = list(self.layout.tile(b, self.rank)["local_shape"])
+        return self._local_shape[b]
+
+    def read(self, b: int) -> torch.Tensor:
+        fin = self.pending.pop(b, None)
+        if fin is not None:
+            self.write(b, fin())
+        v = self.values.get(b)
+        if v is None:
+            raise RankError(f"buffer '{self.buffers[b]['name']}' is not held")
+        return v
+
+    def write(self, b: int, v: torch.Tensor) -> None:
+        want = self.local_shape(b)
+        if list(v.shape) != want:
+            raise RankError(f"result shape {list(v.shape)} differs from the tile {want} of '{self.buffers[b]['name']}'")
+        old = self.values.get(b)
+        if old is not None:
+            self.live_bytes -= old.numel() * old.element_size()
+        dt = self.dtype_of(b)
+        v = v.to(dt) if v.dtype != dt else v
+        self.values[b] = v
+        self.live_bytes += v.numel() * v.element_size()
+        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+
+    def free(self, b: int) -> None:
+        fin = self.pending.pop(b, None)
+        if fin is not None:
+            fin()  # the communication completes; its value is not needed
+        old = self.values.pop(b, None)
+        if old is not None:
+            self.live_bytes -= old.numel() * old.element_size()
+
+    def fill(self, b: int, step: int, offset: int = 0) -> None:
+        """Rank's tile of leaf buffer b: the global values at its elements (dim 0 shifted by offset)."""
+        t = self.buffers[b]["tensor_id"]
+        shape = self.layout.global_input_shape(t)
+        flat = T.flat_global(self.layout.tile(b, self.rank), shape, offset)
+        name = self.tensors[t]["name"]
+        if name in self.inputs and self.tensors[t]["role"] == "input":
+            vals = self.inputs[name].reshape(-1)[flat]
+        else:
+            vals = self.leaves.values(t, step, flat)
+        v = torch.from_numpy(np.ascontiguousarray(vals, dtype=np.float64)).reshape(self.local_shape(b))
+        self.write(b, v.to(device=self.device, dtype=self.dtype_of(b)))
+
+    # -- a step
+
+    def run(self, steps: int) -> RankResult:
+        res = RankResult(rank=self.rank)
+        for step in range(1, steps + 1):
+            t0 = time.perf_counter()
+            self.step(step)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            res.step_seconds.append(time.perf_counter() - t0)
+            res.losses.append(self.piece(self.program.loss_id))
+        res.parameters = {n: self.piece(b) for n, b in self.program.parameter_ids.items()}
+        res.gradients = {n: self.piece(b) for n, b in self.program.gradient_ids.items()}
+        res.parameters = {k: v for k, v in res.parameters.items() if v is not None}
+        res.gradients = {k: v for k, v in res.gradients.items() if v is not None}
+        res.bytes_sent = dict(self.comm.bytes_sent)
+        res.peak_bytes = self.peak_bytes
+        return res
+
+    def piece(self, b: int):
+        """(global flat indices, float64 values, partial index) of this rank's tile of b, if held."""
+        if b is None or b < 0 or self.buffers[b]["stage"] != self.info["stage"]:
+            return None
+        if b not in self.values and b not in self.pending:
+            return None
+        tile = self.layout.tile(b, self.rank)
+        v = self.read(b).detach().to("cpu", torch.float64).numpy().reshape(-1)
+        return (T.flat_global(tile, self.buffers[b]["shape"]), v, tile["partial_index"])
+
+    def step(self, step: int) -> None:
+        for b in self._leaf_ids:
+            role = self.tensors[self.buffers[b]["tensor_id"]]["role"]
+            if role == "input" or (role in ("parameter", "optimizer_state") and step > 1):
+                continue
+            self.fill(b, step)
+        for ins in self.instrs:
+            try:
+                self.execute(ins, step)
+            except RankError as e:
+                raise RankError(f"{self.layout.describe(self.rank, ins['pc'])}: {e}") from e
+            except Exception as e:  # torch / gloo errors: name where the rank stood
+                raise RankError(f"{self.layout.describe(self.rank, ins['pc'])}: {type(e).__name__}: {e}") from e
+        for b in list(self.pending):
+            self.read(b)
+        self.comm.wait_sends()
+
+    def execute(self, ins: dict, step: int) -> None:
+        kind = ins["kind"]
+        inp, out = ins["inputs"], ins["outputs"]
+        if kind == "compute":
+            ctx = ins["context"]
+            ctx["adam_step"] = step
+            outs = run_kernel(self.ops[ins["op"]], [self.read(b) for b in inp], ctx)
+            if len(outs) != len(out):
+                raise RankError(f"the kernel returned {len(outs)} results, the op has {len(out)}")
+            for b, v in zip(out, outs):
+                self.write(b, v)
+        elif kind == "ce-row-max":
+            self.write(out[0], ce_row_max(self.read(inp[0])))
+        elif kind == "ce-sum-target":
+            x = [self.read(b) for b in inp]
+            self.write(out[0], ce_row_sum_target(self.ops[ins["op"]], x[0], x[1], x[2], ins["context"]))
+        elif kind == "ce-loss":
+            x = [self.read(b) for b in inp]
+            self.write(out[0], ce_loss(x[2], x[3], ins["context"]["tokens"], ins["contribute"]))
+        elif kind == "ce-grad":
+            x = [self.read(b) for b in inp]
+            self.write(out[0], ce_grad(self.ops[ins["op"]], x[0], x[1], x[2], x[3], x[4], ins["context"]))
+        elif kind == "copy":
+            self.write(out[0], self.read(inp[0]))
+        elif kind == "load-input":
+            self.fill(out[0], step, ins["offset"])
+        elif kind == "accumulate":
+            self.write(out[0], self.read(inp[0]) + self.read(inp[1]))
+        elif kind == "scale":
+            self.write(out[0], self.read(inp[0]) * ins["factor"])
+        elif kind == "free":
+            for b in inp:
+                self.free(b)
+        elif kind == "local-slice":
+            self.write(out[0], self.local_slice(ins, self.read(inp[0])))
+        elif kind == "local-partial":
+            x = self.read(inp[0])
+            keep = ins["reduce"] == "max" or self.info["coord"][ins["axis"]] == 0
+            self.write(out[0], x.clone() if keep else torch.zeros_like(x))
+        elif kind == "send":
+            self.comm.send(ins, self.read(inp[0]))
+        elif kind == "recv":
+            b = out[0]
+            base = self.pending.pop(b, None)
+            self.pending[b] = self.comm.recv(ins, base, self.values.get(b) if base is None else None,
+                                             self.local_shape(b), self.dtype_of(b))
+        elif kind in ("all-reduce", "all-gather", "reduce-scatter", "all-to-all"):
+            b = out[0]
+            fin = self.comm.collective(ins, self.read(inp[0]), self.local_shape(b))
+            self.pending[b] = fin
+        else:
+            raise RankError(f"unknown instruction kind {kind!r}")
+
+    def local_slice(self, ins: dict, x: torch.Tensor) -> torch.Tensor:
+        key = ("slice", ins["pc"])
+        sel = self.comm._prep.get(key)
+        if sel is None:
+            src, dst = ins["inputs"][0], ins["outputs"][0]
+            numel = int(np.prod(self.buffers[src]["shape"])) if self.buffers[src]["shape"] else 1
+            pos = T.positions_in(self.comm.flat(src, self.rank), numel)[self.comm.flat(dst, self.rank)]
+            if np.any(pos < 0):
+                raise RankError("the sliced tile is not inside the input tile")
+            sel = self.comm._prep[key] = torch.as_tensor(pos, dtype=torch.int64, device=self.device)
+        return x.reshape(-1)[sel].reshape(self.local_shape(ins["outputs"][0]))
+
+
+class LeafInit:
+    """The counter-based leaf values (exec::LeafValues) at global element indices."""
+
+    def __init__(self, graph, seed: int):
+        self._graph = graph
+        self._values = _weft.LeafValues(graph, int(seed))
+
+    def values(self, tensor: int, step: int, flat: np.ndarray) -> np.ndarray:
+        return self._values.values(int(tensor), int(step), np.ascontiguousarray(flat, dtype=np.int64))

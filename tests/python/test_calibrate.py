@@ -1,0 +1,273 @@
+"""weft.calibrate / `weft calibrate`: measurements on this machine, the fits, the Calibration JSON.
+
+No expected measurement is hard-coded: the checks are positivity, consistency between related
+measurements, and that the derived numbers reproduce the measured ones.
+"""
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import weft  # noqa: E402
+from weft.calibration import (AlphaBetaFit, CollectiveTiming, collective_coefficients, fit_alpha_beta,  # noqa: E402
+                            match_device_kind)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture(scope="module")
+def quick_cpu():
+    """One quick CPU calibration shared by the tests (threads=1: a busy CI machine stalls the
+    threads of a parallel kernel, which would make the shape comparisons flaky)."""
+    t0 = time.perf_counter()
+    report = weft.calibrate(device="cpu", nproc=2, quick=True, threads=1, seed=0,
+                            cluster=weft.Cluster.preset("M8"))
+    return report, time.perf_counter() - t0
+
+
+def test_quick_cpu_finishes_fast_and_measures_everything(quick_cpu):
+    r, elapsed = quick_cpu
+    assert elapsed < 30, f"quick calibration took {elapsed:.1f} s"
+    assert r.device == "cpu" and r.quick and r.peak_source == "measured"
+    assert {x.dtype for x in r.matmuls} == {"f32", "bf16", "f64"}  # the CPU defaults
+    assert {x.op for x in r.memory_ops} == {"add", "gelu", "layer_norm", "softmax"}
+    assert {x.op for x in r.overheads} == {"add", "gelu", "layer_norm", "softmax"}
+    assert r.nproc == 2 and r.backend == "gloo"
+    measured = {x.collective for x in r.collectives}
+    assert {"all_reduce", "all_gather", "send_recv"} <= measured  # reduce_scatter only where gloo has it
+    for name in measured:
+        assert len([x for x in r.collectives if x.collective == name]) >= 3  # sizes small to large
+    text = r.summary()
+    for word in ("matmul", "memory-bound", "collectives", "alpha_scale", "compute_efficiency"):
+        assert word in text
+
+
+def test_matmul_flops_positive_and_consistent(quick_cpu):
+    r, _ = quick_cpu
+    for x in r.matmuls:
+        assert x.seconds > 0 and x.flops == 2.0 * x.m * x.k * x.n
+        assert x.flops_per_s == pytest.approx(x.flops / x.seconds, rel=1e-9)
+    for t in ("f32", "bf16", "f64"):
+        by_shape = {x.shape: x.seconds for x in r.matmuls if x.dtype == t}
+        assert by_shape[(512, 512, 512)] > by_shape[(256, 256, 256)], t          # 8x the FLOPs
+        assert by_shape[(2048, 256, 1024)] > by_shape[(1024, 256, 1024)], t       # 2x the tokens
+        assert r.measured_peak_flops[t] == max(x.flops_per_s for x in r.matmuls if x.dtype == t)
+
+
+def test_memory_ops_and_overhead(quick_cpu):
+    r, _ = quick_cpu
+    for x in r.memory_ops:
+        assert x.seconds > 0 and x.bytes_per_s == pytest.approx(x.bytes / x.seconds, rel=1e-9)
+        assert x.bytes >= 2 * x.numel * 4  # at least read once and write once (f32)
+    assert r.measured_memory_bandwidth == max(x.bytes_per_s for x in r.memory_ops)
+    # The per-op overhead is measured on tiny tensors: far below the large ops' times.
+    assert 0 < r.kernel_overhead_s < min(x.seconds for x in r.memory_ops)
+
+
+def test_calibration_is_valid_and_holds_the_efficiencies(quick_cpu):
+    r, _ = quick_cpu
+    cal = r.calibration
+    assert isinstance(cal, weft.Calibration)
+    assert weft.Calibration.from_json(r.to_json()) == cal
+    for t, e in r.compute_efficiency.items():
+        # On a CPU the peak is the best measured matmul: the typical one is a fraction of it.
+        assert 0 < e <= 1.0
+        assert cal.compute_eff(r.device_kind, t) == pytest.approx(e, rel=1e-5)
+    assert 0 < cal.memory_eff(r.device_kind) <= 1.0
+    assert cal.kernel_overhead == pytest.approx(r.kernel_overhead_s, rel=1e-5)
+    doc = json.loads(r.report_json())
+    assert json.loads(r.to_json()) == doc["calibration"]
+    assert len(doc["measurements"]["matmul"]) == len(r.matmuls)
+    assert len(doc["measurements"]["collectives"]) == len(r.collectives)
+
+
+def test_measured_device_spec_with_calibration_reproduces_typical_speed(quick_cpu):
+    # The planner's roofline with the measured spec and this calibration gives the median matmul
+    # speed per dtype (plus the per-op overhead): the CPU numbers are self-consistent.
+    r, _ = quick_cpu
+    spec = r.measured_device_spec()
+    node = weft.NodeSpec("this-cpu", 1, spec, 1e9, 1e-6, 1e9, 1e-6)
+    dev = weft.Cluster([node]).device(0)
+    for t in ("f32", "bf16", "f64"):
+        median = statistics.median(x.flops_per_s for x in r.matmuls if x.dtype == t)
+        flops = 1e12
+        assert weft.compute_time(flops, 0, t, dev, r.calibration) == pytest.approx(
+            flops / median + r.kernel_overhead_s, rel=1e-4)
+
+
+def test_fitted_alpha_beta_reproduce_the_measured_times(quick_cpu):
+    r, _ = quick_cpu
+    assert r.link_fit is not None and r.link_fit.alpha > 0 and r.link_fit.beta > 0
+    for name, fit in r.collective_fits.items():
+        rows = [x for x in r.collectives if x.collective == name]
+        ratios = [fit.predict(name, x.bytes, x.nproc) / x.seconds for x in rows]
+        # Most points within 3x (noise on a shared machine can spoil a point or two), and the
+        # largest message, where β dominates, too.
+        assert statistics.median(abs(math.log(q)) for q in ratios) < math.log(3), (name, ratios)
+        biggest = max(rows, key=lambda x: x.bytes)
+        assert 1 / 3 < fit.predict(name, biggest.bytes, biggest.nproc) / biggest.seconds < 3, name
+    # Scales against the M8 preset's link for 2 devices (NVLink: α 5 µs, β 1/130 GB/s).
+    link = weft.DeviceMesh.iota([2]).axis_links(weft.Cluster.preset("M8"))[0]
+    assert r.reference_link == (link.alpha, link.beta)
+    assert r.alpha_scale == pytest.approx(r.link_fit.alpha / link.alpha, rel=1e-12)
+    assert r.beta_scale == pytest.approx(r.link_fit.beta / link.beta, rel=1e-12)
+    cal = r.calibration
+    scaled = cal.alpha_scale * link.alpha * 2 + cal.beta_scale * link.beta * (1 << 20)  # all-reduce, n = 2
+    assert weft.collective_time("all-reduce", link, 1 << 20, cal) == pytest.approx(scaled, rel=1e-4)
+
+
+def test_fit_alpha_beta_recovers_exact_data():
+    alpha, beta = 30e-6, 1 / 5e9
+    rows = []
+    for name, n in (("all_reduce", 4), ("all_gather", 4), ("reduce_scatter", 4), ("send_recv", 2)):
+        for b in (1 << 10, 1 << 16, 1 << 22):
+            ca, cb = collective_coefficients(name, n)
+            rows.append(CollectiveTiming(name, name, b, ca * alpha + cb * b * beta, n))
+    fit = fit_alpha_beta(rows)
+    assert isinstance(fit, AlphaBetaFit)
+    assert fit.alpha == pytest.approx(alpha, rel=1e-6) and fit.beta == pytest.approx(beta, rel=1e-6)
+    assert fit.max_rel_error < 1e-6 and fit.points == len(rows)
+    # Pure bandwidth data: α must come out 0, not negative.
+    flat = [CollectiveTiming("send_recv", "send/recv", b, b * beta, 2) for b in (1 << 10, 1 << 20)]
+    assert fit_alpha_beta(flat).alpha == pytest.approx(0, abs=1e-15)
+    with pytest.raises(ValueError, match="at least one"):
+        fit_alpha_beta([])
+    with pytest.raises(ValueError, match="unknown collective"):
+        collective_coefficients("gossip", 2)
+
+
+def test_cli_writes_a_loadable_calibration(tmp_path):
+    out, rep = tmp_path / "tmp.json", tmp_path / "report.json"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [os.path.join(ROOT, "python"), os.path.join(ROOT, "build", "dev", "python"), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-m", "weft.cli", "calibrate", "--quick", "--device", "cpu",
+                           "--out", str(out), "--report", str(rep)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "compute_efficiency" in proc.stdout and f"calibration written to {out}" in proc.stdout
+    text = out.read_text()
+    cal = weft.Calibration.from_json(text)
+    doc = json.loads(text)
+    effs = [cal.default_compute_efficiency, cal.default_memory_efficiency]
+    for kind, v in doc["compute_efficiency"].items():
+        effs += list(v.values()) if isinstance(v, dict) else [v]
+    effs += list(doc["memory_efficiency"].values())
+    assert all(0 < e <= 1.5 for e in effs), effs
+    assert cal.kernel_overhead >= 0
+    assert cal.alpha_scale == 1.0 and cal.beta_scale == 1.0  # no --cluster: raw α, β in the report
+    report = json.loads(rep.read_text())
+    assert report["calibration"] == doc and report["measurements"]["matmul"]
+    assert report["fits"]["link"]["alpha"] > 0
+
+
+def test_cli_rejects_bad_input(tmp_path):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [os.path.join(ROOT, "python"), os.path.join(ROOT, "build", "dev", "python"), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-m", "weft.cli", "calibrate", "--nproc", "0", "--out",
+                           str(tmp_path / "x.json")], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "nproc must be >= 1" in proc.stderr
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_import_weft_without_torch():
+    # torch is imported inside weft.calibrate's functions: weft imports without it, and calibrate
+    # says what is missing.
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "import weft\n"
+            "from weft.calibration import fit_alpha_beta\n"
+            "try:\n    weft.calibrate(quick=True)\nexcept ImportError as e:\n    print('ImportError:', e)\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [os.path.join(ROOT, "python"), os.path.join(ROOT, "build", "dev", "python"), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "ImportError: weft.calibrate needs PyTorch" in proc.stdout
+
+
+def test_collectives_time_out_instead_of_hanging():
+    # Far too short for spawning processes: the workers are killed, the rest of the report stays.
+    t0 = time.perf_counter()
+    r = weft.calibrate(device="cpu", nproc=2, quick=True, dtypes=("f32",), threads=1, timeout_s=0.3)
+    assert time.perf_counter() - t0 < 20
+    assert r.collectives == [] and r.alpha_scale == 1.0 and r.matmuls
+    assert any("timed out" in n for n in r.notes), r.notes
+    weft.Calibration.from_json(r.to_json())
+
+
+def test_single_process_skips_collectives():
+    r = weft.calibrate(device="cpu", nproc=1, quick=True, dtypes=("f32",), threads=1)
+    assert r.collectives == [] and r.link_fit is None and r.alpha_scale == 1.0 and r.beta_scale == 1.0
+    assert any("nproc=1" in n for n in r.notes)
+    assert set(r.compute_efficiency) == {"f32"}
+    r2 = weft.calibrate(device="cpu", nproc=2, quick=True, dtypes="f64", collectives=False)
+    assert r2.collectives == [] and set(r2.compute_efficiency) == {"f64"}
+
+
+def test_bad_input_raises_clear_errors():
+    with pytest.raises(ValueError, match="device must be one of"):
+        weft.calibrate(device="tpu")
+    with pytest.raises(ValueError, match="nproc must be >= 1"):
+        weft.calibrate(nproc=0)
+    with pytest.raises(TypeError, match="nproc must be an int"):
+        weft.calibrate(nproc="2")
+    with pytest.raises(ValueError, match="unknown dtype 'f8'"):
+        weft.calibrate(dtypes=("f32", "f8"))
+    with pytest.raises(ValueError, match="dtypes is empty"):
+        weft.calibrate(dtypes=())
+    with pytest.raises(ValueError, match="backend must be"):
+        weft.calibrate(backend="smoke-signals")
+    with pytest.raises(TypeError, match="cluster must be a weft.Cluster"):
+        weft.calibrate(cluster="M8")
+    with pytest.raises(TypeError, match="device_spec must be a weft.DeviceSpec"):
+        weft.calibrate(device_spec={"f32": 1e12})
+    with pytest.raises(ValueError, match="fewer than nproc=2"):
+        weft.calibrate(cluster=weft.Cluster.preset("S1"), nproc=2)  # S1: one GPU
+    with pytest.raises(ValueError, match="threads must be"):
+        weft.calibrate(threads=0)
+    with pytest.raises(ValueError, match="nccl backend needs device='cuda'"):
+        weft.calibrate(device="cpu", backend="nccl")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_cuda_requested_without_gpu():
+    with pytest.raises(ValueError, match="no CUDA GPU"):
+        weft.calibrate(device="cuda", quick=True)
+
+
+def test_gpu_names_match_preset_kinds_conservatively():
+    specs = [weft.Cluster.preset(n).nodes[0].device for n in weft.Cluster.preset_names()]
+    gib = 1 << 30
+
+    def kind(name, mem_gib):
+        spec = match_device_kind(name, mem_gib * gib, specs)
+        return spec.kind if spec else None
+
+    assert kind("NVIDIA H100 80GB HBM3", 79.1) == "H100-SXM5-80GB"
+    assert kind("NVIDIA A100-SXM4-80GB", 79.2) == "A100-SXM4-80GB"
+    assert kind("Tesla V100-SXM2-32GB", 31.7) == "V100-SXM2-32GB"
+    assert kind("Tesla V100-SXM2-16GB", 15.8) == "V100-SXM2-16GB"
+    assert kind("Tesla T4", 14.7) == "T4-16GB"
+    assert kind("NVIDIA H200", 139.8) is None          # not an H100
+    assert kind("NVIDIA H100 PCIe", 79.6) is None      # another form factor, other peaks
+    assert kind("NVIDIA A100-SXM4-40GB", 39.4) is None  # other memory, other bandwidth
+    assert kind("NVIDIA GeForce RTX 4090", 23.6) is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_quick_cuda_calibration():
+    r = weft.calibrate(device="cuda", nproc=min(2, torch.cuda.device_count()), quick=True)
+    assert r.device == "cuda" and r.matmuls and r.memory_ops
+    assert {x.dtype for x in r.matmuls} == {"f32", "bf16", "f16"}
+    for t, e in r.compute_efficiency.items():
+        assert 0 < e <= 1.5, (t, e)  # against a datasheet peak when the GPU is a known kind
+    assert 0 < r.memory_efficiency <= 1.5
+    assert 0 < r.kernel_overhead_s < 1e-3
+    weft.Calibration.from_json(r.to_json())
+    if torch.cuda.device_count() >= 2:
+        assert r.backend == "nccl" and r.link_fit is not None

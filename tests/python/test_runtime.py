@@ -1,0 +1,300 @@
+"""weft.run / python -m weft.run: plans executed as real processes on torch.distributed (gloo on CPU)
+equal the one-device reference; failures stop every rank with a clear error, never a hang."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import weft  # noqa: E402
+from weft.runtime.launch import free_port  # noqa: E402
+
+
+def gpt(optimizer="adam", **kw):
+    g = weft.models.gpt(layers=2, hidden=64, heads=4, seq=8, vocab=128, batch=8)
+    return g.train_step(optimizer=optimizer, **kw)
+
+
+@pytest.fixture(scope="module")
+def step():
+    return gpt()
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    return weft.Cluster.preset("p3.8xlarge")  # 4 V100s in one node
+
+
+@pytest.fixture(scope="module")
+def reference(step):
+    return weft.execute_reference(step, steps=3)
+
+
+# Megatron's tensor-parallel layout on a 1-D mesh of 4: column-parallel qkv / fc1, row-parallel proj /
+# fc2, a vocab-parallel embedding (a model this small is cheapest replicated, so the layout is fixed).
+MEGATRON = {f"h{i}.{n}": s for i in range(2) for n, s in
+            [("attn.qkv.w", "S(1)"), ("attn.proj.w", "S(0)"), ("mlp.fc1.w", "S(1)"), ("mlp.fc2.w", "S(0)")]}
+MEGATRON["wte"] = "S(0)"
+
+
+def megatron_spmd(step, cluster):
+    mesh = weft.DeviceMesh([4], range(4))
+    result = weft.spmd_search(step, cluster, mesh, level="O2", time_limit=10, fixed_specs=MEGATRON)
+    return weft.lower_spmd(step, cluster, mesh, result)
+
+
+def programs(step, cluster):
+    """The acceptance layouts: (a) 4-way SPMD with Megatron's layout, (b) 2 stages x 2-way tensor
+    parallel with 1F1B, (c) 2 stages x 2 data-parallel replicas with kFkB k=2, (d) weft.plan's choice."""
+    return {
+        "a-megatron-spmd": megatron_spmd(step, cluster),
+        "b-2stages-tp2-1f1b": weft.lower(weft.megatron_plan(step, cluster, t=2, p=2, d=1, num_microbatches=2),
+                                         step, cluster),
+        "c-2stages-dp2-kfkb2": weft.lower(weft.megatron_plan(step, cluster, t=1, p=2, d=2, schedule="kFkB",
+                                                             schedule_k=2, num_microbatches=4), step, cluster),
+        "d-weft-plan": weft.lower(weft.plan(step, cluster), step, cluster),
+    }
+
+
+@pytest.fixture(scope="module")
+def layouts(step, cluster):
+    return programs(step, cluster)
+
+
+def kinds(program):
+    out = {}
+    for r in range(program.num_ranks):
+        for i in program.instructions(r):
+            out[i["kind"]] = out.get(i["kind"], 0) + 1
+    return out
+
+
+def assert_same(got, ref, rtol, params=True):
+    np.testing.assert_allclose(got.losses, ref.losses, rtol=rtol, atol=0)
+    for kind in ("gradients",) + (("parameters",) if params else ()):
+        mine, want = getattr(got, kind), getattr(ref, kind)
+        assert set(mine) == set(want) and want
+        for name, w in want.items():
+            scale = float(np.max(np.abs(w)))
+            np.testing.assert_allclose(mine[name], w, rtol=rtol, atol=rtol * scale, err_msg=f"{kind}[{name}]")
+
+
+def test_layouts_exercise_the_runtime(layouts):
+    k = {name: kinds(p) for name, p in layouts.items()}
+    assert k["a-megatron-spmd"].get("all-reduce", 0) > 0  # row-parallel partial sums
+    assert k["b-2stages-tp2-1f1b"].get("send", 0) > 0 and k["b-2stages-tp2-1f1b"].get("recv", 0) > 0
+    assert k["c-2stages-dp2-kfkb2"].get("all-reduce", 0) > 0  # data-parallel gradients
+    assert all(p.num_ranks == 4 for p in layouts.values())
+
+
+@pytest.mark.parametrize("name", ["a-megatron-spmd", "b-2stages-tp2-1f1b", "c-2stages-dp2-kfkb2", "d-weft-plan"])
+def test_four_gloo_processes_equal_the_reference_f64(name, layouts, reference):
+    got = weft.run(layouts[name], steps=3, dtype="f64")
+    assert isinstance(got, weft.ExecutionResult)
+    assert len(got.losses) == 3 and len(got.step_seconds) == 4 and all(len(s) == 3 for s in got.step_seconds)
+    assert set(got.parameters) == set(reference.parameters)
+    assert_same(got, reference, 1e-10)
+    assert got.max_relative_error(reference) < 1e-10
+    assert all(b > 0 for b in got.peak_bytes)
+
+
+def test_f32_runs_close_to_the_reference(step, cluster, layouts):
+    # f32 losses and gradients within 1e-5 of both references. Parameters after Adam: where a gradient is
+    # at the rounding level (the key bias's is exactly 0 in exact arithmetic: softmax ignores it), Adam
+    # moves the weight by about lr * sign(noise) in any f32 run (the f32 reference itself is 3e-4 off the
+    # f64 one there); SGD is well conditioned, so its parameters are held to 1e-5 everywhere.
+    got = weft.run(layouts["b-2stages-tp2-1f1b"], steps=3, dtype="f32")
+    for ref in (weft.execute_reference(step, steps=3), weft.execute_reference(step, steps=3, dtype="f32")):
+        assert_same(got, ref, 1e-5, params=False)
+    sgd = gpt("sgd", lr=0.1)
+    got = weft.run(megatron_spmd(sgd, cluster), steps=3, dtype="f32")
+    assert_same(got, weft.execute_reference(sgd, steps=3), 1e-5)
+    assert_same(got, weft.execute_reference(sgd, steps=3, dtype="f32"), 1e-5)
+
+
+def test_bf16_runs_and_learns(layouts, reference):
+    got = weft.run(layouts["a-megatron-spmd"], steps=3, dtype="bf16")
+    np.testing.assert_allclose(got.losses, reference.losses, rtol=3e-2)
+
+
+def test_bad_input(layouts, step, cluster):
+    prog = layouts["a-megatron-spmd"]
+    with pytest.raises(ValueError, match="nproc=3"):
+        weft.run(prog, nproc=3)
+    with pytest.raises(ValueError, match="backend"):
+        weft.run(prog, backend="mpi")
+    with pytest.raises(ValueError, match="dtype"):
+        weft.run(prog, dtype="f8")
+    with pytest.raises(ValueError, match="steps"):
+        weft.run(prog, steps=0)
+    with pytest.raises(ValueError, match="step="):
+        weft.run(weft.plan(step, cluster))
+    with pytest.raises(TypeError):
+        weft.run("plan.json")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA"):
+            weft.run(prog, backend="nccl")
+
+
+def broken(program) -> str:
+    """The program's JSON with its first send deleted: the matching recv would wait forever."""
+    j = json.loads(program.to_json())
+    for code in j["codes"]:
+        for k, ins in enumerate(code):
+            if ins.get("kind") == "send":
+                del code[k]
+                return json.dumps(j)
+    raise AssertionError("no send")
+
+
+def test_a_wrong_program_fails_before_any_process_starts(layouts):
+    # The static check runs when a program is read (and again on every rank before anything runs).
+    with pytest.raises(ValueError, match=r"deadlock: rank \d #\d+ recv .* never comes"):
+        weft.Program.from_json(broken(layouts["b-2stages-tp2-1f1b"]))
+
+
+def test_a_failing_rank_stops_the_others(layouts, step):
+    # Token id 200 is outside the vocabulary (128): the ranks that look it up fail; the others, blocked
+    # at a collective with them, are stopped; the error names the rank, the instruction and the id.
+    ids = np.random.default_rng(0).integers(0, 128, size=(8, 8)).astype(np.float64)
+    ids[5, 3] = 200
+    t0 = time.time()
+    with pytest.raises(RuntimeError, match=r"rank \d failed: rank \d #\d+ compute .*200") as e:
+        weft.run(layouts["c-2stages-dp2-kfkb2"], inputs={"tokens": ids}, timeout_s=30)
+    assert time.time() - t0 < 30, e.value
+
+
+def _worker_pids(rank: int):
+    pids = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                cmd = open(f"/proc/{d}/cmdline", "rb").read().split(b"\0")
+            except OSError:
+                continue
+            if b"weft.runtime.worker" in cmd and len(cmd) > 4 and cmd[-4] == str(rank).encode():
+                pids.append(int(d))
+    return pids
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds the rank processes in /proc")
+def test_a_killed_rank_is_reported_and_the_others_stop(layouts):
+    def kill_rank_1():
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            pids = _worker_pids(1)
+            if pids:
+                time.sleep(3)  # inside the run
+                for p in pids:
+                    os.kill(p, signal.SIGKILL)
+                return
+            time.sleep(0.1)
+
+    killer = threading.Thread(target=kill_rank_1)
+    killer.start()
+    t0 = time.time()
+    with pytest.raises(RuntimeError, match=r"rank 1 failed: the process died \(signal SIGKILL\)"):
+        weft.run(layouts["b-2stages-tp2-1f1b"], steps=100000, timeout_s=30)
+    killer.join()
+    assert time.time() - t0 < 30
+    time.sleep(0.5)
+    assert not any(_worker_pids(r) for r in range(4))  # nothing left running
+
+
+def _torchrun():
+    exe = shutil.which("torchrun")
+    return [exe] if exe else [sys.executable, "-m", "torch.distributed.run"]
+
+
+def _env():
+    env = dict(os.environ)
+    here = os.path.dirname(os.path.dirname(os.path.abspath(weft.__file__)))
+    extra = [here, os.path.dirname(os.path.abspath(weft._weft.__file__))]
+    env["PYTHONPATH"] = os.pathsep.join(extra + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def torchrun(tmp_path, nproc, *args, timeout=240):
+    cmd = _torchrun() + ["--nproc-per-node", str(nproc), "--master-port", str(free_port()), "-m", "weft.run"]
+    return subprocess.run(cmd + [str(a) for a in args], cwd=tmp_path, env=_env(), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_torchrun_runs_a_saved_plan(tmp_path, step, cluster, reference):
+    plan = weft.megatron_plan(step, cluster, t=2, p=2, d=1, num_microbatches=2)
+    (tmp_path / "plan.json").write_text(plan.to_json())
+    (tmp_path / "step.json").write_text(step.to_json())
+    (tmp_path / "cluster.json").write_text(cluster.to_json())
+    out = torchrun(tmp_path, 4, "plan.json", "--model", "step.json", "--cluster", "cluster.json", "--steps", 3,
+                   "--dtype", "f64", "--out", "result.npz")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "losses" in out.stdout and "rank 3:" in out.stdout
+    r = np.load(tmp_path / "result.npz")
+    np.testing.assert_allclose(r["losses"], reference.losses, rtol=1e-10)
+    for name, want in reference.parameters.items():
+        np.testing.assert_allclose(r[f"param/{name}"], want, rtol=1e-10, atol=1e-10 * np.max(np.abs(want)))
+    for name, want in reference.gradients.items():
+        np.testing.assert_allclose(r[f"grad/{name}"], want, rtol=1e-10, atol=1e-10 * np.max(np.abs(want)))
+
+
+def test_torchrun_a_wrong_plan_fails_on_every_rank(tmp_path, layouts):
+    (tmp_path / "bad.json").write_text(broken(layouts["b-2stages-tp2-1f1b"]))
+    t0 = time.time()
+    out = torchrun(tmp_path, 4, "bad.json", timeout=120)
+    assert out.returncode != 0
+    # Every rank says why it ends: the check's error, or (torchrun stops the others at the first
+    # failure) that it was stopped because another rank failed.
+    for r in range(4):
+        assert f"weft.run: rank {r}: " in out.stderr, out.stderr[-3000:]
+    assert "ValueError: program: deadlock" in out.stderr and "never comes" in out.stderr
+    # A world that does not match the program: every rank says so.
+    (tmp_path / "good.json").write_text(layouts["a-megatron-spmd"].to_json())
+    out = torchrun(tmp_path, 2, "good.json", timeout=120)
+    assert out.returncode != 0
+    assert all(f"weft.run: rank {r}: " in out.stderr for r in range(2)), out.stderr[-3000:]
+    assert "nproc=2, but the program has 4 ranks" in out.stderr
+    assert time.time() - t0 < 120
+
+
+def test_torchrun_a_killed_rank_stops_every_rank(tmp_path, layouts):
+    # Ranks started by hand as torchrun would (env://), rank 1 killed mid-run: every other rank reports
+    # the failure and exits within seconds (gloo sees the closed connection; the timeout bounds the rest).
+    (tmp_path / "p.json").write_text(layouts["b-2stages-tp2-1f1b"].to_json())
+    port = free_port()
+    procs = []
+    for r in range(4):
+        env = _env()
+        env.update(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="4", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        procs.append(subprocess.Popen([sys.executable, "-m", "weft.run", "p.json", "--steps", "100000",
+                                       "--timeout", "20"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    time.sleep(8)  # started and running steps
+    assert all(p.poll() is None for p in procs)
+    procs[1].kill()
+    t0 = time.time()
+    for r, p in enumerate(procs):
+        if r == 1:
+            continue
+        _, err = p.communicate(timeout=60)
+        assert p.returncode == 1
+        assert f"weft.run: rank {r}:" in err, err[-2000:]
+    assert time.time() - t0 < 30
+    procs[1].wait()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (NCCL)")
+def test_nccl_on_one_gpu_equals_the_reference(cluster):
+    s = gpt()
+    mesh = weft.DeviceMesh([1], [0])
+    prog = weft.lower_spmd(s, cluster, mesh, weft.spmd_search(s, cluster, mesh))
+    got = weft.run(prog, steps=3, dtype="f64", backend="nccl")
+    assert_same(got, weft.execute_reference(s, steps=3), 1e-10)
