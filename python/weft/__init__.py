@@ -57,3 +57,9 @@ __all__ += ["reshard"]
 from .execution import ExecutionResult, Program, execute, execute_reference, lower, lower_spmd
 __all__ += ["ExecutionResult", "Program", "execute", "execute_reference", "lower", "lower_spmd"]
 __version__ = "0.1.0"
+from .calibration import CalibrationReport, calibrate  # noqa: E402 (measurements -> Calibration JSON; torch imported lazily)
+from . import torch_export  # noqa: E402 (DTensor placements / torch pipelining schedules of a plan: Plan.to_dtensor, Plan.to_torch_schedule; torch imported lazily)
+__all__ += ["torch_export"]
+# runtime (plans on torch.distributed: one process per device; torch imported when a run starts)
+from .runtime import run
+__all__ += ["run"]

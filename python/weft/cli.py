@@ -67,6 +67,33 @@ def _calibrate(args) -> int:
     return 0
 
 
+def _run(args) -> int:
+    import weft
+
+    from .runtime import describe, load_program, save_result
+
+    program = load_program(args.plan, args.model, args.cluster)
+    dtype = None if args.dtype == "graph" else args.dtype
+    print(f"running {program!r} on {program.num_ranks} local processes ({args.backend}, {args.dtype})", flush=True)
+    result = weft.run(program, nproc=args.nproc, steps=args.steps, backend=args.backend, seed=args.seed, dtype=dtype,
+                      timeout_s=args.timeout)
+    print(describe(result))
+    if args.check:
+        if args.model is None:
+            raise ValueError("--check needs --model (the training graph, to run on one device)")
+        from .planning import _training_graph
+        from .runtime import _graph_from
+
+        ref = weft.execute_reference(_training_graph(_graph_from(args.model)), steps=args.steps, seed=args.seed,
+                                     dtype="f64" if dtype == "f64" else "f32")
+        print(f"one device (CPU reference executor): losses " + " ".join(f"{x:.6f}" for x in ref.losses))
+        print(f"largest relative difference (losses, parameters, gradients): {result.max_relative_error(ref):.3g}")
+    if args.out:
+        save_result(result, args.out)
+        print(f"result written to {args.out}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="weft", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -97,6 +124,18 @@ def main(argv: list[str] | None = None) -> int:
                     help="preset whose link α/β the measured ones are scaled against (alpha_scale, beta_scale)")
     cp.add_argument("--dtypes", default=None, help="matmul dtypes, e.g. f32,bf16 (default: per device)")
     cp.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    rp = sub.add_parser("run", help="run a plan (or a lowered program) on local processes with torch.distributed")
+    rp.add_argument("plan", help="a program JSON, or a plan JSON (with --model and --cluster)")
+    rp.add_argument("--model", default=None, help="the training graph JSON, or a zoo preset name")
+    rp.add_argument("--cluster", default=None, help="a cluster JSON, or a preset spec (PRESET[:NODES])")
+    rp.add_argument("--nproc", type=int, default=None, help="processes (default: the program's ranks)")
+    rp.add_argument("--steps", type=int, default=3)
+    rp.add_argument("--backend", default="gloo", choices=["gloo", "nccl"])
+    rp.add_argument("--dtype", default="f32", help="f64, f32, bf16, f16, or 'graph' (the graph's dtypes)")
+    rp.add_argument("--seed", type=int, default=0)
+    rp.add_argument("--timeout", type=float, default=60.0, help="seconds any wait may take")
+    rp.add_argument("--check", action="store_true", help="also run the steps on one device and compare")
+    rp.add_argument("--out", default=None, help="write the result (.npz: losses, param/..., grad/...)")
     args = parser.parse_args(argv)
     if args.cmd == "version":
         from . import __version__
@@ -114,6 +153,15 @@ def main(argv: list[str] | None = None) -> int:
             print("weft plan: interrupted", file=sys.stderr, flush=True)
             sys.stdout.flush()
             os._exit(130)
+    elif args.cmd == "run":
+        try:
+            return _run(args)
+        except (ValueError, TypeError) as e:
+            print(f"weft run: {e}", file=sys.stderr)
+            return 2
+        except RuntimeError as e:  # a rank failed (its message names the rank and the instruction)
+            print(f"weft run: {e}", file=sys.stderr)
+            return 1
     elif args.cmd == "calibrate":
         try:
             return _calibrate(args)

@@ -19,6 +19,7 @@ import datetime
 import os
 import signal
 import sys
+import types
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -34,24 +35,6 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds any wait may take")
     ap.add_argument("--out", default=None, help="rank 0 writes the result here (.npz)")
     return ap
-
-
-def save_result(result, path: str) -> None:
-    import numpy as np
-
-    arrays = {"losses": np.asarray(result.losses)}
-    arrays.update({f"param/{k}": v for k, v in result.parameters.items()})
-    arrays.update({f"grad/{k}": v for k, v in result.gradients.items()})
-    if result.step_seconds:
-        arrays["step_seconds"] = np.asarray(result.step_seconds)
-    np.savez(path, **arrays)
-
-
-def describe(result) -> str:
-    lines = ["losses " + " ".join(f"{x:.6f}" for x in result.losses)]
-    for r, s in enumerate(result.step_seconds):
-        lines.append(f"rank {r}: " + " ".join(f"{1e3 * t:.1f}" for t in s) + " ms per step")
-    return "\n".join(lines)
 
 
 def main(argv=None) -> int:
@@ -72,7 +55,7 @@ def main(argv=None) -> int:
     try:
         import torch.distributed as dist
 
-        from .runtime import load_program
+        from .runtime import describe, load_program, save_result
         from .runtime.launch import check_options, device_for, run_rank
 
         dtype = None if args.dtype == "graph" else args.dtype
@@ -95,5 +78,17 @@ def main(argv=None) -> int:
     os._exit(code)
 
 
+class _CallableModule(types.ModuleType):
+    """``import weft.run`` binds this module where the package had the function weft.run; calling the
+    module calls the function, so both spellings keep working."""
+
+    def __call__(self, *args, **kwargs):
+        from .runtime import run
+
+        return run(*args, **kwargs)
+
+
 if __name__ == "__main__":
     sys.exit(main())
+else:
+    sys.modules[__name__].__class__ = _CallableModule

@@ -181,7 +181,14 @@ int64_t parse_int(const std::string& s, std::string_view whole) {
   return std::stoll(t);
 }
 
-Placement parse_token(const std::string& tok, std::string_view whole) {
+// One parsed placement word. DTensor's _StridedShard has no weft Placement of its own: its
+// split factor is only meaningful together with the axes before it (dtensor_strides below).
+struct Token {
+  Placement placement;
+  int64_t split_factor = 0;  // > 0: _StridedShard(dim, split_factor)
+};
+
+Token parse_token(const std::string& tok, std::string_view whole) {
   auto lp = tok.find('(');
   std::string head = tok.substr(0, lp);
   std::string args;
@@ -191,14 +198,14 @@ Placement parse_token(const std::string& tok, std::string_view whole) {
   }
   if (head == "R" || head == "Replicate") {
     WEFT_CHECK(args.find_first_not_of(' ') == std::string::npos, "R takes no arguments in '{}'", whole);
-    return Placement::replicate();
+    return {Placement::replicate()};
   }
   if (head == "P" || head == "Partial") {
     std::string a;
     for (char c : args)
       if (!std::isspace(static_cast<unsigned char>(c)) && c != '\'' && c != '"') a += c;
-    if (a.empty() || a == "sum") return Placement::partial(ReduceKind::Sum);
-    if (a == "max") return Placement::partial(ReduceKind::Max);
+    if (a.empty() || a == "sum") return {Placement::partial(ReduceKind::Sum)};
+    if (a == "max") return {Placement::partial(ReduceKind::Max)};
     fail("unknown reduction '{}' in sharding spec '{}' (sum or max)", a, whole);
   }
   if (head == "S" || head == "Shard") {
@@ -206,9 +213,71 @@ Placement parse_token(const std::string& tok, std::string_view whole) {
     WEFT_CHECK(!args.empty(), "S needs a dim, as in S(0), in sharding spec '{}'", whole);
     int64_t dim = parse_int(args.substr(0, comma), whole);
     int64_t stride = comma == std::string::npos ? 0 : parse_int(args.substr(comma + 1), whole);
-    return Placement::shard(static_cast<int>(dim), stride);
+    return {Placement::shard(static_cast<int>(dim), stride)};
   }
-  fail("unknown placement '{}' in sharding spec '{}' (S(d[,stride]), R, P(sum|max))", tok, whole);
+  // DTensor's repr "_StridedShard(dim=0, sf=2)", weft's to_dtensor "_StridedShard(dim=0,
+  // split_factor=2)" and DTensor's str "_S(0, 2)".
+  if (head == "_StridedShard" || head == "_S") {
+    auto comma = args.find(',');
+    WEFT_CHECK(comma != std::string::npos,
+               "{} needs a dim and a split factor, as in {}(dim=0, split_factor=2), in "
+               "sharding spec '{}'",
+               head, head, whole);
+    int64_t dim = parse_int(args.substr(0, comma), whole);
+    int64_t f = parse_int(args.substr(comma + 1), whole);
+    WEFT_CHECK(f >= 1, "split factor {} must be >= 1 in sharding spec '{}'", f, whole);
+    return {Placement::shard(static_cast<int>(dim)), f};
+  }
+  fail("unknown placement '{}' in sharding spec '{}' (S(d[,stride]), R, P(sum|max), _StridedShard(d, f))",
+       tok, whole);
+}
+
+// DTensor reads placements in mesh order, each axis splitting the piece the earlier axes left:
+// Shard(d) splits it into k blocks, _StridedShard(d, f) into f runs each split into k blocks
+// (shard i = block i of every run), i.e. the axis owns the digit of radix k at place L/(f*k) of
+// the piece (length L). The piece is the dim with the earlier axes' digits removed, so a local
+// place maps to the global one by re-inserting those digits below it. Sets the global strides of
+// the axes sharding `dim`; throws when an axis's shards are no single digit of the dim (weft's
+// factor view cannot say that) or the dim is uneven (DTensor's repeated chunking differs from
+// weft's padding there).
+void dtensor_strides(std::vector<Placement>& axes, const std::vector<int64_t>& split_factor,
+                     const std::vector<int64_t>& mesh, int64_t n, int dim, std::string_view whole) {
+  int64_t K = 1;
+  for (std::size_t a = 0; a < axes.size(); ++a)
+    if (axes[a].kind == Placement::Shard && axes[a].dim == dim) K *= mesh[a];
+  WEFT_CHECK(n % K == 0,
+             "sharding spec '{}': dim {} of size {} is uneven for its {} shards; with _StridedShard DTensor "
+             "chunks it repeatedly, which weft's padding rule does not represent",
+             whole, dim, n, K);
+  std::vector<Digit> removed;  // global digits taken by earlier axes
+  int64_t piece = n;
+  for (std::size_t a = 0; a < axes.size(); ++a) {
+    Placement& p = axes[a];
+    if (p.kind != Placement::Shard || p.dim != dim || mesh[a] == 1) continue;
+    WEFT_CHECK(
+        p.stride == 0,
+        "sharding spec '{}': mesh axis {} gives weft stride {} on dim {}, which also has a _StridedShard "
+        "(DTensor's sequential reading); write the dim in one notation",
+        whole, a, p.stride, dim);
+    const int64_t k = mesh[a];
+    const int64_t f = split_factor[a] > 0 ? split_factor[a] : 1;
+    WEFT_CHECK(piece % (f * k) == 0,
+               "sharding spec '{}': mesh axis {} splits a piece of {} elements of dim {} into {} runs of {} "
+               "shards, which does not divide",
+               whole, a, piece, dim, f, k);
+    int64_t place = piece / (f * k);
+    std::sort(removed.begin(), removed.end(), [](const Digit& x, const Digit& y) { return x.s < y.s; });
+    for (const Digit& r : removed)
+      if (r.s <= place) place *= r.k;
+    for (const Digit& r : removed)
+      WEFT_CHECK(r.s * r.k <= place || r.s >= place * k,
+                 "sharding spec '{}': mesh axis {} takes elements of dim {} that are no single digit of it "
+                 "(its shards straddle an earlier axis's); weft's strides cannot say that",
+                 whole, a, dim);
+    p.stride = place;
+    removed.push_back({place, k});
+    piece /= k;
+  }
 }
 
 }  // namespace
@@ -252,10 +321,35 @@ ShardingSpec ShardingSpec::replicated(std::vector<int64_t> tensor_shape, std::ve
 
 ShardingSpec ShardingSpec::parse(std::string_view text, std::vector<int64_t> tensor_shape,
                                  std::vector<int64_t> mesh_shape, bool allow_padding) {
+  // A DTensor's placements are a tuple: "(Shard(dim=0), Replicate())" reads as "[...]". No
+  // placement word starts with '('.
+  std::string_view body = text;
+  while (!body.empty() && std::isspace(static_cast<unsigned char>(body.front()))) body.remove_prefix(1);
+  while (!body.empty() && std::isspace(static_cast<unsigned char>(body.back()))) body.remove_suffix(1);
+  if (body.size() >= 2 && body.front() == '(' && body.back() == ')') body = body.substr(1, body.size() - 2);
   std::vector<Placement> p;
-  for (const auto& tok : split_tokens(text)) p.push_back(parse_token(tok, text));
+  std::vector<int64_t> split_factor;
+  for (const auto& tok : split_tokens(body)) {
+    Token t = parse_token(tok, text);
+    p.push_back(t.placement);
+    split_factor.push_back(t.split_factor);
+  }
   WEFT_CHECK(p.size() == mesh_shape.size(), "sharding spec '{}' has {} placements for a {}-D mesh", text,
              p.size(), mesh_shape.size());
+  // A dim with a _StridedShard is read DTensor's way (all its axes in mesh order); the others
+  // keep weft's reading, which equals DTensor's for plain Shard words.
+  for (std::size_t a = 0; a < p.size(); ++a) {
+    if (split_factor[a] == 0) continue;
+    const int d = p[a].dim;
+    WEFT_CHECK(d >= 0 && d < static_cast<int>(tensor_shape.size()),
+               "sharding spec '{}': mesh axis {}: dim {} out of range for a rank-{} tensor", text, a, d,
+               tensor_shape.size());
+    bool first = true;
+    for (std::size_t b = 0; b < a; ++b)
+      if (split_factor[b] > 0 && p[b].dim == d) first = false;
+    if (first)
+      dtensor_strides(p, split_factor, mesh_shape, tensor_shape[static_cast<std::size_t>(d)], d, text);
+  }
   return ShardingSpec(std::move(tensor_shape), std::move(mesh_shape), std::move(p), allow_padding);
 }
 
@@ -367,21 +461,27 @@ std::string ShardingSpec::to_dtensor() const {
     }
     // DTensor applies placements in mesh order on the local piece left by earlier axes.
     int64_t L = padded_size(p.dim), sloc = p.stride;
-    int earlier_on_dim = 0;
     for (int b = 0; b < a; ++b) {
       const Placement& q = axes_[static_cast<std::size_t>(b)];
       const int64_t kb = mesh_[static_cast<std::size_t>(b)];
       if (q.kind != Placement::Shard || q.dim != p.dim || kb == 1) continue;
-      ++earlier_on_dim;
       L /= kb;
       if (q.stride < p.stride) sloc /= kb;
     }
-    WEFT_CHECK(!is_padded() ||
-                   (earlier_on_dim == 0 && padded_size(p.dim) == shape_[static_cast<std::size_t>(p.dim)]) ||
-                   axes_of_dim(p.dim).size() == 1,
-               "spec '{}': nested shards of a padded dim follow weft's padding rule, not DTensor's",
-               to_string());
     const int64_t f = L / (sloc * k);
+    // An uneven dim: weft pads it to N' and splits that, DTensor chunks (ceil) axis after axis,
+    // and _StridedShard chunks into runs first. They agree only for one block split (torch.chunk).
+    if (padded_size(p.dim) != shape_[static_cast<std::size_t>(p.dim)]) {
+      int splitting = 0;
+      for (int b : axes_of_dim(p.dim))
+        if (mesh_[static_cast<std::size_t>(b)] > 1) ++splitting;
+      WEFT_CHECK(
+          splitting == 1 && f == 1,
+          "spec '{}': dim {} of size {} is uneven and {}; weft pads it to {} before splitting, DTensor "
+          "chunks it axis after axis: the two agree only for a single block split",
+          to_string(), p.dim, shape_[static_cast<std::size_t>(p.dim)],
+          splitting > 1 ? "split by several mesh axes" : "strided", padded_size(p.dim));
+    }
     t.push_back(f == 1 ? fmt::format("Shard({})", p.dim)
                        : fmt::format("_StridedShard(dim={}, split_factor={})", p.dim, f));
   }

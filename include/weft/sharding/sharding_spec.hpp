@@ -59,8 +59,10 @@ class ShardingSpec {
                                               std::vector<Placement> per_axis, bool allow_padding = false);
   // Fully replicated spec.
   static ShardingSpec replicated(std::vector<int64_t> tensor_shape, std::vector<int64_t> mesh_shape);
-  // Parses the notation above; also accepts "Shard(0)", "Replicate()", "Partial()" / "Partial(max)"
-  // and an optional "[...]" with commas.
+  // Parses the notation above; also accepts "Shard(0)", "Replicate()", "Partial()" / "Partial(max)",
+  // DTensor's strided shards ("_StridedShard(dim=0, split_factor=2)", torch's "sf=" and "_S(0, 2)"
+  // forms, read with DTensor's sequential mesh-order semantics: what to_dtensor writes) and an
+  // optional "[...]" or "(...)" with commas.
   static ShardingSpec parse(std::string_view text, std::vector<int64_t> tensor_shape,
                             std::vector<int64_t> mesh_shape, bool allow_padding = false);
   // Alpa/GSPMD per-tensor-dim notation for meshes of up to 2 axes, e.g. "S0R", "RS1", "S01R",

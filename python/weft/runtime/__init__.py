@@ -17,7 +17,7 @@ import numpy as np
 
 from .. import _weft
 
-__all__ = ["run", "load_program"]
+__all__ = ["run", "load_program", "save_result", "describe"]
 
 
 def _program_of(plan_or_program, step, cluster):
@@ -52,6 +52,17 @@ def run(plan, step=None, cluster=None, *, nproc: Optional[int] = None, steps: in
                 inputs=inputs, timeout_s=timeout_s, nproc=nproc)
 
 
+def _graph_from(model: str):
+    """A graph JSON file, or a zoo preset name."""
+    import os
+
+    if os.path.exists(model):
+        return _weft.Graph.from_json(open(model).read())
+    from ..models import build
+
+    return build(model)
+
+
 def load_program(path: str, model: Optional[str] = None, cluster: Optional[str] = None):
     """A program from a file: a lowered program's JSON (``Program.to_json``), or a plan's JSON
     (``Plan.to_json``) lowered with the training graph ``model`` (a graph JSON file, or a zoo preset
@@ -72,12 +83,7 @@ def load_program(path: str, model: Optional[str] = None, cluster: Optional[str] 
         raise ValueError(f"{path} is a plan: give --model (the graph JSON or a zoo preset) and --cluster "
                          "(a cluster JSON or a preset spec) to lower it")
     plan = _weft.Plan.from_json(text)
-    if os.path.exists(model):
-        graph = _weft.Graph.from_json(open(model).read())
-    else:
-        from ..models import build
-
-        graph = build(model)
+    graph = _graph_from(model)
     if os.path.exists(cluster):
         c = _weft.Cluster.from_json(open(cluster).read())
     else:
@@ -85,3 +91,21 @@ def load_program(path: str, model: Optional[str] = None, cluster: Optional[str] 
 
         c = _cluster(cluster, 1)
     return _program_of(plan, _training_graph(graph), c)
+
+
+def save_result(result, path: str) -> None:
+    import numpy as np
+
+    arrays = {"losses": np.asarray(result.losses)}
+    arrays.update({f"param/{k}": v for k, v in result.parameters.items()})
+    arrays.update({f"grad/{k}": v for k, v in result.gradients.items()})
+    if result.step_seconds:
+        arrays["step_seconds"] = np.asarray(result.step_seconds)
+    np.savez(path, **arrays)
+
+
+def describe(result) -> str:
+    lines = ["losses " + " ".join(f"{x:.6f}" for x in result.losses)]
+    for r, s in enumerate(result.step_seconds):
+        lines.append(f"rank {r}: " + " ".join(f"{1e3 * t:.1f}" for t in s) + " ms per step")
+    return "\n".join(lines)
