@@ -81,6 +81,27 @@ def run_a_plan(plan, step, cluster):
     print(f"  CPU executor (ranks as threads, f64, 3 Adam steps): losses {[round(x, 6) for x in got.losses]}, "
           f"on one device {[round(x, 6) for x in ref.losses]}; largest relative difference (losses, parameters, "
           f"gradients) {got.max_relative_error(ref):.1e}")
+    run_on_processes(small, ref)
+
+
+def run_on_processes(small, ref):
+    """The same small GPT planned on a 4-GPU node and run for real: one process per device on
+    torch.distributed (gloo on this CPU; NCCL with backend="nccl" on GPUs; torchrun across nodes)."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        print("  (torch is not installed: skipping the run on torch.distributed processes)")
+        return
+    four = weft.Cluster.preset("p3.8xlarge")
+    p = weft.plan(small, four)
+    t0 = time.perf_counter()
+    got = weft.run(p, small, four, steps=3, dtype="f64", backend="gloo")
+    wall = time.perf_counter() - t0
+    step_ms = [1e3 * sum(s[1:]) / max(1, len(s) - 1) for s in got.step_seconds]
+    print(f"  the same GPT planned on {four}: {p.strategy}, {p.num_stages} stage(s), {p.schedule}; run as "
+          f"{len(got.step_seconds)} processes on torch.distributed (gloo): losses {[round(x, 6) for x in got.losses]}; "
+          f"largest relative difference to one device {got.max_relative_error(ref):.1e}; "
+          f"{max(step_ms):.0f} ms per step after the first, {wall:.1f} s in all with process start-up")
 
 
 if __name__ == "__main__":

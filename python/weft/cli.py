@@ -86,7 +86,7 @@ def _run(args) -> int:
 
         ref = weft.execute_reference(_training_graph(_graph_from(args.model)), steps=args.steps, seed=args.seed,
                                      dtype="f64" if dtype == "f64" else "f32")
-        print(f"one device (CPU reference executor): losses " + " ".join(f"{x:.6f}" for x in ref.losses))
+        print("one device (CPU reference executor): losses " + " ".join(f"{x:.6f}" for x in ref.losses))
         print(f"largest relative difference (losses, parameters, gradients): {result.max_relative_error(ref):.3g}")
     if args.out:
         save_result(result, args.out)

@@ -95,15 +95,39 @@ def test_layouts_exercise_the_runtime(layouts):
     assert all(p.num_ranks == 4 for p in layouts.values())
 
 
+_RUNS = {}
+
+
+def run_f64(layouts, name):
+    if name not in _RUNS:
+        _RUNS[name] = weft.run(layouts[name], steps=3, dtype="f64")
+    return _RUNS[name]
+
+
 @pytest.mark.parametrize("name", ["a-megatron-spmd", "b-2stages-tp2-1f1b", "c-2stages-dp2-kfkb2", "d-weft-plan"])
 def test_four_gloo_processes_equal_the_reference_f64(name, layouts, reference):
-    got = weft.run(layouts[name], steps=3, dtype="f64")
+    got = run_f64(layouts, name)
     assert isinstance(got, weft.ExecutionResult)
     assert len(got.losses) == 3 and len(got.step_seconds) == 4 and all(len(s) == 3 for s in got.step_seconds)
     assert set(got.parameters) == set(reference.parameters)
     assert_same(got, reference, 1e-10)
     assert got.max_relative_error(reference) < 1e-10
     assert all(b > 0 for b in got.peak_bytes)
+
+
+@pytest.mark.parametrize("name", ["a-megatron-spmd", "c-2stages-dp2-kfkb2"])
+def test_four_gloo_processes_equal_plain_pytorch(name, layouts, step):
+    # An oracle independent of weft's autodiff, optimizer and kernels: the same GPT as a torch module,
+    # trained 3 steps by torch autograd + torch.optim.Adam in one process from the same initial values
+    # and tokens.
+    from weft.runtime.torch_models import train_plain_pytorch
+
+    want = train_plain_pytorch(step, layers=2, heads=4, steps=3, dtype=torch.float64)
+    got = run_f64(layouts, name)
+    assert set(want) == set(got.parameters)
+    for n, w in want.items():
+        w = w.numpy()
+        np.testing.assert_allclose(got.parameters[n], w, rtol=1e-10, atol=1e-10 * np.max(np.abs(w)), err_msg=n)
 
 
 def test_f32_runs_close_to_the_reference(step, cluster, layouts):

@@ -96,7 +96,7 @@ class Comm:
     # -- collectives
 
     def collective(self, ins: dict, x: torch.Tensor, local_shape: Sequence[int]) -> Finish:
-        kind, group = ins["kind"], ins["group"]
+        group = ins["group"]
         if len(group) == 1:  # a group of one: the tiles are the same
             out = x.clone()
             return lambda: out

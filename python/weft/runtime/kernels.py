@@ -150,12 +150,11 @@ def ce_grad(op: dict, logits: torch.Tensor, labels: torch.Tensor, dloss: torch.T
             sum_target: torch.Tensor, ctx: dict) -> torch.Tensor:
     tokens = ctx.get("tokens") or float(row_max.numel())
     scale = dloss.reshape(()) / tokens
-    p = torch.exp(logits - row_max.unsqueeze(-1)) / sum_target[..., 0].unsqueeze(-1)
+    p = torch.sub(logits, row_max.unsqueeze(-1)).exp_().div_(sum_target[..., 0].unsqueeze(-1))
     rows, held = _vocab_rows(op, labels, ctx, logits.shape[-1], "label")
-    onehot = torch.zeros_like(p)
-    src = torch.ones_like(rows, dtype=p.dtype) if held is None else held.to(p.dtype)
-    onehot.scatter_(-1, rows.clamp(min=0).unsqueeze(-1), src.unsqueeze(-1))
-    return scale * (p - onehot)
+    minus = -torch.ones_like(rows, dtype=p.dtype) if held is None else -held.to(p.dtype)
+    p.scatter_add_(-1, rows.clamp(min=0).unsqueeze(-1), minus.unsqueeze(-1))  # − [class = label]
+    return p.mul_(scale)
 
 
 # ---- one function per op kind: (op, inputs, ctx) -> list of outputs
@@ -198,14 +197,7 @@ def _softmax(op, x, ctx):
 def _softmax_grad(op, x, ctx):
     y, dy = x
     ax = _axis(op["attrs"]["axes"][0], y.dim())
-    return [y * (dy - (dy * y).sum(dim=ax, keepdim=True))]
-
-
-def _ln_normalised(x, eps):
-    mu = x.mean(dim=-1, keepdim=True)
-    var = ((x - mu) ** 2).mean(dim=-1, keepdim=True)
-    rstd = torch.rsqrt(var + eps)
-    return (x - mu) * rstd, rstd
+    return [torch._softmax_backward_data(dy, y, ax, y.dtype)]  # y·(dy − Σ dy·y)
 
 
 def _layer_norm(op, x, ctx):
@@ -213,18 +205,26 @@ def _layer_norm(op, x, ctx):
     return [F.layer_norm(x[0], [x[0].shape[-1]], x[1], x[2], eps)]
 
 
+def _ln_backward(xv, gamma, dy, eps, mask):
+    """torch's fused layer-norm backward (the statistics recomputed from x, as weft's graph does)."""
+    h = [xv.shape[-1]]
+    ones = torch.ones(h, dtype=xv.dtype, device=xv.device)
+    _, mean, rstd = torch.ops.aten.native_layer_norm(xv, h, ones, None, eps)
+    return torch.ops.aten.native_layer_norm_backward(dy, xv, h, mean, rstd, gamma if gamma is not None else ones,
+                                                     torch.zeros_like(ones), mask)
+
+
 def _layer_norm_grad(op, x, ctx):
+    # dx = rstd·(g − mean(g) − x̂·mean(g·x̂)), g = dy·γ
     xv, gamma, dy = x
-    xh, rstd = _ln_normalised(xv, op["attrs"].get("scalar", 0.0))
-    g = dy * gamma
-    return [rstd * (g - g.mean(dim=-1, keepdim=True) - xh * (g * xh).mean(dim=-1, keepdim=True))]
+    return [_ln_backward(xv, gamma, dy, op["attrs"].get("scalar", 0.0), [True, False, False])[0]]
 
 
 def _layer_norm_param_grad(op, x, ctx):
+    # dγ = Σ dy·x̂, dβ = Σ dy over the leading dims
     xv, dy = x
-    xh, _ = _ln_normalised(xv, op["attrs"].get("scalar", 0.0))
-    h = xv.shape[-1]
-    return [(dy * xh).reshape(-1, h).sum(dim=0), dy.reshape(-1, h).sum(dim=0)]
+    _, dg, db = _ln_backward(xv, None, dy, op["attrs"].get("scalar", 0.0), [False, True, True])
+    return [dg, db]
 
 
 def _embedding(op, x, ctx):
@@ -324,7 +324,12 @@ def _pool2d_grad(op, x, ctx):
 
 def _unary_grad(op, x, ctx):
     a = op["attrs"]
-    return [x[1] * _unary_derivative(a.get("unary", "identity"), x[0], a.get("scalar", 0.0))]
+    fn = a.get("unary", "identity")
+    if fn == "gelu":  # torch's fused backward of the same tanh form
+        return [torch.ops.aten.gelu_backward(x[1], x[0], approximate="tanh")]
+    if fn == "scale":
+        return [x[1] * a.get("scalar", 0.0)]
+    return [x[1] * _unary_derivative(fn, x[0], a.get("scalar", 0.0))]
 
 
 def _broadcast_to(op, x, ctx):
@@ -343,10 +348,11 @@ def _adam(op, x, ctx):
     lr, b1, b2, eps = op["attrs"]["scalars"][:4]
     step = ctx.get("adam_step") or op["attrs"]["scalars"][4]
     p, g, m, v = x
-    m = b1 * m + (1 - b1) * g
-    v = b2 * v + (1 - b2) * g * g
     c1, c2 = 1 - b1 ** step, 1 - b2 ** step
-    return [p - lr * (m / c1) / (torch.sqrt(v / c2) + eps), m, v]
+    m = torch.mul(m, b1).add_(g, alpha=1 - b1)  # new tensors: the inputs may be shared buffers
+    v = torch.mul(v, b2).addcmul_(g, g, value=1 - b2)
+    denom = torch.div(v, c2).sqrt_().add_(eps)
+    return [torch.addcdiv(p, m, denom, value=-lr / c1), m, v]
 
 
 def _opaque(op, x, ctx):

@@ -18,7 +18,7 @@ import socket
 import tempfile
 import time
 import traceback
-from typing import Dict, List, Mapping, Optional
+from typing import List, Mapping, Optional
 
 import numpy as np
 

@@ -70,10 +70,17 @@ class RankRuntime:
         self.peak_bytes = 0
         self._leaf_ids = [b for b in self.program.leaf_buffer_ids if self.buffers[b]["stage"] == self.info["stage"]]
         self._local_shape: Dict[int, List[int]] = {}
+        self._dtype: Dict[int, torch.dtype] = {}
 
     # -- buffers
 
     def dtype_of(self, b: int) -> torch.dtype:
+        dt = self._dtype.get(b)
+        if dt is None:
+            dt = self._dtype[b] = self._dtype_of(b)
+        return dt
+
+    def _dtype_of(self, b: int) -> torch.dtype:
         t = self.buffers[b]["tensor_id"]
         dt = self.tensors[t]["dtype"] if t is not None and t >= 0 else "f32"
         if dt in _INT_DTYPES:
@@ -82,7 +89,7 @@ class RankRuntime:
 
     def local_shape(self, b: int) -> List[int]:
         if b not in self._local_shape:
-            self._local_shape[b] = list(self.layout.tile(b, self.rank)["local_shape"])
+            self._local_shape[b] = torch.Size(self.layout.tile(b, self.rank)["local_shape"])
         return self._local_shape[b]
 
     def read(self, b: int) -> torch.Tensor:
@@ -96,7 +103,7 @@ class RankRuntime:
 
     def write(self, b: int, v: torch.Tensor) -> None:
         want = self.local_shape(b)
-        if list(v.shape) != want:
+        if v.shape != want:
             raise RankError(f"result shape {list(v.shape)} differs from the tile {want} of '{self.buffers[b]['name']}'")
         old = self.values.get(b)
         if old is not None:

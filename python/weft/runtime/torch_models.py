@@ -1,0 +1,101 @@
+"""Zoo models written as plain PyTorch modules, trained with torch autograd and torch.optim: the
+independent baselines the runtime is checked and benchmarked against (weft's own autodiff and
+Adam on one side, torch's on the other, from the same initial values and data).
+
+``train_plain_pytorch(step, layers, heads, steps)`` trains :class:`TorchGPT` (``weft.models.gpt``)
+from weft's counter-based initial parameters on weft's counter-based tokens, with the Adam (or SGD)
+hyper-parameters of ``step``'s update ops, and returns the parameters after the steps.
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict, Optional
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .. import _weft
+
+
+class TorchGPT(torch.nn.Module):
+    """weft.models.gpt as a PyTorch module: learned positions, pre-LN blocks, fused QKV, softmax
+    attention without a mask (as weft's graph), tanh-GeLU MLP, final LN, logits tied to wte."""
+
+    def __init__(self, params: Dict[str, torch.Tensor], layers: int, heads: int):
+        super().__init__()
+        self.names = {k.replace(".", "_"): k for k in params}
+        self.p = torch.nn.ParameterDict({k.replace(".", "_"): torch.nn.Parameter(v) for k, v in params.items()})
+        self.layers, self.heads = layers, heads
+
+    def w(self, name: str) -> torch.Tensor:
+        return self.p[name.replace(".", "_")]
+
+    def parameters_by_name(self) -> Dict[str, torch.Tensor]:
+        return {self.names[k]: v.detach() for k, v in self.p.items()}
+
+    def forward(self, tokens: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        b, s = tokens.shape
+        x = F.embedding(tokens, self.w("wte")) + self.w("wpe")
+        h = x.shape[-1]
+        d = h // self.heads
+        for i in range(self.layers):
+            p = f"h{i}"
+            y = F.layer_norm(x, [h], self.w(p + ".ln1.gamma"), self.w(p + ".ln1.beta"), 1e-5)
+            qkv = (y @ self.w(p + ".attn.qkv.w") + self.w(p + ".attn.qkv.b")).reshape(b, s, 3, self.heads, d)
+            q, k, v = qkv[:, :, 0] * (1.0 / d ** 0.5), qkv[:, :, 1], qkv[:, :, 2]
+            probs = torch.softmax(torch.einsum("bsnd,btnd->bnst", q, k), dim=-1)
+            ctx = torch.einsum("bnst,btnd->bsnd", probs, v).reshape(b, s, h)
+            x = x + ctx @ self.w(p + ".attn.proj.w") + self.w(p + ".attn.proj.b")
+            y = F.layer_norm(x, [h], self.w(p + ".ln2.gamma"), self.w(p + ".ln2.beta"), 1e-5)
+            y = F.gelu(y @ self.w(p + ".mlp.fc1.w") + self.w(p + ".mlp.fc1.b"), approximate="tanh")
+            x = x + y @ self.w(p + ".mlp.fc2.w") + self.w(p + ".mlp.fc2.b")
+        x = F.layer_norm(x, [h], self.w("ln_f.gamma"), self.w("ln_f.beta"), 1e-5)
+        logits = (x @ self.w("wte").t()).reshape(b * s, -1)
+        if logits.dtype in (torch.float16, torch.bfloat16):  # the loss in f32, as mixed precision does
+            logits = logits.float()
+        return F.cross_entropy(logits, labels.reshape(-1))
+
+
+def leaf_value(values, graph, name: str, step: int, device, dtype) -> torch.Tensor:
+    """The global value of leaf ``name`` at ``step`` (weft's counter-based values)."""
+    t = next((x for x in graph.tensors if x["name"] == name), None)
+    if t is None:
+        raise ValueError(f"the graph has no tensor '{name}'")
+    n = int(np.prod(t["shape"])) if t["shape"] else 1
+    v = values.values(t["id"], step, np.arange(n, dtype=np.int64)).reshape(t["shape"])
+    return torch.from_numpy(v).to(device=device, dtype=dtype)
+
+
+def train_plain_pytorch(step, layers: int, heads: int, steps: int, *, seed: int = 0, device="cpu",
+                        dtype=torch.float64, around_step: Optional[Callable] = None) -> Dict[str, torch.Tensor]:
+    """Trains TorchGPT with torch autograd and torch.optim for ``steps`` steps from ``step``'s initial
+    parameters and data; returns the parameters by name. ``around_step(s, fn)`` (optional) wraps each
+    step (fn runs it and returns the loss), e.g. to time it."""
+    values = _weft.LeafValues(step, int(seed))
+    params = {t["name"]: leaf_value(values, step, t["name"], 1, device, dtype) for t in step.tensors
+              if t["role"] == "parameter" and t["producer"] is None}
+    model = TorchGPT(params, layers, heads)
+    update = next((o for o in step.ops if o["kind"] in ("adam_update", "sgd_update")), None)
+    if update is None:
+        raise ValueError("the graph has no optimizer update (give a training step)")
+    a = update["attrs"]["scalars"]
+    if update["kind"] == "adam_update":
+        opt = torch.optim.Adam(model.parameters(), lr=a[0], betas=(a[1], a[2]), eps=a[3], foreach=True)
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=a[0])
+    for s in range(1, steps + 1):
+        tokens = leaf_value(values, step, "tokens", s, device, torch.int64)
+        labels = leaf_value(values, step, "labels", s, device, torch.int64)
+
+        def one():
+            opt.zero_grad(set_to_none=True)
+            loss = model(tokens, labels)
+            loss.backward()
+            opt.step()
+            return float(loss.detach())
+
+        if around_step is not None:
+            around_step(s, one)
+        else:
+            one()
+    return model.parameters_by_name()
