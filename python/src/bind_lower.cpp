@@ -254,6 +254,14 @@ void bind_lower(py::module_& m) {
       py::arg("graph"), py::arg("cluster"), py::arg("mesh"), py::arg("spmd_plan"),
       py::call_guard<py::gil_scoped_release>(), "Lowers the layout an SPMD search chose to a Program.");
   m.def(
+      "_lower_random",
+      [](const ir::Graph& g, const cluster::Cluster& c, const cluster::DeviceMesh& mesh, std::uint32_t seed) {
+        return lower::lower_spmd(g, c, mesh, lower::random_layout(g, mesh.shape(), seed));
+      },
+      py::arg("graph"), py::arg("cluster"), py::arg("mesh"), py::arg("seed"),
+      py::call_guard<py::gil_scoped_release>(),
+      "Lowers a random valid layout (every op a random strategy, every leaf a random spec) to a Program.");
+  m.def(
       "_execute_program",
       [](const Program& p, int steps, std::uint64_t seed, const std::string& dtype, const py::dict& inputs,
          double timeout_s) {

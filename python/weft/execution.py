@@ -24,7 +24,7 @@ from . import _weft
 from ._weft import Program
 from .planning import _training_graph
 
-__all__ = ["ExecutionResult", "Program", "lower", "lower_spmd", "execute", "execute_reference"]
+__all__ = ["ExecutionResult", "Program", "lower", "lower_spmd", "lower_random", "execute", "execute_reference"]
 
 _DTYPES = ("f64", "f32")
 
@@ -133,6 +133,18 @@ def lower_spmd(step, cluster, mesh, spmd_plan) -> Program:
     if not isinstance(raw, _weft.spmd.SpmdPlan):
         raise ValueError(f"lower_spmd: expected a weft.spmd_search result, got {type(spmd_plan).__name__}")
     return _weft._lower_spmd(step, cluster, mesh, raw)
+
+
+def lower_random(step, cluster, mesh, seed: int = 0) -> Program:
+    """A :class:`weft.Program` of ``step`` on ``mesh`` under a random valid layout: every op a random
+    strategy of its index map, every leaf a random spec (a pure function of ``seed``). No search
+    would choose such layouts; they move data with every collective kind, which makes them the
+    stress test of an executor (:func:`execute`, :func:`weft.run`)."""
+    if not isinstance(mesh, _weft.DeviceMesh):
+        raise TypeError(f"lower_random: mesh must be a weft.DeviceMesh, got {type(mesh).__name__}")
+    if int(seed) < 0:
+        raise ValueError(f"lower_random: seed must be >= 0, got {seed}")
+    return _weft._lower_random(_training_graph(step), cluster, mesh, int(seed))
 
 
 def execute(program_or_plan, step=None, cluster=None, steps: int = 3, seed: int = 0, dtype: str = "f64",

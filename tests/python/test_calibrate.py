@@ -5,7 +5,6 @@ measurements, and that the derived numbers reproduce the measured ones.
 """
 import json
 import math
-import os
 import statistics
 import subprocess
 import sys
@@ -16,10 +15,10 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import weft  # noqa: E402
+from weft_env import subprocess_env  # noqa: E402
 from weft.calibration import (AlphaBetaFit, CollectiveTiming, collective_coefficients, fit_alpha_beta,  # noqa: E402
                             match_device_kind)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture(scope="module")
@@ -143,8 +142,7 @@ def test_fit_alpha_beta_recovers_exact_data():
 
 def test_cli_writes_a_loadable_calibration(tmp_path):
     out, rep = tmp_path / "tmp.json", tmp_path / "report.json"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [os.path.join(ROOT, "python"), os.path.join(ROOT, "build", "dev", "python"), os.environ.get("PYTHONPATH", "")]))
+    env = subprocess_env()
     proc = subprocess.run([sys.executable, "-m", "weft.cli", "calibrate", "--quick", "--device", "cpu",
                            "--out", str(out), "--report", str(rep)],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
@@ -166,8 +164,7 @@ def test_cli_writes_a_loadable_calibration(tmp_path):
 
 
 def test_cli_rejects_bad_input(tmp_path):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [os.path.join(ROOT, "python"), os.path.join(ROOT, "build", "dev", "python"), os.environ.get("PYTHONPATH", "")]))
+    env = subprocess_env()
     proc = subprocess.run([sys.executable, "-m", "weft.cli", "calibrate", "--nproc", "0", "--out",
                            str(tmp_path / "x.json")], env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "nproc must be >= 1" in proc.stderr
@@ -181,8 +178,7 @@ def test_import_weft_without_torch():
             "import weft\n"
             "from weft.calibration import fit_alpha_beta\n"
             "try:\n    weft.calibrate(quick=True)\nexcept ImportError as e:\n    print('ImportError:', e)\n")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [os.path.join(ROOT, "python"), os.path.join(ROOT, "build", "dev", "python"), os.environ.get("PYTHONPATH", "")]))
+    env = subprocess_env()
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "ImportError: weft.calibrate needs PyTorch" in proc.stdout

@@ -16,6 +16,7 @@ torch = pytest.importorskip("torch")
 
 import weft  # noqa: E402
 from weft.runtime.launch import free_port  # noqa: E402
+from weft_env import subprocess_env  # noqa: E402
 
 
 def gpt(optimizer="adam", **kw):
@@ -130,6 +131,41 @@ def test_four_gloo_processes_equal_plain_pytorch(name, layouts, step):
         np.testing.assert_allclose(got.parameters[n], w, rtol=1e-10, atol=1e-10 * np.max(np.abs(w)), err_msg=n)
 
 
+@pytest.mark.parametrize("model,shape,seed", [("gpt", [4], 0), ("gpt", [2, 2], 1), ("moe", [4], 0),
+                                              ("moe", [2, 2], 1)])
+def test_random_layouts_use_every_collective_and_equal_the_reference(model, shape, seed, cluster):
+    # Layouts no search would choose: every op a random strategy, every leaf a random spec. They move
+    # data with all-gather, reduce-scatter, all-to-all (MoE dispatch included) and all-reduce.
+    if model == "gpt":
+        s = weft.models.gpt(layers=1, hidden=32, heads=2, seq=4, vocab=32, batch=4).train_step()
+    else:
+        s = weft.models.moe(layers=1, hidden=16, heads=2, experts=4, seq=4, vocab=32, batch=4, ffn=32,
+                            moe_every=1).train_step()
+    prog = weft.lower_random(s, cluster, weft.DeviceMesh(shape, range(4)), seed)
+    k = kinds(prog)
+    assert all(k.get(c, 0) > 0 for c in ("all-reduce", "all-gather", "reduce-scatter", "all-to-all")), k
+    got = weft.run(prog, steps=2, dtype="f64")
+    ref = weft.execute_reference(s, steps=2)
+    assert_same(got, ref, 1e-10)
+    assert got.bytes_sent[0].get("all-to-all", 0) > 0 and got.bytes_sent[0].get("reduce-scatter", 0) > 0
+
+
+def test_uneven_shares_and_the_uneven_split_equal_the_reference():
+    # Uneven data-parallel shares: each replica runs the graph at its own batch (here 1 sample: torch's
+    # einsum returns a transposed view for it, which the runtime stores row-major before the
+    # all-reduce), a device with no samples left out; Whale's uneven tensor split over mixed GPUs.
+    step16 = weft.models.gpt(layers=2, hidden=64, heads=4, seq=8, vocab=128, batch=16).train_step()
+    c4 = weft.Cluster.preset("p3.8xlarge")
+    shares = weft.data_parallel_plan(step16, c4, [5, 2, 1, 0], num_microbatches=2)
+    got = weft.run(shares, step16, c4, steps=2, dtype="f64")
+    assert len(got.step_seconds) == 3
+    assert_same(got, weft.execute_reference(step16, steps=2), 1e-10)
+    mixed = weft.Cluster.concat(weft.Cluster.preset("p3.8xlarge"), weft.Cluster.preset("P100"))
+    step12 = weft.models.gpt(layers=1, hidden=48, heads=4, seq=12, vocab=96, batch=12).train_step()
+    split = weft.split_plan(step12, mixed, [2] * 4 + [1] * 8)
+    assert_same(weft.run(split, step12, mixed, steps=2, dtype="f64"), weft.execute_reference(step12, steps=2), 1e-10)
+
+
 def test_f32_runs_close_to_the_reference(step, cluster, layouts):
     # f32 losses and gradients within 1e-5 of both references. Parameters after Adam: where a gradient is
     # at the rounding level (the key bias's is exactly 0 in exact arithmetic: softmax ignores it), Adam
@@ -239,12 +275,7 @@ def _torchrun():
 
 
 def _env():
-    env = dict(os.environ)
-    here = os.path.dirname(os.path.dirname(os.path.abspath(weft.__file__)))
-    extra = [here, os.path.dirname(os.path.abspath(weft._weft.__file__))]
-    env["PYTHONPATH"] = os.pathsep.join(extra + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    env["OMP_NUM_THREADS"] = "1"
-    return env
+    return subprocess_env()
 
 
 def torchrun(tmp_path, nproc, *args, timeout=240):

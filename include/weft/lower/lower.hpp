@@ -43,6 +43,10 @@ std::vector<std::pair<ir::TensorId, ir::TensorId>> state_carries(const ir::Graph
 
 // The layout an SPMD search chose.
 SpmdLayout layout_of(const ir::Graph& g, const spmd::SpmdPlan& plan);
+// A random valid layout of `g` on `mesh`: every op a random strategy of its index map, every leaf
+// a random non-partial spec (a pure function of the seed). For stress tests of the lowering and
+// the executors: layouts no search would choose move data with every collective kind.
+SpmdLayout random_layout(const ir::Graph& g, const std::vector<std::int64_t>& mesh, std::uint32_t seed);
 
 // Data parallelism and gradient accumulation of one stage. With replicas > 1 the mesh passed to
 // lower_spmd is [replicas] + the SPMD mesh (the layout is on the SPMD mesh; every spec gets R on the

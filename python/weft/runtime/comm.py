@@ -142,7 +142,7 @@ class Comm:
         raise ValueError(f"not a collective: {kind}")
 
     def _all_reduce(self, ins, x, local_shape, pg):
-        out = x.clone()
+        out = x.clone(memory_format=torch.contiguous_format)
         work = dist.all_reduce(out, op=reduce_op(ins["reduce"]), group=pg, async_op=True)
         k = len(ins["group"])
         self._count(ins["kind"], 2 * (k - 1) * out.numel() // k, out)
@@ -185,21 +185,8 @@ class Comm:
             at = np.nonzero(who[out_flat] == j)[0]
             recv_pos.append(at)
             recv_n.append(len(at))
-        return (self._exchange, self._idx(np.concatenate(send_idx)), send_n,
-                self._idx(np.concatenate(recv_pos)), recv_n, len(out_flat))
-
-    def _exchange(self, ins, x, local_shape, pg, send_idx, send_n, recv_pos, recv_n, n_out):
-        inp = x.reshape(-1)[send_idx].contiguous()
-        got = x.new_empty(sum(recv_n))
-        work = dist.all_to_all_single(got, inp, recv_n, send_n, group=pg, async_op=True)
-        self._count(ins["kind"], sum(send_n) - send_n[ins["group"].index(self.rank)], x)
-
-        def finish():
-            out = x.new_empty(n_out)
-            out[recv_pos] = got
-            return out.reshape(local_shape)
-
-        return _finisher(work, finish)
+        return (self._all_to_all, self._idx(np.concatenate(send_idx)), send_n,
+                self._idx(np.concatenate(recv_pos)), recv_n, len(out_flat), None)
 
     def _prepare_reduce_exchange(self, ins, flats, numel):
         """A reducing collective in general: every member sends each member all of its terms of that
@@ -223,19 +210,26 @@ class Comm:
             recv_n.append(len(at))
         if not np.all(covered):
             raise ValueError(f"no rank of group {group} holds element {int(out_flat[~covered][0])}")
-        return (self._reduce_exchange, self._idx(np.concatenate(send_idx)), send_n,
-                self._idx(np.concatenate(recv_pos)), recv_n, len(out_flat))
+        return (self._all_to_all, self._idx(np.concatenate(send_idx)), send_n,
+                self._idx(np.concatenate(recv_pos)), recv_n, len(out_flat), ins["reduce"])
 
-    def _reduce_exchange(self, ins, x, local_shape, pg, send_idx, send_n, recv_pos, recv_n, n_out):
+    def _all_to_all(self, ins, x, local_shape, pg, send_idx, send_n, recv_pos, recv_n, n_out, reduce):
+        """all_to_all_single of prepared elements; the receiver places them (reduce None) or sums /
+        maxes the terms it got (the reduce-exchange)."""
         inp = x.reshape(-1)[send_idx].contiguous()
         got = x.new_empty(sum(recv_n))
         work = dist.all_to_all_single(got, inp, recv_n, send_n, group=pg, async_op=True)
         self._count(ins["kind"], sum(send_n) - send_n[ins["group"].index(self.rank)], x)
-        is_max = ins["reduce"] == "max"
 
         def finish():
-            out = x.new_full((n_out,), -torch.inf) if is_max else x.new_zeros(n_out)
-            out.scatter_reduce_(0, recv_pos, got, reduce="amax" if is_max else "sum", include_self=not is_max)
+            if reduce is None:
+                out = x.new_empty(n_out)
+                out[recv_pos] = got
+            elif reduce == "max":
+                out = x.new_full((n_out,), -torch.inf)
+                out.scatter_reduce_(0, recv_pos, got, reduce="amax", include_self=False)
+            else:
+                out = x.new_zeros(n_out).index_add_(0, recv_pos, got)
             return out.reshape(local_shape)
 
         return _finisher(work, finish)

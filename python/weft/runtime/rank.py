@@ -110,6 +110,9 @@ class RankRuntime:
             self.live_bytes -= old.numel() * old.element_size()
         dt = self.dtype_of(b)
         v = v.to(dt) if v.dtype != dt else v
+        # Row-major storage, as the tiles are laid out: a kernel may return a transposed or expanded
+        # view (torch.einsum does for some shapes), and collectives and index maps read raw memory.
+        v = v.contiguous()
         self.values[b] = v
         self.live_bytes += v.numel() * v.element_size()
         self.peak_bytes = max(self.peak_bytes, self.live_bytes)

@@ -97,25 +97,7 @@ inline double max_rel_diff(const exec::ExecutionResult& a, const exec::Execution
 // Every op a random valid strategy and every leaf a random (non-partial) spec on `mesh`.
 inline lower::SpmdLayout random_layout(const ir::Graph& g, const std::vector<std::int64_t>& mesh,
                                        std::uint32_t seed) {
-  std::uint64_t state = seed * 0x9E3779B97F4A7C15ULL + 1;
-  auto next = [&](std::size_t n) {
-    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
-    return static_cast<std::size_t>((state >> 33) % n);
-  };
-  lower::SpmdLayout l;
-  for (const auto& op : g.ops()) {
-    auto st = spmd::enumerate_strategies(g, op, mesh);
-    l.op_axes.push_back(st[next(st.size())].axes);
-  }
-  sharding::EnumerateOptions eo;
-  eo.partial = false;
-  for (ir::TensorId t = 0; t < static_cast<ir::TensorId>(g.tensors().size()); ++t) {
-    const auto& info = g.tensor(t);
-    if (info.producer != ir::kNoOp) continue;
-    auto specs = sharding::enumerate_specs(info.shape, mesh, eo);
-    l.leaf_specs.emplace(t, specs[next(specs.size())]);
-  }
-  return l;
+  return lower::random_layout(g, mesh, seed);
 }
 
 inline spmd::SearchOptions quick_search() {
