@@ -25,11 +25,43 @@ def _cluster(text: str, nodes: int):
     return cluster
 
 
+def _graph(model: str, batch: int, dtype: str):
+    """A zoo preset name, or a graph JSON file (its own batch and dtypes)."""
+    import weft
+
+    if model.endswith(".json") or os.path.sep in model:
+        if not os.path.exists(model):
+            raise ValueError(f"--model: no such file {model!r}")
+        return weft.Graph.from_json(open(model).read())
+    return weft.models.build(model, batch=batch, dtype=dtype)
+
+
+def _cluster_arg(text: str, nodes: int):
+    """A cluster JSON file, or a preset spec (see _cluster)."""
+    import weft
+
+    if text.endswith(".json") or os.path.sep in text:
+        if not os.path.exists(text):
+            raise ValueError(f"--cluster: no such file {text!r}")
+        return weft.Cluster.from_json(open(text).read())
+    return _cluster(text, nodes)
+
+
+def _check_writable(path) -> None:
+    """Fail before a long search, not after it."""
+    if path in (None, "-"):
+        return
+    d = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(d) or not os.access(d, os.W_OK):
+        raise ValueError(f"cannot write {path!r}: {d} is not a writable directory")
+
+
 def _plan(args) -> int:
     import weft
 
-    graph = weft.models.build(args.model, batch=args.batch, dtype=args.dtype)
-    cluster = _cluster(args.cluster, args.nodes)
+    _check_writable(args.json)
+    graph = _graph(args.model, args.batch, args.dtype)
+    cluster = _cluster_arg(args.cluster, args.nodes)
     opts = {}
     if args.num_microbatches:
         opts["num_microbatches"] = args.num_microbatches
@@ -41,11 +73,29 @@ def _plan(args) -> int:
         opts.update(whole_nodes_only=True, power_of_two_nodes=True)
     p = weft.plan(graph, cluster, schedule=args.schedule, progress=args.progress, time_limit=args.time_limit,
                   compare_megatron=not args.no_megatron, **opts)
-    print(p.summary())
-    if args.json:
+    # --json -: the plan on stdout (parseable), the summary on stderr.
+    print(p.summary(), file=sys.stderr if args.json == "-" else sys.stdout)
+    if args.json == "-":
+        print(p.to_json())
+    elif args.json:
         with open(args.json, "w") as f:
             f.write(p.to_json())
         print(f"plan written to {args.json}")
+    return 0
+
+
+def _zoo(args) -> int:
+    import weft
+
+    rows = weft.models.presets()
+    if args.family:
+        rows = [r for r in rows if r["family"] == args.family]
+        if not rows:
+            raise ValueError(f"no presets of family {args.family!r}")
+    print(f"{'preset':20s} {'family':12s} {'parameters':>12s}  config")
+    for r in rows:
+        cfg = ", ".join(f"{k}={v}" for k, v in r["config"].items() if k not in ("name", "family"))
+        print(f"{r['name']:20s} {r['family']:12s} {r['named_params'] / 1e9:>10.2f} B  {cfg}")
     return 0
 
 
@@ -95,15 +145,21 @@ def _run(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from . import __version__
+
     parser = argparse.ArgumentParser(prog="weft", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"weft {__version__}")
     sub = parser.add_subparsers(dest="cmd", required=True)
     sub.add_parser("version", help="print the version")
-    pp = sub.add_parser("plan", help="plan a zoo model on a preset cluster and print the plan")
-    pp.add_argument("--model", default="GPT-2.7B", help="zoo preset name (weft.models presets)")
+    zp = sub.add_parser("zoo", help="list the model zoo's presets with their sizes")
+    zp.add_argument("--family", default=None, help="only this family (gpt, moe, bert, wresnet, unet, vgg)")
+    pp = sub.add_parser("plan", help="plan a model on a cluster and print the plan")
+    pp.add_argument("--model", default="GPT-2.7B", help="zoo preset name (weft zoo), or a graph JSON file")
     pp.add_argument("--batch", type=int, default=16, help="global batch size")
     pp.add_argument("--dtype", default="f16")
     pp.add_argument("--cluster", default="M8",
-                    help="cluster preset name, or mixed GPU kinds as PRESET:NODES+PRESET:NODES (e.g. M8:1+P100:1)")
+                    help="cluster preset name, mixed GPU kinds as PRESET:NODES+PRESET:NODES (e.g. M8:1+P100:1), "
+                         "or a cluster JSON file")
     pp.add_argument("--nodes", type=int, default=2, help="nodes of a preset given without :NODES")
     pp.add_argument("--schedule", default="1F1B")
     pp.add_argument("--num-microbatches", type=int, default=0, help="0 = auto")
@@ -113,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     pp.add_argument("--fast", action="store_true", help="whole-node, power-of-two submeshes only")
     pp.add_argument("--no-megatron", action="store_true", help="skip the Megatron-style baseline")
     pp.add_argument("--progress", action="store_true", help="show a progress bar")
-    pp.add_argument("--json", default=None, help="write the plan as JSON to this file")
+    pp.add_argument("--json", default=None, help="write the plan as JSON to this file ('-': stdout)")
     cp = sub.add_parser("calibrate", help="time matmuls, memory-bound ops and collectives here; write a calibration")
     cp.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     cp.add_argument("--nproc", type=int, default=2, help="local processes for the collectives (1 = none)")
@@ -138,9 +194,13 @@ def main(argv: list[str] | None = None) -> int:
     rp.add_argument("--out", default=None, help="write the result (.npz: losses, param/..., grad/...)")
     args = parser.parse_args(argv)
     if args.cmd == "version":
-        from . import __version__
-
         print(__version__)
+    elif args.cmd == "zoo":
+        try:
+            return _zoo(args)
+        except ValueError as e:
+            print(f"weft zoo: {e}", file=sys.stderr)
+            return 2
     elif args.cmd == "plan":
         try:
             return _plan(args)
