@@ -63,3 +63,8 @@ __all__ += ["torch_export"]
 # runtime (plans on torch.distributed: one process per device; torch imported when a run starts)
 from .runtime import run
 __all__ += ["run"]
+from .frontend import feeds_from_torch, from_torch  # noqa: E402 (PyTorch nn.Module -> weft.Graph via torch.export; torch imported lazily)
+__all__ += ["from_torch", "feeds_from_torch"]
+# notebook displays (_repr_html_ of Plan, Graph, Cluster, DeviceMesh, ShardingSpec, Program, ExecutionResult)
+from . import display as _display
+_display.install()
