@@ -158,6 +158,13 @@ void bind_plan(py::module_& m) {
       .def(
           "resimulate_step_time", [](const Plan& p) { return resimulate(p).step_time; },
           "Step time re-simulated from the stored stage numbers (equals step_time).")
+      .def(
+          "_pipeline",
+          [](const Plan& p) {
+            auto pl = pipeline_of(p);
+            return py::make_tuple(schedule_of(p), pl.stages, pl.links);
+          },
+          "(schedule, stage specs, links) the simulator runs for this plan (weft.Plan.simulate).")
       .def(py::self == py::self)
       .def("__repr__", &Plan::to_string)
       .def("__str__", &Plan::summary);

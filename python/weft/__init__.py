@@ -68,3 +68,6 @@ __all__ += ["from_torch", "feeds_from_torch"]
 # notebook displays (_repr_html_ of Plan, Graph, Cluster, DeviceMesh, ShardingSpec, Program, ExecutionResult)
 from . import display as _display
 _display.install()
+# figures (Plan.show, ShardingSpec.show, SimulationResult.plot_gantt: Figure objects, backend untouched)
+from . import plots as _plots
+_plots.install()

@@ -41,43 +41,13 @@ class SimulationResult:
         return doc
 
     def plot_gantt(self, path: Optional[str] = None, *, show_transfers: bool = True, title: Optional[str] = None):
-        """Draw the timeline as a Gantt chart with matplotlib (Agg backend); save to ``path``.
+        """Draw the timeline as a Gantt chart (weft.plots: a matplotlib Figure, no pyplot, the backend
+        untouched); save to ``path`` when given. One row per device (F blue, B green, W orange,
+        optimizer grey, labelled with the micro-batch) and, when ``show_transfers``, one row per
+        directed link with its transfers."""
+        from .plots import gantt_figure
 
-        One row per device (F blue, B green, W orange, optimizer grey, labelled with the
-        micro-batch) and, when ``show_transfers``, one row per directed link with its transfers.
-        Returns the matplotlib Figure."""
-        import matplotlib
-
-        matplotlib.use("Agg", force=False)
-        import matplotlib.pyplot as plt
-
-        colors = {"F": "#4C72B0", "B": "#55A868", "W": "#DD8452", "Opt": "#8C8C8C", "act": "#8172B3", "grad": "#C44E52"}
-        tl = self.raw.timeline
-        D = self.schedule.num_devices
-        links = sorted({(d, p) for (k, s, m, d, p, a, b) in tl if p >= 0}) if show_transfers else []
-        rows = [f"device {d}" for d in range(D)] + [f"{a}->{b}" for a, b in links]
-        row_of_link = {l: D + i for i, l in enumerate(links)}
-        fig, ax = plt.subplots(figsize=(max(8.0, 0.25 * self.schedule.num_micro * 2), 0.5 * len(rows) + 1.5))
-        for kind, stage, micro, dev, peer, start, end in tl:
-            if peer >= 0 and not show_transfers:
-                continue
-            row = dev if peer < 0 else row_of_link[(dev, peer)]
-            ax.barh(row, end - start, left=start, height=0.8, color=colors.get(kind, "k"), edgecolor="white", linewidth=0.3)
-            if peer < 0 and micro >= 0 and self.schedule.num_micro <= 64:
-                ax.text((start + end) / 2, row, str(micro), ha="center", va="center", fontsize=6, color="white")
-        ax.set_yticks(range(len(rows)))
-        ax.set_yticklabels(rows)
-        ax.invert_yaxis()
-        ax.set_xlabel("time")
-        ax.set_title(title or f"{self.schedule.name}: step {self.raw.step_time:.4g}, bubble {self.raw.bubble_fraction:.1%}")
-        from matplotlib.patches import Patch
-
-        ax.legend(handles=[Patch(color=c, label=k) for k, c in colors.items()], loc="upper right", fontsize=7, ncol=6)
-        fig.tight_layout()
-        if path is not None:
-            fig.savefig(path, dpi=120)
-        plt.close(fig)
-        return fig
+        return gantt_figure(self, path, show_transfers, title)
 
 
 def _as_list(x, cls):
