@@ -84,6 +84,18 @@ def _plan(args) -> int:
     return 0
 
 
+def _show(args) -> int:
+    import weft
+
+    if not os.path.exists(args.plan):
+        raise ValueError(f"no such file {args.plan!r}")
+    _check_writable(args.out)
+    plan = weft.Plan.from_json(open(args.plan).read())
+    plan.show(param=args.param, path=args.out)
+    print(f"{plan.strategy}: step {plan.step_time:.4g} s; figure written to {args.out}")
+    return 0
+
+
 def _zoo(args) -> int:
     import weft
 
@@ -153,6 +165,10 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("version", help="print the version")
     zp = sub.add_parser("zoo", help="list the model zoo's presets with their sizes")
     zp.add_argument("--family", default=None, help="only this family (gpt, moe, bert, wresnet, unet, vgg)")
+    shp = sub.add_parser("show", help="draw a saved plan (devices by stage, Gantt, memory, a parameter's sharding)")
+    shp.add_argument("plan", help="a plan JSON (weft plan --json)")
+    shp.add_argument("--out", default="plan.png", help="the PNG to write")
+    shp.add_argument("--param", default=None, help="the parameter whose sharding is drawn")
     pp = sub.add_parser("plan", help="plan a model on a cluster and print the plan")
     pp.add_argument("--model", default="GPT-2.7B", help="zoo preset name (weft zoo), or a graph JSON file")
     pp.add_argument("--batch", type=int, default=16, help="global batch size")
@@ -195,6 +211,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.cmd == "version":
         print(__version__)
+    elif args.cmd == "show":
+        try:
+            return _show(args)
+        except ValueError as e:
+            print(f"weft show: {e}", file=sys.stderr)
+            return 2
     elif args.cmd == "zoo":
         try:
             return _zoo(args)

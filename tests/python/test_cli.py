@@ -29,6 +29,10 @@ def test_plan_from_files_with_json_on_stdout(tmp_path, capsys):
     captured = capsys.readouterr()
     plan = weft.Plan.from_json(captured.out)  # stdout is the plan alone
     assert json.loads(captured.out)["model"] == plan.model and "Plan for" in captured.err
+    (tmp_path / "p.json").write_text(captured.out)
+    assert main(["show", str(tmp_path / "p.json"), "--out", str(tmp_path / "p.png")]) == 0
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+    assert main(["show", str(tmp_path / "missing.json")]) == 2
 
 
 def test_bad_arguments_exit_2_before_any_work():
