@@ -96,6 +96,22 @@ def _show(args) -> int:
     return 0
 
 
+def _simulate(args) -> int:
+    import weft
+
+    _check_writable(args.out)
+    kind = {"eager": "eager_1f1b", "zb-h1": "zb_h1", "zbh1": "zb_h1"}.get(args.schedule.lower(), args.schedule.lower())
+    sched = weft.schedule(kind, stages=args.stages, micro_batches=args.microbatches, k=args.k, v=args.v)
+    spec = weft.StageSpec(forward_time=args.forward, backward_time=args.backward, weight_time=args.weight)
+    r = weft.simulate(sched, spec)
+    print(f"{sched.name}: {args.stages} stages x {args.microbatches} micro-batches: step {r.step_time:.6g} s, "
+          f"bubble {100 * r.bubble_fraction:.1f} %, peak in-flight micro-batches {r.peak_in_flight}")
+    if args.out:
+        r.plot_gantt(args.out)
+        print(f"Gantt chart written to {args.out}")
+    return 0
+
+
 def _zoo(args) -> int:
     import weft
 
@@ -165,6 +181,16 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("version", help="print the version")
     zp = sub.add_parser("zoo", help="list the model zoo's presets with their sizes")
     zp.add_argument("--family", default=None, help="only this family (gpt, moe, bert, wresnet, unet, vgg)")
+    sp = sub.add_parser("simulate", help="simulate a pipeline schedule with given stage times")
+    sp.add_argument("--schedule", default="1F1B", help="GPipe, 1F1B, kFkB, eager-1F1B, interleaved, ZB-H1")
+    sp.add_argument("--stages", type=int, default=4)
+    sp.add_argument("--microbatches", type=int, default=8)
+    sp.add_argument("--k", type=int, default=1, help="kFkB group size")
+    sp.add_argument("--v", type=int, default=1, help="interleaved virtual stages")
+    sp.add_argument("--forward", type=float, default=1.0, help="forward seconds per micro-batch and stage")
+    sp.add_argument("--backward", type=float, default=2.0, help="backward seconds (input + weight gradient)")
+    sp.add_argument("--weight", type=float, default=0.0, help="of which the weight gradient (ZB schedules)")
+    sp.add_argument("--out", default=None, help="write the Gantt chart (PNG)")
     shp = sub.add_parser("show", help="draw a saved plan (devices by stage, Gantt, memory, a parameter's sharding)")
     shp.add_argument("plan", help="a plan JSON (weft plan --json)")
     shp.add_argument("--out", default="plan.png", help="the PNG to write")
@@ -211,6 +237,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.cmd == "version":
         print(__version__)
+    elif args.cmd == "simulate":
+        try:
+            return _simulate(args)
+        except ValueError as e:
+            print(f"weft simulate: {e}", file=sys.stderr)
+            return 2
     elif args.cmd == "show":
         try:
             return _show(args)

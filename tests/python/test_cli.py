@@ -44,3 +44,13 @@ def test_bad_arguments_exit_2_before_any_work():
         assert proc.returncode == 2, (args, proc.stderr)
         assert time.time() - t0 < 10
         assert len(proc.stderr.strip().splitlines()) <= 3 and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_simulate(tmp_path, capsys):
+    # 1F1B, 4 stages, 8 micro-batches, F=1 s, B=2 s: (m + p - 1)(F + B) = 33 s, bubble (p-1)/(m+p-1) = 3/11.
+    assert main(["simulate", "--schedule", "1F1B", "--stages", "4", "--microbatches", "8", "--out",
+                 str(tmp_path / "g.png")]) == 0
+    out = capsys.readouterr().out
+    assert "step 33 s" in out and "bubble 27.3 %" in out
+    assert (tmp_path / "g.png").read_bytes()[:4] == b"\x89PNG"
+    assert main(["simulate", "--schedule", "nope"]) == 2
