@@ -463,7 +463,7 @@ std::map<int, int64_t> ReshardPlan::nic_bytes_received() const {
 }
 
 std::string ReshardPlan::summary() const {
-  return fmt::format("ReshardPlan({} tasks, {} ops, {}+{}, time {:.6g}, lower bound {:.6g}, ratio {:.4f})",
+  return fmt::format("ReshardPlan({} tasks, {} ops, {}+{}, time {:.6g} s, lower bound {:.6g} s, ratio {:.4f})",
                      problem.tasks.size(), ops.size(), to_string(options.strategy), balancer_used,
                      completion_time, bound.value, ratio());
 }
