@@ -49,7 +49,15 @@ struct SplitMix {
 }  // namespace
 
 BandwidthTrace BandwidthTrace::preempted(std::uint64_t seed, const PreemptedOptions& o) {
-  WEFT_CHECK(o.duration > 0, "preempted trace: duration must be > 0");
+  WEFT_CHECK(std::isfinite(o.duration) && o.duration > 0,
+             "preempted trace: duration must be finite and > 0, got {}", o.duration);
+  WEFT_CHECK(std::isfinite(o.normal_max) && std::isfinite(o.preempt_max) && std::isfinite(o.low) &&
+                 std::isfinite(o.high),
+             "preempted trace: every option must be finite");
+  // Segments last at least min(normal_min, preempt_min): bound their count before generating them.
+  WEFT_CHECK(o.duration / std::min(o.normal_min, o.preempt_min) <= 1e7,
+             "preempted trace: duration {} s over segments of {} s is more than 10^7 segments", o.duration,
+             std::min(o.normal_min, o.preempt_min));
   WEFT_CHECK(0 < o.normal_min && o.normal_min <= o.normal_max,
              "preempted trace: need 0 < normal_min <= normal_max");
   WEFT_CHECK(0 < o.preempt_min && o.preempt_min <= o.preempt_max,

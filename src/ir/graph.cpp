@@ -361,14 +361,16 @@ void Graph::validate() const {
 std::int64_t Graph::num_params() const {
   std::int64_t n = 0;
   for (const auto& t : tensors_)
-    if (t.role == Role::Parameter && t.producer == kNoOp) n += t.numel();
+    if (t.role == Role::Parameter && t.producer == kNoOp)
+      WEFT_CHECK(!__builtin_add_overflow(n, t.numel(), &n), "graph '{}': more than 2^63 parameters", name_);
   return n;
 }
 
 std::int64_t Graph::param_bytes() const {
   std::int64_t n = 0;
   for (const auto& t : tensors_)
-    if (t.role == Role::Parameter && t.producer == kNoOp) n += t.bytes();
+    if (t.role == Role::Parameter && t.producer == kNoOp)
+      WEFT_CHECK(!__builtin_add_overflow(n, t.bytes(), &n), "graph '{}': parameter bytes exceed 2^63", name_);
   return n;
 }
 

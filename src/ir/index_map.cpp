@@ -1,15 +1,26 @@
 #include "weft/ir/index_map.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include "weft/core/error.hpp"
 #include "weft/ir/tensor.hpp"
 
 namespace weft::ir {
 
 std::int64_t TensorInfo::numel() const {
   std::int64_t n = 1;
-  for (auto s : shape) n *= s;
+  for (auto s : shape)
+    WEFT_CHECK(!__builtin_mul_overflow(n, s, &n), "tensor '{}': shape {} has more than 2^63 elements", name,
+               fmt::format("{}", fmt::join(shape, "x")));
   return n;
+}
+
+std::int64_t TensorInfo::bytes() const {
+  std::int64_t b = 0;
+  WEFT_CHECK(!__builtin_mul_overflow(numel(), static_cast<std::int64_t>(dtype_size(dtype)), &b),
+             "tensor '{}': its bytes exceed 2^63", name);
+  return b;
 }
 
 std::int64_t IndexMap::iteration_points() const {

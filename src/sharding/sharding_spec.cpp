@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <charconv>
 #include <functional>
 #include <optional>
 
@@ -178,7 +179,11 @@ int64_t parse_int(const std::string& s, std::string_view whole) {
   WEFT_CHECK(!t.empty() && std::all_of(t.begin(), t.end(),
                                        [](char c) { return std::isdigit(static_cast<unsigned char>(c)); }),
              "expected a number, got '{}' in sharding spec '{}'", s, whole);
-  return std::stoll(t);
+  int64_t v = 0;
+  const auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
+  WEFT_CHECK(ec == std::errc() && end == t.data() + t.size(),
+             "number '{}' out of range in sharding spec '{}'", t, whole);
+  return v;
 }
 
 // One parsed placement word. DTensor's _StridedShard has no weft Placement of its own: its

@@ -63,6 +63,8 @@ std::size_t op_slot(int stage, int micro, OpKind k, int M) {
 SimResult simulate(const Schedule& sch, const Pipeline& pipe, const SimOptions& opt) {
   const int S = sch.num_stages(), D = sch.num_devices(), M = sch.num_micro();
   const bool split = sch.split_backward();
+  WEFT_CHECK(std::isfinite(opt.trace_offset), "simulate: trace_offset must be finite, got {}",
+             opt.trace_offset);
   WEFT_CHECK(pipe.stages.size() == 1 || static_cast<int>(pipe.stages.size()) == S,
              "simulate: {} stage specs for {} stages (give 1 or {})", pipe.stages.size(), S, S);
   for (std::size_t i = 0; i < pipe.stages.size(); ++i) {

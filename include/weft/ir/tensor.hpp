@@ -26,7 +26,7 @@ struct TensorInfo {
   OpId producer = kNoOp;  // the op that writes it; kNoOp for inputs, parameters, constants
 
   std::int64_t numel() const;
-  std::int64_t bytes() const { return numel() * dtype_size(dtype); }
+  std::int64_t bytes() const;  // numel × element size; weft::Error on overflow
   int rank() const { return static_cast<int>(shape.size()); }
   bool operator==(const TensorInfo&) const = default;
 };
