@@ -13,3 +13,7 @@ python3 -m pip install -q --disable-pip-version-check "scikit-build-core>=0.10" 
 # PyTorch for the runtime (weft.run, torchrun) and calibration; optional for planning. Pinned: this
 # version installs a CPU build (an unpinned torch would pull the CUDA wheels).
 python3 -m pip install -q --disable-pip-version-check "torch==2.13.0"
+# Hugging Face models for the importer's tests (built from small configs, no weights downloaded);
+# optional: the tests that need it skip, saying why, when it does not install.
+python3 -m pip install -q --disable-pip-version-check "transformers==4.46.1" ||
+  echo "transformers did not install: the importer's Hugging Face tests will skip"

@@ -166,6 +166,30 @@ def test_uneven_shares_and_the_uneven_split_equal_the_reference():
     assert_same(weft.run(split, step12, mixed, steps=2, dtype="f64"), weft.execute_reference(step12, steps=2), 1e-10)
 
 
+def test_an_imported_torch_module_trained_on_4_processes_equals_plain_pytorch(cluster):
+    # A torch nn.Module GPT (weft.runtime.torch_models.TorchGPT) imported with weft.from_torch, planned
+    # (2 stages x 2-way tensor parallel, 1F1B) and trained 3 Adam steps by the runtime on 4 gloo
+    # processes; the same module trained 3 steps by torch autograd + torch.optim.Adam in one process from
+    # the same initial values and tokens.
+    from weft.runtime.torch_models import TorchGPT, train_module
+
+    zoo = weft.models.gpt(layers=2, hidden=64, heads=4, seq=8, vocab=128, batch=8)
+    params = {t["name"]: torch.zeros(t["shape"], dtype=torch.float64) for t in zoo.tensors
+              if t["role"] == "parameter" and t["producer"] is None}
+    module = TorchGPT(params, layers=2, heads=4)
+    tokens, labels = torch.randint(0, 128, (8, 8)), torch.randint(0, 128, (8, 8))
+    g = weft.from_torch(module, (tokens, labels))
+    assert g.num_params() == zoo.num_params()
+    step = g.train_step(optimizer="adam")
+    plan = weft.megatron_plan(step, cluster, t=2, p=2, d=1, num_microbatches=2)
+    got = weft.run(plan, step, cluster, steps=3, dtype="f64")
+    want = train_module(module, step, 3)
+    assert set(want) == set(got.parameters)
+    for n, w in want.items():
+        w = w.numpy()
+        np.testing.assert_allclose(got.parameters[n], w, rtol=1e-10, atol=1e-10 * np.max(np.abs(w)), err_msg=n)
+
+
 @pytest.mark.parametrize("name", ["a-megatron-spmd", "b-2stages-tp2-1f1b", "c-2stages-dp2-kfkb2", "d-weft-plan"])
 def test_f32_runs_close_to_the_reference(name, step, layouts):
     # f32 losses and gradients within 1e-5 of both references. Parameters after Adam: where a gradient is

@@ -68,28 +68,51 @@ def leaf_value(values, graph, name: str, step: int, device, dtype) -> torch.Tens
 
 def train_plain_pytorch(step, layers: int, heads: int, steps: int, *, seed: int = 0, device="cpu",
                         dtype=torch.float64, around_step: Optional[Callable] = None) -> Dict[str, torch.Tensor]:
-    """Trains TorchGPT with torch autograd and torch.optim for ``steps`` steps from ``step``'s initial
-    parameters and data; returns the parameters by name. ``around_step(s, fn)`` (optional) wraps each
-    step (fn runs it and returns the loss), e.g. to time it."""
+    """Trains TorchGPT (weft.models.gpt's structure, its parameter names) with torch autograd and
+    torch.optim for ``steps`` steps from ``step``'s initial parameters and data; returns the
+    parameters by name. ``around_step(s, fn)`` (optional) wraps each step (fn runs it and returns
+    the loss), e.g. to time it."""
     values = _weft.LeafValues(step, int(seed))
     params = {t["name"]: leaf_value(values, step, t["name"], 1, device, dtype) for t in step.tensors
               if t["role"] == "parameter" and t["producer"] is None}
     model = TorchGPT(params, layers, heads)
+    trained = train_module(model, step, steps, seed=seed, device=device, around_step=around_step,
+                           load_initial=False)
+    return {model.names[k.split(".", 1)[1]]: v for k, v in trained.items()}
+
+
+def train_module(module: torch.nn.Module, step, steps: int, *, seed: int = 0, device="cpu",
+                 inputs=("tokens", "labels"), around_step: Optional[Callable] = None,
+                 load_initial: bool = True) -> Dict[str, torch.Tensor]:
+    """Trains ``module`` (its forward returns the scalar loss of ``inputs``) with torch autograd and
+    torch.optim, as weft's training step ``step`` would: initial parameters and each step's data from
+    weft's counter-based values of ``step`` (parameters matched by name: ``step`` is the module's
+    import, weft.from_torch), the optimizer and its hyper-parameters from ``step``'s update ops.
+    Returns the parameters (state_dict names) after ``steps`` steps."""
+    values = _weft.LeafValues(step, int(seed))
+    names = {t["name"] for t in step.tensors if t["role"] == "parameter" and t["producer"] is None}
+    own = dict(module.named_parameters())
+    if load_initial:
+        missing = sorted(set(own) ^ names)
+        if missing:
+            raise ValueError(f"the module's parameters and the graph's differ: {missing[:5]}")
+        with torch.no_grad():
+            for n, p in own.items():
+                p.copy_(leaf_value(values, step, n, 1, device, p.dtype))
     update = next((o for o in step.ops if o["kind"] in ("adam_update", "sgd_update")), None)
     if update is None:
         raise ValueError("the graph has no optimizer update (give a training step)")
     a = update["attrs"]["scalars"]
     if update["kind"] == "adam_update":
-        opt = torch.optim.Adam(model.parameters(), lr=a[0], betas=(a[1], a[2]), eps=a[3], foreach=True)
+        opt = torch.optim.Adam(module.parameters(), lr=a[0], betas=(a[1], a[2]), eps=a[3], foreach=True)
     else:
-        opt = torch.optim.SGD(model.parameters(), lr=a[0])
+        opt = torch.optim.SGD(module.parameters(), lr=a[0])
     for s in range(1, steps + 1):
-        tokens = leaf_value(values, step, "tokens", s, device, torch.int64)
-        labels = leaf_value(values, step, "labels", s, device, torch.int64)
+        data = [leaf_value(values, step, n, s, device, torch.int64) for n in inputs]
 
         def one():
             opt.zero_grad(set_to_none=True)
-            loss = model(tokens, labels)
+            loss = module(*data)
             loss.backward()
             opt.step()
             return float(loss.detach())
@@ -98,4 +121,4 @@ def train_plain_pytorch(step, layers: int, heads: int, steps: int, *, seed: int 
             around_step(s, one)
         else:
             one()
-    return model.parameters_by_name()
+    return {n: p.detach() for n, p in module.named_parameters()}

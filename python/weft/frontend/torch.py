@@ -1,0 +1,1482 @@
+"""Import a PyTorch ``nn.Module`` into a weft forward graph (with a scalar loss), exactly.
+
+    >>> ce = lambda logits, y: F.cross_entropy(logits.flatten(0, 1), y.flatten())
+    >>> g = weft.from_torch(model, (tokens,), loss_fn=ce, targets=(labels,))
+    >>> feeds = weft.feeds_from_torch(model, (tokens,), (labels,), loss_fn=ce)
+    >>> weft.interpret(g, feeds)[g.tensor(g.loss)["name"]]   # == the module's loss
+
+The module is captured with ``torch.export.export`` (non-strict; ATen ops, before the core
+decompositions so that ``linear``, ``layer_norm`` and ``scaled_dot_product_attention`` arrive
+whole). Every ATen op maps to weft IR ops through one small handler in :data:`HANDLERS`; an op
+without a handler raises ``ValueError`` naming the op, the module path it came from and the
+supported ops. Nothing is approximated: an op whose semantics the IR cannot express exactly
+(GELU's erf form, dropout in training mode, a data-dependent mask, ...) is rejected.
+
+Leaves: parameters keep their ``state_dict`` names (a parameter shared by several modules is one
+tensor, named by its first name); user inputs are named after ``forward``'s arguments, targets
+after ``loss_fn``'s arguments. Buffers and everything computed only from buffers, literals and
+factory ops (``arange``, ``tril``, ``ones``, ``masked_fill`` masks, ...) are folded in torch and
+enter the graph as Constant leaves: a buffer under its ``state_dict`` name, anything else as
+``const.<node>``. Constant values are *fed*: :func:`feeds_from_torch` returns them together with
+the parameters and inputs. A module on ``device="meta"`` imports without allocating anything
+(export traces with fake tensors; folded constants stay meta).
+
+torch is imported lazily: ``import weft`` works without it. See docs/modules/frontend.md.
+"""
+from __future__ import annotations
+
+import inspect
+import math
+import operator
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .. import _weft
+
+__all__ = ["from_torch", "feeds_from_torch", "supported_ops", "HANDLERS"]
+
+
+# ---- values flowing through the import
+
+@dataclass
+class _T:
+    """A weft tensor: its id and shape."""
+    id: int
+    shape: Tuple[int, ...]
+
+
+@dataclass
+class _C:
+    """A folded constant: a torch tensor (real, or meta for a meta model). `name` is set for a
+    buffer / lifted constant (its state_dict name)."""
+    value: Any
+    name: Optional[str] = None
+
+
+class _Unusable:
+    """An output of a multi-output op that the IR does not compute (e.g. layer norm's mean)."""
+
+    def __init__(self, what: str):
+        self.what = what
+
+
+class _Perm:
+    """A transpose not emitted yet: einsums read `src` with permuted letters and elementwise
+    unary ops apply to `src`, so that attention's transposes fold into its einsums as in the
+    zoo's layout. Emitted (once) where another op needs it."""
+
+    def __init__(self, src: _T, perm: List[int], name: str):
+        self.src, self.perm, self.name = src, list(perm), name
+        self.shape = tuple(src.shape[p] for p in perm)
+        self.done: Optional[_T] = None
+
+
+@dataclass
+class _LogSoftmax(_T):
+    """A log_softmax result, remembered so that nll_loss(log_softmax(x)) becomes cross_entropy."""
+    src: int = -1
+    dim: int = -1
+
+
+def _torch():
+    import torch  # noqa: PLC0415 (lazy: weft works without torch)
+    return torch
+
+
+def _weft_dtype(tdtype, float_dtype: str) -> str:
+    torch = _torch()
+    if tdtype.is_floating_point:
+        return float_dtype
+    if tdtype == torch.int64:
+        return "i64"
+    if tdtype in (torch.int32, torch.int16, torch.int8, torch.uint8):
+        return "i32"
+    raise ValueError(f"weft.from_torch: tensors of dtype {tdtype} are not supported as graph inputs")
+
+
+def _float_dtype_of(tdtype) -> str:
+    torch = _torch()
+    return {torch.float16: "f16", torch.bfloat16: "bf16"}.get(tdtype, "f32")
+
+
+class _Ctx:
+    """State of one import: the graph, the current node, constants and leaf values."""
+
+    def __init__(self, g, float_dtype: str):
+        self.g = g
+        self.float_dtype = float_dtype
+        self.node = None
+        self.path = ""
+        self.values: Dict[str, Any] = {}  # leaf name -> torch tensor (or None for user inputs)
+        self._const_ids: Dict[str, Tuple[int, List[int]]] = {}  # constant leaf name -> (id, shape)
+        self._n_scalars = 0
+        self.out_perm: Dict[Any, List[int]] = {}  # fx node -> permutation fused into its final einsum
+
+    # -- naming
+    def name(self, suffix: str = "") -> str:
+        base = (self.path + "." if self.path else "") + self.node.name
+        return base + ("." + suffix if suffix else "")
+
+    # -- errors
+    def fail(self, msg: str):
+        raise ValueError(f"weft.from_torch: {self.node.target} (node '{self.node.name}'"
+                         f"{', module ' + repr(self.path) if self.path else ''}): {msg}")
+
+    # -- operands
+    def const(self, value, suffix: str) -> _C:
+        """A new folded constant made by a handler (named const.<node>.<suffix>)."""
+        c = _C(value, "const." + self.node.name + ("." + suffix if suffix else ""))
+        return c
+
+    def tensor(self, v, like: Optional[_T] = None) -> _T:
+        """Any operand as a weft tensor: constants and Python scalars become Constant leaves."""
+        torch = _torch()
+        if isinstance(v, _T):
+            return v
+        if isinstance(v, _Unusable):
+            self.fail(f"uses {v.what}, which weft does not compute")
+        if isinstance(v, _Flat):
+            if v.done is None:
+                v.done = self._t(self.g.reshape(v.src.id, list(v.shape), v.node_name))
+            return v.done
+        if isinstance(v, _Perm):
+            if v.done is None:
+                v.done = self._t(self.g.transpose(v.src.id, v.perm, v.name))
+            return v.done
+        if isinstance(v, (bool, int, float)):
+            dt = torch.float64 if (isinstance(v, float) or like is None or
+                                   _is_float_weft(self.g, like.id)) else torch.int64
+            self._n_scalars += 1
+            v = self.const(torch.tensor(v, dtype=dt), f"s{self._n_scalars}")
+        if not isinstance(v, _C):
+            self.fail(f"expected a tensor operand, got {type(v).__name__}")
+        val = v.value
+        shape = [int(s) for s in val.shape]
+        name = v.name or f"const.{self.node.name}"
+        # One leaf per name: a buffer reached through several shape-preserving views is one tensor.
+        key = name
+        while key in self._const_ids and self._const_ids[key][1] != shape:
+            key += "'"
+        if key not in self._const_ids:
+            dt = self.float_dtype if (val.dtype.is_floating_point or val.dtype == torch.bool) else \
+                _weft_dtype(val.dtype, self.float_dtype)
+            if val.dtype == torch.bool:
+                val = val.to(torch.float64)
+            self._const_ids[key] = (self.g.constant(key, shape, dt), shape)
+            self.values[key] = val
+        return _T(self._const_ids[key][0], tuple(shape))
+
+    # -- emitting (names: the node's name, suffixed for the 2nd.. op of a handler)
+    def _t(self, tid: int) -> _T:
+        return _T(tid, tuple(self.g.tensor(tid)["shape"]))
+
+    def op_name(self, suffix: str) -> str:
+        return self.name(suffix)
+
+    def einsum(self, eq, xs, suffix=""):
+        lhs, rhs = eq.split("->")
+        terms = lhs.split(",")
+        ids = []
+        for i, x in enumerate(xs):
+            if isinstance(x, _Perm) and x.done is None:  # read the source with permuted letters
+                src_term = [""] * len(x.perm)
+                for j, p in enumerate(x.perm):
+                    src_term[p] = terms[i][j]
+                terms[i] = "".join(src_term)
+                ids.append(x.src.id)
+            else:
+                ids.append(self.tensor(x).id)
+        if not suffix and self.out_perm.get(self.node) is not None:  # a transpose of this result, fused
+            rhs = "".join(rhs[p] for p in self.out_perm[self.node])
+        return self._t(self.g.einsum(",".join(terms) + "->" + rhs, ids, self.op_name(suffix)))
+
+    def unary(self, fn, x, suffix="", scalar=0.0):
+        if isinstance(x, _Perm) and x.done is None:  # elementwise: commutes with the transpose
+            y = self._t(self.g.unary(fn, x.src.id, self.op_name(suffix), float(scalar)))
+            return _Perm(y, x.perm, self.name((suffix + "." if suffix else "") + "transpose"))
+        return self._t(self.g.unary(fn, self.tensor(x).id, self.op_name(suffix), float(scalar)))
+
+    def binary(self, fn, a, b, suffix=""):
+        if isinstance(a, _C) and _is_graph(b):
+            a = _squeeze_const(a, b.shape)
+        if isinstance(b, _C) and _is_graph(a):
+            b = _squeeze_const(b, a.shape)
+        like = self.tensor(a) if _is_graph(a) else self.tensor(b) if _is_graph(b) else None
+        return self._t(self.g.binary(fn, self.tensor(a, like).id, self.tensor(b, like).id, self.op_name(suffix)))
+
+    def reshape(self, x, shape, suffix=""):
+        """A lazy reshape (see _Flat)."""
+        shape = tuple(int(s) for s in shape)
+        if tuple(x.shape) == shape:
+            return x
+        src = x.src if isinstance(x, _Flat) else self.tensor(x)
+        if tuple(src.shape) == shape:
+            return src
+        return _Flat(src, shape, self.op_name(suffix))
+
+    def reduce(self, fn, x, axes, suffix=""):
+        return self._t(self.g.reduce(fn, self.tensor(x).id, list(axes), self.op_name(suffix)))
+
+
+def _squeeze_const(c: _C, other_shape) -> _C:
+    """A constant operand of a broadcasting op without its leading dims that are broadcast
+    (stride 0, e.g. a mask expanded over the batch) or of size 1, when the result's shape stays
+    the same: no batch-sized constant (the planner re-batches activations, not constants)."""
+    v = c.value
+    shape = list(v.shape)
+    full = _broadcast_shape(shape, list(other_shape))
+    while v.dim() > 0 and (v.shape[0] == 1 or v.stride(0) == 0):
+        w = v[0]
+        if _broadcast_shape(list(w.shape), list(other_shape)) != full:
+            break
+        v = w
+    return c if v.dim() == len(shape) else _C(v, (c.name or "const") + ".squeezed")
+
+
+def _broadcast_shape(a, b):
+    r = max(len(a), len(b))
+    a, b = [1] * (r - len(a)) + a, [1] * (r - len(b)) + b
+    return [max(x, y) if 1 in (x, y) else (x if x == y else -1) for x, y in zip(a, b)]
+
+
+def _is_graph(v) -> bool:
+    """A value that lives in the weft graph (emitted or lazily pending)."""
+    return isinstance(v, (_T, _Perm, _Flat))
+
+
+def _is_float_weft(g, tid: int) -> bool:
+    return not g.tensor(tid)["dtype"].startswith("i")
+
+
+# ---- the registry: ATen op -> handler(ctx, node, *args, **kwargs) -> value
+
+HANDLERS: Dict[Any, Callable] = {}
+_BY_NAME: Dict[str, Callable] = {}  # "aten.linear.default" -> handler (filled lazily into HANDLERS)
+
+
+def _reg(*names: str):
+    """Registers a handler for ATen overloads given as 'linear.default' (aten namespace)."""
+    def deco(fn):
+        for n in names:
+            _BY_NAME["aten." + n] = fn
+        return fn
+    return deco
+
+
+def _handler_for(target):
+    if not HANDLERS:
+        torch = _torch()
+        for n, fn in _BY_NAME.items():
+            _, op, ov = n.split(".")
+            packet = getattr(torch.ops.aten, op, None)
+            if packet is not None and hasattr(packet, ov):
+                HANDLERS[getattr(packet, ov)] = fn
+        HANDLERS[operator.getitem] = _getitem
+    return HANDLERS.get(target)
+
+
+_VIEW_OPS = ("view", "reshape", "_unsafe_view", "transpose", "permute", "t", "slice", "select", "expand",
+             "unsqueeze", "squeeze", "split", "chunk", "unbind", "alias", "flatten", "unflatten", "view_as",
+             "as_strided", "diagonal", "narrow")
+
+
+def _functional_of(target):
+    """aten.add_.Tensor -> aten.add.Tensor (the functional form of an in-place op), or None."""
+    name = str(target)
+    parts = name.split(".")
+    if len(parts) != 3 or parts[0] != "aten" or not parts[1].endswith("_") or parts[1].startswith("_"):
+        return None
+    packet = getattr(_torch().ops.aten, parts[1][:-1], None)
+    return getattr(packet, parts[2], None) if packet is not None else None
+
+
+def _only_converted_to_float(node, live) -> bool:
+    """Whether every use of an (integer or bool) input reaches a conversion to floating point
+    through shape-only ops: then the input is declared floating point and the conversion is the
+    identity (the IR has no dtype conversion)."""
+    seen, stack, found = set(), list(node.users), False
+    while stack:
+        u = stack.pop()
+        if u in seen or u not in live:
+            continue
+        seen.add(u)
+        parts = str(u.target).split(".")
+        op = parts[1] if len(parts) == 3 and parts[0] == "aten" else None
+        val = u.meta.get("val")
+        if op in ("_to_copy", "to", "type_as") and val is not None and val.is_floating_point():
+            found = True
+        elif op in _VIEW_OPS or op in ("contiguous", "clone", "detach", "expand_as", "broadcast_to"):
+            stack.extend(u.users)
+        else:
+            return False
+    return found
+
+
+def supported_ops() -> List[str]:
+    """The ATen ops (overloads) the importer maps, sorted."""
+    return sorted(_BY_NAME)
+
+
+def _out_shape(node) -> Tuple[int, ...]:
+    v = node.meta.get("val")
+    return tuple(int(s) for s in v.shape)
+
+
+def _norm(d: int, r: int) -> int:
+    return d + r if d < 0 else d
+
+
+_LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+
+def _getitem(ctx, node, seq, i):
+    return seq[i]
+
+
+# -- identities
+@_reg("contiguous.default", "clone.default", "alias.default", "detach.default", "lift_fresh_copy.default",
+      "type_as.default")
+def _identity(ctx, node, x, *args, **kwargs):
+    return x
+
+
+@_reg("_to_copy.default", "to.dtype", "to.dtype_layout", "to.device")
+def _to(ctx, node, x, *args, **kwargs):
+    out = node.meta["val"].dtype
+    src = ctx.g.tensor((x.src if isinstance(x, (_Perm, _Flat)) else x).id)["dtype"]
+    if out.is_floating_point != (not src.startswith("i")):
+        ctx.fail("a conversion between integer and floating point tensors is not supported")
+    return x
+
+
+@_reg("dropout.default", "feature_dropout.default")
+def _dropout(ctx, node, x, p, train):
+    if p == 0 or not train:
+        return x
+    ctx.fail(f"dropout with p={p} in training mode is not supported (put the module in eval() or use p=0)")
+
+
+# -- matmuls
+def _rows(ctx, x):
+    """x = t.view(-1, k) (lazy) with t's leading dims merged into the rows (Conv1D / addmm style):
+    t viewed as [lead..., k] (no reshape when t is [lead..., k]), or None."""
+    if not (isinstance(x, _Flat) and len(x.shape) == 2 and len(x.src.shape) > 2):
+        return None
+    src, (N, k) = x.src, x.shape
+    prod, i = 1, 0
+    while i < len(src.shape) and prod < N:
+        prod *= src.shape[i]
+        i += 1
+    if prod != N or i < 2:
+        return None
+    return ctx.reshape(src, list(src.shape[:i]) + [k], "rows_in")
+
+
+def _matmul_rows(ctx, node, x, w, bias, w_term):
+    """y = x @ w (+ bias) over the last dim of x. When x is a lazy view(-1, k) of [..., k], the
+    product is taken on [..., k] and its view(-1, n) is lazy again, so that the batch stays in
+    dim 0 (a following view back to [..., n] costs nothing, and the planner can re-batch)."""
+    src = _rows(ctx, x)
+    xx = src if src is not None else x
+    lead = _LETTERS[:len(xx.shape) - 1]
+    y = ctx.einsum(f"{lead}z,{w_term}->{lead}y", [xx, w], "matmul" if bias is not None else "")
+    if bias is not None:
+        y = ctx.binary("add", y, bias)
+    if src is not None:
+        y = _Flat(ctx.tensor(y), _out_shape(node), ctx.name("rows"))
+    return y
+
+
+@_reg("linear.default")
+def _linear(ctx, node, x, w, b=None):
+    if len(w.shape) != 2:
+        ctx.fail("linear weight must be 2-D")
+    return _matmul_rows(ctx, node, x, w, b, "yz")
+
+
+@_reg("addmm.default")
+def _addmm(ctx, node, bias, a, b, beta=1, alpha=1):
+    if beta != 1 or alpha != 1:
+        ctx.fail("addmm with beta or alpha != 1 is not supported")
+    return _matmul_rows(ctx, node, a, b, bias, "zy")
+
+
+@_reg("mm.default")
+def _mm(ctx, node, a, b):
+    return _matmul_rows(ctx, node, a, b, None, "zy")
+
+
+@_reg("bmm.default")
+def _bmm(ctx, node, a, b):
+    return ctx.einsum("bmk,bkn->bmn", [a, b])
+
+
+@_reg("matmul.default")
+def _matmul(ctx, node, a, b):
+    a, b = (x if _is_graph(x) else ctx.tensor(x) for x in (a, b))
+    ra, rb = len(a.shape), len(b.shape)
+    # Contraction letters: k; a's row m (if ra >= 2), b's column n (if rb >= 2).
+    ta = ("m" if ra >= 2 else "") + "k"
+    tb = "k" + ("n" if rb >= 2 else "")
+    to = ("m" if ra >= 2 else "") + ("n" if rb >= 2 else "")
+    ba, bb = list(a.shape[:-2] if ra >= 2 else ()), list(b.shape[:-2] if rb >= 2 else ())
+    nb = max(len(ba), len(bb))
+    letters = "pqrstuvwxy"[:nb]
+    la, lb, lo = "", "", ""
+    keep_a, keep_b = [], []
+    for i in range(nb):  # aligned from the right
+        ia, ib = i - (nb - len(ba)), i - (nb - len(bb))
+        sa = ba[ia] if ia >= 0 else None
+        sb = bb[ib] if ib >= 0 else None
+        c = letters[i]
+        if sa is not None and sb is not None and sa != sb and 1 not in (sa, sb):
+            ctx.fail(f"matmul batch dims {ba} and {bb} do not broadcast")
+        use_a = sa is not None and not (sa == 1 and sb not in (None, 1))
+        use_b = sb is not None and not (sb == 1 and sa not in (None, 1))
+        if sa is not None:
+            keep_a.append(use_a)
+        if sb is not None:
+            keep_b.append(use_b)
+        la += c if use_a else ""
+        lb += c if use_b else ""
+        lo += c
+    if not all(keep_a):  # drop broadcast size-1 batch dims so that the letter lives on one side
+        a = ctx.reshape(a, [s for s, k in zip(ba, keep_a) if k] + list(a.shape[len(ba):]), "squeeze_a")
+    if not all(keep_b):
+        b = ctx.reshape(b, [s for s, k in zip(bb, keep_b) if k] + list(b.shape[len(bb):]), "squeeze_b")
+    return ctx.einsum(f"{la}{ta},{lb}{tb}->{lo}{to}", [a, b])
+
+
+@_reg("einsum.default")
+def _einsum(ctx, node, equation, operands, path=None):
+    xs = [x if _is_graph(x) else ctx.tensor(x) for x in operands]
+    eq = equation.replace(" ", "")
+    lhs, rhs = eq.split("->") if "->" in eq else (eq, None)
+    terms = lhs.split(",")
+    used = set(c for c in eq if c.isalpha())
+    free = [c for c in _LETTERS if c not in used]
+    ell_rank = 0
+    for t, x in zip(terms, xs):
+        if "..." in t:
+            ell_rank = max(ell_rank, len(x.shape) - (len(t) - 3))
+    ell = "".join(free[:ell_rank])
+    new_terms = []
+    for t, x in zip(terms, xs):
+        if "..." in t:
+            k = len(x.shape) - (len(t) - 3)
+            t = t.replace("...", ell[ell_rank - k:])
+        if len(set(t)) != len(t):
+            ctx.fail(f"einsum '{equation}': a letter repeated within one operand (a diagonal) is not supported")
+        new_terms.append(t)
+    if rhs is None:
+        counts: Dict[str, int] = {}
+        for t in new_terms:
+            for c in t:
+                counts[c] = counts.get(c, 0) + 1
+        rhs = ell + "".join(sorted(c for c, n in counts.items() if n == 1 and c not in ell))
+    else:
+        rhs = rhs.replace("...", ell)
+    sizes: Dict[str, int] = {}
+    for t, x in zip(new_terms, xs):
+        for c, s in zip(t, x.shape):
+            if sizes.setdefault(c, s) != s:
+                ctx.fail(f"einsum '{equation}': broadcasting of index '{c}' ({sizes[c]} vs {s}) is not supported")
+    return ctx.einsum(",".join(new_terms) + "->" + rhs, xs)
+
+
+# -- layout
+def _perm_of(node, rank):
+    """The permutation of a t / transpose / permute node (out dim i = in dim perm[i])."""
+    t = str(node.target)
+    if t.startswith("aten.t."):
+        return list(range(rank))[::-1] if rank == 2 else list(range(rank))
+    if t.startswith("aten.transpose."):
+        perm = list(range(rank))
+        d0, d1 = _norm(node.args[1], rank), _norm(node.args[2], rank)
+        perm[d0], perm[d1] = perm[d1], perm[d0]
+        return perm
+    return [_norm(d, rank) for d in node.args[1]]
+
+
+def _permute_any(ctx, node, x, *args):
+    if x is None:
+        return x
+    if isinstance(x, _C):
+        ctx.fail("internal: a constant transpose was not folded")
+    perm = _perm_of(node, len(x.shape))
+    if perm == list(range(len(perm))):
+        return x
+    if isinstance(x, _Perm) and x.done is None:  # compose: out dim i = src dim x.perm[perm[i]]
+        return _Perm(x.src, [x.perm[p] for p in perm], ctx.name())
+    return _Perm(ctx.tensor(x), perm, ctx.name())
+
+
+_reg("t.default", "transpose.int", "permute.default")(_permute_any)
+
+
+_LOSS_OPS = ("aten.cross_entropy_loss.", "aten.nll_loss")
+
+
+@_reg("view.default", "reshape.default", "_unsafe_view.default", "flatten.using_ints", "unflatten.int",
+      "unsqueeze.default", "squeeze.default", "squeeze.dim", "squeeze.dims", "view_as.default")
+def _reshape(ctx, node, x, *args, **kwargs):
+    return ctx.reshape(x, _out_shape(node))
+
+
+class _Flat:
+    """A reshape not emitted yet (see _Ctx.reshape): a chain of reshapes becomes one reshape of
+    the first source, and logits.view(-1, C) / labels.view(-1) feeding the loss are never emitted
+    (weft's cross entropy takes any leading dims, and a graph whose batch stays in dim 0 can be
+    re-batched by the planner). Emitted (once) where another op needs it."""
+
+    def __init__(self, src: _T, shape, node_name: str):
+        self.src, self.shape, self.node_name = src, tuple(shape), node_name
+        self.done: Optional[_T] = None
+
+
+def _unflatten_pair(ctx, logits, target):
+    """Cross entropy's (logits, target), logits.view(-1, C) undone: the loss reads the logits
+    unflattened and the labels reshaped to their leading dims (no reshape when the labels were
+    flattened from that shape). Returns (logits, target, unflattened)."""
+    if (isinstance(logits, _Flat) and len(logits.shape) == 2 and len(logits.src.shape) > 2
+            and logits.src.shape[-1] == logits.shape[-1] and _is_graph(target) and len(target.shape) == 1):
+        lead = tuple(logits.src.shape[:-1])
+        return logits.src, ctx.tensor(ctx.reshape(target, lead, "labels")), True
+    return ctx.tensor(logits), ctx.tensor(target), False
+
+
+@_reg("expand.default", "expand_as.default", "broadcast_to.default")
+def _expand(ctx, node, x, *args, **kwargs):
+    out = _out_shape(node)
+    x = ctx.tensor(x)
+    if tuple(x.shape) == out:
+        return x
+    return _broadcast(ctx, node, x, out)
+
+
+def _broadcast(ctx, node, x, out, suffix=""):
+    """x broadcast to `out`, exactly: x + zeros, the zeros only as large as the new dims need
+    (size 1 elsewhere, leading 1s dropped), so that no batch-sized constant appears."""
+    torch = _torch()
+    xs = [1] * (len(out) - len(x.shape)) + list(x.shape)
+    zs = [o if (a == 1 and o != 1) else 1 for a, o in zip(xs, out)]
+    while zs and zs[0] == 1:
+        zs.pop(0)
+    x = ctx.tensor(x)
+    zdt = torch.float64 if _is_float_weft(ctx.g, x.id) else torch.int64
+    zeros = ctx.const(torch.zeros(zs, dtype=zdt, device=_device(node)),
+                      (suffix + "." if suffix else "") + "zeros")
+    return ctx.binary("add", x, zeros, suffix)
+
+
+def _device(node):
+    v = node.meta.get("val")
+    return v.device if v is not None and v.device.type == "meta" else "cpu"
+
+
+def _slice_t(ctx, x, axis, begin, end, suffix=""):
+    if begin == 0 and end == x.shape[axis]:
+        return x
+    return ctx._t(ctx.g.slice(x.id, axis, int(begin), int(end), ctx.name(suffix)))
+
+
+@_reg("slice.Tensor")
+def _slice(ctx, node, x, dim=0, start=None, end=None, step=1):
+    x = ctx.tensor(x)
+    if step != 1:
+        ctx.fail("slicing with a step != 1 is not supported")
+    r = len(x.shape)
+    dim = _norm(dim, r)
+    n = x.shape[dim]
+    s = 0 if start is None else (start + n if start < 0 else start)
+    e = n if end is None else (end + n if end < 0 else end)
+    s, e = max(0, min(s, n)), max(0, min(e, n))
+    if e <= s:
+        ctx.fail("an empty slice is not supported")
+    return _slice_t(ctx, x, dim, s, e)
+
+
+@_reg("select.int")
+def _select(ctx, node, x, dim, index):
+    x = ctx.tensor(x)
+    dim = _norm(dim, len(x.shape))
+    index = index + x.shape[dim] if index < 0 else index
+    y = _slice_t(ctx, x, dim, index, index + 1, "slice")
+    return ctx.reshape(y, _out_shape(node))
+
+
+def _split_at(ctx, x, sizes, dim):
+    dim = _norm(dim, len(x.shape))
+    k = len(sizes)
+    if k > 1 and len(set(sizes)) == 1 and sizes[0] > 1:
+        # k equal parts: [.., k*c, ..] -> [.., k, c, ..], a slice of the k axis, the k axis
+        # dropped (as the zoo splits a fused QKV: the parts' dims keep their own factors).
+        c = sizes[0]
+        shp = list(x.shape)
+        split = ctx.reshape(x, shp[:dim] + [k, c] + shp[dim + 1:], "parts")
+        split_t = ctx.tensor(split)
+        out = []
+        for i in range(k):
+            part = ctx._t(ctx.g.slice(split_t.id, dim, i, i + 1, ctx.name(str(i))))
+            out.append(ctx.reshape(part, shp[:dim] + [c] + shp[dim + 1:], f"{i}.squeeze"))
+        return out
+    x = ctx.tensor(x)
+    out, b = [], 0
+    for i, s in enumerate(sizes):
+        out.append(_slice_t(ctx, x, dim, b, b + s, str(i)))
+        b += s
+    return out
+
+
+@_reg("split.Tensor")
+def _split(ctx, node, x, size, dim=0):
+    n = x.shape[_norm(dim, len(x.shape))]
+    return _split_at(ctx, x, [min(size, n - b) for b in range(0, n, size)], dim)
+
+
+@_reg("split_with_sizes.default")
+def _split_sizes(ctx, node, x, sizes, dim=0):
+    return _split_at(ctx, x, list(sizes), dim)
+
+
+@_reg("chunk.default")
+def _chunk(ctx, node, x, chunks, dim=0):
+    n = x.shape[_norm(dim, len(x.shape))]
+    size = -(-n // chunks)
+    return _split_at(ctx, x, [min(size, n - b) for b in range(0, n, size)], dim)
+
+
+@_reg("unbind.int")
+def _unbind(ctx, node, x, dim=0):
+    x = ctx.tensor(x)
+    dim = _norm(dim, len(x.shape))
+    parts = _split_at(ctx, x, [1] * x.shape[dim], dim)
+    shape = list(x.shape[:dim]) + list(x.shape[dim + 1:])
+    return [ctx.reshape(p, shape, f"{i}.squeeze") for i, p in enumerate(parts)]
+
+
+@_reg("cat.default")
+def _cat(ctx, node, xs, dim=0):
+    ts = [ctx.tensor(x) for x in xs]
+    if len(ts) == 1:
+        return ts[0]
+    return ctx._t(ctx.g.concat([t.id for t in ts], _norm(dim, len(ts[0].shape)), ctx.name()))
+
+
+# -- elementwise
+def _binary_op(fn):
+    def h(ctx, node, a, b, alpha=1, rounding_mode=None):
+        if rounding_mode is not None:
+            ctx.fail(f"division with rounding_mode={rounding_mode!r} is not supported")
+        if alpha != 1:
+            b = _scale(ctx, b, alpha, "alpha")
+        scal = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)  # noqa: E731
+        if fn == "mul" and scal(b):
+            return _scale(ctx, a, b)
+        if fn == "mul" and scal(a):
+            return _scale(ctx, b, a)
+        if fn == "div" and scal(b):
+            return _scale(ctx, a, 1.0 / b)
+        if fn in ("add", "sub") and scal(b) and b == 0:
+            return a
+        return ctx.binary(fn, a, b)
+    return h
+
+
+def _scale(ctx, x, s, suffix=""):
+    if s == 1:
+        return x
+    return ctx.unary("scale", x, suffix, float(s))
+
+
+for _fn in ("add", "sub", "mul", "div"):
+    _reg(f"{_fn}.Tensor", f"{_fn}.Scalar")(_binary_op(_fn))
+_reg("div.Tensor_mode")(_binary_op("div"))
+
+
+@_reg("rsub.Scalar", "rsub.Tensor")
+def _rsub(ctx, node, a, b, alpha=1):
+    return _binary_op("sub")(ctx, node, b, _scale(ctx, a, alpha) if alpha != 1 else a)
+
+
+@_reg("maximum.default")
+def _maximum(ctx, node, a, b):
+    return ctx.binary("max", a, b)
+
+
+def _unary_op(fn):
+    def h(ctx, node, x):
+        return ctx.unary(fn, x)
+    return h
+
+
+for _aten, _fn in (("neg", "neg"), ("exp", "exp"), ("log", "log"), ("rsqrt", "rsqrt"), ("sqrt", "sqrt"),
+                   ("tanh", "tanh"), ("relu", "relu"), ("sigmoid", "sigmoid"), ("square", "square")):
+    _reg(f"{_aten}.default")(_unary_op(_fn))
+
+
+@_reg("reciprocal.default")
+def _reciprocal(ctx, node, x):
+    return ctx.binary("div", 1.0, x)
+
+
+@_reg("silu.default")
+def _silu(ctx, node, x):
+    return ctx.binary("mul", x, ctx.unary("sigmoid", x, "sigmoid"))
+
+
+@_reg("gelu.default")
+def _gelu(ctx, node, x, approximate="none"):
+    if approximate != "tanh":
+        ctx.fail("GELU's exact (erf) form is not weft's gelu, which is the tanh approximation: use "
+                 "nn.GELU(approximate='tanh') / F.gelu(x, approximate='tanh')")
+    return ctx.unary("gelu", x)
+
+
+@_reg("pow.Tensor_Scalar")
+def _pow(ctx, node, x, e):
+    if e == 2:
+        return ctx.unary("square", x)
+    if e == 1:
+        return x
+    if e == 0.5:
+        return ctx.unary("sqrt", x)
+    if e == -0.5:
+        return ctx.unary("rsqrt", x)
+    if e == -1:
+        return ctx.binary("div", 1.0, x)
+    if e == 3:
+        return ctx.binary("mul", x, ctx.unary("square", x, "square"))
+    if e == 4:
+        return ctx.unary("square", ctx.unary("square", x, "square"))
+    ctx.fail(f"pow by {e} is not supported (only 1, 2, 3, 4, 0.5, -0.5, -1)")
+
+
+def _const_mask(ctx, m, shape):
+    """A constant mask as bool, without the leading dims it is broadcast along (see _squeeze_const)."""
+    if not isinstance(m, _C):
+        ctx.fail("the mask/condition is computed from the model's inputs or parameters (data-dependent); "
+                 "only masks computed from buffers and constants are supported")
+    return _squeeze_const(m, shape).value.to(_torch().bool)
+
+
+def _select_fill(ctx, x, keep_mask, fill_value, suffix=""):
+    """out = x where keep_mask else fill_value, exactly: x * keep + fill (fill 0 where kept)."""
+    torch = _torch()
+    pre = suffix + "." if suffix else ""
+    keep = ctx.const(keep_mask.to(torch.float64), pre + "keep")
+    fill = ctx.const(torch.where(keep_mask, torch.zeros((), dtype=torch.float64, device=keep_mask.device),
+                                 torch.as_tensor(fill_value, dtype=torch.float64, device=keep_mask.device)),
+                     pre + "fill")
+    return ctx.binary("add", ctx.binary("mul", x, keep, pre + "keep"), fill, suffix)
+
+
+@_reg("masked_fill.Scalar", "masked_fill.Tensor")
+def _masked_fill(ctx, node, x, mask, value):
+    torch = _torch()
+    m = _const_mask(ctx, mask, x.shape)
+    if isinstance(value, _C):
+        value = value.value.to(torch.float64)
+    elif not isinstance(value, (int, float)):
+        ctx.fail("masked_fill with a non-constant value is not supported")
+    return _select_fill(ctx, x, ~m, value)
+
+
+@_reg("where.self", "where.ScalarOther", "where.ScalarSelf", "where.Scalar")
+def _where(ctx, node, cond, a, b):
+    torch = _torch()
+    m = _const_mask(ctx, cond, _out_shape(node))
+    val = lambda v: v.value.to(torch.float64) if isinstance(v, _C) else v  # noqa: E731
+    if not _is_graph(a):
+        return _select_fill(ctx, b, ~m, val(a))
+    if not _is_graph(b):
+        return _select_fill(ctx, a, m, val(b))
+    keep = ctx.const(m.to(torch.float64), "cond")
+    other = ctx.const((~m).to(torch.float64), "not_cond")
+    return ctx.binary("add", ctx.binary("mul", a, keep, "a"), ctx.binary("mul", b, other, "b"))
+
+
+# -- reductions
+def _reduce_dims(x, dims):
+    r = len(x.shape)
+    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+        return list(range(r))
+    if isinstance(dims, int):
+        dims = [dims]
+    return sorted(_norm(d, r) for d in dims)
+
+
+def _reduce_op(fn):
+    def h(ctx, node, x, dims=None, keepdim=False, dtype=None):
+        x = ctx.tensor(x)
+        if len(x.shape) == 0:
+            return x
+        y = ctx.reduce(fn, x, _reduce_dims(x, dims), "reduce" if keepdim else "")
+        return ctx.reshape(y, _out_shape(node)) if keepdim else y
+    return h
+
+
+_reg("sum.dim_IntList", "sum.default")(_reduce_op("sum"))
+_reg("mean.dim", "mean.default")(_reduce_op("mean"))
+_reg("amax.default")(_reduce_op("max"))
+
+
+@_reg("var.correction", "var.dim", "std.correction", "std.dim")
+def _var(ctx, node, x, dims=None, *args, correction=None, keepdim=False, unbiased=None):
+    """Σ (x − mean)² / (N − correction) over dims (std: its sqrt), torch's two-pass formula."""
+    if args:  # var.dim(x, dim, unbiased=True, keepdim=False)
+        unbiased = args[0]
+        keepdim = args[1] if len(args) > 1 else keepdim
+    if correction is None:
+        correction = 1 if unbiased is None or unbiased else 0
+    x = ctx.tensor(x)
+    axes = _reduce_dims(x, dims)
+    kshape = [1 if i in axes else s for i, s in enumerate(x.shape)]
+    n = 1
+    for a in axes:
+        n *= x.shape[a]
+    if n - correction <= 0:
+        ctx.fail(f"variance of {n} elements with correction {correction}")
+    mean = ctx.reshape(ctx.reduce("mean", x, axes, "mean"), kshape, "mean.keepdim")
+    dev = ctx.binary("sub", x, mean, "centered")
+    var = _scale(ctx, ctx.reduce("sum", ctx.unary("square", dev, "square"), axes, "sum"), 1.0 / (n - correction),
+                 "scale")
+    if "std" in str(node.target):
+        var = ctx.unary("sqrt", var, "sqrt")
+    return ctx.reshape(var, _out_shape(node), "keepdim") if keepdim else var
+
+
+@_reg("zeros_like.default", "ones_like.default", "full_like.default", "new_zeros.default", "new_ones.default",
+      "new_full.default", "empty_like.default")
+def _like(ctx, node, x, *args, **kwargs):
+    """A tensor made only from another's shape: a constant (its value does not depend on x)."""
+    torch = _torch()
+    op = str(node.target).split(".")[1]
+    if op == "empty_like":
+        ctx.fail("empty_like has no defined value")
+    val = node.meta["val"]
+    fill = {"zeros_like": 0.0, "new_zeros": 0.0, "ones_like": 1.0, "new_ones": 1.0}.get(op)
+    if fill is None:  # full_like(x, v) / new_full(x, size, v)
+        fill = args[0] if op == "full_like" else args[1]
+    return ctx.const(torch.full(tuple(val.shape), fill, dtype=val.dtype, device=_device(node)), "")
+
+
+@_reg("softmax.int", "_softmax.default")
+def _softmax(ctx, node, x, dim, *args):
+    x = ctx.tensor(x)
+    return ctx._t(ctx.g.softmax(x.id, _norm(dim, len(x.shape)), ctx.name()))
+
+
+def _keepdim_shape(shape, dim):
+    s = list(shape)
+    s[dim] = 1
+    return s
+
+
+@_reg("log_softmax.int", "_log_softmax.default")
+def _log_softmax(ctx, node, x, dim, *args):
+    # (x - m) - log(sum(exp(x - m))), m = max over dim: torch's own formula.
+    x = ctx.tensor(x)
+    d = _norm(dim, len(x.shape))
+    m = ctx.reshape(ctx.reduce("max", x, [d], "max"), _keepdim_shape(x.shape, d), "max.keepdim")
+    sh = ctx.binary("sub", x, m, "shifted")
+    lse = ctx.unary("log", ctx.reduce("sum", ctx.unary("exp", sh, "exp"), [d], "sum"), "log")
+    y = ctx.binary("sub", sh, ctx.reshape(lse, _keepdim_shape(x.shape, d), "log.keepdim"))
+    return _LogSoftmax(y.id, y.shape, src=x.id, dim=d)
+
+
+def _check_ce(ctx, logits, target, weight, reduction, ignore_index, label_smoothing=0.0):
+    if weight is not None:
+        ctx.fail("class weights are not supported")
+    if reduction != 1:
+        ctx.fail("only reduction='mean' is supported")
+    if label_smoothing != 0:
+        ctx.fail("label smoothing is not supported")
+    if not isinstance(target, _T) or _is_float_weft(ctx.g, target.id):
+        ctx.fail("targets must be integer class indices")
+    # ignore_index: weft's cross entropy averages over every token; a label out of range (such as
+    # -100) is an error in the interpreter, never silently ignored.
+
+
+def _class_last(ctx, logits):
+    """Logits [N, C, d1, ...] (torch's class dim 1) -> [N, d1, ..., C] for weft's class-last op."""
+    r = len(logits.shape)
+    if r <= 2:
+        return logits
+    perm = [0] + list(range(2, r)) + [1]
+    return ctx._t(ctx.g.transpose(logits.id, perm, ctx.name("class_last")))
+
+
+@_reg("cross_entropy_loss.default")
+def _cross_entropy(ctx, node, logits, target, weight=None, reduction=1, ignore_index=-100, label_smoothing=0.0):
+    if len(logits.shape) < 2:
+        ctx.fail("unbatched cross entropy (1-D logits) is not supported")
+    logits, target, unflattened = _unflatten_pair(ctx, logits, target)
+    _check_ce(ctx, logits, target, weight, reduction, ignore_index, label_smoothing)
+    if not unflattened:  # unflattened logits [..., C] are already class-last
+        logits = _class_last(ctx, logits)
+    return ctx._t(ctx.g.cross_entropy(logits.id, target.id, ctx.name()))
+
+
+@_reg("nll_loss.default", "nll_loss_nd.default", "nll_loss2d.default")
+def _nll_loss(ctx, node, x, target, weight=None, reduction=1, ignore_index=-100):
+    if isinstance(x, _Flat) and isinstance(x.src, _LogSoftmax) and x.src.dim == len(x.src.shape) - 1:
+        # log_softmax(logits, -1).view(-1, C) with labels.view(-1): the unflattened cross entropy
+        logits, target, ok = _unflatten_pair(ctx, x, target)
+        if ok:
+            _check_ce(ctx, logits, target, weight, reduction, ignore_index)
+            return ctx._t(ctx.g.cross_entropy(logits.src, target.id, ctx.name()))
+        x = ctx.tensor(x)
+    target = ctx.tensor(target)
+    _check_ce(ctx, x, target, weight, reduction, ignore_index)
+    if not isinstance(x, _LogSoftmax) or x.dim != (1 if len(x.shape) >= 2 else 0):
+        ctx.fail("nll_loss is supported only on log_softmax over the class dim (plain cross entropy)")
+    if len(x.shape) < 2:
+        ctx.fail("unbatched nll_loss is not supported")
+    return ctx._t(ctx.g.cross_entropy(_class_last(ctx, ctx._t(x.src)).id, target.id, ctx.name()))
+
+
+# -- normalisation
+@_reg("layer_norm.default")
+def _layer_norm(ctx, node, x, normalized_shape, weight=None, bias=None, eps=1e-5, cudnn_enable=True):
+    return _ln(ctx, node, x, normalized_shape, weight, bias, eps)
+
+
+@_reg("native_layer_norm.default")
+def _native_layer_norm(ctx, node, x, normalized_shape, weight, bias, eps):
+    y = _ln(ctx, node, x, normalized_shape, weight, bias, eps)
+    return (y, _Unusable("layer norm's mean"), _Unusable("layer norm's rstd"))
+
+
+def _ln(ctx, node, x, normalized_shape, weight, bias, eps):
+    torch = _torch()
+    x = ctx.tensor(x)
+    if len(normalized_shape) != 1:
+        ctx.fail("layer norm over more than the last dim is not supported")
+    h = x.shape[-1]
+    dev = _device(node)
+    if weight is None:
+        weight = ctx.const(torch.ones(h, dtype=torch.float64, device=dev), "ones")
+    if bias is None:
+        bias = ctx.const(torch.zeros(h, dtype=torch.float64, device=dev), "zeros")
+    return ctx._t(ctx.g.layer_norm(x.id, ctx.tensor(weight).id, ctx.tensor(bias).id, float(eps), ctx.name()))
+
+
+@_reg("rms_norm.default")
+def _rms_norm(ctx, node, x, normalized_shape, weight=None, eps=None):
+    torch = _torch()
+    x = ctx.tensor(x)
+    if len(normalized_shape) != 1:
+        ctx.fail("RMS norm over more than the last dim is not supported")
+    if eps is None:
+        eps = torch.finfo(node.meta["val"].dtype).eps
+    d = len(x.shape) - 1
+    ms = ctx.reshape(ctx.reduce("mean", ctx.unary("square", x, "square"), [d], "mean"),
+                     _keepdim_shape(x.shape, d), "mean.keepdim")
+    r = ctx.unary("rsqrt", ctx.binary("add", ms, float(eps), "eps"), "rsqrt")
+    y = ctx.binary("mul", x, r, "normed" if weight is not None else "")
+    return ctx.binary("mul", y, weight) if weight is not None else y
+
+
+@_reg("embedding.default")
+def _embedding(ctx, node, table, ids, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    if scale_grad_by_freq:
+        ctx.fail("embedding with scale_grad_by_freq is not supported")
+    table = ctx.tensor(table)
+    if padding_idx not in (-1, None):
+        # torch's gradient skips row padding_idx. Exactly: table' = table * keep + onehot * pad_row,
+        # keep / onehot [V, 1] and pad_row [H] (the row's current value) constants: the same
+        # forward, no gradient into the padding row (3 elementwise V x H ops per step).
+        torch = _torch()
+        info = ctx.g.tensor(table.id)
+        if info["role"] != "parameter" or info["name"] not in ctx.values:
+            ctx.fail("padding_idx is supported only on an embedding table that is a parameter")
+        V = table.shape[0]
+        pad = padding_idx + V if padding_idx < 0 else padding_idx
+        w = ctx.values[info["name"]]
+        keep = torch.ones(V, 1, dtype=torch.float64, device=w.device)
+        keep[pad] = 0
+        kept = ctx.binary("mul", table, ctx.const(keep, "keep"), "keep")
+        pad_row = ctx.const(w.detach()[pad].to(torch.float64), "pad_row")
+        pad_part = ctx.binary("mul", ctx.const(1 - keep, "onehot"), pad_row, "pad_part")
+        table = ctx.binary("add", kept, pad_part, "table")
+    return ctx._t(ctx.g.embedding(table.id, ctx.tensor(ids).id, ctx.name()))
+
+
+@_reg("scaled_dot_product_attention.default")
+def _sdpa(ctx, node, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    torch = _torch()
+    q, k, v = (x if _is_graph(x) else ctx.tensor(x) for x in (q, k, v))
+    if dropout_p != 0:
+        ctx.fail("attention dropout is not supported")
+    if q.shape[:-2] != k.shape[:-2] or k.shape[:-2] != v.shape[:-2]:
+        ctx.fail(f"q, k, v batch dims differ ({q.shape}, {k.shape}, {v.shape}): grouped-query attention "
+                 "is not supported")
+    L, S, E = q.shape[-2], k.shape[-2], q.shape[-1]
+    lead = _LETTERS[:len(q.shape) - 2]
+    s = 1.0 / math.sqrt(E) if scale is None else scale
+    qs = _scale(ctx, q, s, "q_scaled")
+    scores = ctx.einsum(f"{lead}ly,{lead}sy->{lead}ls", [qs, k], "scores")
+    dev = _device(node)
+    if is_causal:
+        if attn_mask is not None:
+            ctx.fail("attn_mask together with is_causal is not supported")
+        keep = torch.ones(L, S, dtype=torch.bool, device=dev).tril()
+        scores = _select_fill(ctx, scores, keep, float("-inf"), "causal")
+    elif attn_mask is not None:
+        if isinstance(attn_mask, _C) and attn_mask.value.dtype == torch.bool:
+            m = attn_mask.value
+            if tuple(m.shape) != tuple(scores.shape):
+                m = m.expand(scores.shape)
+            scores = _select_fill(ctx, scores, m, float("-inf"), "masked")
+        else:
+            scores = ctx.binary("add", scores, attn_mask, "masked")
+    probs = ctx._t(ctx.g.softmax(scores.id, len(scores.shape) - 1, ctx.name("probs")))
+    return ctx.einsum(f"{lead}ls,{lead}sz->{lead}lz", [probs, v])
+
+
+# -- convolution and pooling
+def _same(ctx, vals, what):
+    vals = list(vals) if isinstance(vals, (list, tuple)) else [vals]
+    if len(set(vals)) != 1:
+        ctx.fail(f"non-square {what} {vals} is not supported")
+    return int(vals[0])
+
+
+def _conv(ctx, node, x, w, b, stride, padding, dilation, groups):
+    if groups != 1:
+        ctx.fail("grouped convolution is not supported")
+    if _same(ctx, dilation, "dilation") != 1:
+        ctx.fail("dilated convolution is not supported")
+    if isinstance(padding, str):
+        if padding != "valid":
+            ctx.fail(f"padding='{padding}' is not supported (give explicit padding)")
+        padding = 0
+    x = ctx.tensor(x)
+    if len(x.shape) != 4:
+        ctx.fail("only 2-D convolution on [N, C, H, W] is supported")
+    y = ctx._t(ctx.g.conv2d(x.id, ctx.tensor(w).id, _same(ctx, stride, "stride"), _same(ctx, padding, "padding"),
+                             ctx.name("conv" if b is not None else "")))
+    if b is not None:
+        b = ctx.reshape(ctx.tensor(b), [w.shape[0], 1, 1], "bias.reshape")
+        y = ctx.binary("add", y, b)
+    return y
+
+
+@_reg("conv2d.default", "conv2d.padding")
+def _conv2d(ctx, node, x, w, b=None, stride=1, padding=0, dilation=1, groups=1):
+    return _conv(ctx, node, x, w, b, stride, padding, dilation, groups)
+
+
+@_reg("convolution.default")
+def _convolution(ctx, node, x, w, b, stride, padding, dilation, transposed, output_padding, groups):
+    if transposed:
+        return _conv_t(ctx, node, x, w, b, stride, padding, output_padding, groups, dilation)
+    return _conv(ctx, node, x, w, b, stride, padding, dilation, groups)
+
+
+def _pool_args(ctx, kernel, stride, padding, ceil_mode):
+    k = _same(ctx, kernel, "kernel")
+    s = _same(ctx, stride, "stride") if stride not in (None, [], ()) else k
+    if ceil_mode:
+        ctx.fail("ceil_mode=True is not supported")
+    return k, s, _same(ctx, padding, "padding")
+
+
+@_reg("max_pool2d.default")
+def _max_pool2d(ctx, node, x, kernel, stride=(), padding=0, dilation=1, ceil_mode=False):
+    if _same(ctx, dilation, "dilation") != 1:
+        ctx.fail("dilated pooling is not supported")
+    k, s, p = _pool_args(ctx, kernel, stride, padding, ceil_mode)
+    return ctx._t(ctx.g.pool2d("max", ctx.tensor(x).id, k, s, p, ctx.name()))
+
+
+@_reg("max_pool2d_with_indices.default")
+def _max_pool2d_idx(ctx, node, *args, **kwargs):
+    return (_max_pool2d(ctx, node, *args, **kwargs), _Unusable("max pooling's indices"))
+
+
+@_reg("avg_pool2d.default")
+def _avg_pool2d(ctx, node, x, kernel, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
+                divisor_override=None):
+    k, s, p = _pool_args(ctx, kernel, stride, padding, ceil_mode)
+    if divisor_override is not None:
+        ctx.fail("divisor_override is not supported")
+    if p != 0 and not count_include_pad:
+        ctx.fail("count_include_pad=False with padding is not supported (weft's mean pool divides by k²)")
+    return ctx._t(ctx.g.pool2d("mean", ctx.tensor(x).id, k, s, p, ctx.name()))
+
+
+@_reg("adaptive_avg_pool2d.default", "_adaptive_avg_pool2d.default")
+def _adaptive_avg_pool2d(ctx, node, x, output_size):
+    x = ctx.tensor(x)
+    H, W = x.shape[-2:]
+    oh, ow = (list(output_size) + list(output_size))[:2] if isinstance(output_size, (list, tuple)) else \
+        (output_size, output_size)
+    oh, ow = oh or H, ow or W
+    if (oh, ow) == (1, 1):
+        return ctx.reshape(ctx.reduce("mean", x, [len(x.shape) - 2, len(x.shape) - 1], "mean"),
+                           _out_shape(node))
+    if H % oh or W % ow or H // oh != W // ow:
+        ctx.fail(f"adaptive pooling of {H}x{W} to {oh}x{ow} has uneven windows; not supported")
+    k = H // oh
+    return ctx._t(ctx.g.pool2d("mean", x.id, k, k, 0, ctx.name()))
+
+
+@_reg("conv_transpose2d.input")
+def _conv_transpose2d(ctx, node, x, w, b=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
+    return _conv_t(ctx, node, x, w, b, stride, padding, output_padding, groups, dilation)
+
+
+def _conv_t(ctx, node, x, w, b, stride, padding, output_padding, groups, dilation):
+    # Only the non-overlapping case (kernel == stride, no padding): an einsum and a reshape, exactly.
+    x, w = ctx.tensor(x), ctx.tensor(w)
+    k = _same(ctx, w.shape[2:], "kernel")
+    if (_same(ctx, stride, "stride") != k or _same(ctx, padding, "padding") != 0 or
+            _same(ctx, output_padding, "output_padding") != 0 or groups != 1 or _same(ctx, dilation, "dilation") != 1):
+        ctx.fail("transposed convolution is supported only with kernel == stride, no padding, no "
+                 "output_padding, groups=1, dilation=1 (the non-overlapping up-convolution)")
+    n, c, H, W = x.shape
+    y = ctx.einsum("nchw,coij->nohiwj", [x, w], "einsum")
+    y = ctx.reshape(y, [n, w.shape[1], H * k, W * k], "reshape" if b is not None else "")
+    if b is not None:
+        y = ctx.binary("add", y, ctx.reshape(ctx.tensor(b), [w.shape[1], 1, 1], "bias.reshape"))
+    return y
+
+
+@_reg("upsample_nearest2d.vec", "upsample_nearest2d.default")
+def _upsample_nearest2d(ctx, node, x, *args, **kwargs):
+    x = ctx.tensor(x)
+    n, c, H, W = x.shape
+    oh, ow = _out_shape(node)[2:]
+    if oh % H or ow % W:
+        ctx.fail(f"nearest upsampling {H}x{W} -> {oh}x{ow} by a non-integer factor is not supported")
+    sh, sw = oh // H, ow // W
+    y = ctx.reshape(x, [n, c, H, 1, W, 1], "unsqueeze")
+    y = _broadcast(ctx, node, y, [n, c, H, sh, W, sw], "repeat")
+    return ctx.reshape(y, [n, c, oh, ow])
+
+
+@_reg("batch_norm.default")
+def _batch_norm(ctx, node, x, weight, bias, running_mean, running_var, training, momentum, eps, cudnn=False):
+    """Training mode: batch statistics (biased variance), exactly as torch normalises; the running
+    statistics are not updated (the IR has no state). Eval mode: the running statistics are
+    constants: (x - mean) * rsqrt(var + eps) * weight + bias."""
+    x = ctx.tensor(x)
+    r = len(x.shape)
+    if r < 2:
+        ctx.fail("batch norm needs [N, C, ...] input")
+    C = x.shape[1]
+    cshape = [C] + [1] * (r - 2)
+    axes = [0] + list(range(2, r))
+    if training or running_mean is None:
+        mean = ctx.reshape(ctx.reduce("mean", x, axes, "mean"), cshape, "mean.reshape")
+        xc = ctx.binary("sub", x, mean, "centered")
+        var = ctx.reshape(ctx.reduce("mean", ctx.unary("square", xc, "square"), axes, "var"), cshape,
+                          "var.reshape")
+        rstd = ctx.unary("rsqrt", ctx.binary("add", var, float(eps), "var_eps"), "rstd")
+    else:
+        if not isinstance(running_mean, _C) or not isinstance(running_var, _C):
+            ctx.fail("eval-mode batch norm needs its running statistics as buffers")
+        # the running statistics are Constant leaves under their state_dict names (shape [C])
+        mean = ctx.reshape(ctx.tensor(running_mean), cshape, "mean.reshape")
+        var = ctx.reshape(ctx.tensor(running_var), cshape, "var.reshape")
+        xc = ctx.binary("sub", x, mean, "centered")
+        rstd = ctx.unary("rsqrt", ctx.binary("add", var, float(eps), "var_eps"), "rstd")
+    y = ctx.binary("mul", xc, rstd, "normed" if (weight is not None or bias is not None) else "")
+    if weight is not None:
+        y = ctx.binary("mul", y, ctx.reshape(ctx.tensor(weight), cshape, "weight.reshape"),
+                       "scaled" if bias is not None else "")
+    if bias is not None:
+        y = ctx.binary("add", y, ctx.reshape(ctx.tensor(bias), cshape, "bias.reshape"))
+    return y
+
+
+# ---- capture
+
+_PERM_OPS = ("aten.t.", "aten.transpose.", "aten.permute.")
+_EINSUM_OPS = {"aten.matmul.default", "aten.bmm.default", "aten.mm.default", "aten.einsum.default",
+               "aten.scaled_dot_product_attention.default"}
+
+_SAME_VALUE_OPS = {"alias", "slice", "contiguous", "clone", "detach", "lift_fresh_copy", "view", "reshape",
+                   "_to_copy", "to", "expand", "_unsafe_view"}
+
+_RANDOM_OPS = ("rand", "randn", "randint", "bernoulli", "normal", "uniform", "dropout", "randperm",
+               "multinomial", "native_dropout")
+
+
+def _signature_names(fn, n: int, skip: int, fallback: str) -> List[str]:
+    try:
+        params = [p for p in inspect.signature(fn).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        params = []
+    names = [p.name for p in params[skip:skip + n]]
+    if len(names) < n:
+        names += [f"{fallback}{i}" if n > 1 else fallback for i in range(len(names), n)]
+    return names
+
+
+def _export(module, example_inputs, loss_fn, targets):
+    torch = _torch()
+    inputs = tuple(example_inputs)
+    targets = tuple(targets)
+    for x in inputs + targets:
+        if not isinstance(x, torch.Tensor):
+            raise ValueError(f"weft.from_torch: example inputs and targets must be tensors, got {type(x).__name__}")
+    if loss_fn is None and targets:
+        raise ValueError("weft.from_torch: targets given without a loss_fn")
+    if loss_fn is None:
+        root = module
+    else:
+        class _WithLoss(torch.nn.Module):
+            def __init__(self, m):
+                super().__init__()
+                self.model = m
+
+            def forward(self, *args):
+                return loss_fn(self.model(*args[:len(inputs)]), *args[len(inputs):])
+
+        root = _WithLoss(module)
+    try:
+        ep = torch.export.export(root, inputs + targets, strict=False)
+    except Exception as e:  # noqa: BLE001 (any capture failure is the user's model's: say so)
+        raise ValueError(f"weft.from_torch: torch.export could not capture the module "
+                         f"({type(e).__name__}: {e})") from e
+    names = _signature_names(module.forward, len(inputs), 0, "input")
+    if targets:
+        names += _signature_names(loss_fn, len(targets), 1, "target")
+    prefix = "model." if loss_fn is not None else ""
+    return ep, root, names, prefix
+
+
+def _import(module, example_inputs, loss_fn=None, targets=(), dtype=None, name=None):
+    torch = _torch()
+    ep, root, user_names, prefix = _export(module, example_inputs, loss_fn, targets)
+    gm = ep.graph_module
+    # canonical names by object identity: a tied parameter is one tensor under its first name
+    canon: Dict[int, str] = {}
+    for n, p in module.named_parameters(remove_duplicate=False):
+        canon.setdefault(id(p), n)
+    for n, b in module.named_buffers(remove_duplicate=False):
+        canon.setdefault(id(b), n)
+    root_state = dict(root.named_parameters(remove_duplicate=False))
+    root_state.update(dict(root.named_buffers(remove_duplicate=False)))
+    if dtype is None:
+        fp = next((p for p in module.parameters() if p.is_floating_point()), None)
+        dtype = _float_dtype_of(fp.dtype) if fp is not None else "f32"
+    g = _weft.Graph(name or type(module).__name__)
+    ctx = _Ctx(g, dtype)
+
+    nodes = list(gm.graph.nodes)
+    out_node = next(n for n in nodes if n.op == "output")
+    # dead code: only what the output needs
+    live = set()
+    stack = [out_node]
+    while stack:
+        n = stack.pop()
+        if n in live:
+            continue
+        live.add(n)
+        stack.extend(n.all_input_nodes)
+
+    # A transpose whose input is an einsum-like op's only use folds into that op's output letters.
+    fused_out = set()
+    for node in nodes:
+        if node in live and node.op == "call_function" and str(node.target).startswith(_PERM_OPS):
+            src = node.args[0]
+            if (hasattr(src, "target") and str(src.target) in _EINSUM_OPS and len(src.users) == 1
+                    and src in live):
+                ctx.out_perm[src] = _perm_of(node, len(src.meta["val"].shape))
+                fused_out.add(node)
+    specs = {s.arg.name: s for s in ep.graph_signature.input_specs}
+    env: Dict[Any, Any] = {}
+    user_i = 0
+    leaf_values: Dict[str, Any] = ctx.values
+    params_by_name: Dict[str, _T] = {}
+    for node in nodes:
+        if node.op != "placeholder":
+            continue
+        spec = specs[node.name]
+        kind = spec.kind.name
+        if kind == "USER_INPUT":
+            x = example_inputs[user_i] if user_i < len(example_inputs) else targets[user_i - len(example_inputs)]
+            nm = user_names[user_i]
+            user_i += 1
+            if node not in live:
+                continue
+            shape = [int(s) for s in x.shape]
+            wdt = _weft_dtype(x.dtype, dtype) if x.dtype != torch.bool else None
+            if (wdt is None or wdt.startswith("i")) and _only_converted_to_float(node, live):
+                wdt = dtype  # e.g. an int attention_mask used only as .to(float): a float input
+                x = x.to(torch.float64)
+            if wdt is None:
+                raise ValueError(f"weft.from_torch: input '{nm}' is a bool tensor used as such")
+            env[node] = _T(g.input(nm, shape, wdt), tuple(shape))
+            leaf_values[nm] = x
+            continue
+        if node not in live:
+            continue
+        if kind == "PARAMETER":
+            obj = root_state[spec.target]
+            nm = canon.get(id(obj), spec.target[len(prefix):] if spec.target.startswith(prefix) else spec.target)
+            if nm not in params_by_name:
+                if not obj.is_floating_point():
+                    raise ValueError(f"weft.from_torch: parameter {nm} is not floating point")
+                params_by_name[nm] = _T(g.parameter(nm, [int(s) for s in obj.shape], dtype),
+                                        tuple(int(s) for s in obj.shape))
+                leaf_values[nm] = obj
+            env[node] = params_by_name[nm]
+        elif kind == "BUFFER":
+            obj = root_state.get(spec.target)
+            if obj is None:
+                obj = ep.constants[spec.target]
+            nm = canon.get(id(obj), spec.target[len(prefix):] if spec.target.startswith(prefix) else spec.target)
+            env[node] = _C(obj.detach(), nm)
+        elif kind in ("CONSTANT_TENSOR", "CUSTOM_OBJ"):
+            obj = ep.constants[spec.target]
+            if not isinstance(obj, torch.Tensor):
+                raise ValueError(f"weft.from_torch: constant {spec.target} is not a tensor")
+            env[node] = _C(obj.detach(), "const." + node.name)
+        else:
+            raise ValueError(f"weft.from_torch: unsupported graph input kind {kind} ({node.name})")
+
+    def load(a):
+        return torch.fx.node.map_arg(a, lambda n: env[n])
+
+    def has_t(v) -> bool:
+        if isinstance(v, (_T, _Unusable, _Flat, _Perm)):
+            return True
+        if isinstance(v, (list, tuple)):
+            return any(has_t(x) for x in v)
+        if isinstance(v, dict):
+            return any(has_t(x) for x in v.values())
+        return False
+
+    def to_torch(v):
+        if isinstance(v, _C):
+            return v.value
+        if isinstance(v, (list, tuple)):
+            return type(v)(to_torch(x) for x in v)
+        if isinstance(v, dict):
+            return {k: to_torch(x) for k, x in v.items()}
+        return v
+
+    def wrap(v, name):
+        if isinstance(v, torch.Tensor):
+            return _C(v, name)
+        if isinstance(v, (list, tuple)):
+            return type(v)(wrap(x, f"{name}.{i}") for i, x in enumerate(v))
+        return v
+
+    def fold_name(node, args, result):
+        # a view of a buffer that keeps its shape (alias, full slice, contiguous, ...) keeps its name
+        cs = [a for a in args if isinstance(a, _C)]
+        base = str(node.target).split(".")[1] if str(node.target).startswith("aten.") else ""
+        if (len(cs) == 1 and cs[0].name and base in _SAME_VALUE_OPS and isinstance(result, torch.Tensor)
+                and tuple(result.shape) == tuple(cs[0].value.shape)):
+            return cs[0].name
+        return "const." + node.name
+
+    for node in nodes:
+        if node.op == "get_attr" and node in live:
+            # a submodule of a higher-order op (e.g. HF's autocast-disabled rotary embedding) or a
+            # tensor attribute: folded with the op when every operand is constant
+            obj = gm
+            for part in str(node.target).split("."):
+                obj = getattr(obj, part)
+            env[node] = _C(obj.detach(), "const." + node.name) if isinstance(obj, torch.Tensor) else obj
+            continue
+        if node.op != "call_function" or node not in live:
+            continue
+        args, kwargs = load(node.args), load(node.kwargs)
+        stack = node.meta.get("nn_module_stack") or {}
+        path = list(stack.values())[-1][0] if stack else ""
+        if prefix and path.startswith(prefix):
+            path = path[len(prefix):]
+        elif prefix and path == prefix[:-1]:
+            path = ""
+        ctx.node, ctx.path = node, path
+        target = node.target
+        opname = str(target)
+        if node in fused_out and not isinstance(env[node.args[0]], _C):
+            env[node] = env[node.args[0]]  # already permuted by the producing einsum
+            continue
+        if not has_t((args, kwargs)) and target is not operator.getitem:
+            # folded: computed in torch from constants (meta tensors stay meta)
+            if any(r in str(target) for r in _RANDOM_OPS):
+                ctx.fail("random ops are not supported")
+            fkw = to_torch(kwargs)
+            val = node.meta.get("val")
+            if (str(target).split(".")[1:2] in (["full"], ["ones"], ["zeros"], ["scalar_tensor"])
+                    and isinstance(val, torch.Tensor) and val.is_floating_point()):
+                fkw["dtype"] = torch.float64  # weft computes in f64: no overflow of e.g. finfo(f64).min
+            result = target(*to_torch(args), **fkw)
+            env[node] = wrap(result, fold_name(node, args, result))
+            continue
+        h = _handler_for(target)
+        inplace = None
+        if h is None:
+            inplace = _functional_of(target)
+            h = _handler_for(inplace) if inplace is not None else None
+        if h is None:
+            raise ValueError(
+                f"weft.from_torch: unsupported op {opname} (node '{node.name}', module "
+                f"{path or '<root>'!r}"
+                f"{' ' + list(stack.values())[-1][1] if stack else ''}). Supported ops: "
+                f"{', '.join(supported_ops())}")
+        env[node] = h(ctx, node, *args, **kwargs)
+        if inplace is not None and isinstance(node.args[0], torch.fx.Node):
+            # x.add_(y): later readers of x see the new value (x must not be a view of another tensor)
+            src = node.args[0]
+            if str(src.target).split(".")[1:2] in ([p] for p in _VIEW_OPS):
+                ctx.fail("an in-place op on a view is not supported")
+            env[src] = env[node]
+    outs = load(out_node.args[0])
+    out = outs[0] if isinstance(outs, (list, tuple)) else outs
+    if isinstance(outs, (list, tuple)) and len(outs) != 1:
+        raise ValueError(f"weft.from_torch: the module returns {len(outs)} values; give a loss_fn that "
+                         "reduces them to a scalar loss")
+    if not _is_graph(out):
+        raise ValueError("weft.from_torch: the loss does not depend on the inputs or parameters")
+    out = ctx.tensor(out)
+    if len(out.shape) != 0:
+        raise ValueError(f"weft.from_torch: the output has shape {list(out.shape)}, not a scalar: give a "
+                         "loss_fn (and targets) that reduce it to the loss")
+    g.set_loss(out.id)
+    return g, leaf_values
+
+
+def from_torch(module, example_inputs: Sequence[Any], *, loss_fn: Optional[Callable] = None,
+               targets: Sequence[Any] = (), dtype: Optional[str] = None, name: Optional[str] = None):
+    """The forward graph of ``module`` on ``example_inputs`` with a scalar loss.
+
+    If the module returns a scalar, that is the loss; otherwise the loss is
+    ``loss_fn(module(*example_inputs), *targets)``, captured together with the module.
+    ``dtype`` is the weft dtype of every floating point tensor (default: the module's parameter
+    dtype; float64 maps to "f32", weft having no f64 -- the interpreter computes in f64 anyway).
+    Integer inputs (token ids, labels) become i64 / i32 inputs. Works on meta tensors.
+    Raises ValueError for an op without an exact mapping (see :func:`supported_ops`)."""
+    g, _ = _import(module, example_inputs, loss_fn, targets, dtype, name)
+    return g
+
+
+def feeds_from_torch(module, example_inputs: Sequence[Any], targets: Sequence[Any] = (), *,
+                     loss_fn: Optional[Callable] = None, dtype: Optional[str] = None) -> Dict[str, np.ndarray]:
+    """Leaf name -> numpy array (float64, or int64 for integer tensors) for every leaf of the graph
+    that :func:`from_torch` builds from the same arguments: parameters (the module's weights),
+    inputs, targets, buffers and folded constants, so that ``weft.interpret(graph, feeds)``
+    reproduces the module."""
+    torch = _torch()
+    _, values = _import(module, example_inputs, loss_fn, targets, dtype, None)
+    out = {}
+    for k, v in values.items():
+        if v.device.type == "meta":
+            raise ValueError(f"weft.feeds_from_torch: '{k}' is on the meta device (no values)")
+        v = v.detach().cpu()
+        if v.dtype == torch.bool:
+            v = v.to(torch.float64)
+        out[k] = v.numpy().astype(np.float64 if v.is_floating_point() else np.int64)
+    return out
