@@ -237,52 +237,25 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.cmd == "version":
         print(__version__)
-    elif args.cmd == "simulate":
-        try:
-            return _simulate(args)
-        except ValueError as e:
-            print(f"weft simulate: {e}", file=sys.stderr)
-            return 2
-    elif args.cmd == "show":
-        try:
-            return _show(args)
-        except ValueError as e:
-            print(f"weft show: {e}", file=sys.stderr)
-            return 2
-    elif args.cmd == "zoo":
-        try:
-            return _zoo(args)
-        except ValueError as e:
-            print(f"weft zoo: {e}", file=sys.stderr)
-            return 2
-    elif args.cmd == "plan":
-        try:
-            return _plan(args)
-        except ValueError as e:
-            print(f"weft plan: {e}", file=sys.stderr)
-            return 2
-        except KeyboardInterrupt:
-            # The search runs off the GIL and answers Ctrl-C at once; its worker thread stops at its
-            # next progress report. Leave without waiting for it (no interpreter teardown under it).
-            print("weft plan: interrupted", file=sys.stderr, flush=True)
-            sys.stdout.flush()
-            os._exit(130)
-    elif args.cmd == "run":
-        try:
-            return _run(args)
-        except (ValueError, TypeError) as e:
-            print(f"weft run: {e}", file=sys.stderr)
-            return 2
-        except RuntimeError as e:  # a rank failed (its message names the rank and the instruction)
-            print(f"weft run: {e}", file=sys.stderr)
-            return 1
-    elif args.cmd == "calibrate":
-        try:
-            return _calibrate(args)
-        except (ValueError, TypeError, ImportError) as e:
-            print(f"weft calibrate: {e}", file=sys.stderr)
-            return 2
-    return 0
+        return 0
+    handler = {"simulate": _simulate, "show": _show, "zoo": _zoo, "plan": _plan, "run": _run,
+               "calibrate": _calibrate}[args.cmd]
+    try:
+        return handler(args)
+    except (ValueError, TypeError, ImportError) as e:  # bad input: one line, exit 2
+        print(f"weft {args.cmd}: {e}", file=sys.stderr)
+        return 2
+    except RuntimeError as e:
+        if args.cmd != "run":
+            raise
+        print(f"weft run: {e}", file=sys.stderr)  # a rank failed: its message names it and the instruction
+        return 1
+    except KeyboardInterrupt:
+        # Searches run off the GIL and answer Ctrl-C at once; a worker thread stops at its next
+        # progress report. Leave without waiting for it (no interpreter teardown under it).
+        print(f"weft {args.cmd}: interrupted", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(130)
 
 
 if __name__ == "__main__":
