@@ -54,6 +54,8 @@ HostTensor zeros(const Shape& s) { return HostTensor{s, std::vector<double>(nume
 
 constexpr double kGeluC = 0.7978845608028654;  // √(2/π)
 constexpr double kGeluA = 0.044715;
+constexpr double kSqrtHalf = 0.7071067811865476;    // 1/√2
+constexpr double kInvSqrt2Pi = 0.3989422804014327;  // 1/√(2π)
 
 double unary_value(UnaryFn f, double x, double scalar) {
   switch (f) {
@@ -69,6 +71,7 @@ double unary_value(UnaryFn f, double x, double scalar) {
     case UnaryFn::Rsqrt: return 1 / std::sqrt(x);
     case UnaryFn::Square: return x * x;
     case UnaryFn::Scale: return scalar * x;
+    case UnaryFn::GeluErf: return 0.5 * x * (1 + std::erf(x * kSqrtHalf));
   }
   return x;
 }
@@ -98,6 +101,8 @@ double unary_derivative(UnaryFn f, double x, double scalar) {
     case UnaryFn::Rsqrt: return -0.5 / (x * std::sqrt(x));
     case UnaryFn::Square: return 2 * x;
     case UnaryFn::Scale: return scalar;
+    case UnaryFn::GeluErf:  // Φ(x) + x·φ(x)
+      return 0.5 * (1 + std::erf(x * kSqrtHalf)) + x * std::exp(-0.5 * x * x) * kInvSqrt2Pi;
   }
   return 1;
 }
@@ -320,7 +325,8 @@ struct VocabRows {
     WEFT_CHECK(static_cast<std::int64_t>(index.size()) == n_local, "vocab index has {} rows, the shard {}",
                index.size(), n_local);
     local.assign(static_cast<std::size_t>(global), -1);
-    for (std::size_t r = 0; r < index.size(); ++r) local[static_cast<std::size_t>(index[r])] = static_cast<std::int64_t>(r);
+    for (std::size_t r = 0; r < index.size(); ++r)
+      local[static_cast<std::size_t>(index[r])] = static_cast<std::int64_t>(r);
   }
   std::int64_t row(std::int64_t id) const { return local.empty() ? id : local[static_cast<std::size_t>(id)]; }
 };

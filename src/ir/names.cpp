@@ -69,23 +69,24 @@ constexpr std::array<std::pair<OpKind, std::string_view>, 28> kOpKinds{{
     {OpKind::SgdUpdate, "sgd_update"},
     {OpKind::AdamUpdate, "adam_update"},
 }};
-constexpr std::array<std::pair<UnaryFn, std::string_view>, 12> kUnary{{{UnaryFn::Identity, "identity"},
-                                                                      {UnaryFn::Neg, "neg"},
-                                                                      {UnaryFn::Relu, "relu"},
-                                                                      {UnaryFn::Gelu, "gelu"},
-                                                                      {UnaryFn::Tanh, "tanh"},
-                                                                      {UnaryFn::Exp, "exp"},
-                                                                      {UnaryFn::Log, "log"},
-                                                                      {UnaryFn::Sigmoid, "sigmoid"},
-                                                                      {UnaryFn::Sqrt, "sqrt"},
-                                                                      {UnaryFn::Rsqrt, "rsqrt"},
-                                                                      {UnaryFn::Square, "square"},
-                                                                      {UnaryFn::Scale, "scale"}}};
+constexpr std::array<std::pair<UnaryFn, std::string_view>, 13> kUnary{{{UnaryFn::Identity, "identity"},
+                                                                       {UnaryFn::Neg, "neg"},
+                                                                       {UnaryFn::Relu, "relu"},
+                                                                       {UnaryFn::Gelu, "gelu"},
+                                                                       {UnaryFn::Tanh, "tanh"},
+                                                                       {UnaryFn::Exp, "exp"},
+                                                                       {UnaryFn::Log, "log"},
+                                                                       {UnaryFn::Sigmoid, "sigmoid"},
+                                                                       {UnaryFn::Sqrt, "sqrt"},
+                                                                       {UnaryFn::Rsqrt, "rsqrt"},
+                                                                       {UnaryFn::Square, "square"},
+                                                                       {UnaryFn::Scale, "scale"},
+                                                                       {UnaryFn::GeluErf, "gelu_erf"}}};
 constexpr std::array<std::pair<BinaryFn, std::string_view>, 5> kBinary{{{BinaryFn::Add, "add"},
-                                                                       {BinaryFn::Sub, "sub"},
-                                                                       {BinaryFn::Mul, "mul"},
-                                                                       {BinaryFn::Div, "div"},
-                                                                       {BinaryFn::Max, "max"}}};
+                                                                        {BinaryFn::Sub, "sub"},
+                                                                        {BinaryFn::Mul, "mul"},
+                                                                        {BinaryFn::Div, "div"},
+                                                                        {BinaryFn::Max, "max"}}};
 constexpr std::array<std::pair<ReduceFn, std::string_view>, 3> kReduce{
     {{ReduceFn::Sum, "sum"}, {ReduceFn::Max, "max"}, {ReduceFn::Mean, "mean"}}};
 

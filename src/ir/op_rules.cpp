@@ -82,6 +82,7 @@ double unary_flops(UnaryFn f) {
     case UnaryFn::Log:
     case UnaryFn::Sigmoid: return 4;
     case UnaryFn::Gelu: return 8;
+    case UnaryFn::GeluErf: return 8;
   }
   return 1;
 }

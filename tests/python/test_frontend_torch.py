@@ -732,17 +732,22 @@ def test_unsupported_op_names_op_and_module(op):
     assert f"aten.{op}" in msg and "'sorter'" in msg and "aten.linear.default" in msg
 
 
-def test_exact_gelu_is_rejected():
+def test_exact_gelu_imports_exactly():
+    # nn.GELU()'s default is the erf form: weft's gelu_erf, forward and gradient.
     class M(nn.Module):
         def __init__(self):
             super().__init__()
+            self.fc = nn.Linear(4, 6)
             self.act = nn.GELU()
 
         def forward(self, x):
-            return self.act(x).sum()
+            return self.act(self.fc(x)).pow(2).sum()
 
-    with pytest.raises(ValueError, match="gelu.*erf"):
-        weft.from_torch(M(), (torch.randn(2, 4),))
+    m = M().double()
+    x = torch.randn(3, 4, dtype=torch.float64)
+    g, _ = check_forward(m, (x,))
+    assert any(o["kind"] == "unary" and o["attrs"].get("unary") == "gelu_erf" for o in g.ops)
+    check_gradients(m, (x,))
 
 
 def test_data_dependent_mask_is_rejected():

@@ -382,3 +382,19 @@ def test_nccl_on_one_gpu_equals_the_reference(cluster):
     prog = weft.lower_spmd(s, cluster, mesh, weft.spmd_search(s, cluster, mesh))
     got = weft.run(prog, steps=3, dtype="f64", backend="nccl")
     assert_same(got, weft.execute_reference(s, steps=3), 1e-10)
+
+
+def test_exact_gelu_runs_on_the_runtime(cluster):
+    # nn.GELU()'s erf form (weft's gelu_erf) through the importer, a random layout on 2 processes.
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.act, self.fc2 = torch.nn.Linear(4, 6), torch.nn.GELU(), torch.nn.Linear(6, 3)
+
+        def forward(self, x, y):
+            return ((self.fc2(self.act(self.fc(x))) - y) ** 2).mean()
+
+    g = weft.from_torch(M().double(), (torch.randn(8, 4, dtype=torch.float64), torch.randn(8, 3, dtype=torch.float64)))
+    step = g.train_step(optimizer="adam")
+    prog = weft.lower_random(step, cluster, weft.DeviceMesh([2], [0, 1]), 3)
+    assert_same(weft.run(prog, steps=2, dtype="f64"), weft.execute_reference(step, steps=2), 1e-10)

@@ -8,6 +8,7 @@
 //   Unary         identity x | neg −x | relu max(x,0) | tanh | exp | log | sqrt | rsqrt 1/√x | square x²
 //                 | sigmoid 1/(1+e^−x) | scale attrs.scalar·x
 //                 | gelu: the tanh approximation 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))
+//                 | gelu_erf: the exact form 0.5·x·(1 + erf(x/√2)) (torch's default nn.GELU)
 //   Binary        add, sub, mul, div, max, numpy broadcasting (trailing alignment)
 //   Reduce        sum | mean | max over attrs.axes (the dims are removed)
 //   Softmax       exp(x − max) / Σ exp(x − max) along attrs.axes[0]

@@ -29,22 +29,36 @@ enum class OpKind : std::uint8_t {
   Pool2d,        // x[n,c,H,W], attrs.reduce Max|Mean, attrs.ints = {kernel, stride, pad}
   Opaque,        // dims can only be replicated; attrs.ints = output shape, attrs.scalar = FLOPs
   // ops made by autodiff and the optimizer
-  UnaryGrad,         // (x, dy) -> dx for attrs.unary
-  BroadcastTo,       // x -> attrs.ints shape, inserting the dims in attrs.axes (reduce/binary grads)
-  SoftmaxGrad,       // (y, dy) -> dx over attrs.axes[0]
-  LayerNormGrad,     // (x, gamma, dy) -> dx, eps = attrs.scalar
+  UnaryGrad,           // (x, dy) -> dx for attrs.unary
+  BroadcastTo,         // x -> attrs.ints shape, inserting the dims in attrs.axes (reduce/binary grads)
+  SoftmaxGrad,         // (y, dy) -> dx over attrs.axes[0]
+  LayerNormGrad,       // (x, gamma, dy) -> dx, eps = attrs.scalar
   LayerNormParamGrad,  // (x, dy) -> (dgamma, dbeta), eps = attrs.scalar
-  EmbeddingGrad,     // (ids, dy) -> dtable, table shape in attrs.ints
-  CrossEntropyGrad,  // (logits, labels, dloss) -> dlogits
-  Pad,               // inverse of Slice along attrs.axes[0]: attrs.ints = {begin, end, full size}
-  Conv2dGradInput,   // (dy, w) -> dx, attrs.ints = {stride, pad, H, W}
-  Conv2dGradWeight,  // (x, dy) -> dw, attrs.ints = {stride, pad, r, t}
-  Pool2dGrad,        // (x, y, dy) -> dx, same attrs as Pool2d
-  SgdUpdate,         // (param, grad) -> param', lr = attrs.scalars[0]
-  AdamUpdate,        // (param, grad, m, v) -> (param', m', v'), attrs.scalars = {lr, b1, b2, eps, step}
+  EmbeddingGrad,       // (ids, dy) -> dtable, table shape in attrs.ints
+  CrossEntropyGrad,    // (logits, labels, dloss) -> dlogits
+  Pad,                 // inverse of Slice along attrs.axes[0]: attrs.ints = {begin, end, full size}
+  Conv2dGradInput,     // (dy, w) -> dx, attrs.ints = {stride, pad, H, W}
+  Conv2dGradWeight,    // (x, dy) -> dw, attrs.ints = {stride, pad, r, t}
+  Pool2dGrad,          // (x, y, dy) -> dx, same attrs as Pool2d
+  SgdUpdate,           // (param, grad) -> param', lr = attrs.scalars[0]
+  AdamUpdate,          // (param, grad, m, v) -> (param', m', v'), attrs.scalars = {lr, b1, b2, eps, step}
 };
 
-enum class UnaryFn : std::uint8_t { Identity, Neg, Relu, Gelu, Tanh, Exp, Log, Sigmoid, Sqrt, Rsqrt, Square, Scale };
+enum class UnaryFn : std::uint8_t {
+  Identity,
+  Neg,
+  Relu,
+  Gelu,
+  Tanh,
+  Exp,
+  Log,
+  Sigmoid,
+  Sqrt,
+  Rsqrt,
+  Square,
+  Scale,
+  GeluErf
+};
 enum class BinaryFn : std::uint8_t { Add, Sub, Mul, Div, Max };
 enum class ReduceFn : std::uint8_t { Sum, Max, Mean };
 

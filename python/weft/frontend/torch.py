@@ -10,7 +10,7 @@ decompositions so that ``linear``, ``layer_norm`` and ``scaled_dot_product_atten
 whole). Every ATen op maps to weft IR ops through one small handler in :data:`HANDLERS`; an op
 without a handler raises ``ValueError`` naming the op, the module path it came from and the
 supported ops. Nothing is approximated: an op whose semantics the IR cannot express exactly
-(GELU's erf form, dropout in training mode, a data-dependent mask, ...) is rejected.
+(dropout in training mode, a data-dependent mask, ...) is rejected.
 
 Leaves: parameters keep their ``state_dict`` names (a parameter shared by several modules is one
 tensor, named by its first name); user inputs are named after ``forward``'s arguments, targets
@@ -729,10 +729,9 @@ def _silu(ctx, node, x):
 
 @_reg("gelu.default")
 def _gelu(ctx, node, x, approximate="none"):
-    if approximate != "tanh":
-        ctx.fail("GELU's exact (erf) form is not weft's gelu, which is the tanh approximation: use "
-                 "nn.GELU(approximate='tanh') / F.gelu(x, approximate='tanh')")
-    return ctx.unary("gelu", x)
+    if approximate not in ("tanh", "none"):
+        ctx.fail(f"GELU approximation {approximate!r} (weft has 'tanh' and the exact erf form)")
+    return ctx.unary("gelu" if approximate == "tanh" else "gelu_erf", x)
 
 
 @_reg("pow.Tensor_Scalar")

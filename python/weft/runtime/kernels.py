@@ -47,6 +47,8 @@ def _unary(fn: str, x: torch.Tensor, scalar: float) -> torch.Tensor:
         return torch.relu(x)
     if fn == "gelu":  # the tanh approximation, as the C++ kernel
         return F.gelu(x, approximate="tanh")
+    if fn == "gelu_erf":
+        return F.gelu(x)
     if fn == "tanh":
         return torch.tanh(x)
     if fn == "exp":
@@ -78,6 +80,8 @@ def _unary_derivative(fn: str, x: torch.Tensor, scalar: float) -> torch.Tensor:
         th = torch.tanh(u)
         du = _GELU_C * (1 + 3 * _GELU_A * x * x)
         return 0.5 * (1 + th) + 0.5 * x * (1 - th * th) * du
+    if fn == "gelu_erf":  # Φ(x) + x·φ(x)
+        return 0.5 * (1 + torch.erf(x * math.sqrt(0.5))) + x * torch.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
     if fn == "tanh":
         t = torch.tanh(x)
         return 1 - t * t
@@ -325,8 +329,8 @@ def _pool2d_grad(op, x, ctx):
 def _unary_grad(op, x, ctx):
     a = op["attrs"]
     fn = a.get("unary", "identity")
-    if fn == "gelu":  # torch's fused backward of the same tanh form
-        return [torch.ops.aten.gelu_backward(x[1], x[0], approximate="tanh")]
+    if fn in ("gelu", "gelu_erf"):  # torch's fused backward of the same form
+        return [torch.ops.aten.gelu_backward(x[1], x[0], approximate="tanh" if fn == "gelu" else "none")]
     if fn == "scale":
         return [x[1] * a.get("scalar", 0.0)]
     return [x[1] * _unary_derivative(fn, x[0], a.get("scalar", 0.0))]
