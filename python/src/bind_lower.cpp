@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "instr_fields.hpp"
 #include "weft/cluster/cluster.hpp"
 #include "weft/cluster/device_mesh.hpp"
 #include "weft/core/dtype.hpp"
@@ -48,19 +49,13 @@ py::list buffer_names(const lower::Program& p, const std::vector<int>& ids) {
 
 py::dict instr_dict(const lower::Program& p, const lower::Instr& i) {
   py::dict d;
-  d["kind"] = std::string(lower::instr_kind_name(i.kind));
+  put_instr_fields(d, i);
   const bool has_op = i.op >= 0 && i.op < static_cast<ir::OpId>(p.graph.ops().size());
   d["op"] = has_op ? py::object(py::str(p.graph.op(i.op).name)) : py::object(py::none());
   d["inputs"] = buffer_names(p, i.in);
   d["outputs"] = buffer_names(p, i.out);
-  d["axis"] = i.axis;
-  d["group"] = i.group;
-  d["reduce"] = i.reduce == lower::ReduceOp::Max ? "max" : "sum";
   d["axes"] = i.axes;
-  d["internal"] = i.internal;
   d["microbatch"] = i.microbatch;
-  d["tag"] = i.tag;
-  d["region"] = i.region;
   return d;
 }
 

@@ -2,7 +2,6 @@
 // each buffer's tile on each rank, the rank's graph, the per-instruction numbers of the global op)
 // and the counter-based leaf values (exec::LeafValues), so the processes of a real run read the
 // same tile math and initial values as the CPU reference executor.
-#include <fmt/format.h>
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -13,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "weft/core/dtype.hpp"
+#include "instr_fields.hpp"
 #include "weft/core/error.hpp"
 #include "weft/exec/init.hpp"
 #include "weft/exec/program_layout.hpp"
@@ -66,16 +65,10 @@ py::dict rank_instr(const LayoutHolder& h, int rank, int pc, const lower::Instr&
   i.group = p.group_of(rank, i0);
   py::dict d;
   d["pc"] = pc;  // index in the rank's list (Program.describe)
-  d["kind"] = std::string(lower::instr_kind_name(i.kind));
+  put_instr_fields(d, i);
   d["op"] = i.op;
   d["inputs"] = i.in;
   d["outputs"] = i.out;
-  d["axis"] = i.axis;
-  d["group"] = i.group;
-  d["reduce"] = i.reduce == lower::ReduceOp::Max ? "max" : "sum";
-  d["internal"] = i.internal;
-  d["tag"] = i.tag;
-  d["region"] = i.region;
   switch (i.kind) {
     case lower::InstrKind::Compute:
     case lower::InstrKind::CeSumTarget:

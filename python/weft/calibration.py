@@ -24,12 +24,13 @@ import json
 import math
 import os
 import platform
-import socket
 import statistics
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterable, Optional, Sequence
+
+from .runtime.launch import free_port
 
 __all__ = ["calibrate", "CalibrationReport", "MatmulTiming", "MemoryOpTiming", "OverheadTiming",
            "CollectiveTiming", "AlphaBetaFit", "fit_alpha_beta", "collective_coefficients", "match_device_kind"]
@@ -498,13 +499,6 @@ def _measure_overheads(torch, dev, sync, budget, gen) -> list[OverheadTiming]:
 # Collectives between local processes
 # ---------------------------------------------------------------------------------------------
 
-def _free_port() -> int:
-    """A TCP port free right now on 127.0.0.1 (the OS picks it for a socket bound to port 0)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _collective_calls(torch, dist, name, nbytes, nproc, rank, dev) -> list:
     """[(impl, call)] for one collective of ``nbytes`` (the cost model's byte convention), in order of
     preference: the single-tensor forms first (their names differ across torch versions), the list
@@ -515,24 +509,18 @@ def _collective_calls(torch, dist, name, nbytes, nproc, rank, dev) -> list:
     if name == "all_reduce":
         buf = torch.ones(numel, device=dev)
         out.append(("all_reduce", lambda: dist.all_reduce(buf)))
-    elif name == "all_gather":
-        part = torch.ones(numel // nproc, device=dev)
-        full = torch.empty(numel, device=dev)
-        for impl in ("all_gather_single", "all_gather_into_tensor"):
-            if hasattr(dist, impl):
-                out.append((impl, lambda f=getattr(dist, impl): f(full, part)))
-                break
+    elif name in ("all_gather", "reduce_scatter"):
+        gather = name == "all_gather"  # gather: part -> full; reduce-scatter: full -> part
+        part = (torch.ones if gather else torch.empty)(numel // nproc, device=dev)
+        full = (torch.empty if gather else torch.ones)(numel, device=dev)
+        single = f"{name}_single", ("all_gather_into_tensor" if gather else "reduce_scatter_tensor")
+        impl = next((n for n in single if hasattr(dist, n)), None)
+        if impl is not None:
+            f = getattr(dist, impl)
+            out.append((impl, (lambda: f(full, part)) if gather else (lambda: f(part, full))))
         parts = list(full.chunk(nproc))
-        out.append(("all_gather", lambda: dist.all_gather(parts, part)))
-    elif name == "reduce_scatter":
-        full = torch.ones(numel, device=dev)
-        part = torch.empty(numel // nproc, device=dev)
-        for impl in ("reduce_scatter_single", "reduce_scatter_tensor"):
-            if hasattr(dist, impl):
-                out.append((impl, lambda f=getattr(dist, impl): f(part, full)))
-                break
-        parts = list(full.chunk(nproc))
-        out.append(("reduce_scatter", lambda: dist.reduce_scatter(part, parts)))
+        out.append((name, (lambda: dist.all_gather(parts, part)) if gather else
+                    (lambda: dist.reduce_scatter(part, parts))))
     elif name == "send_recv":
         # Ping-pong between ranks 0 and 1: a call is one round trip, two one-way messages; the
         # timing loop halves it (see _collective_worker).
@@ -643,7 +631,7 @@ def _run_collectives(device: str, nproc: int, backend: str, sizes: list, budget:
     threads = max(1, (os.cpu_count() or 1) // nproc)
     with tempfile.TemporaryDirectory(prefix="weft-calibrate-") as tmp:
         result_path = os.path.join(tmp, "collectives.json")
-        init_method = f"tcp://127.0.0.1:{_free_port()}"
+        init_method = f"tcp://127.0.0.1:{free_port()}"
         ctx = mp.start_processes(_collective_worker, nprocs=nproc, join=False, start_method="spawn",
                                  args=(nproc, backend, init_method, device, sizes, budget, timeout_s, threads,
                                        result_path))

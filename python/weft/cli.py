@@ -160,9 +160,8 @@ def _run(args) -> int:
         if args.model is None:
             raise ValueError("--check needs --model (the training graph, to run on one device)")
         from .planning import _training_graph
-        from .runtime import _graph_from
 
-        ref = weft.execute_reference(_training_graph(_graph_from(args.model)), steps=args.steps, seed=args.seed,
+        ref = weft.execute_reference(_training_graph(_graph(args.model, 1, "f32")), steps=args.steps, seed=args.seed,
                                      dtype="f64" if dtype == "f64" else "f32")
         print("one device (CPU reference executor): losses " + " ".join(f"{x:.6f}" for x in ref.losses))
         print(f"largest relative difference (losses, parameters, gradients): {result.max_relative_error(ref):.3g}")

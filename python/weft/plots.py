@@ -117,7 +117,7 @@ def plan_figure(plan, param: Optional[str] = None, path: Optional[str] = None):
     cols = max(1, min(8, len(devices)))
     for k, d in enumerate(devices):
         r, c = divmod(k, cols)
-        ax.add_patch(_rect(c, r, stage_of.get(d, 0), max(1, plan.num_stages)))
+        ax.add_patch(_rect(c, r, stage_of.get(d, 0)))
         ax.text(c + 0.5, r + 0.5, f"{d}\nS{stage_of.get(d, 0)} {coord_of.get(d, '')}", ha="center", va="center",
                 fontsize=7)
     ax.set_xlim(0, cols)
@@ -153,7 +153,7 @@ def plan_figure(plan, param: Optional[str] = None, path: Optional[str] = None):
     return fig
 
 
-def _rect(x, y, stage, n):
+def _rect(x, y, stage):
     from matplotlib import colormaps
     from matplotlib.patches import Rectangle
 

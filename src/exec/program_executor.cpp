@@ -10,7 +10,6 @@
 #include <condition_variable>
 #include <exception>
 #include <mutex>
-#include <numeric>
 #include <optional>
 #include <thread>
 #include <tuple>

@@ -303,13 +303,9 @@ def _torchrun():
     return [exe] if exe else [sys.executable, "-m", "torch.distributed.run"]
 
 
-def _env():
-    return subprocess_env()
-
-
 def torchrun(tmp_path, nproc, *args, timeout=240):
     cmd = _torchrun() + ["--nproc-per-node", str(nproc), "--master-port", str(free_port()), "-m", "weft.run"]
-    return subprocess.run(cmd + [str(a) for a in args], cwd=tmp_path, env=_env(), capture_output=True, text=True,
+    return subprocess.run(cmd + [str(a) for a in args], cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True,
                           timeout=timeout)
 
 
@@ -356,7 +352,7 @@ def test_torchrun_a_killed_rank_stops_every_rank(tmp_path, layouts):
     port = free_port()
     procs = []
     for r in range(4):
-        env = _env()
+        env = subprocess_env()
         env.update(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="4", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         procs.append(subprocess.Popen([sys.executable, "-m", "weft.run", "p.json", "--steps", "100000",
                                        "--timeout", "20"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,

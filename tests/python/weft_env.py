@@ -1,15 +1,11 @@
 """The environment of a subprocess that must import the same weft as the tests (a development
-build through PYTHONPATH, or the installed package): the directories weft and _weft came from."""
-import os
-
-import weft
+build through PYTHONPATH, or the installed package): the launcher's, which adds the directories weft
+and _weft came from."""
+from weft.runtime.launch import _child_env
 
 
 def subprocess_env(**extra) -> dict:
-    paths = [os.path.dirname(os.path.dirname(os.path.abspath(weft.__file__))),
-             os.path.dirname(os.path.abspath(weft._weft.__file__))]
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(paths + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env = _child_env()
     env["OMP_NUM_THREADS"] = "1"
     env.update(extra)
     return env

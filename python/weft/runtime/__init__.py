@@ -52,23 +52,11 @@ def run(plan, step=None, cluster=None, *, nproc: Optional[int] = None, steps: in
                 inputs=inputs, timeout_s=timeout_s, nproc=nproc)
 
 
-def _graph_from(model: str):
-    """A graph JSON file, or a zoo preset name."""
-    import os
-
-    if os.path.exists(model):
-        return _weft.Graph.from_json(open(model).read())
-    from ..models import build
-
-    return build(model)
-
-
 def load_program(path: str, model: Optional[str] = None, cluster: Optional[str] = None):
     """A program from a file: a lowered program's JSON (``Program.to_json``), or a plan's JSON
     (``Plan.to_json``) lowered with the training graph ``model`` (a graph JSON file, or a zoo preset
     name) and ``cluster`` (a cluster JSON file, or a preset spec as the CLI's --cluster)."""
     import json
-    import os
 
     from ..planning import _training_graph
 
@@ -82,15 +70,10 @@ def load_program(path: str, model: Optional[str] = None, cluster: Optional[str] 
     if model is None or cluster is None:
         raise ValueError(f"{path} is a plan: give --model (the graph JSON or a zoo preset) and --cluster "
                          "(a cluster JSON or a preset spec) to lower it")
-    plan = _weft.Plan.from_json(text)
-    graph = _graph_from(model)
-    if os.path.exists(cluster):
-        c = _weft.Cluster.from_json(open(cluster).read())
-    else:
-        from ..cli import _cluster
+    from ..cli import _cluster_arg, _graph
 
-        c = _cluster(cluster, 1)
-    return _program_of(plan, _training_graph(graph), c)
+    plan = _weft.Plan.from_json(text)
+    return _program_of(plan, _training_graph(_graph(model, 1, "f32")), _cluster_arg(cluster, 1))
 
 
 def save_result(result, path: str) -> None:

@@ -234,6 +234,18 @@ class Comm:
 
         return _finisher(work, finish)
 
+    # -- a local reshard step (R -> S along one axis: this rank's part of its own tile)
+
+    def local_slice(self, ins: dict, x: torch.Tensor, local_shape) -> torch.Tensor:
+        key = ins["pc"]
+        if key not in self._prep:
+            src, dst = ins["inputs"][0], ins["outputs"][0]
+            pos = T.positions_in(self.flat(src, self.rank), self._numel(src))[self.flat(dst, self.rank)]
+            if np.any(pos < 0):
+                raise ValueError("the sliced tile is not inside the input tile")
+            self._prep[key] = (self._idx(pos),)
+        return x.reshape(-1)[self._prep[key][0]].reshape(local_shape)
+
     # -- cross-stage transfers
 
     def send(self, ins: dict, x: torch.Tensor) -> None:

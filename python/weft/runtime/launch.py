@@ -28,7 +28,7 @@ BACKENDS = ("gloo", "nccl")
 DTYPES = ("f64", "f32", "bf16", "f16")
 # Messages of a rank that only saw another rank go away (reported when no rank says more).
 _PEER_LOSS = ("Connection closed", "Connection reset", "connection reset", "peer", "Broken pipe",
-              "stopped by weft", "NCCL communicator was aborted", "Socket Timeout", "timed out")
+              "NCCL communicator was aborted", "Socket Timeout", "timed out")
 
 
 def free_port() -> int:
@@ -178,7 +178,7 @@ def run(program, *, steps: int = 3, backend: str = "gloo", seed: int = 0, dtype:
         if not torch.cuda.is_available() or torch.cuda.device_count() < program.num_ranks:
             raise ValueError(f"backend 'nccl' needs one CUDA device per rank: {program.num_ranks} ranks, "
                              f"{torch.cuda.device_count() if torch.cuda.is_available() else 0} GPUs here")
-    _weft.ProgramLayout(program)  # a wrong program: ValueError here, before any process starts
+    program.check()  # a wrong program: ValueError here, before any process starts
     world = program.num_ranks
     opts = dict(steps=int(steps), backend=backend, seed=int(seed), dtype=dtype, timeout_s=float(timeout_s),
                 inputs={str(k): np.asarray(v) for k, v in (inputs or {}).items()})

@@ -218,7 +218,7 @@ class RankRuntime:
             for b in inp:
                 self.free(b)
         elif kind == "local-slice":
-            self.write(out[0], self.local_slice(ins, self.read(inp[0])))
+            self.write(out[0], self.comm.local_slice(ins, self.read(inp[0]), self.local_shape(out[0])))
         elif kind == "local-partial":
             x = self.read(inp[0])
             keep = ins["reduce"] == "max" or self.info["coord"][ins["axis"]] == 0
@@ -237,25 +237,12 @@ class RankRuntime:
         else:
             raise RankError(f"unknown instruction kind {kind!r}")
 
-    def local_slice(self, ins: dict, x: torch.Tensor) -> torch.Tensor:
-        key = ("slice", ins["pc"])
-        sel = self.comm._prep.get(key)
-        if sel is None:
-            src, dst = ins["inputs"][0], ins["outputs"][0]
-            numel = int(np.prod(self.buffers[src]["shape"])) if self.buffers[src]["shape"] else 1
-            pos = T.positions_in(self.comm.flat(src, self.rank), numel)[self.comm.flat(dst, self.rank)]
-            if np.any(pos < 0):
-                raise RankError("the sliced tile is not inside the input tile")
-            sel = self.comm._prep[key] = torch.as_tensor(pos, dtype=torch.int64, device=self.device)
-        return x.reshape(-1)[sel].reshape(self.local_shape(ins["outputs"][0]))
-
 
 class LeafInit:
     """The counter-based leaf values (exec::LeafValues) at global element indices."""
 
     def __init__(self, graph, seed: int):
-        self._graph = graph
-        self._values = _weft.LeafValues(graph, int(seed))
+        self._values = _weft.LeafValues(graph, int(seed))  # keeps the graph alive
 
     def values(self, tensor: int, step: int, flat: np.ndarray) -> np.ndarray:
         return self._values.values(int(tensor), int(step), np.ascontiguousarray(flat, dtype=np.int64))
