@@ -183,6 +183,10 @@ void bind_ir(py::module_& m) {
             return g.unary(UnaryFn::Scale, x, std::move(name), s);
           },
           py::arg("x"), py::arg("scalar"), py::arg("name") = "")
+      .def("dropout", &Graph::dropout, py::arg("x"), py::arg("p"), py::arg("seed"), py::arg("name") = "",
+           "Training-mode dropout: x * keep / (1 - p), keep a counter-based hash of (seed, step, the "
+           "element's global index), so every shard of a distributed plan computes its part of the same "
+           "mask.")
       .def(
           "binary",
           [](Graph& g, const std::string& fn, TensorId a, TensorId b, std::string name) {

@@ -82,6 +82,12 @@ py::dict rank_instr(const LayoutHolder& h, int rank, int pc, const lower::Instr&
       c["vocab_index"] =
           ctx.vocab_index.empty() ? py::object(py::none()) : py::object(int_array(ctx.vocab_index));
       c["vocab_size"] = ctx.vocab_size;
+      if (!ctx.element_index.empty()) {
+        py::list index;
+        for (const auto& v : ctx.element_index) index.append(int_array(v));
+        c["element_index"] = index;
+        c["element_shape"] = ctx.element_shape;
+      }
       d["context"] = c;
       if (i.kind == lower::InstrKind::CeLoss) d["contribute"] = L.contributes(rank, i);
       break;
@@ -127,7 +133,8 @@ void bind_runtime(py::module_& m) {
           "What rank runs, in order, with buffer and op ids: dicts {pc, kind, op, inputs, outputs, axis, "
           "group, "
           "reduce, internal, tag, region} plus context (compute / ce steps: out_shapes, mean_count, tokens, "
-          "vocab_index, vocab_size), contribute (ce-loss), offset (load-input: samples before the tile), "
+          "vocab_index, vocab_size; dropout: element_index, element_shape), contribute (ce-loss), offset "
+          "(load-input: samples before the tile), "
           "factor "
           "(scale).")
       .def(

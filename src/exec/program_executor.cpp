@@ -594,7 +594,7 @@ ExecutionResult execute_reference(const ir::Graph& g, const ExecuteOptions& opt)
       std::vector<const HostTensor*> in;
       for (ir::TensorId t : op.inputs) in.push_back(&val[static_cast<std::size_t>(t)]);
       ir::KernelContext ctx;
-      ctx.adam_step = step;
+      ctx.step = step;
       auto outs = ir::run_kernel(g, op, in, ctx);
       for (std::size_t k = 0; k < outs.size(); ++k) {
         round_to(outs[k], opt.dtype);

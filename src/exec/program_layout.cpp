@@ -132,7 +132,7 @@ ir::KernelContext ProgramLayout::kernel_context(int r, const lower::Instr& i, in
   const ir::Op& op = graph.op(i.op);
   ir::KernelContext ctx;
   for (int b : i.out) ctx.out_shapes.push_back(tile(b, r).local_shape);
-  ctx.adam_step = step;
+  ctx.step = step;
   auto global_shape = [&](ir::TensorId t) -> const ir::Shape& { return graph.tensor(t).shape; };
   switch (op.kind) {
     case ir::OpKind::Reduce: {
@@ -161,24 +161,37 @@ ir::KernelContext ProgramLayout::kernel_context(int r, const lower::Instr& i, in
       ctx.tokens = n;
       break;
     }
+    case ir::OpKind::Dropout: {
+      const auto& t = tile(i.out[0], r);
+      ctx.element_index = t.global;
+      ctx.element_shape = global_shape(op.outputs[0]);
+      if (op.attrs.axes == std::vector<int>{0} && i.microbatch >= 0) {
+        const std::int64_t off = sample_offset(r, i.microbatch);
+        for (auto& s : ctx.element_index[0]) s += off;
+      }
+      break;
+    }
     default: break;
   }
   return ctx;
 }
 
-std::int64_t ProgramLayout::load_offset(int r, const lower::Instr& i) const {
+std::int64_t ProgramLayout::sample_offset(int r, int microbatch) const {
   const auto& rp = p_.ranks[static_cast<std::size_t>(r)];
   const auto& st = p_.stages[static_cast<std::size_t>(rp.stage)];
   const std::int64_t replica = st.replicas > 1 ? rp.coord.at(0) : 0;
-  const auto& info = p_.graph.tensor(p_.buffers.at(static_cast<std::size_t>(i.out.at(0))).tensor);
   std::int64_t before = replica * st.microbatch_size;  // samples of this micro-batch's earlier replicas
   if (!st.replica_microbatch.empty()) {
     before = 0;
     for (std::int64_t q = 0; q < replica; ++q) before += st.replica_microbatch[static_cast<std::size_t>(q)];
   }
-  return info.rank() >= 1 && info.shape[0] == st.microbatch_size
-             ? static_cast<std::int64_t>(i.microbatch) * samples_per_microbatch(st) + before
-             : 0;
+  return static_cast<std::int64_t>(microbatch) * samples_per_microbatch(st) + before;
+}
+
+std::int64_t ProgramLayout::load_offset(int r, const lower::Instr& i) const {
+  const auto& st = p_.stages[static_cast<std::size_t>(p_.ranks[static_cast<std::size_t>(r)].stage)];
+  const auto& info = p_.graph.tensor(p_.buffers.at(static_cast<std::size_t>(i.out.at(0))).tensor);
+  return info.rank() >= 1 && info.shape[0] == st.microbatch_size ? sample_offset(r, i.microbatch) : 0;
 }
 
 double ProgramLayout::scale_factor(int r, const lower::Instr& i) const {

@@ -208,6 +208,7 @@ class Backward {
         return;
       }
       case OpKind::Unary: add(in[0], unary_grad(at.unary, at.scalar, in[0], dy, "in0")); return;
+      case OpKind::Dropout: add(in[0], emit1(OpKind::Dropout, {dy}, at, "in0")); return;  // same mask
       case OpKind::Binary: {
         const Shape sa = T(in[0]).shape, sb = T(in[1]).shape;
         TensorId ga = -1, gb = -1;  // gradients in the broadcast (output) shape

@@ -117,6 +117,13 @@ TensorId Graph::unary(UnaryFn fn, TensorId x, std::string name, double scalar) {
   return add_op(OpKind::Unary, {x}, std::move(a), std::move(name))[0];
 }
 
+TensorId Graph::dropout(TensorId x, double p, std::int64_t seed, std::string name) {
+  OpAttrs a;
+  a.scalar = p;
+  a.ints = {seed};
+  return add_op(OpKind::Dropout, {x}, std::move(a), std::move(name))[0];
+}
+
 TensorId Graph::binary(BinaryFn fn, TensorId x, TensorId y, std::string name) {
   OpAttrs a;
   a.binary = fn;

@@ -333,6 +333,34 @@ struct VocabRows {
 
 Shape lead_shape(const HostTensor& logits) { return Shape(logits.shape.begin(), logits.shape.end() - 1); }
 
+HostTensor run_dropout(const Op& op, const HostTensor& x, const KernelContext& ctx) {
+  const double p = op.attrs.scalar;
+  const auto seed = op.attrs.ints.at(0);
+  const auto step = static_cast<std::int64_t>(ctx.step > 0 ? ctx.step : 1);
+  const std::size_t rank = x.shape.size();
+  const Shape& gshape = ctx.element_shape.empty() ? x.shape : ctx.element_shape;
+  WEFT_CHECK(gshape.size() == rank && (ctx.element_index.empty() || ctx.element_index.size() == rank),
+             "dropout '{}': element index of rank {} for a tile of rank {}", op.name,
+             ctx.element_index.size(), rank);
+  const auto gstride = strides_of(gshape);
+  auto global = [&](std::size_t d, std::int64_t i) {
+    return ctx.element_index.empty() ? i : ctx.element_index[d].at(static_cast<std::size_t>(i));
+  };
+  HostTensor y{x.shape, std::vector<double>(x.data.size())};
+  const double scale = 1.0 / (1.0 - p);
+  Index at(rank, 0);
+  for (std::size_t k = 0; k < x.data.size(); ++k) {
+    std::int64_t flat = 0;
+    for (std::size_t d = 0; d < rank; ++d) flat += global(d, at[d]) * gstride[d];
+    y.data[k] = dropout_keep(seed, step, flat, p) ? x.data[k] * scale : 0.0;
+    for (std::size_t d = rank; d-- > 0;) {  // row-major increment
+      if (++at[d] < x.shape[d]) break;
+      at[d] = 0;
+    }
+  }
+  return y;
+}
+
 std::vector<HostTensor> run_op(const Graph& g, const Op& op, const std::vector<const HostTensor*>& in,
                                const KernelContext& ctx) {
   const OpAttrs& a = op.attrs;
@@ -347,6 +375,7 @@ std::vector<HostTensor> run_op(const Graph& g, const Op& op, const std::vector<c
       return {y};
     }
     case OpKind::Binary: return {run_binary(a.binary, *in[0], *in[1], out_shape(0))};
+    case OpKind::Dropout: return {run_dropout(op, *in[0], ctx)};
     case OpKind::Reduce: return {run_reduce(a.reduce, *in[0], a.axes, out_shape(0), ctx.mean_count)};
     case OpKind::Softmax: return {run_softmax(*in[0], axis_of(a.axes[0], in[0]->shape.size()))};
     case OpKind::SoftmaxGrad:
@@ -570,7 +599,7 @@ std::vector<HostTensor> run_op(const Graph& g, const Op& op, const std::vector<c
     }
     case OpKind::AdamUpdate: {
       double lr = a.scalars[0], b1 = a.scalars[1], b2 = a.scalars[2], eps = a.scalars[3],
-             step = ctx.adam_step > 0 ? ctx.adam_step : a.scalars[4];
+             step = ctx.step > 0 ? ctx.step : a.scalars[4];
       HostTensor p = *in[0], m = *in[2], v = *in[3];
       double c1 = 1 - std::pow(b1, step), c2 = 1 - std::pow(b2, step);
       for (std::size_t i = 0; i < p.data.size(); ++i) {
@@ -643,6 +672,26 @@ HostTensor ce_grad(const Op& op, const HostTensor& logits, const HostTensor& lab
           scale * (std::exp(row[c] - row_max.data[t]) / sum_target.data[2 * t] - (c == r ? 1.0 : 0.0));
   }
   return out;
+}
+
+namespace {
+std::uint32_t mix32(std::uint32_t x) {  // a bijective integer hash (two rounds of xorshift-multiply)
+  x = ((x >> 16) ^ x) * 0x45d9f3bU;
+  x = ((x >> 16) ^ x) * 0x45d9f3bU;
+  return (x >> 16) ^ x;
+}
+}  // namespace
+
+std::uint32_t dropout_hash(std::int64_t seed, std::int64_t step, std::int64_t index) {
+  const auto lo = static_cast<std::uint32_t>(index & 0xffffffff);
+  const auto hi = static_cast<std::uint32_t>((index >> 32) & 0xffffffff);
+  const std::uint32_t key = mix32(static_cast<std::uint32_t>(seed & 0xffffffff) ^
+                                  mix32(static_cast<std::uint32_t>(step & 0xffffffff)));
+  return mix32(lo ^ mix32(hi ^ key));
+}
+
+bool dropout_keep(std::int64_t seed, std::int64_t step, std::int64_t index, double p) {
+  return static_cast<double>(dropout_hash(seed, step, index)) >= std::floor(p * 4294967296.0);
 }
 
 }  // namespace weft::ir

@@ -39,7 +39,7 @@ constexpr std::array<std::pair<FactorKind, std::string_view>, 3> kFactorKinds{
      {FactorKind::NeedReplication, "need_replication"}}};
 constexpr std::array<std::pair<ReduceKind, std::string_view>, 3> kReduceKinds{
     {{ReduceKind::None, "none"}, {ReduceKind::Sum, "sum"}, {ReduceKind::Max, "max"}}};
-constexpr std::array<std::pair<OpKind, std::string_view>, 28> kOpKinds{{
+constexpr std::array<std::pair<OpKind, std::string_view>, 29> kOpKinds{{
     {OpKind::Einsum, "einsum"},
     {OpKind::Unary, "unary"},
     {OpKind::Binary, "binary"},
@@ -55,6 +55,7 @@ constexpr std::array<std::pair<OpKind, std::string_view>, 28> kOpKinds{{
     {OpKind::Conv2d, "conv2d"},
     {OpKind::Pool2d, "pool2d"},
     {OpKind::Opaque, "opaque"},
+    {OpKind::Dropout, "dropout"},
     {OpKind::UnaryGrad, "unary_grad"},
     {OpKind::BroadcastTo, "broadcast_to"},
     {OpKind::SoftmaxGrad, "softmax_grad"},

@@ -336,6 +336,14 @@ OpSignature derive_signature(OpKind kind, const OpAttrs& a, const std::vector<Sh
       check_arity(in, 1, op, kname);
       return {{in[0]}, {dt[0]}, same_shape_map(in[0], 1, 1, unary_flops(a.unary))};
     case OpKind::Binary: check_arity(in, 2, op, kname); return binary_rule(in, dt, op);
+    case OpKind::Dropout:
+      check_arity(in, 1, op, kname);
+      WEFT_CHECK(a.scalar >= 0 && a.scalar < 1, "op '{}': dropout probability {} is not in [0, 1)", op,
+                 a.scalar);
+      WEFT_CHECK(a.ints.size() == 1, "op '{}': dropout needs attrs.ints = {{seed}}", op);
+      WEFT_CHECK(a.axes.empty() || a.axes == std::vector<int>{0},
+                 "op '{}': dropout's batch axes must be empty or {{0}}", op);
+      return {{in[0]}, {dt[0]}, same_shape_map(in[0], 1, 1, 4)};  // hash, compare, scale
     case OpKind::Reduce: {
       check_arity(in, 1, op, kname);
       WEFT_CHECK(!a.axes.empty(), "op '{}': reduce needs at least one axis", op);

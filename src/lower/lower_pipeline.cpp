@@ -819,7 +819,9 @@ class PipelineLowering {
             i.kind = InstrKind::Accumulate;
             i.in = {i.out[0], i.in[0]};
           }
-          if (i.kind == InstrKind::LoadInput) i.microbatch = m;
+          if (i.kind == InstrKind::LoadInput ||
+              (i.kind == InstrKind::Compute && g_.op(i.op).kind == ir::OpKind::Dropout))
+            i.microbatch = m;  // a dropout's mask counts the samples of earlier micro-batches
           if (is_transfer(i.kind)) {
             i.tag = i.tag * M_ + m;
             i.on_rank = rank_of_device_.at(t.only_device);

@@ -56,6 +56,9 @@ ir::Graph rebatch(const ir::Graph& g, std::int64_t nb) {
           std::find(op.attrs.axes.begin(), op.attrs.axes.end(), 0) != op.attrs.axes.end();
       if (batch_changed || inserts_dim0) ints[0] = nb;
     }
+    // A dropout over the batch keys its mask by the sample's place in the whole step (the executor
+    // adds the micro-batch's and replica's offset), so a micro-batch draws the mask the full batch would.
+    if (op.kind == ir::OpKind::Dropout && batch_changed) op.attrs.axes = {0};
     ir::OpSignature sig;
     try {
       sig = ir::derive_signature(op.kind, op.attrs, in, dt, op.name);

@@ -61,6 +61,9 @@ class ProgramLayout {
   // LoadInput: how many samples of the global batch come before rank r's tile's dim 0 (0 for a
   // leaf without a batch dim).
   std::int64_t load_offset(int rank, const lower::Instr& i) const;
+  // Samples of the step's batch before rank r's part of micro-batch `microbatch` (earlier
+  // micro-batches, then this micro-batch's earlier replicas).
+  std::int64_t sample_offset(int rank, int microbatch) const;
   // Scale: the factor rank r multiplies by (i.scale, times the replica's share when by_share).
   double scale_factor(int rank, const lower::Instr& i) const;
   // CeLoss: whether rank r's statistics enter the loss (coordinate 0 on every class-splitting axis).

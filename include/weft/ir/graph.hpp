@@ -36,6 +36,9 @@ class Graph {
   TensorId matmul(TensorId a, TensorId b, std::string name = {});  // [..., m, k] x [k, n]
   TensorId unary(UnaryFn fn, TensorId x, std::string name = {}, double scalar = 0);
   TensorId binary(BinaryFn fn, TensorId a, TensorId b, std::string name = {});
+  // Training-mode dropout with probability p in [0, 1); `seed` keys its mask (give each dropout
+  // of a model its own).
+  TensorId dropout(TensorId x, double p, std::int64_t seed, std::string name = {});
   TensorId add(TensorId a, TensorId b, std::string name = {}) {
     return binary(BinaryFn::Add, a, b, std::move(name));
   }

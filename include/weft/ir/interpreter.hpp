@@ -21,6 +21,8 @@
 //                 elements (0 for a window entirely in the padding); Mean = Σ in-bounds / k²
 //                 (padding counts as zeros, PyTorch's count_include_pad)
 //   Opaque        not executable: weft::Error
+//   Dropout       x·keep·(1/(1−p)), keep = dropout_keep(seed, step, global flat index, p) (kernels.hpp;
+//                 the interpreter runs step 1 and whole tensors)
 //   UnaryGrad     dx = dy·f'(x) with f' of the same fn (relu' = [x > 0]; gelu' of the tanh form)
 //   BroadcastTo   out[i] = x[i without the inserted dims attrs.axes], size-1 dims of x broadcast
 //   SoftmaxGrad   dx = y·(dy − Σ_axis dy·y)

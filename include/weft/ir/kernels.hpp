@@ -28,8 +28,20 @@ struct KernelContext {
   // result dim 0, the class dim of the cross-entropy steps); empty = 0..n-1 (whole tensor).
   std::vector<std::int64_t> vocab_index;
   std::int64_t vocab_size = 0;  // global vocabulary, for the id/label range check (0 = local)
-  double adam_step = 0;         // AdamUpdate's step (0 = attrs.scalars[4]): the executor runs many steps
+  // The training step: AdamUpdate's bias correction (0 = attrs.scalars[4]) and Dropout's mask
+  // (0 = step 1): an executor runs many steps, the interpreter one.
+  double step = 0;
+  // Dropout: the global index of each local position along every dim of the result (dim 0 already
+  // offset by the samples of earlier micro-batches and replicas), and the shape whose row-major
+  // flat index keys the mask (its dim 0 is not read). Empty = the whole tensor.
+  std::vector<std::vector<std::int64_t>> element_index;
+  Shape element_shape;
 };
+
+// Dropout's counter-based mask: 32-bit integer mixing (products stay below 2^59, so torch's int64
+// reproduces it exactly), keep element `index` of step `step` iff the hash is >= p·2^32.
+std::uint32_t dropout_hash(std::int64_t seed, std::int64_t step, std::int64_t index);
+bool dropout_keep(std::int64_t seed, std::int64_t step, std::int64_t index, double p);
 
 // Runs one op on its operand values. Throws weft::Error for an Opaque op or an id/label out of range.
 std::vector<HostTensor> run_kernel(const Graph& g, const Op& op, const std::vector<const HostTensor*>& in,

@@ -28,6 +28,11 @@ enum class OpKind : std::uint8_t {
   Conv2d,        // (x[n,c,H,W], w[o,c,r,t]) attrs.ints = {stride, pad}
   Pool2d,        // x[n,c,H,W], attrs.reduce Max|Mean, attrs.ints = {kernel, stride, pad}
   Opaque,        // dims can only be replicated; attrs.ints = output shape, attrs.scalar = FLOPs
+  Dropout,       // x -> x·keep/(1−p), p = attrs.scalar, attrs.ints = {seed}; keep is a counter-based
+                 // hash of (seed, step, the element's global index): any shard computes its own part
+                 // of the same mask. attrs.axes = {0}: dim 0 is the batch (set by plan::rebatch), the
+                 // index counts samples across the step's micro-batches and replicas. Its own
+                 // gradient: the same op on dy.
   // ops made by autodiff and the optimizer
   UnaryGrad,           // (x, dy) -> dx for attrs.unary
   BroadcastTo,         // x -> attrs.ints shape, inserting the dims in attrs.axes (reduce/binary grads)

@@ -10,7 +10,9 @@ decompositions so that ``linear``, ``layer_norm`` and ``scaled_dot_product_atten
 whole). Every ATen op maps to weft IR ops through one small handler in :data:`HANDLERS`; an op
 without a handler raises ``ValueError`` naming the op, the module path it came from and the
 supported ops. Nothing is approximated: an op whose semantics the IR cannot express exactly
-(dropout in training mode, a data-dependent mask, ...) is rejected.
+(a data-dependent mask, channel dropout in training mode, ...) is rejected. Dropout in training
+mode becomes the IR's ``dropout`` op: the same probability, but its mask is the IR's counter-based
+hash (so every shard of a distributed plan draws its part of one mask), not torch's RNG stream.
 
 Leaves: parameters keep their ``state_dict`` names (a parameter shared by several modules is one
 tensor, named by its first name); user inputs are named after ``forward``'s arguments, targets
@@ -112,6 +114,7 @@ class _Ctx:
         self.values: Dict[str, Any] = {}  # leaf name -> torch tensor (or None for user inputs)
         self._const_ids: Dict[str, Tuple[int, List[int]]] = {}  # constant leaf name -> (id, shape)
         self._n_scalars = 0
+        self._n_dropouts = 0
         self.out_perm: Dict[Any, List[int]] = {}  # fx node -> permutation fused into its final einsum
 
     # -- naming
@@ -197,6 +200,16 @@ class _Ctx:
             y = self._t(self.g.unary(fn, x.src.id, self.op_name(suffix), float(scalar)))
             return _Perm(y, x.perm, self.name((suffix + "." if suffix else "") + "transpose"))
         return self._t(self.g.unary(fn, self.tensor(x).id, self.op_name(suffix), float(scalar)))
+
+    def dropout(self, x, p, suffix=""):
+        """Training-mode dropout: the IR's counter-based mask (not torch's RNG), seeded by the
+        dropout's place in the module (1, 2, ... in execution order): each dropout draws its own
+        mask, and every shard of a plan draws its part of the same one."""
+        p = float(p)
+        if not 0 <= p < 1:
+            self.fail(f"dropout probability {p} is not in [0, 1)")
+        self._n_dropouts += 1
+        return self._t(self.g.dropout(self.tensor(x).id, p, self._n_dropouts, self.op_name(suffix)))
 
     def binary(self, fn, a, b, suffix=""):
         if isinstance(a, _C) and _is_graph(b):
@@ -351,11 +364,25 @@ def _to(ctx, node, x, *args, **kwargs):
     return x
 
 
-@_reg("dropout.default", "feature_dropout.default")
+@_reg("dropout.default")
 def _dropout(ctx, node, x, p, train):
     if p == 0 or not train:
         return x
-    ctx.fail(f"dropout with p={p} in training mode is not supported (put the module in eval() or use p=0)")
+    return ctx.dropout(x, p)
+
+
+@_reg("native_dropout.default")
+def _native_dropout(ctx, node, x, p, train):
+    y = x if (p == 0 or train is False) else ctx.dropout(x, p)
+    return y, _Unusable("native_dropout's mask")
+
+
+@_reg("feature_dropout.default")
+def _feature_dropout(ctx, node, x, p, train):
+    if p == 0 or not train:
+        return x
+    ctx.fail(f"channel dropout (Dropout1d/2d/3d) with p={p} in training mode is not supported: its mask is "
+             "per channel (put the module in eval() or use p=0)")
 
 
 # -- matmuls
@@ -1008,8 +1035,6 @@ def _embedding(ctx, node, table, ids, padding_idx=-1, scale_grad_by_freq=False, 
 def _sdpa(ctx, node, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
     torch = _torch()
     q, k, v = (x if _is_graph(x) else ctx.tensor(x) for x in (q, k, v))
-    if dropout_p != 0:
-        ctx.fail("attention dropout is not supported")
     if q.shape[:-2] != k.shape[:-2] or k.shape[:-2] != v.shape[:-2]:
         ctx.fail(f"q, k, v batch dims differ ({q.shape}, {k.shape}, {v.shape}): grouped-query attention "
                  "is not supported")
@@ -1033,6 +1058,8 @@ def _sdpa(ctx, node, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, sc
         else:
             scores = ctx.binary("add", scores, attn_mask, "masked")
     probs = ctx._t(ctx.g.softmax(scores.id, len(scores.shape) - 1, ctx.name("probs")))
+    if dropout_p:
+        probs = ctx.dropout(probs, dropout_p, "probs_dropout")
     return ctx.einsum(f"{lead}ls,{lead}sz->{lead}lz", [probs, v])
 
 

@@ -350,13 +350,52 @@ def _sgd(op, x, ctx):
 
 def _adam(op, x, ctx):
     lr, b1, b2, eps = op["attrs"]["scalars"][:4]
-    step = ctx.get("adam_step") or op["attrs"]["scalars"][4]
+    step = ctx.get("step") or op["attrs"]["scalars"][4]
     p, g, m, v = x
     c1, c2 = 1 - b1 ** step, 1 - b2 ** step
     m = torch.mul(m, b1).add_(g, alpha=1 - b1)  # new tensors: the inputs may be shared buffers
     v = torch.mul(v, b2).addcmul_(g, g, value=1 - b2)
     denom = torch.div(v, c2).sqrt_().add_(eps)
     return [torch.addcdiv(p, m, denom, value=-lr / c1), m, v]
+
+
+_M32 = 0xFFFFFFFF
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """ir::kernels' mix32 on int64 tensors holding uint32 values (products stay below 2^59)."""
+    x = ((x >> 16) ^ x) * 0x45D9F3B & _M32
+    x = ((x >> 16) ^ x) * 0x45D9F3B & _M32
+    return (x >> 16) ^ x
+
+
+def dropout_hash(seed: int, step: int, index: torch.Tensor) -> torch.Tensor:
+    """ir::dropout_hash for every element of an int64 tensor of global flat indices."""
+    dev = index.device
+    key = _mix32(torch.tensor(seed & _M32, dtype=torch.int64, device=dev)
+                 ^ _mix32(torch.tensor(step & _M32, dtype=torch.int64, device=dev)))
+    lo, hi = index & _M32, (index >> 32) & _M32
+    return _mix32(lo ^ _mix32(hi ^ key))
+
+
+def _dropout(op, x, ctx):
+    a = op["attrs"]
+    p, seed = float(a.get("scalar", 0.0)), int(a["ints"][0])
+    step = int(ctx.get("step") or 1)
+    v = x[0]
+    shape = list(v.shape)
+    index = ctx.get("element_index")
+    gshape = list(ctx.get("element_shape") or shape)
+    stride, flat = 1, torch.zeros(shape, dtype=torch.int64, device=v.device)
+    for d in reversed(range(len(shape))):
+        idx = (torch.as_tensor(index[d], dtype=torch.int64) if index is not None
+               else torch.arange(shape[d], dtype=torch.int64)).to(v.device)
+        view = [1] * len(shape)
+        view[d] = shape[d]
+        flat += idx.view(view) * stride
+        stride *= gshape[d]
+    keep = dropout_hash(seed, step, flat) >= math.floor(p * 4294967296.0)
+    return [torch.where(keep, v * (1.0 / (1.0 - p)), torch.zeros((), dtype=v.dtype, device=v.device))]
 
 
 def _opaque(op, x, ctx):
@@ -379,6 +418,7 @@ KERNELS: Dict[str, Callable[[dict, Sequence[torch.Tensor], dict], List[torch.Ten
     "conv2d": _conv2d,
     "pool2d": _pool2d,
     "opaque": _opaque,
+    "dropout": _dropout,
     "unary_grad": _unary_grad,
     "broadcast_to": _broadcast_to,
     "softmax_grad": _softmax_grad,

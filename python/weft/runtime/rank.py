@@ -189,7 +189,7 @@ class RankRuntime:
         inp, out = ins["inputs"], ins["outputs"]
         if kind == "compute":
             ctx = ins["context"]
-            ctx["adam_step"] = step
+            ctx["step"] = step
             outs = run_kernel(self.ops[ins["op"]], [self.read(b) for b in inp], ctx)
             if len(outs) != len(out):
                 raise RankError(f"the kernel returned {len(outs)} results, the op has {len(out)}")

@@ -19,13 +19,18 @@ from .. import _weft
 
 class TorchGPT(torch.nn.Module):
     """weft.models.gpt as a PyTorch module: learned positions, pre-LN blocks, fused QKV, softmax
-    attention without a mask (as weft's graph), tanh-GeLU MLP, final LN, logits tied to wte."""
+    attention without a mask (as weft's graph), tanh-GeLU MLP, final LN, logits tied to wte.
+    ``dropout`` > 0: GPT-2's dropouts (embeddings, attention probabilities, both residual branches)
+    in training mode (weft.from_torch imports them as the IR's dropout op)."""
 
-    def __init__(self, params: Dict[str, torch.Tensor], layers: int, heads: int):
+    def __init__(self, params: Dict[str, torch.Tensor], layers: int, heads: int, dropout: float = 0.0):
         super().__init__()
         self.names = {k.replace(".", "_"): k for k in params}
         self.p = torch.nn.ParameterDict({k.replace(".", "_"): torch.nn.Parameter(v) for k, v in params.items()})
-        self.layers, self.heads = layers, heads
+        self.layers, self.heads, self.dropout = layers, heads, float(dropout)
+
+    def drop(self, x: torch.Tensor) -> torch.Tensor:
+        return F.dropout(x, self.dropout, self.training) if self.dropout else x
 
     def w(self, name: str) -> torch.Tensor:
         return self.p[name.replace(".", "_")]
@@ -35,7 +40,7 @@ class TorchGPT(torch.nn.Module):
 
     def forward(self, tokens: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         b, s = tokens.shape
-        x = F.embedding(tokens, self.w("wte")) + self.w("wpe")
+        x = self.drop(F.embedding(tokens, self.w("wte")) + self.w("wpe"))
         h = x.shape[-1]
         d = h // self.heads
         for i in range(self.layers):
@@ -43,12 +48,12 @@ class TorchGPT(torch.nn.Module):
             y = F.layer_norm(x, [h], self.w(p + ".ln1.gamma"), self.w(p + ".ln1.beta"), 1e-5)
             qkv = (y @ self.w(p + ".attn.qkv.w") + self.w(p + ".attn.qkv.b")).reshape(b, s, 3, self.heads, d)
             q, k, v = qkv[:, :, 0] * (1.0 / d ** 0.5), qkv[:, :, 1], qkv[:, :, 2]
-            probs = torch.softmax(torch.einsum("bsnd,btnd->bnst", q, k), dim=-1)
+            probs = self.drop(torch.softmax(torch.einsum("bsnd,btnd->bnst", q, k), dim=-1))
             ctx = torch.einsum("bnst,btnd->bsnd", probs, v).reshape(b, s, h)
-            x = x + ctx @ self.w(p + ".attn.proj.w") + self.w(p + ".attn.proj.b")
+            x = x + self.drop(ctx @ self.w(p + ".attn.proj.w") + self.w(p + ".attn.proj.b"))
             y = F.layer_norm(x, [h], self.w(p + ".ln2.gamma"), self.w(p + ".ln2.beta"), 1e-5)
             y = F.gelu(y @ self.w(p + ".mlp.fc1.w") + self.w(p + ".mlp.fc1.b"), approximate="tanh")
-            x = x + y @ self.w(p + ".mlp.fc2.w") + self.w(p + ".mlp.fc2.b")
+            x = x + self.drop(y @ self.w(p + ".mlp.fc2.w") + self.w(p + ".mlp.fc2.b"))
         x = F.layer_norm(x, [h], self.w("ln_f.gamma"), self.w("ln_f.beta"), 1e-5)
         logits = (x @ self.w("wte").t()).reshape(b * s, -1)
         if logits.dtype in (torch.float16, torch.bfloat16):  # the loss in f32, as mixed precision does

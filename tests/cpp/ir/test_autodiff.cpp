@@ -101,24 +101,18 @@ const std::pair<double, double> kAny{-1.0, 1.0}, kPos{0.5, 2.0};
 }  // namespace
 
 TEST_CASE("gradients of einsums: matmul, batched, 3 operands, an index summed in one operand only") {
-  check_gradients(make_case("matmul", {{{2, 3, 4}, kAny}, {{4, 5}, kAny}}, [](Graph& g, auto p) {
-    return g.einsum("bsh,hf->bsf", {p[0], p[1]});
-  }));
-  check_gradients(make_case("bmm", {{{2, 3, 4}, kAny}, {{2, 4, 2}, kAny}}, [](Graph& g, auto p) {
-    return g.einsum("bij,bjk->bik", {p[0], p[1]});
-  }));
-  check_gradients(
-      make_case("three", {{{2, 3, 4}, kAny}, {{4, 5}, kAny}, {{2, 5}, kAny}}, [](Graph& g, auto p) {
-        return g.einsum("bij,jk,bk->ik", {p[0], p[1], p[2]});
-      }));
+  check_gradients(make_case("matmul", {{{2, 3, 4}, kAny}, {{4, 5}, kAny}},
+                            [](Graph& g, auto p) { return g.einsum("bsh,hf->bsf", {p[0], p[1]}); }));
+  check_gradients(make_case("bmm", {{{2, 3, 4}, kAny}, {{2, 4, 2}, kAny}},
+                            [](Graph& g, auto p) { return g.einsum("bij,bjk->bik", {p[0], p[1]}); }));
+  check_gradients(make_case("three", {{{2, 3, 4}, kAny}, {{4, 5}, kAny}, {{2, 5}, kAny}},
+                            [](Graph& g, auto p) { return g.einsum("bij,jk,bk->ik", {p[0], p[1], p[2]}); }));
   // l is summed inside operand 1 alone: its gradient is constant along l (a BroadcastTo).
-  check_gradients(make_case("lonely", {{{3, 4}, kAny}, {{4, 2}, kAny}}, [](Graph& g, auto p) {
-    return g.einsum("ij,jl->i", {p[0], p[1]});
-  }));
+  check_gradients(make_case("lonely", {{{3, 4}, kAny}, {{4, 2}, kAny}},
+                            [](Graph& g, auto p) { return g.einsum("ij,jl->i", {p[0], p[1]}); }));
   // The same tensor twice: both uses contribute.
-  check_gradients(make_case("square", {{{3, 3}, kAny}}, [](Graph& g, auto p) {
-    return g.einsum("ij,jk->ik", {p[0], p[0]});
-  }));
+  check_gradients(make_case("square", {{{3, 3}, kAny}},
+                            [](Graph& g, auto p) { return g.einsum("ij,jk->ik", {p[0], p[0]}); }));
   check_gradients(make_case("transposed_out", {{{3, 4}, kAny}},
                             [](Graph& g, auto p) { return g.einsum("ij->ji", {p[0]}); }));
 }
@@ -131,6 +125,12 @@ TEST_CASE("gradients of every unary function") {
     check_gradients(make_case(std::string(unary_fn_name(f)), {{{2, 5}, pos ? kPos : kAny}},
                               [f](Graph& g, auto p) { return g.unary(f, p[0], {}, 1.7); }));
   }
+}
+
+TEST_CASE("gradient of dropout: the same mask on dy (central differences; a mask that drops some)") {
+  check_gradients(make_case("dropout", {{{4, 6}, kAny}}, [](Graph& g, auto p) {
+    return g.dropout(g.unary(UnaryFn::Tanh, p[0]), 0.4, 11);
+  }));
 }
 
 TEST_CASE("gradients of every binary function, with broadcasting on both sides") {
@@ -149,16 +149,14 @@ TEST_CASE("gradients of every binary function, with broadcasting on both sides")
 }
 
 TEST_CASE("gradients of reduce sum, mean and max") {
-  check_gradients(make_case("sum", {{{2, 3, 4}, kAny}}, [](Graph& g, auto p) {
-    return g.reduce(ReduceFn::Sum, p[0], {0, 2});
-  }));
+  check_gradients(make_case("sum", {{{2, 3, 4}, kAny}},
+                            [](Graph& g, auto p) { return g.reduce(ReduceFn::Sum, p[0], {0, 2}); }));
   check_gradients(make_case("mean", {{{2, 3, 4}, kAny}},
                             [](Graph& g, auto p) { return g.reduce(ReduceFn::Mean, p[0], {-2}); }));
   check_gradients(make_case("max", {{{2, 3, 4}, kAny}},
                             [](Graph& g, auto p) { return g.reduce(ReduceFn::Max, p[0], {1}); }));
-  check_gradients(make_case("max_all", {{{3, 4}, kAny}}, [](Graph& g, auto p) {
-    return g.reduce(ReduceFn::Max, p[0], {0, 1});
-  }));
+  check_gradients(make_case("max_all", {{{3, 4}, kAny}},
+                            [](Graph& g, auto p) { return g.reduce(ReduceFn::Max, p[0], {0, 1}); }));
 }
 
 TEST_CASE("gradients of softmax, layer norm, embedding and cross entropy") {
@@ -185,15 +183,12 @@ TEST_CASE("gradients of softmax, layer norm, embedding and cross entropy") {
 }
 
 TEST_CASE("gradients of transpose, reshape, concat and slice") {
-  check_gradients(make_case("transpose", {{{2, 3, 4}, kAny}}, [](Graph& g, auto p) {
-    return g.transpose(p[0], {2, 0, 1});
-  }));
-  check_gradients(make_case("reshape", {{{2, 3, 4}, kAny}}, [](Graph& g, auto p) {
-    return g.reshape(p[0], {4, 6});
-  }));
-  check_gradients(make_case("concat", {{{2, 3}, kAny}, {{2, 2}, kAny}}, [](Graph& g, auto p) {
-    return g.concat({p[0], p[1], p[0]}, -1);
-  }));
+  check_gradients(make_case("transpose", {{{2, 3, 4}, kAny}},
+                            [](Graph& g, auto p) { return g.transpose(p[0], {2, 0, 1}); }));
+  check_gradients(
+      make_case("reshape", {{{2, 3, 4}, kAny}}, [](Graph& g, auto p) { return g.reshape(p[0], {4, 6}); }));
+  check_gradients(make_case("concat", {{{2, 3}, kAny}, {{2, 2}, kAny}},
+                            [](Graph& g, auto p) { return g.concat({p[0], p[1], p[0]}, -1); }));
   check_gradients(
       make_case("slice", {{{2, 5, 3}, kAny}}, [](Graph& g, auto p) { return g.slice(p[0], 1, 1, 4); }));
 }

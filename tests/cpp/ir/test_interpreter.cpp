@@ -7,6 +7,7 @@
 
 #include "weft/core/error.hpp"
 #include "weft/ir/interpreter.hpp"
+#include "weft/ir/kernels.hpp"
 
 using namespace weft::ir;
 
@@ -173,4 +174,80 @@ TEST_CASE("graph: op names are unique, auto names skip taken ones, equality igno
   h.unary(UnaryFn::Relu, hx, "unary_1");
   CHECK(g == h);
   g.validate();
+}
+
+// The hash written out independently (FNV-free, by the documented formula): mix32 twice-rounded
+// xorshift-multiply, key = mix(seed ^ mix(step)), h = mix(lo ^ mix(hi ^ key)).
+namespace {
+std::uint64_t mix_ref(std::uint64_t x) {
+  const std::uint64_t m = 0xffffffffULL;
+  x = (((x >> 16) ^ x) * 0x45d9f3bULL) & m;
+  x = (((x >> 16) ^ x) * 0x45d9f3bULL) & m;
+  return (x >> 16) ^ x;
+}
+}  // namespace
+
+TEST_CASE("dropout: the documented counter-based mask, scaled by 1/(1-p), a fraction p dropped") {
+  const double p = 0.3;
+  Graph g("d");
+  auto x = g.input("x", {50, 40}, weft::DType::F64);
+  auto y = g.dropout(x, p, 5);
+  std::mt19937 gen(3);
+  auto X = rnd({50, 40}, gen);
+  const auto v = interpret(g, {{x, X}});
+  int dropped = 0;
+  const std::uint64_t key = mix_ref(5 ^ mix_ref(1));  // the interpreter runs step 1
+  for (std::int64_t i = 0; i < 2000; ++i) {
+    const auto h = mix_ref(static_cast<std::uint64_t>(i) ^ mix_ref(0 ^ key));
+    const bool keep = static_cast<double>(h) >= std::floor(p * 4294967296.0);
+    CHECK(dropout_hash(5, 1, i) == h);
+    CHECK(v[y].data[static_cast<std::size_t>(i)] ==
+          (keep ? X.data[static_cast<std::size_t>(i)] * (1 / (1 - p)) : 0.0));
+    dropped += keep ? 0 : 1;
+  }
+  // Binomial(2000, 0.3): mean 600, sd 20.5; 4 sd either side.
+  CHECK(dropped > 518);
+  CHECK(dropped < 682);
+  // Indices past 2^32 use the high word: not the mask of index mod 2^32.
+  int same = 0;
+  for (std::int64_t i = 0; i < 256; ++i) same += dropout_hash(5, 1, i) == dropout_hash(5, 1, i + (1LL << 32));
+  CHECK(same < 8);
+  // Another seed or another step: another mask.
+  int agree_seed = 0, agree_step = 0;
+  for (std::int64_t i = 0; i < 2000; ++i) {
+    agree_seed += dropout_keep(5, 1, i, 0.5) == dropout_keep(6, 1, i, 0.5);
+    agree_step += dropout_keep(5, 1, i, 0.5) == dropout_keep(5, 2, i, 0.5);
+  }
+  CHECK(std::abs(agree_seed - 1000) < 100);
+  CHECK(std::abs(agree_step - 1000) < 100);
+  // p = 0 keeps everything.
+  Graph g0("d0");
+  auto x0 = g0.input("x", {3, 4}, weft::DType::F64);
+  auto y0 = g0.dropout(x0, 0.0, 1);
+  auto X0 = rnd({3, 4}, gen);
+  CHECK(interpret(g0, {{x0, X0}})[y0].data == X0.data);
+  CHECK_THROWS_AS(g0.dropout(x0, 1.0, 1), weft::Error);
+  CHECK_THROWS_AS(g0.dropout(x0, -0.1, 1), weft::Error);
+}
+
+TEST_CASE("dropout on a shard: with the tile's global indices it computes its part of the whole mask") {
+  Graph g("d");
+  auto x = g.input("x", {6, 8}, weft::DType::F64);
+  auto y = g.dropout(x, 0.5, 9);
+  std::mt19937 gen(4);
+  auto X = rnd({6, 8}, gen);
+  const auto whole = interpret(g, {{x, X}})[y];
+  // A strided tile: rows {1, 3, 5}, columns {2, 3, 6, 7}.
+  const std::vector<std::int64_t> rows{1, 3, 5}, cols{2, 3, 6, 7};
+  HostTensor tile{{3, 4}, {}};
+  for (auto r : rows)
+    for (auto c : cols) tile.data.push_back(X.data[static_cast<std::size_t>(r * 8 + c)]);
+  KernelContext ctx;
+  ctx.out_shapes = {{3, 4}};
+  ctx.element_index = {rows, cols};
+  ctx.element_shape = {6, 8};
+  const auto part = run_kernel(g, g.op(0), {&tile}, ctx)[0];
+  for (std::size_t i = 0; i < rows.size(); ++i)
+    for (std::size_t j = 0; j < cols.size(); ++j)
+      CHECK(part.data[i * 4 + j] == whole.data[static_cast<std::size_t>(rows[i] * 8 + cols[j])]);
 }
