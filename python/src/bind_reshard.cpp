@@ -27,8 +27,9 @@ py::list region_py(const Region& r) {
   }
   return out;
 }
-using TensorArgs = std::tuple<std::vector<int64_t>, std::string, weft::sharding::ShardingSpec, weft::cluster::DeviceMesh,
-                              weft::sharding::ShardingSpec, weft::cluster::DeviceMesh>;
+using TensorArgs =
+    std::tuple<std::vector<int64_t>, std::string, weft::sharding::ShardingSpec, weft::cluster::DeviceMesh,
+               weft::sharding::ShardingSpec, weft::cluster::DeviceMesh>;
 }  // namespace
 
 void bind_reshard(py::module_& m) {
@@ -59,6 +60,15 @@ void bind_reshard(py::module_& m) {
       .def_readonly("completion_time", &ReshardPlan::completion_time)
       .def_property_readonly("lower_bound", [](const ReshardPlan& p) { return p.bound.value; })
       .def_property_readonly("lower_bound_per_host", [](const ReshardPlan& p) { return p.bound.per_host; })
+      .def_property_readonly(
+          "lower_bound_parts",
+          [](const ReshardPlan& p) {
+            return std::map<std::string, double>{{"per_host", p.bound.per_host},
+                                                 {"sender_sets", p.bound.sender_sets},
+                                                 {"cliques", p.bound.cliques},
+                                                 {"whole_tasks", p.bound.whole_tasks}};
+          },
+          "The lower bound's parts in seconds (the bound is their max).")
       .def_property_readonly("ratio", &ReshardPlan::ratio)
       .def_readonly("balancer_used", &ReshardPlan::balancer_used)
       .def_property_readonly("strategy", [](const ReshardPlan& p) { return to_string(p.options.strategy); })
@@ -68,7 +78,8 @@ void bind_reshard(py::module_& m) {
       .def("nic_bytes_sent", &ReshardPlan::nic_bytes_sent)
       .def("nic_bytes_received", &ReshardPlan::nic_bytes_received)
       .def("to_json", &ReshardPlan::to_json)
-      .def("resimulate", [](ReshardPlan p) { return simulate(p); }, "Re-runs the host-level simulator.")
+      .def(
+          "resimulate", [](ReshardPlan p) { return simulate(p); }, "Re-runs the host-level simulator.")
       .def("__repr__", &ReshardPlan::summary);
 
   m.def(
@@ -92,12 +103,14 @@ void bind_reshard(py::module_& m) {
         return plan(make_problem(ts, HostMap(device_host, bandwidth, default_bandwidth)), o);
       },
       py::arg("tensors"), py::arg("device_host"), py::arg("bandwidth"), py::arg("default_bandwidth"),
-      py::arg("strategy"), py::arg("balancer"), py::arg("seed"), py::arg("dfs_node_limit"), py::arg("time_limit_s"),
-      py::arg("greedy_restarts"), py::arg("broadcast_chunks"));
+      py::arg("strategy"), py::arg("balancer"), py::arg("seed"), py::arg("dfs_node_limit"),
+      py::arg("time_limit_s"), py::arg("greedy_restarts"), py::arg("broadcast_chunks"));
 
   m.def(
       "_cross_mesh_rows_hosts",
-      [](const std::vector<weft::cluster::DeviceMesh>& meshes) { return HostMap::mesh_rows(meshes).device_host(); },
+      [](const std::vector<weft::cluster::DeviceMesh>& meshes) {
+        return HostMap::mesh_rows(meshes).device_host();
+      },
       py::arg("meshes"), "device -> host with each mesh row (all axes but the last) a host.");
   m.def(
       "_cross_mesh_cluster_hosts",

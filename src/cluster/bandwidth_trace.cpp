@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "weft/core/error.hpp"
+#include "weft/core/json_reader.hpp"
 
 namespace weft::cluster {
 
@@ -140,20 +141,10 @@ std::string BandwidthTrace::to_json() const {
 }
 
 BandwidthTrace BandwidthTrace::from_json(const std::string& text) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    fail("BandwidthTrace JSON: parse error: {}", e.what());
-  }
-  WEFT_CHECK(j.is_object() && j.contains("times") && j.contains("fractions"),
-             "BandwidthTrace JSON: need an object with 'times' and 'fractions'");
-  try {
-    return BandwidthTrace(j.at("times").get<std::vector<double>>(),
-                          j.at("fractions").get<std::vector<double>>());
-  } catch (const nlohmann::json::exception& e) {
-    fail("BandwidthTrace JSON: 'times' and 'fractions' must be arrays of numbers ({})", e.what());
-  }
+  constexpr JsonReader r("BandwidthTrace JSON");
+  const auto j = r.parse(text);
+  return BandwidthTrace(r.field<std::vector<double>>(j, "times", "$"),
+                        r.field<std::vector<double>>(j, "fractions", "$"));
 }
 
 std::string BandwidthTrace::to_string() const {

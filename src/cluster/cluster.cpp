@@ -4,9 +4,12 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cmath>
 #include <nlohmann/json.hpp>
 
 #include "weft/core/error.hpp"
+#include "weft/core/json_reader.hpp"
 
 namespace weft::cluster {
 namespace {
@@ -74,8 +77,15 @@ NodeSpec node_preset(std::string_view name) {
 }
 
 void check_link(const LinkSpec& l, const std::string& what) {
-  WEFT_CHECK(l.bandwidth > 0, "{}: link bandwidth must be > 0 (got {})", what, l.bandwidth);
-  WEFT_CHECK(l.latency >= 0, "{}: link latency must be >= 0 (got {})", what, l.latency);
+  WEFT_CHECK(std::isfinite(l.bandwidth) && l.bandwidth > 0,
+             "{}: link bandwidth must be finite and > 0 (got {})", what, l.bandwidth);
+  WEFT_CHECK(std::isfinite(l.latency) && l.latency >= 0, "{}: link latency must be finite and >= 0 (got {})",
+             what, l.latency);
+}
+
+void check_device_count(std::int64_t n, std::string_view what) {
+  WEFT_CHECK(n <= Cluster::kMaxDevices, "{}: {} devices is more than weft models (at most {})", what, n,
+             Cluster::kMaxDevices);
 }
 
 }  // namespace
@@ -88,16 +98,23 @@ double DeviceSpec::peak(DType t) const {
 
 Cluster::Cluster(std::vector<NodeSpec> nodes) : nodes_(std::move(nodes)) {
   WEFT_CHECK(!nodes_.empty(), "a cluster needs at least one node");
+  std::int64_t total = 0;
+  for (const NodeSpec& n : nodes_) total += std::max(n.num_devices, 0);
+  check_device_count(total, "cluster");
   int id = 0;
   for (std::size_t i = 0; i < nodes_.size(); ++i) {
     const NodeSpec& n = nodes_[i];
     const std::string what = fmt::format("node {} ('{}')", i, n.name);
     WEFT_CHECK(n.num_devices >= 1, "{}: num_devices must be >= 1 (got {})", what, n.num_devices);
-    WEFT_CHECK(n.device.memory_bytes > 0, "{}: device memory must be > 0", what);
-    WEFT_CHECK(n.device.memory_bandwidth > 0, "{}: device memory bandwidth must be > 0", what);
+    WEFT_CHECK(std::isfinite(n.device.memory_bytes) && n.device.memory_bytes > 0,
+               "{}: device memory must be finite and > 0 (got {})", what, n.device.memory_bytes);
+    WEFT_CHECK(std::isfinite(n.device.memory_bandwidth) && n.device.memory_bandwidth > 0,
+               "{}: device memory bandwidth must be finite and > 0 (got {})", what,
+               n.device.memory_bandwidth);
     WEFT_CHECK(!n.device.peak_flops.empty(), "{}: device needs at least one peak FLOP/s entry", what);
     for (auto& [t, f] : n.device.peak_flops)
-      WEFT_CHECK(f > 0, "{}: peak FLOP/s for {} must be > 0", what, dtype_name(t));
+      WEFT_CHECK(std::isfinite(f) && f > 0, "{}: peak FLOP/s for {} must be finite and > 0 (got {})", what,
+                 dtype_name(t), f);
     check_link(n.intra, what + " intra-node link");
     check_link(n.nic, what + " NIC");
     for (int d = 0; d < n.num_devices; ++d) devices_.push_back(Device{id++, static_cast<int>(i), n.device});
@@ -107,6 +124,8 @@ Cluster::Cluster(std::vector<NodeSpec> nodes) : nodes_(std::move(nodes)) {
 Cluster Cluster::preset(std::string_view name, int nodes) {
   WEFT_CHECK(nodes >= 1, "preset '{}': nodes must be >= 1 (got {})", name, nodes);
   NodeSpec n = node_preset(name);
+  check_device_count(static_cast<std::int64_t>(nodes) * n.num_devices,
+                     fmt::format("preset '{}' x {}", name, nodes));
   return Cluster(std::vector<NodeSpec>(static_cast<std::size_t>(nodes), n));
 }
 
@@ -163,40 +182,52 @@ std::string Cluster::to_string() const {
 //   "device": {"kind", "peak_flops": {"f32": ..}, "memory_bytes", "memory_bandwidth"},
 //   "intra": {"bandwidth", "latency"}, "nic": {...}} | {"preset": "M8", "count": 2}]}
 Cluster Cluster::from_json(std::string_view text) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    fail("cluster JSON does not parse: {}", e.what());
-  }
-  try {
-    WEFT_CHECK(j.is_object() && j.contains("nodes") && j["nodes"].is_array(),
-               "cluster JSON needs an object with a 'nodes' array");
-    std::vector<NodeSpec> nodes;
-    for (const auto& jn : j["nodes"]) {
-      int count = jn.value("count", 1);
-      WEFT_CHECK(count >= 1, "cluster JSON: node count must be >= 1 (got {})", count);
-      NodeSpec n;
-      if (jn.contains("preset")) {
-        n = node_preset(jn["preset"].get<std::string>());
-      } else {
-        n.name = jn.value("name", std::string("node"));
-        n.num_devices = jn.at("num_devices").get<int>();
-        const auto& jd = jn.at("device");
-        n.device.kind = jd.at("kind").get<std::string>();
-        for (auto it = jd.at("peak_flops").begin(); it != jd.at("peak_flops").end(); ++it)
-          n.device.peak_flops[parse_dtype(it.key())] = it.value().get<double>();
-        n.device.memory_bytes = jd.at("memory_bytes").get<double>();
-        n.device.memory_bandwidth = jd.at("memory_bandwidth").get<double>();
-        n.intra = {jn.at("intra").at("bandwidth").get<double>(), jn.at("intra").at("latency").get<double>()};
-        n.nic = {jn.at("nic").at("bandwidth").get<double>(), jn.at("nic").at("latency").get<double>()};
+  constexpr JsonReader r("cluster JSON");
+  const auto j = r.parse(text);
+  const auto& jnodes = r.array(r.at(j, "nodes", "$"), "$.nodes");
+  std::vector<NodeSpec> nodes;
+  std::int64_t total = 0;
+  for (std::size_t i = 0; i < jnodes.size(); ++i) {
+    const std::string p = JsonReader::index("$.nodes", i);
+    const auto& jn = r.object(jnodes[i], p);
+    const int count = r.field_or<int>(jn, "count", p, 1);
+    if (count < 1) r.bad(p + ".count", fmt::format("must be >= 1, got {}", count));
+    NodeSpec n;
+    if (jn.contains("preset")) {
+      n = node_preset(r.field<std::string>(jn, "preset", p));
+    } else {
+      n.name = r.field_or<std::string>(jn, "name", p, "node");
+      n.num_devices = r.field<int>(jn, "num_devices", p);
+      if (n.num_devices < 1) r.bad(p + ".num_devices", fmt::format("must be >= 1, got {}", n.num_devices));
+      const std::string pd = p + ".device";
+      const auto& jd = r.at(jn, "device", p);
+      n.device.kind = r.field<std::string>(jd, "kind", pd);
+      const auto& pf = r.object(r.at(jd, "peak_flops", pd), pd + ".peak_flops");
+      for (auto it = pf.begin(); it != pf.end(); ++it) {
+        const DType t = [&] {
+          try {
+            return parse_dtype(it.key());
+          } catch (const Error& e) {
+            r.bad(pd + ".peak_flops", e.what());
+          }
+        }();
+        n.device.peak_flops[t] = r.positive(pf, it.key(), pd + ".peak_flops");
       }
-      for (int c = 0; c < count; ++c) nodes.push_back(n);
+      n.device.memory_bytes = r.positive(jd, "memory_bytes", pd);
+      n.device.memory_bandwidth = r.positive(jd, "memory_bandwidth", pd);
+      auto link = [&](const char* key) {
+        const std::string pl = p + "." + key;
+        const auto& jl = r.at(jn, key, p);
+        return LinkSpec{r.positive(jl, "bandwidth", pl), r.positive(jl, "latency", pl, /*allow_zero=*/true)};
+      };
+      n.intra = link("intra");
+      n.nic = link("nic");
     }
-    return Cluster(std::move(nodes));
-  } catch (const nlohmann::json::exception& e) {
-    fail("cluster JSON: missing or mistyped field: {}", e.what());
+    total += static_cast<std::int64_t>(count) * n.num_devices;
+    check_device_count(total, "cluster JSON");
+    for (int c = 0; c < count; ++c) nodes.push_back(n);
   }
+  return Cluster(std::move(nodes));
 }
 
 std::string Cluster::to_json() const {

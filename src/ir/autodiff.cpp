@@ -360,6 +360,12 @@ class Backward {
 Graph build_training_graph(const Graph& forward, const TrainOptions& options) {
   auto loss = forward.loss();
   WEFT_CHECK(loss.has_value(), "graph '{}' has no loss: call set_loss() on a scalar first", forward.name());
+  for (const auto& t : forward.tensors())
+    WEFT_CHECK(
+        t.role != Role::Gradient,
+        "graph '{}' is already a training graph (it has gradient '{}'): build the training step from the "
+        "forward graph",
+        forward.name(), t.name);
   WEFT_CHECK(options.optimizer == Optimizer::None || options.lr > 0, "learning rate must be > 0, got {}",
              options.lr);
   if (options.optimizer == Optimizer::Adam)

@@ -34,6 +34,7 @@ TensorId Graph::add_tensor(TensorInfo info) {
   WEFT_CHECK(info.producer == kNoOp, "tensor '{}': add_tensor makes leaves only", info.name);
   for (auto s : info.shape)
     WEFT_CHECK(s >= 1, "tensor '{}': shape {} has a non-positive dimension", info.name, info.shape);
+  (void)info.bytes();  // its element and byte counts fit in int64 (weft::Error otherwise)
   if (info.name.empty()) info.name = unique_name("t");
   tensors_.push_back(std::move(info));
   grad_of_.push_back(-1);
@@ -243,6 +244,7 @@ std::vector<OpId> Graph::consumers(TensorId t) const {
 void Graph::set_grad_of(TensorId grad, TensorId of) {
   tensor(grad);
   tensor(of);
+  WEFT_CHECK(grad != of, "tensor '{}' cannot be its own gradient", tensor(grad).name);
   if (grad_of_.size() < tensors_.size()) grad_of_.resize(tensors_.size(), -1);
   TensorId old = grad_of_[grad];
   grad_of_[grad] = of;
@@ -355,6 +357,13 @@ void Graph::validate() const {
       WEFT_CHECK(ti.producer >= 0 && ti.producer < static_cast<OpId>(ops_.size()),
                  "tensor '{}' records producer {} which does not exist", ti.name, ti.producer);
       WEFT_CHECK(written[t] == 1, "tensor '{}' is written {} times", ti.name, written[t]);
+    }
+    if (t < static_cast<TensorId>(grad_of_.size()) && grad_of_[t] >= 0) {
+      const TensorId of = grad_of_[t];
+      WEFT_CHECK(of < nt, "tensor '{}': grad_of {} does not exist", ti.name, of);
+      WEFT_CHECK(of != t, "tensor '{}' is recorded as its own gradient", ti.name);
+      WEFT_CHECK(tensors_[of].shape == ti.shape, "tensor '{}' (shape {}) is the gradient of '{}' (shape {})",
+                 ti.name, ti.shape, tensors_[of].name, tensors_[of].shape);
     }
   }
   for (TensorId t : outputs_) WEFT_CHECK(t >= 0 && t < nt, "graph output id {} does not exist", t);

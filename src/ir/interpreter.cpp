@@ -15,7 +15,6 @@ std::int64_t HostTensor::numel() const {
   return n;
 }
 
-
 std::vector<HostTensor> interpret(const Graph& g, const std::map<TensorId, HostTensor>& feeds) {
   g.validate();
   const auto& ts = g.tensors();

@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "weft/core/error.hpp"
+#include "weft/core/json_reader.hpp"
 
 namespace weft::ir {
 namespace {
@@ -254,12 +255,7 @@ std::string graph_to_json(const Graph& g, int indent) {
 }
 
 Graph graph_from_json(std::string_view text) {
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::parse_error& e) {
-    fail("graph JSON: not valid JSON: {}", e.what());
-  }
+  const json j = JsonReader("graph JSON").parse(text);
   const std::string root = "$";
   if (!j.is_object()) bad(root, "expected an object");
   if (str(field(j, "format", root), "$.format") != kFormat)

@@ -5,6 +5,8 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <map>
 #include <numeric>
 #include <set>
@@ -324,11 +326,47 @@ bool reshape_factors(const Shape& in, const Shape& out, std::vector<std::vector<
   return true;
 }
 
+namespace {
+
+// Elements of a shape, or weft::Error when it (or its f64 bytes) does not fit in int64: every size,
+// byte and FLOP figure downstream is then exact.
+std::int64_t checked_numel(const Shape& s, std::string_view op, std::string_view what) {
+  std::int64_t n = 1;
+  for (auto d : s)
+    WEFT_CHECK(!__builtin_mul_overflow(n, d, &n) && n <= std::numeric_limits<std::int64_t>::max() / 8,
+               "op '{}': {} shape {} has more elements than weft can size (2^60)", op, what, s);
+  return n;
+}
+
+OpSignature derive_unchecked(OpKind kind, const OpAttrs& a, const std::vector<Shape>& in,
+                             const std::vector<DType>& dt, std::string_view op);
+
+}  // namespace
+
 OpSignature derive_signature(OpKind kind, const OpAttrs& a, const std::vector<Shape>& in,
                              const std::vector<DType>& dt, std::string_view op) {
   WEFT_ASSERT(in.size() == dt.size(), "shapes and dtypes differ in length");
-  for (const auto& s : in)
+  for (const auto& s : in) {
     for (auto d : s) WEFT_CHECK(d >= 1, "op '{}': operand shape {} has a non-positive dimension", op, s);
+    checked_numel(s, op, "operand");
+  }
+  WEFT_CHECK(std::isfinite(a.scalar), "op '{}': attribute scalar is {} (must be finite)", op, a.scalar);
+  for (double v : a.scalars)
+    WEFT_CHECK(std::isfinite(v), "op '{}': attribute scalars hold {} (must be finite)", op, v);
+  OpSignature sig = derive_unchecked(kind, a, in, dt, op);
+  for (const auto& s : sig.output_shapes) checked_numel(s, op, "result");
+  std::int64_t points = 1;
+  for (int f : sig.index_map.work_factors)
+    WEFT_CHECK(
+        !__builtin_mul_overflow(points, sig.index_map.factors[static_cast<std::size_t>(f)].size, &points),
+        "op '{}': its loop nest has more than 2^63 points (FLOPs would overflow)", op);
+  return sig;
+}
+
+namespace {
+
+OpSignature derive_unchecked(OpKind kind, const OpAttrs& a, const std::vector<Shape>& in,
+                             const std::vector<DType>& dt, std::string_view op) {
   const auto kname = op_kind_name(kind);
   switch (kind) {
     case OpKind::Einsum: return einsum_rule(a, in, dt, op);
@@ -383,6 +421,7 @@ OpSignature derive_signature(OpKind kind, const OpAttrs& a, const std::vector<Sh
       check_arity(in, 3, op, kname);
       const Shape& x = in[0];
       WEFT_CHECK(!x.empty(), "op '{}': layer norm of a scalar", op);
+      WEFT_CHECK(a.scalar >= 0, "op '{}': layer norm eps must be >= 0, got {}", op, a.scalar);
       const Shape h{x.back()};
       WEFT_CHECK(in[1] == h, "op '{}': gamma shape {} must be [{}]", op, in[1], x.back());
       if (kind == OpKind::LayerNorm)
@@ -404,6 +443,7 @@ OpSignature derive_signature(OpKind kind, const OpAttrs& a, const std::vector<Sh
       check_arity(in, 2, op, kname);
       const Shape& x = in[0];
       WEFT_CHECK(!x.empty() && in[1] == x, "op '{}': x {} and dy {} must match", op, x, in[1]);
+      WEFT_CHECK(a.scalar >= 0, "op '{}': layer norm eps must be >= 0, got {}", op, a.scalar);
       MapBuilder b;
       std::vector<DimFactors> dx;
       for (std::size_t d = 0; d + 1 < x.size(); ++d)
@@ -706,5 +746,7 @@ OpSignature derive_signature(OpKind kind, const OpAttrs& a, const std::vector<Sh
   }
   throw InternalError("op kind without a rule");
 }
+
+}  // namespace
 
 }  // namespace weft::ir

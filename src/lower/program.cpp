@@ -11,6 +11,7 @@
 #include <set>
 
 #include "weft/core/error.hpp"
+#include "weft/core/json_reader.hpp"
 #include "weft/ir/json.hpp"
 
 namespace weft::lower {
@@ -40,23 +41,16 @@ constexpr std::array<std::pair<InstrKind, std::string_view>, 18> kKindNames{{
     {InstrKind::Recv, "recv"},
 }};
 
+constexpr JsonReader kReader("Program JSON");
+
+// Typed field access with the JSON path in the error (integers integral and in range, numbers finite).
 template <typename T>
 T field(const json& j, const char* key, const std::string& path) {
-  WEFT_CHECK(j.is_object(), "Program JSON: {} must be an object", path);
-  auto it = j.find(key);
-  WEFT_CHECK(it != j.end(), "Program JSON: missing field {}.{}", path, key);
-  try {
-    return it->get<T>();
-  } catch (const json::exception& e) {
-    fail("Program JSON: field {}.{} has the wrong type ({})", path, key, e.what());
-  }
+  return kReader.field<T>(j, key, path);
 }
 
 const json& array_field(const json& j, const char* key, const std::string& path) {
-  WEFT_CHECK(j.is_object(), "Program JSON: {} must be an object", path);
-  auto it = j.find(key);
-  WEFT_CHECK(it != j.end() && it->is_array(), "Program JSON: field {}.{} must be an array", path, key);
-  return *it;
+  return kReader.array(kReader.at(j, key, path), JsonReader::join(path, key));
 }
 
 }  // namespace
@@ -156,12 +150,7 @@ std::string Program::to_json() const {
 }
 
 Program Program::from_json(std::string_view text) {
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {
-    fail("Program JSON: not valid JSON ({})", e.what());
-  }
+  const json j = kReader.parse(text);
   WEFT_CHECK(j.is_object() && j.value("format", "") == "weft.program/2",
              "Program JSON: not a weft program (field format must be \"weft.program/2\")");
   Program p;

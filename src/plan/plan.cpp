@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "weft/core/error.hpp"
+#include "weft/core/json_reader.hpp"
 
 namespace weft::plan {
 
@@ -70,25 +71,16 @@ json to_j(const Alternative& a) {
               {"peak_memory", a.peak_memory}, {"feasible", a.feasible}, {"note", a.note}};
 }
 
-// Typed field access with the JSON path in the error.
+constexpr JsonReader kReader("Plan JSON");
+
+// Typed field access with the JSON path in the error (integers integral and in range, numbers finite).
 template <typename T>
 T field(const json& j, const char* key, const std::string& path) {
-  WEFT_CHECK(j.is_object(), "Plan JSON: {} must be an object", path);
-  auto it = j.find(key);
-  WEFT_CHECK(it != j.end(), "Plan JSON: missing field {}.{}", path, key);
-  try {
-    return it->get<T>();
-  } catch (const json::exception& e) {
-    fail("Plan JSON: field {}.{} has the wrong type ({})", path, key, e.what());
-  }
+  return kReader.field<T>(j, key, path);
 }
 
 const json& array_field(const json& j, const char* key, const std::string& path) {
-  WEFT_CHECK(j.is_object(), "Plan JSON: {} must be an object", path);
-  auto it = j.find(key);
-  WEFT_CHECK(it != j.end(), "Plan JSON: missing field {}.{}", path, key);
-  WEFT_CHECK(it->is_array(), "Plan JSON: field {}.{} must be an array", path, key);
-  return *it;
+  return kReader.array(kReader.at(j, key, path), JsonReader::join(path, key));
 }
 
 ParamSpec param_from(const json& j, const std::string& path) {
@@ -232,12 +224,7 @@ std::string Plan::to_json() const {
 }
 
 Plan Plan::from_json(std::string_view text) {
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {
-    fail("Plan JSON: not valid JSON ({})", e.what());
-  }
+  const json j = kReader.parse(text);
   const std::string root = "plan";
   WEFT_CHECK(j.is_object(), "Plan JSON: the document must be an object");
   const auto fmt_tag = field<std::string>(j, "format", root);
@@ -281,7 +268,25 @@ Plan Plan::from_json(std::string_view text) {
     p.alternatives.push_back(alt_from(al[i], fmt::format("plan.alternatives[{}]", i)));
   // Consistency.
   WEFT_CHECK(!p.stages.empty(), "Plan JSON: plan.stages is empty");
-  WEFT_CHECK(p.num_microbatches >= 1, "Plan JSON: plan.num_microbatches must be >= 1");
+  auto at_least = [&](const char* field, std::int64_t v, std::int64_t lo) {
+    if (v < lo) kReader.bad(JsonReader::join(root, field), fmt::format("must be >= {}, got {}", lo, v));
+  };
+  at_least("num_microbatches", p.num_microbatches, 1);
+  at_least("microbatch_size", p.microbatch_size, 1);
+  at_least("data_parallel", p.data_parallel, 1);
+  at_least("schedule_k", p.schedule_k, 1);
+  at_least("schedule_v", p.schedule_v, 1);
+  at_least("num_blocks", p.num_blocks, 1);
+  for (std::size_t i = 0; i < p.replica_microbatch.size(); ++i)
+    if (p.replica_microbatch[i] < 0)
+      kReader.bad(JsonReader::index(root + ".replica_microbatch", i), "a share must be >= 0");
+  for (std::size_t i = 0; i < p.split_fraction.size(); ++i)
+    if (!(p.split_fraction[i] > 0))
+      kReader.bad(JsonReader::index(root + ".split_fraction", i), "must be > 0");
+  for (const char* f : {"step_time", "peak_memory", "memory_limit", "plan_seconds", "throughput"}) {
+    const double v = field<double>(j, f, root);
+    if (v < 0) kReader.bad(JsonReader::join(root, f), fmt::format("must be >= 0, got {}", v));
+  }
   const std::size_t nb = p.stages.size() - 1;
   WEFT_CHECK(p.send_time.size() == nb && p.boundary_bytes.size() == nb,
              "Plan JSON: plan.send_time and plan.boundary_bytes need {} entries (stages - 1)", nb);

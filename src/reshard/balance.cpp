@@ -99,7 +99,8 @@ void check_jobs(const std::vector<Job>& jobs, int H) {
 
 }  // namespace
 
-double clique_bound(const std::vector<double>& w, const std::vector<std::vector<int>>& res, std::size_t max_items) {
+double clique_bound(const std::vector<double>& w, const std::vector<std::vector<int>>& res,
+                    std::size_t max_items) {
   const std::size_t n = w.size();
   if (n == 0 || n > max_items) return 0.0;
   const std::size_t words = (n + 63) / 64;
@@ -215,6 +216,46 @@ JobSchedule balance_largest_first(const std::vector<Job>& jobs, int H) {
     placed[*it] = 1;
     order.push_back(*it);
     pending.erase(it);
+  }
+  return schedule_in_order(jobs, H, order, choice);
+}
+
+JobSchedule balance_list(const std::vector<Job>& jobs, int H) {
+  check_jobs(jobs, H);
+  const int n = static_cast<int>(jobs.size());
+  std::vector<double> free(2 * static_cast<std::size_t>(H), 0.0), fin(jobs.size(), -1.0);
+  std::vector<int> order, choice(jobs.size(), 0);
+  std::vector<char> placed(jobs.size(), 0);
+  for (int step = 0; step < n; ++step) {
+    int bj = -1, bk = 0;
+    double bst = kInf, bfin = kInf;
+    for (int id = 0; id < n; ++id) {
+      if (placed[id]) continue;
+      const Job& j = jobs[id];
+      double dep = 0;
+      bool ready = true;
+      for (int d : j.deps) {
+        ready = ready && placed[d];
+        dep = std::max(dep, fin[d]);
+      }
+      if (!ready) continue;
+      for (int k = 0; k < static_cast<int>(j.cands.size()); ++k) {
+        double st = dep;
+        for (int p : ports_of(j, k, H)) st = std::max(st, free[p]);
+        const double f = st + j.dur[k];
+        const bool better =
+            st < bst - tol(bst) ||
+            (st <= bst + tol(bst) &&
+             (f < bfin - tol(bfin) || (f <= bfin + tol(bfin) && bj >= 0 && j.dur[k] > jobs[bj].dur[bk])));
+        if (bj < 0 || better) bj = id, bk = k, bst = st, bfin = f;
+      }
+    }
+    WEFT_ASSERT(bj >= 0, "cyclic job dependencies");
+    placed[bj] = 1;
+    choice[bj] = bk;
+    fin[bj] = bfin;
+    for (int p : ports_of(jobs[bj], bk, H)) free[p] = bfin;
+    order.push_back(bj);
   }
   return schedule_in_order(jobs, H, order, choice);
 }

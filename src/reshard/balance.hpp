@@ -48,6 +48,9 @@ JobSchedule schedule_in_order(const std::vector<Job>& jobs, int num_hosts, const
                               const std::vector<int>& choice);
 JobSchedule balance_naive(const std::vector<Job>& jobs, int num_hosts);
 JobSchedule balance_largest_first(const std::vector<Job>& jobs, int num_hosts);
+// Earliest-start list schedule: repeatedly the ready (job, sender) that can start first (ties: the
+// earlier finish, then the longer job, then the lower id), appended.
+JobSchedule balance_list(const std::vector<Job>& jobs, int num_hosts);
 JobSchedule balance_random_greedy(const std::vector<Job>& jobs, int num_hosts, uint64_t seed, int restarts);
 // Branch and bound; starts from `incumbent` (may be incomplete) and stops at the root bound, after
 // node_limit expanded nodes, or at the deadline.

@@ -36,6 +36,7 @@ std::string to_string(Balancer b) {
     case Balancer::LargestFirst: return "largest_first";
     case Balancer::Dfs: return "dfs";
     case Balancer::RandomGreedy: return "random_greedy";
+    case Balancer::List: return "list";
     case Balancer::Best: return "best";
   }
   return "?";
@@ -47,10 +48,10 @@ Strategy parse_strategy(const std::string& s) {
   fail("unknown resharding strategy '{}' (send_recv, local_allgather, global_allgather, broadcast)", s);
 }
 Balancer parse_balancer(const std::string& s) {
-  for (auto v :
-       {Balancer::Naive, Balancer::LargestFirst, Balancer::Dfs, Balancer::RandomGreedy, Balancer::Best})
+  for (auto v : {Balancer::Naive, Balancer::LargestFirst, Balancer::Dfs, Balancer::RandomGreedy,
+                 Balancer::List, Balancer::Best})
     if (to_string(v) == s) return v;
-  fail("unknown balancer '{}' (naive, largest_first, dfs, random_greedy, best)", s);
+  fail("unknown balancer '{}' (naive, largest_first, dfs, random_greedy, list, best)", s);
 }
 
 namespace {
@@ -288,14 +289,36 @@ ReshardPlan make_plan(const ReshardProblem& p, const PlanOptions& opt, const Bui
       return a < c;
     });
   plan.order = ord;
-  plan.bound = lower_bound(p);
+  plan.bound = lower_bound(p, opt.strategy);
   plan.completion_time = simulate(plan);
   return plan;
 }
 
 }  // namespace
 
-LowerBound lower_bound(const ReshardProblem& p) {
+namespace {
+
+// Indivisible items (seconds) confined to the host set s, on |s| machines: the k + 1 shortest of
+// the k·|s| + 1 longest run on one machine (pigeonhole), for every k.
+double pigeonhole_bound(const std::vector<std::pair<std::vector<int>, double>>& items,
+                        const std::vector<int>& s) {
+  std::vector<double> d;
+  for (const auto& [c, t] : items)
+    if (std::includes(s.begin(), s.end(), c.begin(), c.end())) d.push_back(t);
+  std::sort(d.begin(), d.end(), std::greater<>());
+  const std::size_t m = s.size();
+  double best = d.empty() ? 0.0 : d.front();
+  for (std::size_t k = 1; k * m + 1 <= d.size(); ++k) {
+    double sum = 0;
+    for (std::size_t i = k * m - k; i <= k * m; ++i) sum += d[i];
+    best = std::max(best, sum);
+  }
+  return best;
+}
+
+}  // namespace
+
+LowerBound lower_bound(const ReshardProblem& p, Strategy strategy) {
   LowerBound lb;
   std::vector<std::pair<std::vector<int>, int64_t>> multi;  // candidate host sets of >= 2 hosts
   for (const auto& t : p.tasks) {
@@ -327,6 +350,20 @@ LowerBound lower_bound(const ReshardProblem& p) {
       std::set_union(v[a].begin(), v[a].end(), v[c].begin(), v[c].end(), std::back_inserter(un));
       if (fam.insert(un).second) v.push_back(un);
     }
+  // Whole tasks: one item per task (its shortest whole transfer: the fastest sender to the fastest
+  // remote receiver host), confined to S, on |S| send ports.
+  std::vector<std::pair<std::vector<int>, double>> items;  // candidate hosts (sorted), seconds
+  for (const auto& t : p.tasks) {
+    TaskHosts th = task_hosts(p, t);
+    if (th.remote.empty() || t.bytes == 0) continue;
+    double sbw = 0, rbw = 0;
+    for (int h : th.cand_hosts) sbw = std::max(sbw, p.hosts.bandwidth(h));
+    for (int r : th.remote) rbw = std::max(rbw, p.hosts.bandwidth(r));
+    auto c = th.cand_hosts;
+    std::sort(c.begin(), c.end());
+    items.push_back({std::move(c), static_cast<double>(t.bytes) / std::min(sbw, rbw)});
+  }
+  for (const auto& s : v) lb.whole_tasks = std::max(lb.whole_tasks, pigeonhole_bound(items, s));
   for (const auto& s : v) {
     double bytes = 0, bw = 0;
     for (const auto& [c, b] : multi)
@@ -338,23 +375,36 @@ LowerBound lower_bound(const ReshardProblem& p) {
     }
     lb.sender_sets = std::max(lb.sender_sets, bytes / bw);
   }
-  // Cliques of tasks that pairwise share a remote receiver host or a forced sender host.
+  // Cliques of transfers that pairwise share a remote receiver host or a forced sender host: a
+  // broadcast is one transfer per task holding all its remote receive ports; send/recv and the
+  // local all-gather reach each remote host separately from the sender (one transfer per task and
+  // host). A global all-gather's remote hosts also receive from each other, so no transfer of it
+  // is bound to the sender's speed: its cliques would only repeat per_host (none are formed).
   std::vector<double> w;
   std::vector<std::vector<int>> res;
   for (const auto& t : p.tasks) {
     TaskHosts th = task_hosts(p, t);
     if (th.remote.empty() || t.bytes == 0) continue;
-    double sbw = 0, rbw = std::numeric_limits<double>::infinity();
+    double sbw = 0;
     for (int h : th.cand_hosts) sbw = std::max(sbw, p.hosts.bandwidth(h));
-    for (int r : th.remote) rbw = std::min(rbw, p.hosts.bandwidth(r));
-    w.push_back(static_cast<double>(t.bytes) / std::min(sbw, rbw));
-    std::vector<int> r;
-    for (int h : th.remote) r.push_back(2 * h + 1);
-    if (th.cand_hosts.size() == 1) r.push_back(2 * th.cand_hosts[0]);
-    res.push_back(r);
+    auto add_item = [&](const std::vector<int>& hosts) {
+      double rbw = std::numeric_limits<double>::infinity();
+      std::vector<int> r;
+      for (int h : hosts) {
+        rbw = std::min(rbw, p.hosts.bandwidth(h));
+        r.push_back(2 * h + 1);
+      }
+      if (th.cand_hosts.size() == 1) r.push_back(2 * th.cand_hosts[0]);
+      w.push_back(static_cast<double>(t.bytes) / std::min(sbw, rbw));
+      res.push_back(std::move(r));
+    };
+    if (strategy == Strategy::Broadcast)
+      add_item(th.remote);
+    else if (strategy != Strategy::GlobalAllGather)
+      for (int h : th.remote) add_item({h});
   }
   lb.cliques = detail::clique_bound(w, res);
-  lb.value = std::max({lb.per_host, lb.sender_sets, lb.cliques});
+  lb.value = std::max({lb.per_host, lb.sender_sets, lb.cliques, lb.whole_tasks});
   return lb;
 }
 
@@ -463,9 +513,10 @@ std::map<int, int64_t> ReshardPlan::nic_bytes_received() const {
 }
 
 std::string ReshardPlan::summary() const {
-  return fmt::format("ReshardPlan({} tasks, {} ops, {}+{}, time {:.6g} s, lower bound {:.6g} s, ratio {:.4f})",
-                     problem.tasks.size(), ops.size(), to_string(options.strategy), balancer_used,
-                     completion_time, bound.value, ratio());
+  return fmt::format(
+      "ReshardPlan({} tasks, {} ops, {}+{}, time {:.6g} s, lower bound {:.6g} s, ratio {:.4f})",
+      problem.tasks.size(), ops.size(), to_string(options.strategy), balancer_used, completion_time,
+      bound.value, ratio());
 }
 
 namespace {
@@ -549,6 +600,7 @@ ReshardPlan plan(const ReshardProblem& p, const PlanOptions& opt) {
   if (want(Balancer::RandomGreedy))
     cands.push_back(
         {"random_greedy", detail::balance_random_greedy(b.jobs, H, opt.seed, opt.greedy_restarts)});
+  if (want(Balancer::List)) cands.push_back({"list", detail::balance_list(b.jobs, H)});
   if (want(Balancer::Dfs)) {
     detail::JobSchedule inc;
     for (const auto& [n, s] : cands)

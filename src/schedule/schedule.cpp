@@ -28,6 +28,7 @@
 #include <tuple>
 
 #include "weft/core/error.hpp"
+#include "weft/core/json_reader.hpp"
 
 namespace weft::schedule {
 
@@ -164,24 +165,28 @@ std::string Schedule::to_json() const {
 }
 
 Schedule Schedule::from_json(const std::string& text) {
-  try {
-    auto j = nlohmann::json::parse(text);
-    std::vector<std::vector<Op>> order;
-    for (const auto& a : j.at("order")) {
-      auto& o = order.emplace_back();
-      for (const auto& e : a) {
-        std::string k = e.at(0).get<std::string>();
-        WEFT_CHECK(k == "F" || k == "B" || k == "W", "Schedule JSON: unknown op kind '{}'", k);
-        o.push_back(Op{k == "F" ? OpKind::F : (k == "B" ? OpKind::B : OpKind::W), e.at(1).get<int>(),
-                       e.at(2).get<int>()});
-      }
+  constexpr JsonReader r("Schedule JSON");
+  const auto j = r.parse(text);
+  std::vector<std::vector<Op>> order;
+  const auto& devices = r.array(r.at(j, "order", "$"), "$.order");
+  for (std::size_t d = 0; d < devices.size(); ++d) {
+    const std::string pd = JsonReader::index("$.order", d);
+    auto& o = order.emplace_back();
+    const auto& ops = r.array(devices[d], pd);
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      const std::string p = JsonReader::index(pd, i);
+      const auto& e = r.array(ops[i], p);
+      if (e.size() != 3) r.bad(p, "expected [kind, stage, micro-batch]");
+      const auto k = r.get<std::string>(e[0], p + "[0]");
+      if (k != "F" && k != "B" && k != "W")
+        r.bad(p + "[0]", fmt::format("unknown op kind '{}' (F, B or W)", k));
+      o.push_back(Op{k == "F" ? OpKind::F : (k == "B" ? OpKind::B : OpKind::W), r.get<int>(e[1], p + "[1]"),
+                     r.get<int>(e[2], p + "[2]")});
     }
-    return Schedule(j.at("name").get<std::string>(), j.at("num_stages").get<int>(),
-                    j.at("num_devices").get<int>(), j.at("num_micro").get<int>(),
-                    j.at("split_backward").get<bool>(), std::move(order));
-  } catch (const nlohmann::json::exception& e) {
-    fail("Schedule JSON: {}", e.what());
   }
+  return Schedule(r.field<std::string>(j, "name", "$"), r.field<int>(j, "num_stages", "$"),
+                  r.field<int>(j, "num_devices", "$"), r.field<int>(j, "num_micro", "$"),
+                  r.field<bool>(j, "split_backward", "$"), std::move(order));
 }
 
 std::size_t Schedule::hash() const {

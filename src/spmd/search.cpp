@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <numeric>
 #include <optional>
 #include <set>
@@ -809,7 +810,14 @@ std::string worse_status(const std::string& a, solver::IlpStatus s) {
 SpmdPlan spmd_search(const ir::Graph& g, const cluster::Cluster& cl, const cluster::DeviceMesh& mesh,
                      const SearchOptions& opt) {
   WEFT_CHECK(!g.ops().empty(), "spmd_search: graph '{}' has no ops", g.name());
-  WEFT_CHECK(opt.time_limit_s > 0, "spmd_search: time_limit_s must be > 0");
+  WEFT_CHECK(opt.time_limit_s > 0, "spmd_search: time_limit must be > 0 seconds, got {}", opt.time_limit_s);
+  WEFT_CHECK(
+      !std::isnan(opt.memory_limit) && opt.memory_limit < std::numeric_limits<double>::infinity(),
+      "spmd_search: memory_limit must be a finite number of bytes (0 = the device's memory, < 0 = none), "
+      "got {}",
+      opt.memory_limit);
+  WEFT_CHECK(opt.relative_gap >= 0 && opt.relative_gap < 1,
+             "spmd_search: relative_gap must be in [0, 1), got {}", opt.relative_gap);
   for (int id : mesh.device_ids())
     WEFT_CHECK(id < cl.num_devices(), "spmd_search: mesh device {} is not in the cluster ({} devices)", id,
                cl.num_devices());

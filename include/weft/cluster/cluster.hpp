@@ -4,6 +4,7 @@
 // is shared by all GPUs of the node that talk across nodes at the same time. Heterogeneous
 // clusters (nodes of different kinds) are first-class: concat() joins clusters.
 // Units: FLOP/s, bytes, bytes/s, seconds.
+#include <cstdint>
 #include <map>
 #include <string>
 #include <string_view>
@@ -54,6 +55,9 @@ class Cluster {
   // Presets (see docs/modules/cluster.md for numbers and sources): "M8", "S1", "p3.8xlarge",
   // "DGX-A100", "H100", "P100", "T4". Throws weft::Error on an unknown name or nodes < 1.
   static Cluster preset(std::string_view name, int nodes = 1);
+  // The most devices a cluster may have (2^20): more is refused with a clear error, not an
+  // allocation failure.
+  static constexpr std::int64_t kMaxDevices = std::int64_t{1} << 20;
   static std::vector<std::string> preset_names();
   static Cluster concat(const Cluster& a, const Cluster& b);  // nodes of a, then nodes of b
   static Cluster from_json(std::string_view json_text);

@@ -32,13 +32,15 @@ enum class Balancer {
   LargestFirst,  // largest first to the least-loaded candidate sender host
   Dfs,           // branch and bound over (next transfer, sender), admissible bound, budget
   RandomGreedy,  // repeated randomized maximal sets of non-conflicting transfers (seeded)
+  List,          // earliest-start list schedule: next, the (transfer, sender) that can start first
   Best,          // all of the above, the best simulated plan
 };
 std::string to_string(Strategy s);
 std::string to_string(Balancer b);
 Strategy parse_strategy(
     const std::string& s);  // "send_recv", "local_allgather", "global_allgather", "broadcast"
-Balancer parse_balancer(const std::string& s);  // "naive", "largest_first", "dfs", "random_greedy", "best"
+Balancer parse_balancer(
+    const std::string& s);  // "naive", "largest_first", "dfs", "random_greedy", "list", "best"
 
 struct PlanOptions {
   Strategy strategy = Strategy::Broadcast;
@@ -72,6 +74,7 @@ struct LowerBound {
   double per_host = 0;               // max over hosts of must-leave / must-enter bytes over bw
   double sender_sets = 0;            // tasks whose candidates all lie in a host set S, over bw(S)
   double cliques = 0;                // tasks pairwise sharing a receiver or forced sender host
+  double whole_tasks = 0;            // unit tasks are indivisible: pigeonhole over a sender set's hosts
   std::map<int, int64_t> must_send;  // per host: bytes of tasks it alone can send to remote hosts
   std::map<int, int64_t> must_recv;  // per host: bytes it needs and holds no replica of
 };
@@ -80,8 +83,14 @@ struct LowerBound {
 // host must receive every task it needs without a local replica (per_host, with the send side of
 // tasks that only one host can send: the bound); for each union S of candidate host sets,
 // the tasks confined to S leave through S's NICs (sender_sets); tasks that pairwise share a
-// receiver host or a forced sender host run one after another (cliques, greedy).
-LowerBound lower_bound(const ReshardProblem& p);
+// receiver host or a forced sender host run one after another (cliques, greedy; see below); and, since every
+// strategy moves each unit task at least once whole from ONE sender host, the tasks confined to S
+// are indivisible items on |S| send ports (whole_tasks: among the k·|S| + 1 longest, some host
+// sends k + 1, so the k + 1 shortest of them run one after another on it).
+// `strategy` matters to cliques only: a broadcast holds all of a task's receive ports at once (a
+// task is one item), send/recv and the local all-gather reach each remote host separately (one
+// item per task and remote host), a global all-gather's hosts also feed each other (no cliques).
+LowerBound lower_bound(const ReshardProblem& p, Strategy strategy = Strategy::Broadcast);
 
 class ReshardPlan {
  public:
