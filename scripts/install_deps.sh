@@ -10,6 +10,9 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
 fi
 python3 -m pip install -q --disable-pip-version-check "scikit-build-core>=0.10" "pybind11>=2.12" numpy pytest matplotlib tqdm
+# Type stubs (scripts/gen_stubs.py: pybind11-stubgen) and their check (mypy on examples/), and the
+# example notebooks' execution (nbclient + ipykernel); the tests that need them skip, saying why, without them.
+python3 -m pip install -q --disable-pip-version-check mypy pybind11-stubgen nbclient nbformat ipykernel
 # PyTorch for the runtime (weft.run, torchrun) and calibration; optional for planning. Pinned: this
 # version installs a CPU build (an unpinned torch would pull the CUDA wheels).
 python3 -m pip install -q --disable-pip-version-check "torch==2.13.0"

@@ -31,9 +31,12 @@ __all__ += ["AxisLink", "Cluster", "Device", "DeviceMesh", "DeviceSpec", "NodeSp
             "ReshardPlan", "ReshardPlanner", "ReshardStep", "ShardingSpec", "assemble", "distribute",
             "enumerate_specs", "propagate_reshape", "reshard_on_mesh", "Calibration", "collective_time",
             "compute_time", "roofline"]
-# ir (graph builder, autodiff, JSON, reference interpreter)
+# ir (graph builder, autodiff, JSON, reference interpreter); builder calls return Tensor handles
 from ._weft import Graph, interpret
-__all__ += ["Graph", "interpret"]
+from .tensor import Tensor
+from . import tensor as _tensor
+_tensor.install()
+__all__ += ["Graph", "interpret", "Tensor"]
 # models (the model zoo: GPT, GShard MoE, Wide-ResNet, U-Net, VGG19, BERT)
 from . import models
 __all__ += ["models"]
@@ -58,6 +61,7 @@ from .execution import ExecutionResult, Program, execute, execute_reference, low
 __all__ += ["ExecutionResult", "Program", "execute", "execute_reference", "lower", "lower_random", "lower_spmd"]
 __version__ = "0.1.0"
 from .calibration import CalibrationReport, calibrate  # noqa: E402 (measurements -> Calibration JSON; torch imported lazily)
+__all__ += ["CalibrationReport", "calibrate"]
 from . import torch_export  # noqa: E402 (DTensor placements / torch pipelining schedules of a plan: Plan.to_dtensor, Plan.to_torch_schedule; torch imported lazily)
 __all__ += ["torch_export"]
 # runtime (plans on torch.distributed: one process per device; torch imported when a run starts)
@@ -71,3 +75,8 @@ _display.install()
 # figures (Plan.show, ShardingSpec.show, SimulationResult.plot_gantt: Figure objects, backend untouched)
 from . import plots as _plots
 _plots.install()
+# docstrings with units on the C++ classes' properties (weft._docs); the `weft` logger (weft.log)
+from . import _docs
+_docs.install()
+from . import log
+__all__ += ["log"]

@@ -275,6 +275,7 @@ class CalibrationReport:
                           float(self.measured_memory_bandwidth))
 
     def summary(self) -> str:
+        """A readable multi-line report: efficiencies per dtype, overheads (s), link α (s) and β (s/byte)."""
         lines = [f"weft calibrate: {self.device} — {self.device_name} "
                  f"({'threads ' + str(self.threads) + ', ' if self.device == 'cpu' else ''}torch {self.torch_version}"
                  f"{', quick' if self.quick else ''}, {self.elapsed_s:.1f} s)",

@@ -1,4 +1,7 @@
-"""The ``weft`` command line."""
+"""The ``weft`` command line: plan, simulate, reshard, show, zoo, run, calibrate (``weft -h``).
+
+Bad input (an unknown model, schedule or option, a missing file, an unwritable output) exits 2 with
+one line on stderr, before any long work. ``-v`` / ``-vv`` log through the ``weft`` logger."""
 from __future__ import annotations
 
 import argparse
@@ -47,6 +50,67 @@ def _cluster_arg(text: str, nodes: int):
     return _cluster(text, nodes)
 
 
+_SUFFIX = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
+
+
+def _quantity(text: str, what: str, unit: str) -> float:
+    """A number with an optional SI prefix and unit: "16e9", "16G", "16GB", "25GB/s" (unit B or B/s)."""
+    t = text.strip()
+    for u in (unit, unit.replace("/", "")):
+        if u and t.endswith(u):
+            t = t[: -len(u)]
+            break
+    prefix = t[-1:] if t[-1:] in "kKMGT" and t[-1:] != "" else ""
+    try:
+        value = float(t[: -1] if prefix else t) * _SUFFIX[prefix]
+    except ValueError:
+        raise ValueError(f"{what}: {text!r} is not a number (e.g. 16e9, 16G, 16G{unit})") from None
+    return value
+
+
+def _ids(text: str) -> list:
+    """Device ids "0,1,2,3", ranges "0-3", or both "0-3,8-11"."""
+    out = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        a, sep, b = part.partition("-")
+        try:
+            out += list(range(int(a), int(b) + 1)) if sep else [int(a)]
+        except ValueError:
+            raise ValueError(f"bad device ids {text!r} (e.g. 0,1,2,3 or 0-3)") from None
+    return out
+
+
+def _mesh_arg(text: str, what: str):
+    """A mesh "2x2" (devices 0..3), "2x2:4-7" or "2x2:4,5,6,7": shape, then its device ids in row-major order."""
+    import weft
+
+    shape_text, _, ids_text = text.partition(":")
+    try:
+        shape = [int(x) for x in shape_text.lower().split("x")]
+    except ValueError:
+        raise ValueError(f"{what}: bad mesh {text!r} (e.g. 2x2 or 2x2:4-7)") from None
+    n = 1
+    for x in shape:
+        n *= x
+    ids = _ids(ids_text) if ids_text else list(range(n))
+    if len(ids) != n:
+        raise ValueError(f"{what}: mesh {shape_text} has {n} devices, {len(ids)} ids given")
+    return weft.DeviceMesh(shape, ids)
+
+
+def _shape_arg(text: str) -> list:
+    try:
+        shape = [int(x) for x in text.lower().replace("x", ",").split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--shape: bad shape {text!r} (e.g. 1024,4096 or 1024x4096)") from None
+    if not shape or any(x <= 0 for x in shape):
+        raise ValueError(f"--shape: every dimension must be positive, got {text!r}")
+    return shape
+
+
 def _check_writable(path) -> None:
     """Fail before a long search, not after it."""
     if path in (None, "-"):
@@ -56,23 +120,73 @@ def _check_writable(path) -> None:
         raise ValueError(f"cannot write {path!r}: {d} is not a writable directory")
 
 
+# weft plan's planner options: (flag, keyword of weft.plan, type, help). Booleans are tri-state
+# (--x / --no-x; neither = the planner's default), numbers default to the planner's own.
+_PLAN_OPTIONS = [
+    ("--schedule-k", "schedule_k", int, "kFkB group size k"),
+    ("--schedule-v", "schedule_v", int, "interleaved: virtual stages per device"),
+    ("--num-microbatches", "num_microbatches", int, "micro-batches per step (default: searched)"),
+    ("--max-microbatches", "max_microbatches", int, "largest micro-batch count searched"),
+    ("--num-blocks", "num_blocks", int, "layer-grouping blocks (default: auto)"),
+    ("--max-stages", "max_stages", int, "most pipeline stages"),
+    ("--max-data-parallel", "max_data_parallel", int, "most pipeline replicas (data parallel)"),
+    ("--max-simulated", "max_simulated", int, "candidate plans simulated"),
+    ("--max-logical-shapes", "max_logical_shapes", int, "logical mesh shapes tried per submesh"),
+    ("--max-alternatives", "max_alternatives", int, "alternatives kept in the plan"),
+    ("--level", "spmd_level", str, "SPMD search level: O2 (segments) or O3 (one ILP)"),
+    ("--spmd-time-limit", "spmd_time_limit", float, "seconds per SPMD ILP"),
+    ("--spmd-relative-gap", "spmd_relative_gap", float, "relative ILP gap accepted"),
+    ("--time-limit", "time_limit", float, "seconds for the whole search"),
+    ("--memory-limit", "memory_limit", "bytes", "bytes per device (e.g. 16e9 or 16GB; default: the device's)"),
+    ("--memory-fraction", "memory_fraction", float, "fraction of a device's memory the plan may use"),
+    ("--grad-bucket-bytes", "grad_bucket_bytes", "bytes", "gradient all-reduce bucket size (bytes, e.g. 25MB)"),
+    ("--pipeline", "pipeline", bool, "consider pipelines (--no-pipeline: SPMD / data parallel only)"),
+    ("--two-d-meshes", "two_d_meshes", bool, "2-D logical meshes inside stages (slower)"),
+    ("--overlap-grad-sync", "overlap_grad_sync", bool, "overlap gradient sync with the last backward"),
+    ("--whole-nodes-only", "whole_nodes_only", bool, "submeshes of whole nodes only"),
+    ("--power-of-two-nodes", "power_of_two_nodes", bool, "submeshes of 2^k nodes only"),
+    ("--uniform-partitions", "uniform_partitions", bool, "equal-block stage partitions only"),
+    ("--stage-ilp", "stage_ilp", bool, "Rhino's stage ILP on non-linear block graphs"),
+    ("--uneven-split", "uneven_split", bool, "mixed GPUs: Whale's uneven tensor split"),
+    ("--compare-megatron", "compare_megatron", bool, "also cost the Megatron-style baseline"),
+]
+
+
+def _plan_options(args) -> dict:
+    """The weft.plan keywords the command line set (anything left unset keeps the planner's default)."""
+    opts = {}
+    for flag, key, kind, _ in _PLAN_OPTIONS:
+        v = getattr(args, key)
+        if v is None:
+            continue
+        if kind == "bytes":
+            v = _quantity(v, flag, "B")
+        if kind is int and v < 0:
+            raise ValueError(f"{flag} must be >= 0, got {v}")
+        if kind == "bytes" or kind is float:
+            if v < 0:
+                raise ValueError(f"{flag} must be >= 0, got {v}")
+        opts[key] = v
+    if opts.get("spmd_level") not in (None, "O2", "O3"):
+        raise ValueError(f"--level must be O2 or O3, got {opts['spmd_level']!r}")
+    if args.no_megatron:
+        opts["compare_megatron"] = False
+    if args.fast:
+        opts.update(whole_nodes_only=True, power_of_two_nodes=True)
+    return opts
+
+
 def _plan(args) -> int:
     import weft
 
+    from .planning import _schedule_name
+
     _check_writable(args.json)
+    _schedule_name(args.schedule)  # bad names fail here, before the model is built
+    opts = _plan_options(args)
     graph = _graph(args.model, args.batch, args.dtype)
     cluster = _cluster_arg(args.cluster, args.nodes)
-    opts = {}
-    if args.num_microbatches:
-        opts["num_microbatches"] = args.num_microbatches
-    if args.max_stages:
-        opts["max_stages"] = args.max_stages
-    if args.num_blocks:
-        opts["num_blocks"] = args.num_blocks
-    if args.fast:
-        opts.update(whole_nodes_only=True, power_of_two_nodes=True)
-    p = weft.plan(graph, cluster, schedule=args.schedule, progress=args.progress, time_limit=args.time_limit,
-                  compare_megatron=not args.no_megatron, **opts)
+    p = weft.plan(graph, cluster, schedule=args.schedule, progress=args.progress, verbose=args.verbose, **opts)
     # --json -: the plan on stdout (parseable), the summary on stderr.
     print(p.summary(), file=sys.stderr if args.json == "-" else sys.stdout)
     if args.json == "-":
@@ -81,6 +195,49 @@ def _plan(args) -> int:
         with open(args.json, "w") as f:
             f.write(p.to_json())
         print(f"plan written to {args.json}")
+    return 0
+
+
+def _reshard(args) -> int:
+    from . import reshard
+    from .display import _bytes, _seconds
+
+    _check_writable(args.json)
+    _check_writable(args.out)
+    shape = _shape_arg(args.shape)
+    src_mesh = _mesh_arg(args.src_mesh, "--src-mesh")
+    dst_mesh = _mesh_arg(args.dst_mesh, "--dst-mesh")
+    bandwidth = _quantity(args.bandwidth, "--bandwidth", "B/s")
+    if bandwidth <= 0:
+        raise ValueError(f"--bandwidth must be positive, got {args.bandwidth!r}")
+    hosts = {}
+    if args.devices_per_host is not None:
+        hosts["devices_per_host"] = args.devices_per_host
+    elif args.cluster is not None:
+        hosts["cluster"] = _cluster_arg(args.cluster, args.nodes)
+    p = reshard.plan(shape, args.dtype, args.src, src_mesh, args.dst, dst_mesh, strategy=args.strategy,
+                     balancer=args.balancer, seed=args.seed, bandwidth=bandwidth, **hosts)
+    d = p.to_dict()
+    out = sys.stderr if args.json == "-" else sys.stdout
+    sent, recv = p.nic_bytes_sent(), p.nic_bytes_received()
+    print(f"{shape} {args.dtype}: {args.src} on {src_mesh!r} -> {args.dst} on {dst_mesh!r}", file=out)
+    print(f"{d['strategy']} + {d['balancer_used']}: {len(d['unit_tasks'])} unit tasks, {len(d['ops'])} transfers, "
+          f"completion {_seconds(d['completion_time'])}, lower bound {_seconds(d['lower_bound'])} "
+          f"(ratio {d['ratio']:.4f})", file=out)
+    print(f"{'host':>5s} {'devices':16s} {'bandwidth':>12s} {'sent':>10s} {'received':>10s}", file=out)
+    for h in sorted(d["hosts"], key=int):
+        v = d["hosts"][h]
+        print(f"{h:>5s} {','.join(map(str, v['devices'])):16s} {v['bandwidth'] / 1e9:>9.4g} GB/s "
+              f"{_bytes(sent.get(int(h), 0)):>10s} {_bytes(recv.get(int(h), 0)):>10s}", file=out)
+    if args.json == "-":
+        print(p.to_json())
+    elif args.json:
+        with open(args.json, "w") as f:
+            f.write(p.to_json())
+        print(f"plan written to {args.json}")
+    if args.out:
+        p.show(path=args.out)
+        print(f"timeline written to {args.out}", file=out)
     return 0
 
 
@@ -176,11 +333,16 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="weft", description=__doc__)
     parser.add_argument("--version", action="version", version=f"weft {__version__}")
+    parser.add_argument("-v", "--verbose", action="count", default=0,
+                        help="log through the 'weft' logger on stderr (-v INFO, -vv DEBUG: the planner's phases)")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-v", "--verbose", dest="sub_verbose", action="count", default=0,
+                        help="as weft -v (INFO; -vv DEBUG)")
     sub = parser.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("version", help="print the version")
-    zp = sub.add_parser("zoo", help="list the model zoo's presets with their sizes")
+    sub.add_parser("version", parents=[common], help="print the version")
+    zp = sub.add_parser("zoo", parents=[common], help="list the model zoo's presets with their sizes")
     zp.add_argument("--family", default=None, help="only this family (gpt, moe, bert, wresnet, unet, vgg)")
-    sp = sub.add_parser("simulate", help="simulate a pipeline schedule with given stage times")
+    sp = sub.add_parser("simulate", parents=[common], help="simulate a pipeline schedule with given stage times")
     sp.add_argument("--schedule", default="1F1B", help="GPipe, 1F1B, kFkB, eager-1F1B, interleaved, ZB-H1")
     sp.add_argument("--stages", type=int, default=4)
     sp.add_argument("--microbatches", type=int, default=8)
@@ -190,11 +352,12 @@ def main(argv: list[str] | None = None) -> int:
     sp.add_argument("--backward", type=float, default=2.0, help="backward seconds (input + weight gradient)")
     sp.add_argument("--weight", type=float, default=0.0, help="of which the weight gradient (ZB schedules)")
     sp.add_argument("--out", default=None, help="write the Gantt chart (PNG)")
-    shp = sub.add_parser("show", help="draw a saved plan (devices by stage, Gantt, memory, a parameter's sharding)")
+    shp = sub.add_parser("show", parents=[common],
+                         help="draw a saved plan (devices by stage, Gantt, memory, a parameter's sharding)")
     shp.add_argument("plan", help="a plan JSON (weft plan --json)")
     shp.add_argument("--out", default="plan.png", help="the PNG to write")
     shp.add_argument("--param", default=None, help="the parameter whose sharding is drawn")
-    pp = sub.add_parser("plan", help="plan a model on a cluster and print the plan")
+    pp = sub.add_parser("plan", parents=[common], help="plan a model on a cluster and print the plan")
     pp.add_argument("--model", default="GPT-2.7B", help="zoo preset name (weft zoo), or a graph JSON file")
     pp.add_argument("--batch", type=int, default=16, help="global batch size")
     pp.add_argument("--dtype", default="f16")
@@ -202,16 +365,37 @@ def main(argv: list[str] | None = None) -> int:
                     help="cluster preset name, mixed GPU kinds as PRESET:NODES+PRESET:NODES (e.g. M8:1+P100:1), "
                          "or a cluster JSON file")
     pp.add_argument("--nodes", type=int, default=2, help="nodes of a preset given without :NODES")
-    pp.add_argument("--schedule", default="1F1B")
-    pp.add_argument("--num-microbatches", type=int, default=0, help="0 = auto")
-    pp.add_argument("--num-blocks", type=int, default=0, help="layer-grouping blocks, 0 = auto")
-    pp.add_argument("--max-stages", type=int, default=0)
-    pp.add_argument("--time-limit", type=float, default=600.0, help="seconds")
+    pp.add_argument("--schedule", default="1F1B", help="1F1B, GPipe, kFkB (--schedule-k), eager-1F1B, "
+                    "interleaved (--schedule-v), ZB-H1")
+    for flag, key, kind, help_text in _PLAN_OPTIONS:
+        if kind is bool:
+            pp.add_argument(flag, dest=key, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+        else:
+            pp.add_argument(flag, dest=key, type=str if kind == "bytes" else kind, default=None, help=help_text)
     pp.add_argument("--fast", action="store_true", help="whole-node, power-of-two submeshes only")
     pp.add_argument("--no-megatron", action="store_true", help="skip the Megatron-style baseline")
     pp.add_argument("--progress", action="store_true", help="show a progress bar")
     pp.add_argument("--json", default=None, help="write the plan as JSON to this file ('-': stdout)")
-    cp = sub.add_parser("calibrate", help="time matmuls, memory-bound ops and collectives here; write a calibration")
+    xp = sub.add_parser("reshard", parents=[common],
+                         help="plan the cross-mesh resharding of one tensor (per-host transfers)")
+    xp.add_argument("--shape", required=True, help="the tensor's shape, e.g. 1024,4096 or 1024x4096")
+    xp.add_argument("--dtype", default="f32", help="f32, f16, bf16, f64, i32, i64")
+    xp.add_argument("--src", required=True, help="source spec, e.g. 'S(0) R' or S0R")
+    xp.add_argument("--src-mesh", required=True, help="source mesh: SHAPE[:IDS], e.g. 2x2 or 2x2:0-3")
+    xp.add_argument("--dst", required=True, help="destination spec")
+    xp.add_argument("--dst-mesh", required=True, help="destination mesh, e.g. 2x2:4-7")
+    xp.add_argument("--bandwidth", default="100GB/s", help="bytes/s per host and direction (e.g. 12.5e9, 100GB/s)")
+    xp.add_argument("--devices-per-host", type=int, default=None,
+                    help="host of device d = d // N (default: each mesh row is a host)")
+    xp.add_argument("--cluster", default=None, help="hosts and NIC bandwidths from a cluster preset or JSON")
+    xp.add_argument("--nodes", type=int, default=2, help="nodes of a --cluster preset given without :NODES")
+    xp.add_argument("--strategy", default="broadcast", help="send_recv, local_allgather, global_allgather, broadcast")
+    xp.add_argument("--balancer", default="best", help="naive, largest_first, dfs, random_greedy, best")
+    xp.add_argument("--seed", type=int, default=0)
+    xp.add_argument("--json", default=None, help="write the plan as JSON to this file ('-': stdout)")
+    xp.add_argument("--out", default=None, help="write the per-host timeline (PNG)")
+    cp = sub.add_parser("calibrate", parents=[common],
+                         help="time matmuls, memory-bound ops and collectives here; write a calibration")
     cp.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     cp.add_argument("--nproc", type=int, default=2, help="local processes for the collectives (1 = none)")
     cp.add_argument("--quick", action="store_true", help="small shapes, short timings")
@@ -221,7 +405,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="preset whose link α/β the measured ones are scaled against (alpha_scale, beta_scale)")
     cp.add_argument("--dtypes", default=None, help="matmul dtypes, e.g. f32,bf16 (default: per device)")
     cp.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
-    rp = sub.add_parser("run", help="run a plan (or a lowered program) on local processes with torch.distributed")
+    rp = sub.add_parser("run", parents=[common],
+                         help="run a plan (or a lowered program) on local processes with torch.distributed")
     rp.add_argument("plan", help="a program JSON, or a plan JSON (with --model and --cluster)")
     rp.add_argument("--model", default=None, help="the training graph JSON, or a zoo preset name")
     rp.add_argument("--cluster", default=None, help="a cluster JSON, or a preset spec (PRESET[:NODES])")
@@ -238,9 +423,13 @@ def main(argv: list[str] | None = None) -> int:
         print(__version__)
         return 0
     handler = {"simulate": _simulate, "show": _show, "zoo": _zoo, "plan": _plan, "run": _run,
-               "calibrate": _calibrate}[args.cmd]
+               "calibrate": _calibrate, "reshard": _reshard}[args.cmd]
+    args.verbose = args.verbose + getattr(args, "sub_verbose", 0)
+    from .log import verbosity
+
     try:
-        return handler(args)
+        with verbosity(args.verbose):
+            return handler(args)
     except (ValueError, TypeError, ImportError) as e:  # bad input: one line, exit 2
         print(f"weft {args.cmd}: {e}", file=sys.stderr)
         return 2

@@ -1,6 +1,8 @@
 """Rich notebook displays: ``_repr_html_`` for the objects a user looks at in Jupyter — a compact
 table of the key figures, with units (Plan, Graph, Cluster, DeviceMesh, ShardingSpec, Program,
-ExecutionResult). Text only: no figure, no change to matplotlib's state."""
+ExecutionResult, Schedule, SimulationResult, weft.reshard.Plan, SpmdResult), and a short one-line
+``__repr__`` for the ones whose C++ repr is not already one. Text only: no figure, no change to
+matplotlib's state."""
 from __future__ import annotations
 
 from html import escape
@@ -103,6 +105,98 @@ def result_html(r) -> str:
     return _table("weft.ExecutionResult", rows)
 
 
+def _seconds(t: float) -> str:
+    """A time in s with a readable unit (s, ms, µs, ns)."""
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
+        if abs(t) >= scale:
+            return f"{t / scale:.4g} {unit}"
+    return f"{t / 1e-9:.4g} ns" if t else "0 s"
+
+
+def schedule_html(s) -> str:
+    """A pipeline schedule: kind, stages / devices / micro-batches, ops, and per device the first
+    ops of its order."""
+    order = s.order
+    peak = s.peak_in_flight()
+    rows = [("schedule", s.name), ("logical stages", s.num_stages), ("devices", s.num_devices),
+            ("micro-batches", s.num_micro), ("virtual stages per device", s.virtual_stages),
+            ("backward split (B / W)", s.split_backward), ("ops", s.num_ops),
+            ("peak in-flight micro-batches", f"{max(peak) if peak else 0} (per stage {list(peak)})")]
+    grid = _grid(["device", "ops", "order (kind, stage, micro-batch)"],
+                 [(d, len(o), " ".join(f"{k}{st}.{m}" for k, st, m in o[:12]) + (" ..." if len(o) > 12 else ""))
+                  for d, o in enumerate(order)])
+    return _table("weft.Schedule", rows, grid)
+
+
+def schedule_repr(s) -> str:
+    return f"Schedule({s.name}, {s.num_stages} stages on {s.num_devices} devices, {s.num_micro} micro-batches)"
+
+
+def sim_html(r) -> str:
+    """A simulated step: step time, bubble, peak in-flight micro-batches and memory, per device busy time."""
+    raw = r.raw
+    rows = [("schedule", r.schedule.name), ("step time", _seconds(raw.step_time)),
+            ("bubble", f"{100 * raw.bubble_fraction:.1f} %"),
+            ("peak in-flight micro-batches", max(raw.peak_in_flight_device) if raw.peak_in_flight_device else 0),
+            ("tasks", raw.num_tasks), ("deadlock", raw.deadlock_report if raw.deadlock else "no")]
+    grid = _grid(["device", "busy", "utilisation", "peak in-flight", "peak memory"],
+                 [(d, _seconds(b), f"{100 * b / raw.step_time:.1f} %" if raw.step_time > 0 else "-",
+                   raw.peak_in_flight_device[d] if d < len(raw.peak_in_flight_device) else "-",
+                   _bytes(raw.peak_memory[d]) if d < len(raw.peak_memory) else "-")
+                  for d, b in enumerate(raw.busy_time)])
+    return _table("weft.SimulationResult", rows, grid)
+
+
+def sim_repr(r) -> str:
+    raw = r.raw
+    return (f"SimulationResult({r.schedule.name}: step {raw.step_time:.4g} s, "
+            f"bubble {100 * raw.bubble_fraction:.1f} %, {raw.num_tasks} tasks"
+            + (", DEADLOCK" if raw.deadlock else "") + ")")
+
+
+def reshard_html(p) -> str:
+    """A cross-mesh resharding plan: time against the lower bound, strategy, bytes per host."""
+    d = p.to_dict()
+    ops = d["ops"]
+    remote = [o for o in ops if o["recv_hosts"]]
+    sent, recv = p.nic_bytes_sent(), p.nic_bytes_received()
+    rows = [("tensors", len(p._tensors)),
+            ("shapes", "; ".join(f"{list(t[0])} {t[1]}: {t[2]} -> {t[4]}" for t in p._tensors[:4])
+             + (" ..." if len(p._tensors) > 4 else "")),
+            ("strategy", f"{d['strategy']} (balancer {d['balancer_used']})"),
+            ("completion time", _seconds(d["completion_time"])), ("lower bound", _seconds(d["lower_bound"])),
+            ("ratio to the bound", f"{d['ratio']:.4f}"), ("unit tasks", len(d["unit_tasks"])),
+            ("transfers", f"{len(remote)} across hosts ({_bytes(sum(o['bytes'] for o in remote))}), "
+                          f"{len(ops) - len(remote)} local copies")]
+    hosts = d["hosts"]
+    grid = _grid(["host", "devices", "bandwidth", "sent", "received", "ops"],
+                 [(h, ",".join(map(str, v["devices"])), f"{v['bandwidth'] / 1e9:.4g} GB/s", _bytes(sent.get(int(h), 0)),
+                   _bytes(recv.get(int(h), 0)), len(v["ops"]))
+                  for h, v in sorted(hosts.items(), key=lambda kv: int(kv[0]))])
+    return _table("weft.reshard.Plan", rows, grid)
+
+
+def reshard_repr(p) -> str:
+    return (f"reshard.Plan({len(p._tensors)} tensor(s), {len(p.ops)} transfers, {p.strategy}, "
+            f"{p.completion_time:.4g} s, {p.ratio:.3f}x the lower bound)")
+
+
+def spmd_html(r) -> str:
+    """An SPMD search result: predicted cost split, peak memory, ILP size, parameter specs."""
+    d = r.report.to_dict()
+    rows = [("mesh", f"{'x'.join(map(str, r.mesh.shape))} over devices {','.join(map(str, r.mesh.device_ids))}"),
+            ("cost per step", f"{_seconds(r.cost)} (compute {_seconds(r.compute_time)}, "
+                              f"communication {_seconds(r.comm_time)})"),
+            ("peak memory", f"{_bytes(r.peak_memory)} per device (limit {_bytes(d.get('memory_limit', 0))})"),
+            ("search", f"{d.get('status', '?')}, gap {100 * d.get('gap', 0.0):.2g} %, "
+                       f"{d.get('total_seconds', 0.0):.3g} s"),
+            ("ILP", f"{d.get('nodes', 0)} nodes, {d.get('strategies', 0)} strategies, "
+                    f"{d.get('ilp_variables', 0)} variables, {d.get('ilp_constraints', 0)} constraints")]
+    grid = _grid(["parameter", "shape", "spec", "bytes per device"],
+                 [(q["name"], list(q["shape"]), q["spec"], _bytes(q["bytes_per_device"])) for q in d.get("params", [])])
+    return _table("weft.SpmdResult", rows, grid)
+
+
 def install() -> None:
     _weft.Plan._repr_html_ = plan_html
     _weft.Graph._repr_html_ = graph_html
@@ -113,3 +207,7 @@ def install() -> None:
     from .execution import ExecutionResult
 
     ExecutionResult._repr_html_ = result_html
+    _weft.Schedule._repr_html_ = schedule_html
+    _weft.Schedule.__repr__ = schedule_repr
+    # SimulationResult, weft.reshard.Plan and SpmdResult are Python classes: their methods call
+    # sim_html / reshard_html / spmd_html themselves.

@@ -6,10 +6,13 @@ update) is turned into its training step with Adam first. See docs/modules/plan.
 """
 from __future__ import annotations
 
-from typing import Optional
+import logging
+import time
+from typing import Optional, Union
 
 from . import _weft
 from ._weft import Plan
+from .log import logger, verbosity
 
 _SCHEDULES = {
     "1f1b": "1f1b",
@@ -36,6 +39,20 @@ def _training_graph(graph):
     if _weft.is_training_graph(graph):
         return graph
     return graph.train_step(optimizer="adam")
+
+
+def _logging_progress(inner):
+    """A progress callback that logs each new phase at DEBUG (and calls ``inner`` too)."""
+    state = {"phase": None}
+
+    def cb(phase: str, fraction: float, message: str) -> None:
+        if phase != state["phase"]:
+            state["phase"] = phase
+            logger.debug("plan: %s (%.0f %%) %s", phase, 100 * fraction, message)
+        if inner is not None:
+            inner(phase, fraction, message)
+
+    return cb
 
 
 def _options(schedule, progress, kwargs):
@@ -66,7 +83,7 @@ def _options(schedule, progress, kwargs):
 
 
 def plan(model_graph, cluster, schedule: str = "1F1B", *, num_microbatches: Optional[int] = None,
-         progress=False, **options) -> Plan:
+         progress=False, verbose: Union[bool, int] = False, **options) -> Plan:
     """Plan a model on a cluster: the plan with the lowest simulated step time that fits in memory.
 
     ``schedule``: 1F1B (default), GPipe, kFkB (``schedule_k``), eager-1F1B, interleaved
@@ -77,14 +94,27 @@ def plan(model_graph, cluster, schedule: str = "1F1B", *, num_microbatches: Opti
     gradient synchronisation overlapped with the last backward in buckets), grad_bucket_bytes, whole_nodes_only,
     power_of_two_nodes, max_logical_shapes, two_d_meshes, pipeline, max_data_parallel, stage_ilp,
     compare_megatron, uneven_split (mixed GPUs: Whale's uneven tensor split), max_alternatives. Raises ValueError for bad input and when the model cannot
-    fit (the message says how much memory is missing)."""
-    g = _training_graph(model_graph)
-    opts, bar = _options(schedule, progress, {"num_microbatches": num_microbatches, **options})
-    try:
-        return _weft.make_plan(g, cluster, **opts)
-    finally:
-        if bar is not None:
-            bar.close()
+    fit (the message says how much memory is missing).
+    ``verbose``: True (INFO: what is planned, the chosen plan) or 2 (DEBUG: each planner phase too)
+    logs through the ``weft`` logger for this call (stderr when logging is not configured)."""
+    with verbosity(verbose):
+        g = _training_graph(model_graph)
+        opts, bar = _options(schedule, progress, {"num_microbatches": num_microbatches, **options})
+        logger.info("planning %s (%d ops, %.4g M parameters) on %r, schedule %s, options %s", g.name, len(g.ops),
+                    g.num_params() / 1e6, cluster, opts["schedule"],
+                    {k: v for k, v in opts.items() if k not in ("schedule", "progress")})
+        if logger.isEnabledFor(logging.DEBUG):  # the planner's phases
+            opts["progress"] = _logging_progress(opts.get("progress"))
+        t0 = time.perf_counter()
+        try:
+            p = _weft.make_plan(g, cluster, **opts)
+        finally:
+            if bar is not None:
+                bar.close()
+        logger.info("plan: %s, step %.4g s, %.4g samples/s, MFU %.1f %%, peak %.3g GB per device (planned in %.3g s)",
+                    p.strategy, p.step_time, p.throughput, 100 * p.mfu, p.peak_memory / 1e9,
+                    time.perf_counter() - t0)
+        return p
 
 
 def megatron_plan(model_graph, cluster, t: Optional[int] = None, p: Optional[int] = None, d: Optional[int] = None,

@@ -6,10 +6,12 @@ keep working (a returned Figure displays itself) and a script can ``fig.savefig(
   mesh coordinate), the simulated step's pipeline Gantt, memory per device id against the limit,
   and one parameter's sharding on its stage mesh;
 - ``spec.show()``: which device holds which block of a 1-D or 2-D tensor (strides visible);
-- ``SimulationResult.plot_gantt()``: the Gantt chart alone.
+- ``SimulationResult.plot_gantt()``: the Gantt chart alone;
+- ``weft.reshard.Plan.show()``: the per-host timeline of a cross-mesh resharding plan.
 """
 from __future__ import annotations
 
+import sys
 from typing import Optional
 
 import numpy as np
@@ -21,7 +23,29 @@ _GANTT_COLORS = {"F": "#4C72B0", "B": "#55A868", "W": "#DD8452", "Opt": "#8C8C8C
 def _figure(w: float, h: float):
     from matplotlib.figure import Figure
 
+    _ipython_png(Figure)
     return Figure(figsize=(w, h))
+
+
+def _ipython_png(figure_type) -> None:
+    """Inside IPython / Jupyter, make a returned Figure display itself as a PNG even when pyplot was
+    never imported (IPython registers that formatter only when pyplot's inline backend loads): the
+    same formatter, registered once; no backend is selected or changed."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None and hasattr(ipython, "get_ipython") else None
+    if shell is None:
+        return
+    formatter = shell.display_formatter.formatters.get("image/png")
+    if formatter is None:
+        return
+    try:
+        formatter.lookup_by_type(figure_type)
+        return  # already displayable (the inline backend, or an earlier call)
+    except KeyError:
+        pass
+    from IPython.core.pylabtools import print_figure
+
+    formatter.for_type(figure_type, lambda fig: print_figure(fig, "png", bbox_inches="tight"))
 
 
 def draw_gantt(ax, sim, show_transfers: bool = True, title: Optional[str] = None) -> None:
@@ -52,6 +76,7 @@ def draw_gantt(ax, sim, show_transfers: bool = True, title: Optional[str] = None
 
 
 def gantt_figure(sim, path: Optional[str] = None, show_transfers: bool = True, title: Optional[str] = None):
+    """The Gantt chart of a SimulationResult (time in s) as a matplotlib Figure (see draw_gantt)."""
     rows = sim.schedule.num_devices * (2 if show_transfers else 1)
     fig = _figure(max(8.0, 0.5 * sim.schedule.num_micro), 0.5 * rows + 1.5)
     draw_gantt(fig.subplots(), sim, show_transfers, title)
@@ -90,6 +115,8 @@ def draw_spec(ax, spec, title: Optional[str] = None) -> None:
 
 
 def spec_figure(spec, path: Optional[str] = None):
+    """Which device (mesh position, row-major) holds each element of a 1-D or 2-D tensor, as a
+    matplotlib Figure (strides visible; ValueError for more dims); saved as PNG to ``path``."""
     fig = _figure(6, 3 if len(spec.tensor_shape) == 1 else 5)
     draw_spec(fig.subplots(), spec)
     fig.tight_layout()
@@ -132,7 +159,8 @@ def plan_figure(plan, param: Optional[str] = None, path: Optional[str] = None):
     # 3. memory per device id
     ax = axes[1][0]
     mem = np.asarray(plan.device_memory, dtype=float) / 1e9
-    ax.bar([str(d) for d in devices], mem, color=["#4C72B0" if m * 1e9 <= plan.memory_limit else "#C44E52" for m in mem])
+    ax.bar([str(d) for d in devices], mem,
+           color=["#4C72B0" if m * 1e9 <= plan.memory_limit else "#C44E52" for m in mem])
     if plan.memory_limit > 0:
         ax.axhline(plan.memory_limit / 1e9, color="k", linestyle="--", linewidth=1, label="limit")
         ax.legend(fontsize=7)
@@ -171,6 +199,45 @@ def _param_spec(plan, name):
     if name is not None:
         raise ValueError(f"the plan has no parameter '{name}'")
     return None
+
+
+def reshard_figure(plan, path: Optional[str] = None):
+    """One row per host; one bar per transfer on its sending host's row, from ``start`` for
+    ``duration`` seconds, coloured by the (first) receiving host; an intra-host copy (no receiving
+    host) is hatched grey. The plan's lower bound is the dashed line."""
+    from matplotlib import colormaps
+    from matplotlib.patches import Patch
+
+    d = plan.to_dict()
+    hosts = sorted(int(h) for h in d["hosts"])
+    row = {h: i for i, h in enumerate(hosts)}
+    fig = _figure(10, 0.45 * len(hosts) + 1.8)
+    ax = fig.subplots()
+    cmap = colormaps["tab10"]
+    for op in d["ops"]:
+        dst = op["recv_hosts"]
+        local = not dst
+        ax.barh(row[op["send_host"]], op["duration"], left=op["start"], height=0.8,
+                color="#BBBBBB" if local else cmap(dst[0] % 10), edgecolor="black", linewidth=0.3,
+                hatch="//" if local else None)
+        if len(d["ops"]) <= 64:
+            label = "copy" if local else "→" + ",".join(map(str, dst))
+            ax.text(op["start"] + op["duration"] / 2, row[op["send_host"]], label, ha="center", va="center",
+                    fontsize=6)
+    ax.axvline(d["lower_bound"], color="k", linestyle="--", linewidth=1)
+    ax.set_yticks(range(len(hosts)))
+    ax.set_yticklabels([f"host {h} (dev {','.join(map(str, d['hosts'][str(h)]['devices']))})" for h in hosts])
+    ax.invert_yaxis()
+    ax.set_xlabel("time (s)")
+    ax.set_title(f"{d['strategy']} + {d['balancer_used']}: {d['completion_time']:.4g} s "
+                 f"(lower bound {d['lower_bound']:.4g} s, ratio {d['ratio']:.3f})")
+    receivers = sorted({op["recv_hosts"][0] for op in d["ops"] if op["recv_hosts"]})
+    ax.legend(handles=[Patch(color=cmap(h % 10), label=f"to host {h}") for h in receivers[:10]], fontsize=7,
+              loc="upper right")
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=120)
+    return fig
 
 
 def install() -> None:

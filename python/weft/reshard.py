@@ -34,7 +34,7 @@ from ._weft import (
 __all__ = ["Plan", "plan", "plan_many", "execute", "STRATEGIES", "BALANCERS", "CrossMeshOp", "CrossMeshUnitTask"]
 
 STRATEGIES = ("send_recv", "local_allgather", "global_allgather", "broadcast")
-BALANCERS = ("naive", "largest_first", "dfs", "random_greedy", "best")
+BALANCERS = ("naive", "largest_first", "dfs", "random_greedy", "list", "best")
 
 _NUMPY_TO_WEFT = {"float32": "f32", "float16": "f16", "float64": "f64", "int32": "i32", "int64": "i64",
                   "bool": "bool", "bfloat16": "bf16"}
@@ -89,30 +89,55 @@ class Plan:
     lower_bound = property(lambda self: self._cpp.lower_bound, doc="lower bound on any plan's time (s)")
     lower_bound_per_host = property(lambda self: self._cpp.lower_bound_per_host,
                                     doc="max over hosts of must-send / must-receive bytes over bandwidth")
+    lower_bound_parts = property(lambda self: self._cpp.lower_bound_parts,
+                                 doc="the bound's parts in s: per_host, sender_sets, cliques, whole_tasks (max = bound)")
     ratio = property(lambda self: self._cpp.ratio, doc="completion_time / lower_bound")
-    strategy = property(lambda self: self._cpp.strategy)
-    balancer_used = property(lambda self: self._cpp.balancer_used)
-    unit_tasks = property(lambda self: self._cpp.unit_tasks)
-    ops = property(lambda self: self._cpp.ops)
+    strategy = property(lambda self: self._cpp.strategy,
+                        doc="send_recv, local_allgather, global_allgather or broadcast")
+    balancer_used = property(lambda self: self._cpp.balancer_used, doc="the load balancer that produced the order")
+    unit_tasks = property(lambda self: self._cpp.unit_tasks, doc="the unit tasks (regions, bytes, senders, receivers)")
+    ops = property(lambda self: self._cpp.ops, doc="the transfers (start and duration in s, bytes, hosts)")
     order = property(lambda self: self._cpp.order, doc="host -> op ids in execution order")
 
     def nic_bytes_sent(self) -> Dict[int, int]:
+        """Bytes each host's NIC sends (host -> bytes)."""
         return self._cpp.nic_bytes_sent()
 
     def nic_bytes_received(self) -> Dict[int, int]:
+        """Bytes each host's NIC receives (host -> bytes)."""
         return self._cpp.nic_bytes_received()
 
     def to_json(self) -> str:
+        """The plan as JSON text (ops with start / duration in s, bytes, hosts)."""
         return self._cpp.to_json()
 
     def to_dict(self) -> dict:
+        """The plan as a dict (the parsed to_json)."""
         return json.loads(self._cpp.to_json())
 
     def execute(self, *arrays: np.ndarray, staged: bool = False, return_stats: bool = False):
+        """Runs the plan on the CPU executor (see :func:`execute`)."""
         return execute(self, *arrays, staged=staged, return_stats=return_stats)
 
     def __repr__(self) -> str:
-        return repr(self._cpp)
+        from .display import reshard_repr
+
+        return reshard_repr(self)
+
+    def _repr_html_(self) -> str:
+        """Notebook display: completion time and lower bound (s), strategy, bytes sent and received per host."""
+        from .display import reshard_html
+
+        return reshard_html(self)
+
+    def show(self, path: Optional[str] = None):
+        """The per-host timeline as a matplotlib ``Figure`` (no pyplot, backend untouched): one row
+        per host, one bar per transfer on its sending host's row from its start for its duration
+        (s), coloured by the receiving host (local copies hatched grey), the lower bound dashed.
+        Saved as PNG to ``path`` when given."""
+        from .plots import reshard_figure
+
+        return reshard_figure(self, path)
 
 
 def _hosts(meshes: List[DeviceMesh], hosts: Optional[Mapping[int, int]], devices_per_host: Optional[int],
@@ -178,7 +203,8 @@ def plan(shape: Sequence[int], dtype: Any, src_spec: Union[ShardingSpec, str], s
     """Plans one tensor's cross-mesh resharding; keyword arguments as plan_many.
 
     strategy: send_recv | local_allgather | global_allgather | broadcast;
-    balancer: naive | largest_first | dfs | random_greedy | best (deterministic for a seed)."""
+    balancer: naive | largest_first | dfs | random_greedy | list (earliest-start list schedule) | best
+    (all of them, the fastest simulated plan; deterministic for a seed)."""
     return plan_many([(shape, dtype, src_spec, src_mesh, dst_spec, dst_mesh)], strategy=strategy,
                      balancer=balancer, seed=seed, **kwargs)
 

@@ -27,7 +27,15 @@ class SimulationResult:
         return getattr(self.raw, name)
 
     def __repr__(self) -> str:
-        return repr(self.raw)
+        from .display import sim_repr
+
+        return sim_repr(self)
+
+    def _repr_html_(self) -> str:
+        """Notebook display: step time (s), bubble (%), per device busy time and peak memory (bytes)."""
+        from .display import sim_html
+
+        return sim_html(self)
 
     def to_chrome_trace(self, path: Optional[str] = None) -> dict:
         """The timeline as Chrome trace-event JSON (open in chrome://tracing or Perfetto).

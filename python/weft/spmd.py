@@ -62,10 +62,17 @@ class SpmdResult:
         return {r["name"]: r["spec"] for r in self.report.to_dict()["params"]}
 
     def spec_of(self, tensor: str) -> str:
+        """Spec text of one tensor (by name)."""
         return self.plan.spec_of(self.graph, tensor)
 
     def __str__(self) -> str:
         return str(self.report)
+
+    def _repr_html_(self) -> str:
+        """Notebook display: cost split (s), peak memory (bytes), ILP size, parameter specs."""
+        from .display import spmd_html
+
+        return spmd_html(self)
 
     def __repr__(self) -> str:
         return (f"SpmdResult(cost={self.cost:.6g} s, compute={self.compute_time:.6g} s, "
@@ -73,7 +80,7 @@ class SpmdResult:
 
 
 def _progress_fn(progress: Union[None, bool, Callable[..., Any]]):
-    """True -> a tqdm bar (a plain stderr line when tqdm is missing); a callable gets
+    """True -> a tqdm bar (INFO records of the ``weft`` logger when tqdm is missing); a callable gets
     (phase, fraction, message)."""
     if progress is None or progress is False:
         return None, None
@@ -84,12 +91,10 @@ def _progress_fn(progress: Union[None, bool, Callable[..., Any]]):
     try:
         from tqdm import tqdm  # type: ignore
     except ImportError:  # pragma: no cover - depends on the environment
-        import sys
+        from .log import logger
 
         def plain(phase: str, fraction: float, message: str) -> None:
-            print(f"\rspmd {phase}: {100 * fraction:5.1f}% {message}", end="", file=sys.stderr)
-            if fraction >= 1.0:
-                print(file=sys.stderr)
+            logger.info("spmd %s: %5.1f%% %s", phase, 100 * fraction, message)
 
         return plain, None
     bar = tqdm(total=1000, desc="spmd", leave=False)

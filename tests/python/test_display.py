@@ -46,3 +46,36 @@ def test_every_rich_display_parses_and_shows_the_figures():
     assert "2x2" in text["mesh"] and "[4, 4]" in text["spec"] and "Shard(0)" in text["spec"]
     assert f"{prog.num_ranks}" in text["program"] and "instructions" in text["program"]
     assert f"{res.losses[0]:.6g}" in text["result"]
+
+
+def test_schedule_simulation_reshard_and_spmd_displays():
+    # 1F1B, 4 stages, 8 micro-batches, F = 1 s, B = 2 s: step (m + p - 1)(F + B) = 33 s,
+    # bubble (p - 1) / (m + p - 1) = 27.3 %, every device busy m (F + B) = 24 s.
+    s = weft.schedule("1f1b", stages=4, micro_batches=8)
+    text = parse(s._repr_html_())
+    assert "1f1b" in text and "micro-batches 8" in text and "ops 64" in text, text
+    assert repr(s) == "Schedule(1f1b, 4 stages on 4 devices, 8 micro-batches)"
+    r = weft.simulate(s, weft.StageSpec(forward_time=1.0, backward_time=2.0))
+    text = parse(r._repr_html_())
+    assert "step time 33 s" in text and "bubble 27.3 %" in text and text.count("24 s") == 4, text
+    assert repr(r).startswith("SimulationResult(1f1b: step 33 s, bubble 27.3 %")
+    # S(0) R on a 2x2 mesh of hosts {0,1}, {2,3} (two devices each) -> S(1) R on devices 4..7: each
+    # destination host needs one half of the columns of the 8x4 f32 tensor (64 B), nothing more.
+    p = weft.reshard.plan([8, 4], "f32", "S(0) R", ([2, 2], [0, 1, 2, 3]), "S(1) R", ([2, 2], [4, 5, 6, 7]),
+                          devices_per_host=2, bandwidth=1e9)
+    assert p.nic_bytes_received() == {2: 64, 3: 64}
+    text = parse(p._repr_html_())
+    assert "completion time" in text and "lower bound" in text and "1 GB/s" in text and text.count("64 B") >= 2
+    assert f"{len(p.ops)} transfers" in repr(p) and "s," in repr(p)
+    g = weft.models.gpt(layers=1, hidden=64, heads=4, seq=8, vocab=128, batch=8).train_step()
+    res = weft.spmd_search(g, weft.Cluster.preset("p3.8xlarge"), weft.DeviceMesh([2], [0, 1]), level="O3")
+    text = parse(res._repr_html_())
+    assert "cost per step" in text and "wte" in text and "peak memory" in text and "per device" in text, text
+    names = list(res.param_specs)
+    assert all(name in text for name in names[:12]) and f"... {len(names) - 12} more" in text
+
+
+def test_time_units_are_readable():
+    from weft.display import _seconds
+
+    assert [_seconds(x) for x in (33.0, 0.0125, 6.4e-8, 0.0)] == ["33 s", "12.5 ms", "64 ns", "0 s"]

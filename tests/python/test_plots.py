@@ -49,3 +49,20 @@ def test_gantt_is_a_figure_without_pyplot_state():
     import matplotlib.pyplot as plt
 
     assert all(plt.figure(n) is not fig for n in plt.get_fignums())  # not registered with pyplot
+
+
+def test_reshard_show_one_bar_per_transfer_on_its_host_row():
+    backend = matplotlib.get_backend()
+    p = weft.reshard.plan([8, 4], "f32", "S(0) R", ([2, 2], [0, 1, 2, 3]), "S(1) R", ([2, 2], [4, 5, 6, 7]),
+                          devices_per_host=2, bandwidth=1e9)
+    fig = p.show()
+    assert isinstance(fig, matplotlib.figure.Figure)
+    ax = fig.axes[0]
+    bars = sorted(((b.get_x(), b.get_width(), b.get_y() + b.get_height() / 2) for b in ax.patches))
+    want = sorted((op.start, op.duration, float(op.send_host)) for op in p.ops)  # hosts 0..3 are rows 0..3
+    assert len(bars) == len(p.ops) == 4
+    assert bars == [pytest.approx(w) for w in want]
+    # 4 transfers of 32 B at 1 GB/s, two per sending host: each host is busy 64 ns, the lower bound.
+    assert all(w == pytest.approx(32e-9) for _, w, _ in bars) and p.completion_time == pytest.approx(64e-9)
+    assert [t.get_text() for t in ax.get_yticklabels()] == [f"host {h} (dev {2 * h},{2 * h + 1})" for h in range(4)]
+    assert matplotlib.get_backend() == backend
