@@ -2,7 +2,8 @@
 # Every test on a fresh machine: install; build the Python package (Release, -Werror) with the C++
 # tests in the same build tree and run ctest there; install the C++ package and build the example
 # consumer against it; run pytest; build again under ASan/UBSan (without the optional CUDA/NCCL
-# executor, whose tests need a GPU) and run ctest.
+# executor, whose tests need a GPU) and run ctest; build the libFuzzer targets (clang, ASan/UBSan) and
+# fuzz every JSON reader and the spec parser for a bounded time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -32,4 +33,7 @@ cmake -S . -B build/asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DWEFT_SANITIZE=ON -D
 cmake --build build/asan -j "$jobs"
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 WEFT_SANITIZED=1 \
   ctest --test-dir build/asan --output-on-failure -j "$jobs"
+
+stage "fuzz targets (libFuzzer, ASan/UBSan), 15 s each"
+SECONDS_PER_TARGET=15 bash scripts/fuzz.sh
 stage "all tests passed"

@@ -12,7 +12,7 @@ Math, conventions and measured figures: docs/modules/pipeline.md.
 """
 from __future__ import annotations
 
-from typing import Callable, List, Optional, Sequence, Union
+from typing import Callable, Optional, Sequence, Union
 
 from . import _weft
 

@@ -90,21 +90,27 @@ std::size_t BandwidthTrace::segment(double t) const {
 double BandwidthTrace::fraction_at(double t) const { return fractions_[segment(t)]; }
 
 double BandwidthTrace::finish_time(double t0, double bytes, double nominal) const {
+  return t0 + transfer_seconds(t0, bytes, nominal);
+}
+
+double BandwidthTrace::transfer_seconds(double t0, double bytes, double nominal) const {
   WEFT_CHECK(bytes >= 0 && std::isfinite(bytes), "finish_time: bytes must be finite and >= 0, got {}", bytes);
   WEFT_CHECK(nominal > 0 && std::isfinite(nominal), "finish_time: nominal bandwidth must be > 0, got {}",
              nominal);
-  if (bytes == 0) return t0;
+  if (bytes == 0) return 0.0;
   std::size_t i = segment(t0);
-  double now = t0;
+  double now = t0, elapsed = 0.0;  // elapsed accumulates segment lengths: exact past the last change
   double left = bytes;
   for (; i + 1 < times_.size(); ++i) {
     const double rate = fractions_[i] * nominal;
-    const double cap = rate * (times_[i + 1] - now);
-    if (left <= cap) return now + left / rate;
+    const double span = times_[i + 1] - now;
+    const double cap = rate * span;
+    if (left <= cap) return elapsed + left / rate;
     left -= cap;
+    elapsed += span;
     now = times_[i + 1];
   }
-  return now + left / (fractions_[i] * nominal);
+  return elapsed + left / (fractions_[i] * nominal);
 }
 
 double BandwidthTrace::mean_fraction(double t0, double t1) const {

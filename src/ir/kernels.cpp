@@ -131,7 +131,9 @@ int axis_of(int a, std::size_t rank) { return a < 0 ? a + static_cast<int>(rank)
 // ---- kernels; each gets the op and its operand values and returns its results
 
 HostTensor run_einsum(const Op& op, const std::vector<const HostTensor*>& in, const Shape& out_shape) {
-  auto [terms, rhs] = split_einsum(op.attrs.equation, op.name);
+  const auto parsed = split_einsum(op.attrs.equation, op.name);
+  const auto& terms = parsed.inputs;  // not a structured binding: lambdas below capture it
+  const auto& rhs = parsed.output;
   // Letters of the loop nest: the output's first (so the output offset is cheap), then the rest.
   std::string letters = rhs;
   Shape sizes(out_shape.begin(), out_shape.end());

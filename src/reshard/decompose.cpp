@@ -68,7 +68,7 @@ std::vector<Group> group_tiles(const std::map<int, Region>& tiles) {
   std::vector<Group> groups;
   for (const auto& [dev, r] : tiles) {  // map order: by device id, so groups come sorted
     if (r.empty()) continue;            // uneven specs: a device may hold nothing
-    auto it = std::find_if(groups.begin(), groups.end(), [&](const Group& g) { return g.tile == r; });
+    auto it = std::find_if(groups.begin(), groups.end(), [&r = r](const Group& g) { return g.tile == r; });
     if (it == groups.end())
       groups.push_back({r, {dev}});
     else

@@ -440,7 +440,7 @@ double simulate(ReshardPlan& plan) {
       bool sends = !op.recv_hosts.empty() && op.send_host == h;
       bool recvs = std::find(op.recv_hosts.begin(), op.recv_hosts.end(), h) != op.recv_hosts.end();
       bool local = std::any_of(op.receivers.begin(), op.receivers.end(),
-                               [&](int d) { return p.hosts.host_of(d) == h; });
+                               [&, h = h](int d) { return p.hosts.host_of(d) == h; });
       WEFT_CHECK(sends || recvs || local, "plan: host {} lists op {} which does not touch it", h, id);
       ++seen[id];
       if (sends) queue[{h, 0}].push_back(id);

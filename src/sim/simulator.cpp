@@ -241,7 +241,7 @@ SimResult simulate(const Schedule& sch, const Pipeline& pipe, const SimOptions& 
       else if (wire_trace[w]->is_constant())
         e = now + wire_lat[w] + bytes / (wire_bw[w] * wire_trace[w]->fractions()[0]);
       else
-        e = wire_trace[w]->finish_time(now + off + wire_lat[w], bytes, wire_bw[w]) - off;
+        e = now + wire_lat[w] + wire_trace[w]->transfer_seconds(now + off + wire_lat[w], bytes, wire_bw[w]);
     }
     start[ti] = now;
     end[ti] = e;

@@ -1,6 +1,5 @@
 """weft.models: presets, parameter counts against closed forms and the papers' names, Megatron's
 FLOPs formula, explicit configs, overrides and errors."""
-import math
 
 import pytest
 

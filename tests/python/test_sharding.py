@@ -1,6 +1,5 @@
 """ShardingSpec tile math against a numpy oracle (the factor view), partial specs, resharding
 plans executed by a numpy data mover, reshape propagation, notations and errors."""
-import itertools
 import os
 
 import numpy as np

@@ -42,6 +42,9 @@ class BandwidthTrace {
   // Time at which `bytes` sent from t0 finish at rate fraction(t)·nominal: the exact solution of
   // ∫_{t0}^{T} fraction(t)·nominal dt = bytes. bytes >= 0, nominal > 0.
   double finish_time(double t0, double bytes, double nominal_bytes_per_s) const;
+  // finish_time(t0, ...) - t0, computed without the subtraction: exact however large t0 is (the
+  // simulator keeps its clock relative and reads the trace at offset + t).
+  double transfer_seconds(double t0, double bytes, double nominal_bytes_per_s) const;
   // (1/(t1−t0))·∫_{t0}^{t1} fraction(t) dt; t1 > t0 (t1 == t0 gives fraction_at(t0)).
   double mean_fraction(double t0, double t1) const;
   // The part [t0, t1) moved to start at time 0; after t1−t0 the fraction at t1 continues.

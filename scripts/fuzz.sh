@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets (clang, ASan/UBSan, coverage from every module) in build/fuzz and runs
+# each on a copy of its checked-in seed corpus (fuzz/corpus/<target>) for SECONDS_PER_TARGET seconds
+# (default 20). A crash, sanitizer report, uncaught exception or InternalError fails the script
+# and leaves the reproducer in build/fuzz/crashes/<target>/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+secs=${SECONDS_PER_TARGET:-20}
+targets=(graph_json cluster_json plan_json schedule_json trace_json program_json spec)
+cmake -S . -B build/fuzz -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=Debug \
+  -DCMAKE_CXX_FLAGS="-O1" -DWEFT_BUILD_FUZZERS=ON -DWEFT_SANITIZE=ON -DWEFT_BUILD_TESTS=OFF \
+  -DWEFT_BUILD_BENCHMARKS=OFF -DWEFT_ENABLE_NCCL=OFF >/dev/null
+cmake --build build/fuzz -j "$(nproc)" --target "${targets[@]/#/fuzz_}"
+for t in "${targets[@]}"; do
+  work=build/fuzz/corpus/$t
+  crashes=build/fuzz/crashes/$t
+  rm -rf "$work" && mkdir -p "$work" "$crashes"
+  cp fuzz/corpus/$t/* "$work/"
+  echo "fuzz_$t: ${secs}s"
+  ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+    "build/fuzz/fuzz/fuzz_$t" -max_total_time="$secs" -timeout=10 -rss_limit_mb=4096 -max_len=262144 \
+    -print_final_stats=1 -artifact_prefix="$crashes/" "$work" 2>&1 | grep -E "^(stat::number_of_executed_units|#[0-9]+ +DONE|==[0-9]+==|SUMMARY|.*(ERROR|deadly|crash))" || true
+  if compgen -G "$crashes/*" >/dev/null; then
+    echo "fuzz_$t: crash reproducers in $crashes:" && ls "$crashes" && exit 1
+  fi
+done
+echo "fuzzing: 0 crashes"
