@@ -96,6 +96,7 @@ def test_preempted_traces_are_finite_or_refused(seed, duration):
         assert not (math.isfinite(duration) and 0 < duration <= 1e7)
         return
     assert math.isfinite(duration) and duration > 0
+    assert 0.3 - 1e-12 <= t.mean_fraction(0.0, duration) <= 1.0 + 1e-12  # full or preempted stretches
 
 
 @SETTINGS
