@@ -812,9 +812,10 @@ SpmdPlan spmd_search(const ir::Graph& g, const cluster::Cluster& cl, const clust
   WEFT_CHECK(!g.ops().empty(), "spmd_search: graph '{}' has no ops", g.name());
   WEFT_CHECK(opt.time_limit_s > 0, "spmd_search: time_limit must be > 0 seconds, got {}", opt.time_limit_s);
   WEFT_CHECK(
-      !std::isnan(opt.memory_limit) && opt.memory_limit < std::numeric_limits<double>::infinity(),
-      "spmd_search: memory_limit must be a finite number of bytes (0 = the device's memory, < 0 = none), "
-      "got {}",
+      !std::isnan(opt.memory_limit) && opt.memory_limit < std::numeric_limits<double>::infinity() &&
+          (opt.memory_limit <= 0 || opt.memory_limit >= 1),
+      "spmd_search: memory_limit must be a finite number of bytes, at least 1 (0 = the device's memory, "
+      "< 0 = none), got {}",
       opt.memory_limit);
   WEFT_CHECK(opt.relative_gap >= 0 && opt.relative_gap < 1,
              "spmd_search: relative_gap must be in [0, 1), got {}", opt.relative_gap);

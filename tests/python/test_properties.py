@@ -12,7 +12,9 @@ from hypothesis import strategies as st  # noqa: E402
 
 import weft  # noqa: E402
 
-SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# derandomize: the same examples on every run (CI stays reproducible; hypothesis' database is not kept)
+SETTINGS = settings(max_examples=150, deadline=None, derandomize=True, database=None,
+                    suppress_health_check=[HealthCheck.too_slow])
 CLEAR = (ValueError, TypeError)
 
 floats = st.floats(allow_nan=True, allow_infinity=True)
@@ -158,6 +160,7 @@ def test_gpt_flops_are_exact_or_refused(seq, layers):
 @given(floats, floats, st.one_of(st.floats(-2, 2), st.just(float("nan"))))
 @example(float("nan"), 10.0, 0.0)
 @example(0.0, 10.0, -0.5)
+@example(2.225073858507e-311, 1.0, 0.0)  # was "Ilp: constraint '' has a non-finite right-hand side"
 def test_spmd_search_options_are_used_or_refused(memory_limit, time_limit, gap):
     step = weft.models.gpt(layers=1, hidden=16, heads=2, seq=4, vocab=16, batch=4).train_step()
     mesh = weft.DeviceMesh([2], [0, 1])
