@@ -26,20 +26,25 @@ py::dict peak_dict(const DeviceSpec& d) {
 void bind_cluster(py::module_& m) {
   py::class_<DeviceSpec>(m, "DeviceSpec",
                          "A GPU kind: peak FLOP/s per dtype, memory bytes, memory bandwidth.")
-      .def(py::init([](const std::string& kind, const py::dict& peak, double mem, double bw) {
-             DeviceSpec d;
-             d.kind = kind;
-             for (auto& [k, v] : peak)
-               d.peak_flops[weft::parse_dtype(py::str(k).cast<std::string>())] = v.cast<double>();
-             d.memory_bytes = mem;
-             d.memory_bandwidth = bw;
-             return d;
-           }),
-           py::arg("kind"), py::arg("peak_flops"), py::arg("memory_bytes"), py::arg("memory_bandwidth"))
+      .def(
+          py::init([](const std::string& kind, const py::dict& peak, double mem, double bw, double overhead) {
+            DeviceSpec d;
+            d.kind = kind;
+            for (auto& [k, v] : peak)
+              d.peak_flops[weft::parse_dtype(py::str(k).cast<std::string>())] = v.cast<double>();
+            d.memory_bytes = mem;
+            d.memory_bandwidth = bw;
+            d.kernel_overhead = overhead;
+            return d;
+          }),
+          py::arg("kind"), py::arg("peak_flops"), py::arg("memory_bytes"), py::arg("memory_bandwidth"),
+          py::arg("kernel_overhead") = 0.0)
       .def_readonly("kind", &DeviceSpec::kind)
       .def_property_readonly("peak_flops", &peak_dict)
       .def_readonly("memory_bytes", &DeviceSpec::memory_bytes)
       .def_readonly("memory_bandwidth", &DeviceSpec::memory_bandwidth)
+      .def_readonly("kernel_overhead", &DeviceSpec::kernel_overhead,
+                    "Seconds added to every op (kernel launch).")
       .def(
           "peak", [](const DeviceSpec& d, const std::string& t) { return d.peak(weft::parse_dtype(t)); },
           py::arg("dtype"))

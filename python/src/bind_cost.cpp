@@ -28,6 +28,9 @@ void bind_cost(py::module_& m) {
       .def("memory_eff", &Calibration::memory_eff)
       .def("__eq__", [](const Calibration& a, const Calibration& b) { return a == b; })
       .def("__repr__", [](const Calibration& c) { return "Calibration(" + c.to_json() + ")"; });
+  m.def("calibrated_cluster", &calibrated, py::arg("cluster"), py::arg("calibration"),
+        "The cluster as the calibration measured it: peaks x compute efficiency, memory bandwidth x memory "
+        "efficiency, + kernel overhead (s per op), link latency x alpha_scale, bandwidth / beta_scale.");
   m.def(
       "compute_time",
       [](double flops, double bytes, const std::string& dtype, const weft::cluster::Device& d,

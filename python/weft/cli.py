@@ -184,6 +184,10 @@ def _plan(args) -> int:
     _check_writable(args.json)
     _schedule_name(args.schedule)  # bad names fail here, before the model is built
     opts = _plan_options(args)
+    if args.calibration is not None:  # read (and checked) before the model is built
+        from .planning import load_calibration
+
+        opts["calibration"] = load_calibration(args.calibration)
     graph = _graph(args.model, args.batch, args.dtype)
     cluster = _cluster_arg(args.cluster, args.nodes)
     p = weft.plan(graph, cluster, schedule=args.schedule, progress=args.progress, verbose=args.verbose, **opts)
@@ -372,6 +376,8 @@ def main(argv: list[str] | None = None) -> int:
             pp.add_argument(flag, dest=key, action=argparse.BooleanOptionalAction, default=None, help=help_text)
         else:
             pp.add_argument(flag, dest=key, type=str if kind == "bytes" else kind, default=None, help=help_text)
+    pp.add_argument("--calibration", default=None,
+                    help="price the plan on the cluster as measured: the JSON `weft calibrate` writes")
     pp.add_argument("--fast", action="store_true", help="whole-node, power-of-two submeshes only")
     pp.add_argument("--no-megatron", action="store_true", help="skip the Megatron-style baseline")
     pp.add_argument("--progress", action="store_true", help="show a progress bar")

@@ -6,7 +6,9 @@ update) is turned into its training step with Adam first. See docs/modules/plan.
 """
 from __future__ import annotations
 
+import json
 import logging
+import os
 import time
 from typing import Optional, Union
 
@@ -39,6 +41,41 @@ def _training_graph(graph):
     if _weft.is_training_graph(graph):
         return graph
     return graph.train_step(optimizer="adam")
+
+
+def load_calibration(calibration) -> "_weft.Calibration":
+    """A ``weft.Calibration`` from one, a dict in its JSON form, a path to the JSON ``weft calibrate
+    --out`` writes (or one written by hand), or a :class:`weft.calibration.CalibrationReport`."""
+    if isinstance(calibration, _weft.Calibration):
+        return calibration
+    if hasattr(calibration, "calibration") and isinstance(calibration.calibration, _weft.Calibration):
+        return calibration.calibration  # a CalibrationReport
+    if isinstance(calibration, dict):
+        return _weft.Calibration.from_json(json.dumps(calibration))
+    if isinstance(calibration, (str, os.PathLike)):
+        path = os.fspath(calibration)
+        if not os.path.isfile(path):
+            raise ValueError(f"calibration file {path!r} does not exist")
+        with open(path, encoding="utf-8") as f:
+            return _weft.Calibration.from_json(f.read())
+    raise TypeError("calibration must be a weft.Calibration, a dict, a path to a calibration JSON file or a "
+                    f"CalibrationReport, got {type(calibration).__name__}")
+
+
+def calibrated_cluster(cluster, calibration):
+    """The cluster as ``calibration`` measured it (any form :func:`load_calibration` takes): every
+    device's peak FLOP/s times its compute efficiency, memory bandwidth times its memory efficiency,
+    the kernel overhead (s) added to every op; link latency times alpha_scale, bandwidth over
+    beta_scale. Memory capacities are unchanged."""
+    if not isinstance(cluster, _weft.Cluster):
+        raise TypeError(f"cluster must be a weft.Cluster, got {type(cluster).__name__}")
+    return _weft.calibrated_cluster(cluster, load_calibration(calibration))
+
+
+def _calibrated(cluster, options: dict):
+    """The cluster the planner prices with: as measured when ``options`` has a calibration."""
+    cal = options.pop("calibration", None)
+    return cluster if cal is None else calibrated_cluster(cluster, cal)
 
 
 def _logging_progress(inner):
@@ -95,10 +132,13 @@ def plan(model_graph, cluster, schedule: str = "1F1B", *, num_microbatches: Opti
     power_of_two_nodes, max_logical_shapes, two_d_meshes, pipeline, max_data_parallel, stage_ilp,
     compare_megatron, uneven_split (mixed GPUs: Whale's uneven tensor split), max_alternatives. Raises ValueError for bad input and when the model cannot
     fit (the message says how much memory is missing).
+    ``calibration``: a ``weft.Calibration``, a dict, or a path to the JSON ``weft calibrate`` writes:
+    the plan is priced on the cluster as measured (every function here takes it).
     ``verbose``: True (INFO: what is planned, the chosen plan) or 2 (DEBUG: each planner phase too)
     logs through the ``weft`` logger for this call (stderr when logging is not configured)."""
     with verbosity(verbose):
         g = _training_graph(model_graph)
+        cluster = _calibrated(cluster, options)
         opts, bar = _options(schedule, progress, {"num_microbatches": num_microbatches, **options})
         logger.info("planning %s (%d ops, %.4g M parameters) on %r, schedule %s, options %s", g.name, len(g.ops),
                     g.num_params() / 1e6, cluster, opts["schedule"],
@@ -122,6 +162,7 @@ def megatron_plan(model_graph, cluster, t: Optional[int] = None, p: Optional[int
     """The best Megatron-style layout (tensor parallel t inside a node x pipeline p x data parallel
     d), or the given one when t, p, d are all set, under the same cost model as :func:`plan`."""
     g = _training_graph(model_graph)
+    cluster = _calibrated(cluster, options)
     opts, _ = _options(schedule, False, {"num_microbatches": num_microbatches, **options})
     if t is not None and p is not None and d is not None:
         return _weft.megatron_plan(g, cluster, _weft.MegatronLayout(t, p, d), **opts)
@@ -136,6 +177,7 @@ def data_parallel_plan(model_graph, cluster, shares, num_microbatches: int = 1, 
     the shares sum to batch / num_microbatches), costed like :func:`plan`'s candidates. On mixed
     GPUs the planner's own choice is the "data parallel (uneven shares)" alternative."""
     g = _training_graph(model_graph)
+    cluster = _calibrated(cluster, options)
     opts, _ = _options(schedule, False, {"num_microbatches": num_microbatches, **options})
     opts.pop("num_microbatches", None)
     return _weft.data_parallel_plan(g, cluster, [int(s) for s in shares], int(num_microbatches), **opts)
@@ -147,6 +189,7 @@ def split_plan(model_graph, cluster, fraction, num_microbatches: int = 1, schedu
     every device (id order), device i holding ``fraction[i] / sum(fraction)`` of every dimension the
     mesh axis splits, costed like :func:`plan`'s "spmd (uneven split)" candidates."""
     g = _training_graph(model_graph)
+    cluster = _calibrated(cluster, options)
     opts, _ = _options(schedule, False, {"num_microbatches": num_microbatches, **options})
     opts.pop("num_microbatches", None)
     return _weft.split_plan(g, cluster, [float(f) for f in fraction], int(num_microbatches), **opts)
@@ -157,6 +200,7 @@ def layout_plan(model_graph, cluster, stages, num_microbatches: int = 1, schedul
     """A given pipeline layout: ``stages`` = [(first_block, last_block, [device ids], mesh or None)],
     blocks of the planner's layer grouping (``num_blocks``), costed like :func:`plan`'s candidates."""
     g = _training_graph(model_graph)
+    cluster = _calibrated(cluster, options)
     opts, _ = _options(schedule, False, {"num_microbatches": num_microbatches, **options})
     opts.pop("num_microbatches", None)
     norm = []
@@ -168,4 +212,5 @@ def layout_plan(model_graph, cluster, stages, num_microbatches: int = 1, schedul
     return _weft.layout_plan(g, cluster, norm, int(num_microbatches), **opts)
 
 
-__all__ = ["plan", "megatron_plan", "data_parallel_plan", "split_plan", "layout_plan", "Plan"]
+__all__ = ["plan", "megatron_plan", "data_parallel_plan", "split_plan", "layout_plan", "load_calibration",
+           "calibrated_cluster", "Plan"]

@@ -111,6 +111,8 @@ Cluster::Cluster(std::vector<NodeSpec> nodes) : nodes_(std::move(nodes)) {
     WEFT_CHECK(std::isfinite(n.device.memory_bandwidth) && n.device.memory_bandwidth > 0,
                "{}: device memory bandwidth must be finite and > 0 (got {})", what,
                n.device.memory_bandwidth);
+    WEFT_CHECK(std::isfinite(n.device.kernel_overhead) && n.device.kernel_overhead >= 0,
+               "{}: kernel overhead must be finite and >= 0 s (got {})", what, n.device.kernel_overhead);
     WEFT_CHECK(!n.device.peak_flops.empty(), "{}: device needs at least one peak FLOP/s entry", what);
     for (auto& [t, f] : n.device.peak_flops)
       WEFT_CHECK(std::isfinite(f) && f > 0, "{}: peak FLOP/s for {} must be finite and > 0 (got {})", what,
@@ -179,7 +181,8 @@ std::string Cluster::to_string() const {
 }
 
 // JSON: {"nodes": [{"name", "count" (optional, repeats the node), "num_devices",
-//   "device": {"kind", "peak_flops": {"f32": ..}, "memory_bytes", "memory_bandwidth"},
+//   "device": {"kind", "peak_flops": {"f32": ..}, "memory_bytes", "memory_bandwidth",
+//              "kernel_overhead" (optional, s per op)},
 //   "intra": {"bandwidth", "latency"}, "nic": {...}} | {"preset": "M8", "count": 2}]}
 Cluster Cluster::from_json(std::string_view text) {
   constexpr JsonReader r("cluster JSON");
@@ -215,6 +218,8 @@ Cluster Cluster::from_json(std::string_view text) {
       }
       n.device.memory_bytes = r.positive(jd, "memory_bytes", pd);
       n.device.memory_bandwidth = r.positive(jd, "memory_bandwidth", pd);
+      if (jd.contains("kernel_overhead"))
+        n.device.kernel_overhead = r.positive(jd, "kernel_overhead", pd, true);
       auto link = [&](const char* key) {
         const std::string pl = p + "." + key;
         const auto& jl = r.at(jn, key, p);
@@ -243,6 +248,7 @@ std::string Cluster::to_json() const {
                     {"peak_flops", pf},
                     {"memory_bytes", n.device.memory_bytes},
                     {"memory_bandwidth", n.device.memory_bandwidth}};
+    if (n.device.kernel_overhead > 0) jn["device"]["kernel_overhead"] = n.device.kernel_overhead;
     jn["intra"] = {{"bandwidth", n.intra.bandwidth}, {"latency", n.intra.latency}};
     jn["nic"] = {{"bandwidth", n.nic.bandwidth}, {"latency", n.nic.latency}};
     j["nodes"].push_back(jn);

@@ -100,4 +100,18 @@ std::string Calibration::to_json() const {
   return j.dump();
 }
 
+cluster::Cluster calibrated(const cluster::Cluster& c, const Calibration& cal) {
+  std::vector<cluster::NodeSpec> nodes = c.nodes();
+  for (auto& n : nodes) {
+    for (auto& [t, f] : n.device.peak_flops) f *= cal.compute_eff(n.device.kind, t);
+    n.device.memory_bandwidth *= cal.memory_eff(n.device.kind);
+    n.device.kernel_overhead += cal.kernel_overhead;
+    for (cluster::LinkSpec* l : {&n.intra, &n.nic}) {
+      l->latency *= cal.alpha_scale;
+      l->bandwidth /= cal.beta_scale;
+    }
+  }
+  return cluster::Cluster(std::move(nodes));
+}
+
 }  // namespace weft::cost

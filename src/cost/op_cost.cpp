@@ -24,7 +24,8 @@ double roofline_time(double flops, double bytes, const cluster::DeviceSpec& devi
     peak = f->second;
   WEFT_CHECK(peak > 0, "roofline: device '{}' has no peak FLOP/s for {}", device.kind, dtype_name(dtype));
   WEFT_CHECK(device.memory_bandwidth > 0, "roofline: device '{}' has no memory bandwidth", device.kind);
-  return std::max(flops / peak, bytes / device.memory_bandwidth);
+  const bool runs = flops > 0 || bytes > 0;  // a launch costs its overhead (calibrated devices)
+  return std::max(flops / peak, bytes / device.memory_bandwidth) + (runs ? device.kernel_overhead : 0.0);
 }
 
 namespace {

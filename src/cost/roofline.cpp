@@ -13,7 +13,7 @@ RooflineTime roofline(double flops, double bytes, DType dtype, const cluster::De
   RooflineTime r;
   r.compute = flops > 0 ? flops / (dev.spec.peak(dtype) * cal.compute_eff(dev.spec.kind, dtype)) : 0.0;
   r.memory = bytes / (dev.spec.memory_bandwidth * cal.memory_eff(dev.spec.kind));
-  r.total = std::max(r.compute, r.memory) + cal.kernel_overhead;
+  r.total = std::max(r.compute, r.memory) + cal.kernel_overhead + dev.spec.kernel_overhead;
   return r;
 }
 

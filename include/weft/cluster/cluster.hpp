@@ -19,6 +19,7 @@ struct DeviceSpec {
   std::map<DType, double> peak_flops;  // dense peak per dtype (tensor cores where the kind has them)
   double memory_bytes = 0;             // HBM capacity
   double memory_bandwidth = 0;         // HBM bandwidth, bytes/s
+  double kernel_overhead = 0;          // seconds added to every op (kernel launch); 0 for datasheets
   double peak(DType t) const;          // throws weft::Error when the dtype has no entry
   bool operator==(const DeviceSpec&) const = default;
 };

@@ -10,6 +10,7 @@
 #include <string>
 #include <string_view>
 
+#include "weft/cluster/cluster.hpp"
 #include "weft/cluster/device_mesh.hpp"
 #include "weft/core/dtype.hpp"
 
@@ -31,5 +32,12 @@ struct Calibration {
   std::string to_json() const;
   bool operator==(const Calibration&) const = default;
 };
+
+// The cluster as the calibration measured it: every device's peak FLOP/s times its kind's compute
+// efficiency (per dtype), its memory bandwidth times the memory efficiency, the kernel overhead
+// added to every op; every link's latency times alpha_scale and bandwidth over beta_scale. A
+// planner given the calibrated cluster prices everything (ops, collectives, resharding, stage
+// transfers, optimizer updates) with the measured constants; capacities are unchanged.
+cluster::Cluster calibrated(const cluster::Cluster& c, const Calibration& cal);
 
 }  // namespace weft::cost

@@ -27,8 +27,10 @@ struct OpCost {
 // operand, else f32.
 DType compute_dtype(const ir::Graph& g, const ir::Op& op);
 
-// Roofline time of `flops` and `bytes` on `device` (throws weft::Error when the device has no
-// peak for the dtype and no f32 fallback, or a non-positive bandwidth).
+// Roofline time of `flops` and `bytes` on `device`, plus the device's kernel overhead when the op
+// does any work (throws weft::Error when the device has no peak for the dtype and no f32
+// fallback, or a non-positive bandwidth). A calibrated cluster (cost::calibrated) carries the
+// measured efficiencies in its peaks and bandwidths.
 double roofline_time(double flops, double bytes, const cluster::DeviceSpec& device, DType dtype);
 
 // factor_shards.size() must equal op.index_map.factors.size() (throws weft::Error otherwise).
