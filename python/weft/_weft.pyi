@@ -13,7 +13,7 @@ hetero: _types.ModuleType
 models: _types.ModuleType
 pipeline: _types.ModuleType
 spmd: _types.ModuleType
-__all__: list[str] = ['AxisLink', 'BandwidthTrace', 'Calibration', 'Candidate', 'Cluster', 'CrossMeshOp', 'CrossMeshPlan', 'CrossMeshUnitTask', 'Device', 'DeviceMesh', 'DeviceSpec', 'DriverResult', 'Graph', 'LeafValues', 'MegatronLayout', 'NodeSpec', 'OrderCheck', 'PipelineLink', 'Placement', 'Plan', 'PlanAlternative', 'PlanCrossTensor', 'PlanOpLayout', 'PlanParamSpec', 'PlanStage', 'Program', 'ProgramLayout', 'ReshardPlan', 'ReshardPlanner', 'ReshardStep', 'Schedule', 'ScheduleOp', 'ShardingSpec', 'SimResult', 'StageModel', 'StageSpec', 'TuneResult', 'adagrouper_drive', 'adagrouper_frontier', 'adagrouper_tune', 'axis_links', 'batch_size', 'best_megatron_plan', 'candidate_step_time', 'check_dependencies', 'check_order', 'check_pairing', 'collective_time', 'compute_time', 'data_parallel_plan', 'dtype_size', 'eager_1f1b', 'enumerate_specs', 'gpipe', 'hetero', 'interleaved_1f1b', 'interpret', 'is_training_graph', 'kfkb', 'layout_plan', 'links_from_cluster', 'make_plan', 'make_schedule', 'megatron_layouts', 'megatron_plan', 'model_state_bytes', 'models', 'one_f_one_b', 'pipeline', 'propagate_reshape', 'rebatch', 'roofline', 'split_plan', 'spmd', 'zb_h1']
+__all__: list[str] = ['AxisLink', 'BandwidthTrace', 'Calibration', 'Candidate', 'Cluster', 'CrossMeshOp', 'CrossMeshPlan', 'CrossMeshUnitTask', 'Device', 'DeviceMesh', 'DeviceSpec', 'DriverResult', 'Graph', 'LeafValues', 'MegatronLayout', 'NodeSpec', 'OrderCheck', 'PipelineLink', 'Placement', 'Plan', 'PlanAlternative', 'PlanCrossTensor', 'PlanOpLayout', 'PlanParamSpec', 'PlanStage', 'Program', 'ProgramLayout', 'ReshardPlan', 'ReshardPlanner', 'ReshardStep', 'Schedule', 'ScheduleOp', 'ShardingSpec', 'SimResult', 'StageModel', 'StageSpec', 'TuneResult', 'adagrouper_drive', 'adagrouper_frontier', 'adagrouper_tune', 'axis_links', 'batch_size', 'best_megatron_plan', 'calibrated_cluster', 'candidate_step_time', 'check_dependencies', 'check_order', 'check_pairing', 'collective_time', 'compute_time', 'data_parallel_plan', 'dtype_size', 'eager_1f1b', 'enumerate_specs', 'gpipe', 'hetero', 'interleaved_1f1b', 'interpret', 'is_training_graph', 'kfkb', 'layout_plan', 'links_from_cluster', 'make_plan', 'make_schedule', 'megatron_layouts', 'megatron_plan', 'model_state_bytes', 'models', 'one_f_one_b', 'pipeline', 'propagate_reshape', 'rebatch', 'roofline', 'split_plan', 'spmd', 'zb_h1']
 class DeviceSpec:
     """
     A GPU kind: peak FLOP/s per dtype, memory bytes, memory bandwidth.
@@ -21,12 +21,17 @@ class DeviceSpec:
     __hash__: typing.ClassVar[None] = None  # type: ignore[assignment]
     def __eq__(self, arg0: object) -> bool:
         ...
-    def __init__(self, kind: str, peak_flops: dict, memory_bytes: typing.SupportsFloat | typing.SupportsIndex, memory_bandwidth: typing.SupportsFloat | typing.SupportsIndex) -> None:
+    def __init__(self, kind: str, peak_flops: dict, memory_bytes: typing.SupportsFloat | typing.SupportsIndex, memory_bandwidth: typing.SupportsFloat | typing.SupportsIndex, kernel_overhead: typing.SupportsFloat | typing.SupportsIndex = 0.0) -> None:
         ...
     def __repr__(self) -> str:
         ...
     def peak(self, dtype: str) -> float:
         ...
+    @property
+    def kernel_overhead(self) -> float:
+        """
+        Seconds added to every op (kernel launch).
+        """
     @property
     def kind(self) -> str:
         ...
@@ -944,6 +949,11 @@ class CrossMeshPlan:
     def lower_bound(self) -> float:
         ...
     @property
+    def lower_bound_parts(self) -> dict[str, float]:
+        """
+        The lower bound's parts in seconds (the bound is their max).
+        """
+    @property
     def lower_bound_per_host(self) -> float:
         ...
     @property
@@ -1498,6 +1508,10 @@ def batch_size(graph: Graph) -> int:
     ...
 def best_megatron_plan(training_graph: Graph, cluster: Cluster, **kwargs) -> Plan:
     ...
+def calibrated_cluster(cluster: Cluster, calibration: Calibration) -> Cluster:
+    """
+    The cluster as the calibration measured it: peaks x compute efficiency, memory bandwidth x memory efficiency, + kernel overhead (s per op), link latency x alpha_scale, bandwidth / beta_scale.
+    """
 def candidate_step_time(candidate: Candidate, stages: collections.abc.Sequence[StageModel], links: collections.abc.Sequence[PipelineLink], t0: typing.SupportsFloat | typing.SupportsIndex = 0.0) -> float:
     ...
 def check_dependencies(schedule: Schedule) -> OrderCheck:
