@@ -6,6 +6,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <map>
 #include <string>
 
 #include "interruptible.hpp"
@@ -148,6 +149,15 @@ void bind_plan(py::module_& m) {
       .def_readonly("peak_memory", &Plan::peak_memory)
       .def_readonly("device_memory", &Plan::device_memory)
       .def_readonly("devices_used", &Plan::devices_used)
+      .def_property_readonly(
+          "memory_by_device",
+          [](const Plan& p) {
+            std::map<int, double> m;
+            for (std::size_t i = 0; i < p.devices_used.size() && i < p.device_memory.size(); ++i)
+              m[p.devices_used[i]] = p.device_memory[i];
+            return m;
+          },
+          "Peak memory (bytes) by device id (device_memory is in devices_used order).")
       .def_readonly("memory_limit", &Plan::memory_limit)
       .def_readonly("plan_seconds", &Plan::plan_seconds)
       .def_readonly("alternatives", &Plan::alternatives)

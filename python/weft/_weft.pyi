@@ -779,6 +779,11 @@ class Plan:
     def global_batch(self) -> int:
         ...
     @property
+    def memory_by_device(self) -> dict[int, float]:
+        """
+        Peak memory (bytes) by device id (device_memory is in devices_used order).
+        """
+    @property
     def memory_limit(self) -> float:
         ...
     @property

@@ -279,3 +279,14 @@ def test_planning_releases_the_gil_and_answers_ctrl_c():
     assert proc.returncode == 130, (out, err)
     assert "interrupted" in err and "Traceback" not in err
     assert time.perf_counter() - sent < 3.0
+
+
+def test_memory_by_device_is_keyed_by_device_id():
+    # One stage on devices 4..7 of a node: the memory of each used device under its id, not its
+    # position in devices_used.
+    step = weft.models.gpt(layers=2, hidden=32, heads=2, seq=4, vocab=32, batch=8).train_step()
+    p = weft.layout_plan(step, weft.Cluster.preset("M8"), [(0, 1, [4, 5, 6, 7], [4])], num_blocks=2)
+    by_id = p.memory_by_device
+    assert sorted(by_id) == [4, 5, 6, 7] == sorted(p.devices_used)
+    assert [by_id[d] for d in p.devices_used] == list(p.device_memory)
+    assert all(v > 0 for v in by_id.values())
