@@ -436,10 +436,8 @@ schedule::Schedule schedule_of(const Plan& p) {
   if (k == "eager_1f1b") return schedule::eager_1f1b(S, M);
   if (k == "zb_h1") return schedule::zb_h1(S, M);
   if (k == "interleaved") {
-    WEFT_CHECK(
-        M % S == 0,
-        "plan: the interleaved schedule needs the micro-batches ({}) to be a multiple of the stages ({})", M,
-        S);
+    WEFT_CHECK(M >= S || p.schedule_v == 1,
+               "plan: the interleaved schedule needs at least as many micro-batches ({}) as stages ({})", M, S);
     return schedule::interleaved_1f1b(S, p.schedule_v, M);
   }
   fail("plan: unknown schedule '{}'", k);

@@ -695,8 +695,8 @@ Built materialise_in_place(Context& ctx, const std::vector<SubmeshOptions>& subs
   p.memory_limit = ctx.usable_memory;
   const int S = static_cast<int>(cand.stages.size());
   const int dp = cand.dp;
-  if (opt.schedule == "interleaved" && cand.M % S != 0) {
-    out.note = fmt::format("interleaved needs M ({}) to be a multiple of the stages ({})", cand.M, S);
+  if (opt.schedule == "interleaved" && cand.M < S && opt.schedule_v > 1) {
+    out.note = fmt::format("interleaved needs at least as many micro-batches ({}) as stages ({})", cand.M, S);
     return out;
   }
   // Devices: explicit (baselines) or the pipeline replicated and placed by the pipeline module.

@@ -264,18 +264,25 @@ Schedule eager_1f1b(int S, int M) {
 Schedule interleaved_1f1b(int D, int v, int M) {
   check_sm(D, M, "interleaved_1f1b");
   WEFT_CHECK(v >= 1, "interleaved_1f1b: virtual stages v must be >= 1, got {}", v);
-  WEFT_CHECK(M % D == 0, "interleaved_1f1b: micro-batches ({}) must be a multiple of the devices ({})", M, D);
+  WEFT_CHECK(M >= D || v == 1, "interleaved_1f1b: micro-batches ({}) must be at least the devices ({})", M, D);
+  // Micro-batches go in rounds of R (Megatron: R = D; torch's rule for any M >= D: M / R rounds,
+  // as many as fit, R = M / rounds; when no round count <= M / D divides M, fewer, larger rounds).
+  // A device runs chunk 0 of a round's micro-batches, then chunk 1, ...; backwards follow the
+  // same rounds with the chunks reversed; warm-up (v − 1)·R + 2·(D − 1 − d) forwards.
+  int rounds = std::max(1, M / D);
+  while (M % rounds != 0) --rounds;
+  const int R = M / rounds;
   const int total = M * v;
   std::vector<std::vector<Op>> order(static_cast<std::size_t>(D));
   for (int d = 0; d < D; ++d) {
     auto& o = order[static_cast<std::size_t>(d)];
     auto op = [&](OpKind kind, int k) {
-      int chunk = (k % (D * v)) / D;
+      int chunk = (k / R) % v;
       if (kind == OpKind::B) chunk = v - 1 - chunk;
-      const int micro = (k / (D * v)) * D + k % D;
+      const int micro = (k / (R * v)) * R + k % R;
       o.push_back({kind, chunk * D + d, micro});
     };
-    const int warm = (M == D) ? total : std::min(total, 2 * (D - d - 1) + (v - 1) * D);
+    const int warm = std::min(total, 2 * (D - d - 1) + (v - 1) * R);
     for (int k = 0; k < warm; ++k) op(OpKind::F, k);
     for (int j = 0; j + warm < total; ++j) {
       op(OpKind::F, warm + j);

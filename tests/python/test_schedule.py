@@ -44,9 +44,34 @@ def test_broken_order_reports_deadlock():
 def test_bad_input_is_value_error():
     with pytest.raises(ValueError, match="unknown schedule kind"):
         weft.schedule("pipedream", 2, 2)
-    with pytest.raises(ValueError, match="multiple of the devices"):
-        weft.schedule("interleaved", 3, 4, v=2)
+    with pytest.raises(ValueError, match="at least the devices"):
+        weft.schedule("interleaved", 3, 2, v=2)
     with pytest.raises(ValueError, match="missing"):
         weft.Schedule("x", 2, 2, 1, False, [[("F", 0, 0), ("B", 0, 0)], [("F", 1, 0)]])
     with pytest.raises(ValueError, match="unknown op kind"):
         weft.Schedule("x", 1, 1, 1, False, [[("X", 0, 0)]])
+
+
+def test_interleaved_any_m_reaches_the_formula_with_torchs_memory():
+    # Interleaved 1F1B for M not a multiple of the devices (torch's rounds: M // D of them when that
+    # divides M; M = 9 on 4 devices, which torch refuses, in fewer, larger rounds): no
+    # communication, a device's F = 1, B = 2 split over v chunks -> (M + (D - 1) / v) * (F + B).
+    cases = [(4, 6), (4, 10), (8, 12), (8, 20), (4, 9), (3, 7)]
+    cases += [(D, M) for D in (2, 3, 4) for M in range(D, 3 * D + 2)]
+    for D, M in cases:
+        for v in (2, 3):
+            s = weft.schedule("interleaved", D, M, v=v, check=True)
+            r = weft.simulate(s, weft.StageSpec(forward_time=1.0 / v, backward_time=2.0 / v))
+            assert not r.deadlock
+            assert r.step_time == pytest.approx((M + (D - 1) / v) * 3, rel=1e-12), (D, M, v)
+    # Activations in flight: torch's warm-up (v - 1) * R + 2 * (D - 1 - d) forwards, then one more,
+    # also at M = D (was all v * M forwards first, like GPipe).
+    for D, M, v in [(4, 4, 2), (4, 6, 2), (8, 12, 3)]:
+        rounds = max(1, M // D)
+        while M % rounds:
+            rounds -= 1
+        R = M // rounds
+        want = [min(v * M, (v - 1) * R + 2 * (D - 1 - d) + 1) for d in range(D)]
+        st = weft.StageSpec(forward_time=1.0 / v, backward_time=2.0 / v, activation_memory=1.0)
+        r = weft.simulate(weft.schedule("interleaved", D, M, v=v), st)
+        assert list(r.peak_memory) == pytest.approx(want), (D, M, v)

@@ -354,3 +354,20 @@ def test_interleaved_uses_virtual_stages_loop_style(cluster, tiny, tmp_path):
 def test_bad_format(pipelines):
     with pytest.raises(ValueError, match="format"):
         pipelines["1F1B"].to_torch_schedule(format="json")
+
+
+def test_interleaved_with_m_not_a_multiple_of_the_devices_passes_torchs_validation(cluster, tmp_path):
+    # 4 pipeline devices, 6 micro-batches (torch's rounds: one round of 6), v = 2: the order weft
+    # writes loads in torch's runtime (which validates it) and is what torch reads back.
+    g = weft.models.gpt(layers=4, hidden=64, heads=4, seq=8, vocab=128, batch=6).train_step()
+    c4 = weft.Cluster.preset("p3.8xlarge")
+    plan = weft.megatron_plan(g, c4, t=1, p=4, d=1, schedule="interleaved", schedule_v=2, num_microbatches=6)
+    assert plan.num_stages == 4 and plan.num_microbatches == 6
+    path = tmp_path / "interleaved6.csv"
+    plan.to_torch_schedule(path=str(path))
+    rt = _runtime(4, 8, 6)
+    rt._load_csv(str(path))
+    assert rt.pipeline_order == plan.to_torch_schedule()
+    # and it runs: the CPU executor's 4 ranks equal one device
+    got, ref = weft.execute(plan, g, c4, steps=2), weft.execute_reference(g, steps=2)
+    assert got.max_relative_error(ref) < 1e-10
