@@ -193,13 +193,18 @@ def _plan(args) -> int:
     p = weft.plan(graph, cluster, schedule=args.schedule, progress=args.progress, verbose=args.verbose, **opts)
     # --json -: the plan on stdout (parseable), the summary on stderr.
     print(p.summary(), file=sys.stderr if args.json == "-" else sys.stdout)
-    if args.json == "-":
-        print(p.to_json())
-    elif args.json:
-        with open(args.json, "w") as f:
-            f.write(p.to_json())
-        print(f"plan written to {args.json}")
+    _write_json(args.json, p.to_json())
     return 0
+
+
+def _write_json(dest, text: str) -> None:
+    """--json: '-' prints the JSON on stdout (the human summary went to stderr), a path writes it."""
+    if dest == "-":
+        print(text)
+    elif dest:
+        with open(dest, "w") as f:
+            f.write(text)
+        print(f"plan written to {dest}")
 
 
 def _reshard(args) -> int:
@@ -233,12 +238,7 @@ def _reshard(args) -> int:
         v = d["hosts"][h]
         print(f"{h:>5s} {','.join(map(str, v['devices'])):16s} {v['bandwidth'] / 1e9:>9.4g} GB/s "
               f"{_bytes(sent.get(int(h), 0)):>10s} {_bytes(recv.get(int(h), 0)):>10s}", file=out)
-    if args.json == "-":
-        print(p.to_json())
-    elif args.json:
-        with open(args.json, "w") as f:
-            f.write(p.to_json())
-        print(f"plan written to {args.json}")
+    _write_json(args.json, p.to_json())
     if args.out:
         p.show(path=args.out)
         print(f"timeline written to {args.out}", file=out)
