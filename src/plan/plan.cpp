@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <nlohmann/json.hpp>
 
 #include "weft/core/error.hpp"
@@ -181,8 +182,21 @@ Alternative alt_from(const json& j, const std::string& path) {
   return a;
 }
 
-std::string gb(double b) { return fmt::format("{:.2f} GB", b / 1e9); }
-std::string ms(double s) { return fmt::format("{:.2f} ms", s * 1e3); }
+// Figures with a unit that keeps 3-4 significant digits visible (a tiny model's step is µs, not
+// "0.0000 s").
+std::string gb(double b) {
+  if (b >= 1e9 || b == 0) return fmt::format("{:.2f} GB", b / 1e9);
+  if (b >= 1e6) return fmt::format("{:.2f} MB", b / 1e6);
+  if (b >= 1e3) return fmt::format("{:.2f} kB", b / 1e3);
+  return fmt::format("{:.0f} B", b);
+}
+std::string seconds(double s) {
+  if (!std::isfinite(s)) return fmt::format("{} s", s);
+  if (s >= 1 || s == 0) return fmt::format("{:.4f} s", s);
+  if (s >= 1e-3) return fmt::format("{:.3f} ms", s * 1e3);
+  return fmt::format("{:.3f} us", s * 1e6);
+}
+std::string ms(double s) { return s >= 1e-3 || s == 0 ? fmt::format("{:.2f} ms", s * 1e3) : seconds(s); }
 
 }  // namespace
 
@@ -364,7 +378,7 @@ std::string Plan::summary() const {
   if (!split_fraction.empty())
     s += fmt::format("  split         uneven: fraction of every split dimension per device: {}\n",
                      runs(split_fraction, [](double x) { return fmt::format("{:.4f}", x); }));
-  s += fmt::format("  step time     {:.4f} s  (bubble {:.1f}%)\n", step_time, bubble_fraction * 100);
+  s += fmt::format("  step time     {}  (bubble {:.1f}%)\n", seconds(step_time), bubble_fraction * 100);
   s += fmt::format("  throughput    {:.2f} samples/s\n", throughput);
   s += fmt::format("  MFU           {:.1f}%  ({:.3g} PFLOP per step over {:.3g} PFLOP/s peak)\n", mfu * 100,
                    model_flops / 1e15, cluster_peak_flops / 1e15);
@@ -415,10 +429,10 @@ std::string Plan::summary() const {
     s += "  alternatives considered (best first):\n";
     for (const auto& a : alternatives) {
       if (a.feasible)
-        s += fmt::format("    {:<30} {:>10.4f} s  {:>8}  {}\n", a.strategy, a.step_time, gb(a.peak_memory),
-                         a.layout);
+        s += fmt::format("    {:<30} {:>12}  {:>9}  {}\n", a.strategy, seconds(a.step_time),
+                         gb(a.peak_memory), a.layout);
       else
-        s += fmt::format("    {:<30} {:>10}    {}  {}\n", a.strategy, "infeasible", a.layout, a.note);
+        s += fmt::format("    {:<30} {:>12}  {}  {}\n", a.strategy, "infeasible", a.layout, a.note);
     }
   }
   s += fmt::format("  planned in {:.2f} s\n", plan_seconds);
@@ -437,7 +451,8 @@ schedule::Schedule schedule_of(const Plan& p) {
   if (k == "zb_h1") return schedule::zb_h1(S, M);
   if (k == "interleaved") {
     WEFT_CHECK(M >= S || p.schedule_v == 1,
-               "plan: the interleaved schedule needs at least as many micro-batches ({}) as stages ({})", M, S);
+               "plan: the interleaved schedule needs at least as many micro-batches ({}) as stages ({})", M,
+               S);
     return schedule::interleaved_1f1b(S, p.schedule_v, M);
   }
   fail("plan: unknown schedule '{}'", k);
