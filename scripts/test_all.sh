@@ -34,6 +34,6 @@ cmake --build build/asan -j "$jobs"
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 WEFT_SANITIZED=1 \
   ctest --test-dir build/asan --output-on-failure -j "$jobs"
 
-stage "fuzz targets (libFuzzer, ASan/UBSan), 15 s each"
-SECONDS_PER_TARGET=15 bash scripts/fuzz.sh
+stage "fuzz targets (libFuzzer, ASan/UBSan), 10 s each"
+SECONDS_PER_TARGET=10 bash scripts/fuzz.sh
 stage "all tests passed"

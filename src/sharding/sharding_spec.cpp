@@ -40,7 +40,11 @@ struct Digit {
 bool check_digits(std::vector<Digit> d, int64_t np, std::string* err) {
   for (const Digit& x : d) {
     if (x.s < 1) WEFT_BAD("stride {} must be >= 1", x.s);
-    if (np % (x.s * x.k) != 0)
+    int64_t span = 0;  // stride x shards: overflow-checked (a fuzzed stride near 2^63 overflowed)
+    if (__builtin_mul_overflow(x.s, x.k, &span) || span > np)
+      WEFT_BAD("stride {} does not divide: stride x shards = {} x {} exceeds the dim size {}", x.s, x.s, x.k,
+               np);
+    if (np % span != 0)
       WEFT_BAD("stride {} does not divide: stride x shards = {} x {} must divide the dim size {}", x.s, x.s,
                x.k, np);
   }

@@ -119,3 +119,9 @@ def test_spmd_search_options_are_checked():
         weft.spmd_search(step, c, mesh, relative_gap=-0.5)
     with pytest.raises(ValueError, match="time_limit must be > 0"):
         weft.spmd_search(step, c, mesh, time_limit=float("nan"))
+
+
+def test_a_huge_stride_is_named_not_overflowed():
+    # Found by fuzz_spec (UBSan: stride x shards overflowed int64); the seed corpus keeps it.
+    with pytest.raises(ValueError, match="exceeds the dim size"):
+        weft.ShardingSpec.parse("S(000000000,5642843432170974687) S(1)", [8, 4, 22], [2, 3])
