@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 secs=${SECONDS_PER_TARGET:-20}
 targets=(graph_json cluster_json plan_json schedule_json trace_json program_json spec)
 cmake -S . -B build/fuzz -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=Debug \
-  -DCMAKE_CXX_FLAGS="-O1" -DWEFT_BUILD_FUZZERS=ON -DWEFT_SANITIZE=ON -DWEFT_BUILD_TESTS=OFF \
+  -DCMAKE_CXX_FLAGS="-O1" -DCMAKE_CXX_FLAGS_DEBUG="-gline-tables-only" -DWEFT_BUILD_FUZZERS=ON -DWEFT_SANITIZE=ON -DWEFT_BUILD_TESTS=OFF \
   -DWEFT_BUILD_BENCHMARKS=OFF -DWEFT_ENABLE_NCCL=OFF >/dev/null
 cmake --build build/fuzz -j "$(nproc)" --target "${targets[@]/#/fuzz_}"
 for t in "${targets[@]}"; do

@@ -29,7 +29,8 @@ stage "pytest"
 
 stage "C++ build under ASan/UBSan and ctest"
 cmake -S . -B build/asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DWEFT_SANITIZE=ON -DWEFT_WERROR=ON \
-  -DWEFT_BUILD_BENCHMARKS=OFF -DWEFT_ENABLE_NCCL=OFF -DCMAKE_CXX_FLAGS="-O1" >/dev/null
+  -DWEFT_BUILD_BENCHMARKS=OFF -DWEFT_ENABLE_NCCL=OFF -DCMAKE_CXX_FLAGS="-O1" \
+  -DCMAKE_CXX_FLAGS_DEBUG="-g1" >/dev/null  # line tables for the sanitizers' stacks, not full debug info
 cmake --build build/asan -j "$jobs"
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 WEFT_SANITIZED=1 \
   ctest --test-dir build/asan --output-on-failure -j "$jobs"
