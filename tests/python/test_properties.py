@@ -191,4 +191,4 @@ def test_graph_json_mutations_never_crash(index, value):
     except CLEAR as e:
         assert "graph JSON" in str(e) or "tensor" in str(e) or "op" in str(e)
         return
-    h.validate() if hasattr(h, "validate") else None
+    assert weft.Graph.from_json(h.to_json()).to_json() == h.to_json()  # what was accepted reads back
