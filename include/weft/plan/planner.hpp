@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "weft/cluster/cluster.hpp"
+#include "weft/core/stop_token.hpp"
 #include "weft/ir/graph.hpp"
 #include "weft/plan/plan.hpp"
 
@@ -68,6 +69,9 @@ struct PlanOptions {
   bool uneven_split = true;
   int max_alternatives = 12;
   std::function<void(const PlanProgress&)> progress;
+  // The caller's deadline and cancellation (Ctrl-C) on top of time_limit_s: a cancel throws
+  // weft::Cancelled.
+  StopToken stop;
 };
 
 // Plans a training graph (one micro-batch; see plan.hpp) on a cluster. Throws weft::Error on bad

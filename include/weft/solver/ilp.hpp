@@ -14,6 +14,8 @@
 #include <string_view>
 #include <vector>
 
+#include "weft/core/stop_token.hpp"
+
 namespace weft::solver {
 
 enum class VarType : std::uint8_t { Binary, Integer, Continuous };
@@ -89,6 +91,10 @@ struct IlpOptions {
   int log_level = 0;               // CBC's log level; 0 = silent
   bool presolve = true;            // CBC's presolve (off can be faster on pure assignment models)
   bool preprocess = true;          // CBC's integer preprocessing (CglPreProcess; same remark)
+  // The caller's deadline and cancellation (Ctrl-C): honoured with time_limit_s, whichever comes
+  // first. A deadline gives IlpStatus::Timeout (with the incumbent, if any); a cancel throws
+  // weft::Cancelled.
+  StopToken stop;
 };
 
 struct IlpResult {

@@ -26,6 +26,7 @@
 
 #include "weft/cluster/cluster.hpp"
 #include "weft/cluster/device_mesh.hpp"
+#include "weft/core/stop_token.hpp"
 #include "weft/ir/graph.hpp"
 #include "weft/sharding/sharding_spec.hpp"
 #include "weft/solver/ilp.hpp"
@@ -75,6 +76,9 @@ struct SearchOptions {
   // searches on meshes with the same links (the planner: every block, variant and micro-batch
   // size) prices each spec pair once. Not thread-safe; null = a cache per search.
   std::shared_ptr<ReshardCache> reshard_cache;
+  // The caller's deadline and cancellation (Ctrl-C), on top of time_limit_s: a cancel throws
+  // weft::Cancelled, a deadline ends the search with its best plan so far.
+  StopToken stop;
 };
 std::shared_ptr<ReshardCache> make_reshard_cache();
 
