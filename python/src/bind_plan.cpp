@@ -160,6 +160,10 @@ void bind_plan(py::module_& m) {
           "Peak memory (bytes) by device id (device_memory is in devices_used order).")
       .def_readonly("memory_limit", &Plan::memory_limit)
       .def_readonly("plan_seconds", &Plan::plan_seconds)
+      .def_readonly("search_space", &Plan::search_space,
+                    "The search space the planner explored, rule by rule (defaults and limits).")
+      .def_readonly("search_status", &Plan::search_status,
+                    "'complete', or 'timeout': the time limit cut the search short; the best plan by then.")
       .def_readonly("alternatives", &Plan::alternatives)
       .def_property_readonly("num_stages", &Plan::num_stages)
       .def("summary", &Plan::summary, "Readable multi-line summary.")
@@ -252,6 +256,8 @@ void bind_plan(py::module_& m) {
         o.uneven_split = py::cast<bool>(v);
       else if (key == "max_alternatives")
         o.max_alternatives = py::cast<int>(v);
+      else if (key == "threads")
+        o.threads = py::cast<int>(v);
       else if (key == "progress") {
         if (!v.is_none()) {
           auto fn = weft::python::python_callback(py::cast<py::function>(v));
@@ -271,6 +277,7 @@ void bind_plan(py::module_& m) {
   auto released = [](PlanOptions o, auto plan_fn) {
     return weft::python::run_interruptible([o = std::move(o),
                                             plan_fn](weft::python::CancelFlag cancel) mutable {
+      o.stop = cancel;
       o.progress = weft::python::cancellation_hook<PlanProgress>(std::move(cancel), std::move(o.progress));
       return plan_fn(o);
     });

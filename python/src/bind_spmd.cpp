@@ -134,6 +134,7 @@ void bind_spmd(py::module_& root) {
         }
         // Off the GIL, answering Ctrl-C (interruptible.hpp).
         return weft::python::run_interruptible([g, c, mesh, o](weft::python::CancelFlag cancel) mutable {
+          o.stop = cancel;
           o.progress = weft::python::cancellation_hook<Progress>(std::move(cancel), std::move(o.progress));
           return spmd_search(g, c, mesh, o);
         });

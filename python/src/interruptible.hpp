@@ -3,9 +3,10 @@
 //
 // run_interruptible(work) runs work(cancelled) on a worker thread while the calling thread, GIL
 // released, waits in 50 ms slices and checks Python's signals between them (PyErr_CheckSignals).
-// On KeyboardInterrupt (or any exception a signal handler raises) it sets `cancelled`, detaches the
-// worker and raises at once; the worker stops at its next progress report (cancellation_hook
-// throws there), so the CPU is freed soon after. The worker owns copies of everything it reads.
+// On KeyboardInterrupt (or any exception a signal handler raises) it cancels the work's StopToken,
+// detaches the worker and raises at once; the worker stops at its next check of the token (the
+// planner's loops, the SPMD search, CBC's and CLP's callbacks) or its next progress report
+// (cancellation_hook throws there), so the CPU is freed soon after. The worker owns copies of everything it reads.
 // Python callbacks run on the worker thread with the GIL taken (python_callback).
 #include <pybind11/pybind11.h>
 
@@ -21,12 +22,14 @@
 #include <thread>
 
 #include "weft/core/error.hpp"
+#include "weft/core/stop_token.hpp"
 
 namespace weft::python {
 
 namespace py = pybind11;
 
-using CancelFlag = std::shared_ptr<std::atomic<bool>>;
+// The work's cancellation: hand it to the C++ options' `stop` (PlanOptions, spmd::SearchOptions).
+using CancelFlag = weft::StopToken;
 
 // Thrown on the worker thread at a progress report after the caller was interrupted.
 struct Cancelled : std::exception {
@@ -48,7 +51,7 @@ template <typename Report>
 std::function<void(const Report&)> cancellation_hook(CancelFlag cancelled,
                                                      std::function<void(const Report&)> next) {
   return [cancelled = std::move(cancelled), next = std::move(next)](const Report& r) {
-    if (cancelled->load()) throw Cancelled();
+    if (cancelled.cancelled()) throw Cancelled();
     if (next) next(r);
   };
 }
@@ -64,7 +67,7 @@ auto run_interruptible(Work work) -> decltype(work(CancelFlag{})) {
     std::exception_ptr error;
   };
   auto state = std::make_shared<State>();
-  auto cancelled = std::make_shared<std::atomic<bool>>(false);
+  auto cancelled = weft::StopToken::cancellable();
   std::thread worker([state, cancelled, work = std::move(work)]() mutable {
     std::optional<Result> r;
     std::exception_ptr e;
@@ -98,7 +101,7 @@ auto run_interruptible(Work work) -> decltype(work(CancelFlag{})) {
     if (!interrupted) worker.join();
   }
   if (interrupted) {  // the GIL is held again here, with the signal handler's error set
-    cancelled->store(true);
+    cancelled.cancel();
     worker.detach();
     throw py::error_already_set();
   }

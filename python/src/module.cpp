@@ -3,6 +3,7 @@
 
 #include "bindings_list.inc"
 #include "weft/core/error.hpp"
+#include "weft/core/stop_token.hpp"
 
 PYBIND11_MODULE(_weft, m) {
   m.doc() = "weft C++ core";
@@ -11,6 +12,8 @@ PYBIND11_MODULE(_weft, m) {
   pybind11::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
+    } catch (const weft::Cancelled& e) {  // a search stopped through its StopToken
+      PyErr_SetString(PyExc_KeyboardInterrupt, e.what());
     } catch (const weft::InternalError& e) {
       PyErr_SetString(PyExc_RuntimeError, e.what());
     } catch (const weft::Error& e) {

@@ -421,7 +421,7 @@ Plan make_hetero_plan(Context& ctx) {
   for (int M : Ms) {
     if (!dp_allowed) break;
     ctx.progress("spmd", 0.02, fmt::format("M={}: data-parallel shares over {} devices", M, c.num_devices()));
-    ctx.check_time("the data-parallel shares");
+    if (ctx.out_of_time() && (best || ctx.past_grace())) break;
     const std::int64_t T = B / M;
     const pipeline::HeteroShares s = balanced_shares(ctx, rm, M, T);
     if (s.feasible) {
@@ -439,7 +439,7 @@ Plan make_hetero_plan(Context& ctx) {
     const MeshOption whole = whole_cluster_mesh(ctx);
     for (int M : Ms) {
       ctx.progress("spmd", 0.3, fmt::format("M={}: uneven split over {} devices", M, c.num_devices()));
-      ctx.check_time("the uneven split");
+      if (ctx.out_of_time() && (best || ctx.past_grace())) break;
       Built u = split_build(ctx, whole, M, {}, "spmd (uneven split)");
       if (u.plan.stages.empty()) {  // no fractions fit: nothing was costed
         not_costed("spmd (uneven split)", fmt::format("M={} split over {}", M, c.num_devices()), u.note);
@@ -469,7 +469,7 @@ Plan make_hetero_plan(Context& ctx) {
   ctx.progress("simulate", 0.7, fmt::format("simulating {} pipeline candidates", cands.size()));
   for (std::size_t i = 0; i < cands.size() && i < static_cast<std::size_t>(std::max(1, o.max_simulated));
        ++i) {
-    ctx.check_time("simulation of the candidates");
+    if (ctx.out_of_time() && (best || ctx.past_grace())) break;
     consider(materialise(ctx, {}, cands[i], reshard::Balancer::LargestFirst), &cands[i]);
   }
   if (!best) {

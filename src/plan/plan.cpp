@@ -233,6 +233,8 @@ std::string Plan::to_json() const {
          {"devices_used", devices_used},
          {"memory_limit", memory_limit},
          {"plan_seconds", plan_seconds},
+         {"search_space", search_space},
+         {"search_status", search_status},
          {"alternatives", alts_j}};
   return j.dump(1);
 }
@@ -277,6 +279,14 @@ Plan Plan::from_json(std::string_view text) {
   p.devices_used = field<std::vector<int>>(j, "devices_used", root);
   p.memory_limit = field<double>(j, "memory_limit", root);
   p.plan_seconds = field<double>(j, "plan_seconds", root);
+  if (j.contains("search_space"))  // absent in plans written before the planner reported it
+    p.search_space = field<std::string>(j, "search_space", root);
+  if (j.contains("search_status")) {
+    p.search_status = field<std::string>(j, "search_status", root);
+    if (p.search_status != "complete" && p.search_status != "timeout")
+      kReader.bad(JsonReader::join(root, "search_status"),
+                  fmt::format("must be \"complete\" or \"timeout\", got \"{}\"", p.search_status));
+  }
   const auto& al = array_field(j, "alternatives", root);
   for (std::size_t i = 0; i < al.size(); ++i)
     p.alternatives.push_back(alt_from(al[i], fmt::format("plan.alternatives[{}]", i)));
@@ -435,7 +445,9 @@ std::string Plan::summary() const {
         s += fmt::format("    {:<30} {:>12}  {}  {}\n", a.strategy, "infeasible", a.layout, a.note);
     }
   }
-  s += fmt::format("  planned in {:.2f} s\n", plan_seconds);
+  if (!search_space.empty()) s += fmt::format("  search space: {}\n", search_space);
+  s += fmt::format("  planned in {:.2f} s{}\n", plan_seconds,
+                   search_status == "timeout" ? " (time limit reached: the best plan found by then)" : "");
   return s;
 }
 

@@ -33,15 +33,18 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
 #include <map>
+#include <mutex>
 #include <numeric>
 #include <optional>
 #include <set>
+#include <thread>
 #include <tuple>
 #include <unordered_map>
 
@@ -80,7 +83,81 @@ const BlockCost& Context::block_cost(int b, std::int64_t bs, const MeshOption& m
   const auto key = std::make_tuple(ab.keys[b], m.key, variant, forced_dp);
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
-  check_time("the SPMD searches");
+  if (out_of_time()) {
+    BlockCost bc;
+    bc.error = fmt::format("not searched: the planning time limit of {} s was reached", opt_.time_limit_s);
+    return cache.emplace(key, std::move(bc)).first->second;
+  }
+  const double t0 = now_s();
+  BlockCost bc = search_block(b, ab, m, variant, forced_dp, scratch);
+  spmd_seconds += now_s() - t0;
+  ++spmd_solves;
+  return cache.emplace(key, std::move(bc)).first->second;
+}
+
+int Context::num_threads() const {
+  if (opt_.threads > 0) return opt_.threads;
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+void Context::prefetch_block_costs(const std::vector<BlockRequest>& requests) {
+  // The missing ones, each key once, in request order (the order does not change any result).
+  using Key = std::tuple<int, int, int, int>;
+  std::vector<std::pair<Key, const BlockRequest*>> todo;
+  std::set<Key> seen;
+  for (const auto& r : requests) {
+    const AtBatch& ab = blocks_at(r.bs);  // built here, on the planning thread
+    const Key key{ab.keys[r.block], r.mesh->key, r.variant, r.forced_dp};
+    if (cache.count(key) || !seen.insert(key).second) continue;
+    todo.emplace_back(key, &r);
+  }
+  const int T = std::min<int>(num_threads(), static_cast<int>(todo.size()));
+  if (T <= 1) {
+    for (const auto& [key, r] : todo) (void)block_cost(r->block, r->bs, *r->mesh, r->variant, r->forced_dp);
+    return;
+  }
+  // Workers take the next request from a shared counter; each writes its own slot and its own
+  // scratch caches, reads the Context (const) and stops taking work at the deadline or a cancel.
+  std::vector<std::optional<BlockCost>> out(todo.size());
+  std::vector<double> seconds(todo.size(), 0.0);
+  std::atomic<std::size_t> next{0};
+  std::atomic<bool> failed{false};
+  std::exception_ptr error;
+  std::mutex error_mu;
+  auto work = [&]() {
+    SearchScratch sc;
+    for (;;) {
+      const std::size_t i = next.fetch_add(1);
+      if (i >= todo.size() || failed.load() || stop.stop_requested()) return;
+      const BlockRequest& r = *todo[i].second;
+      try {
+        const double t0 = now_s();
+        out[i] = search_block(r.block, at_batch.at(r.bs), *r.mesh, r.variant, r.forced_dp, sc);
+        seconds[i] = now_s() - t0;
+      } catch (...) {
+        std::lock_guard lock(error_mu);
+        if (!error) error = std::current_exception();
+        failed.store(true);
+        return;
+      }
+    }
+  };
+  {
+    std::vector<std::jthread> pool;
+    for (int t = 0; t < T; ++t) pool.emplace_back(work);
+  }
+  if (error) std::rethrow_exception(error);
+  stop.throw_if_cancelled("make_plan");
+  for (std::size_t i = 0; i < todo.size(); ++i) {
+    if (!out[i]) continue;  // the deadline came first: block_cost says so when asked
+    spmd_seconds += seconds[i];
+    ++spmd_solves;
+    cache.emplace(todo[i].first, std::move(*out[i]));
+  }
+}
+
+BlockCost Context::search_block(int b, const AtBatch& ab, const MeshOption& m, int variant, int forced_dp,
+                                SearchScratch& sc) const {
   BlockCost bc;
   const auto& sg = ab.blocks[b];
   const ir::Graph& bg = sg.graph;
@@ -95,7 +172,7 @@ const BlockCost& Context::block_cost(int b, std::int64_t bs, const MeshOption& m
   if (lb > cap) {
     bc.error = fmt::format("block {} needs >= {:.3g} GB/device of parameter state on {} devices", b, lb / 1e9,
                            m.mesh.size());
-    return cache.emplace(key, std::move(bc)).first->second;
+    return bc;
   }
   spmd::SearchOptions so;
   so.level = opt_.spmd_level == SpmdLevel::O3 ? spmd::Level::O3 : spmd::Level::O2;
@@ -103,7 +180,8 @@ const BlockCost& Context::block_cost(int b, std::int64_t bs, const MeshOption& m
   so.relative_gap = opt_.spmd_relative_gap;
   so.memory_limit = variant == 0 ? -1.0 : usable(m.mesh) / std::max(1, L());
   so.strided_candidates = false;
-  so.reshard_cache = reshard_cache;
+  so.reshard_cache = sc.reshard_cache;
+  so.stop = stop;
   if (mixed(m.mesh)) so.device = mesh_spec(m.mesh);  // an uneven split: re-priced per device later
   if (forced_dp > 0) {
     // The block's boundary in one layout: its inputs fixed to it, its results read by other
@@ -130,7 +208,6 @@ const BlockCost& Context::block_cost(int b, std::int64_t bs, const MeshOption& m
       if (read_elsewhere) so.output_specs[info.name] = canonical(info);
     }
   }
-  const double t0 = now_s();
   try {
     spmd::SpmdPlan p = spmd::spmd_search(bg, c_, m.mesh, so);
     bc.ok = true;
@@ -170,7 +247,7 @@ const BlockCost& Context::block_cost(int b, std::int64_t bs, const MeshOption& m
           const auto& from = *p.tensor_specs[t];
           const auto& to = p.op_strategies[o].inputs[i];
           if (from == to) continue;
-          grad_sync += reshard_planner(m.key, m.mesh, dtype_size(info.dtype)).plan(from, to).time;
+          grad_sync += reshard_planner_in(sc, m.key, m.mesh, dtype_size(info.dtype)).plan(from, to).time;
         }
       }
     }
@@ -234,9 +311,7 @@ const BlockCost& Context::block_cost(int b, std::int64_t bs, const MeshOption& m
     bc.ok = false;
     bc.error = e.what();
   }
-  spmd_seconds += now_s() - t0;
-  ++spmd_solves;
-  return cache.emplace(key, std::move(bc)).first->second;
+  return bc;
 }
 
 // ---------------------------------------------------------------- mesh options
@@ -326,12 +401,13 @@ double Context::crossing_time(const Crossing& x, std::int64_t bs, const MeshOpti
   return crossing_cost.emplace(key, t).first->second;
 }
 
-sharding::ReshardPlanner& Context::reshard_planner(int mesh_key, const cluster::DeviceMesh& mesh, int elem) {
-  auto it = reshard_planners.find({mesh_key, elem});
-  if (it == reshard_planners.end()) {
+sharding::ReshardPlanner& Context::reshard_planner_in(SearchScratch& sc, int mesh_key,
+                                                      const cluster::DeviceMesh& mesh, int elem) const {
+  auto it = sc.reshard_planners.find({mesh_key, elem});
+  if (it == sc.reshard_planners.end()) {
     sharding::ReshardOptions ro;
     ro.strided_intermediates = false;
-    it = reshard_planners
+    it = sc.reshard_planners
              .emplace(std::make_pair(mesh_key, elem),
                       sharding::ReshardPlanner(cluster::axis_links(c_, mesh), elem, ro))
              .first;
@@ -523,7 +599,9 @@ std::vector<std::optional<StageDpPath>> stage_dp(Context& ctx, const StageDpInpu
       worst = std::max(worst,
                        best[static_cast<std::size_t>(s)] ? best[static_cast<std::size_t>(s)]->proxy : kInf);
     if (in.M * tmax >= worst) break;  // no partition with this max can beat any stage count's best
-    ctx.check_time("the stage partition");
+    if (ctx.out_of_time() &&
+        (ctx.past_grace() || std::any_of(best.begin(), best.end(), [](const auto& b) { return b.has_value(); })))
+      break;  // the deadline: keep the partitions found so far
     std::fill(G.begin(), G.end(), kInf);
     for (int pos = in.end_anywhere ? 1 : P; pos <= P; ++pos) G[gi(0, L, pos)] = 0;
     for (int s = 1; s <= S_max; ++s)
@@ -583,6 +661,28 @@ Candidate candidate_of(const StageDpPath& path, std::string strategy, int M, int
   cand.proxy = path.proxy;
   for (const auto& st : path.stages) cand.stages.push_back(*st.choice);
   return cand;
+}
+
+// Every block's SPMD search that the stage DPs of make_plan will read (the fast variant with free
+// block boundaries, on each logical mesh of each submesh a replica can hold, at each micro-batch
+// size), run on every core before the DPs ask for them one by one.
+void prefetch_stage_costs(Context& ctx, const std::vector<SubmeshOptions>& subs, const std::vector<int>& Ms) {
+  const auto& o = ctx.opt_;
+  std::vector<Context::BlockRequest> reqs;
+  for (int M : Ms)
+    for (int d : dp_degrees(o, ctx.c_, ctx.global_batch / M)) {
+      const int D = ctx.c_.num_devices() / d;
+      const std::int64_t bs = ctx.global_batch / (static_cast<std::int64_t>(M) * d);
+      for (const auto& sub : subs) {
+        const int n = sub.shape.num_devices();
+        if (n > D || (!o.pipeline && n != D)) continue;
+        for (const auto& mesh : sub.meshes)
+          for (int b = 0; b < ctx.L(); ++b) reqs.push_back({b, bs, &mesh, 0, 0});
+      }
+    }
+  ctx.progress("spmd", 0.05,
+               fmt::format("SPMD searches of {} blocks on {} thread(s)", ctx.L(), ctx.num_threads()));
+  ctx.prefetch_block_costs(reqs);
 }
 
 std::vector<Candidate> partition_candidates(Context& ctx, const std::vector<SubmeshOptions>& subs, int M,
@@ -1297,6 +1397,15 @@ void sort_alternatives(std::vector<Alternative>& alts, int max_n, bool summarise
   if (max_n > 0 && static_cast<int>(alts.size()) > max_n) alts.resize(static_cast<std::size_t>(max_n));
 }
 
+// The first t devices of the cluster as a 1-D tensor-parallel mesh: Megatron's stage meshes all
+// have its key (same shape, kind and links), so its block costs serve every stage.
+MeshOption megatron_mesh(Context& ctx, int t) {
+  std::vector<int> ids(static_cast<std::size_t>(t));
+  std::iota(ids.begin(), ids.end(), 0);
+  cluster::DeviceMesh mesh({t}, ids);
+  return {pipeline::SubmeshShape(1, t), {t}, mesh, ctx.mesh_key(mesh)};
+}
+
 // Every Megatron layout × micro-batch count; the best first.
 std::pair<std::optional<Built>, std::vector<Alternative>> megatron_all(Context& ctx) {
   std::optional<Built> best;
@@ -1304,11 +1413,30 @@ std::pair<std::optional<Built>, std::vector<Alternative>> megatron_all(Context& 
   const auto& o = ctx.opt_;
   const auto layouts = megatron_layouts(ctx.c_, std::min(ctx.L(), o.max_stages > 0 ? o.max_stages : ctx.L()));
   const auto Ms = microbatch_counts(o, ctx.global_batch);
+  // The user's limits bound the baselines too.
+  auto allowed = [&](const MegatronLayout& lay) {
+    return !(o.max_data_parallel > 0 && lay.d > o.max_data_parallel) && !(!o.pipeline && lay.p > 1) &&
+           !(o.max_stages > 0 && lay.p > o.max_stages);
+  };
+  {
+    // Their SPMD searches on every core first (tensor-parallel meshes, inputs replicated).
+    std::vector<MeshOption> meshes;
+    for (const auto& lay : layouts) meshes.push_back(megatron_mesh(ctx, lay.t));
+    std::vector<Context::BlockRequest> reqs;
+    for (std::size_t li = 0; li < layouts.size(); ++li)
+      for (int M : Ms) {
+        const auto& lay = layouts[li];
+        const std::int64_t per = static_cast<std::int64_t>(M) * lay.d;
+        if (!allowed(lay) || lay.p > ctx.L() || ctx.global_batch % per) continue;
+        for (int b = 0; b < ctx.L(); ++b) reqs.push_back({b, ctx.global_batch / per, &meshes[li], 0, 1});
+      }
+    if (!ctx.out_of_time()) ctx.prefetch_block_costs(reqs);
+  }
   std::size_t i = 0;
   for (const auto& lay : layouts)
     for (int M : Ms) {
-      // The user's limits bound the baselines too.
-      if ((o.max_data_parallel > 0 && lay.d > o.max_data_parallel) || (!o.pipeline && lay.p > 1)) continue;
+      if (!allowed(lay)) continue;
+      if (ctx.out_of_time() && (best || ctx.past_grace())) break;
       ctx.progress("baseline", static_cast<double>(i++) / (layouts.size() * Ms.size()),
                    fmt::format("{} M={}", lay.to_string(), M));
       if (lay.p == 1 && M > 1 && Ms.size() > 1 && M != Ms.front()) {
@@ -1366,6 +1494,7 @@ Plan megatron_plan(const ir::Graph& g, const cluster::Cluster& c, const Megatron
       why = b.note;
   }
   WEFT_CHECK(best.has_value(), "megatron layout {} does not fit: {}", layout.to_string(), why);
+  best->plan.search_status = ctx.timed_out ? "timeout" : "complete";
   best->plan.plan_seconds = now_s() - start;
   return best->plan;
 }
@@ -1419,6 +1548,7 @@ Plan layout_plan(const ir::Graph& g, const cluster::Cluster& c, const std::vecto
   WEFT_CHECK(next == ctx.L(), "layout_plan: the stages cover blocks 0-{} of {}", next - 1, ctx.L());
   Built b = materialise(ctx, {}, cand, reshard::Balancer::Best);
   WEFT_CHECK(b.feasible, "layout_plan: {}", b.note);
+  b.plan.search_status = ctx.timed_out ? "timeout" : "complete";
   b.plan.plan_seconds = now_s() - start;
   return b.plan;
 }
@@ -1432,8 +1562,30 @@ Plan best_megatron_plan(const ir::Graph& g, const cluster::Cluster& c, const Pla
              alts.empty() ? std::string("none") : alts.front().note);
   sort_alternatives(alts, o.max_alternatives);
   best->plan.alternatives = std::move(alts);
+  best->plan.search_status = ctx.timed_out ? "timeout" : "complete";
   best->plan.plan_seconds = now_s() - start;
   return best->plan;
+}
+
+// The search space of a homogeneous make_plan, rule by rule, for Plan::search_space.
+std::string search_space_text(const Context& ctx, const std::vector<SubmeshOptions>& subs,
+                              const std::vector<int>& Ms) {
+  const auto& o = ctx.opt_;
+  std::size_t meshes = 0;
+  for (const auto& s : subs) meshes += s.meshes.size();
+  std::string ms = Ms.size() <= 4 ? fmt::format("{}", fmt::join(Ms, ","))
+                                  : fmt::format("{},{},...,{} ({} counts)", Ms[0], Ms[1], Ms.back(), Ms.size());
+  return fmt::format(
+      "{} blocks ({}); micro-batches {} ({}); {} submeshes / {} logical meshes ({}{}{}{}); stages <= {}; "
+      "replicas {}; {} candidates simulated at most; schedule {}; Megatron baseline {}; {} thread(s)",
+      ctx.L(), o.num_blocks > 0 ? "given" : "auto", ms,
+      o.num_microbatches > 0 ? "given" : fmt::format("auto: powers of two dividing the batch, <= {}", o.max_microbatches),
+      subs.size(), meshes, o.whole_nodes_only ? "whole nodes" : "node slices and whole nodes",
+      o.power_of_two_nodes ? ", power-of-two nodes" : "", o.two_d_meshes ? ", 2-D meshes" : ", 1-D meshes",
+      o.max_logical_shapes > 0 ? fmt::format(", <= {} shapes per submesh", o.max_logical_shapes) : "",
+      o.pipeline ? (o.max_stages > 0 ? std::to_string(o.max_stages) : std::string("blocks")) : std::string("1"),
+      o.max_data_parallel > 0 ? fmt::format("<= {}", o.max_data_parallel) : std::string("any"), o.max_simulated,
+      o.schedule, o.compare_megatron ? "on" : "off", ctx.num_threads());
 }
 
 Plan make_plan(const ir::Graph& g, const cluster::Cluster& c, const PlanOptions& o) {
@@ -1443,6 +1595,7 @@ Plan make_plan(const ir::Graph& g, const cluster::Cluster& c, const PlanOptions&
   ctx.init_blocks(auto_blocks(g, o));
   if (!c.homogeneous()) {
     Plan p = make_hetero_plan(ctx);
+    p.search_status = ctx.timed_out ? "timeout" : "complete";
     p.plan_seconds = now_s() - start;
     ctx.progress("done", 1.0, fmt::format("{} SPMD searches in {:.2f} s", ctx.spmd_solves, ctx.spmd_seconds));
     return p;
@@ -1450,6 +1603,7 @@ Plan make_plan(const ir::Graph& g, const cluster::Cluster& c, const PlanOptions&
   auto subs = make_mesh_options(ctx);
   WEFT_CHECK(!subs.empty(), "make_plan: no submesh left by the search limits");
   const auto Ms = microbatch_counts(o, ctx.global_batch);
+  prefetch_stage_costs(ctx, subs, Ms);
   std::vector<Candidate> cands;
   for (int M : Ms)
     for (int d : dp_degrees(o, c, ctx.global_batch / M)) {
@@ -1511,7 +1665,7 @@ Plan make_plan(const ir::Graph& g, const cluster::Cluster& c, const PlanOptions&
                    [](const Candidate& a, const Candidate& b) { return a.proxy < b.proxy; });
   const std::size_t max_sim = static_cast<std::size_t>(std::max(1, o.max_simulated));
   for (std::size_t i = 0; i < cands.size() && i < max_sim; ++i) {
-    ctx.check_time("simulation of the candidates");
+    if (ctx.out_of_time() && (best || ctx.past_grace())) break;
     Built b = materialise(ctx, subs, cands[i], reshard::Balancer::LargestFirst);
     alts.push_back(alternative_of(b));
     if (b.feasible && (!best || b.plan.step_time < best->plan.step_time)) {
@@ -1522,7 +1676,7 @@ Plan make_plan(const ir::Graph& g, const cluster::Cluster& c, const PlanOptions&
   // The Megatron-style layouts are points of the search space too (equal blocks, tensor-parallel
   // groups inside a node, replicated pipelines, the group's inputs replicated): they compete.
   bool mega_won = false;
-  if (o.compare_megatron) {
+  if (o.compare_megatron && !ctx.out_of_time()) {
     auto [mb, malts] = megatron_all(ctx);
     for (auto& a : malts) {
       a.strategy += " (baseline)";
@@ -1538,18 +1692,26 @@ Plan make_plan(const ir::Graph& g, const cluster::Cluster& c, const PlanOptions&
     std::string why;
     for (std::size_t i = 0; i < std::min<std::size_t>(4, alts.size()); ++i)
       why += fmt::format("\n  {} {}: {}", alts[i].strategy, alts[i].layout, alts[i].note);
+    if (ctx.timed_out)
+      fail("make_plan: no plan found within the time limit of {} s for {} on {} (raise time_limit or narrow "
+           "the search: num_blocks, whole_nodes_only, power_of_two_nodes, max_logical_shapes, "
+           "num_microbatches); candidates so far:{}",
+           o.time_limit_s, g.name(), c.to_string(), why.empty() ? std::string(" none") : why);
     fail("make_plan: no plan fits in {:.4g} GB per device for {} on {}; closest candidates:{}",
          ctx.usable_memory / 1e9, g.name(), c.to_string(), why);
   }
-  // The winner with the best resharding plans.
+  // The winner with the best resharding plans (skipped at the deadline: the largest-first plans
+  // it was simulated with stand).
   ctx.progress("simulate", 0.97, "final resharding plans");
-  if (!mega_won) {
+  if (!mega_won && !ctx.out_of_time()) {
     Built fin = materialise(ctx, subs, *best_cand, reshard::Balancer::Best);
     if (fin.feasible && fin.plan.step_time <= best->plan.step_time) best = std::move(fin);
   }
   sort_alternatives(alts, o.max_alternatives);
   Plan p = std::move(best->plan);
   p.alternatives = std::move(alts);
+  p.search_space = search_space_text(ctx, subs, Ms);
+  p.search_status = ctx.timed_out ? "timeout" : "complete";
   p.plan_seconds = now_s() - start;
   ctx.progress("done", 1.0, fmt::format("{} SPMD searches in {:.2f} s", ctx.spmd_solves, ctx.spmd_seconds));
   return p;

@@ -22,6 +22,7 @@
 #include "weft/cluster/cluster.hpp"
 #include "weft/cluster/device_mesh.hpp"
 #include "weft/core/error.hpp"
+#include "weft/core/stop_token.hpp"
 #include "weft/ir/graph.hpp"
 #include "weft/pipeline/grouping.hpp"
 #include "weft/pipeline/submesh.hpp"
@@ -92,7 +93,12 @@ struct MeshOption {
 class Context {
  public:
   Context(const ir::Graph& g, const cluster::Cluster& c, const PlanOptions& o, double start)
-      : g_(g), c_(c), opt_(o), start_(start), dtype_(graph_compute_dtype(g)) {}
+      : g_(g),
+        c_(c),
+        opt_(o),
+        start_(start),
+        dtype_(graph_compute_dtype(g)),
+        stop(o.stop.within(o.time_limit_s - (now_s() - start))) {}
 
   const ir::Graph& g_;
   const cluster::Cluster& c_;
@@ -129,9 +135,20 @@ class Context {
   }
   int spmd_solves = 0;
   double spmd_seconds = 0;
-  // Resharding times shared by all the SPMD searches of one planning run (the same spec pairs
-  // recur across blocks, variants, boundary modes and meshes with equal links).
-  std::shared_ptr<spmd::ReshardCache> reshard_cache = spmd::make_reshard_cache();
+  // The caches one SPMD search of a block writes: resharding times (the same spec pairs recur
+  // across blocks, variants, boundary modes and meshes with equal links) and resharding planners
+  // per (mesh key, element size). The Context's own serve the planning thread; each worker of a
+  // parallel prefetch has its own (the values are deterministic, so results do not depend on
+  // which cache priced them).
+  struct SearchScratch {
+    std::shared_ptr<spmd::ReshardCache> reshard_cache = spmd::make_reshard_cache();
+    std::map<std::pair<int, int>, sharding::ReshardPlanner> reshard_planners;  // (mesh key, elem)
+  };
+  SearchScratch scratch;
+  // The planning deadline (time_limit_s from the start, and the caller's PlanOptions::stop) and
+  // whether it cut the search short (Plan::search_status).
+  StopToken stop;
+  mutable bool timed_out = false;
 
   // Tensors made in one block and read in another (the producer's and the consumer's SPMD plans
   // choose their layouts independently): a stage holding both pays the resharding between them.
@@ -161,8 +178,11 @@ class Context {
   std::map<std::vector<std::int64_t>, double> crossing_cost;  // structural key -> seconds
   // The resharding planner of a mesh (interned mesh_key: its shape, kinds and links) and an
   // element size, strided intermediates off as in the SPMD search; kept for the whole run.
-  sharding::ReshardPlanner& reshard_planner(int mesh_key, const cluster::DeviceMesh& mesh, int elem);
-  std::map<std::pair<int, int>, sharding::ReshardPlanner> reshard_planners;  // (mesh key, elem)
+  sharding::ReshardPlanner& reshard_planner(int mesh_key, const cluster::DeviceMesh& mesh, int elem) {
+    return reshard_planner_in(scratch, mesh_key, mesh, elem);
+  }
+  sharding::ReshardPlanner& reshard_planner_in(SearchScratch& sc, int mesh_key, const cluster::DeviceMesh& mesh,
+                                               int elem) const;
 
   int L() const { return static_cast<int>(grouping.blocks.size()); }
 
@@ -172,13 +192,18 @@ class Context {
   // maintained (the planner does not read it).
   void reorder_blocks(const std::vector<int>& order);
 
-  void check_time(const char* where) const {
-    WEFT_CHECK(
-        now_s() - start_ <= opt_.time_limit_s,
-        "make_plan: time limit of {} s exceeded during {} (raise PlanOptions.time_limit_s or narrow the "
-        "search: whole_nodes_only, power_of_two_nodes, max_logical_shapes, num_blocks)",
-        opt_.time_limit_s, where);
+  // True once the planning deadline has passed (the search then wraps up with what it has: no new
+  // SPMD search, no more candidates simulated, the best plan so far marked "timeout"); throws
+  // weft::Cancelled when the caller cancelled.
+  bool out_of_time() const {
+    stop.throw_if_cancelled("make_plan");
+    if (!stop.expired()) return false;
+    timed_out = true;
+    return true;
   }
+  // Past the deadline by half the limit plus 0.5 s: a plan must be returned now or never
+  // (the limit's contract: within 1.5 × time_limit_s + 0.5 s).
+  bool past_grace() const { return now_s() - start_ > 1.5 * opt_.time_limit_s + 0.5; }
   void progress(const std::string& phase_name, double f, const std::string& msg) const {
     if (opt_.progress) opt_.progress({phase_name, std::clamp(f, 0.0, 1.0), msg});
   }
@@ -280,6 +305,22 @@ class Context {
   // variant 0: fastest; 1: lean (memory limit usable / L per block). forced_dp > 1: the inputs
   // and boundary tensors are forced batch-sharded on mesh axis 0 (Megatron-style data parallel).
   const BlockCost& block_cost(int b, std::int64_t bs, const MeshOption& m, int variant, int forced_dp = 0);
+  // The SPMD search of block b at the batch of `ab` on mesh m (what block_cost caches): reads the
+  // Context, writes only `sc` — so prefetch_block_costs can run many at once.
+  BlockCost search_block(int b, const AtBatch& ab, const MeshOption& m, int variant, int forced_dp,
+                         SearchScratch& sc) const;
+  // Fills the cache for every request not in it yet, the SPMD searches spread over
+  // PlanOptions::threads threads (each search is a pure function of its block and mesh, so the
+  // cache — and the plan — is the same for any thread count). Stops early at the deadline.
+  struct BlockRequest {
+    int block = 0;
+    std::int64_t bs = 1;
+    const MeshOption* mesh = nullptr;
+    int variant = 0;
+    int forced_dp = 0;
+  };
+  void prefetch_block_costs(const std::vector<BlockRequest>& requests);
+  int num_threads() const;
 };
 
 struct SubmeshOptions {
@@ -390,6 +431,8 @@ Context given_shares_context(const ir::Graph& g, const cluster::Cluster& c, cons
                              double start, int M, std::size_t shares, const char* who, const char* what);
 int auto_blocks(const ir::Graph& g, const PlanOptions& o);
 std::vector<int> microbatch_counts(const PlanOptions& o, std::int64_t B);
+// Replica counts a step of M micro-batches of per_mb samples can use (PlanOptions limits).
+std::vector<int> dp_degrees(const PlanOptions& o, const cluster::Cluster& c, std::int64_t per_mb);
 
 // Heterogeneous clusters (hetero_planner.cpp).
 Plan make_hetero_plan(Context& ctx);

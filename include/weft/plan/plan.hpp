@@ -143,6 +143,12 @@ struct Plan {
   std::vector<int> devices_used;
   double memory_limit = 0;  // per device, as planned
   double plan_seconds = 0;
+  // The search space the planner explored, rule by rule (its defaults and the user's limits),
+  // e.g. "blocks 16 (min(forward ops, 16)); micro-batches 1..1024 ...". Empty for given layouts.
+  std::string search_space;
+  // "complete", or "timeout": the planning time limit cut the search short and this is the best
+  // plan found by then.
+  std::string search_status = "complete";
   std::vector<Alternative> alternatives;  // best first
 
   int num_stages() const { return static_cast<int>(stages.size()); }

@@ -68,6 +68,9 @@ struct PlanOptions {
   // dimension cut unevenly in proportion to each device's speed (split_plan), and its even split.
   bool uneven_split = true;
   int max_alternatives = 12;
+  // Threads for the independent SPMD searches (blocks × meshes × micro-batch sizes); 0 = every
+  // core (std::thread::hardware_concurrency). The plan is the same for any count.
+  int threads = 0;
   std::function<void(const PlanProgress&)> progress;
   // The caller's deadline and cancellation (Ctrl-C) on top of time_limit_s: a cancel throws
   // weft::Cancelled.
