@@ -1166,17 +1166,17 @@ SpmdPlan spmd_search(const ir::Graph& g, const cluster::Cluster& cl, const clust
         phase("memory rows");
       }
     }
+    if (!sol.has_solution() && opt.level == Level::O2 && !stop.expired() && rep.status != "timeout") {
+      // The segment DP fixes memory of other segments heuristically and can miss a feasible
+      // plan under a tight limit: fall back to the whole-graph ILP, which decides feasibility.
+      rep.o2_fallback = true;
+      sol = run_solve_rows(b.problem, 0.6, 0.3, Level::O3);
+    }
     if (rep.status == "timeout" ||
         (stop.expired() && (!sol.has_solution() || (limit > 0 && peak_of(sol.choice) > limit)))) {
       // Out of time before a plan was proven: the best plan that fits so far.
       sol.choice = best_by_deadline(sol.choice, sol.gap, opt.level == Level::O3);
       if (!sol.has_solution()) no_plan_in_time(fmt::format("status {}", rep.status));
-    }
-    if (!sol.has_solution() && opt.level == Level::O2) {
-      // The segment DP fixes memory of other segments heuristically and can miss a feasible
-      // plan under a tight limit: fall back to the whole-graph ILP, which decides feasibility.
-      rep.o2_fallback = true;
-      sol = run_solve_rows(b.problem, 0.6, 0.3, Level::O3);
     }
     if (!sol.has_solution()) {
       if (sol.status == solver::IlpStatus::Infeasible) {
