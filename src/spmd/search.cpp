@@ -986,7 +986,7 @@ SpmdPlan spmd_search(const ir::Graph& g, const cluster::Cluster& cl, const clust
     ProblemSolution sol;
     if (level == Level::O3) {
       SolveOptions so;
-      so.time_limit_s = opt.time_limit_s;
+      so.time_limit_s = std::min(opt.time_limit_s, 1e9);  // the token holds the deadline
       so.relative_gap = opt.relative_gap;
       so.stop = stop;
       // With memory rows the ILP's own greedy start ignores memory: start from the quick plan
@@ -1001,7 +1001,7 @@ SpmdPlan spmd_search(const ir::Graph& g, const cluster::Cluster& cl, const clust
       rep.gap = std::max(rep.gap, sol.gap);
     } else {
       O2Options oo;
-      oo.time_limit_s = opt.time_limit_s;
+      oo.time_limit_s = std::min(opt.time_limit_s, 1e9);
       oo.relative_gap = opt.relative_gap;
       oo.stop = stop;
       oo.reuse_repeated = opt.reuse_repeated_layers;
