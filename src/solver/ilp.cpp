@@ -137,14 +137,9 @@ namespace {
 struct StopState {
   StopToken token;                             // the caller's token with time_limit_s folded in
   StopToken::Clock::time_point hard_deadline;  // past it even CBC's clean-up LPs are stopped
-  bool fired = false;      // a handler saw the token ask for a stop
+  bool fired = false;      // a handler stopped an LP or the search (CBC's result is cut short)
   bool main_tree = false;  // the main branch and bound passed its first node (the root is solved)
   bool cleanup = false;    // the main search has ended: what follows is CBC's clean-up
-
-  bool stop_now() {
-    if (!fired && token.stop_requested()) fired = true;
-    return fired;
-  }
 };
 
 // Checked by CLP after every simplex iteration and factorization: stops the LP it is in (the
@@ -155,14 +150,18 @@ class ClpStop : public ClpEventHandler {
   ClpEventHandler* clone() const override { return new ClpStop(*this); }
   int event(Event e) override {
     if (e != endOfIteration && e != endOfFactorization) return -1;
-    if (!s_->stop_now()) return -1;
-    if (s_->token.cancelled() || StopToken::Clock::now() >= s_->hard_deadline) return 0;
+    if (!s_->token.stop_requested()) return -1;
+    if (s_->token.cancelled() || StopToken::Clock::now() >= s_->hard_deadline) {
+      s_->fired = true;
+      return 0;
+    }
     // On a deadline, only the LPs of the root phase stop here (the root relaxation, its cut
     // passes, the MIP start's LP). In the tree CBC stops at the next node boundary instead: a node
     // LP stopped half-way would read as an infeasible node and corrupt the bound. After the main
     // search, the LPs that undo the preprocessing and complete the incumbent are short clean-up
     // that the incumbent needs.
     if (s_->main_tree || s_->cleanup) return -1;
+    s_->fired = true;
     return 0;  // status 5: stopped by an event handler
   }
 
@@ -182,16 +181,19 @@ class CbcStop : public CbcEventHandler {
     const bool main = getModel() != nullptr && getModel()->parentModel() == nullptr;
     if (main && (e == node || e == treeStatus)) s_->main_tree = true;
     if (main && e == endSearch) s_->cleanup = true;
-    if (!s_->stop_now()) return noAction;
+    if (!s_->token.stop_requested()) return noAction;
     switch (e) {
       case node:
       case treeStatus:
         if (main) s_->cleanup = true;
+        s_->fired = true;
         return stop;
       // A heuristic's own loop (feasibility pump passes, the small branch and bound of RINS and
       // friends) only listens to killSolution: it abandons the heuristic, not a solution found.
       case heuristicPass:
-      case smallBranchAndBound: return killSolution;
+      case smallBranchAndBound:
+        s_->fired = true;
+        return killSolution;
       default: return noAction;
     }
   }
