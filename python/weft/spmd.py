@@ -120,7 +120,10 @@ def spmd_search(graph, cluster, mesh, level: str = "O2", memory_limit: Optional[
     DP (repeated layers solved once). memory_limit: bytes per device; None = the device's memory,
     a negative number = no limit. memory_mode: "ilp" (memory rows in the ILP) or "shard_largest"
     (Rhino §4.4: force the k largest parameters sharded, smallest feasible k). time_limit: seconds
-    per ILP. memory_pricing (O2): when the plan found without memory rows does not fit, price
+    for the whole search (every ILP, the O2 DP and refinement, memory pricing, the memory loop; CBC
+    is stopped even inside its root LP); on the deadline the best plan that fits so far is returned
+    with ``report.status == "timeout"`` (at worst a greedy plan), and ValueError ("no solution
+    within the time limit") only when even that plan exceeds the memory limit. memory_pricing (O2): when the plan found without memory rows does not fit, price
     memory per byte (the smallest price that fits, by bisection) before building memory rows.
     fixed_specs: tensor name -> spec text forced. output_specs: tensor name -> the spec its readers
     outside the graph need (the producer pays the resharding to it, as communication). progress: a

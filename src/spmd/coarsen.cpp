@@ -99,6 +99,7 @@ ProblemSolution solve_counted(const StrategyProblem& q, const O2Options& opt, O2
   so.time_limit_s = opt.time_limit_s;
   so.relative_gap = opt.relative_gap;
   so.warm_start = std::move(warm_start);
+  so.stop = opt.stop;
   // Without memory rows the model is one-hot rows plus their linearisation: CBC's presolve and
   // integer preprocessing find little there and took more than half of each refinement window's
   // solve (GPT, 2x4 mesh).
@@ -207,7 +208,9 @@ WindowResult solve_window(const StrategyProblem& p, const std::vector<int>& win,
 // Without memory rows a window's answer depends only on its nodes and their neighbours: a
 // window none of whose nodes or neighbours changed since it was last solved is skipped (its
 // answer would be the same), and moves are scored by the window's local cost change.
-void refine(const StrategyProblem& p, const std::vector<std::vector<int>>& segs, const O2Options& opt,
+// Returns false when the stop token's deadline cut it short (cur is then the refined-so-far
+// assignment, as good as the DP's or better).
+bool refine(const StrategyProblem& p, const std::vector<std::vector<int>>& segs, const O2Options& opt,
             O2Cache& cache, O2Stats& st, std::vector<int>& cur) {
   const int n = p.num_nodes();
   std::vector<std::vector<int>> adj(n);
@@ -234,6 +237,8 @@ void refine(const StrategyProblem& p, const std::vector<std::vector<int>>& segs,
     ++st.refine_sweeps;
     bool improved = false;
     for (int k = 0; k + w <= ns; ++k) {
+      opt.stop.throw_if_cancelled("the O2 refinement");
+      if (opt.stop.expired()) return false;
       std::vector<int> win;
       for (int j = k; j < k + w; ++j) win.insert(win.end(), segs[j].begin(), segs[j].end());
       if (!rows && solved_at[k] >= 0) {
@@ -273,6 +278,7 @@ void refine(const StrategyProblem& p, const std::vector<std::vector<int>>& segs,
     }
     if (!improved) break;
   }
+  return true;
 }
 
 }  // namespace
@@ -338,6 +344,15 @@ ProblemSolution solve_o2(const StrategyProblem& p, int n_ops, const std::vector<
 
   for (int k = 0; k < static_cast<int>(segs.size()); ++k) {
     if (opt.progress) opt.progress(static_cast<double>(k) / static_cast<double>(segs.size()));
+    opt.stop.throw_if_cancelled("the O2 search");
+    if (opt.stop.expired()) {  // no complete assignment before the last segment
+      ProblemSolution none;
+      none.status = solver::IlpStatus::Timeout;
+      st.worst_status = solver::IlpStatus::Timeout;
+      st.dp_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (stats_out) *stats_out = st;
+      return none;
+    }
     const auto& seg = segs[k];
     const int last = seg.back();
     const bool ends_critical = last < n_ops && is_crit[last];
@@ -466,7 +481,9 @@ ProblemSolution solve_o2(const StrategyProblem& p, int n_ops, const std::vector<
     if (all_cached && k > 0) ++st.reused_segments;
     if (std::all_of(nF.begin(), nF.end(), [](double x) { return std::isinf(x); })) {
       ProblemSolution none;
-      none.status = solver::IlpStatus::Infeasible;
+      // A segment whose ILPs ran out of time found nothing: that proves no infeasibility.
+      none.status = opt.stop.expired() ? solver::IlpStatus::Timeout : solver::IlpStatus::Infeasible;
+      if (none.status == solver::IlpStatus::Timeout) st.worst_status = none.status;
       if (stats_out) *stats_out = st;
       return none;
     }
@@ -489,12 +506,16 @@ ProblemSolution solve_o2(const StrategyProblem& p, int n_ops, const std::vector<
   out.choice = rebuild(static_cast<int>(segs.size()) - 1, best);
   for (int v = 0; v < n; ++v) WEFT_ASSERT(out.choice[v] >= 0, "O2 left a node without a strategy");
   st.dp_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (opt.refine_sweeps > 0 && segs.size() > 1) refine(p, segs, opt, cache, st, out.choice);
+  bool refined = true;
+  if (opt.refine_sweeps > 0 && segs.size() > 1) refined = refine(p, segs, opt, cache, st, out.choice);
+  if (!refined) st.worst_status = solver::IlpStatus::Timeout;
   st.refine_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() - st.dp_seconds;
   const auto ev = evaluate(p, out.choice);
   out.cost = ev.cost;
-  out.status = ev.feasible() ? st.worst_status : solver::IlpStatus::Infeasible;
+  out.status = ev.feasible()          ? st.worst_status
+               : opt.stop.expired() ? solver::IlpStatus::Timeout
+                                    : solver::IlpStatus::Infeasible;
   if (!ev.feasible()) out.choice.clear();
   out.gap = st.max_gap;
   out.ilp_variables = st.max_ilp_variables;

@@ -367,12 +367,66 @@ Reduced reduce(const StrategyProblem& p, double dominance_max_work, int keep = -
   return r;
 }
 
+// Nodes in order, each the strategy among `live` cheapest against the nodes already chosen.
+std::vector<int> greedy_choice(const StrategyProblem& p, const std::vector<std::vector<int>>& live) {
+  const int n = p.num_nodes();
+  std::vector<std::vector<std::pair<int, const EdgeCost*>>> nb(n);
+  for (const auto& e : p.edges) {
+    nb[e.u].push_back({e.v, &e});
+    nb[e.v].push_back({e.u, &e});
+  }
+  std::vector<int> greedy(n, -1);
+  for (int v = 0; v < n; ++v) {
+    double best = kInfCost;
+    for (int s : live[v]) {
+      double c = p.node_cost[v][s];
+      for (auto [u, e] : nb[v]) {
+        if (greedy[u] < 0) continue;
+        const std::size_t sv = p.node_cost[e->v].size();
+        c += e->u == v ? e->cost[s * sv + greedy[u]] : e->cost[greedy[u] * sv + s];
+      }
+      if (greedy[v] < 0 || c < best) best = c, greedy[v] = s;
+    }
+  }
+  return greedy;
+}
+
+// What solve_ilp answers once its deadline has passed (before or during its preprocessing): the
+// caller's warm start or the greedy choice, status Timeout, no bound beyond 0 (costs are >= 0).
+ProblemSolution past_deadline(const StrategyProblem& p, const SolveOptions& opt,
+                              std::chrono::steady_clock::time_point t0) {
+  ProblemSolution out;
+  out.status = solver::IlpStatus::Timeout;
+  std::vector<int> choice = opt.warm_start;
+  if (choice.empty()) {
+    std::vector<std::vector<int>> live(p.num_nodes());
+    for (int v = 0; v < p.num_nodes(); ++v)
+      for (int s = 0; s < static_cast<int>(p.node_cost[v].size()); ++s)
+        if (!std::isinf(p.node_cost[v][s])) live[v].push_back(s);
+    choice = greedy_choice(p, live);
+  }
+  const bool complete = static_cast<int>(choice.size()) == p.num_nodes() &&
+                        std::find(choice.begin(), choice.end(), -1) == choice.end();
+  if (complete) {
+    const Evaluation ev = evaluate(p, choice);
+    if (ev.feasible()) {
+      out.choice = std::move(choice);
+      out.cost = ev.cost;
+      out.gap = ev.cost > 0 ? 1.0 : 0.0;
+    }
+  }
+  out.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return out;
+}
+
 }  // namespace
 
 ProblemSolution solve_ilp(const StrategyProblem& p, const SolveOptions& opt) {
   p.validate();
   const auto t0 = std::chrono::steady_clock::now();
   const int n = p.num_nodes();
+  opt.stop.throw_if_cancelled("the SPMD ILP");
+  if (opt.stop.expired()) return past_deadline(p, opt, t0);
   ProblemSolution out;
   // ---- preprocessing (exact)
   Reduced red = reduce(p, opt.dominance_max_work);
@@ -380,6 +434,8 @@ ProblemSolution solve_ilp(const StrategyProblem& p, const SolveOptions& opt) {
     out.status = solver::IlpStatus::Infeasible;
     return out;
   }
+  opt.stop.throw_if_cancelled("the SPMD ILP");
+  if (opt.stop.expired()) return past_deadline(p, opt, t0);
   const auto& live = red.live;
   const auto& dominator = red.dominator;
   const auto& unary = red.unary;
@@ -473,29 +529,10 @@ ProblemSolution solve_ilp(const StrategyProblem& p, const SolveOptions& opt) {
   io.relative_gap = opt.relative_gap;
   io.presolve = opt.presolve;
   io.preprocess = opt.preprocess;
-  std::vector<int> greedy;
-  if (opt.warm_start.empty()) {
-    // CBC can fail to find any incumbent on large one-hot models within the limit; hand it a
-    // greedy one: nodes in order, each the strategy cheapest against the nodes already chosen.
-    std::vector<std::vector<std::pair<int, const EdgeCost*>>> nb(n);
-    for (const auto& e : p.edges) {
-      nb[e.u].push_back({e.v, &e});
-      nb[e.v].push_back({e.u, &e});
-    }
-    greedy.assign(n, -1);
-    for (int v = 0; v < n; ++v) {
-      double best = kInfCost;
-      for (int s : live[v]) {
-        double c = p.node_cost[v][s];
-        for (auto [u, e] : nb[v]) {
-          if (greedy[u] < 0) continue;
-          const std::size_t sv = p.node_cost[e->v].size();
-          c += e->u == v ? e->cost[s * sv + greedy[u]] : e->cost[greedy[u] * sv + s];
-        }
-        if (greedy[v] < 0 || c < best) best = c, greedy[v] = s;
-      }
-    }
-  }
+  io.stop = opt.stop;
+  // CBC can fail to find any incumbent on large one-hot models within the limit; hand it a
+  // greedy one.
+  const std::vector<int> greedy = opt.warm_start.empty() ? greedy_choice(p, live) : std::vector<int>{};
   const std::vector<int>& ws = opt.warm_start.empty() ? greedy : opt.warm_start;
   if (!ws.empty()) {
     WEFT_CHECK(static_cast<int>(ws.size()) == n, "solve_ilp: warm start has {} choices for {} nodes",

@@ -171,7 +171,7 @@ cluster::DeviceSpec mesh_device(const cluster::Cluster& c, const cluster::Device
 }
 
 Model build_model(const ir::Graph& g, const cluster::Cluster& cl, const cluster::DeviceMesh& mesh,
-                  const std::optional<cluster::DeviceSpec>& device) {
+                  const std::optional<cluster::DeviceSpec>& device, const StopToken& stop) {
   Model m{g, mesh.shape(), mesh.axis_names(), device ? *device : mesh_device(cl, mesh)};
   m.n_ops = static_cast<int>(g.ops().size());
   const int nt = static_cast<int>(g.tensors().size());
@@ -195,6 +195,7 @@ Model build_model(const ir::Graph& g, const cluster::Cluster& cl, const cluster:
   std::unordered_map<std::string, int> first_of;
   m.list_class.assign(m.num_nodes(), 0);
   for (int o = 0; o < m.n_ops; ++o) {
+    stop.throw_if_cancelled("spmd_search");
     const auto& op = g.op(o);
     std::string key = op.index_map.to_string();
     for (const auto& f : op.index_map.factors) key += fmt::format(",{}", f.size);
@@ -264,7 +265,9 @@ Model build_model(const ir::Graph& g, const cluster::Cluster& cl, const cluster:
 // The outcome of one edge depends only on the two strategy lists (and the ops' structure, the
 // same within a class), so it is computed once per (producer class, consumer class, slots) and
 // replayed on every other edge between nodes of those classes.
-int generate_strided_candidates(Model& m, int rounds = 4) {
+// Candidates are optional (every default-stride strategy is kept): past the deadline the
+// generation stops where it is, leaving consistent lists and classes.
+int generate_strided_candidates(Model& m, const StopToken& stop, int rounds = 4) {
   int added = 0;
   struct Outcome {
     int producer_class, consumer_class;
@@ -296,6 +299,8 @@ int generate_strided_candidates(Model& m, int rounds = 4) {
   for (int round = 0; round < rounds; ++round) {
     int before = added;
     for (const Use& u : m.uses) {
+      stop.throw_if_cancelled("spmd_search");
+      if (stop.expired()) return added;
       const std::array<int, 4> key{m.list_class[u.producer], u.out_slot, m.list_class[u.consumer], u.in_slot};
       if (auto hit = memo.find(key); hit != memo.end()) {
         const Outcome& oc = hit->second;
@@ -391,9 +396,11 @@ struct Built {
   int n_edges = 0;
 };
 
-void add_memory_rows(Built& b, const Model& m, double memory_limit);
+bool add_memory_rows(Built& b, const Model& m, double memory_limit, const StopToken& stop = {});
 
-Built build_problem(Model& m, ReshardCosts& rc, double memory_limit, const SearchOptions& opt) {
+// Past the deadline the problem is still built (a plan needs its costs); a cancel throws.
+Built build_problem(Model& m, ReshardCosts& rc, double memory_limit, const SearchOptions& opt,
+                    const StopToken& stop = {}) {
   Built b;
   auto& p = b.problem;
   const int n = m.num_nodes();
@@ -508,6 +515,7 @@ Built build_problem(Model& m, ReshardCosts& rc, double memory_limit, const Searc
   // edges between nodes of the same classes (the repeated layers) copy the first one's.
   std::map<std::array<int, 5>, int> edge_of_key;  // -> index in p.edges, -1 = all zero
   for (const Use& u : m.uses) {
+    stop.throw_if_cancelled("spmd_search");
     const int su = m.num_strategies(u.producer), sv = m.num_strategies(u.consumer);
     const int elem = dtype_size(m.g.tensor(u.tensor).dtype);
     const std::array<int, 5> ekey{m.list_class[u.producer], u.out_slot, m.list_class[u.consumer], u.in_slot,
@@ -565,13 +573,16 @@ Built build_problem(Model& m, ReshardCosts& rc, double memory_limit, const Searc
 }
 
 // Memory rows over the maximal live sets (quadratic in depth for deep training graphs, so
-// spmd_search only builds them when a plan found without them does not fit).
-void add_memory_rows(Built& b, const Model& m, double memory_limit) {
+// spmd_search only builds them when a plan found without them does not fit). Returns false, with
+// the rows built so far, when the deadline passed (the caller then has no time to solve with them).
+bool add_memory_rows(Built& b, const Model& m, double memory_limit, const StopToken& stop) {
   auto& p = b.problem;
   cost::build_live_sets(b.live);
   {
     p.memory_limit = memory_limit;
     for (int pos : cost::maximal_positions(b.live)) {
+      stop.throw_if_cancelled("spmd_search");
+      if (stop.expired()) return false;
       // Every tensor's largest layout is at most its full size: a live set whose full sizes fit
       // cannot bind (checked before building its terms; deep graphs have many such rows).
       double full = 0;
@@ -604,6 +615,7 @@ void add_memory_rows(Built& b, const Model& m, double memory_limit) {
       b.rows_pos.push_back(pos);
     }
   }
+  return true;
 }
 
 // Explain an infeasible memory limit: the row whose smallest possible bytes are largest, with
@@ -642,6 +654,14 @@ std::string explain_memory(const Model& m, const Built& b) {
       p.memory_rows[wr].label, worst / 1e6, p.memory_limit / 1e6, fmt::join(names, ", "));
 }
 
+std::string worse_status(const std::string& a, solver::IlpStatus s) {
+  auto rank = [](std::string_view x) {
+    return x == "optimal" ? 0 : x == "feasible_at_gap" ? 1 : x == "timeout" ? 2 : x.empty() ? -1 : 3;
+  };
+  std::string b(solver::ilp_status_name(s));
+  return rank(b) > rank(a) ? b : a;
+}
+
 // O2 under a binding memory limit without memory rows (a Lagrangian price on memory). Each
 // strategy pays λ per byte per device of its results (leaves: of the tensor) that are live
 // somewhere the all-replicated step would exceed the limit; a row-free O2 solve of the priced
@@ -649,11 +669,12 @@ std::string explain_memory(const Model& m, const Built& b) {
 // is found by growing λ ×4 from a scale of cost/peak, then bisecting (geometric) between the
 // last price that did not fit and the first that did. Among the plans that fit, the cheapest
 // in true cost is returned; nullopt when none does (the caller then builds memory rows). A
-// heuristic, as O2 is: it cannot prove that no plan fits.
+// heuristic, as O2 is: it cannot prove that no plan fits. Past the deadline of `stop` no further
+// price is probed (the best plan that fitted so far is returned).
 template <class Peak, class Solve>
 std::optional<ProblemSolution> price_memory(const Model& m, const Built& b, double limit,
                                             const ProblemSolution& relaxed, Peak&& peak_of, Solve&& solve,
-                                            SearchReport& rep) {
+                                            SearchReport& rep, const StopToken& stop = {}) {
   const auto& g = m.g;
   const auto& lv = b.live;
   const int npos = static_cast<int>(lv.order.size());
@@ -689,7 +710,14 @@ std::optional<ProblemSolution> price_memory(const Model& m, const Built& b, doub
   }
   std::optional<ProblemSolution> best;
   double best_cost = kInfCost;
+  bool out_of_time = false;
   auto probe = [&](double lambda) {  // true when the priced plan fits
+    stop.throw_if_cancelled("spmd_search");
+    if (out_of_time || stop.expired()) {
+      out_of_time = true;
+      rep.status = worse_status(rep.status, solver::IlpStatus::Timeout);  // the bisection was cut short
+      return false;
+    }
     StrategyProblem q = b.problem;
     for (int v = 0; v < n; ++v)
       for (int s = 0; s < m.num_strategies(v); ++s)
@@ -711,7 +739,7 @@ std::optional<ProblemSolution> price_memory(const Model& m, const Built& b, doub
   double lo = 0, hi = 0, lambda = scale * 1e-2;
   if (probe(lambda)) {
     hi = lambda;
-    for (int k = 0; k < 8; ++k) {
+    for (int k = 0; k < 8 && !out_of_time; ++k) {
       lambda /= 4;
       if (!probe(lambda)) {
         lo = lambda;
@@ -721,17 +749,71 @@ std::optional<ProblemSolution> price_memory(const Model& m, const Built& b, doub
     }
   } else {
     lo = lambda;
-    for (int k = 0; k < 24 && hi == 0; ++k) {
+    for (int k = 0; k < 24 && hi == 0 && !out_of_time; ++k) {
       lambda *= 4;
       (probe(lambda) ? hi : lo) = lambda;
     }
   }
   if (hi == 0) return std::nullopt;
-  for (int k = 0; k < 6 && lo > 0; ++k) {  // geometric bisection: λ spans decades
+  for (int k = 0; k < 6 && lo > 0 && !out_of_time; ++k) {  // geometric bisection: λ spans decades
     const double mid = std::sqrt(lo * hi);
     (probe(mid) ? hi : lo) = mid;
   }
   return best;
+}
+
+// A quick plan that needs no solver, for a search whose deadline left no better one: ops in
+// topological order, each the strategy cheapest against the nodes already chosen plus, for each
+// leaf it reads that is still open, that leaf's best answer (its own cost and the edge); the leaf
+// then takes that answer. Memory is not looked at (the caller prices it). Forced specs
+// (fixed_specs) are infinite node costs and output_specs are in the node costs, so both hold
+// whenever the plan is finite.
+std::vector<int> greedy_plan(const Model& m, const StrategyProblem& p, const std::vector<ir::OpId>& topo) {
+  const int n = p.num_nodes();
+  std::vector<std::vector<int>> adj(n);
+  for (int e = 0; e < static_cast<int>(p.edges.size()); ++e) {
+    adj[p.edges[e].u].push_back(e);
+    adj[p.edges[e].v].push_back(e);
+  }
+  std::vector<int> choice(n, -1);
+  auto pair_cost = [&](int e, int v, int s, int t) {  // edge e with v at s, its other end at t
+    const EdgeCost& ed = p.edges[e];
+    const std::size_t sv = p.node_cost[ed.v].size();
+    return ed.u == v ? ed.cost[static_cast<std::size_t>(s) * sv + t]
+                     : ed.cost[static_cast<std::size_t>(t) * sv + s];
+  };
+  // The cheapest strategy of v against the chosen nodes (and, with look_ahead, the open leaves').
+  auto pick = [&](int v, bool look_ahead) {
+    int best_s = -1;
+    double best = kInfCost;
+    for (int s = 0; s < static_cast<int>(p.node_cost[v].size()); ++s) {
+      double c = p.node_cost[v][s];
+      if (std::isinf(c)) continue;
+      for (int e : adj[v]) {
+        const int w = p.edges[e].u == v ? p.edges[e].v : p.edges[e].u;
+        if (choice[w] >= 0) {
+          c += pair_cost(e, v, s, choice[w]);
+        } else if (look_ahead && w >= m.n_ops) {
+          double lb = kInfCost;
+          for (int t = 0; t < static_cast<int>(p.node_cost[w].size()); ++t)
+            lb = std::min(lb, p.node_cost[w][t] + pair_cost(e, v, s, t));
+          c += lb;
+        }
+      }
+      if (best_s < 0 || c < best) best = c, best_s = s;
+    }
+    return best_s < 0 ? 0 : best_s;
+  };
+  for (ir::OpId o : topo) {
+    choice[o] = pick(o, true);
+    for (int e : adj[o]) {
+      const int w = p.edges[e].u == o ? p.edges[e].v : p.edges[e].u;
+      if (w >= m.n_ops && choice[w] < 0) choice[w] = pick(w, false);
+    }
+  }
+  for (int v = 0; v < n; ++v)
+    if (choice[v] < 0) choice[v] = pick(v, false);
+  return choice;
 }
 
 void check_mesh_usable(const Model& m) {
@@ -795,18 +877,6 @@ std::string SpmdPlan::spec_of(const ir::Graph& g, const std::string& name) const
   return tensor_specs[*t]->to_string();
 }
 
-namespace {
-
-std::string worse_status(const std::string& a, solver::IlpStatus s) {
-  auto rank = [](std::string_view x) {
-    return x == "optimal" ? 0 : x == "feasible_at_gap" ? 1 : x == "timeout" ? 2 : x.empty() ? -1 : 3;
-  };
-  std::string b(solver::ilp_status_name(s));
-  return rank(b) > rank(a) ? b : a;
-}
-
-}  // namespace
-
 SpmdPlan spmd_search(const ir::Graph& g, const cluster::Cluster& cl, const cluster::DeviceMesh& mesh,
                      const SearchOptions& opt) {
   WEFT_CHECK(!g.ops().empty(), "spmd_search: graph '{}' has no ops", g.name());
@@ -833,12 +903,16 @@ SpmdPlan spmd_search(const ir::Graph& g, const cluster::Cluster& cl, const clust
     rep.phase_seconds.push_back({name, n - t});
     t = n;
   };
+  // One deadline for the whole search (time_limit_s and the caller's token, whichever is first):
+  // every phase below asks it, and every ILP gets what is left of it.
+  const StopToken stop = opt.stop.within(opt.time_limit_s);
+  stop.throw_if_cancelled("spmd_search");
   progress("strategies", 0.0, "enumerating strategies");
-  Model m = build_model(g, cl, mesh, opt.device);
+  Model m = build_model(g, cl, mesh, opt.device, stop);
   check_mesh_usable(m);
   phase("strategies");
   if (opt.strided_candidates) {
-    generate_strided_candidates(m);
+    generate_strided_candidates(m, stop);
     phase("strided candidates");
   }
   const double limit = opt.memory_limit < 0   ? 0
@@ -847,26 +921,78 @@ SpmdPlan spmd_search(const ir::Graph& g, const cluster::Cluster& cl, const clust
   rep.memory_limit = limit;
   progress("edge costs", 0.1, "resharding costs");
   ReshardCosts rc(cluster::axis_links(cl, mesh), opt.reshard_cache);
-  Built b = build_problem(m, rc, 0, opt);
+  Built b = build_problem(m, rc, 0, opt, stop);
   phase("edge costs");
   rep.nodes = m.num_nodes();
   for (int v = 0; v < m.num_nodes(); ++v) rep.strategies += m.num_strategies(v);
   rep.edges = b.n_edges;
 
-  // Memory check before solving: a row that cannot fit under any strategy names its tensors.
-  if (opt.memory_mode == MemoryMode::Ilp && limit > 0) {
-    StrategyProblem probe = b.problem;
-    (void)probe;
-  }
-
   std::vector<int> choice;
+  const auto topo = g.topo_order();
+  if (stop.expired()) rep.status = "timeout";  // candidate generation was cut short
+  // Peak memory per device of a choice, from the live sets (no rows needed).
+  auto peak_of = [&](const std::vector<int>& ch) {
+    std::vector<double> bytes(g.tensors().size(), 0.0);
+    for (std::size_t ti = 0; ti < bytes.size(); ++ti)
+      bytes[ti] = static_cast<double>(g.tensors()[ti].bytes());
+    for (int o = 0; o < m.n_ops; ++o)
+      for (int i = 0; i < static_cast<int>(g.op(o).outputs.size()); ++i) {
+        const ir::TensorId ti = g.op(o).outputs[i];
+        bytes[ti] = spec_bytes(m.op_strats[o][ch[o]].outputs[i], g.tensor(ti).dtype);
+      }
+    for (int v = m.n_ops; v < m.num_nodes(); ++v) {
+      const ir::TensorId ti = m.leaf_tensor[v - m.n_ops];
+      bytes[ti] = spec_bytes(m.leaf_specs[v - m.n_ops][ch[v]], g.tensor(ti).dtype);
+    }
+    return cost::peak_memory(b.live, bytes).first;
+  };
+
+  // A plan that fits, whatever the solvers manage in the time left: greedy_plan, with memory
+  // priced in (price_memory over greedy plans instead of O2 solves) when it does not fit. Built
+  // on first use, once; null when even it does not fit. It runs past the deadline (it is the
+  // answer of last resort, and fast: one pass over the edges per price), never past a cancel.
+  std::optional<std::vector<int>> quick;
+  auto quick_plan = [&]() -> const std::vector<int>* {
+    if (!quick) {
+      auto fits = [&](const std::vector<int>& ch) {
+        return std::isfinite(evaluate(b.problem, ch).cost) && (limit <= 0 || peak_of(ch) <= limit);
+      };
+      std::vector<int> h = greedy_plan(m, b.problem, topo);
+      if (limit > 0 && peak_of(h) > limit) {
+        ProblemSolution relaxed;
+        relaxed.choice = h;
+        relaxed.cost = evaluate(b.problem, h).cost;
+        SearchReport scratch;  // its probes are not the search's
+        auto priced = price_memory(
+            m, b, limit, relaxed, peak_of,
+            [&](const StrategyProblem& q, int) {
+              stop.throw_if_cancelled("spmd_search");
+              ProblemSolution ps;
+              ps.choice = greedy_plan(m, q, topo);
+              ps.cost = evaluate(q, ps.choice).cost;
+              ps.status = solver::IlpStatus::FeasibleAtGap;
+              return ps;
+            },
+            scratch);
+        h = priced ? priced->choice : std::vector<int>{};
+      }
+      quick = !h.empty() && fits(h) ? std::move(h) : std::vector<int>{};
+    }
+    return quick->empty() ? nullptr : &*quick;
+  };
+
   auto run_solve_rows = [&](const StrategyProblem& p, double base, double span, Level level) {
     progress("solve", base, level == Level::O3 ? "ILP (O3)" : "segments (O2)");
     ProblemSolution sol;
     if (level == Level::O3) {
       SolveOptions so;
-      so.time_limit_s = opt.time_limit_s;
+      so.time_limit_s = std::min(opt.time_limit_s, 1e9);  // the token holds the deadline
       so.relative_gap = opt.relative_gap;
+      so.stop = stop;
+      // With memory rows the ILP's own greedy start ignores memory: start from the quick plan
+      // that fits, so that a timeout still holds an incumbent.
+      if (!p.memory_rows.empty() && !std::isinf(p.memory_limit))
+        if (const auto* h = quick_plan(); h != nullptr && evaluate(p, *h).feasible()) so.warm_start = *h;
       sol = solve_ilp(p, so);
       rep.ilp_variables = sol.ilp_variables;
       rep.ilp_constraints = sol.ilp_constraints;
@@ -875,15 +1001,15 @@ SpmdPlan spmd_search(const ir::Graph& g, const cluster::Cluster& cl, const clust
       rep.gap = std::max(rep.gap, sol.gap);
     } else {
       O2Options oo;
-      oo.time_limit_s = opt.time_limit_s;
+      oo.time_limit_s = std::min(opt.time_limit_s, 1e9);
       oo.relative_gap = opt.relative_gap;
+      oo.stop = stop;
       oo.reuse_repeated = opt.reuse_repeated_layers;
       oo.heavy_fraction = 1e-3;
       oo.refine_sweeps = opt.o2_refine_sweeps;
       oo.progress = [&](double f) { progress("solve", base + span * f, "segments (O2)"); };
       std::vector<double> weight(m.num_nodes(), 0.0);
       std::vector<int> order_pos(m.num_nodes(), 0);
-      const auto topo = g.topo_order();
       std::vector<int> topo_pos(m.n_ops, 0);
       for (int i = 0; i < static_cast<int>(topo.size()); ++i) topo_pos[topo[i]] = i;
       // Consumers of every tensor, in op order, each op once (Graph::consumers is a scan of all
@@ -978,24 +1104,35 @@ SpmdPlan spmd_search(const ir::Graph& g, const cluster::Cluster& cl, const clust
     relaxed.memory_limit = kInfCost;
     ProblemSolution sol = run_solve_rows(relaxed, base, span / 2, level);
     if (sol.has_solution() && evaluate(p, sol.choice).feasible()) return sol;
+    if (stop.expired()) return sol;  // no time for the rows: the caller checks the fit
     return run_solve_rows(p, base + span / 2, span / 2, level);
   };
 
-  // Peak memory per device of a choice, from the live sets (no rows needed).
-  auto peak_of = [&](const std::vector<int>& ch) {
-    std::vector<double> bytes(g.tensors().size(), 0.0);
-    for (std::size_t ti = 0; ti < bytes.size(); ++ti)
-      bytes[ti] = static_cast<double>(g.tensors()[ti].bytes());
-    for (int o = 0; o < m.n_ops; ++o)
-      for (int i = 0; i < static_cast<int>(g.op(o).outputs.size()); ++i) {
-        const ir::TensorId ti = g.op(o).outputs[i];
-        bytes[ti] = spec_bytes(m.op_strats[o][ch[o]].outputs[i], g.tensor(ti).dtype);
-      }
-    for (int v = m.n_ops; v < m.num_nodes(); ++v) {
-      const ir::TensorId ti = m.leaf_tensor[v - m.n_ops];
-      bytes[ti] = spec_bytes(m.leaf_specs[v - m.n_ops][ch[v]], g.tensor(ti).dtype);
+  // The deadline passed: of the plan the solvers found (`found`, possibly none or over the
+  // memory limit) and the quick plan, the cheaper one that fits; empty when neither does. The
+  // status becomes timeout; the gap is what the found plan's ILP bound says about the quick plan
+  // when that one is taken (O3), else 1 (no bound but 0: every cost is >= 0).
+  auto best_by_deadline = [&](const std::vector<int>& found, double found_gap, bool ilp_bound) {
+    rep.status = worse_status(rep.status, solver::IlpStatus::Timeout);
+    const bool found_fits = !found.empty() && std::isfinite(evaluate(b.problem, found).cost) &&
+                            (limit <= 0 || peak_of(found) <= limit);
+    const std::vector<int>* h = quick_plan();
+    if (h == nullptr) return found_fits ? found : std::vector<int>{};
+    const double hc = evaluate(b.problem, *h).cost;
+    if (found_fits) {
+      const double fc = evaluate(b.problem, found).cost;
+      if (fc <= hc) return found;
+      const double bound = fc * (1 - found_gap);  // the ILP's bound on the optimum
+      rep.gap = ilp_bound && found_gap < 1 ? std::max(0.0, (hc - bound) / std::max(hc, 1e-300)) : 1.0;
+    } else {
+      rep.gap = 1.0;
     }
-    return cost::peak_memory(b.live, bytes).first;
+    return *h;
+  };
+  auto no_plan_in_time = [&](const std::string& why) {
+    fail("spmd_search: no solution within the time limit of {} s ({}; even the quick greedy plan does "
+         "not fit the memory limit of {:.4g} MB per device)",
+         opt.time_limit_s, why, limit / 1e6);
   };
 
   if (opt.memory_mode == MemoryMode::Ilp) {
@@ -1004,30 +1141,42 @@ SpmdPlan spmd_search(const ir::Graph& g, const cluster::Cluster& cl, const clust
     ProblemSolution sol = run_solve(b.problem, 0.2, 0.35, opt.level);
     bool priced = false;
     if (limit > 0 && (!sol.has_solution() || peak_of(sol.choice) > limit) && opt.level == Level::O2 &&
-        opt.o2_memory_pricing) {
+        opt.o2_memory_pricing && !stop.expired()) {
       phase("solve without memory rows");
       if (auto p = price_memory(
               m, b, limit, sol, peak_of,
               [&](const StrategyProblem& q, int k) {
                 return run_solve_rows(q, 0.55 + 0.02 * std::min(k, 15), 0.02, Level::O2);
               },
-              rep)) {
+              rep, stop)) {
         sol = std::move(*p);
         priced = true;
       }
       phase("memory pricing");
     }
-    if (!priced && limit > 0 && (!sol.has_solution() || peak_of(sol.choice) > limit)) {
+    if (!priced && limit > 0 && (!sol.has_solution() || peak_of(sol.choice) > limit) && !stop.expired()) {
       if (rep.memory_price_probes == 0) phase("solve without memory rows");
-      add_memory_rows(b, m, limit);
-      phase("memory rows");
-      sol = run_solve_rows(b.problem, 0.55, 0.35, opt.level);
+      if (add_memory_rows(b, m, limit, stop)) {
+        phase("memory rows");
+        sol = run_solve_rows(b.problem, 0.55, 0.35, opt.level);
+      } else {  // the deadline came while building them: no time to solve with them
+        b.problem.memory_rows.clear();
+        b.problem.memory_limit = kInfCost;
+        b.rows_pos.clear();
+        phase("memory rows");
+      }
     }
-    if (!sol.has_solution() && opt.level == Level::O2) {
+    if (!sol.has_solution() && opt.level == Level::O2 && !stop.expired() && rep.status != "timeout") {
       // The segment DP fixes memory of other segments heuristically and can miss a feasible
       // plan under a tight limit: fall back to the whole-graph ILP, which decides feasibility.
       rep.o2_fallback = true;
       sol = run_solve_rows(b.problem, 0.6, 0.3, Level::O3);
+    }
+    if (rep.status == "timeout" ||
+        (stop.expired() && (!sol.has_solution() || (limit > 0 && peak_of(sol.choice) > limit)))) {
+      // Out of time before a plan was proven: the best plan that fits so far.
+      sol.choice = best_by_deadline(sol.choice, sol.gap, opt.level == Level::O3);
+      if (!sol.has_solution()) no_plan_in_time(fmt::format("status {}", rep.status));
     }
     if (!sol.has_solution()) {
       if (sol.status == solver::IlpStatus::Infeasible) {
@@ -1050,6 +1199,7 @@ SpmdPlan spmd_search(const ir::Graph& g, const cluster::Cluster& cl, const clust
     // Each probe's fit is checked from the live intervals (peak_of); memory rows are built only
     // to explain an infeasible limit.
     auto attempt = [&](int k) -> std::optional<std::vector<int>> {
+      if (stop.expired()) return std::nullopt;
       StrategyProblem p = b.problem;
       for (int i = 0; i < k; ++i) {
         const int v = m.node_of_tensor[params[i]];
@@ -1066,8 +1216,9 @@ SpmdPlan spmd_search(const ir::Graph& g, const cluster::Cluster& cl, const clust
     if (auto c0 = attempt(0)) {
       best = c0;
       hi = 0;
+    } else if (auto chi = attempt(hi); !chi && (stop.expired() || rep.status == "timeout")) {
+      // Out of time before any k fitted: handled below.
     } else {
-      auto chi = attempt(hi);
       WEFT_CHECK(chi.has_value(),
                  "spmd_search: memory limit {:.4g} MB per device cannot be met even with all {} "
                  "parameters sharded: {}",
@@ -1076,7 +1227,7 @@ SpmdPlan spmd_search(const ir::Graph& g, const cluster::Cluster& cl, const clust
                    return explain_memory(m, rows);
                  }());
       best = chi;
-      while (hi - lo > 1) {  // invariant: lo infeasible, hi feasible
+      while (hi - lo > 1 && !stop.expired()) {  // invariant: lo infeasible, hi feasible
         const int mid = (lo + hi) / 2;
         if (auto c = attempt(mid)) {
           hi = mid;
@@ -1087,7 +1238,16 @@ SpmdPlan spmd_search(const ir::Graph& g, const cluster::Cluster& cl, const clust
       }
     }
     rep.forced_sharded_params = hi;
-    choice = *best;
+    if (stop.expired() || rep.status == "timeout") {
+      // The deadline cut the loop (or a probe's ILP): its smallest fitting k so far, or the
+      // quick plan when that is cheaper or no k fitted in time.
+      const std::vector<int> found = best ? *best : std::vector<int>{};
+      choice = best_by_deadline(found, 1.0, false);
+      if (choice.empty()) no_plan_in_time(fmt::format("status {}", rep.status));
+      if (choice != found) rep.forced_sharded_params = -1;
+    } else {
+      choice = *best;
+    }
   }
   phase("solve");
 

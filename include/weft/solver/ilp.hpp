@@ -1,5 +1,5 @@
 #pragma once
-// A small mixed-integer linear programming facade over COIN-OR CBC (through its library C API,
+// A small mixed-integer linear programming facade over COIN-OR CBC (through its library C++ API,
 // never a subprocess), shared by every searcher in weft (SPMD, pipeline, resharding).
 //
 //   minimise    c·x + offset
@@ -77,14 +77,14 @@ class Ilp {
 enum class IlpStatus : std::uint8_t {
   Optimal,        // proven optimal (gap <= 1e-9 relative)
   FeasibleAtGap,  // stopped because the requested relative gap was reached
-  Timeout,        // time limit hit; has_solution() says whether an incumbent exists
+  Timeout,        // time limit / deadline hit; has_solution() says whether an incumbent exists
   Infeasible,     // proven infeasible
   Error,          // CBC abandoned (numerical trouble); no usable result
 };
 std::string_view ilp_status_name(IlpStatus s);
 
 struct IlpOptions {
-  double time_limit_s = 60;        // wall-clock limit handed to CBC
+  double time_limit_s = 60;        // wall-clock seconds from the call, the root LP included
   double relative_gap = 0;         // stop when (incumbent - bound) / |incumbent| <= this
   std::vector<double> warm_start;  // optional full assignment handed to CBC as a MIP start
   int seed = 1;                    // CBC random seed (runs are single-threaded and deterministic)
@@ -92,8 +92,10 @@ struct IlpOptions {
   bool presolve = true;            // CBC's presolve (off can be faster on pure assignment models)
   bool preprocess = true;          // CBC's integer preprocessing (CglPreProcess; same remark)
   // The caller's deadline and cancellation (Ctrl-C): honoured with time_limit_s, whichever comes
-  // first. A deadline gives IlpStatus::Timeout (with the incumbent, if any); a cancel throws
-  // weft::Cancelled.
+  // first, from inside CBC (a CLP event handler after every simplex iteration of the root phase,
+  // a CBC event handler at every node). A deadline gives IlpStatus::Timeout with CBC's incumbent,
+  // else the warm start when it is feasible (else no solution); a deadline already passed returns
+  // so at once. A cancel throws weft::Cancelled.
   StopToken stop;
 };
 

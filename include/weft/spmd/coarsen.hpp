@@ -24,7 +24,7 @@
 namespace weft::spmd {
 
 struct O2Options {
-  double time_limit_s = 60;  // per sub-ILP
+  double time_limit_s = 60;  // per sub-ILP (the stop token bounds the whole of solve_o2)
   double relative_gap = 0;
   bool reuse_repeated = true;
   double heavy_fraction = 0.05;
@@ -44,6 +44,11 @@ struct O2Options {
   // is exact, but past ~1e5 entries per table the ILP is faster.
   std::size_t max_table = 100000;
   std::function<void(double)> progress;
+  // Deadline and cancellation of the whole O2 solve (every sub-ILP gets it too). A cancel throws
+  // weft::Cancelled. A deadline during the DP returns no solution with status Timeout (there is
+  // no complete assignment yet); during the refinement it returns the refined-so-far assignment
+  // (feasible, never costlier than the DP's) with status Timeout.
+  StopToken stop;
 };
 
 struct O2Stats {

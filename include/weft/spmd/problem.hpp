@@ -77,6 +77,10 @@ struct SolveOptions {
   // solve (GPT h512 on 2x4: 96-layer O2 3.1 -> 2.5 s, the same plans).
   bool presolve = true;
   bool preprocess = true;
+  // The caller's deadline and cancellation, on top of time_limit_s: a cancel throws
+  // weft::Cancelled; a deadline gives status Timeout with the best choice found (at worst the
+  // greedy warm start), which is also what a call made after the deadline returns at once.
+  StopToken stop;
 };
 
 struct ProblemSolution {

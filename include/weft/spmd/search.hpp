@@ -10,6 +10,7 @@
 // edge: the layout must be the same next step, or be resharded every step). Memory: one row per
 // maximal live set of a topological order (cost::liveness), per-device bytes of every live
 // tensor under its producer's strategy. The problem (problem.hpp) is solved
+// within one deadline for the whole search (SearchOptions::time_limit_s), and
 //   O3: as one ILP;
 //   O2: by segments between critical nodes (coarsen.hpp): a DP over the strategy of the
 //       critical node that ends each segment (exact on chains), backward/optimizer ops joining
@@ -53,7 +54,14 @@ struct SearchOptions {
   // Bytes per device; 0 = the device's memory from the cluster; < 0 = no memory constraint.
   double memory_limit = 0;
   MemoryMode memory_mode = MemoryMode::Ilp;
-  double time_limit_s = 60;  // per ILP
+  // Seconds for the whole search (strategies, edge costs, every ILP, the O2 DP and refinement,
+  // memory pricing, Rhino's memory loop), combined with `stop`, whichever ends first. Every ILP
+  // gets what is left. On the deadline the search returns the best plan that fits found so far
+  // (at worst a greedy plan, memory priced in) with report.status "timeout"; only when even that
+  // plan exceeds the memory limit does it throw weft::Error ("no solution within the time
+  // limit"). Building the problem (strategies, edge costs) is not interrupted by the deadline,
+  // only by a cancel: a plan needs its costs.
+  double time_limit_s = 60;
   double relative_gap = 0;
   bool strided_candidates = true;     // Rhino §4.3.3 candidate generation
   bool reuse_repeated_layers = true;  // O2: solve one of identical repeated segments, reuse it
@@ -77,7 +85,8 @@ struct SearchOptions {
   // size) prices each spec pair once. Not thread-safe; null = a cache per search.
   std::shared_ptr<ReshardCache> reshard_cache;
   // The caller's deadline and cancellation (Ctrl-C), on top of time_limit_s: a cancel throws
-  // weft::Cancelled, a deadline ends the search with its best plan so far.
+  // weft::Cancelled (checked in every loop and inside CBC's), a deadline ends the search as
+  // time_limit_s does.
   StopToken stop;
 };
 std::shared_ptr<ReshardCache> make_reshard_cache();
@@ -93,8 +102,11 @@ struct SearchReport {
   std::vector<std::pair<std::string, double>> phase_seconds;
   int nodes = 0, strategies = 0, edges = 0;
   int ilp_variables = 0, ilp_constraints = 0, ilp_solves = 0;
-  std::string status;  // worst status over the ILPs solved
-  double gap = 0;      // largest relative gap over the ILPs solved
+  // Worst status over the ILPs solved; "timeout" also when the deadline cut any phase short.
+  std::string status;
+  // Largest relative gap over the ILPs solved; when the deadline left the greedy plan as the
+  // answer, its gap against the best bound known (1 = only the bound 0).
+  double gap = 0;
   double compute_time = 0, comm_time = 0;
   double peak_memory = 0, memory_limit = 0;
   int forced_sharded_params = -1;  // ShardLargest: k; -1 otherwise

@@ -1,9 +1,11 @@
 // Tests of the CBC facade against brute-force enumeration of small binary programs.
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <random>
+#include <thread>
 
 #include "weft/core/error.hpp"
 #include "weft/solver/ilp.hpp"
@@ -21,6 +23,60 @@ double brute_force(const Ilp& m) {
     if (m.violations(x).empty()) best = std::min(best, m.evaluate(x));
   }
   return best;
+}
+
+// An SPMD-like assignment model (one-hot strategies per node, edges linearised over strategy
+// pairs as in spmd/problem.hpp) whose LP relaxation alone takes CLP seconds: 300 nodes x 6
+// strategies on a chain plus 300 random edges, 23 k columns and 7.5 k rows.
+Ilp slow_root_lp() {
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<double> c(0, 1);
+  const int nodes = 300, k = 6;
+  Ilp m;
+  std::vector<std::vector<int>> x(nodes);
+  for (int v = 0; v < nodes; ++v) {
+    std::vector<Term> onehot;
+    for (int s = 0; s < k; ++s) {
+      x[v].push_back(m.add_binary(c(rng)));
+      onehot.push_back({x[v].back(), 1});
+    }
+    m.add_constraint(onehot, Sense::Equal, 1);
+  }
+  auto edge = [&](int u, int v) {
+    std::vector<int> e(k * k);
+    for (int s = 0; s < k; ++s)
+      for (int t = 0; t < k; ++t) e[s * k + t] = m.add_continuous(0, 1, s == t ? 0 : 3 * c(rng));
+    for (int s = 0; s < k; ++s) {
+      std::vector<Term> row{{x[u][s], -1}};
+      for (int t = 0; t < k; ++t) row.push_back({e[s * k + t], 1});
+      m.add_constraint(row, Sense::Equal, 0);
+    }
+    for (int t = 0; t < k; ++t) {
+      std::vector<Term> row{{x[v][t], -1}};
+      for (int s = 0; s < k; ++s) row.push_back({e[s * k + t], 1});
+      m.add_constraint(row, Sense::Equal, 0);
+    }
+  };
+  for (int v = 1; v < nodes; ++v) edge(v - 1, v);
+  for (int i = 0; i < nodes; ++i) {
+    const int u = static_cast<int>(rng() % nodes), v = static_cast<int>(rng() % nodes);
+    if (u != v) edge(std::min(u, v), std::max(u, v));
+  }
+  return m;
+}
+
+// A feasible assignment of slow_root_lp(): strategy 0 everywhere (every edge on its (0, 0) pair).
+std::vector<double> all_first(const Ilp& m) {
+  std::vector<double> x(m.num_variables(), 0.0);
+  for (const Constraint& c : m.constraints())  // one-hot rows: their first column
+    if (c.sense == Sense::Equal && c.rhs == 1) x[c.terms.front().var] = 1;
+  for (const Constraint& c : m.constraints())  // marginal rows of s = 0 / t = 0: the (0, 0) column
+    if (c.sense == Sense::Equal && c.rhs == 0 && x[c.terms.front().var] == 1) x[c.terms[1].var] = 1;
+  return x;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 }  // namespace
 
@@ -162,4 +218,122 @@ TEST_CASE("ilp: infeasible equality") {
   CHECK(r.status == IlpStatus::Infeasible);
   CHECK_FALSE(r.has_solution());
   CHECK(std::string(ilp_status_name(r.status)) == "infeasible");
+}
+
+TEST_CASE("ilp: the deadline stops the root LP relaxation") {
+  // CBC's own time limit is checked between LPs only: through its C interface this model ran
+  // 34 s with a 1 s limit on the 2-core development machine (the root LP). The CLP event handler
+  // stops the LP itself; every solve must return within 1.5 x the limit + 0.5 s (slack here for
+  // a loaded CI machine; still far under the LP's own time).
+  const Ilp m = slow_root_lp();
+  IlpOptions o;
+  o.time_limit_s = 0.5;
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto r = solve(m, o);
+  const double wall = seconds_since(t0);
+  MESSAGE(m.to_string(), ": ", r.to_string(), ", wall ", wall, " s");
+  CHECK(wall < 2.0);
+  CHECK(r.status == IlpStatus::Timeout);
+  if (r.has_solution()) CHECK(m.violations(r.values, 1e-5).empty());
+  // With a feasible warm start a stopped solve still has an incumbent: CBC's, else the start.
+  o.warm_start = all_first(m);
+  REQUIRE(m.violations(o.warm_start).empty());
+  const auto t1 = std::chrono::steady_clock::now();
+  const auto w = solve(m, o);
+  CHECK(seconds_since(t1) < 2.0);
+  CHECK(w.status == IlpStatus::Timeout);
+  REQUIRE(w.has_solution());
+  CHECK(m.violations(w.values, 1e-5).empty());
+  CHECK(w.objective <= m.evaluate(o.warm_start) + 1e-9);
+  CHECK(w.objective == doctest::Approx(m.evaluate(w.values)));
+  CHECK(w.bound <= w.objective);
+  CHECK(w.gap >= 0);
+}
+
+TEST_CASE("ilp: the stop token's deadline counts like time_limit_s, the earlier one wins") {
+  const Ilp m = slow_root_lp();
+  IlpOptions o;
+  o.time_limit_s = 60;
+  o.stop = weft::StopToken().within(0.4);
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto r = solve(m, o);
+  CHECK(seconds_since(t0) < 2.0);
+  CHECK(r.status == IlpStatus::Timeout);
+}
+
+TEST_CASE("ilp: a cancel from another thread throws Cancelled promptly") {
+  const Ilp m = slow_root_lp();
+  IlpOptions o;
+  o.time_limit_s = 60;
+  o.stop = weft::StopToken::cancellable();
+  const weft::StopToken other = o.stop;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::thread canceller([other] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    other.cancel();
+  });
+  CHECK_THROWS_AS(solve(m, o), weft::Cancelled);
+  canceller.join();
+  const double wall = seconds_since(t0);
+  MESSAGE("cancelled after 0.2 s, returned after ", wall, " s");
+  CHECK(wall < 1.7);
+  // Cancelled before the call: at once, whatever the model.
+  Ilp tiny;
+  tiny.add_binary(1);
+  IlpOptions c;
+  c.stop = weft::StopToken::cancellable();
+  c.stop.cancel();
+  CHECK_THROWS_AS(solve(tiny, c), weft::Cancelled);
+}
+
+TEST_CASE("ilp: a deadline already passed returns Timeout at once (with the warm start if it is feasible)") {
+  const Ilp m = slow_root_lp();
+  IlpOptions o;
+  o.stop = weft::StopToken().within(0);
+  auto t0 = std::chrono::steady_clock::now();
+  auto r = solve(m, o);
+  CHECK(seconds_since(t0) < 0.5);
+  CHECK(r.status == IlpStatus::Timeout);
+  CHECK_FALSE(r.has_solution());
+  o.warm_start = all_first(m);
+  t0 = std::chrono::steady_clock::now();
+  r = solve(m, o);
+  CHECK(seconds_since(t0) < 0.5);
+  CHECK(r.status == IlpStatus::Timeout);
+  CHECK(r.values == o.warm_start);
+  CHECK(r.objective == doctest::Approx(m.evaluate(o.warm_start)));
+  CHECK(r.bound <= r.objective);  // the variable bounds' (no LP was solved): 0 here
+  CHECK(r.bound == doctest::Approx(0));
+  // An infeasible warm start is no incumbent.
+  o.warm_start.assign(m.num_variables(), 1.0);
+  CHECK_FALSE(solve(m, o).has_solution());
+}
+
+TEST_CASE("ilp: a generous limit changes nothing, and equal inputs give equal answers") {
+  // The same random programs as above, solved with a token that never fires and twice each:
+  // identical values and the brute-force optimum.
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<double> cost(-10, 10), coef(-3, 5);
+  for (int it = 0; it < 30; ++it) {
+    Ilp m;
+    const int n = 6 + static_cast<int>(rng() % 6);
+    for (int j = 0; j < n; ++j) m.add_binary(std::round(cost(rng) * 4) / 4);
+    for (int i = 0; i < 3; ++i) {
+      std::vector<Term> t;
+      for (int j = 0; j < n; ++j)
+        if (rng() % 2) t.push_back({j, std::round(coef(rng))});
+      m.add_constraint(t, Sense::LessEqual, std::round(coef(rng) * 2) + 3);
+    }
+    IlpOptions o;
+    o.stop = weft::StopToken::cancellable().within(3600);
+    const auto a = solve(m, o), b = solve(m, o);
+    const double truth = brute_force(m);
+    if (std::isinf(truth)) {
+      CHECK(a.status == IlpStatus::Infeasible);
+      continue;
+    }
+    REQUIRE(a.status == IlpStatus::Optimal);
+    CHECK(a.objective == doctest::Approx(truth).epsilon(1e-9));
+    CHECK(a.values == b.values);
+  }
 }

@@ -2,9 +2,12 @@
 // data parallel, ZeRO on a subset, O2 vs O3, independent re-evaluation, errors.
 #include <doctest/doctest.h>
 
+#include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <map>
 #include <set>
+#include <thread>
 
 #include "gpt_block.hpp"
 #include "weft/cluster/cluster.hpp"
@@ -453,4 +456,96 @@ TEST_CASE("spmd: a shared resharding cache changes nothing but the time") {
     for (std::size_t t = 0; t < g.tensors().size(); ++t)
       CHECK((p->tensor_specs[t] == alone.tensor_specs[t]));
   }
+}
+
+namespace {
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+// The plan is whole and consistent: its cost and peak re-evaluated independently, under the limit.
+void check_plan_fits(const ir::Graph& g, const cluster::DeviceMesh& mesh, const SpmdPlan& plan,
+                     double limit) {
+  const auto ev = evaluate_plan(g, m8(), mesh, plan);
+  CHECK(ev.cost == doctest::Approx(plan.cost).epsilon(1e-9));
+  CHECK(std::isfinite(plan.cost));
+  CHECK(ev.peak_memory == doctest::Approx(plan.peak_memory).epsilon(1e-9));
+  CHECK(plan.peak_memory <= limit);
+}
+}  // namespace
+
+TEST_CASE("spmd: time_limit bounds the whole search; the deadline returns the best plan that fits") {
+  // The GPT block at 1.2 GB (O3 ~2.5 s in Release, see above) with 0.4 s for the whole search:
+  // back within 1.5 x 0.4 + 0.5 s (more slack for a loaded 2-core machine), status timeout, a
+  // plan that fits and re-evaluates to its cost. Under ASan/UBSan (~9x slower) the timing is
+  // not asserted.
+  const bool sanitized = std::getenv("WEFT_SANITIZED") != nullptr;
+  auto g = ir::build_training_graph(testing::gpt_block(8, 1024, 4096, 32));
+  auto mesh = cluster::DeviceMesh::iota({1, 8});
+  SearchOptions o;
+  o.memory_limit = 1.2e9;
+  o.time_limit_s = 0.4;
+  auto t0 = std::chrono::steady_clock::now();
+  const auto plan = spmd_search(g, m8(), mesh, o);
+  const double wall = seconds_since(t0);
+  MESSAGE("O3 with 0.4 s: ", wall, " s, status ", plan.report.status, ", gap ", plan.report.gap, ", cost ",
+          plan.cost * 1e3, " ms");
+  if (!sanitized) CHECK(wall < 1.6);
+  CHECK(plan.report.status == "timeout");
+  CHECK(plan.report.gap >= 0);
+  check_plan_fits(g, mesh, plan, o.memory_limit);
+
+  // A deadline already passed (the caller's token): no ILP runs, the quick greedy plan (memory
+  // priced in) is the answer, with the only bound known, 0.
+  for (Level lv : {Level::O3, Level::O2}) {
+    SearchOptions e = o;
+    e.level = lv;
+    e.time_limit_s = 60;
+    e.stop = StopToken().within(0);
+    t0 = std::chrono::steady_clock::now();
+    const auto quick = spmd_search(g, m8(), mesh, e);
+    if (!sanitized) CHECK(seconds_since(t0) < 1.5);
+    CHECK(quick.report.status == "timeout");
+    CHECK(quick.report.gap == doctest::Approx(1.0));
+    check_plan_fits(g, mesh, quick, o.memory_limit);
+  }
+  // Rhino's memory loop, out of time at once: the quick plan as well.
+  SearchOptions r = o;
+  r.memory_mode = MemoryMode::ShardLargest;
+  r.stop = StopToken().within(0);
+  const auto shard = spmd_search(g, m8(), mesh, r);
+  CHECK(shard.report.status == "timeout");
+  check_plan_fits(g, mesh, shard, o.memory_limit);
+}
+
+TEST_CASE("spmd: out of time with no plan that fits is a named error; a cancel throws Cancelled") {
+  auto gt = ir::build_training_graph(testing::mlp_chain(64, {64, 64}));
+  auto mesh = cluster::DeviceMesh::iota({1, 8});
+  SearchOptions o;
+  o.memory_limit = 1000;  // no layout fits (the error names the tensors with time to look)
+  o.stop = StopToken().within(0);
+  CHECK_THROWS_WITH_AS(spmd_search(gt, m8(), mesh, o), doctest::Contains("no solution within the time limit"),
+                       weft::Error);
+  SearchOptions c;
+  c.stop = StopToken::cancellable();
+  c.stop.cancel();
+  CHECK_THROWS_AS(spmd_search(gt, m8(), mesh, c), weft::Cancelled);
+}
+
+TEST_CASE("spmd: a cancel from another thread stops an O3 search promptly") {
+  auto g = ir::build_training_graph(testing::gpt_block(8, 1024, 4096, 32));
+  auto mesh = cluster::DeviceMesh::iota({1, 8});
+  SearchOptions o;
+  o.memory_limit = 1.2e9;
+  o.stop = StopToken::cancellable();
+  const StopToken other = o.stop;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::thread canceller([other] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    other.cancel();
+  });
+  CHECK_THROWS_AS(spmd_search(g, m8(), mesh, o), weft::Cancelled);
+  canceller.join();
+  const double wall = seconds_since(t0);
+  MESSAGE("cancelled after 0.3 s, returned after ", wall, " s");
+  if (std::getenv("WEFT_SANITIZED") == nullptr) CHECK(wall < 1.8);
 }
