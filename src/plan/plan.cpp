@@ -450,12 +450,13 @@ schedule::Schedule schedule_of(const Plan& p) {
   if (k == "kfkb") return schedule::kfkb(S, M, p.schedule_k);
   if (k == "eager_1f1b") return schedule::eager_1f1b(S, M);
   if (k == "zb_h1") return schedule::zb_h1(S, M);
-  if (k == "interleaved" || k == "zb_interleaved") {
+  if (k == "interleaved") {
     WEFT_CHECK(M >= S || p.schedule_v == 1,
-               "plan: the {} schedule needs at least as many micro-batches ({}) as stages ({})", k, M, S);
-    return k == "interleaved" ? schedule::interleaved_1f1b(S, p.schedule_v, M)
-                              : schedule::zb_interleaved(S, p.schedule_v, M);
+               "plan: the interleaved schedule needs at least as many micro-batches ({}) as stages ({})", M,
+               S);
+    return schedule::interleaved_1f1b(S, p.schedule_v, M);
   }
+  if (k == "zb_interleaved") return schedule::zb_interleaved(S, p.schedule_v, M);
   if (k == "kfkb_interleaved") return schedule::kfkb_interleaved(S, p.schedule_v, M, p.schedule_k);
   if (k == "zbv") return schedule::zbv(S, M);  // two chunks per plan stage in the V shape
   fail("plan: unknown schedule '{}'", k);

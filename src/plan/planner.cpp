@@ -695,14 +695,8 @@ Built materialise_in_place(Context& ctx, const std::vector<SubmeshOptions>& subs
   p.memory_limit = ctx.usable_memory;
   const int S = static_cast<int>(cand.stages.size());
   const int dp = cand.dp;
-  if ((opt.schedule == "interleaved" || opt.schedule == "zb_interleaved") && cand.M < S && opt.schedule_v > 1) {
-    out.note = fmt::format("{} needs at least as many micro-batches ({}) as stages ({})", opt.schedule, cand.M, S);
-    return out;
-  }
-  if (opt.schedule == "kfkb_interleaved" && (cand.M + opt.schedule_k - 1) / opt.schedule_k < S &&
-      opt.schedule_v > 1) {
-    out.note = fmt::format("kfkb_interleaved needs at least as many groups of {} micro-batches ({}) as stages ({})",
-                           opt.schedule_k, (cand.M + opt.schedule_k - 1) / opt.schedule_k, S);
+  if (opt.schedule == "interleaved" && cand.M < S && opt.schedule_v > 1) {
+    out.note = fmt::format("interleaved needs at least as many micro-batches ({}) as stages ({})", cand.M, S);
     return out;
   }
   // Devices: explicit (baselines) or the pipeline replicated and placed by the pipeline module.

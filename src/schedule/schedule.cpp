@@ -318,10 +318,10 @@ Schedule eager_1f1b(int S, int M) {
   return Schedule("eager_1f1b", S, S, M, false, std::move(order));
 }
 
-Schedule interleaved_1f1b(int D, int v, int M) {
-  check_sm(D, M, "interleaved_1f1b");
-  WEFT_CHECK(v >= 1, "interleaved_1f1b: virtual stages v must be >= 1, got {}", v);
-  WEFT_CHECK(M >= D || v == 1, "interleaved_1f1b: micro-batches ({}) must be at least the devices ({})", M, D);
+namespace {
+// Interleaved 1F1B's per-device orders for any M >= 1 (torch's rule gives one round of M when
+// M < D; interleaved_1f1b itself keeps Megatron's M >= D, kFkB × interleaving uses every M).
+std::vector<std::vector<Op>> interleaved_orders(int D, int v, int M) {
   // Micro-batches go in rounds of R (Megatron: R = D; torch's rule for any M >= D: M / R rounds,
   // as many as fit, R = M / rounds; when no round count <= M / D divides M, fewer, larger rounds).
   // A device runs chunk 0 of a round's micro-batches, then chunk 1, ...; backwards follow the
@@ -345,7 +345,15 @@ Schedule interleaved_1f1b(int D, int v, int M) {
     }
     for (int j = total - warm; j < total; ++j) op(OpKind::B, j);
   }
-  return Schedule(fmt::format("interleaved(v={})", v), D * v, D, M, false, std::move(order));
+  return order;
+}
+}  // namespace
+
+Schedule interleaved_1f1b(int D, int v, int M) {
+  check_sm(D, M, "interleaved_1f1b");
+  WEFT_CHECK(v >= 1, "interleaved_1f1b: virtual stages v must be >= 1, got {}", v);
+  WEFT_CHECK(M >= D || v == 1, "interleaved_1f1b: micro-batches ({}) must be at least the devices ({})", M, D);
+  return Schedule(fmt::format("interleaved(v={})", v), D * v, D, M, false, interleaved_orders(D, v, M));
 }
 
 Schedule zb_h1(int S, int M) {
@@ -367,7 +375,6 @@ Schedule zb_h1(int S, int M) {
 Schedule zb_interleaved(int D, int v, int M) {
   check_sm(D, M, "zb_interleaved");
   WEFT_CHECK(v >= 1, "zb_interleaved: virtual stages v must be >= 1, got {}", v);
-  WEFT_CHECK(M >= D || v == 1, "zb_interleaved: micro-batches ({}) must be at least the devices ({})", M, D);
   // Interleaved 1F1B's rounds and chunk order, with the backward split: the warm-up is one
   // forward per hop shorter than interleaved 1F1B's (v−1)R + 2(D−1−d), because B alone (without
   // W) comes back twice as fast; device d defers each W by d backwards, so W fills the slots
@@ -468,18 +475,14 @@ Schedule kfkb_interleaved(int D, int v, int M, int k) {
   if (v == 1) return kfkb(D, M, k);  // Megatron runs v = 1 as the plain (non-interleaved) order
   k = std::min(k, M);
   const int G = (M + k - 1) / k;
-  WEFT_CHECK(G >= D,
-             "kfkb_interleaved: {} groups of {} micro-batches on {} devices: the interleaved order needs at least "
-             "as many groups as devices (k <= M / D)",
-             G, k, D);
-  // The interleaved order over the G groups, each group op expanded into its micro-batches: every
-  // dependency and every FIFO message sequence of the group order carries over (a group's ops sit
-  // together, micro-batches ascending on both ends of a channel), so it passes the checks iff
-  // the group order does.
-  const Schedule groups = interleaved_1f1b(D, v, G);
+  // The interleaved order over the G groups (one round of G when G < D, as torch's rule), each
+  // group op expanded into its micro-batches: every dependency and every FIFO message sequence of
+  // the group order carries over (a group's ops sit together, micro-batches ascending on both
+  // ends of a channel), so it passes the checks iff the group order does (tested for every G).
+  const auto groups = interleaved_orders(D, v, G);
   std::vector<std::vector<Op>> order(static_cast<std::size_t>(D));
   for (int d = 0; d < D; ++d)
-    for (const Op& op : groups.device_order(d))
+    for (const Op& op : groups[static_cast<std::size_t>(d)])
       for (int m = op.micro * k; m < std::min(M, (op.micro + 1) * k); ++m)
         order[static_cast<std::size_t>(d)].push_back({op.kind, op.stage, m});
   return Schedule(k == 1 ? fmt::format("interleaved(v={})", v) : fmt::format("kfkb_interleaved(k={},v={})", k, v),

@@ -101,7 +101,8 @@ Schedule zb_h1(int S, int M);
 // ScheduleInterleavedZeroBubble): D devices, v chunks (stage c·D+d on device d), B split into B
 // and W. Micro-batches in interleaved rounds of R (as interleaved_1f1b); device d warms up with
 // min(Mv, (v−1)R + D−1−d) forwards, then runs (F, B) pairs, the j-th B followed by the W of the
-// (j−d)-th B, then the remaining B and W. v = 1 is exactly zb_h1. Needs M >= D when v > 1.
+// (j−d)-th B, then the remaining B and W. v = 1 is exactly zb_h1. Any M >= 1 (one round of M
+// when M < D, as torch).
 Schedule zb_interleaved(int D, int v, int M);
 // ZB-V (Qi et al. §6, torch's ScheduleZBVZeroBubble): 2D stages in the V placement (device d holds
 // stages d and 2D−1−d), B split into B and W. Device d: 2(D−d)−1 forwards of its first chunk;
@@ -112,7 +113,8 @@ Schedule zb_interleaved(int D, int v, int M);
 Schedule zbv(int D, int M);
 // kFkB × interleaving: interleaved 1F1B over G = ceil(M/k) groups of k consecutive micro-batches
 // (the last holds M mod k when k ∤ M), each op of the group order run for the group's micro-batches
-// in turn. k = 1 is interleaved_1f1b; v = 1 is kfkb. Needs G >= D when v > 1 (as interleaved).
+// in turn. k = 1 is interleaved_1f1b (for M >= D); v = 1 is kfkb. Any G >= 1 (one round of G
+// groups when G < D, as torch's rounds).
 Schedule kfkb_interleaved(int D, int v, int M, int k);
 // By name: "gpipe", "1f1b", "kfkb" (k), "eager_1f1b", "interleaved" (v; S devices, S·v logical
 // stages), "zb_h1", "zb_interleaved" (v), "zbv" (2S logical stages, v must be 1 or 2),
