@@ -136,9 +136,9 @@ class PipelineLowering {
     // ZB-V's V placement puts stages D−1 and D on the same devices; what crosses that boundary
     // would need a local hand-over, which this lowering (Send/Recv between groups) does not make.
     WEFT_CHECK(opt_.schedule != "zbv",
-               "lowering: the ZB-V schedule (V placement: stages d and 2D-1-d on device d) is not lowered to "
-               "programs yet; use zb_interleaved (the same bubble at F = B = W) to run on weft's executors, or "
-               "export the ZB-V order with Plan.to_torch_schedule()");
+               "lowering: the ZB-V schedule (V placement: stages d and 2D-1-d on device d) is not lowered "
+               "to programs yet; use zb_interleaved (the same bubble at F = B = W) to run on weft's "
+               "executors, or export the ZB-V order with Plan.to_torch_schedule()");
     const bool chunked = opt_.schedule == "interleaved" || opt_.schedule == "zb_interleaved" ||
                          opt_.schedule == "kfkb_interleaved";
     WEFT_CHECK(S_ == D || chunked,

@@ -73,15 +73,15 @@ Schedule::Schedule(std::string name, int num_stages, int num_devices, int num_mi
   WEFT_CHECK(static_cast<int>(order_.size()) == num_devices_, "Schedule: {} device orders for {} devices",
              order_.size(), num_devices_);
   if (placement_.empty()) placement_ = loop_placement(num_stages_, num_devices_);
-  WEFT_CHECK(static_cast<int>(placement_.size()) == num_stages_, "Schedule: a placement of {} stages for {} stages",
-             placement_.size(), num_stages_);
+  WEFT_CHECK(static_cast<int>(placement_.size()) == num_stages_,
+             "Schedule: a placement of {} stages for {} stages", placement_.size(), num_stages_);
   {
     // Every device holds S/D stages: the lowering, the memory model and virtual_stages() assume it.
     std::vector<int> held(static_cast<std::size_t>(num_devices_), 0);
     for (int s = 0; s < num_stages_; ++s) {
       const int d = placement_[static_cast<std::size_t>(s)];
-      WEFT_CHECK(d >= 0 && d < num_devices_, "Schedule: the placement puts stage {} on device {} ({} devices)", s,
-                 d, num_devices_);
+      WEFT_CHECK(d >= 0 && d < num_devices_,
+                 "Schedule: the placement puts stage {} on device {} ({} devices)", s, d, num_devices_);
       ++held[static_cast<std::size_t>(d)];
     }
     for (int d = 0; d < num_devices_; ++d)
@@ -180,11 +180,14 @@ std::string Schedule::to_string() const {
 
 std::string Schedule::to_text() const {
   std::string out;
+  std::vector<int> chunk(static_cast<std::size_t>(num_stages_));  // chunk_of, once per stage
+  for (int s = 0; s < num_stages_; ++s) chunk[static_cast<std::size_t>(s)] = chunk_of(s);
   for (int d = 0; d < num_devices_; ++d) {
     out += fmt::format("d{}:", d);
     for (const Op& op : order_[static_cast<std::size_t>(d)]) {
       if (virtual_stages() > 1)
-        out += fmt::format(" {}{}.{}", op_kind_name(op.kind), op.micro, chunk_of(op.stage));
+        out += fmt::format(" {}{}.{}", op_kind_name(op.kind), op.micro,
+                           chunk[static_cast<std::size_t>(op.stage)]);
       else
         out += fmt::format(" {}{}", op_kind_name(op.kind), op.micro);
     }
@@ -352,7 +355,8 @@ std::vector<std::vector<Op>> interleaved_orders(int D, int v, int M) {
 Schedule interleaved_1f1b(int D, int v, int M) {
   check_sm(D, M, "interleaved_1f1b");
   WEFT_CHECK(v >= 1, "interleaved_1f1b: virtual stages v must be >= 1, got {}", v);
-  WEFT_CHECK(M >= D || v == 1, "interleaved_1f1b: micro-batches ({}) must be at least the devices ({})", M, D);
+  WEFT_CHECK(M >= D || v == 1, "interleaved_1f1b: micro-batches ({}) must be at least the devices ({})", M,
+             D);
   return Schedule(fmt::format("interleaved(v={})", v), D * v, D, M, false, interleaved_orders(D, v, M));
 }
 
@@ -462,8 +466,8 @@ Schedule zbv(int D, int M) {
     while (w1 < b1) emit(OpKind::W, c1, w1++);
     while (w0 < b0) emit(OpKind::W, c0, w0++);
     WEFT_ASSERT(f0 == n && f1 == n && b0 == n && b1 == n && w0 == n && w1 == n,
-                fmt::format("zbv: device {} ran {}/{} F, {}/{} B, {}/{} W of {} micro-batches", d, f0, f1, b0, b1,
-                            w0, w1, n));
+                fmt::format("zbv: device {} ran {}/{} F, {}/{} B, {}/{} W of {} micro-batches", d, f0,
+                            f1, b0, b1, w0, w1, n));
   }
   return Schedule("zbv", S, D, M, true, std::move(order), v_placement(D));
 }
@@ -485,8 +489,9 @@ Schedule kfkb_interleaved(int D, int v, int M, int k) {
     for (const Op& op : groups[static_cast<std::size_t>(d)])
       for (int m = op.micro * k; m < std::min(M, (op.micro + 1) * k); ++m)
         order[static_cast<std::size_t>(d)].push_back({op.kind, op.stage, m});
-  return Schedule(k == 1 ? fmt::format("interleaved(v={})", v) : fmt::format("kfkb_interleaved(k={},v={})", k, v),
-                  D * v, D, M, false, std::move(order));
+  std::string name =
+      k == 1 ? fmt::format("interleaved(v={})", v) : fmt::format("kfkb_interleaved(k={},v={})", k, v);
+  return Schedule(std::move(name), D * v, D, M, false, std::move(order));
 }
 
 Schedule make_schedule(const std::string& kind, int S, int M, int k, int v) {
@@ -502,9 +507,10 @@ Schedule make_schedule(const std::string& kind, int S, int M, int k, int v) {
     return zbv(S, M);
   }
   if (kind == "kfkb_interleaved") return kfkb_interleaved(S, v, M, k);
-  fail("unknown schedule kind '{}' (expected gpipe, 1f1b, kfkb, eager_1f1b, interleaved, zb_h1, zb_interleaved, "
-       "zbv, kfkb_interleaved)",
-       kind);
+  fail(
+      "unknown schedule kind '{}' (expected gpipe, 1f1b, kfkb, eager_1f1b, interleaved, zb_h1, "
+      "zb_interleaved, zbv, kfkb_interleaved)",
+      kind);
 }
 
 // ---------------------------------------------------------------- checks

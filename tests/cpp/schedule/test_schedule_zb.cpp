@@ -144,15 +144,16 @@ TEST_CASE("placements: V shape, default s mod D, validation, JSON") {
   CHECK(one_f_one_b(3, 4).to_json().find("\"placement\"") == std::string::npos);
   CHECK(Schedule::from_json(i.to_json()) == i);
   // the same order under another placement is another schedule
-  CHECK_THROWS_WITH_AS(Schedule("x", 6, 3, 6, true, z.order()), doctest::Contains("lives on device"), weft::Error);
+  CHECK_THROWS_WITH_AS(Schedule("x", 6, 3, 6, true, z.order()), doctest::Contains("lives on device"),
+                       weft::Error);
   // validation of the placement itself
   auto ord = zbv(2, 2).order();
-  CHECK_THROWS_WITH_AS(Schedule("x", 4, 2, 2, true, ord, {0, 1, 1}), doctest::Contains("placement of 3 stages"),
-                       weft::Error);
+  CHECK_THROWS_WITH_AS(Schedule("x", 4, 2, 2, true, ord, {0, 1, 1}),
+                       doctest::Contains("placement of 3 stages"), weft::Error);
   CHECK_THROWS_WITH_AS(Schedule("x", 4, 2, 2, true, ord, {0, 1, 1, 2}), doctest::Contains("on device 2"),
                        weft::Error);
-  CHECK_THROWS_WITH_AS(Schedule("x", 4, 2, 2, true, ord, {0, 1, 1, 1}), doctest::Contains("every device must hold 2"),
-                       weft::Error);
+  CHECK_THROWS_WITH_AS(Schedule("x", 4, 2, 2, true, ord, {0, 1, 1, 1}),
+                       doctest::Contains("every device must hold 2"), weft::Error);
   CHECK_NOTHROW(Schedule("x", 4, 2, 2, true, ord, {0, 1, 1, 0}));
   CHECK(make_schedule("zbv", 3, 6).order() == z.order());
   CHECK(make_schedule("zbv", 3, 6, 1, 2) == z);

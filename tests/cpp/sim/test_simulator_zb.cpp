@@ -7,6 +7,8 @@
 // These are the units of torch's comparison (ZB-H1 at pp = 4, M = 8 with F = I = W = 1: 27).
 #include <doctest/doctest.h>
 
+#include <cstdlib>
+
 #include "weft/schedule/schedule.hpp"
 #include "weft/sim/simulator.hpp"
 
@@ -21,7 +23,7 @@ Pipeline per_chunk(double F, double B, double W, int v) {
 }
 }  // namespace
 
-TEST_CASE("torch's figures (issue 21): interleaved ZB (v = 2) and ZB-V 25.5 at pp = 4, M = 8; 51.5 at pp = 8, M = 16") {
+TEST_CASE("torch's figures (issue 21): interleaved ZB (v = 2), ZB-V: 25.5 (pp 4, M 8), 51.5 (pp 8, M 16)") {
   CHECK(simulate(zb_interleaved(4, 2, 8), per_chunk(1, 1, 1, 2)).step_time == doctest::Approx(25.5));
   CHECK(simulate(zbv(4, 8), per_chunk(1, 1, 1, 2)).step_time == doctest::Approx(25.5));
   CHECK(simulate(zb_interleaved(8, 2, 16), per_chunk(1, 1, 1, 2)).step_time == doctest::Approx(51.5));
@@ -101,7 +103,7 @@ TEST_CASE("V placement in the simulator: local hop at the V's tip, transfers onl
   }
 }
 
-TEST_CASE("V placement: one optimizer per stage on the stage's device, static memory of the device's stages") {
+TEST_CASE("V placement: one optimizer per stage on its device, static memory of the device's stages") {
   const int D = 3;
   Pipeline p;
   for (int s = 0; s < 2 * D; ++s)
