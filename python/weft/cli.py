@@ -124,7 +124,7 @@ def _check_writable(path) -> None:
 # (--x / --no-x; neither = the planner's default), numbers default to the planner's own.
 _PLAN_OPTIONS = [
     ("--schedule-k", "schedule_k", int, "kFkB group size k"),
-    ("--schedule-v", "schedule_v", int, "interleaved: virtual stages per device"),
+    ("--schedule-v", "schedule_v", int, "interleaved, zb_interleaved, kfkb_interleaved: virtual stages per device"),
     ("--num-microbatches", "num_microbatches", int, "micro-batches per step (default: searched)"),
     ("--max-microbatches", "max_microbatches", int, "largest micro-batch count searched"),
     ("--num-blocks", "num_blocks", int, "layer-grouping blocks (default: auto)"),
