@@ -39,17 +39,18 @@ void bind_schedule(py::module_& m) {
 
   py::class_<Schedule>(m, "Schedule", "A static per-device order of pipeline compute ops.")
       .def(py::init([](std::string name, int S, int D, int M, bool split,
-                       const std::vector<std::vector<OpTuple>>& ord) {
+                       const std::vector<std::vector<OpTuple>>& ord, std::vector<int> placement) {
              std::vector<std::vector<Op>> order;
              for (const auto& dev : ord) {
                auto& o = order.emplace_back();
                for (const auto& [k, s, mm] : dev) o.push_back(Op{parse_kind(k), s, mm});
              }
-             return Schedule(std::move(name), S, D, M, split, std::move(order));
+             return Schedule(std::move(name), S, D, M, split, std::move(order), std::move(placement));
            }),
            py::arg("name"), py::arg("num_stages"), py::arg("num_devices"), py::arg("num_micro"),
-           py::arg("split_backward"), py::arg("order"),
-           "Build from per-device lists of (kind, stage, micro) tuples; validated for completeness.")
+           py::arg("split_backward"), py::arg("order"), py::arg("placement") = std::vector<int>{},
+           "Build from per-device lists of (kind, stage, micro) tuples; validated for completeness. "
+           "placement: the device of each logical stage (default: stage s on device s mod D).")
       .def_property_readonly("name", &Schedule::name)
       .def_property_readonly("num_stages", &Schedule::num_stages)
       .def_property_readonly("num_devices", &Schedule::num_devices)
@@ -58,6 +59,11 @@ void bind_schedule(py::module_& m) {
       .def_property_readonly("split_backward", &Schedule::split_backward)
       .def_property_readonly("num_ops", &Schedule::num_ops)
       .def("device_of", &Schedule::device_of, py::arg("stage"))
+      .def_property_readonly("placement", &Schedule::placement, "The device of each logical stage.")
+      .def_property_readonly("default_placement", &Schedule::default_placement,
+                             "True when stage s lives on device s mod D.")
+      .def("chunk_of", &Schedule::chunk_of, py::arg("stage"),
+           "The stage's chunk on its device (its rank among the device's stages).")
       .def_property_readonly(
           "order",
           [](const Schedule& s) {
@@ -86,6 +92,13 @@ void bind_schedule(py::module_& m) {
   m.def("interleaved_1f1b", &interleaved_1f1b, py::arg("devices"), py::arg("virtual_stages"),
         py::arg("micro_batches"));
   m.def("zb_h1", &zb_h1, py::arg("stages"), py::arg("micro_batches"));
+  m.def("zb_interleaved", &zb_interleaved, py::arg("devices"), py::arg("virtual_stages"),
+        py::arg("micro_batches"));
+  m.def("zbv", &zbv, py::arg("devices"), py::arg("micro_batches"));
+  m.def("kfkb_interleaved", &kfkb_interleaved, py::arg("devices"), py::arg("virtual_stages"),
+        py::arg("micro_batches"), py::arg("k"));
+  m.def("loop_placement", &loop_placement, py::arg("stages"), py::arg("devices"));
+  m.def("v_placement", &v_placement, py::arg("devices"));
   m.def("make_schedule", &make_schedule, py::arg("kind"), py::arg("stages"), py::arg("micro_batches"),
         py::arg("k") = 1, py::arg("v") = 1);
   m.def("check_order", &check_order, py::arg("schedule"),

@@ -13,7 +13,7 @@ hetero: _types.ModuleType
 models: _types.ModuleType
 pipeline: _types.ModuleType
 spmd: _types.ModuleType
-__all__: list[str] = ['AxisLink', 'BandwidthTrace', 'Calibration', 'Candidate', 'Cluster', 'CrossMeshOp', 'CrossMeshPlan', 'CrossMeshUnitTask', 'Device', 'DeviceMesh', 'DeviceSpec', 'DriverResult', 'Graph', 'LeafValues', 'MegatronLayout', 'NodeSpec', 'OrderCheck', 'PipelineLink', 'Placement', 'Plan', 'PlanAlternative', 'PlanCrossTensor', 'PlanOpLayout', 'PlanParamSpec', 'PlanStage', 'Program', 'ProgramLayout', 'ReshardPlan', 'ReshardPlanner', 'ReshardStep', 'Schedule', 'ScheduleOp', 'ShardingSpec', 'SimResult', 'StageModel', 'StageSpec', 'TuneResult', 'adagrouper_drive', 'adagrouper_frontier', 'adagrouper_tune', 'axis_links', 'batch_size', 'best_megatron_plan', 'calibrated_cluster', 'candidate_step_time', 'check_dependencies', 'check_order', 'check_pairing', 'collective_time', 'compute_time', 'data_parallel_plan', 'dtype_size', 'eager_1f1b', 'enumerate_specs', 'gpipe', 'hetero', 'interleaved_1f1b', 'interpret', 'is_training_graph', 'kfkb', 'layout_plan', 'links_from_cluster', 'make_plan', 'make_schedule', 'megatron_layouts', 'megatron_plan', 'model_state_bytes', 'models', 'one_f_one_b', 'pipeline', 'propagate_reshape', 'rebatch', 'roofline', 'split_plan', 'spmd', 'zb_h1']
+__all__: list[str] = ['AxisLink', 'BandwidthTrace', 'Calibration', 'Candidate', 'Cluster', 'CrossMeshOp', 'CrossMeshPlan', 'CrossMeshUnitTask', 'Device', 'DeviceMesh', 'DeviceSpec', 'DriverResult', 'Graph', 'LeafValues', 'MegatronLayout', 'NodeSpec', 'OrderCheck', 'PipelineLink', 'Placement', 'Plan', 'PlanAlternative', 'PlanCrossTensor', 'PlanOpLayout', 'PlanParamSpec', 'PlanStage', 'Program', 'ProgramLayout', 'ReshardPlan', 'ReshardPlanner', 'ReshardStep', 'Schedule', 'ScheduleOp', 'ShardingSpec', 'SimResult', 'StageModel', 'StageSpec', 'TuneResult', 'adagrouper_drive', 'adagrouper_frontier', 'adagrouper_tune', 'axis_links', 'batch_size', 'best_megatron_plan', 'calibrated_cluster', 'candidate_step_time', 'check_dependencies', 'check_order', 'check_pairing', 'collective_time', 'compute_time', 'data_parallel_plan', 'dtype_size', 'eager_1f1b', 'enumerate_specs', 'gpipe', 'hetero', 'interleaved_1f1b', 'interpret', 'is_training_graph', 'kfkb', 'kfkb_interleaved', 'layout_plan', 'links_from_cluster', 'loop_placement', 'make_plan', 'make_schedule', 'megatron_layouts', 'megatron_plan', 'model_state_bytes', 'models', 'one_f_one_b', 'pipeline', 'propagate_reshape', 'rebatch', 'roofline', 'split_plan', 'spmd', 'v_placement', 'zb_h1', 'zb_interleaved', 'zbv']
 class DeviceSpec:
     """
     A GPU kind: peak FLOP/s per dtype, memory bytes, memory bandwidth.
@@ -1064,12 +1064,16 @@ class Schedule:
         ...
     def __hash__(self) -> int:
         ...
-    def __init__(self, name: str, num_stages: typing.SupportsInt | typing.SupportsIndex, num_devices: typing.SupportsInt | typing.SupportsIndex, num_micro: typing.SupportsInt | typing.SupportsIndex, split_backward: bool, order: collections.abc.Sequence[collections.abc.Sequence[tuple[str, typing.SupportsInt | typing.SupportsIndex, typing.SupportsInt | typing.SupportsIndex]]]) -> None:
+    def __init__(self, name: str, num_stages: typing.SupportsInt | typing.SupportsIndex, num_devices: typing.SupportsInt | typing.SupportsIndex, num_micro: typing.SupportsInt | typing.SupportsIndex, split_backward: bool, order: collections.abc.Sequence[collections.abc.Sequence[tuple[str, typing.SupportsInt | typing.SupportsIndex, typing.SupportsInt | typing.SupportsIndex]]], placement: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex] = []) -> None:
         """
-        Build from per-device lists of (kind, stage, micro) tuples; validated for completeness.
+        Build from per-device lists of (kind, stage, micro) tuples; validated for completeness. placement: the device of each logical stage (default: stage s on device s mod D).
         """
     def __repr__(self) -> str:
         ...
+    def chunk_of(self, stage: typing.SupportsInt | typing.SupportsIndex) -> int:
+        """
+        The stage's chunk on its device (its rank among the device's stages).
+        """
     def device_of(self, stage: typing.SupportsInt | typing.SupportsIndex) -> int:
         ...
     def peak_in_flight(self) -> list[int]:
@@ -1082,6 +1086,11 @@ class Schedule:
         ...
     def to_text(self) -> str:
         ...
+    @property
+    def default_placement(self) -> bool:
+        """
+        True when stage s lives on device s mod D.
+        """
     @property
     def name(self) -> str:
         ...
@@ -1101,6 +1110,11 @@ class Schedule:
     def order(self) -> list[list[tuple[str, int, int]]]:
         """
         Per device, the ops as (kind, stage, micro) tuples in execution order.
+        """
+    @property
+    def placement(self) -> list[int]:
+        """
+        The device of each logical stage.
         """
     @property
     def split_backward(self) -> bool:
@@ -1557,12 +1571,16 @@ def is_training_graph(graph: Graph) -> bool:
     ...
 def kfkb(stages: typing.SupportsInt | typing.SupportsIndex, micro_batches: typing.SupportsInt | typing.SupportsIndex, k: typing.SupportsInt | typing.SupportsIndex) -> Schedule:
     ...
+def kfkb_interleaved(devices: typing.SupportsInt | typing.SupportsIndex, virtual_stages: typing.SupportsInt | typing.SupportsIndex, micro_batches: typing.SupportsInt | typing.SupportsIndex, k: typing.SupportsInt | typing.SupportsIndex) -> Schedule:
+    ...
 def layout_plan(training_graph: Graph, cluster: Cluster, stages: list, num_microbatches: typing.SupportsInt | typing.SupportsIndex = 1, **kwargs) -> Plan:
     ...
 def links_from_cluster(cluster: Cluster, device_ids: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], trace: BandwidthTrace = ..., wrap: bool = False) -> list[PipelineLink]:
     """
     Pipeline links between consecutive devices of a Cluster: intra-node link on one node, the slower NIC across nodes.
     """
+def loop_placement(stages: typing.SupportsInt | typing.SupportsIndex, devices: typing.SupportsInt | typing.SupportsIndex) -> list[int]:
+    ...
 def make_plan(training_graph: Graph, cluster: Cluster, **kwargs) -> Plan:
     """
     The fastest plan that fits (options as keyword arguments; see weft.plan).
@@ -1589,5 +1607,11 @@ def roofline(flops: typing.SupportsFloat | typing.SupportsIndex, bytes: typing.S
     ...
 def split_plan(training_graph: Graph, cluster: Cluster, fraction: collections.abc.Sequence[typing.SupportsFloat | typing.SupportsIndex], num_microbatches: typing.SupportsInt | typing.SupportsIndex = 1, **kwargs) -> Plan:
     ...
+def v_placement(devices: typing.SupportsInt | typing.SupportsIndex) -> list[int]:
+    ...
 def zb_h1(stages: typing.SupportsInt | typing.SupportsIndex, micro_batches: typing.SupportsInt | typing.SupportsIndex) -> Schedule:
+    ...
+def zb_interleaved(devices: typing.SupportsInt | typing.SupportsIndex, virtual_stages: typing.SupportsInt | typing.SupportsIndex, micro_batches: typing.SupportsInt | typing.SupportsIndex) -> Schedule:
+    ...
+def zbv(devices: typing.SupportsInt | typing.SupportsIndex, micro_batches: typing.SupportsInt | typing.SupportsIndex) -> Schedule:
     ...

@@ -124,7 +124,7 @@ def _check_writable(path) -> None:
 # (--x / --no-x; neither = the planner's default), numbers default to the planner's own.
 _PLAN_OPTIONS = [
     ("--schedule-k", "schedule_k", int, "kFkB group size k"),
-    ("--schedule-v", "schedule_v", int, "interleaved: virtual stages per device"),
+    ("--schedule-v", "schedule_v", int, "interleaved, zb_interleaved, kfkb_interleaved: virtual stages per device"),
     ("--num-microbatches", "num_microbatches", int, "micro-batches per step (default: searched)"),
     ("--max-microbatches", "max_microbatches", int, "largest micro-batch count searched"),
     ("--num-blocks", "num_blocks", int, "layer-grouping blocks (default: auto)"),
@@ -261,7 +261,8 @@ def _simulate(args) -> int:
     import weft
 
     _check_writable(args.out)
-    kind = {"eager": "eager_1f1b", "zb-h1": "zb_h1", "zbh1": "zb_h1"}.get(args.schedule.lower(), args.schedule.lower())
+    kind = {"eager": "eager_1f1b", "zb-h1": "zb_h1", "zbh1": "zb_h1", "zb-v": "zbv",
+            "zb-interleaved": "zb_interleaved"}.get(args.schedule.lower(), args.schedule.lower())
     sched = weft.schedule(kind, stages=args.stages, micro_batches=args.microbatches, k=args.k, v=args.v)
     spec = weft.StageSpec(forward_time=args.forward, backward_time=args.backward, weight_time=args.weight)
     r = weft.simulate(sched, spec)
@@ -347,11 +348,12 @@ def main(argv: list[str] | None = None) -> int:
     zp = sub.add_parser("zoo", parents=[common], help="list the model zoo's presets with their sizes")
     zp.add_argument("--family", default=None, help="only this family (gpt, moe, bert, wresnet, unet, vgg)")
     sp = sub.add_parser("simulate", parents=[common], help="simulate a pipeline schedule with given stage times")
-    sp.add_argument("--schedule", default="1F1B", help="GPipe, 1F1B, kFkB, eager-1F1B, interleaved, ZB-H1")
+    sp.add_argument("--schedule", default="1F1B", help="GPipe, 1F1B, kFkB, eager-1F1B, interleaved, ZB-H1, "
+                    "zb_interleaved, ZB-V, kfkb_interleaved")
     sp.add_argument("--stages", type=int, default=4)
     sp.add_argument("--microbatches", type=int, default=8)
     sp.add_argument("--k", type=int, default=1, help="kFkB group size")
-    sp.add_argument("--v", type=int, default=1, help="interleaved virtual stages")
+    sp.add_argument("--v", type=int, default=1, help="virtual stages per device (interleaved schedules)")
     sp.add_argument("--forward", type=float, default=1.0, help="forward seconds per micro-batch and stage")
     sp.add_argument("--backward", type=float, default=2.0, help="backward seconds (input + weight gradient)")
     sp.add_argument("--weight", type=float, default=0.0, help="of which the weight gradient (ZB schedules)")
@@ -370,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
                          "or a cluster JSON file")
     pp.add_argument("--nodes", type=int, default=2, help="nodes of a preset given without :NODES")
     pp.add_argument("--schedule", default="1F1B", help="1F1B, GPipe, kFkB (--schedule-k), eager-1F1B, "
-                    "interleaved (--schedule-v), ZB-H1")
+                    "interleaved (--schedule-v), ZB-H1, zb_interleaved (--schedule-v), ZB-V, kfkb_interleaved")
     for flag, key, kind, help_text in _PLAN_OPTIONS:
         if kind is bool:
             pp.add_argument(flag, dest=key, action=argparse.BooleanOptionalAction, default=None, help=help_text)

@@ -122,6 +122,8 @@ def schedule_html(s) -> str:
             ("micro-batches", s.num_micro), ("virtual stages per device", s.virtual_stages),
             ("backward split (B / W)", s.split_backward), ("ops", s.num_ops),
             ("peak in-flight micro-batches", f"{max(peak) if peak else 0} (per stage {list(peak)})")]
+    if not s.default_placement:  # e.g. ZB-V's V shape; the default is stage s on device s mod D
+        rows.append(("placement (device of each stage)", list(s.placement)))
     grid = _grid(["device", "ops", "order (kind, stage, micro-batch)"],
                  [(d, len(o), " ".join(f"{k}{st}.{m}" for k, st, m in o[:12]) + (" ..." if len(o) > 12 else ""))
                   for d, o in enumerate(order)])

@@ -27,13 +27,23 @@ _SCHEDULES = {
     "zb_h1": "zb_h1",
     "zb-h1": "zb_h1",
     "zbh1": "zb_h1",
+    "zb_interleaved": "zb_interleaved",
+    "zb-interleaved": "zb_interleaved",
+    "interleavedzerobubble": "zb_interleaved",
+    "zbv": "zbv",
+    "zb-v": "zbv",
+    "zb_v": "zbv",
+    "zbvzerobubble": "zbv",
+    "kfkb_interleaved": "kfkb_interleaved",
+    "kfkb-interleaved": "kfkb_interleaved",
 }
 
 
 def _schedule_name(name: str) -> str:
     key = name.strip().lower()
     if key not in _SCHEDULES:
-        raise ValueError(f"unknown schedule {name!r}; one of 1F1B, GPipe, kFkB, eager-1F1B, interleaved, ZB-H1")
+        raise ValueError(f"unknown schedule {name!r}; one of 1F1B, GPipe, kFkB, eager-1F1B, interleaved, ZB-H1, "
+                         f"zb_interleaved, ZB-V, kfkb_interleaved")
     return _SCHEDULES[key]
 
 
@@ -124,7 +134,9 @@ def plan(model_graph, cluster, schedule: str = "1F1B", *, num_microbatches: Opti
     """Plan a model on a cluster: the plan with the lowest simulated step time that fits in memory.
 
     ``schedule``: 1F1B (default), GPipe, kFkB (``schedule_k``), eager-1F1B, interleaved
-    (``schedule_v``), ZB-H1. ``num_microbatches``: None = auto (powers of two dividing the batch).
+    (``schedule_v``), ZB-H1, zb_interleaved (interleaved zero bubble, ``schedule_v``), ZB-V (two
+    chunks per stage in the V placement; not lowered to programs yet), kfkb_interleaved
+    (``schedule_k``, ``schedule_v``). ``num_microbatches``: None = auto (powers of two dividing the batch).
     ``progress``: True for a tqdm bar, or a callable ``(phase, fraction, message)``.
     Other options (keyword): num_blocks, max_stages, spmd_level ("O2"/"O3"), spmd_time_limit,
     time_limit, memory_limit (bytes per device), memory_fraction, overlap_grad_sync (default True:

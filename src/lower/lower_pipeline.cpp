@@ -128,22 +128,29 @@ class PipelineLowering {
     }
     p_.graph = g_;
     setup_stages();
-    // Logical stage s runs on device group s mod D (D groups, S = D·v: interleaved when v > 1).
+    // Logical stage s runs on the device group the schedule's placement gives it: s mod D (D
+    // groups, S = D·v: the interleaved schedules when v > 1).
     const int D = static_cast<int>(group_mesh_.size());
     WEFT_CHECK(S_ % D == 0, "lowering: {} stages on {} device groups: every group must hold as many stages",
                S_, D);
-    for (int s = 0; s < S_; ++s)
-      WEFT_CHECK(group_of_stage_[static_cast<std::size_t>(s)] == s % D,
-                 "lowering: stage {} runs on device group {}, the schedule puts it on group {} (stage s on "
-                 "group s mod "
-                 "{})",
-                 s, group_of_stage_[static_cast<std::size_t>(s)], s % D, D);
-    WEFT_CHECK(S_ == D || opt_.schedule == "interleaved",
-               "lowering: several stages per device group need the interleaved schedule, not '{}'",
+    // ZB-V's V placement puts stages D−1 and D on the same devices; what crosses that boundary
+    // would need a local hand-over, which this lowering (Send/Recv between groups) does not make.
+    WEFT_CHECK(opt_.schedule != "zbv",
+               "lowering: the ZB-V schedule (V placement: stages d and 2D-1-d on device d) is not lowered "
+               "to programs yet; use zb_interleaved (the same bubble at F = B = W) to run on weft's "
+               "executors, or export the ZB-V order with Plan.to_torch_schedule()");
+    const bool chunked = opt_.schedule == "interleaved" || opt_.schedule == "zb_interleaved" ||
+                         opt_.schedule == "kfkb_interleaved";
+    WEFT_CHECK(S_ == D || chunked,
+               "lowering: several stages per device group need an interleaved schedule (interleaved, "
+               "zb_interleaved, kfkb_interleaved), not '{}'",
                opt_.schedule);
     sched_ = std::make_unique<schedule::Schedule>(
-        opt_.schedule == "interleaved" ? schedule::interleaved_1f1b(D, S_ / D, M_)
-                                       : schedule::make_schedule(opt_.schedule, S_, M_, opt_.schedule_k, 1));
+        schedule::make_schedule(opt_.schedule, D, M_, opt_.schedule_k, S_ / D));
+    for (int s = 0; s < S_; ++s)
+      WEFT_CHECK(group_of_stage_[static_cast<std::size_t>(s)] == sched_->device_of(s),
+                 "lowering: stage {} runs on device group {}, the {} schedule puts it on group {}", s,
+                 group_of_stage_[static_cast<std::size_t>(s)], opt_.schedule, sched_->device_of(s));
     classify();
     find_crossings();
     plan_transfers();

@@ -86,7 +86,13 @@ Program lower(const plan::Plan& plan, const ir::Graph& step, const cluster::Clus
   // Equal replica shares are ordinary data parallelism.
   const bool even_shares = std::all_of(plan.replica_microbatch.begin(), plan.replica_microbatch.end(),
                                        [&](std::int64_t s) { return s == plan.microbatch_size; });
-  const bool interleaved = plan.schedule == "interleaved" && plan.num_stages() > 1 && plan.schedule_v > 1;
+  const bool interleaved = (plan.schedule == "interleaved" || plan.schedule == "zb_interleaved" ||
+                            plan.schedule == "kfkb_interleaved") &&
+                           plan.num_stages() > 1 && plan.schedule_v > 1;
+  WEFT_CHECK(plan.schedule != "zbv" || plan.num_stages() == 1,
+             "lower: the ZB-V schedule (V placement: stages d and 2D-1-d on device d) is not lowered to "
+             "programs yet; plan with zb_interleaved (the same bubble at F = B = W) to run on weft's "
+             "executors, or export the ZB-V order with Plan.to_torch_schedule()");
   WEFT_CHECK(even_shares || (plan.num_stages() == 1 &&
                              static_cast<int>(plan.replica_microbatch.size()) == plan.data_parallel),
              "lower: uneven replica shares are lowered for one-stage plans with one share per replica; this "

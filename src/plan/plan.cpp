@@ -367,9 +367,10 @@ std::string Plan::summary() const {
   s += fmt::format(
       "  schedule      {}{}, {} micro-batches of {} samples x {} data-parallel replica{} (global batch {})\n",
       schedule,
-      schedule == "kfkb"          ? fmt::format(" k={}", schedule_k)
-      : schedule == "interleaved" ? fmt::format(" v={}", schedule_v)
-                                  : std::string(),
+      schedule == "kfkb"               ? fmt::format(" k={}", schedule_k)
+      : schedule == "kfkb_interleaved" ? fmt::format(" k={} v={}", schedule_k, schedule_v)
+      : schedule == "interleaved" || schedule == "zb_interleaved" ? fmt::format(" v={}", schedule_v)
+                                                                  : std::string(),
       num_microbatches, microbatch_size, data_parallel, data_parallel == 1 ? "" : "s", global_batch());
   // Runs of equal values: "8 x 60, 8 x 36".
   auto runs = [](const auto& v, auto show) {
@@ -467,24 +468,43 @@ schedule::Schedule schedule_of(const Plan& p) {
                S);
     return schedule::interleaved_1f1b(S, p.schedule_v, M);
   }
+  if (k == "zb_interleaved") return schedule::zb_interleaved(S, p.schedule_v, M);
+  if (k == "kfkb_interleaved") return schedule::kfkb_interleaved(S, p.schedule_v, M, p.schedule_k);
+  if (k == "zbv") return schedule::zbv(S, M);  // two chunks per plan stage in the V shape
   fail("plan: unknown schedule '{}'", k);
 }
 
+namespace {
+// Logical stages per plan stage (device group) under the plan's schedule.
+int chunks_per_stage(const Plan& p) {
+  if (p.schedule == "zbv") return 2;
+  if (p.schedule == "interleaved" || p.schedule == "zb_interleaved" || p.schedule == "kfkb_interleaved")
+    return p.schedule_v;
+  return 1;
+}
+}  // namespace
+
 sim::Pipeline pipeline_of(const Plan& p) {
   const int S = p.num_stages();
-  const bool split = p.schedule == "zb_h1";
-  const int v = p.schedule == "interleaved" ? p.schedule_v : 1;
+  const bool split = p.schedule == "zb_h1" || p.schedule == "zb_interleaved" || p.schedule == "zbv";
+  const bool vee = p.schedule == "zbv";
+  const int v = chunks_per_stage(p);
   sim::Pipeline pipe;
   // Interleaved: logical stage c·S + d is chunk c of plan stage d, 1/v of its work (an
-  // approximation: the plan's stages are contiguous block ranges).
+  // approximation: the plan's stages are contiguous block ranges). ZB-V: logical stage j is a
+  // chunk of plan stage j (j < S) or 2S−1−j (the V), half its work.
   for (int c = 0; c < v; ++c)
-    for (int d = 0; d < S; ++d) {
+    for (int i = 0; i < S; ++i) {
+      const int d = vee && c == 1 ? S - 1 - i : i;  // the plan stage (device) of logical stage c·S + i
       const auto& st = p.stages[d];
       sim::StageSpec ss;
       ss.forward_time = st.forward_time / v;
       ss.backward_time = (split ? st.backward_time - st.weight_time : st.backward_time) / v;
       ss.weight_time = split ? st.weight_time / v : 0.0;
-      if (d + 1 < S)
+      if (vee)  // down the V over boundary d, the tip (stage S−1 → S) stays on its device
+        ss.activation_bytes = c == 0 ? (d + 1 < S ? std::max(1.0, p.boundary_bytes[d]) : 1.0)
+                                     : (d > 0 ? std::max(1.0, p.boundary_bytes[d - 1]) : 1.0);
+      else if (d + 1 < S)
         ss.activation_bytes = std::max(1.0, p.boundary_bytes[d]);
       else if (c + 1 < v && S > 1)  // the wrap-around hop to the next chunk
         ss.activation_bytes =
@@ -505,7 +525,7 @@ sim::Pipeline pipeline_of(const Plan& p) {
   };
   if (S > 1) {
     for (int d = 0; d + 1 < S; ++d) pipe.links.push_back(link(p.boundary_bytes[d], p.send_time[d]));
-    if (v > 1) {
+    if (v > 1 && !vee) {  // the V only uses the links between neighbours
       const double t = *std::max_element(p.send_time.begin(), p.send_time.end());
       const double b = *std::max_element(p.boundary_bytes.begin(), p.boundary_bytes.end());
       pipe.links.push_back(link(b, t));

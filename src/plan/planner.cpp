@@ -1060,7 +1060,9 @@ Built materialise_in_place(Context& ctx, const std::vector<SubmeshOptions>& subs
   for (int s = 0; s < S; ++s) {
     auto& st = p.stages[s];
     st.in_flight = inflight[s];
-    st.peak_memory = st.static_memory + st.in_flight * st.activation_memory + st.transient_memory;
+    // A chunk of an interleaved / V schedule holds 1/v of the stage's activations (as pipeline_of).
+    st.peak_memory = st.static_memory + st.in_flight * st.activation_memory / sched.virtual_stages() +
+                     st.transient_memory;
     peak = std::max(peak, st.peak_memory);
     double usable = kInf;
     for (int d : st.devices) usable = std::min(usable, ctx.usable_of_device(d));
@@ -1204,9 +1206,11 @@ std::string layout_text(const Plan& p) {
 }
 
 void validate_options(const PlanOptions& o, const cluster::Cluster& c) {
-  static const std::set<std::string> kinds{"1f1b", "gpipe", "kfkb", "eager_1f1b", "interleaved", "zb_h1"};
+  static const std::set<std::string> kinds{"1f1b",  "gpipe",          "kfkb", "eager_1f1b", "interleaved",
+                                           "zb_h1", "zb_interleaved", "zbv",  "kfkb_interleaved"};
   WEFT_CHECK(kinds.count(o.schedule),
-             "make_plan: unknown schedule '{}' (1f1b, gpipe, kfkb, eager_1f1b, interleaved, zb_h1)",
+             "make_plan: unknown schedule '{}' (1f1b, gpipe, kfkb, eager_1f1b, interleaved, zb_h1, "
+             "zb_interleaved, zbv, kfkb_interleaved)",
              o.schedule);
   WEFT_CHECK(o.num_microbatches >= 0, "make_plan: num_microbatches must be >= 0 (0 = auto; got {})",
              o.num_microbatches);

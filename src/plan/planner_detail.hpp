@@ -56,8 +56,10 @@ inline bool is_state_leaf(const ir::TensorInfo& t) {
 inline int in_flight(const std::string& schedule, int s, int M, int k) {
   if (schedule == "gpipe") return M;
   if (schedule == "eager_1f1b") return std::min(M, 2 * s - 1);
-  if (schedule == "kfkb") return std::min(M, s * std::max(1, k));
-  return std::min(M, s);  // 1f1b, zb_h1, interleaved (per device, approximately)
+  if (schedule == "kfkb" || schedule == "kfkb_interleaved") return std::min(M, s * std::max(1, k));
+  // 1f1b, zb_h1, interleaved, zb_interleaved, zbv (per device in whole-stage activations,
+  // approximately; materialisation charges the schedule's exact peaks)
+  return std::min(M, s);
 }
 
 // ---------------------------------------------------------------- per-block SPMD costs

@@ -55,13 +55,14 @@ std::size_t op_index(const Op& op, int M) {
 }  // namespace
 
 Schedule::Schedule(std::string name, int num_stages, int num_devices, int num_micro, bool split_backward,
-                   std::vector<std::vector<Op>> order)
+                   std::vector<std::vector<Op>> order, std::vector<int> placement)
     : name_(std::move(name)),
       num_stages_(num_stages),
       num_devices_(num_devices),
       num_micro_(num_micro),
       split_(split_backward),
-      order_(std::move(order)) {
+      order_(std::move(order)),
+      placement_(std::move(placement)) {
   WEFT_CHECK(num_stages_ >= 1 && num_devices_ >= 1 && num_micro_ >= 1,
              "Schedule: stages ({}), devices ({}) and micro-batches ({}) must be >= 1", num_stages_,
              num_devices_, num_micro_);
@@ -71,6 +72,23 @@ Schedule::Schedule(std::string name, int num_stages, int num_devices, int num_mi
              num_stages_, num_micro_);
   WEFT_CHECK(static_cast<int>(order_.size()) == num_devices_, "Schedule: {} device orders for {} devices",
              order_.size(), num_devices_);
+  if (placement_.empty()) placement_ = loop_placement(num_stages_, num_devices_);
+  WEFT_CHECK(static_cast<int>(placement_.size()) == num_stages_,
+             "Schedule: a placement of {} stages for {} stages", placement_.size(), num_stages_);
+  {
+    // Every device holds S/D stages: the lowering, the memory model and virtual_stages() assume it.
+    std::vector<int> held(static_cast<std::size_t>(num_devices_), 0);
+    for (int s = 0; s < num_stages_; ++s) {
+      const int d = placement_[static_cast<std::size_t>(s)];
+      WEFT_CHECK(d >= 0 && d < num_devices_,
+                 "Schedule: the placement puts stage {} on device {} ({} devices)", s, d, num_devices_);
+      ++held[static_cast<std::size_t>(d)];
+    }
+    for (int d = 0; d < num_devices_; ++d)
+      WEFT_CHECK(held[static_cast<std::size_t>(d)] == num_stages_ / num_devices_,
+                 "Schedule: the placement puts {} stages on device {}; every device must hold {}",
+                 held[static_cast<std::size_t>(d)], d, num_stages_ / num_devices_);
+  }
   std::vector<std::uint8_t> seen(
       static_cast<std::size_t>(num_stages_) * static_cast<std::size_t>(num_micro_) * 3, 0);
   for (int d = 0; d < num_devices_; ++d) {
@@ -94,6 +112,33 @@ Schedule::Schedule(std::string name, int num_stages, int num_devices, int num_mi
         Op op{k, s, m};
         WEFT_CHECK(seen[op_index(op, num_micro_)], "Schedule: {} is missing", weft::schedule::to_string(op));
       }
+}
+
+std::vector<int> loop_placement(int S, int D) {
+  WEFT_CHECK(S >= 1 && D >= 1, "loop_placement: need S >= 1 and D >= 1, got S={} D={}", S, D);
+  std::vector<int> p(static_cast<std::size_t>(S));
+  for (int s = 0; s < S; ++s) p[static_cast<std::size_t>(s)] = s % D;
+  return p;
+}
+
+std::vector<int> v_placement(int D) {
+  WEFT_CHECK(D >= 1, "v_placement: need D >= 1, got {}", D);
+  std::vector<int> p(static_cast<std::size_t>(2 * D));
+  for (int s = 0; s < 2 * D; ++s) p[static_cast<std::size_t>(s)] = s < D ? s : 2 * D - 1 - s;
+  return p;
+}
+
+bool Schedule::default_placement() const {
+  for (int s = 0; s < num_stages_; ++s)
+    if (placement_[static_cast<std::size_t>(s)] != s % num_devices_) return false;
+  return true;
+}
+
+int Schedule::chunk_of(int stage) const {
+  const int d = device_of(stage);
+  int c = 0;
+  for (int s = 0; s < stage; ++s) c += placement_[static_cast<std::size_t>(s)] == d ? 1 : 0;
+  return c;
 }
 
 std::size_t Schedule::num_ops() const {
@@ -135,11 +180,14 @@ std::string Schedule::to_string() const {
 
 std::string Schedule::to_text() const {
   std::string out;
+  std::vector<int> chunk(static_cast<std::size_t>(num_stages_));  // chunk_of, once per stage
+  for (int s = 0; s < num_stages_; ++s) chunk[static_cast<std::size_t>(s)] = chunk_of(s);
   for (int d = 0; d < num_devices_; ++d) {
     out += fmt::format("d{}:", d);
     for (const Op& op : order_[static_cast<std::size_t>(d)]) {
       if (virtual_stages() > 1)
-        out += fmt::format(" {}{}.{}", op_kind_name(op.kind), op.micro, op.stage / num_devices_);
+        out += fmt::format(" {}{}.{}", op_kind_name(op.kind), op.micro,
+                           chunk[static_cast<std::size_t>(op.stage)]);
       else
         out += fmt::format(" {}{}", op_kind_name(op.kind), op.micro);
     }
@@ -161,6 +209,8 @@ std::string Schedule::to_json() const {
     for (const Op& op : o) a.push_back(nlohmann::json::array({op_kind_name(op.kind), op.stage, op.micro}));
     ord.push_back(std::move(a));
   }
+  // Only a placement other than s mod D is written: JSON of the other schedules is unchanged.
+  if (!default_placement()) j["placement"] = placement_;
   return j.dump();
 }
 
@@ -186,7 +236,8 @@ Schedule Schedule::from_json(const std::string& text) {
   }
   return Schedule(r.field<std::string>(j, "name", "$"), r.field<int>(j, "num_stages", "$"),
                   r.field<int>(j, "num_devices", "$"), r.field<int>(j, "num_micro", "$"),
-                  r.field<bool>(j, "split_backward", "$"), std::move(order));
+                  r.field<bool>(j, "split_backward", "$"), std::move(order),
+                  r.field_or<std::vector<int>>(j, "placement", "$", {}));
 }
 
 std::size_t Schedule::hash() const {
@@ -198,6 +249,8 @@ std::size_t Schedule::hash() const {
   mix(split_);
   for (const auto& o : order_)
     for (const Op& op : o) mix(op_index(op, num_micro_));
+  if (!default_placement())
+    for (int d : placement_) mix(static_cast<std::size_t>(d));
   return h;
 }
 
@@ -207,6 +260,13 @@ void check_sm(int S, int M, const char* what) {
   WEFT_CHECK(S >= 1 && M >= 1, "{}: need stages >= 1 and micro-batches >= 1, got S={} M={}", what, S, M);
   WEFT_CHECK(static_cast<long long>(S) * M <= 50'000'000LL, "{}: S·M = {} is too large", what,
              static_cast<long long>(S) * M);
+}
+// Micro-batches per interleaved round (torch's rule, shared by interleaved 1F1B and interleaved
+// zero bubble): M div D rounds when that count divides M, else the largest smaller count that does.
+int round_size(int D, int M) {
+  int rounds = std::max(1, M / D);
+  while (M % rounds != 0) --rounds;
+  return M / rounds;
 }
 }  // namespace
 
@@ -261,17 +321,15 @@ Schedule eager_1f1b(int S, int M) {
   return Schedule("eager_1f1b", S, S, M, false, std::move(order));
 }
 
-Schedule interleaved_1f1b(int D, int v, int M) {
-  check_sm(D, M, "interleaved_1f1b");
-  WEFT_CHECK(v >= 1, "interleaved_1f1b: virtual stages v must be >= 1, got {}", v);
-  WEFT_CHECK(M >= D || v == 1, "interleaved_1f1b: micro-batches ({}) must be at least the devices ({})", M, D);
+namespace {
+// Interleaved 1F1B's per-device orders for any M >= 1 (torch's rule gives one round of M when
+// M < D; interleaved_1f1b itself keeps Megatron's M >= D, kFkB × interleaving uses every M).
+std::vector<std::vector<Op>> interleaved_orders(int D, int v, int M) {
   // Micro-batches go in rounds of R (Megatron: R = D; torch's rule for any M >= D: M / R rounds,
   // as many as fit, R = M / rounds; when no round count <= M / D divides M, fewer, larger rounds).
   // A device runs chunk 0 of a round's micro-batches, then chunk 1, ...; backwards follow the
   // same rounds with the chunks reversed; warm-up (v − 1)·R + 2·(D − 1 − d) forwards.
-  int rounds = std::max(1, M / D);
-  while (M % rounds != 0) --rounds;
-  const int R = M / rounds;
+  const int R = round_size(D, M);
   const int total = M * v;
   std::vector<std::vector<Op>> order(static_cast<std::size_t>(D));
   for (int d = 0; d < D; ++d) {
@@ -290,7 +348,16 @@ Schedule interleaved_1f1b(int D, int v, int M) {
     }
     for (int j = total - warm; j < total; ++j) op(OpKind::B, j);
   }
-  return Schedule(fmt::format("interleaved(v={})", v), D * v, D, M, false, std::move(order));
+  return order;
+}
+}  // namespace
+
+Schedule interleaved_1f1b(int D, int v, int M) {
+  check_sm(D, M, "interleaved_1f1b");
+  WEFT_CHECK(v >= 1, "interleaved_1f1b: virtual stages v must be >= 1, got {}", v);
+  WEFT_CHECK(M >= D || v == 1, "interleaved_1f1b: micro-batches ({}) must be at least the devices ({})", M,
+             D);
+  return Schedule(fmt::format("interleaved(v={})", v), D * v, D, M, false, interleaved_orders(D, v, M));
 }
 
 Schedule zb_h1(int S, int M) {
@@ -309,6 +376,124 @@ Schedule zb_h1(int S, int M) {
   return Schedule("zb_h1", S, S, M, true, std::move(order));
 }
 
+Schedule zb_interleaved(int D, int v, int M) {
+  check_sm(D, M, "zb_interleaved");
+  WEFT_CHECK(v >= 1, "zb_interleaved: virtual stages v must be >= 1, got {}", v);
+  // Interleaved 1F1B's rounds and chunk order, with the backward split: the warm-up is one
+  // forward per hop shorter than interleaved 1F1B's (v−1)R + 2(D−1−d), because B alone (without
+  // W) comes back twice as fast; device d defers each W by d backwards, so W fills the slots
+  // where device d would otherwise wait for the next gradient (the ZB-H1 rule, per device).
+  const int R = round_size(D, M);
+  const int total = M * v;
+  std::vector<std::vector<Op>> order(static_cast<std::size_t>(D));
+  for (int d = 0; d < D; ++d) {
+    auto& o = order[static_cast<std::size_t>(d)];
+    o.reserve(static_cast<std::size_t>(3 * total));
+    std::vector<int> fwd(static_cast<std::size_t>(v), 0), bwd(fwd);
+    std::vector<Op> backs;  // the B ops in order: the W's follow them
+    auto F = [&](int k) {
+      const int c = (k / R) % v;
+      o.push_back({OpKind::F, c * D + d, fwd[static_cast<std::size_t>(c)]++});
+    };
+    auto B = [&](int j) {
+      const int c = v - 1 - (j / R) % v;
+      backs.push_back({OpKind::B, c * D + d, bwd[static_cast<std::size_t>(c)]++});
+      o.push_back(backs.back());
+    };
+    auto W = [&](int j) { o.push_back({OpKind::W, backs[static_cast<std::size_t>(j)].stage,
+                                      backs[static_cast<std::size_t>(j)].micro}); };
+    const int warm = std::min(total, (v - 1) * R + D - 1 - d);
+    for (int k = 0; k < warm; ++k) F(k);
+    for (int j = 0; j < total; ++j) {
+      if (warm + j < total) F(warm + j);
+      B(j);
+      if (j >= d) W(j - d);
+    }
+    for (int j = std::max(0, total - d); j < total; ++j) W(j);
+  }
+  return Schedule(v == 1 ? std::string("zb_h1") : fmt::format("zb_interleaved(v={})", v), D * v, D, M, true,
+                  std::move(order));
+}
+
+Schedule zbv(int D, int M) {
+  check_sm(D, M, "zbv");
+  // Torch's construction (the paper's Fig. 8 for T_F = T_B = T_W): the first chunk (stage d) and
+  // the second (stage 2D−1−d) alternate so that the device that holds both ends of the V (device
+  // 0: stages 0 and 2D−1) never waits, and B, W of a chunk run together in the steady state.
+  // Below 2D−1 micro-batches the order for 2D−1 is kept with the missing micro-batches' ops left
+  // out (the steady state needs that many in flight).
+  const int S = 2 * D;
+  const int n = std::max(2 * D - 1, M);
+  std::vector<std::vector<Op>> order(static_cast<std::size_t>(D));
+  for (int d = 0; d < D; ++d) {
+    auto& o = order[static_cast<std::size_t>(d)];
+    o.reserve(static_cast<std::size_t>(6 * M));
+    const int c0 = d, c1 = S - 1 - d;
+    int f0 = 0, f1 = 0, b0 = 0, b1 = 0;
+    auto emit = [&](OpKind k, int stage, int m) {
+      if (m < M) o.push_back({k, stage, m});
+    };
+    for (int i = 0; i < 2 * (D - d) - 1; ++i) emit(OpKind::F, c0, f0++);
+    for (int i = 0; i < d; ++i) {
+      emit(OpKind::F, c1, f1++);
+      emit(OpKind::F, c0, f0++);
+    }
+    for (int i = 0; i < D - d; ++i) {
+      emit(OpKind::F, c1, f1);
+      emit(OpKind::B, c1, b1);
+      emit(OpKind::W, c1, b1);
+      ++f1, ++b1;
+    }
+    while (f1 < f0 || f0 < n) {
+      if (f0 < n) emit(OpKind::F, c0, f0++);
+      emit(OpKind::B, c0, b0);
+      emit(OpKind::W, c0, b0);
+      ++b0;
+      emit(OpKind::F, c1, f1);
+      emit(OpKind::B, c1, b1);
+      emit(OpKind::W, c1, b1);
+      ++f1, ++b1;
+    }
+    int w0 = b0, w1 = b1;
+    for (int i = 0; i < d; ++i) {
+      emit(OpKind::B, c0, b0++);
+      emit(OpKind::B, c1, b1++);
+    }
+    for (int i = 0; i < D - d; ++i) {
+      emit(OpKind::B, c0, b0++);
+      emit(OpKind::W, c0, w0++);
+    }
+    while (w1 < b1) emit(OpKind::W, c1, w1++);
+    while (w0 < b0) emit(OpKind::W, c0, w0++);
+    WEFT_ASSERT(f0 == n && f1 == n && b0 == n && b1 == n && w0 == n && w1 == n,
+                fmt::format("zbv: device {} ran {}/{} F, {}/{} B, {}/{} W of {} micro-batches", d, f0,
+                            f1, b0, b1, w0, w1, n));
+  }
+  return Schedule("zbv", S, D, M, true, std::move(order), v_placement(D));
+}
+
+Schedule kfkb_interleaved(int D, int v, int M, int k) {
+  check_sm(D, M, "kfkb_interleaved");
+  WEFT_CHECK(k >= 1, "kfkb_interleaved: group size k must be >= 1, got {}", k);
+  WEFT_CHECK(v >= 1, "kfkb_interleaved: virtual stages v must be >= 1, got {}", v);
+  if (v == 1) return kfkb(D, M, k);  // Megatron runs v = 1 as the plain (non-interleaved) order
+  k = std::min(k, M);
+  const int G = (M + k - 1) / k;
+  // The interleaved order over the G groups (one round of G when G < D, as torch's rule), each
+  // group op expanded into its micro-batches: every dependency and every FIFO message sequence of
+  // the group order carries over (a group's ops sit together, micro-batches ascending on both
+  // ends of a channel), so it passes the checks iff the group order does (tested for every G).
+  const auto groups = interleaved_orders(D, v, G);
+  std::vector<std::vector<Op>> order(static_cast<std::size_t>(D));
+  for (int d = 0; d < D; ++d)
+    for (const Op& op : groups[static_cast<std::size_t>(d)])
+      for (int m = op.micro * k; m < std::min(M, (op.micro + 1) * k); ++m)
+        order[static_cast<std::size_t>(d)].push_back({op.kind, op.stage, m});
+  std::string name =
+      k == 1 ? fmt::format("interleaved(v={})", v) : fmt::format("kfkb_interleaved(k={},v={})", k, v);
+  return Schedule(std::move(name), D * v, D, M, false, std::move(order));
+}
+
 Schedule make_schedule(const std::string& kind, int S, int M, int k, int v) {
   if (kind == "gpipe") return gpipe(S, M);
   if (kind == "1f1b") return one_f_one_b(S, M);
@@ -316,7 +501,16 @@ Schedule make_schedule(const std::string& kind, int S, int M, int k, int v) {
   if (kind == "eager_1f1b" || kind == "eager") return eager_1f1b(S, M);
   if (kind == "interleaved") return interleaved_1f1b(S, v, M);
   if (kind == "zb_h1" || kind == "zbh1") return zb_h1(S, M);
-  fail("unknown schedule kind '{}' (expected gpipe, 1f1b, kfkb, eager_1f1b, interleaved, zb_h1)", kind);
+  if (kind == "zb_interleaved") return zb_interleaved(S, v, M);
+  if (kind == "zbv") {
+    WEFT_CHECK(v == 1 || v == 2, "zbv: two stages per device in the V shape (v = 2), got v = {}", v);
+    return zbv(S, M);
+  }
+  if (kind == "kfkb_interleaved") return kfkb_interleaved(S, v, M, k);
+  fail(
+      "unknown schedule kind '{}' (expected gpipe, 1f1b, kfkb, eager_1f1b, interleaved, zb_h1, "
+      "zb_interleaved, zbv, kfkb_interleaved)",
+      kind);
 }
 
 // ---------------------------------------------------------------- checks

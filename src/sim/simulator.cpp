@@ -135,7 +135,8 @@ SimResult simulate(const Schedule& sch, const Pipeline& pipe, const SimOptions& 
       L.op_task[op_slot(op.stage, op.micro, op.kind, M)] =
           add_task(static_cast<TaskKind>(op.kind), op.stage, op.micro, d, -1, -1, dur);
     }
-    for (int s = d; s < S; s += D) add_task(TaskKind::Optimizer, s, -1, d, -1, -1, spec(s).optimizer_time);
+    for (int s = 0; s < S; ++s)  // the stages the schedule's placement puts on d
+      if (sch.device_of(s) == d) add_task(TaskKind::Optimizer, s, -1, d, -1, -1, spec(s).optimizer_time);
   }
   L.dev_begin.push_back(static_cast<std::int32_t>(L.kind.size()));
   const std::int32_t n_compute = static_cast<std::int32_t>(L.kind.size());
@@ -284,7 +285,8 @@ SimResult simulate(const Schedule& sch, const Pipeline& pipe, const SimOptions& 
     const OpKind last = split ? OpKind::W : OpKind::B;
     for (int d = 0; d < D; ++d) {
       double stat = 0, cur = 0, peak = 0;
-      for (int s = d; s < S; s += D) stat += spec(s).static_memory;
+      for (int s = 0; s < S; ++s)
+        if (sch.device_of(s) == d) stat += spec(s).static_memory;
       for (const Op& op : sch.device_order(d)) {
         if (op.kind == OpKind::F) peak = std::max(peak, cur += spec(op.stage).activation_memory);
         if (op.kind == last) cur -= spec(op.stage).activation_memory;

@@ -33,9 +33,11 @@ struct PlanProgress {
 };
 
 struct PlanOptions {
-  std::string schedule = "1f1b";  // "1f1b", "gpipe", "kfkb", "eager_1f1b", "interleaved", "zb_h1"
-  int schedule_k = 2;             // kFkB group size
-  int schedule_v = 2;             // interleaved virtual stages per device
+  // "1f1b", "gpipe", "kfkb", "eager_1f1b", "interleaved", "zb_h1", "zb_interleaved", "zbv" (two
+  // chunks per stage in the V shape), "kfkb_interleaved"
+  std::string schedule = "1f1b";
+  int schedule_k = 2;  // kFkB group size (kfkb, kfkb_interleaved)
+  int schedule_v = 2;  // virtual stages per device (interleaved, zb_interleaved, kfkb_interleaved)
   int num_microbatches = 0;       // 0 = auto: every power of two dividing the batch, up to max_microbatches
   int max_microbatches = 32;
   int max_data_parallel = 0;  // 0 = any number of pipeline replicas

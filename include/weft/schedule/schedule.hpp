@@ -1,8 +1,10 @@
 #pragma once
 // Pipeline schedules as a static per-device order of compute ops over the pipeline task graph.
 //
-// A pipeline has S logical stages (S = D·v: D devices, v virtual stages per device; logical stage
-// s lives on device s mod D, so v = 1 gives stage s on device s) and M micro-batches. Per stage s
+// A pipeline has S logical stages (S = D·v: D devices, v virtual stages per device) and M
+// micro-batches. The schedule carries its stage→device placement: by default logical stage s lives
+// on device s mod D (v = 1: stage s on device s; interleaved: chunk c of device d is stage c·D+d);
+// ZB-V's V shape puts stages d and 2D−1−d on device d. Per stage s
 // and micro-batch m the task graph holds F(s,m); B(s,m) (the whole backward, or only the input
 // gradient when the backward is split) and W(s,m) (weight gradient, split schedules only); the
 // activation send/recv s→s+1 after F and the gradient send/recv s+1→s after B; and per stage one
@@ -30,9 +32,10 @@ std::string to_string(const Op& op);  // "F(s1,m3)"
 class Schedule {
  public:
   // Validates shapes and completeness: every (stage, micro) has exactly one F and one B (and one
-  // W iff split_backward) on the device of that stage, and nothing else.
+  // W iff split_backward) on the device of that stage, and nothing else. `placement[s]` is the
+  // device of logical stage s; empty means the default s mod D. Every device must hold S/D stages.
   Schedule(std::string name, int num_stages, int num_devices, int num_micro, bool split_backward,
-           std::vector<std::vector<Op>> order);
+           std::vector<std::vector<Op>> order, std::vector<int> placement = {});
 
   const std::string& name() const { return name_; }
   int num_stages() const { return num_stages_; }
@@ -40,7 +43,13 @@ class Schedule {
   int num_micro() const { return num_micro_; }
   int virtual_stages() const { return num_stages_ / num_devices_; }
   bool split_backward() const { return split_; }
-  int device_of(int stage) const { return stage % num_devices_; }
+  int device_of(int stage) const { return placement_.at(static_cast<std::size_t>(stage)); }
+  // The stage→device placement (always S entries) and whether it is the default s mod D.
+  const std::vector<int>& placement() const { return placement_; }
+  bool default_placement() const;
+  // The chunk (0 .. v−1) of a stage on its device: its rank among the device's stages in stage
+  // order (s div D under the default placement; 0 or 1 under the V shape).
+  int chunk_of(int stage) const;
   const std::vector<std::vector<Op>>& order() const { return order_; }
   const std::vector<Op>& device_order(int d) const { return order_.at(static_cast<std::size_t>(d)); }
   std::size_t num_ops() const;
@@ -63,7 +72,13 @@ class Schedule {
   int num_stages_, num_devices_, num_micro_;
   bool split_;
   std::vector<std::vector<Op>> order_;
+  std::vector<int> placement_;  // per logical stage, its device
 };
+
+// The default placement (stage s on device s mod D) and the V shape of ZB-V (stages d and 2D−1−d
+// on device d; S = 2D).
+std::vector<int> loop_placement(int S, int D);
+std::vector<int> v_placement(int D);
 
 // ---- generators (S stages on S devices unless said otherwise; M micro-batches) ----
 Schedule gpipe(int S, int M);
@@ -77,13 +92,33 @@ Schedule kfkb(int S, int M, int k);
 // first backward, then alternates one backward and one forward, then the remaining backwards.
 Schedule eager_1f1b(int S, int M);
 // Megatron interleaved 1F1B: D devices, v virtual stages per device (S = D·v logical stages,
-// stage c·D+d on device d). Needs M % D == 0.
+// stage c·D+d on device d). Needs M >= D when v > 1 (rounds as torch, see schedule.md).
 Schedule interleaved_1f1b(int D, int v, int M);
 // Zero-bubble ZB-H1 (Qi et al.): B split into B (input grad) and W (weight grad). Stage i walks
 // x = 0 .. M+S−2 and emits F(x), B(x−(S−1−i)), W(x−(S−1)) when those indices lie in [0, M).
 Schedule zb_h1(int S, int M);
-// By name: "gpipe", "1f1b", "kfkb" (k), "eager_1f1b", "interleaved" (v; S = D·v with D = S/v),
-// "zb_h1". S is the number of devices; "interleaved" has S·v logical stages.
+// Interleaved zero bubble (Qi et al.'s ZB schedule on Megatron's interleaved placement, torch's
+// ScheduleInterleavedZeroBubble): D devices, v chunks (stage c·D+d on device d), B split into B
+// and W. Micro-batches in interleaved rounds of R (as interleaved_1f1b); device d warms up with
+// min(Mv, (v−1)R + D−1−d) forwards, then runs (F, B) pairs, the j-th B followed by the W of the
+// (j−d)-th B, then the remaining B and W. v = 1 is exactly zb_h1. Any M >= 1 (one round of M
+// when M < D, as torch).
+Schedule zb_interleaved(int D, int v, int M);
+// ZB-V (Qi et al. §6, torch's ScheduleZBVZeroBubble): 2D stages in the V placement (device d holds
+// stages d and 2D−1−d), B split into B and W. Device d: 2(D−d)−1 forwards of its first chunk;
+// d times (F second chunk, F first chunk); D−d times (F, B, W of the second chunk); steady
+// (F, B, W first chunk; F, B, W second chunk); cool-down d times (B first, B second), D−d times
+// (B, W first chunk), then the remaining W. For M < 2D−1 the same order for 2D−1 micro-batches
+// with the ops of the missing ones left out.
+Schedule zbv(int D, int M);
+// kFkB × interleaving: interleaved 1F1B over G = ceil(M/k) groups of k consecutive micro-batches
+// (the last holds M mod k when k ∤ M), each op of the group order run for the group's micro-batches
+// in turn. k = 1 is interleaved_1f1b (for M >= D); v = 1 is kfkb. Any G >= 1 (one round of G
+// groups when G < D, as torch's rounds).
+Schedule kfkb_interleaved(int D, int v, int M, int k);
+// By name: "gpipe", "1f1b", "kfkb" (k), "eager_1f1b", "interleaved" (v; S devices, S·v logical
+// stages), "zb_h1", "zb_interleaved" (v), "zbv" (2S logical stages, v must be 1 or 2),
+// "kfkb_interleaved" (k, v). S is the number of devices.
 Schedule make_schedule(const std::string& kind, int S, int M, int k = 1, int v = 1);
 
 // ---- static checks ----
