@@ -138,8 +138,11 @@ def plan(model_graph, cluster, schedule: str = "1F1B", *, num_microbatches: Opti
     chunks per stage in the V placement; not lowered to programs yet), kfkb_interleaved
     (``schedule_k``, ``schedule_v``). ``num_microbatches``: None = auto (powers of two dividing the batch).
     ``progress``: True for a tqdm bar, or a callable ``(phase, fraction, message)``.
-    Other options (keyword): num_blocks, max_stages, spmd_level ("O2"/"O3"), spmd_time_limit,
-    time_limit, memory_limit (bytes per device), memory_fraction, overlap_grad_sync (default True:
+    Other options (keyword): num_blocks, max_stages, spmd_level ("O2"/"O3"), spmd_time_limit (seconds
+    per SPMD search of a block on a mesh), time_limit (seconds for the whole planning, default 300: at
+    the limit the best plan found so far is returned with ``search_status == "timeout"``, within
+    1.5 x the limit + 0.5 s; ValueError only when nothing was found), threads (SPMD searches in
+    parallel; default 0 = every core; the plan is the same for any count), memory_limit (bytes per device), memory_fraction, overlap_grad_sync (default True:
     gradient synchronisation overlapped with the last backward in buckets), grad_bucket_bytes, whole_nodes_only,
     power_of_two_nodes, max_logical_shapes, two_d_meshes, pipeline, max_data_parallel, stage_ilp,
     compare_megatron, uneven_split (mixed GPUs: Whale's uneven tensor split), max_alternatives. Raises ValueError for bad input and when the model cannot

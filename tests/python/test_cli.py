@@ -102,7 +102,7 @@ def test_plan_forwards_every_planner_option(monkeypatch):
             "--spmd-relative-gap", "0.01", "--time-limit", "30", "--memory-limit", "16GB",
             "--memory-fraction", "0.8", "--grad-bucket-bytes", "25MB", "--no-pipeline", "--two-d-meshes",
             "--no-overlap-grad-sync", "--whole-nodes-only", "--power-of-two-nodes", "--uniform-partitions",
-            "--stage-ilp", "--uneven-split", "--no-compare-megatron", "-vv"]
+            "--stage-ilp", "--uneven-split", "--no-compare-megatron", "--threads", "3", "-vv"]
     with pytest.raises(Stop):
         cli.main(args)
     assert seen == dict(schedule="kFkB", progress=False, verbose=2, schedule_k=2, schedule_v=3, num_microbatches=4,
@@ -111,7 +111,7 @@ def test_plan_forwards_every_planner_option(monkeypatch):
                         spmd_relative_gap=0.01, time_limit=30.0, memory_limit=16e9, memory_fraction=0.8,
                         grad_bucket_bytes=25e6, pipeline=False, two_d_meshes=True, overlap_grad_sync=False,
                         whole_nodes_only=True, power_of_two_nodes=True, uniform_partitions=True, stage_ilp=True,
-                        uneven_split=True, compare_megatron=False)
+                        uneven_split=True, compare_megatron=False, threads=3)
     # Every option the planner's binding parses is reachable from the command line (calibration,
     # when the planner gets it, is another issue's; progress is --progress).
     src = os.path.join(os.path.dirname(__file__), "..", "..", "python", "src", "bind_plan.cpp")

@@ -46,9 +46,12 @@ struct PlanOptions {
   int num_blocks = 0;         // layer-grouping blocks; 0 = auto (min(forward-op runs, 16))
   int max_stages = 0;         // 0 = no limit
   SpmdLevel spmd_level = SpmdLevel::O2;
-  double spmd_time_limit_s = 2;     // per ILP of an SPMD search
+  double spmd_time_limit_s = 2;     // per SPMD search (one block on one mesh)
   double spmd_relative_gap = 0.02;  // per ILP of an SPMD search
-  double time_limit_s = 300;        // whole planning; weft::Error when exceeded
+  // Whole planning: at the deadline no new SPMD search starts, no more candidates are simulated,
+  // and the best plan so far is returned (Plan::search_status "timeout"; within 1.5 × the limit +
+  // 0.5 s); weft::Error only when no plan was found by then.
+  double time_limit_s = 300;
   double memory_limit = 0;          // bytes per device; 0 = the device's memory
   double memory_fraction = 0.9;     // usable part of memory_limit (fragmentation, workspace)
   // Gradient synchronisation (inside a stage's mesh and across data-parallel replicas) overlapped
