@@ -11,7 +11,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
 fi
-python3 -m pip install -q --disable-pip-version-check "scikit-build-core>=0.10" "pybind11>=2.12" numpy pytest matplotlib tqdm
+python3 -m pip install -q --disable-pip-version-check "scikit-build-core>=0.10" "pybind11>=2.12" numpy pytest pytest-xdist matplotlib tqdm
 # Type stubs (scripts/gen_stubs.py: pybind11-stubgen) and their check (mypy on examples/), and the
 # example notebooks' execution (nbclient + ipykernel); the tests that need them skip, saying why, without them.
 python3 -m pip install -q --disable-pip-version-check mypy pybind11-stubgen nbclient nbformat ipykernel

@@ -358,26 +358,38 @@ class Executor {
       if (keep) out.data = members.at(r)->data;
       return out;
     }
-    std::vector<std::int64_t> off(tiles.size());
+    // Per member and dim, the offset contribution of each output index (-1: not held), and the
+    // member's data: the element loop below then only adds and reads.
+    const std::size_t nd = out_t.local_shape.size();
+    std::vector<std::vector<std::vector<std::int64_t>>> part(tiles.size());
+    std::vector<const double*> data(tiles.size());
+    for (std::size_t m = 0; m < tiles.size(); ++m) {
+      const TileIndex& t = *tiles[m].second;
+      data[m] = members.at(tiles[m].first)->data.data();
+      part[m].resize(nd);
+      for (std::size_t d = 0; d < nd; ++d)
+        for (std::int64_t g : out_t.global[d]) {
+          const std::int64_t l = t.local[d][static_cast<std::size_t>(g)];
+          part[m][d].push_back(l < 0 ? -1 : l * t.strides[d]);
+        }
+    }
+    std::vector<std::int64_t> taken(tiles.size(), 0);  // elements copied from each member
     for_each_index(out_t.local_shape, [&](const std::vector<std::int64_t>& idx, std::int64_t k) {
       double acc = 0;
       bool first = true;
       for (std::size_t m = 0; m < tiles.size(); ++m) {
-        const TileIndex& t = *tiles[m].second;
-        const auto& st = t.strides;
         std::int64_t o = 0;
         bool held = true;
-        for (std::size_t d = 0; d < idx.size() && held; ++d) {
-          const std::int64_t l =
-              t.local[d][static_cast<std::size_t>(out_t.global[d][static_cast<std::size_t>(idx[d])])];
-          held = l >= 0;
-          o += l * st[d];
+        for (std::size_t d = 0; d < nd && held; ++d) {
+          const std::int64_t c = part[m][d][static_cast<std::size_t>(idx[d])];
+          held = c >= 0;
+          o += c;
         }
         if (!held) continue;
-        const double x = members.at(tiles[m].first)->data[static_cast<std::size_t>(o)];
+        const double x = data[m][o];
         if (!reducing) {
           out.data[static_cast<std::size_t>(k)] = x;
-          if (tiles[m].first != r) recv[{tiles[m].first, kind, i.internal}] += eb;
+          ++taken[m];
           return;
         }
         acc = first ? x : (i.reduce == lower::ReduceOp::Max ? std::max(acc, x) : acc + x);
@@ -387,6 +399,8 @@ class Executor {
                  p_.buffers[static_cast<std::size_t>(src)].name);
       out.data[static_cast<std::size_t>(k)] = acc;
     });
+    for (std::size_t m = 0; m < tiles.size(); ++m)
+      if (tiles[m].first != r && taken[m] > 0) recv[{tiles[m].first, kind, i.internal}] += taken[m] * eb;
     if (i.kind == InstrKind::ReduceScatter)
       for (const auto& [m, v] : members)
         if (m != r) recv[{m, kind, i.internal}] += out.numel() * eb;

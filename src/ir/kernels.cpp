@@ -154,18 +154,50 @@ HostTensor run_einsum(const Op& op, const std::vector<const HostTensor*>& in, co
   for (std::size_t t = 0; t < terms.size(); ++t) ist.push_back(strides_for(terms[t], in[t]->shape));
   auto ost = strides_for(rhs, out_shape);
   HostTensor out = zeros(out_shape);
-  for_each_index(sizes, [&](const Index& idx) {
+  // The loop nest runs as an odometer over every letter but the last, with running offsets, and a
+  // tight loop over the last letter: the same row-major order (so the same sums, bit for bit) as a
+  // per-element multi-index, without recomputing each offset from the whole index.
+  const std::size_t nl = sizes.size(), nt = terms.size();
+  for (auto s : sizes)
+    if (s == 0) return out;
+  std::vector<const double*> base(nt);
+  for (std::size_t t = 0; t < nt; ++t) base[t] = in[t]->data.data();
+  double* obase = out.data.data();
+  if (nl == 0) {  // every operand a scalar
     double p = 1;
-    for (std::size_t t = 0; t < terms.size(); ++t) {
-      std::int64_t off = 0;
-      for (std::size_t l = 0; l < idx.size(); ++l) off += idx[l] * ist[t][l];
-      p *= in[t]->data[off];
+    for (std::size_t t = 0; t < nt; ++t) p *= base[t][0];
+    obase[0] += p;
+    return out;
+  }
+  const std::int64_t n_inner = sizes[nl - 1], so = ost[nl - 1];
+  std::vector<std::int64_t> si(nt), offs(nt, 0), idx(nl - 1, 0);
+  for (std::size_t t = 0; t < nt; ++t) si[t] = ist[t][nl - 1];
+  std::int64_t o = 0;
+  for (;;) {
+    if (nt == 2) {
+      const double *a = base[0] + offs[0], *b = base[1] + offs[1];
+      const std::int64_t sa = si[0], sb = si[1];
+      double* y = obase + o;
+      for (std::int64_t k = 0; k < n_inner; ++k) y[k * so] += a[k * sa] * b[k * sb];
+    } else {
+      for (std::int64_t k = 0; k < n_inner; ++k) {
+        double p = 1;
+        for (std::size_t t = 0; t < nt; ++t) p *= base[t][offs[t] + k * si[t]];
+        obase[o + k * so] += p;
+      }
     }
-    std::int64_t o = 0;
-    for (std::size_t l = 0; l < idx.size(); ++l) o += idx[l] * ost[l];
-    out.data[o] += p;
-  });
-  return out;
+    std::size_t l = nl - 1;  // advance the odometer over letters [0, nl - 1)
+    for (; l-- > 0;) {
+      ++idx[l];
+      o += ost[l];
+      for (std::size_t t = 0; t < nt; ++t) offs[t] += ist[t][l];
+      if (idx[l] < sizes[l]) break;
+      o -= sizes[l] * ost[l];
+      for (std::size_t t = 0; t < nt; ++t) offs[t] -= sizes[l] * ist[t][l];
+      idx[l] = 0;
+    }
+    if (l == static_cast<std::size_t>(-1)) return out;
+  }
 }
 
 HostTensor run_binary(BinaryFn f, const HostTensor& a, const HostTensor& b, const Shape& out_shape) {

@@ -246,7 +246,7 @@ OpSignature reshape_rule(const OpAttrs& a, const Shape& in, DType dt, std::strin
     b.input(b.fresh(in, "i", FactorKind::NeedReplication));
     b.output(b.fresh(out, "o", FactorKind::NeedReplication));
   }
-  return {{out}, {dt}, b.done({0}, {})};
+  return {{out}, {dt}, b.done(0, {})};
 }
 
 }  // namespace

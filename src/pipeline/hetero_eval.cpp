@@ -44,8 +44,6 @@
 namespace weft::pipeline {
 namespace {
 
-constexpr double kGiB = 1073741824.0;
-
 // Layer index of "<prefix><digits>.<rest>", else -1.
 int parse_layer(std::string_view name, std::string_view prefix) {
   if (prefix.empty() || name.size() <= prefix.size() || name.substr(0, prefix.size()) != prefix) return -1;

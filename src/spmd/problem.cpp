@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <iterator>
 #include <map>
 #include <optional>
 #include <set>
@@ -625,33 +626,41 @@ Elimination::Elimination(const StrategyProblem& p, int keep, std::size_t max_tab
   std::vector<int> order;
   std::vector<std::vector<int>> scopes;
   {
-    std::vector<std::vector<int>> vars;
-    for (const auto& f : fs) vars.push_back(f.vars);
+    // The interaction graph: a node's scope when eliminated is its neighbour set, and
+    // eliminating v joins its neighbours into a clique (exactly the union of the scopes of the
+    // factors that touch a node, kept incrementally). Only v's neighbours change size.
+    std::vector<std::vector<int>> nb(n);
+    for (const auto& f : fs)
+      for (int u : f.vars)
+        for (int w : f.vars)
+          if (u != w) nb[u].push_back(w);
+    for (auto& l : nb) {
+      std::sort(l.begin(), l.end());
+      l.erase(std::unique(l.begin(), l.end()), l.end());
+    }
+    std::vector<std::size_t> size(n);
+    for (int v = 0; v < n; ++v) size[v] = table_size(nb[v], p);
     std::vector<char> gone(n, 0);
     for (int step = 0; step < n - (keep >= 0 ? 1 : 0); ++step) {
-      // Pick the node whose elimination makes the smallest table.
+      // Pick the node whose elimination makes the smallest table (the lowest id on a tie).
       int best = -1;
-      std::size_t best_size = 0;
-      std::vector<int> best_scope;
-      for (int v = 0; v < n; ++v) {
-        if (gone[v] || v == keep) continue;
-        std::vector<int> scope;
-        for (const auto& f : vars)
-          if (std::binary_search(f.begin(), f.end(), v))
-            for (int u : f)
-              if (u != v) scope.push_back(u);
-        std::sort(scope.begin(), scope.end());
-        scope.erase(std::unique(scope.begin(), scope.end()), scope.end());
-        const std::size_t sz = table_size(scope, p);
-        if (best < 0 || sz < best_size) best = v, best_size = sz, best_scope = scope;
+      for (int v = 0; v < n; ++v)
+        if (!gone[v] && v != keep && (best < 0 || size[v] < size[best])) best = v;
+      if (size[best] > max_table) return;
+      std::vector<int> best_scope = nb[best];
+      gone[best] = 1;
+      for (int u : best_scope) {
+        std::vector<int> merged;
+        merged.reserve(nb[u].size() + best_scope.size());
+        std::set_union(nb[u].begin(), nb[u].end(), best_scope.begin(), best_scope.end(),
+                       std::back_inserter(merged));
+        std::erase_if(merged, [&](int w) { return w == u || w == best; });
+        nb[u] = std::move(merged);
+        size[u] = table_size(nb[u], p);
       }
-      if (best_size > max_table) return;
-      std::erase_if(vars,
-                    [&](const std::vector<int>& f) { return std::binary_search(f.begin(), f.end(), best); });
-      vars.push_back(best_scope);
+      nb[best].clear();
       order.push_back(best);
       scopes.push_back(std::move(best_scope));
-      gone[best] = 1;
     }
   }
   used_.resize(n);

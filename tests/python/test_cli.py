@@ -160,6 +160,7 @@ _BAD = [["reshard"] + _RESHARD[1:] + ["--bandwidth", "fast"],
         ["zoo", "--family", "nope"]]
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize("args", _BAD, ids=[" ".join(a[-2:]) for a in _BAD])
 def test_bad_arguments_fail_in_one_line_within_a_second(args, capsys):
     t0 = time.perf_counter()

@@ -224,6 +224,7 @@ def test_cli_plans_a_mixed_cluster(capsys):
     assert "P100" in text and "Plan for" in text
 
 
+@pytest.mark.serial
 def test_planning_releases_the_gil_and_answers_ctrl_c():
     # Issue 18: the search runs off the GIL (other Python threads keep running) and a Ctrl-C raises
     # KeyboardInterrupt at once, not when the search ends.

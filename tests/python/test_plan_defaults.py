@@ -3,7 +3,11 @@ returns the best plan found by then (search_status "timeout") instead of failing
 import json
 import time
 
+import pytest
+
 import weft
+
+pytestmark = pytest.mark.serial  # wall-clock bounds: run alone (scripts/test_all.sh)
 
 
 def _strip_timings(plan):

@@ -12,6 +12,8 @@ import pytest
 import weft
 import weft.models as wm
 
+pytestmark = pytest.mark.serial  # wall-clock bounds: run alone (scripts/test_all.sh)
+
 
 @pytest.fixture(scope="module")
 def m8():

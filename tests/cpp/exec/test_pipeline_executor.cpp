@@ -180,7 +180,9 @@ TEST_CASE("exec pipeline: 3 and 4 stages on meshes of different shapes, replicas
   }
   SUBCASE("MoE, U-Net (skips cross stages), Wide-ResNet, BERT in 3 stages, 2 micro-batches, 1F1B / ZB-H1") {
     std::uint32_t seed = 200;
-    for (const auto& [name, g] : test::tiny_zoo(4)) {
+    for (const auto& entry : test::tiny_zoo(4)) {
+      const auto& name = entry.first;  // not a structured binding: CAPTURE's lambda (clang 14)
+      const auto& g = entry.second;
       eo.steps = 2;
       const auto ref = exec::execute_reference(g, eo);
       const auto mb = plan::rebatch(g, 2);

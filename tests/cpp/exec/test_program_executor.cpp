@@ -176,7 +176,9 @@ TEST_CASE("exec program: MoE, U-Net, Wide-ResNet and BERT (tiny) under random la
   exec::ExecuteOptions eo;
   eo.steps = 2;
   std::uint32_t seed = 100;
-  for (const auto& [name, g] : models) {
+  for (const auto& entry : models) {
+    const auto& name = entry.first;  // not a structured binding: CAPTURE's lambda (clang 14)
+    const auto& g = entry.second;
     const auto ref = exec::execute_reference(g, eo);
     for (auto mesh : std::vector<std::vector<std::int64_t>>{{2}, {2, 2}}) {
       CAPTURE(fmt::format("{} on {} (seed {})", name, fmt::join(mesh, "x"), seed));
@@ -322,7 +324,9 @@ TEST_CASE("exec program: the bytes each rank sends equal the cost model's for th
       }
       const auto& sent = res.ranks[static_cast<std::size_t>(r)].bytes_sent;
       CHECK(sent.size() == model.size());
-      for (const auto& [kind, b] : model) {
+      for (const auto& kv : model) {
+        const auto& kind = kv.first;  // not a structured binding: CAPTURE's lambda (clang 14)
+        const auto& b = kv.second;
         CAPTURE(kind);
         if (kind == "all-to-all") {
           a2a_model += b;

@@ -203,8 +203,8 @@ TEST_CASE("table 2 case 6: largest-first is stuck at 4/3-ish, the search is exac
 
 TEST_CASE("1 -> m: send/recv = A*B*t, local all-gather = A*t, broadcast = t") {
   const std::vector<int64_t> shape{1024, 1024, 256};  // 1 GiB of f32
-  for (auto [A, B] :
-       std::vector<std::pair<int, int>>{{1, 1}, {1, 2}, {1, 3}, {1, 4}, {2, 2}, {3, 2}, {4, 2}}) {
+  for (auto ab : std::vector<std::pair<int, int>>{{1, 1}, {1, 2}, {1, 3}, {1, 4}, {2, 2}, {3, 2}, {4, 2}}) {
+    const int A = ab.first, B = ab.second;  // not a structured binding: CAPTURE's lambda (clang 14)
     CAPTURE(A);
     CAPTURE(B);
     DeviceMesh sm({1, 1}, {0});
