@@ -70,7 +70,10 @@ def run_torch(args, step, device, dtype, layers, heads):
 
 def run_weft(args, step, cluster, device, dtype_name):
     mesh = weft.DeviceMesh([1], [0])
-    result = weft.spmd_search(step, cluster, mesh)
+    # One device: the layout is trivial; on a GPU the memory limit is that GPU's own memory (the
+    # preset's 16 GB V100 refuses a GPT-1.3B step that a 80-141 GB GPU holds).
+    limit = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
+    result = weft.spmd_search(step, cluster, mesh, memory_limit=limit)
     program = weft.lower_spmd(step, cluster, mesh, result)
     layout = weft._weft.ProgramLayout(program)
     rt = RankRuntime(layout, 0, device=device, dtype=dtype_name, seed=args.seed, groups=ProcessGroups([]))
