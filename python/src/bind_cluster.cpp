@@ -83,7 +83,7 @@ void bind_cluster(py::module_& m) {
   py::class_<Cluster>(m, "Cluster", "Nodes of GPUs with intra-node links and shared NICs; presets and JSON.")
       .def(py::init<std::vector<NodeSpec>>(), py::arg("nodes"))
       .def_static("preset", &Cluster::preset, py::arg("name"), py::arg("nodes") = 1,
-                  "A preset: M8, S1, p3.8xlarge, DGX-A100, H100, P100, T4 (see docs/modules/cluster.md).")
+                  "A preset: M8, S1, p3.8xlarge, DGX-A100, H100, H200, P100, T4 (see docs/modules/cluster.md).")
       .def_static("preset_names", &Cluster::preset_names)
       .def_static("concat", &Cluster::concat, py::arg("a"), py::arg("b"))
       .def_static("from_json", &Cluster::from_json, py::arg("text"))

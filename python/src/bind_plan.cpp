@@ -7,6 +7,7 @@
 #include <pybind11/stl.h>
 
 #include <map>
+#include <optional>
 #include <string>
 
 #include "interruptible.hpp"
@@ -115,6 +116,42 @@ void bind_plan(py::module_& m) {
         return a.feasible ? fmt::format("PlanAlternative({} {}: {:.4g} s)", a.strategy, a.layout, a.step_time)
                           : fmt::format("PlanAlternative({}: infeasible, {})", a.strategy, a.note);
       });
+  py::class_<AdaptiveWindow>(m, "AdaptiveWindow", "One window of the trace: the frontier point to run there.")
+      .def_readonly("start", &AdaptiveWindow::start, "Trace time, s.")
+      .def_readonly("end", &AdaptiveWindow::end, "Trace time, s.")
+      .def_readonly("candidate", &AdaptiveWindow::candidate, "Index into the policy's frontier.")
+      .def_readonly("step", &AdaptiveWindow::step, "That point's mean step in this window, s.")
+      .def("__repr__", [](const AdaptiveWindow& w) {
+        return fmt::format("AdaptiveWindow([{:g}, {:g}) s: point {}, {:.4g} s/step)", w.start, w.end, w.candidate,
+                           w.step);
+      });
+  py::class_<AdaptivePolicy>(m, "AdaptivePolicy",
+                             "Ada-Grouper's policy for a plan under a bandwidth trace: the (k, micro-batch) "
+                             "frontier under the memory limit, the point per trace window, and the expected "
+                             "step time against every fixed point and 1F1B (weft.adaptive_policy).")
+      .def_readonly("frontier", &AdaptivePolicy::frontier, "weft.Candidate per k (largest micro-batch that fits).")
+      .def_readonly("windows", &AdaptivePolicy::windows, "weft.AdaptiveWindow per window of the trace, in order.")
+      .def_readonly("fixed_step", &AdaptivePolicy::fixed_step,
+                    "Per frontier point: its mean step over the trace when run throughout, s.")
+      .def_readonly("step", &AdaptivePolicy::step, "The policy's expected step over the trace, s.")
+      .def_readonly("best_fixed", &AdaptivePolicy::best_fixed, "Index of the fastest fixed point.")
+      .def_readonly("one_f_one_b", &AdaptivePolicy::one_f_one_b, "Index of the k = 1 point (-1: none fits).")
+      .def_readonly("window_s", &AdaptivePolicy::window_s, "Seconds of trace per window.")
+      .def_readonly("duration_s", &AdaptivePolicy::duration_s, "Seconds of trace covered.")
+      .def_readonly("optimizer_time", &AdaptivePolicy::optimizer_time,
+                    "Largest optimizer step of a stage, added to every step time, s.")
+      .def_property_readonly("k_per_window",
+                             [](const AdaptivePolicy& a) {
+                               std::vector<int> ks;
+                               for (const auto& w : a.windows)
+                                 ks.push_back(a.frontier[static_cast<std::size_t>(w.candidate)].k);
+                               return ks;
+                             },
+                             "The k to run in each window.")
+      .def("speedup_vs_1f1b", &AdaptivePolicy::speedup_vs_1f1b)
+      .def("speedup_vs_best_fixed", &AdaptivePolicy::speedup_vs_best_fixed)
+      .def("summary", &AdaptivePolicy::summary)
+      .def("__repr__", &AdaptivePolicy::summary);
   py::class_<Plan>(
       m, "Plan",
       "The planner's answer: stages (blocks, devices, meshes, parameter specs, times, memory), "
@@ -165,6 +202,9 @@ void bind_plan(py::module_& m) {
       .def_readonly("search_status", &Plan::search_status,
                     "'complete', or 'timeout': the time limit cut the search short; the best plan by then.")
       .def_readonly("alternatives", &Plan::alternatives)
+      .def_readonly("adaptive", &Plan::adaptive,
+                    "With bandwidth_trace= or schedule='adaptive': Ada-Grouper's policy (weft.AdaptivePolicy); "
+                    "else None.")
       .def_property_readonly("num_stages", &Plan::num_stages)
       .def("summary", &Plan::summary, "Readable multi-line summary.")
       .def("to_json", &Plan::to_json)
@@ -258,6 +298,18 @@ void bind_plan(py::module_& m) {
         o.max_alternatives = py::cast<int>(v);
       else if (key == "threads")
         o.threads = py::cast<int>(v);
+      else if (key == "bandwidth_trace")
+        o.bandwidth_trace = py::cast<weft::cluster::BandwidthTrace>(v);
+      else if (key == "adaptive_window")
+        o.adaptive.window_s = py::cast<double>(v);
+      else if (key == "adaptive_k_max")
+        o.adaptive.k_max = py::cast<int>(v);
+      else if (key == "adaptive_duration")
+        o.adaptive.duration_s = py::cast<double>(v);
+      else if (key == "adaptive_forward_overhead")
+        o.adaptive.forward_overhead_s = py::cast<double>(v);
+      else if (key == "adaptive_backward_overhead")
+        o.adaptive.backward_overhead_s = py::cast<double>(v);
       else if (key == "progress") {
         if (!v.is_none()) {
           auto fn = weft::python::python_callback(py::cast<py::function>(v));
@@ -282,6 +334,26 @@ void bind_plan(py::module_& m) {
       return plan_fn(o);
     });
   };
+  m.def(
+      "adaptive_policy",
+      [](const Plan& p, const std::optional<weft::cluster::BandwidthTrace>& trace, double window, int k_max,
+         double duration, int samples, double forward_overhead, double backward_overhead) {
+        AdaptiveOptions o;
+        o.window_s = window;
+        o.k_max = k_max;
+        o.duration_s = duration;
+        o.samples_per_window = samples;
+        o.forward_overhead_s = forward_overhead;
+        o.backward_overhead_s = backward_overhead;
+        py::gil_scoped_release release;
+        return adaptive_policy(p, trace.value_or(weft::cluster::BandwidthTrace{}), o);
+      },
+      py::arg("plan"), py::arg("trace") = py::none(), py::arg("window") = 60.0, py::arg("k_max") = 8,
+      py::arg("duration") = 0.0, py::arg("samples_per_window") = 16, py::arg("forward_overhead") = 0.0,
+      py::arg("backward_overhead") = 0.0,
+      "Ada-Grouper's policy for a plan's pipeline under a bandwidth trace (None: constant): the (k, "
+      "micro-batch) frontier under the plan's memory limit, the point per window (s) of the trace, and the "
+      "expected step time vs every fixed point and 1F1B.");
   m.def(
       "make_plan",
       [options, released](const weft::ir::Graph& g, const weft::cluster::Cluster& c, const py::kwargs& kw) {

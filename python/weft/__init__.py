@@ -51,10 +51,11 @@ from . import spmd
 from .spmd import SpmdResult, spmd_search
 __all__ += ["spmd", "SpmdResult", "spmd_search"]
 # plan (the planner: weft.plan(model, cluster) -> Plan; Megatron-style baseline)
-from .planning import (Plan, calibrated_cluster, data_parallel_plan, layout_plan, load_calibration,
-                       megatron_plan, plan, split_plan)
+from .planning import (Plan, adaptive_policy, calibrated_cluster, data_parallel_plan, layout_plan,
+                       load_calibration, megatron_plan, plan, split_plan)
+from ._weft import AdaptivePolicy, AdaptiveWindow  # noqa: E402 (Plan.adaptive: Ada-Grouper under a trace)
 __all__ += ["Plan", "plan", "megatron_plan", "data_parallel_plan", "split_plan", "layout_plan", "calibrated_cluster",
-            "load_calibration"]
+            "load_calibration", "adaptive_policy", "AdaptivePolicy", "AdaptiveWindow"]
 # reshard / exec (cross-mesh resharding planner and the CPU reference executor)
 from . import reshard
 __all__ += ["reshard"]

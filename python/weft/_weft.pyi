@@ -13,7 +13,7 @@ hetero: _types.ModuleType
 models: _types.ModuleType
 pipeline: _types.ModuleType
 spmd: _types.ModuleType
-__all__: list[str] = ['AxisLink', 'BandwidthTrace', 'Calibration', 'Candidate', 'Cluster', 'CrossMeshOp', 'CrossMeshPlan', 'CrossMeshUnitTask', 'Device', 'DeviceMesh', 'DeviceSpec', 'DriverResult', 'Graph', 'LeafValues', 'MegatronLayout', 'NodeSpec', 'OrderCheck', 'PipelineLink', 'Placement', 'Plan', 'PlanAlternative', 'PlanCrossTensor', 'PlanOpLayout', 'PlanParamSpec', 'PlanStage', 'Program', 'ProgramLayout', 'ReshardPlan', 'ReshardPlanner', 'ReshardStep', 'Schedule', 'ScheduleOp', 'ShardingSpec', 'SimResult', 'StageModel', 'StageSpec', 'TuneResult', 'adagrouper_drive', 'adagrouper_frontier', 'adagrouper_tune', 'axis_links', 'batch_size', 'best_megatron_plan', 'calibrated_cluster', 'candidate_step_time', 'check_dependencies', 'check_order', 'check_pairing', 'collective_time', 'compute_time', 'data_parallel_plan', 'dtype_size', 'eager_1f1b', 'enumerate_specs', 'gpipe', 'hetero', 'interleaved_1f1b', 'interpret', 'is_training_graph', 'kfkb', 'kfkb_interleaved', 'layout_plan', 'links_from_cluster', 'loop_placement', 'make_plan', 'make_schedule', 'megatron_layouts', 'megatron_plan', 'model_state_bytes', 'models', 'one_f_one_b', 'pipeline', 'propagate_reshape', 'rebatch', 'roofline', 'split_plan', 'spmd', 'v_placement', 'zb_h1', 'zb_interleaved', 'zbv']
+__all__: list[str] = ['AdaptivePolicy', 'AdaptiveWindow', 'AxisLink', 'BandwidthTrace', 'Calibration', 'Candidate', 'Cluster', 'CrossMeshOp', 'CrossMeshPlan', 'CrossMeshUnitTask', 'Device', 'DeviceMesh', 'DeviceSpec', 'DriverResult', 'Graph', 'LeafValues', 'MegatronLayout', 'NodeSpec', 'OrderCheck', 'PipelineLink', 'Placement', 'Plan', 'PlanAlternative', 'PlanCrossTensor', 'PlanOpLayout', 'PlanParamSpec', 'PlanStage', 'Program', 'ProgramLayout', 'ReshardPlan', 'ReshardPlanner', 'ReshardStep', 'Schedule', 'ScheduleOp', 'ShardingSpec', 'SimResult', 'StageModel', 'StageSpec', 'TuneResult', 'adagrouper_drive', 'adagrouper_frontier', 'adagrouper_tune', 'adaptive_policy', 'axis_links', 'batch_size', 'best_megatron_plan', 'calibrated_cluster', 'candidate_step_time', 'check_dependencies', 'check_order', 'check_pairing', 'collective_time', 'compute_time', 'data_parallel_plan', 'dtype_size', 'eager_1f1b', 'enumerate_specs', 'gpipe', 'hetero', 'interleaved_1f1b', 'interpret', 'is_training_graph', 'kfkb', 'kfkb_interleaved', 'layout_plan', 'links_from_cluster', 'loop_placement', 'make_plan', 'make_schedule', 'megatron_layouts', 'megatron_plan', 'model_state_bytes', 'models', 'one_f_one_b', 'pipeline', 'propagate_reshape', 'rebatch', 'roofline', 'split_plan', 'spmd', 'v_placement', 'zb_h1', 'zb_interleaved', 'zbv']
 class DeviceSpec:
     """
     A GPU kind: peak FLOP/s per dtype, memory bytes, memory bandwidth.
@@ -109,7 +109,7 @@ class Cluster:
     @staticmethod
     def preset(name: str, nodes: typing.SupportsInt | typing.SupportsIndex = 1) -> Cluster:
         """
-        A preset: M8, S1, p3.8xlarge, DGX-A100, H100, P100, T4 (see docs/modules/cluster.md).
+        A preset: M8, S1, p3.8xlarge, DGX-A100, H100, H200, P100, T4 (see docs/modules/cluster.md).
         """
     @staticmethod
     def preset_names() -> list[str]:
@@ -717,6 +717,94 @@ class PlanAlternative:
     @property
     def strategy(self) -> str:
         ...
+class AdaptiveWindow:
+    """
+    One window of the trace: the frontier point to run there.
+    """
+    def __repr__(self) -> str:
+        ...
+    @property
+    def candidate(self) -> int:
+        """
+        Index into the policy's frontier.
+        """
+    @property
+    def end(self) -> float:
+        """
+        Trace time, s.
+        """
+    @property
+    def start(self) -> float:
+        """
+        Trace time, s.
+        """
+    @property
+    def step(self) -> float:
+        """
+        That point's mean step in this window, s.
+        """
+class AdaptivePolicy:
+    """
+    Ada-Grouper's policy for a plan under a bandwidth trace: the (k, micro-batch) frontier under the memory limit, the point per trace window, and the expected step time against every fixed point and 1F1B (weft.adaptive_policy).
+    """
+    def __repr__(self) -> str:
+        ...
+    def speedup_vs_1f1b(self) -> float:
+        ...
+    def speedup_vs_best_fixed(self) -> float:
+        ...
+    def summary(self) -> str:
+        ...
+    @property
+    def best_fixed(self) -> int:
+        """
+        Index of the fastest fixed point.
+        """
+    @property
+    def duration_s(self) -> float:
+        """
+        Seconds of trace covered.
+        """
+    @property
+    def fixed_step(self) -> list[float]:
+        """
+        Per frontier point: its mean step over the trace when run throughout, s.
+        """
+    @property
+    def frontier(self) -> list[typing.Any]:
+        """
+        weft.Candidate per k (largest micro-batch that fits).
+        """
+    @property
+    def k_per_window(self) -> list[int]:
+        """
+        The k to run in each window.
+        """
+    @property
+    def one_f_one_b(self) -> int:
+        """
+        Index of the k = 1 point (-1: none fits).
+        """
+    @property
+    def optimizer_time(self) -> float:
+        """
+        Largest optimizer step of a stage, added to every step time, s.
+        """
+    @property
+    def step(self) -> float:
+        """
+        The policy's expected step over the trace, s.
+        """
+    @property
+    def window_s(self) -> float:
+        """
+        Seconds of trace per window.
+        """
+    @property
+    def windows(self) -> list[AdaptiveWindow]:
+        """
+        weft.AdaptiveWindow per window of the trace, in order.
+        """
 class Plan:
     """
     The planner's answer: stages (blocks, devices, meshes, parameter specs, times, memory), schedule and micro-batching, cross-stage tensors with resharding plans, predicted step time, throughput, MFU, peak memory, and the alternatives compared.
@@ -748,6 +836,11 @@ class Plan:
         """
     def to_json(self) -> str:
         ...
+    @property
+    def adaptive(self) -> AdaptivePolicy | None:
+        """
+        With bandwidth_trace= or schedule='adaptive': Ada-Grouper's policy (weft.AdaptivePolicy); else None.
+        """
     @property
     def alternatives(self) -> list[PlanAlternative]:
         ...
@@ -827,6 +920,16 @@ class Plan:
     @property
     def schedule_v(self) -> int:
         ...
+    @property
+    def search_space(self) -> str:
+        """
+        The search space the planner explored, rule by rule (defaults and limits).
+        """
+    @property
+    def search_status(self) -> str:
+        """
+        'complete', or 'timeout': the time limit cut the search short; the best plan by then.
+        """
     @property
     def send_time(self) -> list[float]:
         ...
@@ -1521,6 +1624,10 @@ def adagrouper_frontier(stages: collections.abc.Sequence[StageModel], global_bat
     ...
 def adagrouper_tune(candidates: collections.abc.Sequence[Candidate], stages: collections.abc.Sequence[StageModel], links: collections.abc.Sequence[PipelineLink], t0: typing.SupportsFloat | typing.SupportsIndex = 0.0) -> TuneResult:
     ...
+def adaptive_policy(plan: Plan, trace: ... | None = None, window: typing.SupportsFloat | typing.SupportsIndex = 60.0, k_max: typing.SupportsInt | typing.SupportsIndex = 8, duration: typing.SupportsFloat | typing.SupportsIndex = 0.0, samples_per_window: typing.SupportsInt | typing.SupportsIndex = 16, forward_overhead: typing.SupportsFloat | typing.SupportsIndex = 0.0, backward_overhead: typing.SupportsFloat | typing.SupportsIndex = 0.0) -> AdaptivePolicy:
+    """
+    Ada-Grouper's policy for a plan's pipeline under a bandwidth trace (None: constant): the (k, micro-batch) frontier under the plan's memory limit, the point per window (s) of the trace, and the expected step time vs every fixed point and 1F1B.
+    """
 def axis_links(cluster: Cluster, mesh: DeviceMesh) -> list[AxisLink]:
     ...
 def batch_size(graph: Graph) -> int:

@@ -715,8 +715,8 @@ def match_device_kind(gpu_name: str, gpu_memory_bytes: float, specs: Iterable) -
 
     Conservative, because a wrong match gives wrong efficiencies: the kind's family (its first
     token, "H100" in "H100-SXM5-80GB") must be a word of the name, a form factor named by both
-    (SXM / PCIe / NVL) must agree, and the memory sizes must be within 15 %. An H200, an H100 PCIe
-    or an A100 40GB matches none of the presets: their efficiencies are then relative to measured
+    (SXM / PCIe / NVL) must agree, and the memory sizes must be within 15 %. An H200 is
+    ``H200-SXM-141GB``; an H100 PCIe or an A100 40GB matches none of the presets: their efficiencies are then relative to measured
     peaks (pass ``device_spec=`` for their datasheet)."""
     name_tokens = _tokens(gpu_name)
     best = None

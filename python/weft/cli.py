@@ -151,6 +151,14 @@ _PLAN_OPTIONS = [
     ("--stage-ilp", "stage_ilp", bool, "Rhino's stage ILP on non-linear block graphs"),
     ("--uneven-split", "uneven_split", bool, "mixed GPUs: Whale's uneven tensor split"),
     ("--compare-megatron", "compare_megatron", bool, "also cost the Megatron-style baseline"),
+    ("--adaptive-window", "adaptive_window", float, "with --trace / --schedule adaptive: seconds per policy window"),
+    ("--adaptive-k-max", "adaptive_k_max", int, "with --trace / --schedule adaptive: largest kFkB group size"),
+    ("--adaptive-duration", "adaptive_duration", float,
+     "with --trace / --schedule adaptive: seconds of trace covered (default: its last change + one window)"),
+    ("--adaptive-forward-overhead", "adaptive_forward_overhead", float,
+     "with --trace / --schedule adaptive: fixed forward seconds per micro-batch and stage"),
+    ("--adaptive-backward-overhead", "adaptive_backward_overhead", float,
+     "with --trace / --schedule adaptive: fixed backward seconds per micro-batch and stage"),
 ]
 
 
@@ -178,6 +186,25 @@ def _plan_options(args) -> dict:
     return opts
 
 
+def _trace_arg(text: str):
+    """--trace: a BandwidthTrace JSON file ({"times": [...], "fractions": [...]}) or
+    preempted:SEED[:DURATION] (the preempted-network generator)."""
+    import weft
+
+    if text.startswith("preempted:"):
+        parts = text.split(":")
+        try:
+            seed = int(parts[1])
+            duration = float(parts[2]) if len(parts) > 2 else 600.0
+        except (IndexError, ValueError):
+            raise ValueError(f"--trace: expected preempted:SEED[:DURATION], got {text!r}") from None
+        return weft.BandwidthTrace.preempted(seed, duration=duration)
+    if not os.path.isfile(text):
+        raise ValueError(f"--trace: no such file {text!r} (a trace JSON, or preempted:SEED[:DURATION])")
+    with open(text) as f:
+        return weft.BandwidthTrace.from_json(f.read())
+
+
 def _plan(args) -> int:
     import weft
 
@@ -190,6 +217,8 @@ def _plan(args) -> int:
         from .planning import load_calibration
 
         opts["calibration"] = load_calibration(args.calibration)
+    if args.trace is not None:  # read (and checked) before the model is built
+        opts["bandwidth_trace"] = _trace_arg(args.trace)
     graph = _graph(args.model, args.batch, args.dtype)
     cluster = _cluster_arg(args.cluster, args.nodes)
     p = weft.plan(graph, cluster, schedule=args.schedule, progress=args.progress, verbose=args.verbose, **opts)
@@ -374,7 +403,8 @@ def main(argv: list[str] | None = None) -> int:
                          "or a cluster JSON file")
     pp.add_argument("--nodes", type=int, default=2, help="nodes of a preset given without :NODES")
     pp.add_argument("--schedule", default="1F1B", help="1F1B, GPipe, kFkB (--schedule-k), eager-1F1B, "
-                    "interleaved (--schedule-v), ZB-H1, zb_interleaved (--schedule-v), ZB-V, kfkb_interleaved")
+                    "interleaved (--schedule-v), ZB-H1, zb_interleaved (--schedule-v), ZB-V, kfkb_interleaved, adaptive "
+                    "(Ada-Grouper under --trace)")
     for flag, key, kind, help_text in _PLAN_OPTIONS:
         if kind is bool:
             pp.add_argument(flag, dest=key, action=argparse.BooleanOptionalAction, default=None, help=help_text)
@@ -382,6 +412,9 @@ def main(argv: list[str] | None = None) -> int:
             pp.add_argument(flag, dest=key, type=str if kind == "bytes" else kind, default=None, help=help_text)
     pp.add_argument("--calibration", default=None,
                     help="price the plan on the cluster as measured: the JSON `weft calibrate` writes")
+    pp.add_argument("--trace", default=None,
+                    help="a busy network: bandwidth trace JSON of the inter-stage links (or preempted:SEED"
+                         "[:DURATION]); the plan reports Ada-Grouper's k per window (with --schedule adaptive)")
     pp.add_argument("--fast", action="store_true", help="whole-node, power-of-two submeshes only")
     pp.add_argument("--no-megatron", action="store_true", help="skip the Megatron-style baseline")
     pp.add_argument("--progress", action="store_true", help="show a progress bar")

@@ -36,6 +36,7 @@ _SCHEDULES = {
     "zbvzerobubble": "zbv",
     "kfkb_interleaved": "kfkb_interleaved",
     "kfkb-interleaved": "kfkb_interleaved",
+    "adaptive": "adaptive",  # weft.plan only: Ada-Grouper's k per window of bandwidth_trace
 }
 
 
@@ -43,7 +44,7 @@ def _schedule_name(name: str) -> str:
     key = name.strip().lower()
     if key not in _SCHEDULES:
         raise ValueError(f"unknown schedule {name!r}; one of 1F1B, GPipe, kFkB, eager-1F1B, interleaved, ZB-H1, "
-                         f"zb_interleaved, ZB-V, kfkb_interleaved")
+                         f"zb_interleaved, ZB-V, kfkb_interleaved, adaptive (weft.plan)")
     return _SCHEDULES[key]
 
 
@@ -136,7 +137,16 @@ def plan(model_graph, cluster, schedule: str = "1F1B", *, num_microbatches: Opti
     ``schedule``: 1F1B (default), GPipe, kFkB (``schedule_k``), eager-1F1B, interleaved
     (``schedule_v``), ZB-H1, zb_interleaved (interleaved zero bubble, ``schedule_v``), ZB-V (two
     chunks per stage in the V placement; not lowered to programs yet), kfkb_interleaved
-    (``schedule_k``, ``schedule_v``). ``num_microbatches``: None = auto (powers of two dividing the batch).
+    (``schedule_k``, ``schedule_v``), adaptive (Ada-Grouper: the layout planned under 1F1B, then
+    ``Plan.adaptive``, the k to run in each window of ``bandwidth_trace``). ``bandwidth_trace``: a
+    ``weft.BandwidthTrace`` (fraction of nominal bandwidth over time) on the inter-stage links:
+    the plan then carries ``Plan.adaptive`` (a ``weft.AdaptivePolicy``: the (k, micro-batch)
+    frontier under the memory limit, the point per window, and the expected step under the trace
+    against every fixed k and 1F1B; ``adaptive_window`` s per window, default 60, ``adaptive_k_max``
+    default 8, ``adaptive_duration`` s of trace, default its last change + one window,
+    ``adaptive_forward_overhead`` / ``adaptive_backward_overhead`` s per micro-batch and stage, default 0;
+    see :func:`adaptive_policy`).
+    ``num_microbatches``: None = auto (powers of two dividing the batch).
     ``progress``: True for a tqdm bar, or a callable ``(phase, fraction, message)``.
     Other options (keyword): num_blocks, max_stages, spmd_level ("O2"/"O3"), spmd_time_limit (seconds
     per SPMD search of a block on a mesh), time_limit (seconds for the whole planning, default 300: at
@@ -229,3 +239,19 @@ def layout_plan(model_graph, cluster, stages, num_microbatches: int = 1, schedul
 
 __all__ = ["plan", "megatron_plan", "data_parallel_plan", "split_plan", "layout_plan", "load_calibration",
            "calibrated_cluster", "Plan"]
+
+
+def adaptive_policy(plan: Plan, trace=None, window: float = 60.0, k_max: int = 8, duration: float = 0.0,
+                    samples_per_window: int = 16, forward_overhead: float = 0.0,
+                    backward_overhead: float = 0.0) -> "_weft.AdaptivePolicy":
+    """Ada-Grouper's policy for a plan's pipeline under a bandwidth trace (None: a constant network):
+    the (k, micro-batch size) frontier under the plan's memory limit, the point to run in each
+    ``window`` seconds of the trace, and the expected step time (mean over windows of
+    ``samples_per_window`` simulated iterations each) against every fixed point and 1F1B.
+    The plan's stages scale with the micro-batch size (per sample). ``duration``: seconds of
+    trace covered (0 = up to its last change + one window). ``forward_overhead`` /
+    ``backward_overhead``: fixed seconds per micro-batch and stage (kernel launches; weft's datasheet
+    costs have none), which make small micro-batches cost compute: per k the frontier takes the
+    micro-batch size with the shortest step on the full-bandwidth network."""
+    return _weft.adaptive_policy(plan, trace, float(window), int(k_max), float(duration), int(samples_per_window),
+                                 float(forward_overhead), float(backward_overhead))

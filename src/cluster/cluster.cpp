@@ -60,6 +60,11 @@ NodeSpec node_preset(std::string_view name) {
     n.device = dev("H100-SXM5-80GB", 67, 67, 989, 989, 80, 3350);
     n.intra = {450 * kGB, 3e-6};
     n.nic = {8 * 400 * kGbps, 5e-6};
+  } else if (name == "H200") {  // DGX-H200: 8x H200-SXM-141GB (4.8 TB/s HBM3e), NVLink4, 8x 400 Gb/s
+    n.num_devices = 8;
+    n.device = dev("H200-SXM-141GB", 67, 67, 989, 989, 141, 4800);
+    n.intra = {450 * kGB, 3e-6};
+    n.nic = {8 * 400 * kGbps, 5e-6};
   } else if (name == "P100") {  // 8x P100-PCIE-16GB over PCIe 3.0 x16, 100 Gb/s (assumed)
     n.num_devices = 8;
     n.device = dev("P100-PCIE-16GB", 4.7, 9.3, 18.7, 0, 16, 732);
@@ -71,7 +76,7 @@ NodeSpec node_preset(std::string_view name) {
     n.intra = {12 * kGB, 10e-6};
     n.nic = {50 * kGbps, 15e-6};
   } else {
-    fail("unknown cluster preset '{}' (known: M8, S1, p3.8xlarge, DGX-A100, H100, P100, T4)", name);
+    fail("unknown cluster preset '{}' (known: M8, S1, p3.8xlarge, DGX-A100, H100, H200, P100, T4)", name);
   }
   return n;
 }
@@ -132,7 +137,7 @@ Cluster Cluster::preset(std::string_view name, int nodes) {
 }
 
 std::vector<std::string> Cluster::preset_names() {
-  return {"M8", "S1", "p3.8xlarge", "DGX-A100", "H100", "P100", "T4"};
+  return {"M8", "S1", "p3.8xlarge", "DGX-A100", "H100", "H200", "P100", "T4"};
 }
 
 Cluster Cluster::concat(const Cluster& a, const Cluster& b) {

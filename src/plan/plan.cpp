@@ -171,6 +171,61 @@ CrossTensor cross_from(const json& j, const std::string& path) {
   return c;
 }
 
+json to_j(const AdaptivePolicy& a) {
+  json frontier = json::array(), windows = json::array();
+  for (const auto& c : a.frontier)
+    frontier.push_back(json{{"k", c.k}, {"micro_batch_size", c.micro_batch_size}, {"num_micro", c.num_micro},
+                            {"peak_memory", c.peak_memory}});
+  for (const auto& w : a.windows)
+    windows.push_back(json{{"start", w.start}, {"end", w.end}, {"candidate", w.candidate}, {"step", w.step}});
+  return json{{"frontier", frontier},       {"windows", windows},       {"fixed_step", a.fixed_step},
+              {"step", a.step},             {"best_fixed", a.best_fixed}, {"one_f_one_b", a.one_f_one_b},
+              {"window_s", a.window_s},     {"duration_s", a.duration_s}, {"optimizer_time", a.optimizer_time}};
+}
+
+AdaptivePolicy adaptive_from(const json& j, const std::string& path) {
+  AdaptivePolicy a;
+  const auto& fr = array_field(j, "frontier", path);
+  for (std::size_t i = 0; i < fr.size(); ++i) {
+    const std::string p = fmt::format("{}.frontier[{}]", path, i);
+    sim::Candidate c;
+    c.k = field<int>(fr[i], "k", p);
+    c.micro_batch_size = field<int>(fr[i], "micro_batch_size", p);
+    c.num_micro = field<int>(fr[i], "num_micro", p);
+    c.peak_memory = field<double>(fr[i], "peak_memory", p);
+    if (c.k < 1 || c.micro_batch_size < 1 || c.num_micro < 1)
+      kReader.bad(p, "k, micro_batch_size and num_micro must be >= 1");
+    a.frontier.push_back(c);
+  }
+  const int C = static_cast<int>(a.frontier.size());
+  const auto& ws = array_field(j, "windows", path);
+  for (std::size_t i = 0; i < ws.size(); ++i) {
+    const std::string p = fmt::format("{}.windows[{}]", path, i);
+    AdaptiveWindow w;
+    w.start = field<double>(ws[i], "start", p);
+    w.end = field<double>(ws[i], "end", p);
+    w.candidate = field<int>(ws[i], "candidate", p);
+    w.step = field<double>(ws[i], "step", p);
+    if (w.candidate < 0 || w.candidate >= C)
+      kReader.bad(p + ".candidate", fmt::format("must index the frontier (size {}), got {}", C, w.candidate));
+    a.windows.push_back(w);
+  }
+  a.fixed_step = field<std::vector<double>>(j, "fixed_step", path);
+  if (static_cast<int>(a.fixed_step.size()) != C)
+    kReader.bad(path + ".fixed_step", fmt::format("needs one entry per frontier point ({})", C));
+  a.step = field<double>(j, "step", path);
+  a.best_fixed = field<int>(j, "best_fixed", path);
+  a.one_f_one_b = field<int>(j, "one_f_one_b", path);
+  if (C > 0 && (a.best_fixed < 0 || a.best_fixed >= C))
+    kReader.bad(path + ".best_fixed", fmt::format("must index the frontier (size {})", C));
+  if (a.one_f_one_b < -1 || a.one_f_one_b >= C)
+    kReader.bad(path + ".one_f_one_b", fmt::format("must be -1 or index the frontier (size {})", C));
+  a.window_s = field<double>(j, "window_s", path);
+  a.duration_s = field<double>(j, "duration_s", path);
+  a.optimizer_time = field<double>(j, "optimizer_time", path);
+  return a;
+}
+
 Alternative alt_from(const json& j, const std::string& path) {
   Alternative a;
   a.strategy = field<std::string>(j, "strategy", path);
@@ -236,6 +291,7 @@ std::string Plan::to_json() const {
          {"search_space", search_space},
          {"search_status", search_status},
          {"alternatives", alts_j}};
+  if (adaptive) j["adaptive"] = to_j(*adaptive);
   return j.dump(1);
 }
 
@@ -287,6 +343,7 @@ Plan Plan::from_json(std::string_view text) {
       kReader.bad(JsonReader::join(root, "search_status"),
                   fmt::format("must be \"complete\" or \"timeout\", got \"{}\"", p.search_status));
   }
+  if (j.contains("adaptive")) p.adaptive = adaptive_from(j.at("adaptive"), root + ".adaptive");
   const auto& al = array_field(j, "alternatives", root);
   for (std::size_t i = 0; i < al.size(); ++i)
     p.alternatives.push_back(alt_from(al[i], fmt::format("plan.alternatives[{}]", i)));
@@ -445,6 +502,11 @@ std::string Plan::summary() const {
       else
         s += fmt::format("    {:<30} {:>12}  {}  {}\n", a.strategy, "infeasible", a.layout, a.note);
     }
+  }
+  if (adaptive) {
+    std::string a = adaptive->summary();
+    for (std::size_t at = a.find('\n'); at != std::string::npos; at = a.find('\n', at + 1)) a.insert(at + 1, "  ");
+    s += "  " + a + "\n";
   }
   if (!search_space.empty()) s += fmt::format("  search space: {}\n", search_space);
   s += fmt::format("  planned in {:.2f} s{}\n", plan_seconds,

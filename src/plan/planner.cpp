@@ -1592,7 +1592,9 @@ std::string search_space_text(const Context& ctx, const std::vector<SubmeshOptio
       o.schedule, o.compare_megatron ? "on" : "off", ctx.num_threads());
 }
 
-Plan make_plan(const ir::Graph& g, const cluster::Cluster& c, const PlanOptions& o) {
+namespace {
+
+Plan make_plan_fixed(const ir::Graph& g, const cluster::Cluster& c, const PlanOptions& o) {
   const double start = now_s();
   Context ctx = make_context(g, c, o, start);
   ctx.progress("grouping", 0.0, "layer grouping");
@@ -1718,6 +1720,23 @@ Plan make_plan(const ir::Graph& g, const cluster::Cluster& c, const PlanOptions&
   p.search_status = ctx.timed_out ? "timeout" : "complete";
   p.plan_seconds = now_s() - start;
   ctx.progress("done", 1.0, fmt::format("{} SPMD searches in {:.2f} s", ctx.spmd_solves, ctx.spmd_seconds));
+  return p;
+}
+
+}  // namespace
+
+// The fixed-schedule search, then (with a bandwidth trace or schedule "adaptive") Ada-Grouper's
+// policy for the chosen pipeline: the layout is planned under 1F1B, whose in-flight memory is
+// the frontier's k = 1 point.
+Plan make_plan(const ir::Graph& g, const cluster::Cluster& c, const PlanOptions& o) {
+  if (o.schedule != "adaptive" && !o.bandwidth_trace) return make_plan_fixed(g, c, o);
+  check_adaptive_options(o.adaptive);  // bad options fail before any search
+  PlanOptions fixed = o;
+  if (o.schedule == "adaptive") fixed.schedule = "1f1b";
+  Plan p = make_plan_fixed(g, c, fixed);
+  const double t0 = now_s();
+  p.adaptive = adaptive_policy(p, o.bandwidth_trace.value_or(cluster::BandwidthTrace{}), o.adaptive);
+  p.plan_seconds += now_s() - t0;
   return p;
 }
 

@@ -43,7 +43,9 @@ void check_models(const std::vector<StageModel>& stages) {
                  i);
   }
 }
-double peak_memory(const std::vector<StageModel>& stages, int k, int b, int M) {
+}  // namespace
+
+double adagrouper_peak_memory(const std::vector<StageModel>& stages, int k, int b, int M) {
   const int S = static_cast<int>(stages.size());
   double peak = 0;
   for (int s = 0; s < S; ++s) {
@@ -54,7 +56,6 @@ double peak_memory(const std::vector<StageModel>& stages, int k, int b, int M) {
   }
   return peak;
 }
-}  // namespace
 
 std::vector<Candidate> adagrouper_frontier(const std::vector<StageModel>& stages, int global_batch,
                                            double memory_limit, int k_max) {
@@ -68,7 +69,7 @@ std::vector<Candidate> adagrouper_frontier(const std::vector<StageModel>& stages
       if (global_batch % b) continue;
       const int M = global_batch / b;
       if (k > M) continue;
-      const double mem = peak_memory(stages, k, b, M);
+      const double mem = adagrouper_peak_memory(stages, k, b, M);
       if (mem <= memory_limit) {
         out.push_back({k, b, M, mem});
         break;

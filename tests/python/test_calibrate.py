@@ -247,7 +247,7 @@ def test_gpu_names_match_preset_kinds_conservatively():
     assert kind("Tesla V100-SXM2-32GB", 31.7) == "V100-SXM2-32GB"
     assert kind("Tesla V100-SXM2-16GB", 15.8) == "V100-SXM2-16GB"
     assert kind("Tesla T4", 14.7) == "T4-16GB"
-    assert kind("NVIDIA H200", 139.8) is None          # not an H100
+    assert kind("NVIDIA H200", 139.8) == "H200-SXM-141GB"  # its own preset, not an H100's
     assert kind("NVIDIA H100 PCIe", 79.6) is None      # another form factor, other peaks
     assert kind("NVIDIA A100-SXM4-40GB", 39.4) is None  # other memory, other bandwidth
     assert kind("NVIDIA GeForce RTX 4090", 23.6) is None

@@ -102,7 +102,9 @@ def test_plan_forwards_every_planner_option(monkeypatch):
             "--spmd-relative-gap", "0.01", "--time-limit", "30", "--memory-limit", "16GB",
             "--memory-fraction", "0.8", "--grad-bucket-bytes", "25MB", "--no-pipeline", "--two-d-meshes",
             "--no-overlap-grad-sync", "--whole-nodes-only", "--power-of-two-nodes", "--uniform-partitions",
-            "--stage-ilp", "--uneven-split", "--no-compare-megatron", "--threads", "3", "-vv"]
+            "--stage-ilp", "--uneven-split", "--no-compare-megatron", "--threads", "3", "--trace", "preempted:1:60",
+            "--adaptive-window", "20", "--adaptive-k-max", "4", "--adaptive-duration", "50",
+            "--adaptive-forward-overhead", "0.001", "--adaptive-backward-overhead", "0.002", "-vv"]
     with pytest.raises(Stop):
         cli.main(args)
     assert seen == dict(schedule="kFkB", progress=False, verbose=2, schedule_k=2, schedule_v=3, num_microbatches=4,
@@ -111,7 +113,10 @@ def test_plan_forwards_every_planner_option(monkeypatch):
                         spmd_relative_gap=0.01, time_limit=30.0, memory_limit=16e9, memory_fraction=0.8,
                         grad_bucket_bytes=25e6, pipeline=False, two_d_meshes=True, overlap_grad_sync=False,
                         whole_nodes_only=True, power_of_two_nodes=True, uniform_partitions=True, stage_ilp=True,
-                        uneven_split=True, compare_megatron=False, threads=3)
+                        uneven_split=True, compare_megatron=False, threads=3,
+                        bandwidth_trace=weft.BandwidthTrace.preempted(1, duration=60), adaptive_window=20.0,
+                        adaptive_k_max=4, adaptive_duration=50.0, adaptive_forward_overhead=0.001,
+                        adaptive_backward_overhead=0.002)
     # Every option the planner's binding parses is reachable from the command line (calibration,
     # when the planner gets it, is another issue's; progress is --progress).
     src = os.path.join(os.path.dirname(__file__), "..", "..", "python", "src", "bind_plan.cpp")

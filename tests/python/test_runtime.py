@@ -261,15 +261,24 @@ def test_a_failing_rank_stops_the_others(layouts, step):
     assert time.time() - t0 < 30, e.value
 
 
+def _parent_of(pid: str) -> int:
+    stat = open(f"/proc/{pid}/stat").read()
+    return int(stat[stat.rindex(")") + 2:].split()[1])  # the field after the state, past "(comm)"
+
+
 def _worker_pids(rank: int):
+    """This process's own rank workers (children: weft.run starts them), never another test's that
+    runs beside this one (pytest-xdist)."""
     pids = []
     for d in os.listdir("/proc"):
         if d.isdigit():
             try:
                 cmd = open(f"/proc/{d}/cmdline", "rb").read().split(b"\0")
-            except OSError:
+                if b"weft.runtime.worker" not in cmd or _parent_of(d) != os.getpid():
+                    continue
+            except (OSError, ValueError, IndexError):
                 continue
-            if b"weft.runtime.worker" in cmd and len(cmd) > 4 and cmd[-4] == str(rank).encode():
+            if len(cmd) > 4 and cmd[-4] == str(rank).encode():
                 pids.append(int(d))
     return pids
 

@@ -54,7 +54,7 @@ class Cluster {
   explicit Cluster(std::vector<NodeSpec> nodes);  // validates (positive sizes, bandwidths)
 
   // Presets (see docs/modules/cluster.md for numbers and sources): "M8", "S1", "p3.8xlarge",
-  // "DGX-A100", "H100", "P100", "T4". Throws weft::Error on an unknown name or nodes < 1.
+  // "DGX-A100", "H100", "H200", "P100", "T4". Throws weft::Error on an unknown name or nodes < 1.
   static Cluster preset(std::string_view name, int nodes = 1);
   // The most devices a cluster may have (2^20): more is refused with a clear error, not an
   // allocation failure.

@@ -21,10 +21,12 @@
 // SPMD mesh (mesh_shape without the replica axis): every op's layout (OpLayout) and the spec of
 // every leaf tensor it reads (TensorLayout).
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "weft/plan/adaptive.hpp"
 #include "weft/schedule/schedule.hpp"
 #include "weft/sim/simulator.hpp"
 
@@ -150,6 +152,11 @@ struct Plan {
   // plan found by then.
   std::string search_status = "complete";
   std::vector<Alternative> alternatives;  // best first
+  // Planned with a bandwidth trace (PlanOptions::bandwidth_trace) or schedule "adaptive": this
+  // plan's pipeline under the trace — Ada-Grouper's (k, micro-batch) frontier, the point to run in
+  // each trace window, and the expected step against every fixed point and 1F1B. The stages,
+  // schedule and step_time above stay the plan as simulated without the trace.
+  std::optional<AdaptivePolicy> adaptive;
 
   int num_stages() const { return static_cast<int>(stages.size()); }
   std::int64_t global_batch() const;  // samples per step

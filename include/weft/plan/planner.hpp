@@ -14,6 +14,7 @@
 //      feasible one is returned; the others are kept as alternatives.
 // Megatron-style manual layouts (megatron_plan) are evaluated with the same cost model.
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,8 +35,14 @@ struct PlanProgress {
 
 struct PlanOptions {
   // "1f1b", "gpipe", "kfkb", "eager_1f1b", "interleaved", "zb_h1", "zb_interleaved", "zbv" (two
-  // chunks per stage in the V shape), "kfkb_interleaved"
+  // chunks per stage in the V shape), "kfkb_interleaved"; make_plan also takes "adaptive":
+  // Ada-Grouper — the layout planned under 1F1B, then Plan::adaptive, the k per window of
+  // bandwidth_trace (a constant network when none is given).
   std::string schedule = "1f1b";
+  // A busy network: the fraction of nominal bandwidth over time on the inter-stage links. When
+  // set, make_plan returns Plan::adaptive (the plan's pipeline under the trace, adaptive_policy).
+  std::optional<cluster::BandwidthTrace> bandwidth_trace;
+  AdaptiveOptions adaptive;  // window, k_max, duration of the policy
   int schedule_k = 2;  // kFkB group size (kfkb, kfkb_interleaved)
   int schedule_v = 2;  // virtual stages per device (interleaved, zb_interleaved, kfkb_interleaved)
   int num_microbatches = 0;       // 0 = auto: every power of two dividing the batch, up to max_microbatches

@@ -35,6 +35,10 @@ struct Candidate {
 // For k = 1..k_max (k <= M): the largest b dividing global_batch whose peak memory on every stage
 // fits memory_limit (kFkB peak in-flight on stage s: min(M, k(S−s))). k without a fitting b is left
 // out. These are the points on Ada-Grouper's memory-limit curve (Fig. 3).
+// Peak memory of kFkB(S, M, k) at micro-batch size b: max over stages s of
+// static_s + min(M, k(S−s))·b·activation_memory_s.
+double adagrouper_peak_memory(const std::vector<StageModel>& stages, int k, int b, int M);
+
 std::vector<Candidate> adagrouper_frontier(const std::vector<StageModel>& stages, int global_batch,
                                            double memory_limit, int k_max);
 
