@@ -336,8 +336,16 @@ void bind_plan(py::module_& m) {
   };
   m.def(
       "adaptive_policy",
-      [](const Plan& p, const std::optional<weft::cluster::BandwidthTrace>& trace, double window, int k_max,
-         double duration, int samples, double forward_overhead, double backward_overhead) {
+      // The trace as an object: weft.BandwidthTrace is bound after this module (bind_sim), so a typed
+      // argument would have no name in the signature and the stubs.
+      [](const Plan& p, const py::object& trace_obj, double window, int k_max, double duration, int samples,
+         double forward_overhead, double backward_overhead) {
+        weft::cluster::BandwidthTrace trace;
+        if (!trace_obj.is_none()) {
+          if (!py::isinstance<weft::cluster::BandwidthTrace>(trace_obj))
+            throw py::type_error("adaptive_policy: trace must be a weft.BandwidthTrace or None");
+          trace = py::cast<weft::cluster::BandwidthTrace>(trace_obj);
+        }
         AdaptiveOptions o;
         o.window_s = window;
         o.k_max = k_max;
@@ -346,7 +354,7 @@ void bind_plan(py::module_& m) {
         o.forward_overhead_s = forward_overhead;
         o.backward_overhead_s = backward_overhead;
         py::gil_scoped_release release;
-        return adaptive_policy(p, trace.value_or(weft::cluster::BandwidthTrace{}), o);
+        return adaptive_policy(p, trace, o);
       },
       py::arg("plan"), py::arg("trace") = py::none(), py::arg("window") = 60.0, py::arg("k_max") = 8,
       py::arg("duration") = 0.0, py::arg("samples_per_window") = 16, py::arg("forward_overhead") = 0.0,

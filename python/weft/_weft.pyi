@@ -1624,7 +1624,7 @@ def adagrouper_frontier(stages: collections.abc.Sequence[StageModel], global_bat
     ...
 def adagrouper_tune(candidates: collections.abc.Sequence[Candidate], stages: collections.abc.Sequence[StageModel], links: collections.abc.Sequence[PipelineLink], t0: typing.SupportsFloat | typing.SupportsIndex = 0.0) -> TuneResult:
     ...
-def adaptive_policy(plan: Plan, trace: ... | None = None, window: typing.SupportsFloat | typing.SupportsIndex = 60.0, k_max: typing.SupportsInt | typing.SupportsIndex = 8, duration: typing.SupportsFloat | typing.SupportsIndex = 0.0, samples_per_window: typing.SupportsInt | typing.SupportsIndex = 16, forward_overhead: typing.SupportsFloat | typing.SupportsIndex = 0.0, backward_overhead: typing.SupportsFloat | typing.SupportsIndex = 0.0) -> AdaptivePolicy:
+def adaptive_policy(plan: Plan, trace: typing.Any = None, window: typing.SupportsFloat | typing.SupportsIndex = 60.0, k_max: typing.SupportsInt | typing.SupportsIndex = 8, duration: typing.SupportsFloat | typing.SupportsIndex = 0.0, samples_per_window: typing.SupportsInt | typing.SupportsIndex = 16, forward_overhead: typing.SupportsFloat | typing.SupportsIndex = 0.0, backward_overhead: typing.SupportsFloat | typing.SupportsIndex = 0.0) -> AdaptivePolicy:
     """
     Ada-Grouper's policy for a plan's pipeline under a bandwidth trace (None: constant): the (k, micro-batch) frontier under the plan's memory limit, the point per window (s) of the trace, and the expected step time vs every fixed point and 1F1B.
     """

@@ -17,7 +17,9 @@ torch = pytest.importorskip("torch")
 import weft  # noqa: E402
 from weft_env import subprocess_env  # noqa: E402
 from weft.calibration import (AlphaBetaFit, CollectiveTiming, collective_coefficients, fit_alpha_beta,  # noqa: E402
-                            match_device_kind)
+                              match_device_kind)
+
+pytestmark = pytest.mark.serial  # times collectives and matmuls: run alone (scripts/test_all.sh)
 
 
 
