@@ -430,6 +430,10 @@ IlpResult solve(const Ilp& model, const IlpOptions& opt) {
     res.status = IlpStatus::Timeout;
   } else if (res.has_solution()) {
     res.status = res.gap <= 1e-9 ? IlpStatus::Optimal : IlpStatus::FeasibleAtGap;
+  } else if (st.token.expired() || elapsed() >= budget) {
+    // CBC stopped on its own seconds limit in a phase that sets no flag (preprocessing, the
+    // root's cut loop): nothing was proven, so this is a timeout, never "infeasible".
+    return stopped_without_cbc();
   } else {
     res.status = IlpStatus::Infeasible;
   }

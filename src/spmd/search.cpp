@@ -1113,7 +1113,9 @@ SpmdPlan spmd_search(const ir::Graph& g, const cluster::Cluster& cl, const clust
   // status becomes timeout; the gap is what the found plan's ILP bound says about the quick plan
   // when that one is taken (O3), else 1 (no bound but 0: every cost is >= 0).
   auto best_by_deadline = [&](const std::vector<int>& found, double found_gap, bool ilp_bound) {
-    rep.status = worse_status(rep.status, solver::IlpStatus::Timeout);
+    // A solve cut short can end without a proof either way (even "infeasible" from a phase CBC
+    // left early): whatever the solves said, a plan returned at the deadline is a timeout.
+    rep.status = "timeout";
     const bool found_fits = !found.empty() && std::isfinite(evaluate(b.problem, found).cost) &&
                             (limit <= 0 || peak_of(found) <= limit);
     const std::vector<int>* h = quick_plan();
