@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -242,6 +243,32 @@ void bind_lower(py::module_& m) {
         py::call_guard<py::gil_scoped_release>(),
         "Lowers a plan (weft.plan and friends) of the training step on the cluster to a Program: its stages, "
         "schedule, micro-batches, replicas and cross-stage transfers.");
+  m.def(
+      "_lower_adaptive",
+      // The policy as an object: weft.AdaptivePolicy is bound after this module (the stubs would
+      // not know its name here).
+      [](const plan::Plan& plan, const ir::Graph& step, const cluster::Cluster& c, const py::object& policy_obj) {
+        std::optional<plan::AdaptivePolicy> policy;
+        if (!policy_obj.is_none()) policy = py::cast<plan::AdaptivePolicy>(policy_obj);
+        std::vector<lower::AdaptiveProgram> progs;
+        {
+          py::gil_scoped_release release;
+          progs = policy ? lower::lower_adaptive(plan, *policy, step, c) : lower::lower_adaptive(plan, step, c);
+        }
+        py::list out;
+        for (auto& a : progs) {
+          py::dict d;
+          d["k"] = a.k;
+          d["microbatch_size"] = a.microbatch_size;
+          d["num_microbatches"] = a.num_microbatches;
+          d["windows"] = a.windows;
+          d["program"] = std::move(a.program);
+          out.append(std::move(d));
+        }
+        return out;
+      },
+      py::arg("plan"), py::arg("step"), py::arg("cluster"), py::arg("policy") = py::none(),
+      "Lowers an adaptive plan (Plan.adaptive) to one Program per kFkB group size its policy runs.");
   m.def(
       "_lower_spmd",
       [](const ir::Graph& g, const cluster::Cluster& c, const cluster::DeviceMesh& mesh,

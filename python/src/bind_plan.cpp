@@ -282,6 +282,10 @@ void bind_plan(py::module_& m) {
         o.whole_nodes_only = py::cast<bool>(v);
       else if (key == "power_of_two_nodes")
         o.power_of_two_nodes = py::cast<bool>(v);
+      else if (key == "all_node_counts")
+        o.all_node_counts = py::cast<bool>(v);
+      else if (key == "bound_search")
+        o.bound_search = py::cast<bool>(v);
       else if (key == "max_logical_shapes")
         o.max_logical_shapes = py::cast<int>(v);
       else if (key == "pipeline")

@@ -60,8 +60,10 @@ __all__ += ["Plan", "plan", "megatron_plan", "data_parallel_plan", "split_plan",
 from . import reshard
 __all__ += ["reshard"]
 # lower / execute (per-rank programs of a plan, run on the CPU executor against the one-device reference)
-from .execution import ExecutionResult, Program, execute, execute_reference, lower, lower_random, lower_spmd
-__all__ += ["ExecutionResult", "Program", "execute", "execute_reference", "lower", "lower_random", "lower_spmd"]
+from .execution import (ExecutionResult, Program, execute, execute_reference, lower, lower_adaptive, lower_random,
+                        lower_spmd)
+__all__ += ["ExecutionResult", "Program", "execute", "execute_reference", "lower", "lower_adaptive", "lower_random",
+            "lower_spmd"]
 __version__ = "0.1.0"
 from .calibration import CalibrationReport, calibrate  # noqa: E402 (measurements -> Calibration JSON; torch imported lazily)
 __all__ += ["CalibrationReport", "calibrate"]

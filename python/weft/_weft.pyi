@@ -1608,6 +1608,10 @@ def _lower(plan: typing.Any, step: Graph, cluster: Cluster) -> Program:
     """
     Lowers a plan (weft.plan and friends) of the training step on the cluster to a Program: its stages, schedule, micro-batches, replicas and cross-stage transfers.
     """
+def _lower_adaptive(plan: typing.Any, step: Graph, cluster: Cluster, policy: typing.Any = None) -> list:
+    """
+    Lowers an adaptive plan (Plan.adaptive) to one Program per kFkB group size its policy runs.
+    """
 def _lower_random(graph: Graph, cluster: Cluster, mesh: DeviceMesh, seed: typing.SupportsInt | typing.SupportsIndex) -> Program:
     """
     Lowers a random valid layout (every op a random strategy, every leaf a random spec) to a Program.

@@ -24,7 +24,7 @@ from . import _weft
 from ._weft import Program
 from .planning import _training_graph
 
-__all__ = ["ExecutionResult", "Program", "lower", "lower_spmd", "lower_random", "execute", "execute_reference"]
+__all__ = ["ExecutionResult", "Program", "lower", "lower_adaptive", "lower_spmd", "lower_random", "execute", "execute_reference"]
 
 _DTYPES = ("f64", "f32")
 
@@ -123,6 +123,22 @@ def lower(plan, step, cluster) -> Program:
     if not isinstance(plan, _weft.Plan):
         raise ValueError(f"lower: expected a weft.Plan, got {type(plan).__name__}")
     return _weft._lower(plan, _training_graph(step), cluster)
+
+
+def lower_adaptive(plan, step, cluster, policy=None) -> list:
+    """Ada-Grouper at run time: lowers a plan with an adaptive policy (``weft.plan(...,
+    schedule="adaptive")`` or ``bandwidth_trace=``; :attr:`Plan.adaptive`) to one :class:`weft.Program`
+    per kFkB group size of its frontier. Returns a list of dicts ``{"k", "microbatch_size",
+    "num_microbatches", "windows", "program"}`` in frontier order; ``windows`` are the indices of the
+    policy's windows that run that program (empty for a point this trace never picks). Every program holds the parameters and optimizer states in
+    the same layouts, so a runtime switches program between steps at a window boundary. ValueError
+    when the plan has no policy. ``policy``: a :class:`weft.AdaptivePolicy` of this plan computed apart
+    (:func:`weft.adaptive_policy`) instead of :attr:`Plan.adaptive`."""
+    if not isinstance(plan, _weft.Plan):
+        raise ValueError(f"lower_adaptive: expected a weft.Plan, got {type(plan).__name__}")
+    if policy is not None and not isinstance(policy, _weft.AdaptivePolicy):
+        raise TypeError(f"lower_adaptive: policy must be a weft.AdaptivePolicy, got {type(policy).__name__}")
+    return _weft._lower_adaptive(plan, _training_graph(step), cluster, policy)
 
 
 def lower_spmd(step, cluster, mesh, spmd_plan) -> Program:

@@ -146,7 +146,14 @@ def plan(model_graph, cluster, schedule: str = "1F1B", *, num_microbatches: Opti
     default 8, ``adaptive_duration`` s of trace, default its last change + one window,
     ``adaptive_forward_overhead`` / ``adaptive_backward_overhead`` s per micro-batch and stage, default 0;
     see :func:`adaptive_policy`).
-    ``num_microbatches``: None = auto (powers of two dividing the batch).
+    ``num_microbatches``: None = auto (every power of two dividing the batch, ``max_microbatches``
+    caps it when > 0; pairs of (micro-batches, replicas) whose replica cannot hold the parameter
+    state plus one micro-batch of saved activations are left out).
+    The search space scales by itself (rules in docs/modules/plan.md, "Defaults that scale", and in
+    ``Plan.search_space``): beyond 8 nodes, whole-node submeshes of a power-of-two node count or one
+    that divides the node count (``all_node_counts=True``: every count); (micro-batches, replicas)
+    pairs searched in the order of a lower bound and skipped once the bound reaches the best step
+    found (``bound_search=False``: every pair).
     ``progress``: True for a tqdm bar, or a callable ``(phase, fraction, message)``.
     Other options (keyword): num_blocks, max_stages, spmd_level ("O2"/"O3"), spmd_time_limit (seconds
     per SPMD search of a block on a mesh), time_limit (seconds for the whole planning, default 300: at
@@ -154,7 +161,7 @@ def plan(model_graph, cluster, schedule: str = "1F1B", *, num_microbatches: Opti
     1.5 x the limit + 0.5 s; ValueError only when nothing was found), threads (SPMD searches in
     parallel; default 0 = every core; the plan is the same for any count), memory_limit (bytes per device), memory_fraction, overlap_grad_sync (default True:
     gradient synchronisation overlapped with the last backward in buckets), grad_bucket_bytes, whole_nodes_only,
-    power_of_two_nodes, max_logical_shapes, two_d_meshes, pipeline, max_data_parallel, stage_ilp,
+    power_of_two_nodes, all_node_counts, bound_search, max_logical_shapes, two_d_meshes, pipeline, max_data_parallel, stage_ilp,
     compare_megatron, uneven_split (mixed GPUs: Whale's uneven tensor split), max_alternatives. Raises ValueError for bad input and when the model cannot
     fit (the message says how much memory is missing).
     ``calibration``: a ``weft.Calibration``, a dict, or a path to the JSON ``weft calibrate`` writes:

@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <map>
 
 #include "weft/core/error.hpp"
 #include "weft/lower/lower.hpp"
@@ -193,6 +194,54 @@ Program lower(const plan::Plan& plan, const ir::Graph& step, const cluster::Clus
   po.schedule = plan.num_stages() == 1 ? "1f1b" : plan.schedule;
   po.schedule_k = plan.schedule_k;
   return lower_pipeline(g, cluster, stages, cross, po);
+}
+
+std::vector<AdaptiveProgram> lower_adaptive(const plan::Plan& plan, const ir::Graph& step,
+                                            const cluster::Cluster& cluster) {
+  WEFT_CHECK(plan.adaptive.has_value(),
+             "lower_adaptive: the plan has no adaptive policy (plan with schedule='adaptive' or a bandwidth_trace)");
+  return lower_adaptive(plan, *plan.adaptive, step, cluster);
+}
+
+std::vector<AdaptiveProgram> lower_adaptive(const plan::Plan& plan, const plan::AdaptivePolicy& pol,
+                                            const ir::Graph& step, const cluster::Cluster& cluster) {
+  WEFT_CHECK(plan.replica_microbatch.empty() ||
+                 std::all_of(plan.replica_microbatch.begin(), plan.replica_microbatch.end(),
+                             [&](std::int64_t s) { return s == plan.microbatch_size; }),
+             "lower_adaptive: uneven replica shares have no kFkB policy");
+  std::map<int, std::vector<int>> used;  // frontier point -> the windows that run it
+  for (int i = 0; i < static_cast<int>(pol.frontier.size()); ++i) used[i];
+  for (int w = 0; w < static_cast<int>(pol.windows.size()); ++w)
+    used[pol.windows[static_cast<std::size_t>(w)].candidate].push_back(w);
+  const std::int64_t per_replica = plan.microbatch_size * plan.num_microbatches;
+  std::vector<AdaptiveProgram> out;
+  for (const auto& [point, windows] : used) {
+    WEFT_CHECK(point >= 0 && point < static_cast<int>(pol.frontier.size()),
+               "lower_adaptive: window points at frontier point {} of {}", point, pol.frontier.size());
+    const sim::Candidate& c = pol.frontier[static_cast<std::size_t>(point)];
+    WEFT_CHECK(c.micro_batch_size >= 1 && per_replica % c.micro_batch_size == 0,
+               "lower_adaptive: micro-batch size {} does not divide the {} samples per replica", c.micro_batch_size,
+               per_replica);
+    plan::Plan q = plan;
+    q.adaptive.reset();
+    q.schedule = c.k == 1 ? "1f1b" : "kfkb";
+    q.schedule_k = c.k;
+    q.microbatch_size = c.micro_batch_size;
+    q.num_microbatches = static_cast<int>(per_replica / c.micro_batch_size);
+    if (!q.replica_microbatch.empty()) q.replica_microbatch.assign(q.replica_microbatch.size(), q.microbatch_size);
+    AdaptiveProgram ap;
+    ap.k = c.k;
+    ap.microbatch_size = c.micro_batch_size;
+    ap.num_microbatches = q.num_microbatches;
+    ap.windows = windows;
+    try {
+      ap.program = lower(q, step, cluster);
+    } catch (const Error& e) {
+      fail("lower_adaptive: point {} ({}): {}", point, c.to_string(), e.what());
+    }
+    out.push_back(std::move(ap));
+  }
+  return out;
 }
 
 }  // namespace weft::lower

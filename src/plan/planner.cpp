@@ -161,8 +161,9 @@ BlockCost Context::search_block(int b, const AtBatch& ab, const MeshOption& m, i
   BlockCost bc;
   const auto& sg = ab.blocks[b];
   const ir::Graph& bg = sg.graph;
-  // A cheap lower bound first: state bytes cannot shrink below full / devices.
-  const double lb = block_state_bytes[b] / static_cast<double>(m.mesh.size());
+  // A cheap lower bound first: state bytes and one micro-batch's saved activations cannot shrink
+  // below full / devices (a stage holding the block keeps at least one micro-batch in flight).
+  const double lb = (block_state_bytes[b] + ab.act_bytes[b]) / static_cast<double>(m.mesh.size());
   // A mesh mixing kinds may split unevenly: only the mean memory bounds it.
   double cap = usable(m.mesh);
   if (mixed(m.mesh)) {
@@ -170,8 +171,10 @@ BlockCost Context::search_block(int b, const AtBatch& ab, const MeshOption& m, i
     for (int d : m.mesh.device_ids()) cap += usable_of_device(d) / static_cast<double>(m.mesh.size());
   }
   if (lb > cap) {
-    bc.error = fmt::format("block {} needs >= {:.3g} GB/device of parameter state on {} devices", b, lb / 1e9,
-                           m.mesh.size());
+    bc.error = fmt::format(
+        "block {} needs >= {:.3g} GB/device on {} devices (parameter state {:.3g} GB and one micro-batch's "
+        "saved activations {:.3g} GB in all)",
+        b, lb / 1e9, m.mesh.size(), block_state_bytes[b] / 1e9, ab.act_bytes[b] / 1e9);
     return bc;
   }
   spmd::SearchOptions so;
@@ -281,10 +284,7 @@ BlockCost Context::search_block(int b, const AtBatch& ab, const MeshOption& m, i
       }
     }
     // Saved activations: forward results (and boundary inputs) that a backward op reads.
-    std::vector<char> read_by_bwd(nt, 0);
-    for (ir::OpId o = 0; o < static_cast<ir::OpId>(bg.ops().size()); ++o)
-      if (phase[sg.original_op[o]] == pipeline::OpPhase::Backward)
-        for (ir::TensorId t : bg.op(o).inputs) read_by_bwd[t] = 1;
+    const std::vector<char> saved = saved_activations(sg);
     bc.mem_class.assign(nt, BlockCost::kNone);
     for (int t = 0; t < nt; ++t) {
       const auto& info = bg.tensor(t);
@@ -292,14 +292,7 @@ BlockCost Context::search_block(int b, const AtBatch& ab, const MeshOption& m, i
         // A parameter counts twice (it and its gradient), an optimizer state once.
         bc.mem_class[t] = info.role == ir::Role::Parameter ? BlockCost::kParam : BlockCost::kOptState;
         bc.static_mem += bc.local_bytes[t] * (info.role == ir::Role::Parameter ? 2.0 : 1.0);
-        continue;
-      }
-      if (!read_by_bwd[t]) continue;
-      const bool fwd_result =
-          info.producer != ir::kNoOp && phase[sg.original_op[info.producer]] == pipeline::OpPhase::Forward;
-      const bool boundary_act = info.producer == ir::kNoOp && info.role == ir::Role::Activation;
-      const bool input = info.producer == ir::kNoOp && info.role == ir::Role::Input;
-      if (fwd_result || boundary_act || input) {
+      } else if (saved[t]) {
         bc.mem_class[t] = BlockCost::kActivation;
         bc.act_mem += bc.local_bytes[t];
       }
@@ -356,15 +349,22 @@ std::vector<MeshOption> meshes_on(Context& ctx, const pipeline::SubmeshShape& s,
   return out;
 }
 
+// Up to this many nodes every whole-node count is a submesh; beyond, the counts that are a power
+// of two or divide the node count (PlanOptions::all_node_counts).
+constexpr int kAllNodeCountsUpTo = 8;
+
 std::vector<SubmeshOptions> make_mesh_options(Context& ctx) {
   const auto& c = ctx.c_;
   const auto& o = ctx.opt_;
   const int G = c.nodes()[0].num_devices;
+  const int N = static_cast<int>(c.nodes().size());
   std::vector<SubmeshOptions> out;
   for (const auto& s : pipeline::submesh_shapes(c)) {
     const bool whole = s.devices_per_node == G;
+    const bool pow2 = (s.nodes & (s.nodes - 1)) == 0;
     if (o.whole_nodes_only && !whole) continue;
-    if (o.power_of_two_nodes && whole && (s.nodes & (s.nodes - 1)) != 0) continue;
+    if (o.power_of_two_nodes && whole && !pow2) continue;
+    if (whole && !o.all_node_counts && N > kAllNodeCountsUpTo && !pow2 && N % s.nodes != 0) continue;
     SubmeshOptions so{s, meshes_on(ctx, s, canonical_devices(c, s))};
     if (!so.meshes.empty()) out.push_back(std::move(so));
   }
@@ -491,13 +491,21 @@ std::optional<StageChoice> best_stage(Context& ctx, const std::vector<MeshOption
                                       std::string* why) {
   std::optional<StageChoice> best;
   double best_share = kInf;  // M·(F + B) + update of `best`
-  double state = 0;
-  for (int b = first; b <= last; ++b) state += ctx.block_state_bytes[b];
+  double state = 0, act = 0;
+  const auto& ab = ctx.blocks_at(bs);
+  for (int b = first; b <= last; ++b) {
+    state += ctx.block_state_bytes[b];
+    act += ab.act_bytes[b];
+  }
   if (meshes.empty()) return best;
   const int n = static_cast<int>(meshes[0].mesh.size());
   const double usable = ctx.usable(meshes[0].mesh);
-  if (state / n > usable) {  // quick reject: state bytes cannot shrink below full / devices
-    if (why) *why = fmt::format("needs >= {:.3g} GB/device of parameter state", state / n / 1e9);
+  // Quick reject, before any SPMD search: state bytes and the in-flight micro-batches' saved
+  // activations cannot shrink below full / devices.
+  if ((state + inflight * act) / n > usable) {
+    if (why)
+      *why = fmt::format("needs >= {:.3g} GB/device (parameter state and {} micro-batch(es) of activations)",
+                         (state + inflight * act) / n / 1e9, inflight);
     return best;
   }
   for (int mi = 0; mi < static_cast<int>(meshes.size()); ++mi) {
@@ -599,8 +607,8 @@ std::vector<std::optional<StageDpPath>> stage_dp(Context& ctx, const StageDpInpu
       worst = std::max(worst,
                        best[static_cast<std::size_t>(s)] ? best[static_cast<std::size_t>(s)]->proxy : kInf);
     if (in.M * tmax >= worst) break;  // no partition with this max can beat any stage count's best
-    if (ctx.out_of_time() &&
-        (ctx.past_grace() || std::any_of(best.begin(), best.end(), [](const auto& b) { return b.has_value(); })))
+    if (ctx.out_of_time() && (ctx.past_grace() || std::any_of(best.begin(), best.end(),
+                                                              [](const auto& b) { return b.has_value(); })))
       break;  // the deadline: keep the partitions found so far
     std::fill(G.begin(), G.end(), kInf);
     for (int pos = in.end_anywhere ? 1 : P; pos <= P; ++pos) G[gi(0, L, pos)] = 0;
@@ -666,27 +674,31 @@ Candidate candidate_of(const StageDpPath& path, std::string strategy, int M, int
 // Every block's SPMD search that the stage DPs of make_plan will read (the fast variant with free
 // block boundaries, on each logical mesh of each submesh a replica can hold, at each micro-batch
 // size), run on every core before the DPs ask for them one by one.
-void prefetch_stage_costs(Context& ctx, const std::vector<SubmeshOptions>& subs, const std::vector<int>& Ms) {
+void prefetch_stage_costs(Context& ctx, const std::vector<SubmeshOptions>& subs,
+                          const std::vector<ReplicaConfig>& configs) {
   const auto& o = ctx.opt_;
   std::vector<Context::BlockRequest> reqs;
-  for (int M : Ms)
-    for (int d : dp_degrees(o, ctx.c_, ctx.global_batch / M)) {
-      const int D = ctx.c_.num_devices() / d;
-      const std::int64_t bs = ctx.global_batch / (static_cast<std::int64_t>(M) * d);
-      for (const auto& sub : subs) {
-        const int n = sub.shape.num_devices();
-        if (n > D || (!o.pipeline && n != D)) continue;
-        for (const auto& mesh : sub.meshes)
-          for (int b = 0; b < ctx.L(); ++b) reqs.push_back({b, bs, &mesh, 0, 0});
-      }
+  for (const auto [M, d] : configs) {
+    const int D = ctx.c_.num_devices() / d;
+    const std::int64_t bs = ctx.global_batch / (static_cast<std::int64_t>(M) * d);
+    for (const auto& sub : subs) {
+      const int n = sub.shape.num_devices();
+      if (n > D || (!o.pipeline && n != D)) continue;
+      for (const auto& mesh : sub.meshes)
+        for (int b = 0; b < ctx.L(); ++b) reqs.push_back({b, bs, &mesh, 0, 0});
     }
+  }
   ctx.progress("spmd", 0.05,
                fmt::format("SPMD searches of {} blocks on {} thread(s)", ctx.L(), ctx.num_threads()));
   ctx.prefetch_block_costs(reqs);
 }
 
+// The stage DP's best partition per stage count of one (M, dp). relaxed: a lower bound instead —
+// every stage priced at the sum of its blocks' unconstrained layouts (the prefetched fast variant
+// with free boundaries, no resharding between blocks, the best logical mesh) and memory checked
+// only by the state + activation bound; no SPMD search beyond the prefetched ones runs.
 std::vector<Candidate> partition_candidates(Context& ctx, const std::vector<SubmeshOptions>& subs, int M,
-                                            int dp) {
+                                            int dp, bool relaxed = false) {
   const int L = ctx.L();
   const int D = ctx.c_.num_devices() / dp;
   const std::int64_t bs = ctx.global_batch / (static_cast<std::int64_t>(M) * dp);
@@ -711,15 +723,37 @@ std::vector<Candidate> partition_candidates(Context& ctx, const std::vector<Subm
   const int NS = static_cast<int>(subs.size());
   for (int m = 0; m < NS; ++m) in.width.push_back(subs[m].shape.num_devices() / unit);
   in.options_at.assign(static_cast<std::size_t>(in.positions), usable_subs);
-  in.what = fmt::format("M={} dp={}", M, dp);
+  in.what = fmt::format("{}M={} dp={}", relaxed ? "bound " : "", M, dp);
   std::map<std::tuple<int, int, int, int>, std::optional<StageChoice>> memo;  // (k, j, m, in-flight)
+  // The relaxed stage: Σ over its blocks of the fast variant's F + B on the best logical mesh.
+  auto relaxed_stage = [&](int k, int j, int m, int inf) -> std::optional<StageChoice> {
+    const auto& meshes = subs[m].meshes;
+    const auto& ab = ctx.blocks_at(bs);
+    double need = 0;
+    for (int b = k; b <= j; ++b) need += ctx.block_state_bytes[b] + inf * ab.act_bytes[b];
+    if (meshes.empty() || need / static_cast<double>(meshes[0].mesh.size()) > ctx.usable(meshes[0].mesh))
+      return std::nullopt;
+    std::optional<StageChoice> best;
+    for (int mi = 0; mi < static_cast<int>(meshes.size()); ++mi) {
+      double t = 0;
+      bool ok = true;
+      for (int b = k; b <= j && ok; ++b) {
+        const BlockCost& bc = ctx.block_cost(b, bs, meshes[mi], 0, 0);
+        ok = bc.ok;
+        t += bc.fwd + bc.bwd;
+      }
+      if (ok && (!best || t < best->time)) best = StageChoice{k, j, m, mi, 0, 0, t, need};
+    }
+    return best;
+  };
   in.cost = [&](int s, int k, int j, int m) -> const StageChoice* {
     if (S_max == 1 && (subs[m].shape.num_devices() != D || k != 0 || j != L - 1)) return nullptr;
     if (std::find(usable_subs.begin(), usable_subs.end(), m) == usable_subs.end()) return nullptr;
     const int inf = in_flight(ctx.opt_.schedule, s, M, ctx.opt_.schedule_k);
     auto it = memo.find({k, j, m, inf});
     if (it == memo.end())
-      it = memo.emplace(std::make_tuple(k, j, m, inf), best_stage(ctx, subs[m].meshes, k, j, m, bs, M, inf))
+      it = memo.emplace(std::make_tuple(k, j, m, inf),
+                        relaxed ? relaxed_stage(k, j, m, inf) : best_stage(ctx, subs[m].meshes, k, j, m, bs, M, inf))
                .first;
     return it->second ? &*it->second : nullptr;
   };
@@ -1061,8 +1095,8 @@ Built materialise_in_place(Context& ctx, const std::vector<SubmeshOptions>& subs
     auto& st = p.stages[s];
     st.in_flight = inflight[s];
     // A chunk of an interleaved / V schedule holds 1/v of the stage's activations (as pipeline_of).
-    st.peak_memory = st.static_memory + st.in_flight * st.activation_memory / sched.virtual_stages() +
-                     st.transient_memory;
+    st.peak_memory =
+        st.static_memory + st.in_flight * st.activation_memory / sched.virtual_stages() + st.transient_memory;
     peak = std::max(peak, st.peak_memory);
     double usable = kInf;
     for (int d : st.devices) usable = std::min(usable, ctx.usable_of_device(d));
@@ -1206,8 +1240,9 @@ std::string layout_text(const Plan& p) {
 }
 
 void validate_options(const PlanOptions& o, const cluster::Cluster& c) {
-  static const std::set<std::string> kinds{"1f1b",  "gpipe",          "kfkb", "eager_1f1b", "interleaved",
-                                           "zb_h1", "zb_interleaved", "zbv",  "kfkb_interleaved"};
+  static const std::set<std::string> kinds{"1f1b",           "gpipe",       "kfkb",
+                                           "eager_1f1b",     "interleaved", "zb_h1",
+                                           "zb_interleaved", "zbv",         "kfkb_interleaved"};
   WEFT_CHECK(kinds.count(o.schedule),
              "make_plan: unknown schedule '{}' (1f1b, gpipe, kfkb, eager_1f1b, interleaved, zb_h1, "
              "zb_interleaved, zbv, kfkb_interleaved)",
@@ -1262,8 +1297,30 @@ std::vector<int> microbatch_counts(const PlanOptions& o, std::int64_t B) {
     return {o.num_microbatches};
   }
   std::vector<int> out;
-  for (int m = 1; m <= B && m <= o.max_microbatches; m *= 2)
-    if (B % m == 0) out.push_back(m);
+  for (std::int64_t m = 1; m <= B && (o.max_microbatches <= 0 || m <= o.max_microbatches); m *= 2)
+    if (B % m == 0) out.push_back(static_cast<int>(m));
+  return out;
+}
+
+bool replica_may_fit(Context& ctx, std::int64_t bs, int D) {
+  const auto& ab = ctx.blocks_at(bs);
+  double need = 0;
+  for (int b = 0; b < ctx.L(); ++b) need += ctx.block_state_bytes[b] + ab.act_bytes[b];
+  return need / D <= ctx.usable_memory;
+}
+
+std::vector<ReplicaConfig> replica_configs(Context& ctx, const std::vector<int>& Ms, int* pruned) {
+  std::vector<ReplicaConfig> out;
+  int left_out = 0;
+  for (int M : Ms)
+    for (int d : dp_degrees(ctx.opt_, ctx.c_, ctx.global_batch / M)) {
+      const std::int64_t bs = ctx.global_batch / (static_cast<std::int64_t>(M) * d);
+      if (!ctx.opt_.bound_search || replica_may_fit(ctx, bs, ctx.c_.num_devices() / d))
+        out.push_back({M, d});
+      else
+        ++left_out;
+    }
+  if (pruned) *pruned = left_out;
   return out;
 }
 
@@ -1432,6 +1489,7 @@ std::pair<std::optional<Built>, std::vector<Alternative>> megatron_all(Context& 
         const auto& lay = layouts[li];
         const std::int64_t per = static_cast<std::int64_t>(M) * lay.d;
         if (!allowed(lay) || lay.p > ctx.L() || ctx.global_batch % per) continue;
+        if (!replica_may_fit(ctx, ctx.global_batch / per, lay.t * lay.p)) continue;
         for (int b = 0; b < ctx.L(); ++b) reqs.push_back({b, ctx.global_batch / per, &meshes[li], 0, 1});
       }
     if (!ctx.out_of_time()) ctx.prefetch_block_costs(reqs);
@@ -1440,6 +1498,8 @@ std::pair<std::optional<Built>, std::vector<Alternative>> megatron_all(Context& 
   for (const auto& lay : layouts)
     for (int M : Ms) {
       if (!allowed(lay)) continue;
+      const std::int64_t per = static_cast<std::int64_t>(M) * lay.d;
+      if (ctx.global_batch % per == 0 && !replica_may_fit(ctx, ctx.global_batch / per, lay.t * lay.p)) continue;
       if (ctx.out_of_time() && (best || ctx.past_grace())) break;
       ctx.progress("baseline", static_cast<double>(i++) / (layouts.size() * Ms.size()),
                    fmt::format("{} M={}", lay.to_string(), M));
@@ -1573,23 +1633,39 @@ Plan best_megatron_plan(const ir::Graph& g, const cluster::Cluster& c, const Pla
 
 // The search space of a homogeneous make_plan, rule by rule, for Plan::search_space.
 std::string search_space_text(const Context& ctx, const std::vector<SubmeshOptions>& subs,
-                              const std::vector<int>& Ms) {
+                              const std::vector<int>& Ms, std::size_t configs, int pruned, int bounded) {
   const auto& o = ctx.opt_;
   std::size_t meshes = 0;
   for (const auto& s : subs) meshes += s.meshes.size();
-  std::string ms = Ms.size() <= 4 ? fmt::format("{}", fmt::join(Ms, ","))
-                                  : fmt::format("{},{},...,{} ({} counts)", Ms[0], Ms[1], Ms.back(), Ms.size());
+  std::string ms = Ms.size() <= 4
+                       ? fmt::format("{}", fmt::join(Ms, ","))
+                       : fmt::format("{},{},...,{} ({} counts)", Ms[0], Ms[1], Ms.back(), Ms.size());
+  const std::string ms_rule =
+      o.num_microbatches > 0 ? std::string("given")
+      : o.max_microbatches > 0
+          ? fmt::format("auto: powers of two dividing the batch, <= {}", o.max_microbatches)
+          : std::string("auto: powers of two dividing the batch");
+  const int nodes = static_cast<int>(ctx.c_.nodes().size());
+  const std::string node_rule =
+      o.whole_nodes_only ? "whole nodes" : "node slices and whole nodes";
+  const std::string count_rule =
+      o.power_of_two_nodes ? ", power-of-two nodes"
+      : (!o.all_node_counts && nodes > kAllNodeCountsUpTo)
+          ? fmt::format(", node counts that are powers of two or divide {} (auto)", nodes)
+          : "";
   return fmt::format(
-      "{} blocks ({}); micro-batches {} ({}); {} submeshes / {} logical meshes ({}{}{}{}); stages <= {}; "
-      "replicas {}; {} candidates simulated at most; schedule {}; Megatron baseline {}; {} thread(s)",
-      ctx.L(), o.num_blocks > 0 ? "given" : "auto", ms,
-      o.num_microbatches > 0 ? "given" : fmt::format("auto: powers of two dividing the batch, <= {}", o.max_microbatches),
-      subs.size(), meshes, o.whole_nodes_only ? "whole nodes" : "node slices and whole nodes",
-      o.power_of_two_nodes ? ", power-of-two nodes" : "", o.two_d_meshes ? ", 2-D meshes" : ", 1-D meshes",
+      "{} blocks ({}); micro-batches {} ({}); {} (micro-batches, replicas) pairs in the order of a lower bound, "
+      "{} of them skipped (bound >= the best step found), {} left out by the memory bound (state + one "
+      "micro-batch of activations over a replica's devices); {} submeshes / {} "
+      "logical meshes ({}{}{}{}); stages <= {}; replicas {}; {} candidates simulated at most; schedule {}; "
+      "Megatron baseline {}; {} thread(s)",
+      ctx.L(), o.num_blocks > 0 ? "given" : "auto: min(forward ops, 16)", ms, ms_rule, configs, bounded, pruned,
+      subs.size(), meshes, node_rule, count_rule, o.two_d_meshes ? ", 2-D meshes" : ", 1-D meshes",
       o.max_logical_shapes > 0 ? fmt::format(", <= {} shapes per submesh", o.max_logical_shapes) : "",
-      o.pipeline ? (o.max_stages > 0 ? std::to_string(o.max_stages) : std::string("blocks")) : std::string("1"),
-      o.max_data_parallel > 0 ? fmt::format("<= {}", o.max_data_parallel) : std::string("any"), o.max_simulated,
-      o.schedule, o.compare_megatron ? "on" : "off", ctx.num_threads());
+      o.pipeline ? (o.max_stages > 0 ? std::to_string(o.max_stages) : std::string("blocks"))
+                 : std::string("1"),
+      o.max_data_parallel > 0 ? fmt::format("<= {}", o.max_data_parallel) : std::string("any"),
+      o.max_simulated, o.schedule, o.compare_megatron ? "on" : "off", ctx.num_threads());
 }
 
 namespace {
@@ -1609,41 +1685,83 @@ Plan make_plan_fixed(const ir::Graph& g, const cluster::Cluster& c, const PlanOp
   auto subs = make_mesh_options(ctx);
   WEFT_CHECK(!subs.empty(), "make_plan: no submesh left by the search limits");
   const auto Ms = microbatch_counts(o, ctx.global_batch);
-  prefetch_stage_costs(ctx, subs, Ms);
+  int pruned = 0;
+  const auto configs = replica_configs(ctx, Ms, &pruned);
+  if (configs.empty()) {
+    // Every pair left out by the bound: name the least demanding one (most micro-batches, one replica).
+    const std::int64_t bs = ctx.global_batch / Ms.back();
+    const auto& ab = ctx.blocks_at(bs);
+    double act = 0;
+    for (double a : ab.act_bytes) act += a;
+    fail("make_plan: the model cannot fit: with {} micro-batches of {} samples and one replica over all {} "
+         "devices, parameter state {:.4g} GB plus one micro-batch of saved activations {:.4g} GB need "
+         ">= {:.4g} GB per device, {:.4g} GB usable",
+         Ms.back(), bs, c.num_devices(), model_state_bytes(g) / 1e9, act / 1e9,
+         (model_state_bytes(g) + act) / c.num_devices() / 1e9, ctx.usable_memory / 1e9);
+  }
+  prefetch_stage_costs(ctx, subs, configs);
+  // Branch and bound over the (M, replicas) pairs: each pair's relaxed stage DP (unconstrained
+  // layouts, no memory-limited SPMD search) bounds its pipeline latency proxy, which bounds its
+  // step from below; pairs are searched in the order of their bounds, the best candidate of each
+  // is simulated, and a pair whose bound is not below the best simulated step so far is not
+  // searched (the memory-limited searches of hopeless pairs were most of the planning time).
+  std::vector<std::pair<double, ReplicaConfig>> by_bound;
+  for (const auto& rc : configs) {
+    double lb = kInf;
+    for (const auto& cand : partition_candidates(ctx, subs, rc.M, rc.dp, true)) lb = std::min(lb, cand.proxy);
+    by_bound.emplace_back(lb, rc);
+  }
+  std::stable_sort(by_bound.begin(), by_bound.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<ReplicaConfig> searched;
+  double best_step = kInf;  // the best simulated step so far
+  int bounded = 0;
   std::vector<Candidate> cands;
-  for (int M : Ms)
-    for (int d : dp_degrees(o, c, ctx.global_batch / M)) {
-      auto cs = partition_candidates(ctx, subs, M, d);
-      cands.insert(cands.end(), cs.begin(), cs.end());
-      // Equal-block partitions on every submesh size that divides the replica (Megatron-like).
-      if (!o.uniform_partitions || !o.pipeline) continue;
-      const int D = c.num_devices() / d;
-      const std::int64_t bs = ctx.global_batch / (static_cast<std::int64_t>(M) * d);
-      for (int si = 0; si < static_cast<int>(subs.size()); ++si) {
-        const int n = subs[si].shape.num_devices();
-        if (n > D || D % n) continue;
-        const int p = D / n;
-        if (p < 2 || p > ctx.L() || (o.max_stages > 0 && p > o.max_stages)) continue;
-        const auto split = balanced_split(ctx.grouping, p);
-        Candidate cand;
-        cand.strategy = "pipeline (equal blocks)";
-        cand.M = M;
-        cand.dp = d;
-        cand.bs = bs;
-        bool ok = true;
-        for (int s = 0; s < p && ok; ++s) {
-          auto sc = best_stage(ctx, subs[si].meshes, split[s].first, split[s].second, si, bs, M,
-                               in_flight(o.schedule, p - s, M, o.schedule_k));
-          if (!sc)
-            ok = false;
-          else
-            cand.stages.push_back(*sc);
-        }
-        if (!ok) continue;
-        cand.proxy = pipeline_proxy(cand.stages, M);
-        cands.push_back(std::move(cand));
-      }
+  for (const auto& [lb, rc] : by_bound) {
+    // The DP's bounds grid is geometric (ratio 1.02): its proxy is within 2% of the relaxation's optimum.
+    if (o.bound_search && (lb / 1.02 >= best_step || lb == kInf)) {
+      ++bounded;
+      continue;
     }
+    searched.push_back(rc);
+    const int M = rc.M, d = rc.dp;
+    auto cs = partition_candidates(ctx, subs, M, d);
+    if (!cs.empty() && !ctx.out_of_time()) {
+      const auto top = std::min_element(cs.begin(), cs.end(),
+                                        [](const Candidate& a, const Candidate& b) { return a.proxy < b.proxy; });
+      Built b = materialise(ctx, subs, *top, reshard::Balancer::LargestFirst);
+      if (b.feasible) best_step = std::min(best_step, b.plan.step_time);
+    }
+    cands.insert(cands.end(), cs.begin(), cs.end());
+    // Equal-block partitions on every submesh size that divides the replica (Megatron-like).
+    if (!o.uniform_partitions || !o.pipeline) continue;
+    const int D = c.num_devices() / d;
+    const std::int64_t bs = ctx.global_batch / (static_cast<std::int64_t>(M) * d);
+    for (int si = 0; si < static_cast<int>(subs.size()); ++si) {
+      const int n = subs[si].shape.num_devices();
+      if (n > D || D % n) continue;
+      const int p = D / n;
+      if (p < 2 || p > ctx.L() || (o.max_stages > 0 && p > o.max_stages)) continue;
+      const auto split = balanced_split(ctx.grouping, p);
+      Candidate cand;
+      cand.strategy = "pipeline (equal blocks)";
+      cand.M = M;
+      cand.dp = d;
+      cand.bs = bs;
+      bool ok = true;
+      for (int s = 0; s < p && ok; ++s) {
+        auto sc = best_stage(ctx, subs[si].meshes, split[s].first, split[s].second, si, bs, M,
+                             in_flight(o.schedule, p - s, M, o.schedule_k));
+        if (!sc)
+          ok = false;
+        else
+          cand.stages.push_back(*sc);
+      }
+      if (!ok) continue;
+      cand.proxy = pipeline_proxy(cand.stages, M);
+      cands.push_back(std::move(cand));
+    }
+  }
   // Rhino's stage ILP on a non-linear block DAG (skip connections): block orders whose contiguous
   // cuts the grouping's order does not contain, and the stage DP again over each (no new SPMD
   // search: block costs are cached by structure).
@@ -1651,14 +1769,13 @@ Plan make_plan_fixed(const ir::Graph& g, const cluster::Cluster& c, const PlanOp
     ctx.progress("partition", 0.66, "stage ILP block orders");
     for (const auto& order : ilp_block_orders(ctx, o.max_stages > 0 ? o.max_stages : c.num_devices())) {
       BlockOrderScope scope(ctx, order);
-      for (int M : Ms)
-        for (int d : dp_degrees(o, c, ctx.global_batch / M))
-          for (auto& cand : partition_candidates(ctx, subs, M, d)) {
-            if (cand.stages.size() < 2) continue;  // one stage: the same as in the grouping's order
-            cand.strategy = "pipeline (ILP order)";
-            cand.block_order = order;
-            cands.push_back(std::move(cand));
-          }
+      for (const auto [M, d] : searched)
+        for (auto& cand : partition_candidates(ctx, subs, M, d)) {
+          if (cand.stages.size() < 2) continue;  // one stage: the same as in the grouping's order
+          cand.strategy = "pipeline (ILP order)";
+          cand.block_order = order;
+          cands.push_back(std::move(cand));
+        }
     }
   }
   ctx.progress("simulate", 0.7, fmt::format("simulating {} candidates", cands.size()));
@@ -1699,10 +1816,11 @@ Plan make_plan_fixed(const ir::Graph& g, const cluster::Cluster& c, const PlanOp
     for (std::size_t i = 0; i < std::min<std::size_t>(4, alts.size()); ++i)
       why += fmt::format("\n  {} {}: {}", alts[i].strategy, alts[i].layout, alts[i].note);
     if (ctx.timed_out)
-      fail("make_plan: no plan found within the time limit of {} s for {} on {} (raise time_limit or narrow "
-           "the search: num_blocks, whole_nodes_only, power_of_two_nodes, max_logical_shapes, "
-           "num_microbatches); candidates so far:{}",
-           o.time_limit_s, g.name(), c.to_string(), why.empty() ? std::string(" none") : why);
+      fail(
+          "make_plan: no plan found within the time limit of {} s for {} on {} (raise time_limit or narrow "
+          "the search: num_blocks, whole_nodes_only, power_of_two_nodes, max_logical_shapes, "
+          "num_microbatches); candidates so far:{}",
+          o.time_limit_s, g.name(), c.to_string(), why.empty() ? std::string(" none") : why);
     fail("make_plan: no plan fits in {:.4g} GB per device for {} on {}; closest candidates:{}",
          ctx.usable_memory / 1e9, g.name(), c.to_string(), why);
   }
@@ -1716,7 +1834,7 @@ Plan make_plan_fixed(const ir::Graph& g, const cluster::Cluster& c, const PlanOp
   sort_alternatives(alts, o.max_alternatives);
   Plan p = std::move(best->plan);
   p.alternatives = std::move(alts);
-  p.search_space = search_space_text(ctx, subs, Ms);
+  p.search_space = search_space_text(ctx, subs, Ms, configs.size(), pruned, bounded);
   p.search_status = ctx.timed_out ? "timeout" : "complete";
   p.plan_seconds = now_s() - start;
   ctx.progress("done", 1.0, fmt::format("{} SPMD searches in {:.2f} s", ctx.spmd_solves, ctx.spmd_seconds));

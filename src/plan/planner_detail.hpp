@@ -127,6 +127,9 @@ class Context {
   struct AtBatch {
     std::vector<pipeline::StageGraph> blocks;
     std::vector<int> keys;  // interned block structures
+    // Per block: Σ full bytes of the tensors it saves for the backward (one micro-batch), the
+    // set BlockCost::act_mem counts per device; / devices it bounds that from below.
+    std::vector<double> act_bytes;
   };
   std::map<std::int64_t, AtBatch> at_batch;  // per micro-batch size (per replica)
   std::vector<double> block_state_bytes;     // Σ full bytes of params (×2 for grads) + states
@@ -183,8 +186,8 @@ class Context {
   sharding::ReshardPlanner& reshard_planner(int mesh_key, const cluster::DeviceMesh& mesh, int elem) {
     return reshard_planner_in(scratch, mesh_key, mesh, elem);
   }
-  sharding::ReshardPlanner& reshard_planner_in(SearchScratch& sc, int mesh_key, const cluster::DeviceMesh& mesh,
-                                               int elem) const;
+  sharding::ReshardPlanner& reshard_planner_in(SearchScratch& sc, int mesh_key,
+                                               const cluster::DeviceMesh& mesh, int elem) const;
 
   int L() const { return static_cast<int>(grouping.blocks.size()); }
 
@@ -254,8 +257,37 @@ class Context {
     for (const auto& b : grouping.blocks) {
       ab.blocks.push_back(pipeline::extract_stage_mapped(gb, b.ops));
       ab.keys.push_back(intern(structure_key(ab.blocks.back().graph)));
+      ab.act_bytes.push_back(saved_activation_bytes(ab.blocks.back()));
     }
     return at_batch.emplace(bs, std::move(ab)).first->second;
+  }
+
+  // Whether tensor t of a block graph is a saved activation: read by a backward op and a forward
+  // result, a boundary activation or an input (what search_block counts in BlockCost::act_mem).
+  std::vector<char> saved_activations(const pipeline::StageGraph& sg) const {
+    const ir::Graph& bg = sg.graph;
+    const int nt = static_cast<int>(bg.tensors().size());
+    std::vector<char> read_by_bwd(nt, 0), saved(nt, 0);
+    for (ir::OpId o = 0; o < static_cast<ir::OpId>(bg.ops().size()); ++o)
+      if (phase[sg.original_op[o]] == pipeline::OpPhase::Backward)
+        for (ir::TensorId t : bg.op(o).inputs) read_by_bwd[t] = 1;
+    for (int t = 0; t < nt; ++t) {
+      const auto& info = bg.tensor(t);
+      if (!read_by_bwd[t] || is_state_leaf(info)) continue;
+      const bool fwd_result =
+          info.producer != ir::kNoOp && phase[sg.original_op[info.producer]] == pipeline::OpPhase::Forward;
+      const bool boundary_act = info.producer == ir::kNoOp && info.role == ir::Role::Activation;
+      const bool input = info.producer == ir::kNoOp && info.role == ir::Role::Input;
+      saved[t] = fwd_result || boundary_act || input;
+    }
+    return saved;
+  }
+  double saved_activation_bytes(const pipeline::StageGraph& sg) const {
+    const auto saved = saved_activations(sg);
+    double s = 0;
+    for (std::size_t t = 0; t < saved.size(); ++t)
+      if (saved[t]) s += static_cast<double>(sg.graph.tensor(static_cast<ir::TensorId>(t)).bytes());
+    return s;
   }
 
   // Structure of a block graph without names: kinds, attributes, shapes, dtypes, roles, wiring.
@@ -435,6 +467,18 @@ int auto_blocks(const ir::Graph& g, const PlanOptions& o);
 std::vector<int> microbatch_counts(const PlanOptions& o, std::int64_t B);
 // Replica counts a step of M micro-batches of per_mb samples can use (PlanOptions limits).
 std::vector<int> dp_degrees(const PlanOptions& o, const cluster::Cluster& c, std::int64_t per_mb);
+// The (micro-batch count, data-parallel degree) pairs of a homogeneous make_plan: every M of
+// microbatch_counts with every degree of dp_degrees, less those no layout can fit (the lower
+// bound of replica_may_fit); `pruned` counts the pairs left out.
+struct ReplicaConfig {
+  int M = 1, dp = 1;
+};
+std::vector<ReplicaConfig> replica_configs(Context& ctx, const std::vector<int>& Ms, int* pruned = nullptr);
+// False when a replica of D devices cannot hold the model: parameter state plus one
+// micro-batch (of bs samples) of saved activations, over D devices, exceeds a device's usable
+// memory (every stage keeps at least one micro-batch in flight; no layout stores less than
+// full / devices).
+bool replica_may_fit(Context& ctx, std::int64_t bs, int D);
 
 // Heterogeneous clusters (hetero_planner.cpp).
 Plan make_hetero_plan(Context& ctx);

@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 import weft
@@ -90,3 +91,34 @@ def test_cli_plan_with_a_trace(tmp_path):
     bad = subprocess.run(cmd[:cmd.index("--trace") + 1] + [str(tmp_path / "nope.json")], capture_output=True,
                          text=True, timeout=120)
     assert bad.returncode == 2 and "--trace" in bad.stderr
+
+
+def test_lower_adaptive_gives_one_program_per_k_and_each_equals_one_device():
+    # A 4-stage pipeline of a small GPT on 4 GPUs; the policy under a busy trace. Each program the
+    # policy runs (its k, its micro-batch size) executes on the CPU executor and equals one device:
+    # switching program between steps changes the order and the grouping, never the result.
+    step = weft.models.gpt(layers=4, hidden=64, heads=4, seq=8, vocab=128, batch=16).train_step(optimizer="adam")
+    cluster = weft.Cluster.preset("p3.8xlarge")
+    plan = weft.megatron_plan(step, cluster, t=1, p=4, d=1, num_microbatches=4, num_blocks=4)
+    assert plan.num_stages == 4
+    policy = weft.adaptive_policy(plan, weft.BandwidthTrace.preempted(3, duration=600, low=0.01, high=0.05),
+                                  window=60, k_max=4)
+    programs = weft.lower_adaptive(plan, step, cluster, policy=policy)
+    assert [(p["k"], p["microbatch_size"]) for p in programs] == [(c.k, c.micro_batch_size) for c in policy.frontier]
+    assert len({p["k"] for p in programs}) == len(programs) >= 2  # one program per k
+    windows = sorted(w for p in programs for w in p["windows"])
+    assert windows == list(range(len(policy.windows)))  # every window runs exactly one program
+    for p in programs:
+        assert all(policy.windows[w].candidate == programs.index(p) for w in p["windows"])
+    ref = weft.execute_reference(step)
+    for p in programs:
+        assert p["microbatch_size"] * p["num_microbatches"] == 16
+        prog = p["program"]
+        assert prog.num_ranks == 4
+        got = weft.execute(prog)
+        np.testing.assert_allclose(got.losses, ref.losses, rtol=1e-10, atol=0)
+        assert got.max_relative_error(ref) < 1e-10
+    with pytest.raises(ValueError, match="no adaptive policy"):
+        weft.lower_adaptive(plan, step, cluster)
+    with pytest.raises(TypeError):
+        weft.lower_adaptive(plan, step, cluster, policy="k=2")

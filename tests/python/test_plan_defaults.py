@@ -42,3 +42,4 @@ def test_time_limit_returns_the_best_plan_so_far():
     assert abs(p.resimulate_step_time() - p.step_time) <= 1e-9 * p.step_time
     assert "time limit" in p.summary()
     assert weft.Plan.from_json(p.to_json()).search_status == "timeout"
+

@@ -128,4 +128,24 @@ Program lower_pipeline(const ir::Graph& g, const cluster::Cluster& cluster,
 // the stage layouts (made before lowering existed) throws weft::Error asking to re-plan.
 Program lower(const plan::Plan& plan, const ir::Graph& step, const cluster::Cluster& cluster);
 
+// Ada-Grouper at run time: one program per kFkB group size of the plan's adaptive policy
+// (Plan::adaptive; one per frontier point, in frontier order, with the windows that run it; a
+// point no window of this trace picks is lowered too, for when the network changes). Point (k, b) is the
+// plan's layout at micro-batch size b (per replica) under kFkB with group size k (1F1B for k = 1),
+// per_replica / b micro-batches; a runtime switches program at a window boundary (between steps:
+// every program holds the same parameters and optimizer states in the same layouts). weft::Error
+// when the plan has no policy or a point's micro-batch size does not divide a layout's split.
+struct AdaptiveProgram {
+  int k = 1;
+  std::int64_t microbatch_size = 1;
+  int num_microbatches = 1;
+  std::vector<int> windows;  // indices into AdaptivePolicy::windows that run this program
+  Program program;
+};
+std::vector<AdaptiveProgram> lower_adaptive(const plan::Plan& plan, const ir::Graph& step,
+                                            const cluster::Cluster& cluster);
+// The same for a policy computed apart (plan::adaptive_policy of this plan).
+std::vector<AdaptiveProgram> lower_adaptive(const plan::Plan& plan, const plan::AdaptivePolicy& policy,
+                                            const ir::Graph& step, const cluster::Cluster& cluster);
+
 }  // namespace weft::lower

@@ -45,8 +45,10 @@ struct PlanOptions {
   AdaptiveOptions adaptive;  // window, k_max, duration of the policy
   int schedule_k = 2;  // kFkB group size (kfkb, kfkb_interleaved)
   int schedule_v = 2;  // virtual stages per device (interleaved, zb_interleaved, kfkb_interleaved)
-  int num_microbatches = 0;       // 0 = auto: every power of two dividing the batch, up to max_microbatches
-  int max_microbatches = 32;
+  // 0 = auto: every power of two dividing the batch (up to max_microbatches when that is > 0),
+  // less the (M, replicas) pairs whose replica cannot hold state + one micro-batch of activations.
+  int num_microbatches = 0;
+  int max_microbatches = 0;  // 0 = no cap
   int max_data_parallel = 0;  // 0 = any number of pipeline replicas
   int max_simulated = 256;    // candidates simulated (best DP proxies first)
   bool two_d_meshes = false;  // 2-D logical meshes for the SPMD search (slow: tens of s per block)
@@ -69,6 +71,16 @@ struct PlanOptions {
   // Search space limits (the fast path for huge models / clusters):
   bool whole_nodes_only = false;    // submeshes of whole nodes only (no slices of a node)
   bool power_of_two_nodes = false;  // submeshes of 1, 2, 4, ... nodes only
+  // On clusters of more than 8 nodes, whole-node submeshes have a node count that is a power of
+  // two or divides the cluster's node count (the counts that tile replicas and stages); true:
+  // every node count (slow: one SPMD search per block and count).
+  bool all_node_counts = false;
+  // Branch and bound over the (micro-batch count, replicas) pairs: a pair whose lower bound (its
+  // stage DP on the blocks' unconstrained layouts, memory by the state + activation bound) is not
+  // below the best simulated step so far is not searched, nor a pair whose replica cannot hold
+  // the parameter state plus one micro-batch of saved activations. false: every pair is searched
+  // (slow on big clusters: the memory-limited SPMD searches of hopeless pairs).
+  bool bound_search = true;
   int max_logical_shapes = 0;       // per submesh, 0 = all 2-D shapes with the minor axis in a node
   bool pipeline = true;             // consider pipelines (false: SPMD only)
   bool uniform_partitions = true;   // also simulate equal-block partitions (Megatron-like shapes)
