@@ -201,6 +201,10 @@ void bind_plan(py::module_& m) {
                     "The search space the planner explored, rule by rule (defaults and limits).")
       .def_readonly("search_status", &Plan::search_status,
                     "'complete', or 'timeout': the time limit cut the search short; the best plan by then.")
+      .def_readonly("feasible", &Plan::feasible,
+                    "False only for a layout evaluated with allow_infeasible=True that does not fit.")
+      .def_readonly("infeasible_reason", &Plan::infeasible_reason,
+                    "Why an allow_infeasible layout does not fit (empty when it fits).")
       .def_readonly("alternatives", &Plan::alternatives)
       .def_readonly("adaptive", &Plan::adaptive,
                     "With bandwidth_trace= or schedule='adaptive': Ada-Grouper's policy (weft.AdaptivePolicy); "
@@ -286,6 +290,8 @@ void bind_plan(py::module_& m) {
         o.all_node_counts = py::cast<bool>(v);
       else if (key == "bound_search")
         o.bound_search = py::cast<bool>(v);
+      else if (key == "allow_infeasible")
+        o.allow_infeasible = py::cast<bool>(v);
       else if (key == "max_logical_shapes")
         o.max_logical_shapes = py::cast<int>(v);
       else if (key == "pipeline")

@@ -869,8 +869,18 @@ class Plan:
     def devices_used(self) -> list[int]:
         ...
     @property
+    def feasible(self) -> bool:
+        """
+        False only for a layout evaluated with allow_infeasible=True that does not fit.
+        """
+    @property
     def global_batch(self) -> int:
         ...
+    @property
+    def infeasible_reason(self) -> str:
+        """
+        Why an allow_infeasible layout does not fit (empty when it fits).
+        """
     @property
     def memory_by_device(self) -> dict[int, float]:
         """

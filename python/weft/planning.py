@@ -192,7 +192,11 @@ def plan(model_graph, cluster, schedule: str = "1F1B", *, num_microbatches: Opti
 def megatron_plan(model_graph, cluster, t: Optional[int] = None, p: Optional[int] = None, d: Optional[int] = None,
                   schedule: str = "1F1B", *, num_microbatches: Optional[int] = None, **options) -> Plan:
     """The best Megatron-style layout (tensor parallel t inside a node x pipeline p x data parallel
-    d), or the given one when t, p, d are all set, under the same cost model as :func:`plan`."""
+    d), or the given one when t, p, d are all set, under the same cost model as :func:`plan`.
+    ``allow_infeasible=True`` (with t, p, d given): a layout that does not fit is returned anyway,
+    ``Plan.feasible`` False, priced at each stage's unconstrained layouts (the micro-batch count
+    with the least peak memory), ``Plan.infeasible_reason`` saying what does not fit; otherwise
+    ValueError."""
     g = _training_graph(model_graph)
     cluster = _calibrated(cluster, options)
     opts, _ = _options(schedule, False, {"num_microbatches": num_microbatches, **options})
@@ -230,7 +234,10 @@ def split_plan(model_graph, cluster, fraction, num_microbatches: int = 1, schedu
 def layout_plan(model_graph, cluster, stages, num_microbatches: int = 1, schedule: str = "1F1B",
                 **options) -> Plan:
     """A given pipeline layout: ``stages`` = [(first_block, last_block, [device ids], mesh or None)],
-    blocks of the planner's layer grouping (``num_blocks``), costed like :func:`plan`'s candidates."""
+    blocks of the planner's layer grouping (``num_blocks``), costed like :func:`plan`'s candidates.
+    ``allow_infeasible=True``: a layout that does not fit is returned with ``Plan.feasible`` False
+    (step time at each stage's unconstrained layouts, its memory, ``Plan.infeasible_reason``)
+    instead of ValueError."""
     g = _training_graph(model_graph)
     cluster = _calibrated(cluster, options)
     opts, _ = _options(schedule, False, {"num_microbatches": num_microbatches, **options})

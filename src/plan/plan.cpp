@@ -290,6 +290,8 @@ std::string Plan::to_json() const {
          {"plan_seconds", plan_seconds},
          {"search_space", search_space},
          {"search_status", search_status},
+         {"feasible", feasible},
+         {"infeasible_reason", infeasible_reason},
          {"alternatives", alts_j}};
   if (adaptive) j["adaptive"] = to_j(*adaptive);
   return j.dump(1);
@@ -343,6 +345,8 @@ Plan Plan::from_json(std::string_view text) {
       kReader.bad(JsonReader::join(root, "search_status"),
                   fmt::format("must be \"complete\" or \"timeout\", got \"{}\"", p.search_status));
   }
+  if (j.contains("feasible")) p.feasible = field<bool>(j, "feasible", root);  // absent before allow_infeasible
+  if (j.contains("infeasible_reason")) p.infeasible_reason = field<std::string>(j, "infeasible_reason", root);
   if (j.contains("adaptive")) p.adaptive = adaptive_from(j.at("adaptive"), root + ".adaptive");
   const auto& al = array_field(j, "alternatives", root);
   for (std::size_t i = 0; i < al.size(); ++i)
@@ -419,6 +423,9 @@ std::string Plan::to_string() const {
 std::string Plan::summary() const {
   std::string s;
   s += fmt::format("Plan for {} on {}\n", model, cluster);
+  if (!feasible)
+    s += fmt::format("  INFEASIBLE    does not fit ({:.3g} GB/device over the limit): {}\n",
+                     std::max(0.0, peak_memory - memory_limit) / 1e9, infeasible_reason);
   s += fmt::format("  strategy      {} ({} stage{}, {} blocks)\n", strategy, stages.size(),
                    stages.size() == 1 ? "" : "s", num_blocks);
   s += fmt::format(

@@ -170,7 +170,7 @@ BlockCost Context::search_block(int b, const AtBatch& ab, const MeshOption& m, i
     cap = 0;
     for (int d : m.mesh.device_ids()) cap += usable_of_device(d) / static_cast<double>(m.mesh.size());
   }
-  if (lb > cap) {
+  if (lb > cap && variant != kUnboundedVariant) {
     bc.error = fmt::format(
         "block {} needs >= {:.3g} GB/device on {} devices (parameter state {:.3g} GB and one micro-batch's "
         "saved activations {:.3g} GB in all)",
@@ -181,7 +181,7 @@ BlockCost Context::search_block(int b, const AtBatch& ab, const MeshOption& m, i
   so.level = opt_.spmd_level == SpmdLevel::O3 ? spmd::Level::O3 : spmd::Level::O2;
   so.time_limit_s = opt_.spmd_time_limit_s;
   so.relative_gap = opt_.spmd_relative_gap;
-  so.memory_limit = variant == 0 ? -1.0 : usable(m.mesh) / std::max(1, L());
+  so.memory_limit = variant != 1 ? -1.0 : usable(m.mesh) / std::max(1, L());
   so.strided_candidates = false;
   so.reshard_cache = sc.reshard_cache;
   so.stop = stop;
@@ -1336,11 +1336,13 @@ std::vector<int> dp_degrees(const PlanOptions& o, const cluster::Cluster& c, std
   return out;
 }
 
-Context make_context(const ir::Graph& g, const cluster::Cluster& c, const PlanOptions& o, double start) {
+Context make_context(const ir::Graph& g, const cluster::Cluster& c, const PlanOptions& o, double start,
+                     bool layout_evaluation) {
   validate_options(o, c);
   Context ctx(g, c, o, start);
   ctx.usable_memory = usable_memory_of(o, c);
-  check_total_memory(ctx);  // fail fast, before any search
+  // Fail fast, before any search (a layout evaluation asked for an infeasible plan prices it anyway).
+  if (!(layout_evaluation && o.allow_infeasible)) check_total_memory(ctx);
   (void)batch_size(g);
   return ctx;
 }
@@ -1354,6 +1356,29 @@ Context given_shares_context(const ir::Graph& g, const cluster::Cluster& c, cons
   WEFT_CHECK(static_cast<int>(shares) == c.num_devices(),
              "{}: {} {} for {} devices (one per device, in id order)", who, shares, what, c.num_devices());
   return ctx;
+}
+
+// Blocks first..last on `mesh` at their unconstrained layouts (the fast variant searched without
+// the memory-bound shortcut) with no memory check: how a layout evaluation asked for an infeasible
+// plan (PlanOptions::allow_infeasible) prices a stage that fits nowhere; materialise then marks the
+// plan infeasible with the memory it needs.
+std::optional<StageChoice> unconstrained_stage(Context& ctx, const MeshOption& mesh, int first, int last,
+                                               std::int64_t bs, int inflight, int forced_dp) {
+  const StageAgg a = aggregate(ctx, first, last, bs, mesh, kUnboundedVariant, forced_dp);
+  if (!a.ok) return std::nullopt;
+  return StageChoice{first, last, 0, 0, kUnboundedVariant, forced_dp, a.fwd + a.bwd, stage_memory(a, inflight)};
+}
+
+// A layout evaluation's result: the plan, or with allow_infeasible the plan marked infeasible.
+Plan evaluated(Built b, const Context& ctx, double start, const std::string& what) {
+  if (!b.feasible) {
+    WEFT_CHECK(ctx.opt_.allow_infeasible && !b.plan.stages.empty(), "{}: {}", what, b.note);
+    b.plan.feasible = false;
+    b.plan.infeasible_reason = b.note;
+  }
+  b.plan.search_status = ctx.timed_out ? "timeout" : "complete";
+  b.plan.plan_seconds = now_s() - start;
+  return std::move(b.plan);
 }
 
 Built megatron_build(Context& ctx, const MegatronLayout& lay, int M) {
@@ -1390,6 +1415,8 @@ Built megatron_build(Context& ctx, const MegatronLayout& lay, int M) {
     std::string why;
     auto sc =
         best_stage(ctx, {cand.meshes.back()}, split[s].first, split[s].second, 0, cand.bs, M, inf, 1, &why);
+    if (!sc && ctx.opt_.allow_infeasible)
+      sc = unconstrained_stage(ctx, cand.meshes.back(), split[s].first, split[s].second, cand.bs, inf, 1);
     if (!sc) {
       b.note = fmt::format("stage {}: {}", s, why);
       return b;
@@ -1545,28 +1572,31 @@ std::vector<MegatronLayout> megatron_layouts(const cluster::Cluster& c, int max_
 Plan megatron_plan(const ir::Graph& g, const cluster::Cluster& c, const MegatronLayout& layout,
                    const PlanOptions& o) {
   const double start = now_s();
-  Context ctx = make_context(g, c, o, start);
+  Context ctx = make_context(g, c, o, start, true);
   ctx.init_blocks(auto_blocks(g, o));
   const auto Ms = microbatch_counts(o, ctx.global_batch);
-  std::optional<Built> best;
+  std::optional<Built> best, closest;  // closest: the infeasible one with the least peak memory
   std::string why;
   for (int M : Ms) {
     Built b = megatron_build(ctx, layout, M);
-    if (b.feasible && (!best || b.plan.step_time < best->plan.step_time))
+    if (b.feasible && (!best || b.plan.step_time < best->plan.step_time)) {
       best = std::move(b);
-    else if (!b.feasible)
+    } else if (!b.feasible) {
       why = b.note;
+      if (!b.plan.stages.empty() && (!closest || b.plan.peak_memory < closest->plan.peak_memory))
+        closest = std::move(b);
+    }
   }
+  if (!best && ctx.opt_.allow_infeasible && closest)
+    return evaluated(std::move(*closest), ctx, start, "megatron layout " + layout.to_string());
   WEFT_CHECK(best.has_value(), "megatron layout {} does not fit: {}", layout.to_string(), why);
-  best->plan.search_status = ctx.timed_out ? "timeout" : "complete";
-  best->plan.plan_seconds = now_s() - start;
-  return best->plan;
+  return evaluated(std::move(*best), ctx, start, "megatron layout " + layout.to_string());
 }
 
 Plan layout_plan(const ir::Graph& g, const cluster::Cluster& c, const std::vector<StageLayout>& layout, int M,
                  const PlanOptions& o) {
   const double start = now_s();
-  Context ctx = make_context(g, c, o, start);
+  Context ctx = make_context(g, c, o, start, true);
   ctx.init_blocks(auto_blocks(g, o));
   WEFT_CHECK(M >= 1 && ctx.global_batch % M == 0,
              "layout_plan: the batch {} is not divisible by {} micro-batches", ctx.global_batch, M);
@@ -1603,18 +1633,16 @@ Plan layout_plan(const ir::Graph& g, const cluster::Cluster& c, const std::vecto
     cand.meshes.push_back({shape, mesh.shape(), mesh, ctx.mesh_key(mesh)});
     cand.devices.push_back(st.devices);
     std::string why;
-    auto sc = best_stage(ctx, {cand.meshes.back()}, st.first_block, st.last_block, 0, cand.bs, M,
-                         in_flight(o.schedule, S - s, M, o.schedule_k), 0, &why);
+    const int inf = in_flight(o.schedule, S - s, M, o.schedule_k);
+    auto sc = best_stage(ctx, {cand.meshes.back()}, st.first_block, st.last_block, 0, cand.bs, M, inf, 0, &why);
+    if (!sc && o.allow_infeasible)
+      sc = unconstrained_stage(ctx, cand.meshes.back(), st.first_block, st.last_block, cand.bs, inf, 0);
     WEFT_CHECK(sc.has_value(), "layout_plan: stage {} (blocks {}-{} on {} devices) does not fit: {}", s,
                st.first_block, st.last_block, n, why);
     cand.stages.push_back(*sc);
   }
   WEFT_CHECK(next == ctx.L(), "layout_plan: the stages cover blocks 0-{} of {}", next - 1, ctx.L());
-  Built b = materialise(ctx, {}, cand, reshard::Balancer::Best);
-  WEFT_CHECK(b.feasible, "layout_plan: {}", b.note);
-  b.plan.search_status = ctx.timed_out ? "timeout" : "complete";
-  b.plan.plan_seconds = now_s() - start;
-  return b.plan;
+  return evaluated(materialise(ctx, {}, cand, reshard::Balancer::Best), ctx, start, "layout_plan");
 }
 
 Plan best_megatron_plan(const ir::Graph& g, const cluster::Cluster& c, const PlanOptions& o) {

@@ -64,6 +64,11 @@ inline int in_flight(const std::string& schedule, int s, int M, int k) {
 
 // ---------------------------------------------------------------- per-block SPMD costs
 
+// SPMD search variants of a block: 0 the fastest layout (no memory limit; a block whose state
+// and activations cannot fit the mesh is rejected before searching), 1 a lean one (memory limit
+// usable / L), kUnboundedVariant the fastest without the rejection (allow_infeasible layouts).
+constexpr int kUnboundedVariant = 2;
+
 struct BlockCost {
   bool ok = false;
   std::string error;
@@ -458,7 +463,9 @@ Alternative alternative_of(const Built& b);
 // Best first, each layout once, at most max_n rows (0: all); with summarise_infeasible the
 // candidates that do not fit become one last row ("infeasible", "N candidates", counts per reason).
 void sort_alternatives(std::vector<Alternative>& alts, int max_n, bool summarise_infeasible = true);
-Context make_context(const ir::Graph& g, const cluster::Cluster& c, const PlanOptions& o, double start);
+// layout_evaluation: megatron_plan / layout_plan (with allow_infeasible the total-memory check is skipped).
+Context make_context(const ir::Graph& g, const cluster::Cluster& c, const PlanOptions& o, double start,
+                     bool layout_evaluation = false);
 // make_context + blocks for the plans of given per-device shares (data_parallel_plan, split_plan):
 // checks that M divides the batch and that there is one share per device.
 Context given_shares_context(const ir::Graph& g, const cluster::Cluster& c, const PlanOptions& o,

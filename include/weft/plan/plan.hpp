@@ -151,6 +151,11 @@ struct Plan {
   // "complete", or "timeout": the planning time limit cut the search short and this is the best
   // plan found by then.
   std::string search_status = "complete";
+  // false only for a layout evaluated with PlanOptions::allow_infeasible that does not fit: the
+  // plan is priced at every stage's unconstrained layouts and infeasible_reason says what does not
+  // fit (peak_memory − memory_limit is the shortfall on the fullest device).
+  bool feasible = true;
+  std::string infeasible_reason;
   std::vector<Alternative> alternatives;  // best first
   // Planned with a bandwidth trace (PlanOptions::bandwidth_trace) or schedule "adaptive": this
   // plan's pipeline under the trace — Ada-Grouper's (k, micro-batch) frontier, the point to run in

@@ -81,6 +81,11 @@ struct PlanOptions {
   // the parameter state plus one micro-batch of saved activations. false: every pair is searched
   // (slow on big clusters: the memory-limited SPMD searches of hopeless pairs).
   bool bound_search = true;
+  // Layout evaluation (megatron_plan, layout_plan): a layout that does not fit is returned as a
+  // plan with Plan::feasible = false (its step time at each stage's unconstrained layouts, its
+  // memory and the reason) instead of weft::Error. make_plan ignores it (it lists such layouts
+  // among its alternatives).
+  bool allow_infeasible = false;
   int max_logical_shapes = 0;       // per submesh, 0 = all 2-D shapes with the minor axis in a node
   bool pipeline = true;             // consider pipelines (false: SPMD only)
   bool uniform_partitions = true;   // also simulate equal-block partitions (Megatron-like shapes)
