@@ -11,7 +11,7 @@
 // with f(s) the peak in-flight micro-batches of a stage that has s − 1 stages after it (1F1B:
 // min(s, M); GPipe: M; eager 1F1B: min(2s − 1, M)). Results are cached by (block structure,
 // mesh links, variant): identical layers are solved once. Two variants per (block, mesh): the
-// fastest SPMD plan (no memory limit) and a lean one (memory limit usable / L per block); a
+// fastest SPMD plan (no memory limit) and a lean one (memory limit: the block's share of usable); a
 // stage takes the fastest variant whose memory fits.
 //
 // Stage partition (Alpa §5.2 with the stage position): with M micro-batches a pipeline of stage
@@ -181,7 +181,14 @@ BlockCost Context::search_block(int b, const AtBatch& ab, const MeshOption& m, i
   so.level = opt_.spmd_level == SpmdLevel::O3 ? spmd::Level::O3 : spmd::Level::O2;
   so.time_limit_s = opt_.spmd_time_limit_s;
   so.relative_gap = opt_.spmd_relative_gap;
-  so.memory_limit = variant != 1 ? -1.0 : usable(m.mesh) / std::max(1, L());
+  // The lean variant's budget: the block's share of the usable memory in proportion to its lower
+  // bound (state + one micro-batch of saved activations) among all blocks — the shares of the
+  // model's blocks sum to the device, and a block with a large embedding or loss gets the room
+  // its live set needs (an even usable / L refused one-stage layouts that fit; issue 22).
+  double need_all = 0;
+  for (int k = 0; k < L(); ++k) need_all += block_state_bytes[k] + ab.act_bytes[k];
+  const double share = need_all > 0 ? (block_state_bytes[b] + ab.act_bytes[b]) / need_all : 1.0 / std::max(1, L());
+  so.memory_limit = variant != 1 ? -1.0 : usable(m.mesh) * share;
   so.strided_candidates = false;
   so.reshard_cache = sc.reshard_cache;
   so.stop = stop;

@@ -66,7 +66,7 @@ inline int in_flight(const std::string& schedule, int s, int M, int k) {
 
 // SPMD search variants of a block: 0 the fastest layout (no memory limit; a block whose state
 // and activations cannot fit the mesh is rejected before searching), 1 a lean one (memory limit
-// usable / L), kUnboundedVariant the fastest without the rejection (allow_infeasible layouts).
+// the block's share of usable memory), kUnboundedVariant the fastest without the rejection (allow_infeasible layouts).
 constexpr int kUnboundedVariant = 2;
 
 struct BlockCost {
@@ -341,7 +341,7 @@ class Context {
     return k;
   }
 
-  // variant 0: fastest; 1: lean (memory limit usable / L per block). forced_dp > 1: the inputs
+  // variant 0: fastest; 1: lean (memory limit: the block's share of usable memory). forced_dp > 1: the inputs
   // and boundary tensors are forced batch-sharded on mesh axis 0 (Megatron-style data parallel).
   const BlockCost& block_cost(int b, std::int64_t bs, const MeshOption& m, int variant, int forced_dp = 0);
   // The SPMD search of block b at the batch of `ab` on mesh m (what block_cost caches): reads the
