@@ -268,7 +268,7 @@ void bind_lower(py::module_& m) {
         return out;
       },
       py::arg("plan"), py::arg("step"), py::arg("cluster"), py::arg("policy") = py::none(),
-      "Lowers an adaptive plan (Plan.adaptive) to one Program per kFkB group size its policy runs.");
+      "Lowers an adaptive plan (Plan.adaptive, or policy=) to one Program per kFkB group size of its frontier.");
   m.def(
       "_lower_spmd",
       [](const ir::Graph& g, const cluster::Cluster& c, const cluster::DeviceMesh& mesh,

@@ -1620,7 +1620,7 @@ def _lower(plan: typing.Any, step: Graph, cluster: Cluster) -> Program:
     """
 def _lower_adaptive(plan: typing.Any, step: Graph, cluster: Cluster, policy: typing.Any = None) -> list:
     """
-    Lowers an adaptive plan (Plan.adaptive) to one Program per kFkB group size its policy runs.
+    Lowers an adaptive plan (Plan.adaptive, or policy=) to one Program per kFkB group size of its frontier.
     """
 def _lower_random(graph: Graph, cluster: Cluster, mesh: DeviceMesh, seed: typing.SupportsInt | typing.SupportsIndex) -> Program:
     """

@@ -4,7 +4,6 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
-#include <map>
 
 #include "weft/core/error.hpp"
 #include "weft/lower/lower.hpp"
@@ -209,15 +208,17 @@ std::vector<AdaptiveProgram> lower_adaptive(const plan::Plan& plan, const plan::
                  std::all_of(plan.replica_microbatch.begin(), plan.replica_microbatch.end(),
                              [&](std::int64_t s) { return s == plan.microbatch_size; }),
              "lower_adaptive: uneven replica shares have no kFkB policy");
-  std::map<int, std::vector<int>> used;  // frontier point -> the windows that run it
-  for (int i = 0; i < static_cast<int>(pol.frontier.size()); ++i) used[i];
-  for (int w = 0; w < static_cast<int>(pol.windows.size()); ++w)
-    used[pol.windows[static_cast<std::size_t>(w)].candidate].push_back(w);
+  const int points = static_cast<int>(pol.frontier.size());
+  std::vector<std::vector<int>> used(pol.frontier.size());  // per frontier point: the windows that run it
+  for (int w = 0; w < static_cast<int>(pol.windows.size()); ++w) {
+    const int point = pol.windows[static_cast<std::size_t>(w)].candidate;
+    WEFT_CHECK(point >= 0 && point < points, "lower_adaptive: window {} points at frontier point {} of {}", w,
+               point, points);
+    used[static_cast<std::size_t>(point)].push_back(w);
+  }
   const std::int64_t per_replica = plan.microbatch_size * plan.num_microbatches;
   std::vector<AdaptiveProgram> out;
-  for (const auto& [point, windows] : used) {
-    WEFT_CHECK(point >= 0 && point < static_cast<int>(pol.frontier.size()),
-               "lower_adaptive: window points at frontier point {} of {}", point, pol.frontier.size());
+  for (int point = 0; point < points; ++point) {
     const sim::Candidate& c = pol.frontier[static_cast<std::size_t>(point)];
     WEFT_CHECK(c.micro_batch_size >= 1 && per_replica % c.micro_batch_size == 0,
                "lower_adaptive: micro-batch size {} does not divide the {} samples per replica", c.micro_batch_size,
@@ -233,7 +234,7 @@ std::vector<AdaptiveProgram> lower_adaptive(const plan::Plan& plan, const plan::
     ap.k = c.k;
     ap.microbatch_size = c.micro_batch_size;
     ap.num_microbatches = q.num_microbatches;
-    ap.windows = windows;
+    ap.windows = used[static_cast<std::size_t>(point)];
     try {
       ap.program = lower(q, step, cluster);
     } catch (const Error& e) {

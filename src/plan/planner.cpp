@@ -163,7 +163,7 @@ BlockCost Context::search_block(int b, const AtBatch& ab, const MeshOption& m, i
   const ir::Graph& bg = sg.graph;
   // A cheap lower bound first: state bytes and one micro-batch's saved activations cannot shrink
   // below full / devices (a stage holding the block keeps at least one micro-batch in flight).
-  const double lb = (block_state_bytes[b] + ab.act_bytes[b]) / static_cast<double>(m.mesh.size());
+  const double lb = min_bytes(ab, b, b, 1) / static_cast<double>(m.mesh.size());
   // A mesh mixing kinds may split unevenly: only the mean memory bounds it.
   double cap = usable(m.mesh);
   if (mixed(m.mesh)) {
@@ -185,9 +185,8 @@ BlockCost Context::search_block(int b, const AtBatch& ab, const MeshOption& m, i
   // bound (state + one micro-batch of saved activations) among all blocks — the shares of the
   // model's blocks sum to the device, and a block with a large embedding or loss gets the room
   // its live set needs (an even usable / L refused one-stage layouts that fit; issue 22).
-  double need_all = 0;
-  for (int k = 0; k < L(); ++k) need_all += block_state_bytes[k] + ab.act_bytes[k];
-  const double share = need_all > 0 ? (block_state_bytes[b] + ab.act_bytes[b]) / need_all : 1.0 / std::max(1, L());
+  const double need_all = min_bytes(ab, 0, L() - 1, 1);
+  const double share = need_all > 0 ? min_bytes(ab, b, b, 1) / need_all : 1.0 / std::max(1, L());
   so.memory_limit = variant != 1 ? -1.0 : usable(m.mesh) * share;
   so.strided_candidates = false;
   so.reshard_cache = sc.reshard_cache;
@@ -498,21 +497,16 @@ std::optional<StageChoice> best_stage(Context& ctx, const std::vector<MeshOption
                                       std::string* why) {
   std::optional<StageChoice> best;
   double best_share = kInf;  // M·(F + B) + update of `best`
-  double state = 0, act = 0;
-  const auto& ab = ctx.blocks_at(bs);
-  for (int b = first; b <= last; ++b) {
-    state += ctx.block_state_bytes[b];
-    act += ab.act_bytes[b];
-  }
   if (meshes.empty()) return best;
   const int n = static_cast<int>(meshes[0].mesh.size());
   const double usable = ctx.usable(meshes[0].mesh);
   // Quick reject, before any SPMD search: state bytes and the in-flight micro-batches' saved
   // activations cannot shrink below full / devices.
-  if ((state + inflight * act) / n > usable) {
+  const double need = ctx.min_bytes(ctx.blocks_at(bs), first, last, inflight) / n;
+  if (need > usable) {
     if (why)
       *why = fmt::format("needs >= {:.3g} GB/device (parameter state and {} micro-batch(es) of activations)",
-                         (state + inflight * act) / n / 1e9, inflight);
+                         need / 1e9, inflight);
     return best;
   }
   for (int mi = 0; mi < static_cast<int>(meshes.size()); ++mi) {
@@ -614,8 +608,8 @@ std::vector<std::optional<StageDpPath>> stage_dp(Context& ctx, const StageDpInpu
       worst = std::max(worst,
                        best[static_cast<std::size_t>(s)] ? best[static_cast<std::size_t>(s)]->proxy : kInf);
     if (in.M * tmax >= worst) break;  // no partition with this max can beat any stage count's best
-    if (ctx.out_of_time() && (ctx.past_grace() || std::any_of(best.begin(), best.end(),
-                                                              [](const auto& b) { return b.has_value(); })))
+    if (ctx.out_of_time() &&
+        (ctx.past_grace() || std::any_of(best.begin(), best.end(), [](const auto& b) { return b.has_value(); })))
       break;  // the deadline: keep the partitions found so far
     std::fill(G.begin(), G.end(), kInf);
     for (int pos = in.end_anywhere ? 1 : P; pos <= P; ++pos) G[gi(0, L, pos)] = 0;
@@ -735,9 +729,7 @@ std::vector<Candidate> partition_candidates(Context& ctx, const std::vector<Subm
   // The relaxed stage: Σ over its blocks of the fast variant's F + B on the best logical mesh.
   auto relaxed_stage = [&](int k, int j, int m, int inf) -> std::optional<StageChoice> {
     const auto& meshes = subs[m].meshes;
-    const auto& ab = ctx.blocks_at(bs);
-    double need = 0;
-    for (int b = k; b <= j; ++b) need += ctx.block_state_bytes[b] + inf * ab.act_bytes[b];
+    const double need = ctx.min_bytes(ctx.blocks_at(bs), k, j, inf);
     if (meshes.empty() || need / static_cast<double>(meshes[0].mesh.size()) > ctx.usable(meshes[0].mesh))
       return std::nullopt;
     std::optional<StageChoice> best;
@@ -1102,8 +1094,8 @@ Built materialise_in_place(Context& ctx, const std::vector<SubmeshOptions>& subs
     auto& st = p.stages[s];
     st.in_flight = inflight[s];
     // A chunk of an interleaved / V schedule holds 1/v of the stage's activations (as pipeline_of).
-    st.peak_memory =
-        st.static_memory + st.in_flight * st.activation_memory / sched.virtual_stages() + st.transient_memory;
+    st.peak_memory = st.static_memory + st.in_flight * st.activation_memory / sched.virtual_stages() +
+                     st.transient_memory;
     peak = std::max(peak, st.peak_memory);
     double usable = kInf;
     for (int d : st.devices) usable = std::min(usable, ctx.usable_of_device(d));
@@ -1247,9 +1239,8 @@ std::string layout_text(const Plan& p) {
 }
 
 void validate_options(const PlanOptions& o, const cluster::Cluster& c) {
-  static const std::set<std::string> kinds{"1f1b",           "gpipe",       "kfkb",
-                                           "eager_1f1b",     "interleaved", "zb_h1",
-                                           "zb_interleaved", "zbv",         "kfkb_interleaved"};
+  static const std::set<std::string> kinds{"1f1b",  "gpipe",          "kfkb", "eager_1f1b", "interleaved",
+                                           "zb_h1", "zb_interleaved", "zbv",  "kfkb_interleaved"};
   WEFT_CHECK(kinds.count(o.schedule),
              "make_plan: unknown schedule '{}' (1f1b, gpipe, kfkb, eager_1f1b, interleaved, zb_h1, "
              "zb_interleaved, zbv, kfkb_interleaved)",
@@ -1310,10 +1301,7 @@ std::vector<int> microbatch_counts(const PlanOptions& o, std::int64_t B) {
 }
 
 bool replica_may_fit(Context& ctx, std::int64_t bs, int D) {
-  const auto& ab = ctx.blocks_at(bs);
-  double need = 0;
-  for (int b = 0; b < ctx.L(); ++b) need += ctx.block_state_bytes[b] + ab.act_bytes[b];
-  return need / D <= ctx.usable_memory;
+  return ctx.min_bytes(ctx.blocks_at(bs), 0, ctx.L() - 1, 1) / D <= ctx.usable_memory;
 }
 
 std::vector<ReplicaConfig> replica_configs(Context& ctx, const std::vector<int>& Ms, int* pruned) {
@@ -1513,6 +1501,12 @@ std::pair<std::optional<Built>, std::vector<Alternative>> megatron_all(Context& 
     return !(o.max_data_parallel > 0 && lay.d > o.max_data_parallel) && !(!o.pipeline && lay.p > 1) &&
            !(o.max_stages > 0 && lay.p > o.max_stages);
   };
+  // The memory bound of make_plan's pairs, on the layout's replica (t·p devices); a batch that M·d
+  // does not divide is left to megatron_build's note.
+  auto may_fit = [&](const MegatronLayout& lay, int M) {
+    const std::int64_t per = static_cast<std::int64_t>(M) * lay.d;
+    return ctx.global_batch % per != 0 || replica_may_fit(ctx, ctx.global_batch / per, lay.t * lay.p);
+  };
   {
     // Their SPMD searches on every core first (tensor-parallel meshes, inputs replicated).
     std::vector<MeshOption> meshes;
@@ -1522,8 +1516,7 @@ std::pair<std::optional<Built>, std::vector<Alternative>> megatron_all(Context& 
       for (int M : Ms) {
         const auto& lay = layouts[li];
         const std::int64_t per = static_cast<std::int64_t>(M) * lay.d;
-        if (!allowed(lay) || lay.p > ctx.L() || ctx.global_batch % per) continue;
-        if (!replica_may_fit(ctx, ctx.global_batch / per, lay.t * lay.p)) continue;
+        if (!allowed(lay) || lay.p > ctx.L() || ctx.global_batch % per || !may_fit(lay, M)) continue;
         for (int b = 0; b < ctx.L(); ++b) reqs.push_back({b, ctx.global_batch / per, &meshes[li], 0, 1});
       }
     if (!ctx.out_of_time()) ctx.prefetch_block_costs(reqs);
@@ -1532,8 +1525,7 @@ std::pair<std::optional<Built>, std::vector<Alternative>> megatron_all(Context& 
   for (const auto& lay : layouts)
     for (int M : Ms) {
       if (!allowed(lay)) continue;
-      const std::int64_t per = static_cast<std::int64_t>(M) * lay.d;
-      if (ctx.global_batch % per == 0 && !replica_may_fit(ctx, ctx.global_batch / per, lay.t * lay.p)) continue;
+      if (!may_fit(lay, M)) continue;
       if (ctx.out_of_time() && (best || ctx.past_grace())) break;
       ctx.progress("baseline", static_cast<double>(i++) / (layouts.size() * Ms.size()),
                    fmt::format("{} M={}", lay.to_string(), M));
@@ -1726,13 +1718,12 @@ Plan make_plan_fixed(const ir::Graph& g, const cluster::Cluster& c, const PlanOp
     // Every pair left out by the bound: name the least demanding one (most micro-batches, one replica).
     const std::int64_t bs = ctx.global_batch / Ms.back();
     const auto& ab = ctx.blocks_at(bs);
-    double act = 0;
-    for (double a : ab.act_bytes) act += a;
+    const double state = ctx.min_bytes(ab, 0, ctx.L() - 1, 0), act = ctx.min_bytes(ab, 0, ctx.L() - 1, 1) - state;
     fail("make_plan: the model cannot fit: with {} micro-batches of {} samples and one replica over all {} "
          "devices, parameter state {:.4g} GB plus one micro-batch of saved activations {:.4g} GB need "
          ">= {:.4g} GB per device, {:.4g} GB usable",
-         Ms.back(), bs, c.num_devices(), model_state_bytes(g) / 1e9, act / 1e9,
-         (model_state_bytes(g) + act) / c.num_devices() / 1e9, ctx.usable_memory / 1e9);
+         Ms.back(), bs, c.num_devices(), state / 1e9, act / 1e9, (state + act) / c.num_devices() / 1e9,
+         ctx.usable_memory / 1e9);
   }
   prefetch_stage_costs(ctx, subs, configs);
   // Branch and bound over the (M, replicas) pairs: each pair's relaxed stage DP (unconstrained

@@ -287,6 +287,14 @@ class Context {
     }
     return saved;
   }
+  // The lower bound on what blocks first..last hold in all (full bytes, before any sharding):
+  // parameter state plus `inflight` micro-batches of saved activations. Over n devices no layout
+  // stores less than this / n per device (the memory bound of the defaults, plan.md).
+  double min_bytes(const AtBatch& ab, int first, int last, int inflight) const {
+    double s = 0;
+    for (int b = first; b <= last; ++b) s += block_state_bytes[b] + inflight * ab.act_bytes[b];
+    return s;
+  }
   double saved_activation_bytes(const pipeline::StageGraph& sg) const {
     const auto saved = saved_activations(sg);
     double s = 0;

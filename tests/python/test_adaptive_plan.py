@@ -94,8 +94,8 @@ def test_cli_plan_with_a_trace(tmp_path):
 
 
 def test_lower_adaptive_gives_one_program_per_k_and_each_equals_one_device():
-    # A 4-stage pipeline of a small GPT on 4 GPUs; the policy under a busy trace. Each program the
-    # policy runs (its k, its micro-batch size) executes on the CPU executor and equals one device:
+    # A 4-stage pipeline of a small GPT on 4 GPUs; the policy under a busy trace. Each frontier point's
+    # program (its k, its micro-batch size) executes on the CPU executor and equals one device:
     # switching program between steps changes the order and the grouping, never the result.
     step = weft.models.gpt(layers=4, hidden=64, heads=4, seq=8, vocab=128, batch=16).train_step(optimizer="adam")
     cluster = weft.Cluster.preset("p3.8xlarge")
@@ -108,8 +108,8 @@ def test_lower_adaptive_gives_one_program_per_k_and_each_equals_one_device():
     assert len({p["k"] for p in programs}) == len(programs) >= 2  # one program per k
     windows = sorted(w for p in programs for w in p["windows"])
     assert windows == list(range(len(policy.windows)))  # every window runs exactly one program
-    for p in programs:
-        assert all(policy.windows[w].candidate == programs.index(p) for w in p["windows"])
+    for i, p in enumerate(programs):
+        assert all(policy.windows[w].candidate == i for w in p["windows"])
     ref = weft.execute_reference(step)
     for p in programs:
         assert p["microbatch_size"] * p["num_microbatches"] == 16

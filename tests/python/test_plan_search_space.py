@@ -35,7 +35,7 @@ def test_defaults_equal_the_wide_search_on_a_mid_size_case():
 
 
 def test_microbatch_counts_are_not_capped_and_hopeless_pairs_are_left_out():
-    # batch 256 on 2 GPUs: the best pipeline wants many micro-batches (no hidden cap of 32), and
+    # batch 256 on one 8-GPU node: the best pipeline wants many micro-batches (no hidden cap of 32), and
     # the pairs whose replica cannot hold state + one micro-batch of activations are left out.
     g = weft.models.gpt(layers=4, hidden=512, heads=8, seq=256, vocab=4096, batch=256).train_step(optimizer="adam")
     c = weft.Cluster.preset("M8", nodes=1)
