@@ -24,21 +24,66 @@ py::dict peak_dict(const DeviceSpec& d) {
 }  // namespace
 
 void bind_cluster(py::module_& m) {
-  py::class_<DeviceSpec>(m, "DeviceSpec",
-                         "A GPU kind: peak FLOP/s per dtype, memory bytes, memory bandwidth.")
+  py::class_<MatmulEfficiency>(m, "MatmulEfficiency",
+                               "Matmul efficiency against GEMM shape: ceiling x min(1, b*m*n / fill_elements) "
+                               "x k / (k + half_k) of the datasheet peak.")
+      .def(py::init([](double ceiling, double fill, double half_k) {
+             if (!(ceiling > 0 && ceiling <= 1)) throw py::value_error("ceiling must be in (0, 1]");
+             if (!(fill >= 0) || !(half_k >= 0)) throw py::value_error("fill_elements and half_k must be >= 0");
+             return MatmulEfficiency{ceiling, fill, half_k};
+           }),
+           py::arg("ceiling") = 1.0, py::arg("fill_elements") = 0.0, py::arg("half_k") = 0.0)
+      .def_readonly("ceiling", &MatmulEfficiency::ceiling)
+      .def_readonly("fill_elements", &MatmulEfficiency::fill_elements)
+      .def_readonly("half_k", &MatmulEfficiency::half_k)
       .def(
-          py::init([](const std::string& kind, const py::dict& peak, double mem, double bw, double overhead) {
+          "at",
+          [](const MatmulEfficiency& e, double m, double k, double n, double batch) {
+            if (!(m > 0 && k > 0 && n > 0 && batch > 0)) throw py::value_error("m, k, n, batch must be > 0");
+            return e.at(batch * m * n, k);
+          },
+          py::arg("m"), py::arg("k"), py::arg("n"), py::arg("batch") = 1.0,
+          "Fraction of the datasheet peak a (batch x) m x k @ k x n GEMM reaches.")
+      .def("__eq__", [](const MatmulEfficiency& a, const MatmulEfficiency& b) { return a == b; })
+      .def("__repr__", [](const MatmulEfficiency& e) {
+        return fmt::format("MatmulEfficiency(ceiling={}, fill_elements={}, half_k={})", e.ceiling, e.fill_elements,
+                           e.half_k);
+      });
+
+  py::class_<DeviceSpec>(m, "DeviceSpec",
+                         "A GPU kind: peak FLOP/s per dtype, memory bytes, memory bandwidth, and its efficiency "
+                         "model (matmul efficiency per dtype, memory efficiency, kernel overhead).")
+      .def(
+          py::init([](const std::string& kind, const py::dict& peak, double mem, double bw, double overhead,
+                      const py::dict& matmul, double mem_eff) {
             DeviceSpec d;
             d.kind = kind;
             for (auto& [k, v] : peak)
               d.peak_flops[weft::parse_dtype(py::str(k).cast<std::string>())] = v.cast<double>();
+            for (auto& [k, v] : matmul)
+              d.matmul_efficiency[weft::parse_dtype(py::str(k).cast<std::string>())] = v.cast<MatmulEfficiency>();
             d.memory_bytes = mem;
             d.memory_bandwidth = bw;
             d.kernel_overhead = overhead;
+            d.memory_efficiency = mem_eff;
             return d;
           }),
           py::arg("kind"), py::arg("peak_flops"), py::arg("memory_bytes"), py::arg("memory_bandwidth"),
-          py::arg("kernel_overhead") = 0.0)
+          py::arg("kernel_overhead") = 0.0, py::arg("matmul_efficiency") = py::dict(),
+          py::arg("memory_efficiency") = 1.0)
+      .def_property_readonly("matmul_efficiency",
+                             [](const DeviceSpec& d) {
+                               py::dict r;
+                               for (auto& [t, e] : d.matmul_efficiency)
+                                 r[py::str(std::string(weft::dtype_name(t)))] = e;
+                               return r;
+                             })
+      .def_readonly("memory_efficiency", &DeviceSpec::memory_efficiency,
+                    "Fraction of the memory bandwidth memory-bound ops reach.")
+      .def(
+          "matmul", [](const DeviceSpec& d, const std::string& t) { return d.matmul(weft::parse_dtype(t)); },
+          py::arg("dtype"), "The dtype's matmul efficiency (the datasheet's 1, 0, 0 when it has none).")
+      .def("datasheet", &DeviceSpec::datasheet, "The same device at 100% of its datasheet.")
       .def_readonly("kind", &DeviceSpec::kind)
       .def_property_readonly("peak_flops", &peak_dict)
       .def_readonly("memory_bytes", &DeviceSpec::memory_bytes)
@@ -88,6 +133,8 @@ void bind_cluster(py::module_& m) {
       .def_static("concat", &Cluster::concat, py::arg("a"), py::arg("b"))
       .def_static("from_json", &Cluster::from_json, py::arg("text"))
       .def("to_json", &Cluster::to_json)
+      .def("datasheet", &Cluster::datasheet,
+           "Every device at its datasheet (no efficiency model, no kernel overhead): the old 100%-of-peak model.")
       .def("__add__", [](const Cluster& a, const Cluster& b) { return Cluster::concat(a, b); })
       .def_property_readonly("devices", &Cluster::devices)
       .def_property_readonly("nodes", &Cluster::nodes)

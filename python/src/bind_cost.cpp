@@ -21,6 +21,16 @@ void bind_cost(py::module_& m) {
       .def_readwrite("default_compute_efficiency", &Calibration::default_compute_efficiency)
       .def_readwrite("default_memory_efficiency", &Calibration::default_memory_efficiency)
       .def_readwrite("kernel_overhead", &Calibration::kernel_overhead)
+      .def_property_readonly("matmul_efficiency",
+                             [](const Calibration& c) {
+                               py::dict r;
+                               for (auto& [kind, mm] : c.matmul_efficiency) {
+                                 py::dict d;
+                                 for (auto& [t, e] : mm) d[py::str(std::string(weft::dtype_name(t)))] = e;
+                                 r[py::str(kind)] = d;
+                               }
+                               return r;
+                             })
       .def_readwrite("alpha_scale", &Calibration::alpha_scale)
       .def_readwrite("beta_scale", &Calibration::beta_scale)
       .def("compute_eff", [](const Calibration& c, const std::string& kind,
@@ -28,16 +38,18 @@ void bind_cost(py::module_& m) {
       .def("memory_eff", &Calibration::memory_eff)
       .def("__eq__", [](const Calibration& a, const Calibration& b) { return a == b; })
       .def("__repr__", [](const Calibration& c) { return "Calibration(" + c.to_json() + ")"; });
-  m.def("calibrated_cluster", &calibrated, py::arg("cluster"), py::arg("calibration"),
-        "The cluster as the calibration measured it: peaks x compute efficiency, memory bandwidth x memory "
-        "efficiency, + kernel overhead (s per op), link latency x alpha_scale, bandwidth / beta_scale.");
+  m.def("calibrated_cluster", py::overload_cast<const weft::cluster::Cluster&, const Calibration&>(&calibrated), py::arg("cluster"), py::arg("calibration"),
+        "The cluster as the calibration measured it: what the calibration gives replaces the devices' defaults "
+        "(peaks x given compute efficiency with the default ceiling dropped, a given matmul curve, memory "
+        "bandwidth x given memory efficiency, the given kernel overhead); link latency x alpha_scale, "
+        "bandwidth / beta_scale.");
   m.def(
       "compute_time",
       [](double flops, double bytes, const std::string& dtype, const weft::cluster::Device& d,
          const Calibration& cal) { return compute_time(flops, bytes, weft::parse_dtype(dtype), d, cal); },
       py::arg("flops"), py::arg("bytes"), py::arg("dtype"), py::arg("device"),
       py::arg("calibration") = Calibration(),
-      "Roofline time: max(flops/(peak*eff), bytes/(bw*eff)) + kernel overhead.");
+      "Roofline time: max(flops/(peak*ceiling), bytes/(bw*memory efficiency)) + kernel overhead.");
   m.def(
       "roofline",
       [](double flops, double bytes, const std::string& dtype, const weft::cluster::Device& d,

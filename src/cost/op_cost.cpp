@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "weft/core/error.hpp"
+#include "weft/cost/gemm_shape.hpp"
 
 namespace weft::cost {
 
@@ -15,17 +16,24 @@ DType compute_dtype(const ir::Graph& g, const ir::Op& op) {
   return DType::F32;
 }
 
-double roofline_time(double flops, double bytes, const cluster::DeviceSpec& device, DType dtype) {
+double roofline_time(double flops, double bytes, const cluster::DeviceSpec& device, DType dtype,
+                     const GemmShape* gemm) {
   double peak = 0;
+  DType priced = dtype;
   auto it = device.peak_flops.find(dtype);
-  if (it != device.peak_flops.end())
+  if (it != device.peak_flops.end()) {
     peak = it->second;
-  else if (auto f = device.peak_flops.find(DType::F32); f != device.peak_flops.end())
+  } else if (auto f = device.peak_flops.find(DType::F32); f != device.peak_flops.end()) {
     peak = f->second;
+    priced = DType::F32;
+  }
   WEFT_CHECK(peak > 0, "roofline: device '{}' has no peak FLOP/s for {}", device.kind, dtype_name(dtype));
   WEFT_CHECK(device.memory_bandwidth > 0, "roofline: device '{}' has no memory bandwidth", device.kind);
-  const bool runs = flops > 0 || bytes > 0;  // a launch costs its overhead (calibrated devices)
-  return std::max(flops / peak, bytes / device.memory_bandwidth) + (runs ? device.kernel_overhead : 0.0);
+  const cluster::MatmulEfficiency& me = device.matmul(priced);
+  const double eff = gemm ? me.at(gemm->parallel(), gemm->k) : me.ceiling;
+  const bool runs = flops > 0 || bytes > 0;  // a launch costs its overhead
+  return std::max(flops / (peak * eff), bytes / (device.memory_bandwidth * device.memory_efficiency)) +
+         (runs ? device.kernel_overhead : 0.0);
 }
 
 namespace {
@@ -64,7 +72,11 @@ OpCost op_cost(const ir::Graph& g, const ir::Op& op, const cluster::DeviceSpec& 
     c.bytes += local_tensor_bytes(g, op, false, i, fs);
   for (int i = 0; i < static_cast<int>(op.outputs.size()); ++i)
     c.bytes += local_tensor_bytes(g, op, true, i, fs);
-  c.time = roofline_time(c.flops, c.bytes, device, compute_dtype(g, op));
+  std::vector<double> local(m.factors.size());
+  for (std::size_t f = 0; f < local.size(); ++f)
+    local[f] = static_cast<double>(m.factors[f].size) / static_cast<double>(fs[f]);
+  const auto gemm = gemm_shape(op, local);
+  c.time = roofline_time(c.flops, c.bytes, device, compute_dtype(g, op), gemm ? &*gemm : nullptr);
   return c;
 }
 
@@ -90,7 +102,10 @@ OpCost op_cost_fractional(const ir::Graph& g, const ir::Op& op, const cluster::D
     c.bytes += static_cast<double>(g.tensor(op.inputs[i]).bytes()) * held(m.inputs[i]);
   for (std::size_t i = 0; i < op.outputs.size(); ++i)
     c.bytes += static_cast<double>(g.tensor(op.outputs[i]).bytes()) * held(m.outputs[i]);
-  c.time = roofline_time(c.flops, c.bytes, device, compute_dtype(g, op));
+  std::vector<double> local(m.factors.size());
+  for (std::size_t f = 0; f < local.size(); ++f) local[f] = static_cast<double>(m.factors[f].size) * frac[f];
+  const auto gemm = gemm_shape(op, local);
+  c.time = roofline_time(c.flops, c.bytes, device, compute_dtype(g, op), gemm ? &*gemm : nullptr);
   return c;
 }
 

@@ -1,4 +1,5 @@
-// Roofline compute time: t = max(flops / (peak × eff_c), bytes / (bw × eff_m)) + overhead.
+// Roofline compute time of the calibrated device: t = max(flops / (peak × ceiling),
+// bytes / (bw × memory efficiency)) + overhead.
 #include "weft/cost/roofline.hpp"
 
 #include <algorithm>
@@ -11,9 +12,17 @@ RooflineTime roofline(double flops, double bytes, DType dtype, const cluster::De
                       const Calibration& cal) {
   WEFT_CHECK(flops >= 0 && bytes >= 0, "roofline needs flops >= 0 and bytes >= 0 (got {}, {})", flops, bytes);
   RooflineTime r;
-  r.compute = flops > 0 ? flops / (dev.spec.peak(dtype) * cal.compute_eff(dev.spec.kind, dtype)) : 0.0;
-  r.memory = bytes / (dev.spec.memory_bandwidth * cal.memory_eff(dev.spec.kind));
-  r.total = std::max(r.compute, r.memory) + cal.kernel_overhead + dev.spec.kernel_overhead;
+  // calibrated(dev.spec, cal) without copying the spec (this runs per op in the hetero evaluator)
+  const auto& s = dev.spec;
+  double ceiling = s.matmul(dtype).ceiling;
+  if (const cluster::MatmulEfficiency* m = cal.given_matmul(s.kind, dtype))
+    ceiling = m->ceiling;
+  else if (auto e = cal.given_compute_eff(s.kind, dtype))
+    ceiling = *e;
+  const double mem_eff = cal.given_memory_eff(s.kind).value_or(s.memory_efficiency);
+  r.compute = flops > 0 ? flops / (s.peak(dtype) * ceiling) : 0.0;
+  r.memory = bytes / (s.memory_bandwidth * mem_eff);
+  r.total = std::max(r.compute, r.memory) + cal.kernel_overhead.value_or(s.kernel_overhead);
   return r;
 }
 

@@ -320,7 +320,8 @@ std::vector<DeviceCapacity> capacities(const cluster::Cluster& c, const std::vec
   out.reserve(ids.size());
   for (int id : ids) {
     const cluster::Device& d = c.device(id);
-    out.emplace_back(d.spec.peak(dtype) * cal.compute_eff(d.spec.kind, dtype), d.spec.memory_bytes,
+    const cluster::DeviceSpec spec = cost::calibrated(d.spec, cal);  // the throughput a GEMM reaches
+    out.emplace_back(spec.peak(dtype) * spec.matmul(dtype).ceiling, d.spec.memory_bytes,
                      fmt::format("{}#{}", d.spec.kind, id));
   }
   return out;

@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "weft/cluster/efficiency.hpp"
 #include "weft/core/dtype.hpp"
 
 namespace weft::cluster {
@@ -20,7 +21,14 @@ struct DeviceSpec {
   double memory_bytes = 0;             // HBM capacity
   double memory_bandwidth = 0;         // HBM bandwidth, bytes/s
   double kernel_overhead = 0;          // seconds added to every op (kernel launch); 0 for datasheets
-  double peak(DType t) const;          // throws weft::Error when the dtype has no entry
+  // The efficiency model (efficiency.hpp): per dtype, the matmul efficiency against GEMM shape;
+  // a dtype without an entry runs at the datasheet peak. Presets carry measured defaults.
+  std::map<DType, MatmulEfficiency> matmul_efficiency;
+  double memory_efficiency = 1.0;  // fraction of memory_bandwidth memory-bound ops reach (0, 1]
+  double peak(DType t) const;      // throws weft::Error when the dtype has no entry
+  const MatmulEfficiency& matmul(DType t) const;  // the dtype's entry, else the datasheet {1, 0, 0}
+  // The same device at 100% of its datasheet: no efficiency model, no kernel overhead.
+  DeviceSpec datasheet() const;
   bool operator==(const DeviceSpec&) const = default;
 };
 
@@ -63,6 +71,9 @@ class Cluster {
   static Cluster concat(const Cluster& a, const Cluster& b);  // nodes of a, then nodes of b
   static Cluster from_json(std::string_view json_text);
   std::string to_json() const;
+  // Every device at its datasheet (DeviceSpec::datasheet): the cost model before efficiencies,
+  // for comparisons and for figures derived by hand from peaks.
+  Cluster datasheet() const;
 
   const std::vector<Device>& devices() const { return devices_; }
   const std::vector<NodeSpec>& nodes() const { return nodes_; }

@@ -3,7 +3,10 @@
 //
 //   local FLOPs  = op FLOPs / Π_{f ∈ work_factors} shards(f)
 //   local bytes  = Σ over operands and results of numel / Π_{f in the tensor} shards(f) × dtype size
-//   time         = max(local FLOPs / peak(dtype), local bytes / memory bandwidth)      (roofline)
+//   time         = max(local FLOPs / (peak(dtype) × matmul efficiency),
+//                      local bytes / (memory bandwidth × memory efficiency)) + kernel overhead
+// The matmul efficiency follows the op's local GEMM shape (gemm_shape.hpp, cluster/efficiency.hpp);
+// ops that are not GEMMs run at the dtype's ceiling.
 //
 // shards(f) is the number of pieces factor f is cut into (product of the mesh axis sizes a
 // strategy assigns to it; 1 = not split). Partial results count at full size (each device holds
@@ -12,6 +15,7 @@
 #include <vector>
 
 #include "weft/cluster/cluster.hpp"
+#include "weft/cost/gemm_shape.hpp"
 #include "weft/ir/graph.hpp"
 
 namespace weft::cost {
@@ -27,11 +31,13 @@ struct OpCost {
 // operand, else f32.
 DType compute_dtype(const ir::Graph& g, const ir::Op& op);
 
-// Roofline time of `flops` and `bytes` on `device`, plus the device's kernel overhead when the op
-// does any work (throws weft::Error when the device has no peak for the dtype and no f32
+// Roofline time of `flops` and `bytes` on `device` under its efficiency model, plus the device's
+// kernel overhead when the op does any work (throws weft::Error when the device has no peak for the dtype and no f32
 // fallback, or a non-positive bandwidth). A calibrated cluster (cost::calibrated) carries the
 // measured efficiencies in its peaks and bandwidths.
-double roofline_time(double flops, double bytes, const cluster::DeviceSpec& device, DType dtype);
+// `gemm`: the op's local GEMM shape (nullptr: not a GEMM, the ceiling alone).
+double roofline_time(double flops, double bytes, const cluster::DeviceSpec& device, DType dtype,
+                     const GemmShape* gemm = nullptr);
 
 // factor_shards.size() must equal op.index_map.factors.size() (throws weft::Error otherwise).
 OpCost op_cost(const ir::Graph& g, const ir::Op& op, const cluster::DeviceSpec& device,
