@@ -125,7 +125,7 @@ def main(argv=None):
         def cost(i, j, m):
             n = subs[m].num_devices
             flops, params = pre[j + 1] - pre[i], pp[j + 1] - pp[i]
-            if params * 8 / n > mem:  # f16 params: weights + grads + f32 Adam m, v ~ 8x the f16 bytes
+            if params * 8 / n > mem:  # mixed-precision Adam: 2 + 2 + f32 master, m, v = 8x the f16 bytes
                 return None
             return flops / (n * peak * 0.6 / (1 + 0.08 * math.log2(n)))
 

@@ -266,15 +266,29 @@ void bind_ir(py::module_& m) {
       .def(
           "train_step",
           [](const Graph& g, const py::object& optimizer, double lr, double beta1, double beta2, double eps,
-             std::int64_t step) {
+             std::int64_t step, double momentum, const py::object& master_weights) {
             TrainOptions o;
             o.optimizer = parse_optimizer(optimizer);
             o.lr = lr, o.beta1 = beta1, o.beta2 = beta2, o.eps = eps, o.step = step;
+            o.momentum = momentum;
+            if (!master_weights.is_none()) {
+              // bool only: an int or a string here is more likely a mistake than a wish.
+              if (!py::isinstance<py::bool_>(master_weights))
+                throw py::type_error("train_step: master_weights must be None, True or False, got " +
+                                     py::repr(master_weights).cast<std::string>());
+              o.master_weights = master_weights.cast<bool>();
+            }
             return build_training_graph(g, o);
           },
           py::arg("optimizer") = "adam", py::arg("lr") = 1e-3, py::arg("beta1") = 0.9,
-          py::arg("beta2") = 0.999, py::arg("eps") = 1e-8, py::arg("step") = 1,
-          "The training-step graph: forward + backward + optimizer ('adam', 'sgd' or None: gradients only).")
+          py::arg("beta2") = 0.999, py::arg("eps") = 1e-8, py::arg("step") = 1, py::arg("momentum") = 0.0,
+          py::arg("master_weights") = py::none(),
+          "The training-step graph: forward + backward + optimizer ('adam', 'sgd' or None: gradients only). "
+          "momentum: SGD's heavy-ball momentum (0: none; > 0 adds one state per parameter). "
+          "master_weights: None (auto) or True keeps an f32 master copy of every f16/bf16 parameter, "
+          "updated in f32 with f32 optimizer states (mixed-precision Adam: 16 bytes per parameter); "
+          "False updates half-precision parameters in their own dtype. f32/f64 parameters are their "
+          "own master either way.")
       .def("validate", &Graph::validate)
       .def("dump", &Graph::dump)
       .def(

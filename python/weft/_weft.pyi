@@ -432,9 +432,9 @@ class Graph:
         ...
     def to_json(self, indent: typing.SupportsInt | typing.SupportsIndex | None = None) -> str:
         ...
-    def train_step(self, optimizer: typing.Any = 'adam', lr: typing.SupportsFloat | typing.SupportsIndex = 0.001, beta1: typing.SupportsFloat | typing.SupportsIndex = 0.9, beta2: typing.SupportsFloat | typing.SupportsIndex = 0.999, eps: typing.SupportsFloat | typing.SupportsIndex = 1e-08, step: typing.SupportsInt | typing.SupportsIndex = 1) -> Graph:
+    def train_step(self, optimizer: typing.Any = 'adam', lr: typing.SupportsFloat | typing.SupportsIndex = 0.001, beta1: typing.SupportsFloat | typing.SupportsIndex = 0.9, beta2: typing.SupportsFloat | typing.SupportsIndex = 0.999, eps: typing.SupportsFloat | typing.SupportsIndex = 1e-08, step: typing.SupportsInt | typing.SupportsIndex = 1, momentum: typing.SupportsFloat | typing.SupportsIndex = 0.0, master_weights: typing.Any = None) -> Graph:
         """
-        The training-step graph: forward + backward + optimizer ('adam', 'sgd' or None: gradients only).
+        The training-step graph: forward + backward + optimizer ('adam', 'sgd' or None: gradients only). momentum: SGD's heavy-ball momentum (0: none; > 0 adds one state per parameter). master_weights: None (auto) or True keeps an f32 master copy of every f16/bf16 parameter, updated in f32 with f32 optimizer states (mixed-precision Adam: 16 bytes per parameter); False updates half-precision parameters in their own dtype. f32/f64 parameters are their own master either way.
         """
     def training_flops(self) -> float:
         """

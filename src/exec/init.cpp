@@ -6,13 +6,17 @@
 
 #include "weft/core/error.hpp"
 #include "weft/core/random.hpp"
+#include "weft/ir/autodiff.hpp"
 
 namespace weft::exec {
 
 LeafValues::LeafValues(const ir::Graph& g, std::uint64_t seed) : g_(g), seed_(seed) {
   int_range_.assign(g.tensors().size(), 0);
+  master_of_.assign(g.tensors().size(), -1);
   for (const auto& t : g.tensors()) key_.push_back(stable_key(t.name));
   for (const auto& op : g.ops()) {
+    // A master copy starts as its parameter: mixed-precision training copies the weights once.
+    if (ir::TensorId m = ir::master_copy(op); m >= 0) master_of_[static_cast<std::size_t>(m)] = op.inputs[0];
     auto bound = [&](std::size_t input, std::int64_t n) {
       if (op.inputs.size() > input) int_range_[static_cast<std::size_t>(op.inputs[input])] = n;
     };
@@ -36,7 +40,10 @@ double LeafValues::value(ir::TensorId t, int step, std::int64_t index) const {
       const bool scale = info.name.size() > 6 && info.name.ends_with(".gamma");
       return scale ? 1 + 0.1 * n : 0.1 * n;
     }
-    case ir::Role::OptimizerState: return 0;
+    case ir::Role::OptimizerState: {
+      const ir::TensorId p = master_of_[static_cast<std::size_t>(t)];
+      return p >= 0 ? value(p, step, index) : 0;
+    }
     case ir::Role::Constant:
       if (g_.loss() && g_.grad_of(t) == g_.loss()) return 1;
       return normal01(seed_, key, i);

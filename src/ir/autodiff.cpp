@@ -357,6 +357,20 @@ class Backward {
 
 }  // namespace
 
+bool uses_master_weights(const TrainOptions& options, DType dt) {
+  return options.master_weights && options.optimizer != Optimizer::None &&
+         (dt == DType::F16 || dt == DType::BF16);
+}
+
+TensorId master_copy(const Op& op) {
+  std::size_t plain = 0;  // operands without a master copy
+  if (op.kind == OpKind::AdamUpdate)
+    plain = 4;
+  else if (op.kind == OpKind::SgdUpdate)
+    plain = 1 + op.attrs.scalars.size();
+  return plain > 0 && op.inputs.size() == plain + 1 ? op.inputs[2] : -1;
+}
+
 Graph build_training_graph(const Graph& forward, const TrainOptions& options) {
   auto loss = forward.loss();
   WEFT_CHECK(loss.has_value(), "graph '{}' has no loss: call set_loss() on a scalar first", forward.name());
@@ -372,6 +386,9 @@ Graph build_training_graph(const Graph& forward, const TrainOptions& options) {
     WEFT_CHECK(options.beta1 >= 0 && options.beta1 < 1 && options.beta2 >= 0 && options.beta2 < 1 &&
                    options.eps > 0 && options.step >= 1,
                "adam needs 0 <= beta1, beta2 < 1, eps > 0 and step >= 1");
+  WEFT_CHECK(options.momentum >= 0, "sgd momentum must be >= 0, got {}", options.momentum);
+  WEFT_CHECK(options.momentum == 0 || options.optimizer == Optimizer::Sgd,
+             "momentum {} is an sgd option: adam has its own (beta1)", options.momentum);
   Graph g = forward;
   if (!g.name().empty()) g.set_name(g.name() + ".train");
   const auto& fts = forward.tensors();
@@ -383,6 +400,29 @@ Graph build_training_graph(const Graph& forward, const TrainOptions& options) {
   Backward bw(forward, g);
   std::vector<TensorId> grads = bw.run(*loss);
   g.mark_output(*loss);
+  // One update of parameter p: reads (p, gp[, master], states...) and writes the new value of each
+  // (the parameter keeps its role, the rest are OptimizerState), all with grad_of = p.
+  auto add_update = [&](OpKind kind, const std::string& prefix, TensorId p, TensorId gp,
+                        const std::vector<std::string>& state_prefixes, OpAttrs a) {
+    const TensorInfo& ti = fts[static_cast<std::size_t>(p)];
+    const bool master = uses_master_weights(options, ti.dtype);
+    const DType sdt = master ? DType::F32 : ti.dtype;
+    std::vector<TensorId> ins = {p, gp};
+    auto state = [&](const std::string& name) {
+      TensorId s = g.add_tensor({name + ti.name, ti.shape, sdt, Role::OptimizerState, kNoOp});
+      g.set_grad_of(s, p);
+      ins.push_back(s);
+    };
+    if (master) state("master:");
+    for (const auto& sp : state_prefixes) state(sp);
+    auto outs = g.add_op(kind, ins, std::move(a), op_name(prefix + ti.name), Role::Parameter);
+    // The rule gives every result the first's role; all but the parameter are OptimizerState.
+    for (std::size_t k = 0; k < outs.size(); ++k) {
+      g.set_grad_of(outs[k], p);
+      g.mark_output(outs[k]);
+      if (k > 0) g.set_role(outs[k], Role::OptimizerState);
+    }
+  };
   for (std::size_t t = 0; t < fts.size(); ++t) {
     const auto& ti = fts[t];
     if (ti.role != Role::Parameter || ti.producer != kNoOp || grads[t] < 0) continue;
@@ -391,31 +431,20 @@ Graph build_training_graph(const Graph& forward, const TrainOptions& options) {
     switch (options.optimizer) {
       case Optimizer::None: g.mark_output(gp); break;
       case Optimizer::Sgd: {
+        const bool mom = options.momentum > 0;
         OpAttrs a;
         a.scalars = {options.lr};
-        TensorId np =
-            g.add_op(OpKind::SgdUpdate, {p, gp}, std::move(a), op_name("sgd:" + ti.name), Role::Parameter)[0];
-        g.set_grad_of(np, p);
-        g.mark_output(np);
+        if (mom) a.scalars.push_back(options.momentum);
+        add_update(OpKind::SgdUpdate, "sgd:", p, gp,
+                   mom ? std::vector<std::string>{"sgd_momentum:"} : std::vector<std::string>{},
+                   std::move(a));
         break;
       }
       case Optimizer::Adam: {
-        TensorId m = g.add_tensor({"adam_m:" + ti.name, ti.shape, ti.dtype, Role::OptimizerState, kNoOp});
-        TensorId v = g.add_tensor({"adam_v:" + ti.name, ti.shape, ti.dtype, Role::OptimizerState, kNoOp});
-        g.set_grad_of(m, p);
-        g.set_grad_of(v, p);
         OpAttrs a;
         a.scalars = {options.lr, options.beta1, options.beta2, options.eps,
                      static_cast<double>(options.step)};
-        auto outs = g.add_op(OpKind::AdamUpdate, {p, gp, m, v}, std::move(a), op_name("adam:" + ti.name),
-                             Role::Parameter);
-        // The rule makes three results of one role; the states are OptimizerState.
-        for (int k = 0; k < 3; ++k) {
-          g.set_grad_of(outs[k], p);
-          g.mark_output(outs[k]);
-        }
-        g.set_role(outs[1], Role::OptimizerState);
-        g.set_role(outs[2], Role::OptimizerState);
+        add_update(OpKind::AdamUpdate, "adam:", p, gp, {"adam_m:", "adam_v:"}, std::move(a));
         break;
       }
     }

@@ -626,23 +626,38 @@ std::vector<HostTensor> run_op(const Graph& g, const Op& op, const std::vector<c
       return {y};
     }
     case OpKind::SgdUpdate: {
-      double lr = a.scalars[0];
-      HostTensor p = *in[0];
-      for (std::size_t i = 0; i < p.data.size(); ++i) p.data[i] -= lr * in[1]->data[i];
-      return {p};
+      // (p, g[, master][, buf]): the update runs on the master copy when there is one, and the
+      // parameter is its value (the cast to the parameter's dtype is the executor's rounding).
+      const double lr = a.scalars[0];
+      const bool mom = a.scalars.size() == 2;
+      const bool master = in.size() == (mom ? 4u : 3u);
+      HostTensor w = *in[master ? 2 : 0];
+      HostTensor buf = mom ? *in[in.size() - 1] : HostTensor{};
+      for (std::size_t i = 0; i < w.data.size(); ++i) {
+        double step_i = in[1]->data[i];
+        if (mom) step_i = buf.data[i] = a.scalars[1] * buf.data[i] + step_i;
+        w.data[i] -= lr * step_i;
+      }
+      std::vector<HostTensor> out = {w};
+      if (master) out.push_back(w);
+      if (mom) out.push_back(std::move(buf));
+      return out;
     }
     case OpKind::AdamUpdate: {
       double lr = a.scalars[0], b1 = a.scalars[1], b2 = a.scalars[2], eps = a.scalars[3],
              step = ctx.step > 0 ? ctx.step : a.scalars[4];
-      HostTensor p = *in[0], m = *in[2], v = *in[3];
+      const bool master = in.size() == 5;
+      const std::size_t k = master ? 3 : 2;  // m's operand
+      HostTensor w = *in[master ? 2 : 0], m = *in[k], v = *in[k + 1];
       double c1 = 1 - std::pow(b1, step), c2 = 1 - std::pow(b2, step);
-      for (std::size_t i = 0; i < p.data.size(); ++i) {
+      for (std::size_t i = 0; i < w.data.size(); ++i) {
         double gi = in[1]->data[i];
         m.data[i] = b1 * m.data[i] + (1 - b1) * gi;
         v.data[i] = b2 * v.data[i] + (1 - b2) * gi * gi;
-        p.data[i] -= lr * (m.data[i] / c1) / (std::sqrt(v.data[i] / c2) + eps);
+        w.data[i] -= lr * (m.data[i] / c1) / (std::sqrt(v.data[i] / c2) + eps);
       }
-      return {p, m, v};
+      if (master) return {w, w, m, v};
+      return {w, m, v};
     }
   }
   throw InternalError("op kind without an interpreter kernel");

@@ -733,16 +733,30 @@ OpSignature derive_unchecked(OpKind kind, const OpAttrs& a, const std::vector<Sh
       return {{out}, {dt[0]}, b.done(0, {})};
     }
     case OpKind::SgdUpdate:
-      check_arity(in, 2, op, kname);
-      WEFT_CHECK(in[0] == in[1], "op '{}': param {} and grad {} differ", op, in[0], in[1]);
-      WEFT_CHECK(a.scalars.size() == 1, "op '{}': sgd needs scalars {{lr}}", op);
-      return {{in[0]}, {dt[0]}, same_shape_map(in[0], 2, 1, 2)};
-    case OpKind::AdamUpdate:
-      check_arity(in, 4, op, kname);
-      for (int i = 1; i < 4; ++i)
+    case OpKind::AdamUpdate: {
+      // (param, grad[, master], states...): one result per input but the gradient, elementwise,
+      // so a sharded parameter's master copy and states shard with it (ZeRO-style).
+      const bool adam = kind == OpKind::AdamUpdate;
+      if (adam)
+        WEFT_CHECK(a.scalars.size() == 5, "op '{}': adam needs scalars {{lr, beta1, beta2, eps, step}}", op);
+      else
+        WEFT_CHECK(a.scalars.size() == 1 || a.scalars.size() == 2,
+                   "op '{}': sgd needs scalars {{lr}} or {{lr, momentum}}", op);
+      const std::size_t states = adam ? 2 : a.scalars.size() - 1;
+      WEFT_CHECK(in.size() == 2 + states || in.size() == 3 + states,
+                 "op '{}' ({}): expected {} operand(s), or {} with a master copy, got {}", op, kname,
+                 2 + states, 3 + states, in.size());
+      for (std::size_t i = 1; i < in.size(); ++i)
         WEFT_CHECK(in[i] == in[0], "op '{}': operand {} shape {} differs from param {}", op, i, in[i], in[0]);
-      WEFT_CHECK(a.scalars.size() == 5, "op '{}': adam needs scalars {{lr, beta1, beta2, eps, step}}", op);
-      return {{in[0], in[0], in[0]}, {dt[0], dt[2], dt[3]}, same_shape_map(in[0], 4, 3, 12)};
+      const int n_out = static_cast<int>(in.size()) - 1;
+      std::vector<DType> odt = {dt[0]};
+      for (std::size_t i = 2; i < in.size(); ++i) odt.push_back(dt[i]);
+      // FLOPs per element: sgd 2 (+2 momentum), adam 12; +1 for the cast of a master copy.
+      const double fpp = (adam ? 12.0 : 2.0 + 2.0 * static_cast<double>(states)) +
+                         (static_cast<std::size_t>(n_out) > 1 + states ? 1.0 : 0.0);
+      return {std::vector<Shape>(static_cast<std::size_t>(n_out), in[0]), std::move(odt),
+              same_shape_map(in[0], static_cast<int>(in.size()), n_out, fpp)};
+    }
   }
   throw InternalError("op kind without a rule");
 }

@@ -59,7 +59,7 @@ int parse_layer(std::string_view name, std::string_view prefix) {
 // The forward name an autodiff / optimizer op or tensor derives from: "d:<x>/<what>",
 // "d:<t>+1", "adam:<p>#2" -> x, t, p.
 std::string anchor(std::string_view s) {
-  for (std::string_view p : {"d:", "adam:", "sgd:", "adam_m:", "adam_v:"})
+  for (std::string_view p : {"d:", "adam:", "sgd:", "adam_m:", "adam_v:", "master:", "sgd_momentum:"})
     if (s.substr(0, p.size()) == p) {
       s.remove_prefix(p.size());
       break;

@@ -214,6 +214,29 @@ def test_bf16_runs_and_learns(layouts, reference):
     np.testing.assert_allclose(got.losses, reference.losses, rtol=3e-2)
 
 
+@pytest.mark.parametrize("kw", [{}, {"optimizer": "sgd", "lr": 0.1, "momentum": 0.9}])
+def test_f16_with_master_weights_equals_the_reference_and_plain_pytorch(kw, cluster):
+    # f16 parameters with f32 master copies and f32 states (Adam; SGD with momentum), 2 stages x
+    # 2 data-parallel replicas (the states carried per stage, the gradients all-reduced): in f64
+    # storage the reference exactly, and torch.optim on the same GPT in one process (the master copy
+    # starts as the parameter, so its update is the plain f64 one).
+    from weft.runtime.torch_models import train_plain_pytorch
+
+    step = weft.models.gpt(layers=2, hidden=64, heads=4, seq=8, vocab=128, batch=8,
+                           dtype="f16").train_step(**kw)
+    plan = weft.megatron_plan(step, cluster, t=1, p=2, d=2, num_microbatches=2)
+    got = weft.run(plan, step, cluster, steps=3, dtype="f64")
+    assert_same(got, weft.execute_reference(step, steps=3), 1e-10)
+    want = train_plain_pytorch(step, layers=2, heads=4, steps=3, dtype=torch.float64)
+    for n, w in want.items():
+        w = w.numpy()
+        np.testing.assert_allclose(got.parameters[n], w, rtol=1e-10, atol=1e-10 * np.max(np.abs(w)), err_msg=n)
+    # The graph's own dtypes (None): f16 parameters, f32 master copies and moments; the losses close
+    # to the f64 reference.
+    mixed = weft.run(plan, step, cluster, steps=3, dtype=None)
+    np.testing.assert_allclose(mixed.losses, got.losses, rtol=3e-2)
+
+
 def test_bad_input(layouts, step, cluster):
     prog = layouts["a-megatron-spmd"]
     with pytest.raises(ValueError, match="nproc=3"):

@@ -16,7 +16,20 @@ struct TrainOptions {
   double lr = 1e-3;
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
   std::int64_t step = 1;  // Adam's bias-correction step (1 for the first update)
+  double momentum = 0;    // SGD's heavy-ball momentum μ (0: plain SGD, no state)
+  // Mixed precision: an f32 master copy of every f16/bf16 parameter, updated in f32 (the
+  // parameter is its cast), with the optimizer states in f32 too. f32/f64 parameters are their
+  // own master, so the flag changes nothing for them: "on" is the rule for half types, and only
+  // turning it off (pure half-precision training, states in the parameter's dtype) differs.
+  bool master_weights = true;
 };
+
+// Whether a parameter of dtype `dt` gets an f32 master copy under `options`.
+bool uses_master_weights(const TrainOptions& options, DType dt);
+
+// The master copy an update op (SgdUpdate / AdamUpdate) reads: its operand 2 when the op has the
+// master form (see op.hpp), else -1 (also for any other op).
+TensorId master_copy(const Op& op);
 
 // The training step: a copy of the forward graph (same ids) followed by the backward ops and the
 // optimizer ops.
@@ -28,11 +41,15 @@ struct TrainOptions {
 //   it, except where one tensor is the gradient of two (both operands of an Add share dy): the
 //   first owner keeps it. Every Parameter gets its own gradient tensor (an Identity copy in that
 //   case), so grad(p) always works for parameters.
-// - Optimizer::Sgd: one SgdUpdate per parameter; Adam: one AdamUpdate per parameter with two
-//   OptimizerState leaves "adam_m:<p>", "adam_v:<p>" (grad_of = p). The updated parameter
-//   (Role::Parameter, with a producer) and states (Role::OptimizerState) have grad_of = p and are
-//   graph outputs. Optimizer::None: the parameters' gradients are the graph outputs. The loss is
-//   always an output. A parameter the loss does not depend on gets no gradient and no update.
+// - Optimizer::Sgd: one SgdUpdate per parameter, with an OptimizerState leaf "sgd_momentum:<p>"
+//   when momentum > 0; Adam: one AdamUpdate per parameter with two OptimizerState leaves
+//   "adam_m:<p>", "adam_v:<p>". With master weights (uses_master_weights) the update also reads
+//   and writes an f32 OptimizerState leaf "master:<p>" (after the gradient, before the other
+//   states) and every state is f32; otherwise the states have the parameter's dtype. All states
+//   have grad_of = p. The updated parameter (Role::Parameter, with a producer) and states
+//   (Role::OptimizerState) have grad_of = p and are graph outputs. Optimizer::None: the
+//   parameters' gradients are the graph outputs. The loss is always an output. A parameter the
+//   loss does not depend on gets no gradient and no update.
 // Throws weft::Error when the forward graph has no scalar loss, or when the gradient must pass
 // through an op that has no rule (Opaque, a backward kind), naming the op.
 Graph build_training_graph(const Graph& forward, const TrainOptions& options = {});

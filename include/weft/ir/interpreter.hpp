@@ -34,9 +34,11 @@
 //   Conv2dGradInput / Conv2dGradWeight: the adjoints of Conv2d in x and in w
 //   Pool2dGrad    Max: dy to the first maximal in-bounds element of each window (row-major, found
 //                 from x); Mean: dy/k² to every in-bounds element of the window
-//   SgdUpdate     p' = p − lr·g
+//   SgdUpdate     p' = p − lr·g; with momentum μ: buf' = μ·buf + g, p' = p − lr·buf'
 //   AdamUpdate    m' = β1·m + (1−β1)·g;  v' = β2·v + (1−β2)·g²;
 //                 p' = p − lr·(m'/(1−β1^step)) / (√(v'/(1−β2^step)) + eps)
+//   (either, with a master copy w) the rule updates w instead of p, and p' = w' (values are
+//                 doubles: the cast to the parameter's dtype is no rounding here)
 // Integer tensors (ids, labels) hold integral doubles.
 #include <map>
 #include <vector>
@@ -52,8 +54,9 @@ struct HostTensor {
 };
 
 // Runs every op in topological order. `feeds` must give every Input, Parameter, Constant and
-// OptimizerState leaf, with the tensor's shape; the one exception is autodiff's dloss seed (a
-// Constant whose grad_of() is the loss), which is 1.0 when not fed. Returns the value of every
+// OptimizerState leaf, with the tensor's shape (a master copy should start equal to its
+// parameter); the one exception is autodiff's dloss seed (a Constant whose grad_of() is the
+// loss), which is 1.0 when not fed. Returns the value of every
 // tensor (indexed by TensorId). Throws weft::Error for a missing/misshaped feed, an Opaque op, or
 // an id/label out of range.
 std::vector<HostTensor> interpret(const Graph& g, const std::map<TensorId, HostTensor>& feeds);

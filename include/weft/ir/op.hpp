@@ -45,8 +45,12 @@ enum class OpKind : std::uint8_t {
   Conv2dGradInput,     // (dy, w) -> dx, attrs.ints = {stride, pad, H, W}
   Conv2dGradWeight,    // (x, dy) -> dw, attrs.ints = {stride, pad, r, t}
   Pool2dGrad,          // (x, y, dy) -> dx, same attrs as Pool2d
-  SgdUpdate,           // (param, grad) -> param', lr = attrs.scalars[0]
-  AdamUpdate,          // (param, grad, m, v) -> (param', m', v'), attrs.scalars = {lr, b1, b2, eps, step}
+  // Optimizer updates; with master weights the f32 master copy follows the gradient and the
+  // new parameter is its cast (outputs in the order of the state inputs).
+  SgdUpdate,   // (param, grad[, master][, buf]) -> (param'[, master'][, buf']), attrs.scalars =
+               // {lr} or {lr, momentum} (the momentum form reads and writes buf)
+  AdamUpdate,  // (param, grad[, master], m, v) -> (param'[, master'], m', v'),
+               // attrs.scalars = {lr, b1, b2, eps, step}
 };
 
 enum class UnaryFn : std::uint8_t {

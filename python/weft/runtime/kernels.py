@@ -344,19 +344,34 @@ def _broadcast_to(op, x, ctx):
     return [y.expand(*shape).contiguous()]
 
 
+def _update_out(x, plain: int, w, states):
+    """An update's results: the new parameter (the master's value when there is a master copy,
+    cast to the parameter's dtype when stored), the new master copy, the new states."""
+    return ([w, w.clone()] if len(x) == plain + 1 else [w]) + states
+
+
 def _sgd(op, x, ctx):
-    return [x[0] - op["attrs"]["scalars"][0] * x[1]]
+    a = op["attrs"]["scalars"]
+    plain = 1 + len(a)  # operands without a master copy: (p, g[, buf])
+    w = x[2] if len(x) == plain + 1 else x[0]  # the weights the rule updates
+    g = x[1].to(w.dtype)
+    states = []
+    if len(a) == 2:  # momentum: buf' = μ·buf + g
+        g = torch.mul(x[-1], a[1]).add_(g)
+        states = [g]
+    return _update_out(x, plain, w - a[0] * g, states)
 
 
 def _adam(op, x, ctx):
     lr, b1, b2, eps = op["attrs"]["scalars"][:4]
     step = ctx.get("step") or op["attrs"]["scalars"][4]
-    p, g, m, v = x
+    w = x[2] if len(x) == 5 else x[0]  # the f32 master copy, when the update has one
+    g, m, v = x[1].to(w.dtype), x[-2], x[-1]
     c1, c2 = 1 - b1 ** step, 1 - b2 ** step
     m = torch.mul(m, b1).add_(g, alpha=1 - b1)  # new tensors: the inputs may be shared buffers
     v = torch.mul(v, b2).addcmul_(g, g, value=1 - b2)
     denom = torch.div(v, c2).sqrt_().add_(eps)
-    return [torch.addcdiv(p, m, denom, value=-lr / c1), m, v]
+    return _update_out(x, 4, torch.addcdiv(w, m, denom, value=-lr / c1), [m, v])
 
 
 _M32 = 0xFFFFFFFF

@@ -111,7 +111,7 @@ def train_module(module: torch.nn.Module, step, steps: int, *, seed: int = 0, de
     if update["kind"] == "adam_update":
         opt = torch.optim.Adam(module.parameters(), lr=a[0], betas=(a[1], a[2]), eps=a[3], foreach=True)
     else:
-        opt = torch.optim.SGD(module.parameters(), lr=a[0])
+        opt = torch.optim.SGD(module.parameters(), lr=a[0], momentum=a[1] if len(a) > 1 else 0.0)
     for s in range(1, steps + 1):
         data = [leaf_value(values, step, n, s, device, torch.int64) for n in inputs]
 

@@ -36,6 +36,18 @@ inline ir::Graph tiny_gpt(std::int64_t batch = 4, bool sgd = false) {
   return ir::build_training_graph(models::gpt(c), to);
 }
 
+// The tiny GPT in f16 with f32 master weights (the default for half types): Adam, or SGD with
+// momentum 0.9 and lr 0.1. (The executor stores every float in its own dtype, f64 or f32: the
+// f16 parameter is the master copy's value.)
+inline ir::Graph tiny_gpt_mixed(std::int64_t batch = 4, bool sgd = false) {
+  models::GptConfig c;
+  c.layers = 2, c.hidden = 64, c.heads = 4, c.seq = 8, c.vocab = 128, c.batch = batch;
+  c.dtype = DType::F16;
+  ir::TrainOptions to;
+  if (sgd) to.optimizer = ir::Optimizer::Sgd, to.lr = 0.1, to.momentum = 0.9;
+  return ir::build_training_graph(models::gpt(c), to);
+}
+
 // Tiny MoE (4 experts, top-2), U-Net (skip connections), Wide-ResNet-50 and BERT, batch 2.
 inline std::vector<std::pair<std::string, ir::Graph>> tiny_zoo(std::int64_t batch = 2) {
   std::vector<std::pair<std::string, ir::Graph>> models;

@@ -542,6 +542,28 @@ TEST_CASE("exec pipeline: Whale's uneven tensor split over mixed GPUs equals one
   CHECK(uneven_tokens);  // (a P100 holding no row at all included)
 }
 
+TEST_CASE("exec pipeline: f16 with master weights, 2 stages, micro-batches and replicas equal one device") {
+  // The master copies and f32 moments live on the stage of their update and carry to the next
+  // step like the parameters; Adam and SGD with momentum (one state besides the master copy).
+  exec::ExecuteOptions eo;
+  std::uint32_t seed = 70;
+  for (bool sgd : {false, true}) {
+    CAPTURE(sgd);
+    const auto step = test::tiny_gpt_mixed(8, sgd);
+    const auto ref = exec::execute_reference(step, eo);
+    const auto mb = plan::rebatch(step, 2);
+    for (int dp : {1, 2}) {
+      CAPTURE(dp);
+      const auto cut = random_pipeline(mb, {{2}, {2}}, seed++, dp);
+      auto prog = lower::lower_pipeline(mb, m8(), cut.stages, cut.cross, options("1f1b", 4 / dp, dp));
+      std::string worst;
+      const double d = max_rel_diff(exec::execute_program(prog, eo), ref, &worst);
+      CAPTURE(worst);
+      CHECK(d < 1e-10);
+    }
+  }
+}
+
 TEST_CASE("exec pipeline: f32 storage, 2 stages x 4 micro-batches under SGD, equals one device to 1e-5") {
   const auto step = test::tiny_gpt(8, true);
   exec::ExecuteOptions eo;

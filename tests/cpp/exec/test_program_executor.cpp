@@ -211,6 +211,39 @@ TEST_CASE("exec program: f32 storage with SGD equals one device to 1e-5 (random 
   }
 }
 
+TEST_CASE("exec program: f16 with master weights (Adam, SGD momentum) equals one device and f32") {
+  // Master copies start as their parameters and carry the update: in f64 storage the mixed-precision
+  // step computes exactly the f32 step (same names, so the same initial values and data).
+  exec::ExecuteOptions eo;
+  for (bool sgd : {false, true}) {
+    CAPTURE(sgd);
+    const auto g = test::tiny_gpt_mixed(4, sgd);
+    int masters = 0;
+    for (const auto& op : g.ops()) masters += ir::master_copy(op) >= 0;
+    REQUIRE(masters > 0);
+    ir::TrainOptions to;
+    if (sgd) to.optimizer = ir::Optimizer::Sgd, to.lr = 0.1, to.momentum = 0.9;
+    models::GptConfig c;
+    c.layers = 2, c.hidden = 64, c.heads = 4, c.seq = 8, c.vocab = 128, c.batch = 4;
+    const auto f32 = exec::execute_reference(ir::build_training_graph(models::gpt(c), to), eo);
+    const auto ref = exec::execute_reference(g, eo);
+    CHECK(max_rel_diff(ref, f32) < 1e-12);
+    CHECK(ref.losses[2] < ref.losses[0]);  // it trains
+    for (auto mesh : std::vector<std::vector<std::int64_t>>{{2}, {2, 2}}) {
+      CAPTURE(fmt::format("{}", fmt::join(mesh, "x")));
+      auto r = run_search(g, mesh);
+      CAPTURE(r.worst);
+      CHECK(r.diff < 1e-10);
+      auto prog =
+          lower::lower_spmd(g, m8(), cluster::DeviceMesh::iota(mesh), test::random_layout(g, mesh, 31u));
+      std::string worst;
+      const double d = max_rel_diff(exec::execute_program(prog, eo), ref, &worst);
+      CAPTURE(worst);
+      CHECK(d < 1e-10);
+    }
+  }
+}
+
 TEST_CASE("exec program: a changed stride in one spec is caught") {
   // The spec of a buffer that a resharding collective writes gets another stride: the collective
   // then lays out its result that way while the op reading it expects the planned layout. (A leaf's

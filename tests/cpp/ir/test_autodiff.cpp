@@ -300,6 +300,59 @@ TEST_CASE("one SGD step and one Adam step match the closed-form updates") {
   }
 }
 
+TEST_CASE("master weights: SGD with momentum and Adam update the f32 copy; the parameter is its value") {
+  Graph g("lin16");
+  auto w = g.parameter("w", {3}, weft::DType::F16);
+  auto x = g.input("x", {3}, weft::DType::F16);
+  auto loss = g.einsum("i,i->", {w, x}, "loss");  // dL/dw = x
+  g.set_loss(loss);
+  // The master copy differs from w on purpose: the rule reads it, not w.
+  HostTensor W{{3}, {0.5, -1.0, 2.0}}, X{{3}, {1.0, 2.0, -3.0}}, Wm{{3}, {0.25, -0.75, 1.5}};
+  {
+    TrainOptions o;
+    o.optimizer = Optimizer::Sgd;
+    o.lr = 0.1;
+    o.momentum = 0.5;
+    Graph t = build_training_graph(g, o);
+    TensorId m = *t.find_tensor("master:w"), b = *t.find_tensor("sgd_momentum:w");
+    CHECK(t.tensor(m).dtype == weft::DType::F32);
+    CHECK(t.tensor(b).dtype == weft::DType::F32);
+    HostTensor B{{3}, {0.2, 0.0, -0.4}};
+    auto v = interpret(t, {{w, W}, {x, X}, {m, Wm}, {b, B}});
+    const Op& sgd = t.op(t.tensor(t.outputs()[1]).producer);
+    REQUIRE(sgd.kind == OpKind::SgdUpdate);
+    REQUIRE(sgd.outputs.size() == 3);
+    for (int i = 0; i < 3; ++i) {
+      double b1 = 0.5 * B.data[i] + X.data[i], w1 = Wm.data[i] - 0.1 * b1;
+      CHECK(v[sgd.outputs[0]].data[i] == doctest::Approx(w1).epsilon(1e-12));
+      CHECK(v[sgd.outputs[1]].data[i] == doctest::Approx(w1).epsilon(1e-12));
+      CHECK(v[sgd.outputs[2]].data[i] == doctest::Approx(b1).epsilon(1e-12));
+    }
+  }
+  {
+    TrainOptions o;
+    o.lr = 0.01;
+    o.step = 2;
+    Graph t = build_training_graph(g, o);
+    TensorId mw = *t.find_tensor("master:w"), m = *t.find_tensor("adam_m:w"), vv = *t.find_tensor("adam_v:w");
+    HostTensor M{{3}, {0.1, 0.2, -0.3}}, V{{3}, {0.5, 0.1, 0.2}};
+    auto v = interpret(t, {{w, W}, {x, X}, {mw, Wm}, {m, M}, {vv, V}});
+    const Op& adam = t.op(t.tensor(t.outputs()[1]).producer);
+    REQUIRE(adam.outputs.size() == 4);
+    for (int i = 0; i < 3; ++i) {
+      double gi = X.data[i];
+      double m1 = 0.9 * M.data[i] + 0.1 * gi, v1 = 0.999 * V.data[i] + 0.001 * gi * gi;
+      double p1 = Wm.data[i] - 0.01 * (m1 / (1 - 0.81)) / (std::sqrt(v1 / (1 - 0.999 * 0.999)) + 1e-8);
+      CHECK(v[adam.outputs[0]].data[i] == doctest::Approx(p1).epsilon(1e-12));
+      CHECK(v[adam.outputs[1]].data[i] == doctest::Approx(p1).epsilon(1e-12));
+      CHECK(v[adam.outputs[2]].data[i] == doctest::Approx(m1).epsilon(1e-12));
+      CHECK(v[adam.outputs[3]].data[i] == doctest::Approx(v1).epsilon(1e-12));
+    }
+    CHECK(t.tensor(adam.outputs[0]).dtype == weft::DType::F16);
+    CHECK(t.tensor(adam.outputs[1]).role == Role::OptimizerState);
+  }
+}
+
 TEST_CASE("autodiff errors: no loss, opaque on the gradient path, bad options") {
   Graph g("e");
   auto w = g.parameter("w", {2});
