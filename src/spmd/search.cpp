@@ -21,6 +21,7 @@
 #include "weft/core/error.hpp"
 #include "weft/cost/memory.hpp"
 #include "weft/cost/op_cost.hpp"
+#include "weft/cost/view_ops.hpp"
 #include "weft/sharding/reshard.hpp"
 #include "weft/spmd/coarsen.hpp"
 #include "weft/spmd/problem.hpp"
@@ -37,6 +38,37 @@ double now_s() {
 
 bool is_state_leaf(const ir::TensorInfo& t) {
   return t.producer == ir::kNoOp && (t.role == ir::Role::Parameter || t.role == ir::Role::OptimizerState);
+}
+
+// Results that must reach the layout of a state leaf by the end of the step, as (result, leaf):
+// an update op's k-th graph-output result replaces the k-th state leaf it reads (Adam: (p, g, m,
+// v) -> (p', m', v'); SGD: (p, g) -> p'), and a parameter's gradient that is itself a graph
+// output (Optimizer::None: no update reads it) must end reduced in its parameter's layout, as an
+// update would need it — else a data-parallel step would leave it as free unreduced partial sums.
+// One list for the search's edges and the evaluator's charges.
+std::vector<std::pair<ir::TensorId, ir::TensorId>> carried_results(const ir::Graph& g) {
+  std::vector<std::pair<ir::TensorId, ir::TensorId>> out;
+  std::set<ir::TensorId> outs(g.outputs().begin(), g.outputs().end());
+  for (const auto& op : g.ops()) {
+    std::vector<ir::TensorId> states;
+    for (ir::TensorId t : op.inputs)
+      if (is_state_leaf(g.tensor(t))) states.push_back(t);
+    std::size_t k = 0;
+    for (std::size_t i = 0; i < op.outputs.size() && k < states.size(); ++i) {
+      if (!outs.count(op.outputs[i]) || g.tensor(op.outputs[i]).shape != g.tensor(states[k]).shape) continue;
+      out.emplace_back(op.outputs[i], states[k]);
+      ++k;
+    }
+  }
+  for (ir::TensorId t : outs) {
+    const auto& info = g.tensor(t);
+    if (info.role != ir::Role::Gradient || info.producer == ir::kNoOp) continue;
+    const auto of = g.grad_of(t);
+    if (!of || g.tensor(*of).role != ir::Role::Parameter || !is_state_leaf(g.tensor(*of))) continue;
+    if (g.tensor(*of).shape != info.shape) continue;
+    out.emplace_back(t, *of);
+  }
+  return out;
 }
 
 }  // namespace
@@ -131,6 +163,7 @@ struct Model {
   std::vector<std::string> axis_names;
   cluster::DeviceSpec device;
   int n_ops = 0;
+  std::vector<char> view;                 // per op: a view, charged no compute (cost/view_ops.hpp)
   std::vector<ir::TensorId> leaf_tensor;  // per node >= n_ops
   std::vector<int> node_of_tensor;        // producer node per tensor (-1 if unused leaf)
   std::vector<int> slot_of_tensor;
@@ -174,6 +207,7 @@ Model build_model(const ir::Graph& g, const cluster::Cluster& cl, const cluster:
                   const std::optional<cluster::DeviceSpec>& device, const StopToken& stop) {
   Model m{g, mesh.shape(), mesh.axis_names(), device ? *device : mesh_device(cl, mesh)};
   m.n_ops = static_cast<int>(g.ops().size());
+  m.view = cost::view_ops(g);
   const int nt = static_cast<int>(g.tensors().size());
   m.node_of_tensor.assign(nt, -1);
   m.slot_of_tensor.assign(nt, 0);
@@ -200,7 +234,8 @@ Model build_model(const ir::Graph& g, const cluster::Cluster& cl, const cluster:
     std::string key = op.index_map.to_string();
     for (const auto& f : op.index_map.factors) key += fmt::format(",{}", f.size);
     // ... and, for the compute cost shared by a class, the arithmetic and the dtypes.
-    key += fmt::format(";{};{}", op.index_map.flops_per_point, fmt::join(op.index_map.work_factors, ","));
+    key += fmt::format(";{};{};{}", op.index_map.flops_per_point, fmt::join(op.index_map.work_factors, ","),
+                       static_cast<int>(m.view[o]));
     for (ir::TensorId t : op.inputs)
       key += fmt::format("|{}:{}", fmt::join(g.tensor(t).shape, ","), dtype_name(g.tensor(t).dtype));
     key += "->";
@@ -239,22 +274,9 @@ Model build_model(const ir::Graph& g, const cluster::Cluster& cl, const cluster:
       const ir::TensorId t = g.op(o).inputs[i];
       m.uses.push_back({t, m.node_of_tensor[t], m.slot_of_tensor[t], o, i});
     }
-  // Loop-carried edges: the k-th graph-output result of an op that reads state leaves replaces
-  // the k-th state leaf it reads (Adam: (p, g, m, v) -> (p', m', v'); SGD: (p, g) -> p').
-  std::set<ir::TensorId> outs(g.outputs().begin(), g.outputs().end());
-  for (int o = 0; o < m.n_ops; ++o) {
-    const auto& op = g.op(o);
-    std::vector<ir::TensorId> states;
-    for (ir::TensorId t : op.inputs)
-      if (is_state_leaf(g.tensor(t))) states.push_back(t);
-    int k = 0;
-    for (int i = 0; i < static_cast<int>(op.outputs.size()) && k < static_cast<int>(states.size()); ++i) {
-      const auto& ot = g.tensor(op.outputs[i]);
-      if (!outs.count(op.outputs[i]) || ot.shape != g.tensor(states[k]).shape) continue;
-      m.uses.push_back({op.outputs[i], o, i, m.node_of_tensor[states[k]], -1});
-      ++k;
-    }
-  }
+  // Loop-carried edges (carried_results): updated states and a None-optimizer graph's gradients.
+  for (const auto& [t, leaf] : carried_results(g))
+    m.uses.push_back({t, m.node_of_tensor[t], m.slot_of_tensor[t], m.node_of_tensor[leaf], -1});
   return m;
 }
 
@@ -428,7 +450,8 @@ Built build_problem(Model& m, ReshardCosts& rc, double memory_limit, const Searc
     }
     if (v < m.n_ops)
       for (int s = 0; s < m.num_strategies(v); ++s)
-        p.node_cost[v][s] = cost::op_cost(m.g, m.g.op(v), m.device, m.op_strats[v][s].factor_shards).time;
+        p.node_cost[v][s] =
+            cost::compute_time(m.g, m.g.op(v), m.device, m.op_strats[v][s].factor_shards, m.view[v] != 0);
   }
   // A named tensor of fixed_specs / output_specs: its id, its node and the spec asked for.
   auto named = [&](const std::string& name, const std::string& text, const char* option) {
@@ -1307,11 +1330,12 @@ PlanEvaluation evaluate_plan(const ir::Graph& g, const cluster::Cluster& cl, con
              g.ops().size());
   const auto device = mesh_device(cl, mesh);
   PlanEvaluation out;
+  const std::vector<char> view = cost::view_ops(g);
   std::vector<OpStrategy> st;
   for (int o = 0; o < static_cast<int>(g.ops().size()); ++o) {
     auto s = make_strategy(g, g.op(o), mesh.shape(), op_axes[o]);
     WEFT_CHECK(s.has_value(), "evaluate_plan: assignment of op '{}' is not a valid strategy", g.op(o).name);
-    out.compute_time += cost::op_cost(g, g.op(o), device, s->factor_shards).time;
+    out.compute_time += cost::compute_time(g, g.op(o), device, s->factor_shards, view[o] != 0);
     st.push_back(std::move(*s));
   }
   std::vector<std::optional<ShardingSpec>> spec(g.tensors().size());
@@ -1333,7 +1357,6 @@ PlanEvaluation evaluate_plan(const ir::Graph& g, const cluster::Cluster& cl, con
         out.collectives[sharding::collective_name(step.kind)]++;
     if (pl.time > 0) out.edges.push_back(fmt::format("{}: {}", what, pl.to_string()));
   };
-  std::set<ir::TensorId> outs(g.outputs().begin(), g.outputs().end());
   for (int o = 0; o < static_cast<int>(g.ops().size()); ++o) {
     const auto& op = g.op(o);
     for (int i = 0; i < static_cast<int>(op.inputs.size()); ++i) {
@@ -1342,17 +1365,10 @@ PlanEvaluation evaluate_plan(const ir::Graph& g, const cluster::Cluster& cl, con
       charge(t, *spec[t], st[o].inputs[i], g.tensor(t).dtype,
              fmt::format("{} -> {}", g.tensor(t).name, op.name));
     }
-    std::vector<ir::TensorId> states;
-    for (ir::TensorId t : op.inputs)
-      if (is_state_leaf(g.tensor(t))) states.push_back(t);
-    int k = 0;
-    for (int i = 0; i < static_cast<int>(op.outputs.size()) && k < static_cast<int>(states.size()); ++i) {
-      if (!outs.count(op.outputs[i]) || g.tensor(op.outputs[i]).shape != g.tensor(states[k]).shape) continue;
-      charge(op.outputs[i], st[o].outputs[i], *spec[states[k]], g.tensor(states[k]).dtype,
-             fmt::format("{} -> next step {}", g.tensor(op.outputs[i]).name, g.tensor(states[k]).name));
-      ++k;
-    }
   }
+  for (const auto& [t, leaf] : carried_results(g))
+    charge(t, *spec[t], *spec[leaf], g.tensor(leaf).dtype,
+           fmt::format("{} -> next step {}", g.tensor(t).name, g.tensor(leaf).name));
   std::vector<double> bytes(g.tensors().size(), 0.0);
   for (std::size_t t = 0; t < bytes.size(); ++t)
     bytes[t] =
