@@ -13,18 +13,50 @@ hetero: _types.ModuleType
 models: _types.ModuleType
 pipeline: _types.ModuleType
 spmd: _types.ModuleType
-__all__: list[str] = ['AdaptivePolicy', 'AdaptiveWindow', 'AxisLink', 'BandwidthTrace', 'Calibration', 'Candidate', 'Cluster', 'CrossMeshOp', 'CrossMeshPlan', 'CrossMeshUnitTask', 'Device', 'DeviceMesh', 'DeviceSpec', 'DriverResult', 'Graph', 'LeafValues', 'MegatronLayout', 'NodeSpec', 'OrderCheck', 'PipelineLink', 'Placement', 'Plan', 'PlanAlternative', 'PlanCrossTensor', 'PlanOpLayout', 'PlanParamSpec', 'PlanStage', 'Program', 'ProgramLayout', 'ReshardPlan', 'ReshardPlanner', 'ReshardStep', 'Schedule', 'ScheduleOp', 'ShardingSpec', 'SimResult', 'StageModel', 'StageSpec', 'TuneResult', 'adagrouper_drive', 'adagrouper_frontier', 'adagrouper_tune', 'adaptive_policy', 'axis_links', 'batch_size', 'best_megatron_plan', 'calibrated_cluster', 'candidate_step_time', 'check_dependencies', 'check_order', 'check_pairing', 'collective_time', 'compute_time', 'data_parallel_plan', 'dtype_size', 'eager_1f1b', 'enumerate_specs', 'gpipe', 'hetero', 'interleaved_1f1b', 'interpret', 'is_training_graph', 'kfkb', 'kfkb_interleaved', 'layout_plan', 'links_from_cluster', 'loop_placement', 'make_plan', 'make_schedule', 'megatron_layouts', 'megatron_plan', 'model_state_bytes', 'models', 'one_f_one_b', 'pipeline', 'propagate_reshape', 'rebatch', 'roofline', 'split_plan', 'spmd', 'v_placement', 'zb_h1', 'zb_interleaved', 'zbv']
-class DeviceSpec:
+__all__: list[str] = ['AdaptivePolicy', 'AdaptiveWindow', 'AxisLink', 'BandwidthTrace', 'Calibration', 'Candidate', 'Cluster', 'CrossMeshOp', 'CrossMeshPlan', 'CrossMeshUnitTask', 'Device', 'DeviceMesh', 'DeviceSpec', 'DriverResult', 'Graph', 'LeafValues', 'MatmulEfficiency', 'MegatronLayout', 'NodeSpec', 'OrderCheck', 'PipelineLink', 'Placement', 'Plan', 'PlanAlternative', 'PlanCrossTensor', 'PlanOpLayout', 'PlanParamSpec', 'PlanStage', 'Program', 'ProgramLayout', 'ReshardPlan', 'ReshardPlanner', 'ReshardStep', 'Schedule', 'ScheduleOp', 'ShardingSpec', 'SimResult', 'StageModel', 'StageSpec', 'TuneResult', 'adagrouper_drive', 'adagrouper_frontier', 'adagrouper_tune', 'adaptive_policy', 'axis_links', 'batch_size', 'best_megatron_plan', 'calibrated_cluster', 'candidate_step_time', 'check_dependencies', 'check_order', 'check_pairing', 'collective_time', 'compute_time', 'data_parallel_plan', 'dtype_size', 'eager_1f1b', 'enumerate_specs', 'gpipe', 'hetero', 'interleaved_1f1b', 'interpret', 'is_training_graph', 'kfkb', 'kfkb_interleaved', 'layout_plan', 'links_from_cluster', 'loop_placement', 'make_plan', 'make_schedule', 'megatron_layouts', 'megatron_plan', 'model_state_bytes', 'models', 'one_f_one_b', 'pipeline', 'propagate_reshape', 'rebatch', 'roofline', 'split_plan', 'spmd', 'v_placement', 'zb_h1', 'zb_interleaved', 'zbv']
+class MatmulEfficiency:
     """
-    A GPU kind: peak FLOP/s per dtype, memory bytes, memory bandwidth.
+    Matmul efficiency against GEMM shape: ceiling x min(1, b*m*n / fill_elements) x k / (k + half_k) of the datasheet peak.
     """
     __hash__: typing.ClassVar[None] = None  # type: ignore[assignment]
     def __eq__(self, arg0: object) -> bool:
         ...
-    def __init__(self, kind: str, peak_flops: dict, memory_bytes: typing.SupportsFloat | typing.SupportsIndex, memory_bandwidth: typing.SupportsFloat | typing.SupportsIndex, kernel_overhead: typing.SupportsFloat | typing.SupportsIndex = 0.0) -> None:
+    def __init__(self, ceiling: typing.SupportsFloat | typing.SupportsIndex = 1.0, fill_elements: typing.SupportsFloat | typing.SupportsIndex = 0.0, half_k: typing.SupportsFloat | typing.SupportsIndex = 0.0) -> None:
         ...
     def __repr__(self) -> str:
         ...
+    def at(self, m: typing.SupportsFloat | typing.SupportsIndex, k: typing.SupportsFloat | typing.SupportsIndex, n: typing.SupportsFloat | typing.SupportsIndex, batch: typing.SupportsFloat | typing.SupportsIndex = 1.0) -> float:
+        """
+        Fraction of the datasheet peak a (batch x) m x k @ k x n GEMM reaches.
+        """
+    @property
+    def ceiling(self) -> float:
+        ...
+    @property
+    def fill_elements(self) -> float:
+        ...
+    @property
+    def half_k(self) -> float:
+        ...
+class DeviceSpec:
+    """
+    A GPU kind: peak FLOP/s per dtype, memory bytes, memory bandwidth, and its efficiency model (matmul efficiency per dtype, memory efficiency, kernel overhead).
+    """
+    __hash__: typing.ClassVar[None] = None  # type: ignore[assignment]
+    def __eq__(self, arg0: object) -> bool:
+        ...
+    def __init__(self, kind: str, peak_flops: dict, memory_bytes: typing.SupportsFloat | typing.SupportsIndex, memory_bandwidth: typing.SupportsFloat | typing.SupportsIndex, kernel_overhead: typing.SupportsFloat | typing.SupportsIndex = 0.0, matmul_efficiency: dict = {}, memory_efficiency: typing.SupportsFloat | typing.SupportsIndex = 1.0) -> None:
+        ...
+    def __repr__(self) -> str:
+        ...
+    def datasheet(self) -> DeviceSpec:
+        """
+        The same device at 100% of its datasheet.
+        """
+    def matmul(self, dtype: str) -> MatmulEfficiency:
+        """
+        The dtype's matmul efficiency (the datasheet's 1, 0, 0 when it has none).
+        """
     def peak(self, dtype: str) -> float:
         ...
     @property
@@ -36,11 +68,19 @@ class DeviceSpec:
     def kind(self) -> str:
         ...
     @property
+    def matmul_efficiency(self) -> dict:
+        ...
+    @property
     def memory_bandwidth(self) -> float:
         ...
     @property
     def memory_bytes(self) -> float:
         ...
+    @property
+    def memory_efficiency(self) -> float:
+        """
+        Fraction of the memory bandwidth memory-bound ops reach.
+        """
     @property
     def peak_flops(self) -> dict:
         ...
@@ -124,6 +164,10 @@ class Cluster:
         ...
     def __repr__(self) -> str:
         ...
+    def datasheet(self) -> Cluster:
+        """
+        Every device at its datasheet (no efficiency model, no kernel overhead): the old 100%-of-peak model.
+        """
     def device(self, id: typing.SupportsInt | typing.SupportsIndex) -> Device:
         ...
     def devices_of_node(self, node: typing.SupportsInt | typing.SupportsIndex) -> list[int]:
@@ -269,22 +313,25 @@ class Calibration:
     def beta_scale(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
         ...
     @property
-    def default_compute_efficiency(self) -> float:
+    def default_compute_efficiency(self) -> float | None:
         ...
     @default_compute_efficiency.setter
-    def default_compute_efficiency(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+    def default_compute_efficiency(self, arg0: typing.SupportsFloat | typing.SupportsIndex | None) -> None:
         ...
     @property
-    def default_memory_efficiency(self) -> float:
+    def default_memory_efficiency(self) -> float | None:
         ...
     @default_memory_efficiency.setter
-    def default_memory_efficiency(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+    def default_memory_efficiency(self, arg0: typing.SupportsFloat | typing.SupportsIndex | None) -> None:
         ...
     @property
-    def kernel_overhead(self) -> float:
+    def kernel_overhead(self) -> float | None:
         ...
     @kernel_overhead.setter
-    def kernel_overhead(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+    def kernel_overhead(self, arg0: typing.SupportsFloat | typing.SupportsIndex | None) -> None:
+        ...
+    @property
+    def matmul_efficiency(self) -> dict:
         ...
 class Graph:
     """
@@ -1650,7 +1697,7 @@ def best_megatron_plan(training_graph: Graph, cluster: Cluster, **kwargs) -> Pla
     ...
 def calibrated_cluster(cluster: Cluster, calibration: Calibration) -> Cluster:
     """
-    The cluster as the calibration measured it: peaks x compute efficiency, memory bandwidth x memory efficiency, + kernel overhead (s per op), link latency x alpha_scale, bandwidth / beta_scale.
+    The cluster as the calibration measured it: what the calibration gives replaces the devices' defaults (peaks x given compute efficiency with the default ceiling dropped, a given matmul curve, memory bandwidth x given memory efficiency, the given kernel overhead); link latency x alpha_scale, bandwidth / beta_scale.
     """
 def candidate_step_time(candidate: Candidate, stages: collections.abc.Sequence[StageModel], links: collections.abc.Sequence[PipelineLink], t0: typing.SupportsFloat | typing.SupportsIndex = 0.0) -> float:
     ...
@@ -1668,7 +1715,7 @@ def collective_time(kind: str, link: AxisLink, bytes: typing.SupportsFloat | typ
     """
 def compute_time(flops: typing.SupportsFloat | typing.SupportsIndex, bytes: typing.SupportsFloat | typing.SupportsIndex, dtype: str, device: Device, calibration: Calibration = ...) -> float:
     """
-    Roofline time: max(flops/(peak*eff), bytes/(bw*eff)) + kernel overhead.
+    Roofline time: max(flops/(peak*ceiling), bytes/(bw*memory efficiency)) + kernel overhead.
     """
 def data_parallel_plan(training_graph: Graph, cluster: Cluster, shares: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], num_microbatches: typing.SupportsInt | typing.SupportsIndex = 1, **kwargs) -> Plan:
     ...

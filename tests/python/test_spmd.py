@@ -103,6 +103,9 @@ def test_errors(m8):
 def test_o2_memory_pricing_fits_and_is_reported(m8):
     import weft.models as wm
 
+    # On the datasheet model: under the efficiency model O2's unpriced segment-by-segment search
+    # lands above its priced one here (2.354 vs 2.266 ms; O2 is a heuristic, issue 17's note).
+    m8 = m8.datasheet()
     g = wm.gpt(layers=2, hidden=256, heads=4, batch=16, seq=128, vocab=512).train_step()
     mesh = weft.DeviceMesh.iota([1, 4])
     free = weft.spmd_search(g, m8, mesh, level="O2", memory_limit=-1)
@@ -120,7 +123,14 @@ def test_o2_memory_pricing_fits_and_is_reported(m8):
 
 
 def test_output_specs_charge_the_layout_readers_need(m8):
-    # A forward MLP whose output must leave replicated: the search pays the gather (as comm).
+    # A forward MLP whose output must leave replicated: the search pays the gather (as comm). On the
+    # datasheet model; under the efficiency model the constrained plan computes replicated instead
+    # (no comm), so only its cost is compared there.
+    assert weft.spmd_search(_mlp(64, [1024, 4096], train=False), m8, weft.DeviceMesh.iota([4]), level="O3",
+                            strided_candidates=False, output_specs={"mm0": "R"}).cost >= \
+        weft.spmd_search(_mlp(64, [1024, 4096], train=False), m8, weft.DeviceMesh.iota([4]), level="O3",
+                         strided_candidates=False).cost * (1 - 1e-12)
+    m8 = m8.datasheet()
     g = _mlp(64, [1024, 4096], train=False)
     mesh = weft.DeviceMesh.iota([4])
     free = weft.spmd_search(g, m8, mesh, level="O3", strided_candidates=False)
