@@ -16,6 +16,7 @@
 #include <CbcSolver.hpp>
 #include <ClpEventHandler.hpp>
 #include <ClpSimplex.hpp>
+#include <ClpSolve.hpp>
 #include <OsiClpSolverInterface.hpp>
 
 #include <algorithm>
@@ -315,6 +316,14 @@ IlpResult solve(const Ilp& model, const IlpOptions& opt) {
   lp.getModelPtr()->passInEventHandler(&clp_stop);  // cloned into the solver (and its copies)
   lp.messageHandler()->setLogLevel(opt.log_level);
   lp.getModelPtr()->messageHandler()->setLogLevel(opt.log_level);
+  // No CLP signal handler: ClpSimplex::initialSolve otherwise swaps SIGINT's process-wide handler
+  // for its own for the length of every LP (a static `currentModel`, not thread-safe), so a
+  // Ctrl-C meant for the caller (Python's KeyboardInterrupt, the CLI's exit 130) was eaten by
+  // whichever LP happened to run, and two threads' save/restore could leave CLP's handler in
+  // place for good. Special option 2 = 1 is CLP's "no interrupt handling"; CBC's clones copy it.
+  ClpSolve no_interrupt;
+  no_interrupt.setSpecialOption(2, 1);
+  lp.setSolveOptions(no_interrupt);
 
   if (int_cols.empty()) {
     // A pure LP: CLP alone, as CBC's C interface does.

@@ -1,8 +1,12 @@
 // Tests of the CBC facade against brute-force enumeration of small binary programs.
 #include <doctest/doctest.h>
+#include <signal.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <limits>
 #include <random>
 #include <thread>
@@ -284,6 +288,59 @@ TEST_CASE("ilp: a cancel from another thread throws Cancelled promptly") {
   c.stop = weft::StopToken::cancellable();
   c.stop.cancel();
   CHECK_THROWS_AS(solve(tiny, c), weft::Cancelled);
+}
+
+namespace {
+std::atomic<int> g_sigints{0};
+extern "C" void count_sigint(int) { g_sigints.fetch_add(1); }
+
+void (*current_sigint_handler())(int) {
+  struct sigaction now{};
+  sigaction(SIGINT, nullptr, &now);
+  return now.sa_handler;
+}
+}  // namespace
+
+TEST_CASE("ilp: solves leave SIGINT to the caller (CLP's own Ctrl-C handler stays off)") {
+  // ClpSimplex::initialSolve swaps the process's SIGINT handler for its own for the length of
+  // each LP unless told not to: a Ctrl-C then stopped one LP instead of reaching Python (the
+  // CLI's `weft plan` ran to the end and exited 0), and two threads' save/restore pairs could
+  // leave CLP's handler installed for good. A caller's handler must see a SIGINT sent mid-solve,
+  // and the handler must never change, on the MIP path (CBC) and the pure-LP path (CLP alone).
+  struct sigaction mine{}, previous{};
+  mine.sa_handler = count_sigint;
+  sigemptyset(&mine.sa_mask);
+  REQUIRE(sigaction(SIGINT, &mine, &previous) == 0);
+  const Ilp mip = slow_root_lp();
+  Ilp lp;  // the same model with every column continuous: CLP's initialSolve alone
+  for (const Variable& v : mip.variables()) lp.add_continuous(v.lb, v.ub, v.obj);
+  for (const Constraint& c : mip.constraints()) lp.add_constraint(c.terms, c.sense, c.rhs);
+  for (const Ilp* m : std::vector<const Ilp*>{&mip, &lp}) {
+    g_sigints = 0;
+    std::atomic<bool> done{false}, changed{false};
+    std::thread watcher([&] {
+      const auto t0 = std::chrono::steady_clock::now();
+      bool sent = false;
+      while (!done) {
+        if (current_sigint_handler() != count_sigint) changed = true;
+        if (!sent && seconds_since(t0) > 0.15) {
+          kill(getpid(), SIGINT);  // mid-solve: the root LP alone takes CLP seconds
+          sent = true;
+        }
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+      }
+    });
+    IlpOptions o;
+    o.time_limit_s = 0.6;
+    const auto r = solve(*m, o);
+    done = true;
+    watcher.join();
+    INFO(r.to_string());
+    CHECK_FALSE(changed.load());
+    CHECK(g_sigints.load() == 1);
+    CHECK((current_sigint_handler() == count_sigint));
+  }
+  sigaction(SIGINT, &previous, nullptr);
 }
 
 TEST_CASE("ilp: a deadline already passed returns Timeout at once (with the warm start if it is feasible)") {
