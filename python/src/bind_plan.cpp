@@ -83,6 +83,9 @@ void bind_plan(py::module_& m) {
       .def_readonly("transient_memory", &Stage::transient_memory)
       .def_readonly("in_flight", &Stage::in_flight)
       .def_readonly("peak_memory", &Stage::peak_memory)
+      .def_readonly("recompute", &Stage::recompute,
+                    "Activation recomputation of the stage: 'none', 'selective' or 'full' (backward_time includes the "
+                    "recomputed forward, activation_memory is what stays saved).")
       .def("__repr__", [](const Stage& s) {
         return fmt::format(
             "PlanStage({}: blocks {}-{} on {} devices, mesh ({}), F {:.4g} s B {:.4g} s, peak {:.3g} GB)",
@@ -174,6 +177,14 @@ void bind_plan(py::module_& m) {
       .def_property_readonly("global_batch", &Plan::global_batch)
       .def_readonly("num_blocks", &Plan::num_blocks)
       .def_readonly("stages", &Plan::stages)
+      .def_property_readonly(
+          "recompute",
+          [](const Plan& p) {
+            std::vector<std::string> r;
+            for (const auto& st : p.stages) r.push_back(st.recompute);
+            return r;
+          },
+          "Activation recomputation per stage: 'none', 'selective' or 'full'.")
       .def_readonly("cross_tensors", &Plan::cross_tensors)
       .def_readonly("send_time", &Plan::send_time)
       .def_readonly("boundary_bytes", &Plan::boundary_bytes)
@@ -304,6 +315,11 @@ void bind_plan(py::module_& m) {
         o.compare_megatron = py::cast<bool>(v);
       else if (key == "uneven_split")
         o.uneven_split = py::cast<bool>(v);
+      else if (key == "recompute") {
+        if (!py::isinstance<py::str>(v))
+          throw py::type_error("plan: recompute must be a string ('auto', 'none', 'selective' or 'full')");
+        o.recompute = weft::plan::parse_recompute(py::cast<std::string>(v));
+      }
       else if (key == "max_alternatives")
         o.max_alternatives = py::cast<int>(v);
       else if (key == "threads")

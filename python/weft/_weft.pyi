@@ -693,6 +693,11 @@ class PlanStage:
     def peak_memory(self) -> float:
         ...
     @property
+    def recompute(self) -> str:
+        """
+        Activation recomputation of the stage: 'none', 'selective' or 'full' (backward_time includes the recomputed forward, activation_memory is what stays saved).
+        """
+    @property
     def static_memory(self) -> float:
         ...
     @property
@@ -963,6 +968,11 @@ class Plan:
     @property
     def plan_seconds(self) -> float:
         ...
+    @property
+    def recompute(self) -> list[str]:
+        """
+        Activation recomputation per stage: 'none', 'selective' or 'full'.
+        """
     @property
     def replica_microbatch(self) -> list[int]:
         """

@@ -134,6 +134,8 @@ _PLAN_OPTIONS = [
     ("--max-logical-shapes", "max_logical_shapes", int, "logical mesh shapes tried per submesh"),
     ("--max-alternatives", "max_alternatives", int, "alternatives kept in the plan"),
     ("--level", "spmd_level", str, "SPMD search level: O2 (segments) or O3 (one ILP)"),
+    ("--recompute", "recompute", str,
+     "activation recomputation per stage: auto (default: the planner picks), none, selective, full"),
     ("--spmd-time-limit", "spmd_time_limit", float, "seconds per SPMD search (each block on each mesh)"),
     ("--spmd-relative-gap", "spmd_relative_gap", float, "relative ILP gap accepted"),
     ("--time-limit", "time_limit", float,
@@ -183,6 +185,8 @@ def _plan_options(args) -> dict:
         opts[key] = v
     if opts.get("spmd_level") not in (None, "O2", "O3"):
         raise ValueError(f"--level must be O2 or O3, got {opts['spmd_level']!r}")
+    if opts.get("recompute") not in (None, "auto", "none", "selective", "full"):
+        raise ValueError(f"--recompute must be auto, none, selective or full, got {opts['recompute']!r}")
     if args.no_megatron:
         opts["compare_megatron"] = False
     if args.fast:

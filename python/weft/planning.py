@@ -154,6 +154,12 @@ def plan(model_graph, cluster, schedule: str = "1F1B", *, num_microbatches: Opti
     that divides the node count (``all_node_counts=True``: every count); (micro-batches, replicas)
     pairs searched in the order of a lower bound and skipped once the bound reaches the best step
     found (``bound_search=False``: every pair).
+    ``recompute``: activation recomputation per stage — "auto" (default: the planner picks per
+    stage none / selective / full, the fastest that fits, so it is used when memory forces it or
+    when it lets a faster layout fit), "none", "selective" (attention scores, softmax and dropout
+    recomputed in the backward, Korthikanti et al. 2022) or "full" (only each block's inputs kept,
+    one extra forward of the stage in the backward). ``Plan.recompute`` lists the choice per stage
+    and the summary shows it.
     ``progress``: True for a tqdm bar, or a callable ``(phase, fraction, message)``.
     Other options (keyword): num_blocks, max_stages, spmd_level ("O2"/"O3"), spmd_time_limit (seconds
     per SPMD search of a block on a mesh), time_limit (seconds for the whole planning, default 300: at
@@ -196,7 +202,8 @@ def megatron_plan(model_graph, cluster, t: Optional[int] = None, p: Optional[int
     ``allow_infeasible=True`` (with t, p, d given): a layout that does not fit is returned anyway,
     ``Plan.feasible`` False, priced at each stage's unconstrained layouts (the micro-batch count
     with the least peak memory), ``Plan.infeasible_reason`` saying what does not fit; otherwise
-    ValueError."""
+    ValueError. ``recompute="full"`` evaluates the layout as Megatron-LM ran its large models
+    (default "auto": per stage the cheapest mode that fits; see :func:`plan`)."""
     g = _training_graph(model_graph)
     cluster = _calibrated(cluster, options)
     opts, _ = _options(schedule, False, {"num_microbatches": num_microbatches, **options})
@@ -237,7 +244,8 @@ def layout_plan(model_graph, cluster, stages, num_microbatches: int = 1, schedul
     blocks of the planner's layer grouping (``num_blocks``), costed like :func:`plan`'s candidates.
     ``allow_infeasible=True``: a layout that does not fit is returned with ``Plan.feasible`` False
     (step time at each stage's unconstrained layouts, its memory, ``Plan.infeasible_reason``)
-    instead of ValueError."""
+    instead of ValueError. ``recompute``: "auto" (default), "none", "selective" or "full", as in
+    :func:`plan`."""
     g = _training_graph(model_graph)
     cluster = _calibrated(cluster, options)
     opts, _ = _options(schedule, False, {"num_microbatches": num_microbatches, **options})

@@ -48,7 +48,8 @@ json to_j(const Stage& s) {
               {"activation_memory", s.activation_memory},
               {"transient_memory", s.transient_memory},
               {"in_flight", s.in_flight},
-              {"peak_memory", s.peak_memory}};
+              {"peak_memory", s.peak_memory},
+              {"recompute", s.recompute}};
 }
 
 json to_j(const CrossTensor& c) {
@@ -143,6 +144,11 @@ Stage stage_from(const json& j, const std::string& path) {
   s.transient_memory = field<double>(j, "transient_memory", path);
   s.in_flight = field<int>(j, "in_flight", path);
   s.peak_memory = field<double>(j, "peak_memory", path);
+  if (j.contains("recompute")) {  // absent in plans written before recomputation
+    s.recompute = field<std::string>(j, "recompute", path);
+    WEFT_CHECK(s.recompute == "none" || s.recompute == "selective" || s.recompute == "full",
+               "Plan JSON: {}.recompute must be none, selective or full, got '{}'", path, s.recompute);
+  }
   WEFT_CHECK(s.forward_time >= 0 && s.backward_time >= 0 && s.weight_time >= 0 && s.optimizer_time >= 0 &&
                  s.weight_time <= s.backward_time,
              "Plan JSON: {} has negative times or weight_time > backward_time", path);
@@ -436,6 +442,15 @@ std::string Plan::summary() const {
       : schedule == "interleaved" || schedule == "zb_interleaved" ? fmt::format(" v={}", schedule_v)
                                                                   : std::string(),
       num_microbatches, microbatch_size, data_parallel, data_parallel == 1 ? "" : "s", global_batch());
+  {
+    std::vector<std::string> modes;
+    bool any = false;
+    for (const auto& st : stages) {
+      modes.push_back(fmt::format("[{}] {}", st.index, st.recompute));
+      any = any || st.recompute != "none";
+    }
+    s += fmt::format("  recompute     {}\n", any ? fmt::format("{}", fmt::join(modes, " ")) : std::string("none"));
+  }
   // Runs of equal values: "8 x 60, 8 x 36".
   auto runs = [](const auto& v, auto show) {
     std::string out;
@@ -480,6 +495,12 @@ std::string Plan::summary() const {
     s += fmt::format("        memory: static {} + {} in flight x {} + transient {} = {}\n",
                      gb(st.static_memory), st.in_flight, gb(st.activation_memory), gb(st.transient_memory),
                      gb(st.peak_memory));
+    if (st.recompute != "none")
+      s += fmt::format("        recompute {}: {} (B includes the recomputed forward; only {} kept)\n",
+                       st.recompute,
+                       st.recompute == "full" ? "the stage's forward runs again in the backward, block by block"
+                                              : "attention cores (scores, softmax, dropout) run again in the backward",
+                       st.recompute == "full" ? "the blocks' inputs are" : "the rest is");
     // The largest parameters' specs.
     std::vector<const ParamSpec*> ps;
     for (const auto& p : st.params) ps.push_back(&p);

@@ -185,8 +185,8 @@ BlockCost Context::search_block(int b, const AtBatch& ab, const MeshOption& m, i
   // bound (state + one micro-batch of saved activations) among all blocks — the shares of the
   // model's blocks sum to the device, and a block with a large embedding or loss gets the room
   // its live set needs (an even usable / L refused one-stage layouts that fit; issue 22).
-  const double need_all = min_bytes(ab, 0, L() - 1, 1);
-  const double share = need_all > 0 ? min_bytes(ab, b, b, 1) / need_all : 1.0 / std::max(1, L());
+  const double need_all = min_bytes(ab, 0, L() - 1, 1, true);
+  const double share = need_all > 0 ? min_bytes(ab, b, b, 1, true) / need_all : 1.0 / std::max(1, L());
   so.memory_limit = variant != 1 ? -1.0 : usable(m.mesh) * share;
   so.strided_candidates = false;
   so.reshard_cache = sc.reshard_cache;
@@ -222,6 +222,7 @@ BlockCost Context::search_block(int b, const AtBatch& ab, const MeshOption& m, i
     bc.ok = true;
     const auto& dev = mesh_spec(m.mesh);
     double f = 0, bw = 0, w = 0, u = 0;
+    std::vector<double> op_time(bg.ops().size(), 0.0);
     bc.split_factor.assign(bg.ops().size(), -1);
     bc.axes.resize(bg.ops().size());
     for (ir::OpId o = 0; o < static_cast<ir::OpId>(bg.ops().size()); ++o) {
@@ -230,6 +231,7 @@ BlockCost Context::search_block(int b, const AtBatch& ab, const MeshOption& m, i
                   "an SPMD strategy without one assignment per mesh axis");
       bc.split_factor[o] = p.op_strategies[o].axes.empty() ? -1 : p.op_strategies[o].axes[0].factor;
       const double t = cost::op_cost(bg, bg.op(o), dev, p.op_strategies[o].factor_shards).time;
+      op_time[o] = t;
       const ir::OpId orig = sg.original_op[o];
       switch (phase[orig]) {
         case pipeline::OpPhase::Forward: f += t; break;
@@ -304,6 +306,19 @@ BlockCost Context::search_block(int b, const AtBatch& ab, const MeshOption& m, i
       }
     }
     bc.transient = std::max(0.0, p.peak_memory - bc.static_mem - bc.act_mem);
+    // What the recomputation modes keep and re-make (recompute.cpp).
+    const RecomputeSets rs = recompute_sets(bg, forward_ops(sg), saved);
+    for (int t = 0; t < nt; ++t) {
+      if (rs.checkpoint[t]) bc.checkpoint_mem += bc.local_bytes[t];
+      if (saved[t] && bg.tensor(t).producer != ir::kNoOp) bc.full_remake += bc.local_bytes[t];
+    }
+    for (const auto& r : rs.regions) {
+      double dropped = 0;
+      for (ir::TensorId t : r.dropped) dropped += bc.local_bytes[t];
+      for (ir::OpId o : r.ops) bc.sel_time += op_time[o];
+      bc.sel_mem += dropped;
+      bc.sel_peak = std::max(bc.sel_peak, dropped);
+    }
   } catch (const InternalError&) {
     throw;
   } catch (const Error& e) {
@@ -475,6 +490,12 @@ StageAgg aggregate(Context& ctx, int first, int last, std::int64_t bs, const Mes
     a.static_mem += bc.static_mem;
     a.act_mem += bc.act_mem;
     a.transient = std::max(a.transient, bc.transient);
+    a.fwd_compute += bc.fwd_compute;
+    a.checkpoint_mem += bc.checkpoint_mem;
+    a.sel_mem += bc.sel_mem;
+    a.sel_time += bc.sel_time;
+    a.full_transient = std::max(a.full_transient, bc.transient + bc.full_remake);
+    a.sel_transient = std::max(a.sel_transient, bc.transient + bc.sel_peak);
   }
   // Tensors passed between the stage's blocks: each block's SPMD plan chose its own layout.
   const Context::InternalReshard r = ctx.internal_reshard(first, last, bs, m, variant, forced_dp);
@@ -520,26 +541,41 @@ std::optional<StageChoice> best_stage(Context& ctx, const std::vector<MeshOption
     if (forced_dp == 0 && meshes[mi].mesh.size() > 1)
       boundary.push_back(static_cast<int>(meshes[mi].mesh.shape()[0]));
     bool free_is_best = false;
+    // Per variant the recomputation modes cheapest first (none, selective, full): the first that
+    // fits is that variant's best; the lean variant is still tried when the fast one needs a
+    // recomputation (keeping its activations may beat recomputing the fast layout's).
+    const std::vector<Recompute> modes = recompute_modes(ctx.opt_.recompute);
     for (int f : boundary)
       for (int v = 0; v < 2 && !(f != forced_dp && free_is_best); ++v) {
-        StageAgg a = aggregate(ctx, first, last, bs, meshes[mi], v, f);
-        if (!a.ok) {
-          if (why) *why = a.error;
+        const StageAgg plain = aggregate(ctx, first, last, bs, meshes[mi], v, f);
+        if (!plain.ok) {
+          if (why) *why = plain.error;
           continue;
         }
-        const double mem = stage_memory(a, inflight);
-        if (mem > usable) {
-          if (why) *why = fmt::format("needs {:.3g} GB/device > {:.3g} GB usable", mem / 1e9, usable / 1e9);
-          continue;
+        bool fits_as_is = false;
+        for (Recompute mode : modes) {
+          const StageAgg a = recomputed(plain, mode);
+          const double mem = stage_memory(a, inflight);
+          if (mem > usable) {
+            if (why)
+              *why = fmt::format("needs {:.3g} GB/device > {:.3g} GB usable{}", mem / 1e9, usable / 1e9,
+                                 modes.size() > 1 || mode != Recompute::None
+                                     ? fmt::format(" (recompute {})", recompute_name(mode))
+                                     : std::string());
+            continue;
+          }
+          const double t = a.fwd + a.bwd;
+          const double share = M * t + a.upd;
+          if (!best || share < best_share) {
+            best = StageChoice{first, last, sub, mi, v, f, t, mem, a.recompute};
+            best_share = share;
+          }
+          fits_as_is = a.recompute == Recompute::None;
+          break;
         }
-        const double t = a.fwd + a.bwd;
-        const double share = M * t + a.upd;
-        if (!best || share < best_share) {
-          best = StageChoice{first, last, sub, mi, v, f, t, mem};
-          best_share = share;
-        }
-        free_is_best = f == forced_dp && v == 0 && a.between_blocks <= 0;
-        break;  // the fast variant fits: the lean one is not faster
+        if (!fits_as_is) continue;
+        free_is_best = f == forced_dp && v == 0 && plain.between_blocks <= 0;
+        break;  // the fast variant fits without recomputation: the lean one is not faster
       }
   }
   return best;
@@ -881,8 +917,10 @@ Built materialise_in_place(Context& ctx, const std::vector<SubmeshOptions>& subs
     stage.devices = all_devs[s];
     stage.mesh_shape = mopt[s]->logical;
     if (dp > 1) stage.mesh_shape.insert(stage.mesh_shape.begin(), dp);
-    StageAgg a = aggregate(ctx, st.first, st.last, cand.bs, *mopt[s], st.variant, st.forced_dp);
+    StageAgg a = recomputed(aggregate(ctx, st.first, st.last, cand.bs, *mopt[s], st.variant, st.forced_dp),
+                            st.recompute);
     WEFT_ASSERT(a.ok, "a chosen stage has a failed block cost");
+    stage.recompute = std::string(recompute_name(a.recompute));
     stage.forward_time = a.fwd;
     stage.backward_time = a.bwd;
     stage.weight_time = a.wgt;
@@ -1359,9 +1397,12 @@ Context given_shares_context(const ir::Graph& g, const cluster::Cluster& c, cons
 // plan infeasible with the memory it needs.
 std::optional<StageChoice> unconstrained_stage(Context& ctx, const MeshOption& mesh, int first, int last,
                                                std::int64_t bs, int inflight, int forced_dp) {
-  const StageAgg a = aggregate(ctx, first, last, bs, mesh, kUnboundedVariant, forced_dp);
+  // With recompute=auto the layout is priced as it would run where it fits: without recomputation.
+  const Recompute mode = ctx.opt_.recompute == Recompute::Auto ? Recompute::None : ctx.opt_.recompute;
+  const StageAgg a = recomputed(aggregate(ctx, first, last, bs, mesh, kUnboundedVariant, forced_dp), mode);
   if (!a.ok) return std::nullopt;
-  return StageChoice{first, last, 0, 0, kUnboundedVariant, forced_dp, a.fwd + a.bwd, stage_memory(a, inflight)};
+  return StageChoice{first,  last,        0, 0, kUnboundedVariant, forced_dp, a.fwd + a.bwd, stage_memory(a, inflight),
+                     a.recompute};
 }
 
 // A layout evaluation's result: the plan, or with allow_infeasible the plan marked infeasible.

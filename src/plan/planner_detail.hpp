@@ -88,7 +88,32 @@ struct BlockCost {
   std::vector<int> split_factor;
   enum MemClass : std::uint8_t { kNone, kParam, kOptState, kActivation };
   std::vector<std::uint8_t> mem_class;
+  // Activation recomputation (recompute.cpp): per device, the forward inputs full recomputation
+  // keeps (checkpoint_mem), and for selective recomputation the saved bytes it drops (sel_mem),
+  // the largest one attention core's share of them (sel_peak: re-made during its backward) and
+  // the forward time of the ops it runs again (sel_time, compute only).
+  // full_remake: the saved results of the block's own ops (what a full recomputation re-makes
+  // while the block's backward runs).
+  double checkpoint_mem = 0, full_remake = 0, sel_mem = 0, sel_peak = 0, sel_time = 0;
 };
+
+// What a block could recompute (recompute.cpp): `checkpoint` marks the block graph's leaves a
+// full recomputation keeps (activations and inputs its forward ops read); each region is one
+// attention core for selective recomputation — a forward contraction of two activations and the
+// same-shape forward ops after it — with the saved tensors it drops.
+struct RecomputeSets {
+  std::vector<char> checkpoint;  // per tensor of the block graph
+  struct Region {
+    std::vector<ir::OpId> ops;           // forward ops run again
+    std::vector<ir::TensorId> dropped;   // saved tensors no longer kept
+  };
+  std::vector<Region> regions;
+};
+// forward_op: per op of the block graph; saved: Context::saved_activations of the block.
+RecomputeSets recompute_sets(const ir::Graph& block, const std::vector<char>& forward_op,
+                             const std::vector<char>& saved);
+// The modes a stage may use under the option (Auto: none, selective, full, cheapest first).
+std::vector<Recompute> recompute_modes(Recompute option);
 
 struct MeshOption {
   pipeline::SubmeshShape submesh;
@@ -132,9 +157,11 @@ class Context {
   struct AtBatch {
     std::vector<pipeline::StageGraph> blocks;
     std::vector<int> keys;  // interned block structures
-    // Per block: Σ full bytes of the tensors it saves for the backward (one micro-batch), the
-    // set BlockCost::act_mem counts per device; / devices it bounds that from below.
+    // Per block: Σ full bytes of the tensors it saves for the backward (one micro-batch) under
+    // the recomputation mode that keeps the fewest (saved_activation_bytes); / devices it bounds
+    // BlockCost::act_mem (or what a recomputation keeps of it) from below.
     std::vector<double> act_bytes;
+    std::vector<double> act_bytes_kept;  // the same without recomputation (the SPMD search's view)
   };
   std::map<std::int64_t, AtBatch> at_batch;  // per micro-batch size (per replica)
   std::vector<double> block_state_bytes;     // Σ full bytes of params (×2 for grads) + states
@@ -262,7 +289,8 @@ class Context {
     for (const auto& b : grouping.blocks) {
       ab.blocks.push_back(pipeline::extract_stage_mapped(gb, b.ops));
       ab.keys.push_back(intern(structure_key(ab.blocks.back().graph)));
-      ab.act_bytes.push_back(saved_activation_bytes(ab.blocks.back()));
+      ab.act_bytes.push_back(saved_activation_bytes(ab.blocks.back(), opt_.recompute));
+      ab.act_bytes_kept.push_back(saved_activation_bytes(ab.blocks.back(), Recompute::None));
     }
     return at_batch.emplace(bs, std::move(ab)).first->second;
   }
@@ -290,17 +318,38 @@ class Context {
   // The lower bound on what blocks first..last hold in all (full bytes, before any sharding):
   // parameter state plus `inflight` micro-batches of saved activations. Over n devices no layout
   // stores less than this / n per device (the memory bound of the defaults, plan.md).
-  double min_bytes(const AtBatch& ab, int first, int last, int inflight) const {
+  // kept = true: the activations without recomputation (what an SPMD search's peak holds).
+  double min_bytes(const AtBatch& ab, int first, int last, int inflight, bool kept = false) const {
     double s = 0;
-    for (int b = first; b <= last; ++b) s += block_state_bytes[b] + inflight * ab.act_bytes[b];
+    for (int b = first; b <= last; ++b)
+      s += block_state_bytes[b] + inflight * (kept ? ab.act_bytes_kept[b] : ab.act_bytes[b]);
     return s;
   }
-  double saved_activation_bytes(const pipeline::StageGraph& sg) const {
+  std::vector<char> forward_ops(const pipeline::StageGraph& sg) const {
+    std::vector<char> fwd(sg.graph.ops().size(), 0);
+    for (std::size_t o = 0; o < fwd.size(); ++o)
+      fwd[o] = phase[sg.original_op[o]] == pipeline::OpPhase::Forward;
+    return fwd;
+  }
+  // The fewest saved-activation bytes (full sizes) the block keeps per in-flight micro-batch under
+  // the recomputation modes `option` allows.
+  double saved_activation_bytes(const pipeline::StageGraph& sg, Recompute option) const {
     const auto saved = saved_activations(sg);
-    double s = 0;
-    for (std::size_t t = 0; t < saved.size(); ++t)
-      if (saved[t]) s += static_cast<double>(sg.graph.tensor(static_cast<ir::TensorId>(t)).bytes());
-    return s;
+    const RecomputeSets sets = recompute_sets(sg.graph, forward_ops(sg), saved);
+    auto bytes = [&](std::size_t t) {
+      return static_cast<double>(sg.graph.tensor(static_cast<ir::TensorId>(t)).bytes());
+    };
+    double kept = 0, checkpoints = 0, dropped = 0;
+    for (std::size_t t = 0; t < saved.size(); ++t) {
+      if (saved[t]) kept += bytes(t);
+      if (sets.checkpoint[t]) checkpoints += bytes(t);
+    }
+    for (const auto& r : sets.regions)
+      for (ir::TensorId t : r.dropped) dropped += bytes(static_cast<std::size_t>(t));
+    double least = kInf;
+    for (Recompute m : recompute_modes(option))
+      least = std::min(least, m == Recompute::Full ? checkpoints : m == Recompute::Selective ? kept - dropped : kept);
+    return least;
   }
 
   // Structure of a block graph without names: kinds, attributes, shapes, dtypes, roles, wiring.
@@ -383,6 +432,7 @@ struct StageChoice {
   int forced_dp = 0;
   double time = 0;  // F + B per micro-batch
   double memory = 0;
+  Recompute recompute = Recompute::None;
 };
 
 struct Candidate {
@@ -404,7 +454,16 @@ struct StageAgg {
   double fwd = 0, bwd = 0, wgt = 0, upd = 0, compute = 0, comm = 0, grad_sync = 0;
   double static_mem = 0, act_mem = 0, transient = 0;
   double between_blocks = 0;  // the resharding between the stage's blocks (included above)
+  // For recomputed(): Σ of the blocks' forward compute, checkpoint and selective figures, and the
+  // peak transient while one block (full) or one attention core (selective) is re-made.
+  double fwd_compute = 0, checkpoint_mem = 0, sel_mem = 0, sel_time = 0;
+  double full_transient = 0, sel_transient = 0;
+  Recompute recompute = Recompute::None;
 };
+// The stage under a recomputation mode (None: unchanged): Full adds one forward of the stage to
+// the backward (its compute and its collectives) and keeps only the checkpoints; Selective adds
+// the attention cores' forward compute and drops their saved results.
+StageAgg recomputed(const StageAgg& a, Recompute mode);
 
 struct Built {
   Plan plan;

@@ -75,6 +75,9 @@ struct Stage {
   double transient_memory = 0;             // working set of one micro-batch beyond the two above
   int in_flight = 0;                       // peak in-flight micro-batches under the schedule
   double peak_memory = 0;                  // static + in_flight × activation + transient
+  // Activation recomputation of the stage: "none", "selective" or "full" (planner.hpp, Recompute).
+  // backward_time includes the recomputed forward; activation_memory is what stays saved.
+  std::string recompute = "none";
   bool operator==(const Stage&) const = default;
 };
 

@@ -13,9 +13,11 @@
 //      are resharded by the reshard planner (its simulated time is the send time), and the fastest
 //      feasible one is returned; the others are kept as alternatives.
 // Megatron-style manual layouts (megatron_plan) are evaluated with the same cost model.
+#include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "weft/cluster/cluster.hpp"
@@ -26,6 +28,18 @@
 namespace weft::plan {
 
 enum class SpmdLevel { O2, O3 };
+
+// Activation recomputation of a pipeline stage (docs/modules/plan.md, "Activation recomputation"):
+//   None      every forward result the backward reads is kept (per in-flight micro-batch);
+//   Selective the attention cores are recomputed in the backward (Korthikanti et al. 2022): the
+//             results of every contraction of two activations (Q·Kᵀ scores) and of the same-shape
+//             ops after it (mask, softmax, dropout) are dropped; their forward runs again;
+//   Full      only each block's forward inputs are kept; the whole forward of the stage runs
+//             again in the backward (one extra forward), one block at a time;
+//   Auto      (options only) the planner picks per stage the cheapest of the three that fits.
+enum class Recompute : std::uint8_t { Auto, None, Selective, Full };
+std::string_view recompute_name(Recompute r);  // "auto", "none", "selective", "full"
+Recompute parse_recompute(std::string_view name);  // weft::Error naming the accepted values
 
 struct PlanProgress {
   std::string phase;  // "grouping", "spmd", "partition", "simulate", "baseline", "done"
@@ -96,6 +110,10 @@ struct PlanOptions {
   // Mixed GPU kinds: also Whale's `split` — one SPMD stage over every device with every split
   // dimension cut unevenly in proportion to each device's speed (split_plan), and its even split.
   bool uneven_split = true;
+  // Activation recomputation per stage: Auto searches none / selective / full per stage (the
+  // fastest that fits: recomputation only costs time, so it is picked when memory forces it or
+  // when it lets a faster layout fit); an explicit mode is used by every stage.
+  Recompute recompute = Recompute::Auto;
   int max_alternatives = 12;
   // Threads for the independent SPMD searches (blocks × meshes × micro-batch sizes); 0 = every
   // core (std::thread::hardware_concurrency). The plan is the same for any count.

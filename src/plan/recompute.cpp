@@ -1,0 +1,149 @@
+// Activation recomputation (planner.hpp, Recompute): which tensors a block keeps under each mode,
+// and what a mode does to a stage's time and memory.
+//
+// Full recomputation (Chen et al. 2016; Megatron-LM's "full" at the planner's block granularity)
+// keeps each block's forward inputs and runs the stage's forward again in the backward, one block
+// at a time: saved activations per in-flight micro-batch shrink to the checkpoints, the backward
+// grows by one forward (compute and collectives: tensor-parallel all-reduces repeat as in
+// Megatron), and while a block's backward runs its own saved results exist again (transient).
+//
+// Selective recomputation (Korthikanti et al., "Reducing Activation Recomputation in Large
+// Transformer Models", 2022) recomputes only the attention cores, whose s² results are big and
+// cheap to make again. In the IR, without op names: a forward contraction of two activations
+// (Q·Kᵀ: neither operand is a parameter, state or constant, and an index is contracted) starts a
+// region, which grows through the forward ops of the same result shape that read only region
+// tensors and constants (scale, mask, softmax, dropout — a dropout's mask is regenerated from its
+// counter-based seed). The region's saved results are dropped; its ops' forward time is added to
+// the backward; one region's dropped bytes are re-made at a time.
+#include <algorithm>
+#include <deque>
+
+#include "planner_detail.hpp"
+#include "weft/core/error.hpp"
+
+namespace weft::plan {
+
+std::string_view recompute_name(Recompute r) {
+  switch (r) {
+    case Recompute::Auto: return "auto";
+    case Recompute::None: return "none";
+    case Recompute::Selective: return "selective";
+    case Recompute::Full: return "full";
+  }
+  return "none";
+}
+
+Recompute parse_recompute(std::string_view name) {
+  for (Recompute r : {Recompute::Auto, Recompute::None, Recompute::Selective, Recompute::Full})
+    if (name == recompute_name(r)) return r;
+  throw Error(fmt::format("recompute: expected auto, none, selective or full, got '{}'", name));
+}
+
+namespace detail {
+
+std::vector<Recompute> recompute_modes(Recompute option) {
+  if (option == Recompute::Auto) return {Recompute::None, Recompute::Selective, Recompute::Full};
+  return {option};
+}
+
+namespace {
+
+bool activation_derived(const ir::TensorInfo& t) {
+  return !(t.producer == ir::kNoOp && (t.role == ir::Role::Parameter || t.role == ir::Role::OptimizerState ||
+                                       t.role == ir::Role::Constant));
+}
+
+// An index the operands carry and no result does.
+bool contracts(const ir::Op& op) {
+  const auto& im = op.index_map;
+  for (int f = 0; f < static_cast<int>(im.factors.size()); ++f) {
+    bool in_input = false, in_output = false;
+    for (const auto& u : im.uses(f)) (u.output ? in_output : in_input) = true;
+    if (in_input && !in_output) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+RecomputeSets recompute_sets(const ir::Graph& g, const std::vector<char>& forward_op,
+                             const std::vector<char>& saved) {
+  const int nt = static_cast<int>(g.tensors().size());
+  WEFT_ASSERT(static_cast<int>(saved.size()) == nt && forward_op.size() == g.ops().size(),
+              "recompute_sets: per-tensor / per-op flags of another graph");
+  RecomputeSets out;
+  out.checkpoint.assign(nt, 0);
+  for (ir::OpId o = 0; o < static_cast<ir::OpId>(g.ops().size()); ++o) {
+    if (!forward_op[o]) continue;
+    for (ir::TensorId t : g.op(o).inputs) {
+      const auto& info = g.tensor(t);
+      if (info.producer == ir::kNoOp && (info.role == ir::Role::Activation || info.role == ir::Role::Input))
+        out.checkpoint[t] = 1;
+    }
+  }
+  std::vector<char> in_region(g.ops().size(), 0), region_tensor(nt, 0);
+  for (ir::OpId start : g.topo_order()) {
+    const ir::Op& op = g.op(start);
+    if (!forward_op[start] || in_region[start] || op.kind != ir::OpKind::Einsum || op.inputs.size() != 2 ||
+        op.outputs.size() != 1)
+      continue;
+    if (!activation_derived(g.tensor(op.inputs[0])) || !activation_derived(g.tensor(op.inputs[1])) ||
+        !contracts(op))
+      continue;
+    RecomputeSets::Region r;
+    const auto& shape = g.tensor(op.outputs[0]).shape;
+    std::deque<ir::TensorId> todo{op.outputs[0]};
+    in_region[start] = 1;
+    region_tensor[op.outputs[0]] = 1;
+    r.ops.push_back(start);
+    while (!todo.empty()) {
+      const ir::TensorId t = todo.front();
+      todo.pop_front();
+      for (ir::OpId c : g.consumers(t)) {
+        const ir::Op& cop = g.op(c);
+        if (!forward_op[c] || in_region[c] || cop.outputs.size() != 1 ||
+            g.tensor(cop.outputs[0]).shape != shape)
+          continue;
+        if (cop.kind == ir::OpKind::Einsum && contracts(cop)) continue;  // the next contraction ends it
+        bool only_region = true;
+        for (ir::TensorId i : cop.inputs)
+          only_region = only_region && (region_tensor[i] || !activation_derived(g.tensor(i)));
+        if (!only_region) continue;
+        in_region[c] = 1;
+        region_tensor[cop.outputs[0]] = 1;
+        r.ops.push_back(c);
+        todo.push_back(cop.outputs[0]);
+      }
+    }
+    for (ir::OpId o : r.ops)
+      if (saved[g.op(o).outputs[0]]) r.dropped.push_back(g.op(o).outputs[0]);
+    if (!r.dropped.empty()) out.regions.push_back(std::move(r));
+  }
+  return out;
+}
+
+StageAgg recomputed(const StageAgg& a, Recompute mode) {
+  StageAgg r = a;
+  r.recompute = mode;
+  switch (mode) {
+    case Recompute::Auto:
+    case Recompute::None: r.recompute = Recompute::None; break;
+    case Recompute::Full:
+      r.bwd += a.fwd;
+      r.compute += a.fwd_compute;
+      r.comm += a.fwd - a.fwd_compute;
+      r.act_mem = a.checkpoint_mem;
+      r.transient = std::max(a.transient, a.full_transient);
+      break;
+    case Recompute::Selective:
+      r.bwd += a.sel_time;
+      r.compute += a.sel_time;
+      r.act_mem = std::max(0.0, a.act_mem - a.sel_mem);
+      r.transient = std::max(a.transient, a.sel_transient);
+      break;
+  }
+  return r;
+}
+
+}  // namespace detail
+}  // namespace weft::plan

@@ -1,0 +1,194 @@
+// Activation recomputation (planner.hpp, Recompute): a stage's time and memory under none /
+// selective / full against hand counts from the training graph itself (block inputs, attention
+// probabilities, the forward time of the recomputed ops), the planner's choice per stage under a
+// memory limit, and the cases where recomputation does not pay.
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include <set>
+#include <string>
+
+#include "weft/cluster/cluster.hpp"
+#include "weft/core/error.hpp"
+#include "weft/cost/op_cost.hpp"
+#include "weft/ir/autodiff.hpp"
+#include "weft/models/models.hpp"
+#include "weft/pipeline/grouping.hpp"
+#include "weft/plan/planner.hpp"
+
+using namespace weft;
+
+namespace {
+
+models::GptConfig small(std::int64_t layers = 4, std::int64_t seq = 32) {
+  models::GptConfig c;
+  c.layers = layers, c.hidden = 64, c.heads = 4, c.seq = seq, c.vocab = 128, c.batch = 4;
+  c.dtype = DType::F32;
+  return c;
+}
+
+cluster::Cluster one_node() { return cluster::Cluster::preset("M8", 1); }
+
+// The whole graph as one stage on device 0 (every tensor whole: local bytes = full bytes).
+plan::Stage one_device_stage(const ir::Graph& g, int blocks, plan::Recompute r, double limit = 0) {
+  plan::PlanOptions o;
+  o.num_blocks = blocks;
+  o.recompute = r;
+  o.memory_fraction = 1.0;
+  o.memory_limit = limit;
+  const plan::Plan p = plan::layout_plan(g, one_node(), {{0, blocks - 1, {0}, {}}}, 1, o);
+  REQUIRE(p.stages.size() == 1);
+  return p.stages[0];
+}
+
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+}  // namespace
+
+TEST_CASE("recompute: names round-trip and bad names are refused") {
+  for (auto r :
+       {plan::Recompute::Auto, plan::Recompute::None, plan::Recompute::Selective, plan::Recompute::Full})
+    CHECK(plan::parse_recompute(plan::recompute_name(r)) == r);
+  CHECK_THROWS_WITH_AS(plan::parse_recompute("some"), doctest::Contains("auto, none, selective or full"),
+                       Error);
+}
+
+TEST_CASE(
+    "recompute: full costs one extra forward of the stage and keeps only each block's inputs, by hand") {
+  const models::GptConfig cfg = small();
+  const ir::Graph g = ir::build_training_graph(models::gpt(cfg));
+  const auto phase = pipeline::classify_ops(g);
+  for (int blocks : {1, 3, 6}) {
+    CAPTURE(blocks);
+    const plan::Stage none = one_device_stage(g, blocks, plan::Recompute::None);
+    const plan::Stage full = one_device_stage(g, blocks, plan::Recompute::Full);
+    CHECK(none.recompute == "none");
+    CHECK(full.recompute == "full");
+    // The backward grows by exactly the stage's forward; nothing else moves.
+    CHECK(full.forward_time == doctest::Approx(none.forward_time).epsilon(1e-12));
+    CHECK(full.backward_time - none.backward_time == doctest::Approx(none.forward_time).epsilon(1e-9));
+    CHECK(full.weight_time == doctest::Approx(none.weight_time).epsilon(1e-12));
+    CHECK(full.optimizer_time == doctest::Approx(none.optimizer_time).epsilon(1e-12));
+    CHECK(full.static_memory == none.static_memory);
+    // Saved per micro-batch: what each block's forward reads from outside it (the previous
+    // blocks' activations and the model's inputs), counted from the training graph.
+    const pipeline::LayerGrouping gr = pipeline::group_layers(g, blocks);
+    double inputs = 0;
+    for (int b = 0; b < blocks; ++b) {
+      std::set<ir::TensorId> read;
+      for (ir::OpId o = 0; o < static_cast<ir::OpId>(g.ops().size()); ++o) {
+        if (gr.block_of_op[o] != b || phase[o] != pipeline::OpPhase::Forward) continue;
+        for (ir::TensorId t : g.op(o).inputs) {
+          const auto& info = g.tensor(t);
+          const bool model_input = info.producer == ir::kNoOp && info.role == ir::Role::Input;
+          const bool from_other_block = info.producer != ir::kNoOp && gr.block_of_op[info.producer] != b;
+          if (model_input || from_other_block) read.insert(t);
+        }
+      }
+      for (ir::TensorId t : read) inputs += static_cast<double>(g.tensor(t).bytes());
+    }
+    CHECK(full.activation_memory == inputs);
+    if (blocks == 1) {  // one block: only the tokens and the labels stay
+      double io = 0;
+      for (const auto& t : g.tensors())
+        if (t.producer == ir::kNoOp && t.role == ir::Role::Input) io += static_cast<double>(t.bytes());
+      CHECK(full.activation_memory == io);
+    }
+    CHECK(full.activation_memory < none.activation_memory);
+    CHECK(full.transient_memory >= none.transient_memory);
+    // One block is re-made whole during its backward: with a single block the peak is the same
+    // (inputs kept + everything re-made = everything kept); with more, one block's worth at a time.
+    if (blocks == 1)
+      CHECK(full.peak_memory == doctest::Approx(none.peak_memory).epsilon(1e-12));
+    else
+      CHECK(full.peak_memory < none.peak_memory);
+  }
+}
+
+TEST_CASE("recompute: selective drops the attention probabilities and re-runs the attention cores, by hand") {
+  const models::GptConfig cfg = small();
+  const ir::Graph g = ir::build_training_graph(models::gpt(cfg));
+  const auto phase = pipeline::classify_ops(g);
+  const plan::Stage none = one_device_stage(g, 4, plan::Recompute::None);
+  const plan::Stage sel = one_device_stage(g, 4, plan::Recompute::Selective);
+  CHECK(sel.recompute == "selective");
+  // Per layer the softmax output (batch × heads × seq × seq, f32) was kept for the backward of
+  // softmax and of the context contraction; the scores themselves never were.
+  const double probs = static_cast<double>(cfg.batch * cfg.heads * cfg.seq * cfg.seq * 4);
+  CHECK(none.activation_memory - sel.activation_memory == static_cast<double>(cfg.layers) * probs);
+  // The backward grows by the forward time of the score contraction and the softmax of every layer.
+  const cluster::DeviceSpec dev = one_node().device(0).spec;
+  double again = 0;
+  int ops = 0;
+  for (ir::OpId o = 0; o < static_cast<ir::OpId>(g.ops().size()); ++o) {
+    const auto& op = g.op(o);
+    if (phase[o] != pipeline::OpPhase::Forward ||
+        !(ends_with(op.name, ".scores") || ends_with(op.name, ".probs")))
+      continue;
+    again += cost::op_cost(g, op, dev, std::vector<std::int64_t>(op.index_map.factors.size(), 1)).time;
+    ++ops;
+  }
+  CHECK(ops == 2 * cfg.layers);
+  CHECK(sel.backward_time - none.backward_time == doctest::Approx(again).epsilon(1e-9));
+  CHECK(sel.forward_time == doctest::Approx(none.forward_time).epsilon(1e-12));
+  // Cheaper than full, keeps more.
+  const plan::Stage full = one_device_stage(g, 4, plan::Recompute::Full);
+  CHECK(sel.backward_time < full.backward_time);
+  CHECK(sel.activation_memory > full.activation_memory);
+}
+
+TEST_CASE("recompute: auto picks per stage the cheapest mode that fits, and refuses below full's memory") {
+  const ir::Graph g = ir::build_training_graph(models::gpt(small()));
+  const plan::Stage none = one_device_stage(g, 4, plan::Recompute::None);
+  const plan::Stage sel = one_device_stage(g, 4, plan::Recompute::Selective);
+  const plan::Stage full = one_device_stage(g, 4, plan::Recompute::Full);
+  REQUIRE(full.peak_memory < sel.peak_memory);
+  REQUIRE(sel.peak_memory < none.peak_memory);
+  auto pick = [&](double limit) { return one_device_stage(g, 4, plan::Recompute::Auto, limit); };
+  CHECK(pick(none.peak_memory * 1.001).recompute == "none");
+  CHECK(pick((none.peak_memory + sel.peak_memory) / 2).recompute == "selective");
+  const plan::Stage forced = pick((sel.peak_memory + full.peak_memory) / 2);
+  CHECK(forced.recompute == "full");
+  CHECK(forced.backward_time == full.backward_time);
+  CHECK(forced.peak_memory == full.peak_memory);
+  CHECK_THROWS_WITH_AS(pick(full.peak_memory * 0.99), doctest::Contains("does not fit"), Error);
+  // An explicit mode is used even where another would fit.
+  CHECK(one_device_stage(g, 4, plan::Recompute::None, none.peak_memory * 1.001).recompute == "none");
+  CHECK_THROWS_AS(one_device_stage(g, 4, plan::Recompute::None, sel.peak_memory * 1.001), Error);
+}
+
+TEST_CASE("recompute: the planner uses it when memory forces it, not when it does not pay") {
+  const ir::Graph g = ir::build_training_graph(models::gpt(small(4, 64)));
+  const cluster::Cluster c = one_node();
+  plan::PlanOptions o;
+  o.memory_fraction = 1.0;
+  o.threads = 2;
+  // Ample memory: recomputation only costs time, so auto plans exactly as without it.
+  o.recompute = plan::Recompute::None;
+  const plan::Plan plain = plan::make_plan(g, c, o);
+  o.recompute = plan::Recompute::Auto;
+  const plan::Plan ample = plan::make_plan(g, c, o);
+  for (const auto& st : ample.stages) CHECK(st.recompute == "none");
+  CHECK(ample.step_time == plain.step_time);
+  CHECK(ample.summary().find("recompute     none") != std::string::npos);
+  o.recompute = plan::Recompute::Full;
+  const plan::Plan all_full = plan::make_plan(g, c, o);
+  for (const auto& st : all_full.stages) CHECK(st.recompute == "full");
+  CHECK(all_full.step_time > ample.step_time);
+  // 1.4 MB per device: no layout keeps every activation (plain planning refuses), so the
+  // planner recomputes on some stages and says so.
+  o.memory_limit = 1.4e6;
+  o.recompute = plan::Recompute::None;
+  CHECK_THROWS_WITH_AS(plan::make_plan(g, c, o), doctest::Contains("no plan fits"), Error);
+  o.recompute = plan::Recompute::Auto;
+  const plan::Plan tight = plan::make_plan(g, c, o);
+  int recomputed = 0;
+  for (const auto& st : tight.stages) recomputed += st.recompute != "none";
+  CHECK(recomputed > 0);
+  CHECK(tight.peak_memory <= 1.4e6);
+  MESSAGE(tight.summary());
+  CHECK(tight.summary().find("recompute     [0]") != std::string::npos);
+  CHECK(plan::Plan::from_json(tight.to_json()) == tight);
+}
