@@ -99,12 +99,13 @@ struct BlockCost {
 
 // What a block could recompute (recompute.cpp): `checkpoint` marks the block graph's leaves a
 // full recomputation keeps (activations and inputs its forward ops read); each region is one
-// attention core for selective recomputation — a forward contraction of two activations and the
-// same-shape forward ops after it — with the saved tensors it drops.
+// attention core for selective recomputation — a forward contraction of two activations, the
+// same-shape forward ops after it and the contraction that reads them — with the saved tensors it
+// drops (not the last contraction's result).
 struct RecomputeSets {
   std::vector<char> checkpoint;  // per tensor of the block graph
   struct Region {
-    std::vector<ir::OpId> ops;           // forward ops run again
+    std::vector<ir::OpId> ops;           // forward ops run again (the closing contraction included)
     std::vector<ir::TensorId> dropped;   // saved tensors no longer kept
   };
   std::vector<Region> regions;

@@ -13,8 +13,10 @@
 // (Q·Kᵀ: neither operand is a parameter, state or constant, and an index is contracted) starts a
 // region, which grows through the forward ops of the same result shape that read only region
 // tensors and constants (scale, mask, softmax, dropout — a dropout's mask is regenerated from its
-// counter-based seed). The region's saved results are dropped; its ops' forward time is added to
-// the backward; one region's dropped bytes are re-made at a time.
+// counter-based seed). The contraction that reads the region (probabilities × values) closes it:
+// it runs again as well (Megatron's and torch's checkpointed attention core recompute it; its result
+// stays saved). The region's saved results are dropped; its ops' forward time is added to the
+// backward; one region's dropped bytes are re-made at a time.
 #include <algorithm>
 #include <deque>
 
@@ -93,6 +95,7 @@ RecomputeSets recompute_sets(const ir::Graph& g, const std::vector<char>& forwar
     RecomputeSets::Region r;
     const auto& shape = g.tensor(op.outputs[0]).shape;
     std::deque<ir::TensorId> todo{op.outputs[0]};
+    std::vector<ir::OpId> ends;
     in_region[start] = 1;
     region_tensor[op.outputs[0]] = 1;
     r.ops.push_back(start);
@@ -101,10 +104,14 @@ RecomputeSets recompute_sets(const ir::Graph& g, const std::vector<char>& forwar
       todo.pop_front();
       for (ir::OpId c : g.consumers(t)) {
         const ir::Op& cop = g.op(c);
-        if (!forward_op[c] || in_region[c] || cop.outputs.size() != 1 ||
-            g.tensor(cop.outputs[0]).shape != shape)
+        if (!forward_op[c] || in_region[c] || cop.outputs.size() != 1) continue;
+        if (cop.kind == ir::OpKind::Einsum && contracts(cop)) {
+          // The next contraction (probabilities × values) ends the region and runs again too (as
+          // Megatron's and torch's checkpointed attention core do), its result is kept.
+          ends.push_back(c);
           continue;
-        if (cop.kind == ir::OpKind::Einsum && contracts(cop)) continue;  // the next contraction ends it
+        }
+        if (g.tensor(cop.outputs[0]).shape != shape) continue;
         bool only_region = true;
         for (ir::TensorId i : cop.inputs)
           only_region = only_region && (region_tensor[i] || !activation_derived(g.tensor(i)));
@@ -117,6 +124,11 @@ RecomputeSets recompute_sets(const ir::Graph& g, const std::vector<char>& forwar
     }
     for (ir::OpId o : r.ops)
       if (saved[g.op(o).outputs[0]]) r.dropped.push_back(g.op(o).outputs[0]);
+    for (ir::OpId e : ends)
+      if (forward_op[e] && !in_region[e]) {
+        in_region[e] = 1;
+        r.ops.push_back(e);
+      }
     if (!r.dropped.empty()) out.regions.push_back(std::move(r));
   }
   return out;
