@@ -23,11 +23,11 @@ from . import adagrouper
 __all__ += ["BandwidthTrace", "Candidate", "PipelineLink", "Schedule", "StageModel", "StageSpec", "check_order",
             "links_from_cluster", "schedule", "simulate", "SimulationResult", "adagrouper"]
 # cluster / sharding / cost (cluster model, sharding specs and tile math, IR-free cost model)
-from .cluster import AxisLink, Cluster, Device, DeviceMesh, DeviceSpec, NodeSpec, axis_links
+from .cluster import AxisLink, Cluster, Device, DeviceMesh, DeviceSpec, MatmulEfficiency, NodeSpec, axis_links
 from .sharding import (Placement, ReshardPlan, ReshardPlanner, ReshardStep, ShardingSpec, assemble, distribute,
                        enumerate_specs, propagate_reshape, reshard_on_mesh)
 from .cost import Calibration, collective_time, compute_time, roofline
-__all__ += ["AxisLink", "Cluster", "Device", "DeviceMesh", "DeviceSpec", "NodeSpec", "axis_links", "Placement",
+__all__ += ["AxisLink", "Cluster", "Device", "DeviceMesh", "DeviceSpec", "MatmulEfficiency", "NodeSpec", "axis_links", "Placement",
             "ReshardPlan", "ReshardPlanner", "ReshardStep", "ShardingSpec", "assemble", "distribute",
             "enumerate_specs", "propagate_reshape", "reshard_on_mesh", "Calibration", "collective_time",
             "compute_time", "roofline"]

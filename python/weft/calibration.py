@@ -2,8 +2,10 @@
 
 ``weft.calibrate()`` (and ``weft calibrate``) times, on the device it runs on (CPU, or one GPU):
 
-- matmuls of several shapes (square, and transformer-like skinny ones) in each dtype
-  -> achieved FLOP/s -> ``compute_efficiency`` (a fraction of the device's peak per dtype);
+- matmuls of several shapes (square, transformer-like, few rows, short contractions) in each dtype
+  -> achieved FLOP/s -> the matmul efficiency curve per dtype (``matmul_efficiency``: ceiling,
+  fill_elements, half_k, fitted by :func:`fit_matmul_efficiency`), or where the shapes do not pin
+  a curve, ``compute_efficiency`` (the median fraction of the device's peak);
 - memory-bound ops (add, gelu, layer_norm, softmax) on large tensors -> achieved bytes/s
   -> ``memory_efficiency``; the same ops on tiny tensors -> the fixed cost per op,
   ``kernel_overhead_s``;
@@ -33,7 +35,8 @@ from typing import Callable, Iterable, Optional, Sequence
 from .runtime.launch import free_port
 
 __all__ = ["calibrate", "CalibrationReport", "MatmulTiming", "MemoryOpTiming", "OverheadTiming",
-           "CollectiveTiming", "AlphaBetaFit", "fit_alpha_beta", "collective_coefficients", "match_device_kind"]
+           "CollectiveTiming", "AlphaBetaFit", "fit_alpha_beta", "collective_coefficients", "match_device_kind",
+           "MatmulCurveFit", "fit_matmul_efficiency"]
 
 # weft dtype name -> torch dtype attribute name.
 _TORCH_DTYPES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16", "f64": "float64"}
@@ -172,6 +175,83 @@ def fit_alpha_beta(timings: Sequence[CollectiveTiming]) -> AlphaBetaFit:
 # The report
 # ---------------------------------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class MatmulCurveFit:
+    """The matmul efficiency curve of one dtype (cluster::MatmulEfficiency, docs/modules/cost.md):
+    efficiency(m·n, k) = ceiling × min(1, m·n / fill_elements) × k / (k + half_k), fitted to the
+    timings by least squares on log time; ``rms_log_error`` of the curve and, for comparison, of
+    one constant efficiency (the median, what ``compute_efficiency`` would say)."""
+    dtype: str
+    ceiling: float
+    fill_elements: float
+    half_k: float
+    rms_log_error: float
+    constant_rms_log_error: float
+    shapes: int
+
+    def efficiency(self, m: float, k: float, n: float) -> float:
+        e = self.ceiling
+        if self.fill_elements > 0 and m * n < self.fill_elements:
+            e *= m * n / self.fill_elements
+        if self.half_k > 0:
+            e *= k / (k + self.half_k)
+        return e
+
+    def curve(self) -> dict:
+        """The Calibration JSON's ``matmul_efficiency.<kind>.<dtype>`` object."""
+        return {"ceiling": _sig(self.ceiling), "fill_elements": _sig(self.fill_elements), "half_k": _sig(self.half_k)}
+
+
+def fit_matmul_efficiency(timings: Sequence[MatmulTiming], peak_flops: float) -> MatmulCurveFit:
+    """Fits the matmul curve to one dtype's timings against ``peak_flops``: for every
+    (fill_elements, half_k) on a log grid (0 = no penalty included), the best ceiling is closed form
+    (the geometric mean of measured efficiency over the two shape factors, capped at 1); the pair
+    with the least RMS log-time error wins, refined once on a finer grid around it. Deterministic."""
+    import numpy as np
+
+    if not timings:
+        raise ValueError("fit_matmul_efficiency: no timings")
+    dtypes = {t.dtype for t in timings}
+    if len(dtypes) != 1:
+        raise ValueError(f"fit_matmul_efficiency: timings of one dtype expected, got {sorted(dtypes)}")
+    if not peak_flops > 0:
+        raise ValueError(f"fit_matmul_efficiency: peak_flops must be > 0, got {peak_flops}")
+    mn = np.array([float(t.m) * t.n for t in timings])
+    k = np.array([float(t.k) for t in timings])
+    log_eff = np.log(np.array([t.flops_per_s for t in timings]) / peak_flops)
+
+    def score(fill, half_k):
+        shape = np.zeros_like(log_eff)
+        if fill > 0:
+            shape += np.log(np.minimum(1.0, mn / fill))
+        if half_k > 0:
+            shape += np.log(k / (k + half_k))
+        log_c = min(0.0, float(np.mean(log_eff - shape)))
+        err = log_eff - (log_c + shape)
+        return float(np.sqrt(np.mean(err * err))), math.exp(log_c)
+
+    def search(fills, half_ks):
+        best = None
+        for f in fills:
+            for h in half_ks:
+                rms, c = score(f, h)
+                if best is None or rms < best[0] - 1e-15:
+                    best = (rms, c, f, h)
+        return best
+
+    fills = [0.0] + list(np.geomspace(mn.min() / 8, mn.max() * 8, 48))
+    half_ks = [0.0] + list(np.geomspace(0.5, k.max() * 8, 48))
+    rms, c, f, h = search(fills, half_ks)
+    step_f = (mn.max() * 64 / mn.min()) ** (1 / 47)
+    step_h = (k.max() * 16) ** (1 / 47)
+    fine_f = [0.0] if f == 0 else list(np.geomspace(f / step_f, f * step_f, 25))
+    fine_h = [0.0] if h == 0 else list(np.geomspace(h / step_h, h * step_h, 25))
+    rms, c, f, h = min((rms, c, f, h), search(fine_f, fine_h))
+    const = log_eff - float(np.median(log_eff))
+    return MatmulCurveFit(timings[0].dtype, c, float(f), float(h), rms, float(np.sqrt(np.mean(const * const))),
+                          len(timings))
+
+
 @dataclass
 class CalibrationReport:
     """Everything one calibration measured and derived.
@@ -205,6 +285,9 @@ class CalibrationReport:
     reference_cluster: Optional[str] = None
     compute_efficiency: dict = field(default_factory=dict)  # dtype -> efficiency (for device_kind)
     default_compute_efficiency: float = 1.0
+    # dtype -> MatmulCurveFit, written as matmul_efficiency (in place of that dtype's
+    # compute_efficiency) where the curve fits the timings better than one constant.
+    matmul_curves: dict = field(default_factory=dict)
     memory_efficiency: float = 1.0
     kernel_overhead_s: float = 0.0
     alpha_scale: float = 1.0
@@ -217,10 +300,15 @@ class CalibrationReport:
     def calibration_dict(self) -> dict:
         """The Calibration JSON as a dict (keys of src/cost/calibration.cpp only)."""
         ce = {"default": _sig(self.default_compute_efficiency)}
-        if self.compute_efficiency:
-            ce[self.device_kind] = {t: _sig(e) for t, e in self.compute_efficiency.items()}
+        per_dtype = {t: _sig(e) for t, e in self.compute_efficiency.items() if t not in self.matmul_curves}
+        if per_dtype:
+            ce[self.device_kind] = per_dtype
+        curves = {}
+        if self.matmul_curves:
+            curves["matmul_efficiency"] = {self.device_kind: {t: f.curve() for t, f in self.matmul_curves.items()}}
         return {
             "compute_efficiency": ce,
+            **curves,
             "memory_efficiency": {"default": _sig(self.memory_efficiency),
                                   self.device_kind: _sig(self.memory_efficiency)},
             "kernel_overhead_s": _sig(self.kernel_overhead_s),
@@ -314,9 +402,13 @@ class CalibrationReport:
                 a, b = self.reference_link
                 lines.append(f"  reference link of {self.reference_cluster}: α = {_fmt_s(a)}, "
                              f"β = {b * 1e9:.4g} ns/B ({_fmt_bw(1 / b if b > 0 else math.inf)})")
-        ce = ", ".join(f"{t} {e:.3f}" for t, e in self.compute_efficiency.items())
+        ce = ", ".join(f"{t} {e:.3f}" for t, e in self.compute_efficiency.items() if t not in self.matmul_curves)
         lines.append("calibration:")
-        lines.append(f"  compute_efficiency  {ce} (default {self.default_compute_efficiency:.3f})")
+        lines.append(f"  compute_efficiency  {ce or '-'} (default {self.default_compute_efficiency:.3f})")
+        for t, f in self.matmul_curves.items():
+            lines.append(f"  matmul_efficiency   {t}: ceiling {f.ceiling:.3f}, fill_elements {f.fill_elements:.4g}, "
+                         f"half_k {f.half_k:.4g} (RMS log error {f.rms_log_error:.3f} vs "
+                         f"{f.constant_rms_log_error:.3f} for one constant, {f.shapes} shapes)")
         lines.append(f"  memory_efficiency   {self.memory_efficiency:.3f}")
         lines.append(f"  kernel_overhead_s   {self.kernel_overhead_s:.3g}")
         lines.append(f"  alpha_scale {self.alpha_scale:.4g}, beta_scale {self.beta_scale:.4g}")
@@ -395,13 +487,18 @@ def _matmul_shapes(device: str, quick: bool) -> list[tuple[int, int, int]]:
     if device == "cuda":
         if quick:
             return [(1024, 1024, 1024), (2048, 2048, 2048), (4096, 1024, 4096), (8192, 1024, 4096),
-                    (4096, 4096, 1024)]
+                    (4096, 4096, 1024), (256, 4096, 4096), (4096, 128, 4096)]
         return [(2048, 2048, 2048), (4096, 4096, 4096), (8192, 8192, 8192),
-                (8192, 4096, 16384), (16384, 4096, 16384), (8192, 16384, 4096), (8192, 4096, 4096)]
+                (8192, 4096, 16384), (16384, 4096, 16384), (8192, 16384, 4096), (8192, 4096, 4096),
+                # few output elements (a small micro-batch, a narrow shard) and short contractions
+                # (attention's head dimension): they pin the curve's fill and half_k
+                (256, 8192, 8192), (8192, 8192, 512), (8192, 128, 8192), (16384, 64, 16384)]
     if quick:
-        return [(256, 256, 256), (512, 512, 512), (1024, 256, 1024), (2048, 256, 1024), (1024, 1024, 256)]
+        return [(256, 256, 256), (512, 512, 512), (1024, 256, 1024), (2048, 256, 1024), (1024, 1024, 256),
+                (64, 1024, 1024), (1024, 32, 1024)]
     return [(512, 512, 512), (1024, 1024, 1024), (2048, 2048, 2048),
-            (4096, 1024, 4096), (8192, 1024, 4096), (4096, 4096, 1024), (4096, 1024, 1024)]
+            (4096, 1024, 4096), (8192, 1024, 4096), (4096, 4096, 1024), (4096, 1024, 1024),
+            (64, 2048, 2048), (2048, 64, 2048)]
 
 
 def _memory_numel(device: str, quick: bool) -> int:
@@ -915,6 +1012,15 @@ def _calibrate(torch, device, nproc, backend, dtypes, device_spec, cluster, quic
                    for t in dtypes if t in reference_peak}
     memory_eff = statistics.median(x.bytes_per_s for x in memory_ops) / reference_bw
     default_compute_eff = statistics.median(compute_eff.values()) if compute_eff else 1.0
+    # The shape curve per dtype where the shapes determine it (>= 5) and it fits better than one
+    # constant; a dtype without one keeps its median efficiency.
+    curves = {}
+    for t in compute_eff:
+        rows = [x for x in matmuls if x.dtype == t]
+        if len(rows) >= 5:
+            fit = fit_matmul_efficiency(rows, reference_peak[t])
+            if fit.rms_log_error < fit.constant_rms_log_error:
+                curves[t] = fit
     kernel_overhead = statistics.median(x.seconds for x in overheads)
 
     report = CalibrationReport(
@@ -923,7 +1029,7 @@ def _calibrate(torch, device, nproc, backend, dtypes, device_spec, cluster, quic
         measured_peak_flops=measured_peak, measured_memory_bandwidth=measured_bw, memory_bytes=memory_bytes,
         threads=threads, torch_version=torch.__version__.split("+")[0], quick=quick, seed=seed,
         matmuls=matmuls, memory_ops=memory_ops, overheads=overheads, compute_efficiency=compute_eff,
-        default_compute_efficiency=default_compute_eff, memory_efficiency=memory_eff,
+        default_compute_efficiency=default_compute_eff, matmul_curves=curves, memory_efficiency=memory_eff,
         kernel_overhead_s=kernel_overhead, load_average=load, notes=notes)
 
     # -- collectives ---------------------------------------------------------------------------

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from functools import reduce
 
-from ._weft import AxisLink, Cluster, Device, DeviceMesh, DeviceSpec, NodeSpec, axis_links
+from ._weft import AxisLink, Cluster, Device, DeviceMesh, DeviceSpec, MatmulEfficiency, NodeSpec, axis_links
 
-__all__ = ["AxisLink", "Cluster", "Device", "DeviceMesh", "DeviceSpec", "NodeSpec", "axis_links", "concat"]
+__all__ = ["AxisLink", "Cluster", "Device", "DeviceMesh", "DeviceSpec", "MatmulEfficiency", "NodeSpec", "axis_links", "concat"]
 
 
 def concat(*clusters: Cluster) -> Cluster:

@@ -16,8 +16,8 @@ torch = pytest.importorskip("torch")
 
 import weft  # noqa: E402
 from weft_env import subprocess_env  # noqa: E402
-from weft.calibration import (AlphaBetaFit, CollectiveTiming, collective_coefficients, fit_alpha_beta,  # noqa: E402
-                              match_device_kind)
+from weft.calibration import (AlphaBetaFit, CollectiveTiming, MatmulTiming, collective_coefficients,  # noqa: E402
+                              fit_alpha_beta, fit_matmul_efficiency, match_device_kind)
 
 pytestmark = pytest.mark.serial  # times collectives and matmuls: run alone (scripts/test_all.sh)
 
@@ -80,7 +80,14 @@ def test_calibration_is_valid_and_holds_the_efficiencies(quick_cpu):
     for t, e in r.compute_efficiency.items():
         # On a CPU the peak is the best measured matmul: the typical one is a fraction of it.
         assert 0 < e <= 1.0
-        assert cal.compute_eff(r.device_kind, t) == pytest.approx(e, rel=1e-5)
+        if t in r.matmul_curves:  # filed as the shape curve instead (the loader refuses both)
+            curve = cal.matmul_efficiency[r.device_kind][t]
+            fit = r.matmul_curves[t]
+            assert (curve.ceiling, curve.fill_elements, curve.half_k) == pytest.approx(
+                (fit.ceiling, fit.fill_elements, fit.half_k), rel=1e-5)
+            assert 0 < curve.ceiling <= 1.0 and fit.rms_log_error < fit.constant_rms_log_error
+        else:
+            assert cal.compute_eff(r.device_kind, t) == pytest.approx(e, rel=1e-5)
     assert 0 < cal.memory_eff(r.device_kind) <= 1.0
     assert cal.kernel_overhead == pytest.approx(r.kernel_overhead_s, rel=1e-5)
     doc = json.loads(r.report_json())
@@ -97,7 +104,16 @@ def test_measured_device_spec_with_calibration_reproduces_typical_speed(quick_cp
     node = weft.NodeSpec("this-cpu", 1, spec, 1e9, 1e-6, 1e9, 1e-6)
     dev = weft.Cluster([node]).device(0)
     for t in ("f32", "bf16", "f64"):
-        median = statistics.median(x.flops_per_s for x in r.matmuls if x.dtype == t)
+        rows = [x for x in r.matmuls if x.dtype == t]
+        if t in r.matmul_curves:
+            # The calibration's curve gives each measured shape's time; over the shapes its RMS
+            # log error is the fit's, below one constant efficiency's.
+            curve = r.calibration.matmul_efficiency[r.device_kind][t]
+            err = [math.log(x.flops / (r.reference_peak_flops[t] * curve.at(x.m, x.k, x.n)) / x.seconds) for x in rows]
+            rms = math.sqrt(sum(e * e for e in err) / len(err))
+            assert rms == pytest.approx(r.matmul_curves[t].rms_log_error, rel=1e-3, abs=1e-6)
+            continue
+        median = statistics.median(x.flops_per_s for x in rows)
         flops = 1e12
         assert weft.compute_time(flops, 0, t, dev, r.calibration) == pytest.approx(
             flops / median + r.kernel_overhead_s, rel=1e-4)
@@ -140,6 +156,54 @@ def test_fit_alpha_beta_recovers_exact_data():
         fit_alpha_beta([])
     with pytest.raises(ValueError, match="unknown collective"):
         collective_coefficients("gossip", 2)
+
+
+@pytest.mark.parametrize("ceiling,fill,half_k", [(0.74, 2.3e6, 197.0), (0.5, 0.0, 36.0), (0.9, 5e4, 0.0)])
+def test_fit_matmul_efficiency_recovers_a_known_curve(ceiling, fill, half_k):
+    # Timings made from a known curve (the H100 bf16 default, and curves without one of the
+    # penalties) on the GPU calibration's shapes: the fit recovers the curve and predicts every time.
+    peak = 989e12
+    truth = weft.MatmulEfficiency(ceiling, fill, half_k)
+    shapes = [(2048, 2048, 2048), (4096, 4096, 4096), (8192, 8192, 8192), (8192, 4096, 16384),
+              (16384, 4096, 16384), (8192, 16384, 4096), (8192, 4096, 4096), (256, 8192, 8192),
+              (8192, 8192, 512), (8192, 128, 8192), (16384, 64, 16384), (64, 4096, 1024), (128, 64, 128)]
+    rows = []
+    for m, k, n in shapes:
+        flops = 2.0 * m * k * n
+        s = flops / (peak * truth.at(m, k, n))
+        rows.append(MatmulTiming(m, k, n, "bf16", s, flops, flops / s))
+    fit = fit_matmul_efficiency(rows, peak)
+    assert fit.rms_log_error < 0.01 < fit.constant_rms_log_error
+    assert fit.ceiling == pytest.approx(ceiling, rel=0.02)
+    for m, k, n in shapes:
+        assert fit.efficiency(m, k, n) == pytest.approx(truth.at(m, k, n), rel=0.03)
+    # Deterministic, and refuses what it cannot fit.
+    assert fit_matmul_efficiency(rows, peak) == fit
+    with pytest.raises(ValueError, match="one dtype"):
+        fit_matmul_efficiency(rows + [MatmulTiming(64, 64, 64, "f32", 1e-6, 5e5, 5e11)], peak)
+    with pytest.raises(ValueError, match="peak_flops"):
+        fit_matmul_efficiency(rows, 0.0)
+
+
+def test_a_fitted_curve_reaches_the_planner_through_the_calibration_json():
+    rows = []
+    truth = weft.MatmulEfficiency(0.4, 4e6, 400.0)  # below the A100 preset's curve at every shape
+    for m, k, n in [(2048, 2048, 2048), (4096, 4096, 4096), (256, 8192, 8192), (8192, 128, 8192),
+                    (8192, 8192, 512), (16384, 64, 16384)]:
+        flops = 2.0 * m * k * n
+        s = flops / (312e12 * truth.at(m, k, n))
+        rows.append(MatmulTiming(m, k, n, "bf16", s, flops, flops / s))
+    fit = fit_matmul_efficiency(rows, 312e12)
+    doc = {"matmul_efficiency": {"A100-SXM4-80GB": {"bf16": fit.curve()}}}
+    cal = weft.Calibration.from_json(json.dumps(doc))
+    got = cal.matmul_efficiency["A100-SXM4-80GB"]["bf16"]
+    assert got.ceiling == pytest.approx(0.4, rel=0.02)
+    c = weft.Cluster.preset("DGX-A100", nodes=1)
+    g = weft.models.gpt(layers=2, hidden=256, heads=4, seq=64, vocab=512, batch=8, dtype="bf16").train_step()
+    # A slower curve than the preset's (ceiling 0.79, fill 1.9e6, half_k 197) makes the same layout slower.
+    base = weft.layout_plan(g, c, [(0, 1, [0])], num_blocks=2)
+    slow = weft.layout_plan(g, c, [(0, 1, [0])], num_blocks=2, calibration=cal)
+    assert slow.stages[0].forward_time > base.stages[0].forward_time
 
 
 def test_cli_writes_a_loadable_calibration(tmp_path):
