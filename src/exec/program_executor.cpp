@@ -1,4 +1,5 @@
 // CPU executor of lowered programs and the single-device reference (see program_executor.hpp).
+#include "weft/ir/autodiff.hpp"
 #include "weft/exec/program_executor.hpp"
 
 #include <fmt/format.h>
@@ -593,7 +594,7 @@ ExecutionResult execute_reference(const ir::Graph& g, const ExecuteOptions& opt)
     round_to(v, opt.dtype);
     val[static_cast<std::size_t>(t)] = std::move(v);
   };
-  const auto carries = lower::state_carries(g);
+  const auto carries = ir::updated_states(g);
   const auto order = g.topo_order();
   ExecutionResult res;
   for (int step = 1; step <= opt.steps; ++step) {

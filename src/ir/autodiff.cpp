@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <set>
 
 #include "weft/core/error.hpp"
 #include "weft/ir/op_rules.hpp"
@@ -456,6 +457,28 @@ double training_flops(const Graph& forward) {
   TrainOptions o;
   o.optimizer = Optimizer::None;
   return build_training_graph(forward, o).flops();
+}
+
+bool is_state_leaf(const TensorInfo& t) {
+  return t.producer == kNoOp && (t.role == Role::Parameter || t.role == Role::OptimizerState);
+}
+
+std::vector<std::pair<TensorId, TensorId>> updated_states(const Graph& g) {
+  const std::set<TensorId> outs(g.outputs().begin(), g.outputs().end());
+  std::vector<std::pair<TensorId, TensorId>> carries;
+  for (const auto& op : g.ops()) {
+    std::vector<TensorId> states;
+    for (TensorId t : op.inputs)
+      if (is_state_leaf(g.tensor(t))) states.push_back(t);
+    std::size_t k = 0;
+    for (std::size_t i = 0; i < op.outputs.size() && k < states.size(); ++i) {
+      const TensorId out = op.outputs[i];
+      if (!outs.count(out) || g.tensor(out).shape != g.tensor(states[k]).shape) continue;
+      carries.emplace_back(out, states[k]);
+      ++k;
+    }
+  }
+  return carries;
 }
 
 }  // namespace weft::ir

@@ -16,6 +16,7 @@
 #include <array>
 #include <set>
 
+#include "weft/ir/autodiff.hpp"
 #include "weft/core/error.hpp"
 #include "weft/lower/lower.hpp"
 #include "weft/pipeline/grouping.hpp"
@@ -398,7 +399,7 @@ class PipelineLowering {
     }
     // Tied parameters: a state leaf read by several stages is updated in the stage of its update
     // op; the others receive the new value at the end of the step.
-    for (auto [out, leaf] : state_carries(g_)) {
+    for (auto [out, leaf] : ir::updated_states(g_)) {
       const ir::OpId upd = g_.tensor(out).producer;
       const int u = stage_of_op_[static_cast<std::size_t>(upd)];
       std::set<int> readers;
@@ -646,7 +647,7 @@ class PipelineLowering {
       if (phase_[static_cast<std::size_t>(o)] == kU) lower_op(s, o);
     // The loop-carried edges: each updated state is resharded to its leaf's layout and copied in.
     std::vector<std::pair<int, int>> copies;
-    for (auto [out, leaf_t] : state_carries(g_)) {
+    for (auto [out, leaf_t] : ir::updated_states(g_)) {
       if (stage_of_op_[static_cast<std::size_t>(g_.tensor(out).producer)] != s) continue;
       const int leaf = st.leaves.at(leaf_t);
       copies.emplace_back(layout(s, out, specs_[static_cast<std::size_t>(leaf)]), leaf);
@@ -770,7 +771,7 @@ class PipelineLowering {
     if (auto loss = g_.loss())
       p_.loss = produced(stage_of_op_[static_cast<std::size_t>(g_.tensor(*loss).producer)], *loss);
     std::map<ir::TensorId, int> updated_in;
-    for (auto [out, leaf] : state_carries(g_))
+    for (auto [out, leaf] : ir::updated_states(g_))
       updated_in[leaf] = stage_of_op_[static_cast<std::size_t>(g_.tensor(out).producer)];
     for (int s = 0; s < S_; ++s)
       for (const auto& [t, b] : st_[static_cast<std::size_t>(s)].leaves) {

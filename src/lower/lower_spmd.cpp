@@ -7,36 +7,11 @@
 
 #include "weft/core/error.hpp"
 #include "weft/lower/lower.hpp"
+#include "weft/ir/autodiff.hpp"
 #include "weft/pipeline/grouping.hpp"
 #include "weft/sharding/reshard.hpp"
 
 namespace weft::lower {
-
-namespace {
-
-bool is_state_leaf(const ir::TensorInfo& t) {
-  return t.producer == ir::kNoOp && (t.role == ir::Role::Parameter || t.role == ir::Role::OptimizerState);
-}
-
-}  // namespace
-
-std::vector<std::pair<ir::TensorId, ir::TensorId>> state_carries(const ir::Graph& g) {
-  std::set<ir::TensorId> outs(g.outputs().begin(), g.outputs().end());
-  std::vector<std::pair<ir::TensorId, ir::TensorId>> carries;
-  for (const auto& op : g.ops()) {
-    std::vector<ir::TensorId> states;
-    for (ir::TensorId t : op.inputs)
-      if (is_state_leaf(g.tensor(t))) states.push_back(t);
-    std::size_t k = 0;
-    for (std::size_t i = 0; i < op.outputs.size() && k < states.size(); ++i) {
-      const ir::TensorId out = op.outputs[i];
-      if (!outs.count(out) || g.tensor(out).shape != g.tensor(states[k]).shape) continue;
-      carries.emplace_back(out, states[k]);
-      ++k;
-    }
-  }
-  return carries;
-}
 
 SpmdLayout layout_of(const ir::Graph& g, const spmd::SpmdPlan& plan) {
   SpmdLayout l;

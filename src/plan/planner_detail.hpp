@@ -23,6 +23,7 @@
 #include "weft/cluster/device_mesh.hpp"
 #include "weft/core/error.hpp"
 #include "weft/core/stop_token.hpp"
+#include "weft/ir/autodiff.hpp"
 #include "weft/ir/graph.hpp"
 #include "weft/pipeline/grouping.hpp"
 #include "weft/pipeline/submesh.hpp"
@@ -48,9 +49,7 @@ inline double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-inline bool is_state_leaf(const ir::TensorInfo& t) {
-  return t.producer == ir::kNoOp && (t.role == ir::Role::Parameter || t.role == ir::Role::OptimizerState);
-}
+using ir::is_state_leaf;
 
 // Peak in-flight micro-batches of a stage with `s` stages from it to the end (itself included).
 inline int in_flight(const std::string& schedule, int s, int M, int k) {

@@ -20,6 +20,7 @@
 #include "weft/cluster/device_mesh.hpp"
 #include "weft/core/error.hpp"
 #include "weft/cost/memory.hpp"
+#include "weft/ir/autodiff.hpp"
 #include "weft/cost/op_cost.hpp"
 #include "weft/cost/view_ops.hpp"
 #include "weft/sharding/reshard.hpp"
@@ -36,31 +37,16 @@ double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-bool is_state_leaf(const ir::TensorInfo& t) {
-  return t.producer == ir::kNoOp && (t.role == ir::Role::Parameter || t.role == ir::Role::OptimizerState);
-}
+using ir::is_state_leaf;
 
 // Results that must reach the layout of a state leaf by the end of the step, as (result, leaf):
-// an update op's k-th graph-output result replaces the k-th state leaf it reads (Adam: (p, g, m,
-// v) -> (p', m', v'); SGD: (p, g) -> p'), and a parameter's gradient that is itself a graph
+// the updated states (ir::updated_states), and a parameter's gradient that is itself a graph
 // output (Optimizer::None: no update reads it) must end reduced in its parameter's layout, as an
 // update would need it — else a data-parallel step would leave it as free unreduced partial sums.
 // One list for the search's edges and the evaluator's charges.
 std::vector<std::pair<ir::TensorId, ir::TensorId>> carried_results(const ir::Graph& g) {
-  std::vector<std::pair<ir::TensorId, ir::TensorId>> out;
-  std::set<ir::TensorId> outs(g.outputs().begin(), g.outputs().end());
-  for (const auto& op : g.ops()) {
-    std::vector<ir::TensorId> states;
-    for (ir::TensorId t : op.inputs)
-      if (is_state_leaf(g.tensor(t))) states.push_back(t);
-    std::size_t k = 0;
-    for (std::size_t i = 0; i < op.outputs.size() && k < states.size(); ++i) {
-      if (!outs.count(op.outputs[i]) || g.tensor(op.outputs[i]).shape != g.tensor(states[k]).shape) continue;
-      out.emplace_back(op.outputs[i], states[k]);
-      ++k;
-    }
-  }
-  for (ir::TensorId t : outs) {
+  std::vector<std::pair<ir::TensorId, ir::TensorId>> out = ir::updated_states(g);
+  for (ir::TensorId t : std::set<ir::TensorId>(g.outputs().begin(), g.outputs().end())) {
     const auto& info = g.tensor(t);
     if (info.role != ir::Role::Gradient || info.producer == ir::kNoOp) continue;
     const auto of = g.grad_of(t);

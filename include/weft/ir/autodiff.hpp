@@ -5,6 +5,9 @@
 // search the whole training step. The rule of every kind is in docs/modules/ir.md.
 #include <cstdint>
 
+#include <utility>
+#include <vector>
+
 #include "weft/ir/graph.hpp"
 
 namespace weft::ir {
@@ -53,6 +56,15 @@ TensorId master_copy(const Op& op);
 // Throws weft::Error when the forward graph has no scalar loss, or when the gradient must pass
 // through an op that has no rule (Opaque, a backward kind), naming the op.
 Graph build_training_graph(const Graph& forward, const TrainOptions& options = {});
+
+// A leaf the training step carries to the next one: a Parameter or OptimizerState with no producer.
+bool is_state_leaf(const TensorInfo& t);
+
+// The results that replace state leaves next step, as (result, leaf): the k-th graph-output result
+// of an op reading state leaves (an update op) replaces the k-th state leaf it reads, when their
+// shapes agree (Adam (p, g[, master], m, v) -> (p'[, master'], m', v'); SGD (p, g[, master][, mom])
+// -> (p'[, master'][, mom'])). The loop-carried tensors of a training graph, in op order.
+std::vector<std::pair<TensorId, TensorId>> updated_states(const Graph& g);
 
 // FLOPs of forward + backward (no optimizer) of a forward graph: what Megatron calls model FLOPs.
 // Linear in the graph size (it builds the backward graph once).

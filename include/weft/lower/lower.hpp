@@ -36,11 +36,6 @@ struct SpmdLayout {
   std::map<ir::TensorId, sharding::ShardingSpec> leaf_specs;
 };
 
-// The loop-carried state of a training step, as the SPMD search prices it: the k-th graph-output
-// result of an op that reads state leaves (parameters, optimizer states) replaces the k-th state
-// leaf it reads (Adam: (p, g, m, v) -> (p', m', v'); SGD: (p, g) -> p'). Pairs (result, leaf).
-std::vector<std::pair<ir::TensorId, ir::TensorId>> state_carries(const ir::Graph& g);
-
 // The layout an SPMD search chose.
 SpmdLayout layout_of(const ir::Graph& g, const spmd::SpmdPlan& plan);
 // A random valid layout of `g` on `mesh`: every op a random strategy of its index map, every leaf
