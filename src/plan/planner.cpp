@@ -1738,7 +1738,12 @@ std::string search_space_text(const Context& ctx, const std::vector<SubmeshOptio
 
 namespace {
 
-Plan make_plan_fixed(const ir::Graph& g, const cluster::Cluster& c, const PlanOptions& o) {
+// contenders (when given): up to kTraceContenders more feasible plans, fastest first after the
+// returned one (each at its simulated step on the full-bandwidth network), for re-ranking under a
+// bandwidth trace.
+constexpr std::size_t kTraceContenders = 6;
+Plan make_plan_fixed(const ir::Graph& g, const cluster::Cluster& c, const PlanOptions& o,
+                     std::vector<Plan>* contenders = nullptr) {
   const double start = now_s();
   Context ctx = make_context(g, c, o, start);
   ctx.progress("grouping", 0.0, "layer grouping");
@@ -1854,10 +1859,19 @@ Plan make_plan_fixed(const ir::Graph& g, const cluster::Cluster& c, const PlanOp
   std::stable_sort(cands.begin(), cands.end(),
                    [](const Candidate& a, const Candidate& b) { return a.proxy < b.proxy; });
   const std::size_t max_sim = static_cast<std::size_t>(std::max(1, o.max_simulated));
+  std::vector<Plan> runners;  // the fastest feasible plans (contenders), kept when asked for
+  auto keep = [&](const Plan& q) {
+    if (!contenders) return;
+    runners.push_back(q);
+    std::stable_sort(runners.begin(), runners.end(),
+                     [](const Plan& x, const Plan& y) { return x.step_time < y.step_time; });
+    if (runners.size() > kTraceContenders + 1) runners.pop_back();
+  };
   for (std::size_t i = 0; i < cands.size() && i < max_sim; ++i) {
     if (ctx.out_of_time() && (best || ctx.past_grace())) break;
     Built b = materialise(ctx, subs, cands[i], reshard::Balancer::LargestFirst);
     alts.push_back(alternative_of(b));
+    if (b.feasible) keep(b.plan);
     if (b.feasible && (!best || b.plan.step_time < best->plan.step_time)) {
       best = std::move(b);
       best_cand = cands[i];
@@ -1872,6 +1886,7 @@ Plan make_plan_fixed(const ir::Graph& g, const cluster::Cluster& c, const PlanOp
       a.strategy += " (baseline)";
       alts.push_back(a);
     }
+    if (mb && mb->feasible) keep(mb->plan);
     if (mb && mb->feasible && (!best || mb->plan.step_time < best->plan.step_time)) {
       best = std::move(mb);
       mega_won = true;
@@ -1903,6 +1918,13 @@ Plan make_plan_fixed(const ir::Graph& g, const cluster::Cluster& c, const PlanOp
   p.alternatives = std::move(alts);
   p.search_space = search_space_text(ctx, subs, Ms, configs.size(), pruned, bounded);
   p.search_status = ctx.timed_out ? "timeout" : "complete";
+  if (contenders) {  // the others, without the winner's own largest-first version
+    const std::string winner = layout_text(p);
+    for (auto& q : runners)
+      if (contenders->size() < kTraceContenders && !(layout_text(q) == winner && q.num_microbatches == p.num_microbatches &&
+                                                      q.data_parallel == p.data_parallel))
+        contenders->push_back(std::move(q));
+  }
   p.plan_seconds = now_s() - start;
   ctx.progress("done", 1.0, fmt::format("{} SPMD searches in {:.2f} s", ctx.spmd_solves, ctx.spmd_seconds));
   return p;
@@ -1911,16 +1933,47 @@ Plan make_plan_fixed(const ir::Graph& g, const cluster::Cluster& c, const PlanOp
 }  // namespace
 
 // The fixed-schedule search, then (with a bandwidth trace or schedule "adaptive") Ada-Grouper's
-// policy for the chosen pipeline: the layout is planned under 1F1B, whose in-flight memory is
-// the frontier's k = 1 point.
+// policy: the layout is planned under 1F1B, whose in-flight memory is the frontier's k = 1 point;
+// the fastest plans of that search (up to 1 + kTraceContenders, full-bandwidth steps) are
+// re-ranked by their policy's mean step over the trace, so a busy network can change the layout
+// (fewer or cheaper stage boundaries), not only the k per window.
 Plan make_plan(const ir::Graph& g, const cluster::Cluster& c, const PlanOptions& o) {
   if (o.schedule != "adaptive" && !o.bandwidth_trace) return make_plan_fixed(g, c, o);
   check_adaptive_options(o.adaptive);  // bad options fail before any search
   PlanOptions fixed = o;
   if (o.schedule == "adaptive") fixed.schedule = "1f1b";
-  Plan p = make_plan_fixed(g, c, fixed);
+  std::vector<Plan> contenders;
+  Plan p = make_plan_fixed(g, c, fixed, &contenders);
   const double t0 = now_s();
-  p.adaptive = adaptive_policy(p, o.bandwidth_trace.value_or(cluster::BandwidthTrace{}), o.adaptive);
+  const cluster::BandwidthTrace trace = o.bandwidth_trace.value_or(cluster::BandwidthTrace{});
+  p.adaptive = adaptive_policy(p, trace, o.adaptive);
+  const std::string first = layout_text(p);
+  const double first_step = p.adaptive->step;
+  int ranked = 1;
+  for (Plan& q : contenders) {
+    if (o.stop.cancelled()) break;
+    AdaptivePolicy pol;
+    try {
+      pol = adaptive_policy(q, trace, o.adaptive);
+    } catch (const InternalError&) {
+      throw;
+    } catch (const Error&) {
+      continue;  // no kFkB point of this layout fits: not a contender under the trace
+    }
+    ++ranked;
+    if (pol.step < p.adaptive->step * (1 - 1e-9)) {
+      q.alternatives = std::move(p.alternatives);
+      q.search_space = std::move(p.search_space);
+      q.search_status = p.search_status;
+      q.plan_seconds = p.plan_seconds;
+      q.adaptive = std::move(pol);
+      p = std::move(q);
+    }
+  }
+  p.search_space += fmt::format(
+      "; under the bandwidth trace: the {} fastest plans re-ranked by their policy's mean step ({}: {:.4g} s{})",
+      ranked, layout_text(p) == first ? "the full-bandwidth best kept" : "changed from " + first,
+      p.adaptive->step, layout_text(p) == first ? "" : fmt::format(" against {:.4g} s", first_step));
   p.plan_seconds += now_s() - t0;
   return p;
 }

@@ -122,3 +122,27 @@ def test_lower_adaptive_gives_one_program_per_k_and_each_equals_one_device():
         weft.lower_adaptive(plan, step, cluster)
     with pytest.raises(TypeError):
         weft.lower_adaptive(plan, step, cluster, policy="k=2")
+
+
+def test_a_busy_network_can_change_the_layout_not_only_k():
+    # Issue 21: the trace prices the candidates, not only the k per window of the full-bandwidth
+    # winner. GPT (8 layers, hidden 1024, f16 Adam, batch 32) on 8 single-GPU nodes at 1.1 GB per
+    # device (pipelines needed), a heavily preempted network (5-10 % of nominal in preemptions):
+    # the full-bandwidth best (4 stages, 16 micro-batches) runs its policy at 0.141 s per step; the
+    # planner now picks the 8-micro-batch layout, whose policy runs at 0.117 s.
+    g = weft.models.gpt(layers=8, hidden=1024, heads=16, seq=1024, vocab=8192, batch=32,
+                        dtype="f16").train_step(optimizer="adam")
+    c = weft.Cluster.preset("S1", nodes=8)
+    trace = weft.BandwidthTrace.preempted(2023, duration=600, normal_min=20, normal_max=120, preempt_min=20,
+                                          preempt_max=120, low=0.05, high=0.1)
+    opts = dict(compare_megatron=False, memory_limit=1.1e9)
+    full = weft.plan(g, c, **opts)  # no trace: the fastest plan on the full-bandwidth network
+    busy = weft.plan(g, c, schedule="adaptive", bandwidth_trace=trace, adaptive_window=60, adaptive_k_max=6, **opts)
+    before = weft.adaptive_policy(full, trace, window=60, k_max=6)
+    after = weft.adaptive_policy(busy, trace, window=60, k_max=6)
+    assert after.step == pytest.approx(busy.adaptive.step, rel=1e-12)
+    assert after.step < 0.9 * before.step, (after.summary(), before.summary())
+    assert (busy.num_microbatches, busy.data_parallel, busy.num_stages) != (
+        full.num_microbatches, full.data_parallel, full.num_stages)
+    assert busy.step_time >= full.step_time  # on the full-bandwidth network it is not the fastest
+    assert "changed from" in busy.search_space
