@@ -136,7 +136,7 @@ def plan(model_graph, cluster, schedule: str = "1F1B", *, num_microbatches: Opti
 
     ``schedule``: 1F1B (default), GPipe, kFkB (``schedule_k``), eager-1F1B, interleaved
     (``schedule_v``), ZB-H1, zb_interleaved (interleaved zero bubble, ``schedule_v``), ZB-V (two
-    chunks per stage in the V placement; not lowered to programs yet), kfkb_interleaved
+    chunks per stage in the V placement), kfkb_interleaved
     (``schedule_k``, ``schedule_v``), adaptive (Ada-Grouper: the layout planned under 1F1B, then
     ``Plan.adaptive``, the k to run in each window of ``bandwidth_trace``). ``bandwidth_trace``: a
     ``weft.BandwidthTrace`` (fraction of nominal bandwidth over time) on the inter-stage links:

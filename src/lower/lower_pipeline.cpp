@@ -134,14 +134,8 @@ class PipelineLowering {
     const int D = static_cast<int>(group_mesh_.size());
     WEFT_CHECK(S_ % D == 0, "lowering: {} stages on {} device groups: every group must hold as many stages",
                S_, D);
-    // ZB-V's V placement puts stages D−1 and D on the same devices; what crosses that boundary
-    // would need a local hand-over, which this lowering (Send/Recv between groups) does not make.
-    WEFT_CHECK(opt_.schedule != "zbv",
-               "lowering: the ZB-V schedule (V placement: stages d and 2D-1-d on device d) is not lowered "
-               "to programs yet; use zb_interleaved (the same bubble at F = B = W) to run on weft's "
-               "executors, or export the ZB-V order with Plan.to_torch_schedule()");
     const bool chunked = opt_.schedule == "interleaved" || opt_.schedule == "zb_interleaved" ||
-                         opt_.schedule == "kfkb_interleaved";
+                         opt_.schedule == "kfkb_interleaved" || opt_.schedule == "zbv";
     WEFT_CHECK(S_ == D || chunked,
                "lowering: several stages per device group need an interleaved schedule (interleaved, "
                "zb_interleaved, kfkb_interleaved), not '{}'",
@@ -409,11 +403,10 @@ class PipelineLowering {
         if (v != u)
           crossings_.push_back({leaf, u, v, kU, kU, leaf_spec(u, leaf), leaf_spec(v, leaf), -1, true});
     }
-    for (const auto& c : crossings_)
-      WEFT_CHECK(group_of_stage_[static_cast<std::size_t>(c.from)] !=
-                     group_of_stage_[static_cast<std::size_t>(c.to)],
-                 "lowering: '{}' goes from stage {} to stage {}, which run on the same devices (not lowered)",
-                 g_.tensor(c.tensor).name, c.from, c.to);
+    // Stages on the same device group (ZB-V's stages D−1 and D, a tied parameter read by a group's
+    // two stages) hand tensors over like any others: the resharding plan between the two layouts
+    // of the same devices sends each rank's missing elements, to itself when it holds them
+    // (a local copy; the executors deliver a message to its own sender).
     // The buffers they arrive in: the first layout of the tensor on the receiving stage (the
     // replicas' partial means of a once-per-step gradient stay partial).
     for (auto& c : crossings_) {
@@ -815,7 +808,8 @@ class PipelineLowering {
     for (int grp = 0; grp < static_cast<int>(group_mesh_.size()); ++grp) {
       std::vector<Instr> list;
       std::map<std::pair<int, int>, bool> ran;  // (stage, phase) -> ran before
-      auto run_phase = [&](int s, Phase ph, int m) {
+      auto run_phase = [&](int s, Phase ph, int m, std::vector<Instr>* into = nullptr) {
+        std::vector<Instr>& list_out = into ? *into : list;
         const auto& st = st_[static_cast<std::size_t>(s)];
         const bool first = !ran[{s, ph}];
         ran[{s, ph}] = true;
@@ -835,7 +829,7 @@ class PipelineLowering {
             i.on_rank = rank_of_device_.at(t.only_device);
             for (int& g : i.group) g = rank_of_device_.at(g);
           }
-          list.push_back(std::move(i));
+          list_out.push_back(std::move(i));
         }
       };
       for (const auto& op : sched_->device_order(grp))
@@ -844,7 +838,32 @@ class PipelineLowering {
                   : op.kind == schedule::OpKind::B ? kB
                                                    : kW,
                   op.micro);
-      for (int s = grp; s < S_; s += static_cast<int>(group_mesh_.size())) run_phase(s, kU, 0);
+      // The group's update phases (its stages: s mod D interleaved, the V for ZB-V), merged so that
+      // a recv from a rank of this group follows its send: with ZB-V the first and last stages share
+      // group 0, and a tied embedding's gradient contribution and refreshed value go both ways
+      // between their update phases on the same ranks.
+      std::vector<std::vector<Instr>> upd;
+      for (int s = 0; s < S_; ++s)
+        if (group_of_stage_[static_cast<std::size_t>(s)] == grp) run_phase(s, kU, 0, &upd.emplace_back());
+      std::set<int> group_ranks, sent;
+      for (int d : group_mesh_[static_cast<std::size_t>(grp)].device_ids()) group_ranks.insert(rank_of_device_.at(d));
+      auto ready = [&](const Instr& i) {
+        return i.kind != InstrKind::Recv || !group_ranks.count(i.group.at(0)) || sent.count(i.tag);
+      };
+      std::vector<std::size_t> at(upd.size(), 0);
+      for (bool left = true; left;) {
+        left = false;
+        bool moved = false;
+        for (std::size_t q = 0; q < upd.size(); ++q) {
+          for (; at[q] < upd[q].size() && ready(upd[q][at[q]]); ++at[q]) {
+            if (upd[q][at[q]].kind == InstrKind::Send) sent.insert(upd[q][at[q]].tag);
+            list.push_back(std::move(upd[q][at[q]]));
+            moved = true;
+          }
+          left = left || at[q] < upd[q].size();
+        }
+        WEFT_ASSERT(!left || moved, "lowering: the update phases of a device group wait on each other");
+      }
       add_frees(list, keep);
       auto code = std::make_shared<std::vector<Instr>>(std::move(list));
       const auto& mesh = group_mesh_[static_cast<std::size_t>(grp)];

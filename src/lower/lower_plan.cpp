@@ -17,8 +17,11 @@ namespace {
 // Megatron's interleaving of a pipeline of D stages with v chunks each: every stage's ops are cut
 // into v chunks of consecutive forward ops (with their backward and update ops), balanced by FLOPs;
 // the model's k-th chunk (stage k / v, chunk k mod v) becomes logical stage k, on the devices of
-// stage k mod D. The chunks keep their ops' layouts, so every stage must have the same mesh shape.
-std::vector<PipelineStage> interleave(const ir::Graph& g, const std::vector<PipelineStage>& stages, int v) {
+// stage k mod D — or, with v_shape (ZB-V, v = 2), of stage k for k < D and 2D − 1 − k after (the
+// V: device d holds chunks d and 2D − 1 − d). The chunks keep their ops' layouts, so every stage
+// must have the same mesh shape.
+std::vector<PipelineStage> interleave(const ir::Graph& g, const std::vector<PipelineStage>& stages, int v,
+                                      bool v_shape = false) {
   const int D = static_cast<int>(stages.size());
   for (const auto& st : stages)
     WEFT_CHECK(
@@ -67,7 +70,7 @@ std::vector<PipelineStage> interleave(const ir::Graph& g, const std::vector<Pipe
   }
   std::vector<PipelineStage> out;
   for (int k = 0; k < D * v; ++k)  // the ops' layouts and leaf specs are those of their plan stage
-    out.push_back({stages[static_cast<std::size_t>(k % D)].mesh,
+    out.push_back({stages[static_cast<std::size_t>(v_shape ? (k < D ? k : 2 * D - 1 - k) : k % D)].mesh,
                    std::move(chunk_ops[static_cast<std::size_t>(k)]),
                    stages[static_cast<std::size_t>(k / v)].layout});
   return out;
@@ -89,10 +92,7 @@ Program lower(const plan::Plan& plan, const ir::Graph& step, const cluster::Clus
   const bool interleaved = (plan.schedule == "interleaved" || plan.schedule == "zb_interleaved" ||
                             plan.schedule == "kfkb_interleaved") &&
                            plan.num_stages() > 1 && plan.schedule_v > 1;
-  WEFT_CHECK(plan.schedule != "zbv" || plan.num_stages() == 1,
-             "lower: the ZB-V schedule (V placement: stages d and 2D-1-d on device d) is not lowered to "
-             "programs yet; plan with zb_interleaved (the same bubble at F = B = W) to run on weft's "
-             "executors, or export the ZB-V order with Plan.to_torch_schedule()");
+  const bool v_shape = plan.schedule == "zbv" && plan.num_stages() > 1;  // two chunks per stage, in a V
   WEFT_CHECK(even_shares || (plan.num_stages() == 1 &&
                              static_cast<int>(plan.replica_microbatch.size()) == plan.data_parallel),
              "lower: uneven replica shares are lowered for one-stage plans with one share per replica; this "
@@ -160,8 +160,8 @@ Program lower(const plan::Plan& plan, const ir::Graph& step, const cluster::Clus
                      sharding::ShardingSpec::parse(c.dst_spec, shape,
                                                    spmd_shapes[static_cast<std::size_t>(c.to_stage)])});
   }
-  if (interleaved) {
-    stages = interleave(g, stages, plan.schedule_v);
+  if (interleaved || v_shape) {
+    stages = interleave(g, stages, v_shape ? 2 : plan.schedule_v, v_shape);
     cross.clear();  // the chunks cross other boundaries than the plan's stages: producer layouts
   }
   PipelineOptions po;

@@ -406,8 +406,9 @@ void check(const Program& p) {
         WEFT_CHECK(uniq.count(r), "program: {}: the rank is not in its own group", p.describe(r, k));
         continue;
       }
-      WEFT_CHECK(!g.empty() && !uniq.count(r),
-                 "program: {}: a transfer needs peers other than the rank itself", p.describe(r, k));
+      // A rank may send to itself (two stages of one device group, ZB-V): its recv must come
+      // after its send, which the order check below proves like any other message.
+      WEFT_CHECK(!g.empty(), "program: {}: a transfer needs a peer", p.describe(r, k));
       WEFT_CHECK(i.kind == InstrKind::Send || g.size() == 1, "program: {}: a recv has exactly one sender",
                  p.describe(r, k));
       WEFT_CHECK(i.tag >= 0, "program: {}: a transfer needs a tag", p.describe(r, k));

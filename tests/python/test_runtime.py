@@ -116,6 +116,19 @@ def test_four_gloo_processes_equal_the_reference_f64(name, layouts, reference):
     assert all(b > 0 for b in got.peak_bytes)
 
 
+def test_zbv_v_placement_runs_on_four_gloo_processes(step, cluster, reference):
+    # ZB-V: 2 devices x 2 replicas hold the V (device 0 the first and last chunks, device 1 the two
+    # middle ones): the middle hand-over and the tied embedding's gradient and new value stay on one
+    # device group, partly as messages a rank sends to itself (handed over in memory).
+    plan = weft.megatron_plan(step, cluster, t=1, p=2, d=2, schedule="zbv", num_microbatches=4)
+    prog = weft.lower(plan, step, cluster)
+    to_self = [i for r in range(prog.num_ranks) for i in prog.instructions(r) if i["kind"] == "send" and r in i["group"]]
+    assert to_self
+    got = weft.run(prog, steps=3, dtype="f64")
+    assert_same(got, reference, 1e-10)
+    assert_same(weft.execute(prog, steps=3), reference, 1e-10)
+
+
 @pytest.mark.parametrize("name", ["a-megatron-spmd", "c-2stages-dp2-kfkb2"])
 def test_four_gloo_processes_equal_plain_pytorch(name, layouts, step):
     # An oracle independent of weft's autodiff, optimizer and kernels: the same GPT as a torch module,

@@ -253,15 +253,22 @@ def test_planner_accepts_the_new_kinds(gpt4):
         assert plan.resimulate_step_time() == pytest.approx(plan.step_time, rel=1e-12)
 
 
-def test_lowering_runs_interleaved_zb_and_refuses_zbv(gpt4):
+def test_lowering_runs_interleaved_zb_kfkb_and_zbv(gpt4):
     g, c = gpt4
-    for name in ("zb_interleaved", "kfkb_interleaved"):
+    for name in ("zb_interleaved", "kfkb_interleaved", "ZB-V"):
         plan = weft.megatron_plan(g, c, t=1, p=4, d=1, schedule=name, schedule_v=2, schedule_k=2, num_microbatches=8)
         got, ref = weft.execute(plan, g, c, steps=2), weft.execute_reference(g, steps=2)
         assert got.max_relative_error(ref) < 1e-10, name
+    # ZB-V: 8 chunks in a V over 4 devices — device d runs model chunks d and 7 - d, so its list
+    # holds the ops of two plan stages' halves, and the tip (chunks 3 and 4) stays on device 3.
     plan = weft.megatron_plan(g, c, t=1, p=4, d=1, schedule="ZB-V", num_microbatches=8)
-    with pytest.raises(ValueError, match="ZB-V schedule .* is not lowered"):
-        weft.execute(plan, g, c, steps=1)
+    prog = weft.lower(plan, g, c)
+    assert prog.num_ranks == 4
+    ops_of = {r: {i["op"] for i in prog.instructions(r) if i["kind"] == "compute"} for r in range(4)}
+    stage_ops = [set(s.ops) for s in plan.stages]
+    assert ops_of[0] & stage_ops[0] and ops_of[0] & stage_ops[3]  # the first and the last chunk
+    assert ops_of[3] & stage_ops[1] and ops_of[3] & stage_ops[2]  # the tip: chunks 3 and 4
+    assert not ops_of[0] & stage_ops[1] and not ops_of[3] & stage_ops[0]
 
 
 @needs_torch

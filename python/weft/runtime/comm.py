@@ -17,7 +17,8 @@ reads the output buffer (so compute between the two overlaps the communication).
 - reduce-exchange (the general fallback for a reducing collective whose tiles differ):
   ``all_to_all_single`` of every held term, summed (maxed) by the receiver;
 - send / recv: ``batch_isend_irecv`` of the region's elements to each receiver (non-blocking) and
-  ``irecv`` into the receiver's part of its buffer, matched by the program's message tag.
+  ``irecv`` into the receiver's part of its buffer, matched by the program's message tag; a message
+  to the rank itself (two stages of one device group: ZB-V) is handed over in memory.
 """
 from __future__ import annotations
 
@@ -75,6 +76,9 @@ class Comm:
         self._flat_cache: Dict[Tuple[int, int], np.ndarray] = {}
         self.bytes_sent: Dict[str, int] = {}
         self.sends: List[object] = []  # in-flight send works (waited at the end of a step)
+        # Messages a rank sends to itself (two stages of one device group, ZB-V): no process group
+        # sends to its own rank, so they are handed over here, by tag.
+        self._to_self: Dict[int, torch.Tensor] = {}
 
     # -- tile index maps
 
@@ -254,8 +258,11 @@ class Comm:
             self._prep[key] = (self._idx(T.local_offsets(self.layout.tile(ins["inputs"][0], self.rank),
                                                          ins["region"])),)
         msg = x.reshape(-1)[self._prep[key][0]].contiguous()
-        ops = [dist.P2POp(dist.isend, msg, int(q), tag=int(ins["tag"])) for q in ins["group"]]
-        self.sends.extend(dist.batch_isend_irecv(ops))
+        if self.rank in ins["group"]:
+            self._to_self[int(ins["tag"])] = msg
+        ops = [dist.P2POp(dist.isend, msg, int(q), tag=int(ins["tag"])) for q in ins["group"] if q != self.rank]
+        if ops:
+            self.sends.extend(dist.batch_isend_irecv(ops))
         self.sends.append(msg)  # alive until the step's end
         self._count("send", msg.numel() * len(ins["group"]), msg)
 
@@ -265,13 +272,17 @@ class Comm:
             self._prep[key] = (self._idx(T.local_offsets(self.layout.tile(ins["outputs"][0], self.rank),
                                                          ins["region"])),)
         at = self._prep[key][0]
-        buf = torch.empty(at.numel(), dtype=dtype, device=self.device)
-        work = dist.irecv(buf, src=int(ins["group"][0]), tag=int(ins["tag"]))
+        if int(ins["group"][0]) == self.rank:  # its own message: the send came first (program order)
+            buf, work = self._to_self.pop(int(ins["tag"])), None
+        else:
+            buf = torch.empty(at.numel(), dtype=dtype, device=self.device)
+            work = dist.irecv(buf, src=int(ins["group"][0]), tag=int(ins["tag"]))
 
         def finish():
             prev = base() if base is not None else held
             out = torch.zeros(local_shape, dtype=dtype, device=self.device) if prev is None else prev.clone()
-            work.wait()
+            if work is not None:
+                work.wait()
             out.view(-1)[at] = buf
             return out
 

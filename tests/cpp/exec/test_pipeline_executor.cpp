@@ -31,9 +31,11 @@ struct Cut {
   std::vector<lower::PipelineStage> stages;
   std::vector<lower::CrossStageSpec> cross;
 };
-// With `groups` < the stages, stage s runs on the devices of stage s mod groups (interleaved).
+// With `groups` < the stages, stage s runs on the devices of stage s mod groups (interleaved), or
+// with v_shape on those of stage 2·groups − 1 − s (ZB-V's V placement, two stages per group).
 Cut random_pipeline(const ir::Graph& g, const std::vector<std::vector<std::int64_t>>& meshes,
-                    std::uint32_t seed, int replicas = 1, bool random_arrival = true, int groups = 0) {
+                    std::uint32_t seed, int replicas = 1, bool random_arrival = true, int groups = 0,
+                    bool v_shape = false) {
   const int S = static_cast<int>(meshes.size());
   const auto grouping = pipeline::group_layers(g, S);
   Cut cut;
@@ -49,7 +51,7 @@ Cut random_pipeline(const ir::Graph& g, const std::vector<std::vector<std::int64
     for (auto x : shape) n *= x;
     std::vector<int> devs;
     if (groups > 0 && s >= groups)
-      devs = cut.stages[static_cast<std::size_t>(s % groups)].mesh.device_ids();
+      devs = cut.stages[static_cast<std::size_t>(v_shape ? 2 * groups - 1 - s : s % groups)].mesh.device_ids();
     else
       for (int k = 0; k < n; ++k) devs.push_back(next_device++);
     lower::PipelineStage st{
@@ -248,6 +250,46 @@ TEST_CASE("exec pipeline: interleaved 1F1B, two chunks per device group, equals 
       CHECK(d < 1e-10);
       MESSAGE(fmt::format("megatron {} interleaved v=2: diff {:.1e}", l.to_string(), d));
     }
+  }
+}
+
+TEST_CASE("exec pipeline: ZB-V (V placement, stages d and 2D-1-d on group d) equals one device") {
+  const auto step = test::tiny_gpt(8);
+  exec::ExecuteOptions eo;
+  const auto ref = exec::execute_reference(step, eo);
+  // 4 stages on 2 groups of 2 devices: group 0 runs stages 0 and 3, group 1 stages 1 and 2; the
+  // hand-over between stages 1 and 2 stays on group 1's devices (a resharding between two layouts
+  // of the same devices: sends to themselves or to their group), random layouts and arrivals.
+  for (std::uint32_t seed : {41u, 42u, 43u}) {
+    CAPTURE(seed);
+    const auto mb = plan::rebatch(step, 2);
+    const auto cut = random_pipeline(mb, {{2}, {2}, {2}, {2}}, seed, 1, true, 2, true);
+    auto prog = lower::lower_pipeline(mb, m8(), cut.stages, cut.cross, options("zbv", 4));
+    CHECK(prog.stages.size() == 2);
+    CHECK(prog.num_ranks() == 4);
+    std::string worst;
+    const double d = max_rel_diff(exec::execute_program(prog, eo), ref, &worst);
+    CAPTURE(worst);
+    CHECK(d < 1e-10);
+    std::set<int> stages_run;
+    for (const auto& i : prog.instructions(0))
+      if (i.kind == lower::InstrKind::Compute)
+        for (int s = 0; s < 4; ++s)
+          if (std::find(cut.stages[static_cast<std::size_t>(s)].ops.begin(),
+                        cut.stages[static_cast<std::size_t>(s)].ops.end(),
+                        i.op) != cut.stages[static_cast<std::size_t>(s)].ops.end())
+            stages_run.insert(s);
+    CHECK(stages_run == std::set<int>{0, 3});
+    // The hand-overs inside a group include sends a rank makes to itself (its own elements).
+    int self_sends = 0;
+    for (const auto& r : prog.ranks)
+      for (const auto& i : r.instrs())
+        if (r.runs(i) && i.kind == lower::InstrKind::Send)
+          self_sends += std::find(i.group.begin(), i.group.end(), r.rank) != i.group.end();
+    CHECK(self_sends > 0);
+    MESSAGE(fmt::format("ZB-V 4 stages on 2 groups (seed {}): {} instructions on rank 0, {} sends ({} to self), "
+                        "diff {:.1e}",
+                        seed, prog.num_instructions(0), count(prog, lower::InstrKind::Send), self_sends, d));
   }
 }
 
