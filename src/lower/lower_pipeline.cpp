@@ -832,12 +832,32 @@ class PipelineLowering {
           list_out.push_back(std::move(i));
         }
       };
-      for (const auto& op : sched_->device_order(grp))
-        run_phase(op.stage,
-                  op.kind == schedule::OpKind::F   ? kF
-                  : op.kind == schedule::OpKind::B ? kB
-                                                   : kW,
-                  op.micro);
+      // Full recomputation: the stage's forward of micro-batch m again, without its transfers and
+      // loads (what it received or loaded stays held: the checkpoints), right before that
+      // micro-batch's backward; add_frees then frees the first forward's results at their last use
+      // before this rewrite.
+      auto replay_forward = [&](int s, int m) {
+        for (const auto& t : st_[static_cast<std::size_t>(s)].tmpl[static_cast<std::size_t>(kF)]) {
+          if (is_transfer(t.i.kind) || t.i.kind == InstrKind::LoadInput || t.acc_slot) continue;
+          // Only what the micro-batch's backward can read: per-micro-batch results (the loss
+          // accumulated over the micro-batches, a per-step buffer, is made once).
+          bool per_mb = !t.i.out.empty();
+          for (int b : t.i.out) per_mb = per_mb && per_mb_[static_cast<std::size_t>(b)];
+          if (!per_mb) continue;
+          Instr i = t.i;
+          for (int& b : i.in) b = inst(b, m);
+          for (int& b : i.out) b = inst(b, m);
+          if (i.kind == InstrKind::Compute && g_.op(i.op).kind == ir::OpKind::Dropout) i.microbatch = m;
+          list.push_back(std::move(i));
+        }
+      };
+      for (const auto& op : sched_->device_order(grp)) {
+        const Phase ph = op.kind == schedule::OpKind::F   ? kF
+                         : op.kind == schedule::OpKind::B ? kB
+                                                          : kW;
+        if (ph == kB && in_[static_cast<std::size_t>(op.stage)].recompute) replay_forward(op.stage, op.micro);
+        run_phase(op.stage, ph, op.micro);
+      }
       // The group's update phases (its stages: s mod D interleaved, the V for ZB-V), merged so that
       // a recv from a rank of this group follows its send: with ZB-V the first and last stages share
       // group 0, and a tied embedding's gradient contribution and refreshed value go both ways
@@ -878,15 +898,26 @@ class PipelineLowering {
     }
   }
 
-  // Every buffer but the leaves, the loss and the gradients is freed after its last use.
+  // Every buffer but the leaves, the loss and the gradients is freed after its last use — the last
+  // use of each of its values: a buffer written afresh (not a recv into part of it, nor an
+  // accumulation that reads it; a recomputed forward) is freed after its last use before that
+  // write, and made again by it.
   static void add_frees(std::vector<Instr>& instrs, const std::set<int>& keep) {
-    std::map<int, std::size_t> last;  // buffer -> index of its last use (read or write)
-    for (std::size_t k = 0; k < instrs.size(); ++k) {
-      for (int b : instrs[k].in) last[b] = k;
-      for (int b : instrs[k].out)
-        if (instrs[k].kind != InstrKind::Send) last[b] = std::max(last[b], k);
-    }
+    std::map<int, std::size_t> last;  // buffer -> index of its last use (read or write) so far
     std::vector<std::vector<int>> frees(instrs.size());
+    for (std::size_t k = 0; k < instrs.size(); ++k) {
+      const Instr& i = instrs[k];
+      if (i.kind != InstrKind::Send && i.kind != InstrKind::Recv)
+        for (int b : i.out)
+          if (std::find(i.in.begin(), i.in.end(), b) == i.in.end())
+            if (auto it = last.find(b); it != last.end()) {  // a fresh value: the old one is dead
+              if (!keep.count(b)) frees[it->second].push_back(b);
+              last.erase(it);
+            }
+      for (int b : i.in) last[b] = k;
+      for (int b : i.out)
+        if (i.kind != InstrKind::Send) last[b] = std::max(last[b], k);
+    }
     for (auto [b, k] : last)
       if (!keep.count(b)) frees[k].push_back(b);
     std::vector<Instr> out;

@@ -71,8 +71,8 @@ std::vector<PipelineStage> interleave(const ir::Graph& g, const std::vector<Pipe
   std::vector<PipelineStage> out;
   for (int k = 0; k < D * v; ++k)  // the ops' layouts and leaf specs are those of their plan stage
     out.push_back({stages[static_cast<std::size_t>(v_shape ? (k < D ? k : 2 * D - 1 - k) : k % D)].mesh,
-                   std::move(chunk_ops[static_cast<std::size_t>(k)]),
-                   stages[static_cast<std::size_t>(k / v)].layout});
+                   std::move(chunk_ops[static_cast<std::size_t>(k)]), stages[static_cast<std::size_t>(k / v)].layout,
+                   stages[static_cast<std::size_t>(k / v)].recompute});
   return out;
 }
 
@@ -138,6 +138,9 @@ Program lower(const plan::Plan& plan, const ir::Graph& step, const cluster::Clus
                  l.tensor);
       ps.layout.leaf_specs.emplace(*t, sharding::ShardingSpec::parse(l.spec, g.tensor(*t).shape, spmd_shape));
     }
+    // Full recomputation runs as planned; selective keeps every activation here (its regions are
+    // a memory prediction the lowering does not enact yet; the values are the same).
+    ps.recompute = st.recompute == "full";
     stages.push_back(std::move(ps));
     spmd_shapes.push_back(spmd_shape);
   }

@@ -67,6 +67,11 @@ struct PipelineStage {
   cluster::DeviceMesh mesh;
   std::vector<ir::OpId> ops;
   SpmdLayout layout;
+  // Full activation recomputation (plan::Stage::recompute "full"): after each micro-batch's
+  // forward the stage frees what its forward made (the buffers it received or loaded stay: the
+  // checkpoints) and runs the forward again, without its transfers, right before that
+  // micro-batch's backward. Same values, fewer activations held between the two.
+  bool recompute = false;
 };
 
 // How a tensor made in stage from_stage travels to stage to_stage: it leaves in src_spec (on the
