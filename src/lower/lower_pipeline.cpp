@@ -790,6 +790,7 @@ class PipelineLowering {
       Buffer copy = p_.buffers[static_cast<std::size_t>(b)];
       copy.name += fmt::format("/m{}", m);
       p_.buffers.push_back(std::move(copy));
+      template_of_[static_cast<int>(p_.buffers.size()) - 1] = b;
       specs_.push_back(specs_[static_cast<std::size_t>(b)]);
       per_mb_.push_back(1);
       it->second = static_cast<int>(p_.buffers.size()) - 1;
@@ -832,15 +833,21 @@ class PipelineLowering {
           list_out.push_back(std::move(i));
         }
       };
-      // Full recomputation: the stage's forward of micro-batch m again, without its transfers and
-      // loads (what it received or loaded stays held: the checkpoints), right before that
-      // micro-batch's backward; add_frees then frees the first forward's results at their last use
-      // before this rewrite.
-      auto replay_forward = [&](int s, int m) {
-        for (const auto& t : st_[static_cast<std::size_t>(s)].tmpl[static_cast<std::size_t>(kF)]) {
+      // Full recomputation, block by block: the forward instructions of a stage's block (without
+      // transfers and loads; only per-micro-batch results — the loss accumulated over the
+      // micro-batches is made once) run again for micro-batch m right before the first backward
+      // instruction of m that reads one of that block's results. What a block reads from outside it
+      // is not re-made, so it stays held from the forward (the checkpoints); add_frees frees every
+      // other forward result at its last use before its re-make.
+      std::map<std::pair<int, int>, std::set<int>> replayed;  // (stage, micro-batch) -> blocks re-made
+      auto replay_block = [&](int s, int m, int blk, std::vector<Instr>& into) {
+        const auto& st = st_[static_cast<std::size_t>(s)];
+        const auto& bo = in_[static_cast<std::size_t>(s)].block_of_op;
+        int cur = -1;
+        for (const auto& t : st.tmpl[static_cast<std::size_t>(kF)]) {
+          if (t.i.op >= 0 && !bo.empty()) cur = bo[static_cast<std::size_t>(t.i.op)];
+          if ((bo.empty() ? 0 : cur) != blk && !(cur < 0 && blk == first_block(s))) continue;
           if (is_transfer(t.i.kind) || t.i.kind == InstrKind::LoadInput || t.acc_slot) continue;
-          // Only what the micro-batch's backward can read: per-micro-batch results (the loss
-          // accumulated over the micro-batches, a per-step buffer, is made once).
           bool per_mb = !t.i.out.empty();
           for (int b : t.i.out) per_mb = per_mb && per_mb_[static_cast<std::size_t>(b)];
           if (!per_mb) continue;
@@ -848,15 +855,29 @@ class PipelineLowering {
           for (int& b : i.in) b = inst(b, m);
           for (int& b : i.out) b = inst(b, m);
           if (i.kind == InstrKind::Compute && g_.op(i.op).kind == ir::OpKind::Dropout) i.microbatch = m;
-          list.push_back(std::move(i));
+          into.push_back(std::move(i));
         }
       };
       for (const auto& op : sched_->device_order(grp)) {
         const Phase ph = op.kind == schedule::OpKind::F   ? kF
                          : op.kind == schedule::OpKind::B ? kB
                                                           : kW;
-        if (ph == kB && in_[static_cast<std::size_t>(op.stage)].recompute) replay_forward(op.stage, op.micro);
-        run_phase(op.stage, ph, op.micro);
+        const int s = op.stage, m = op.micro;
+        if (ph == kF || !in_[static_cast<std::size_t>(s)].recompute) {
+          run_phase(s, ph, m);
+          continue;
+        }
+        std::vector<Instr> bw;
+        run_phase(s, ph, m, &bw);
+        const auto& made = forward_block_of_buffer(s);
+        auto& done = replayed[{s, m}];
+        for (auto& i : bw) {
+          for (int b : i.in) {  // b is an instance of micro-batch m (or a per-step buffer)
+            auto it = made.find(template_of(b));
+            if (it != made.end() && done.insert(it->second).second) replay_block(s, m, it->second, list);
+          }
+          list.push_back(std::move(i));
+        }
       }
       // The group's update phases (its stages: s mod D interleaved, the V for ZB-V), merged so that
       // a recv from a rank of this group follows its send: with ZB-V the first and last stages share
@@ -896,6 +917,38 @@ class PipelineLowering {
         rp.code = code;
       }
     }
+  }
+
+  // The block of the first forward instruction of stage s (instructions before any op's: that block).
+  int first_block(int s) const {
+    const auto& bo = in_[static_cast<std::size_t>(s)].block_of_op;
+    for (const auto& t : st_[static_cast<std::size_t>(s)].tmpl[static_cast<std::size_t>(kF)])
+      if (t.i.op >= 0) return bo.empty() ? 0 : bo[static_cast<std::size_t>(t.i.op)];
+    return 0;
+  }
+  // Per template buffer a stage's forward makes (not received, not loaded): the block whose
+  // forward instructions make it (an instruction without an op: the block of the last op before).
+  const std::map<int, int>& forward_block_of_buffer(int s) {
+    auto [it, fresh] = made_by_block_.try_emplace(s);
+    if (!fresh) return it->second;
+    const auto& bo = in_[static_cast<std::size_t>(s)].block_of_op;
+    int cur = first_block(s);
+    std::set<int> checkpoints;  // made by one block's forward, read by another's: held, not re-made first
+    for (const auto& t : st_[static_cast<std::size_t>(s)].tmpl[static_cast<std::size_t>(kF)]) {
+      if (t.i.op >= 0 && !bo.empty()) cur = bo[static_cast<std::size_t>(t.i.op)];
+      for (int b : t.i.in)
+        if (auto m = it->second.find(b); m != it->second.end() && m->second != cur) checkpoints.insert(b);
+      if (is_transfer(t.i.kind) || t.i.kind == InstrKind::LoadInput || t.acc_slot) continue;
+      for (int b : t.i.out)
+        if (per_mb_[static_cast<std::size_t>(b)]) it->second.emplace(b, cur);
+    }
+    for (int b : checkpoints) it->second.erase(b);
+    return it->second;
+  }
+  // The template buffer of a micro-batch instance (itself for micro-batch 0 and per-step buffers).
+  int template_of(int b) const {
+    auto it = template_of_.find(b);
+    return it == template_of_.end() ? b : it->second;
   }
 
   // Every buffer but the leaves, the loss and the gradients is freed after its last use — the last
@@ -963,6 +1016,8 @@ class PipelineLowering {
   std::vector<ShardingSpec> specs_;  // per buffer
   std::vector<char> per_mb_;         // per buffer: one copy per micro-batch
   std::map<std::pair<int, int>, int> inst_;
+  std::map<int, int> template_of_;             // micro-batch instance -> its template buffer
+  std::map<int, std::map<int, int>> made_by_block_;  // per stage: forward_block_of_buffer
   std::set<std::string> names_;
 };
 

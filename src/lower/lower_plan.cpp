@@ -72,7 +72,17 @@ std::vector<PipelineStage> interleave(const ir::Graph& g, const std::vector<Pipe
   for (int k = 0; k < D * v; ++k)  // the ops' layouts and leaf specs are those of their plan stage
     out.push_back({stages[static_cast<std::size_t>(v_shape ? (k < D ? k : 2 * D - 1 - k) : k % D)].mesh,
                    std::move(chunk_ops[static_cast<std::size_t>(k)]), stages[static_cast<std::size_t>(k / v)].layout,
-                   stages[static_cast<std::size_t>(k / v)].recompute});
+                   stages[static_cast<std::size_t>(k / v)].recompute, stages[static_cast<std::size_t>(k / v)].block_of_op});
+  return out;
+}
+
+// The planner's layer-grouping block of every op (an op owned by no forward op: the last block),
+// the unit a full recomputation re-makes at a time.
+std::vector<int> grouping_blocks(const ir::Graph& g, int num_blocks) {
+  std::vector<int> out(g.ops().size(), 0);
+  if (num_blocks < 1) return out;
+  const auto gr = pipeline::group_layers(g, num_blocks);
+  for (std::size_t o = 0; o < out.size(); ++o) out[o] = gr.block_of_op[o] >= 0 ? gr.block_of_op[o] : num_blocks - 1;
   return out;
 }
 
@@ -141,6 +151,7 @@ Program lower(const plan::Plan& plan, const ir::Graph& step, const cluster::Clus
     // Full recomputation runs as planned; selective keeps every activation here (its regions are
     // a memory prediction the lowering does not enact yet; the values are the same).
     ps.recompute = st.recompute == "full";
+    if (ps.recompute) ps.block_of_op = grouping_blocks(g, plan.num_blocks);
     stages.push_back(std::move(ps));
     spmd_shapes.push_back(spmd_shape);
   }

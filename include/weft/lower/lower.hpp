@@ -68,10 +68,15 @@ struct PipelineStage {
   std::vector<ir::OpId> ops;
   SpmdLayout layout;
   // Full activation recomputation (plan::Stage::recompute "full"): after each micro-batch's
-  // forward the stage frees what its forward made (the buffers it received or loaded stay: the
-  // checkpoints) and runs the forward again, without its transfers, right before that
-  // micro-batch's backward. Same values, fewer activations held between the two.
+  // forward the stage keeps what each block's forward reads from outside the block (the
+  // checkpoints: what it received or loaded, the previous block's results) and frees the rest at
+  // its last use; in the backward, a block's forward runs again (without transfers) right before
+  // the first backward instruction that reads one of its results, so one block's activations are
+  // re-made at a time, as the planner prices it. Same values, fewer activations held.
   bool recompute = false;
+  // Per op of the graph: its layer-grouping block (the unit of recomputation); empty = the
+  // stage's ops are one block.
+  std::vector<int> block_of_op;
 };
 
 // How a tensor made in stage from_stage travels to stage to_stage: it leaves in src_spec (on the

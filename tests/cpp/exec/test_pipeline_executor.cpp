@@ -295,10 +295,11 @@ TEST_CASE("exec pipeline: ZB-V (V placement, stages d and 2D-1-d on group d) equ
 }
 
 TEST_CASE("exec pipeline: full recomputation runs as planned: the same values, fewer bytes held") {
-  // A 2-stage 1F1B plan of a 4-layer GPT with 4 micro-batches: stage 0 holds two micro-batches'
-  // activations between their forward and backward. With recompute "full" the lowered program
-  // frees what each forward made (but what it received or loaded) and runs the forward again
-  // before the backward: every value equals one device, the peak live bytes of the ranks drop.
+  // A 2-stage 1F1B plan of a 4-layer GPT (one block per layer) with 4 micro-batches: stage 0
+  // holds two micro-batches' activations between their forward and backward. With recompute
+  // "full" the lowered program keeps each block's inputs and re-makes one block at a time before
+  // its backward: every value equals one device, the peak live bytes of both ranks drop, and they
+  // agree with the planner's memory model.
   models::GptConfig gc;
   gc.layers = 4, gc.hidden = 32, gc.heads = 4, gc.seq = 64, gc.vocab = 32, gc.batch = 16;  // activations dominate
   const auto step = ir::build_training_graph(models::gpt(gc));
@@ -321,13 +322,19 @@ TEST_CASE("exec pipeline: full recomputation runs as planned: the same values, f
     CAPTURE(worst);
     CHECK(d < 1e-10);
     for (const auto& r : got.ranks) peak[name] = std::max(peak[name], r.peak_bytes);
+    // The executed peaks against the planner's memory model (the executor holds every value as an
+    // 8-byte double, the plan counts f32: half the executed bytes): within 15 % on both ranks
+    // (measured: none 3 % / 1 %, full 10 % / 5 %).
+    for (int r = 0; r < 2; ++r)
+      CHECK(static_cast<double>(got.ranks[static_cast<std::size_t>(r)].peak_bytes) / 2 ==
+            doctest::Approx(p.stages[static_cast<std::size_t>(r)].peak_memory).epsilon(0.15));
     computes[name] = count(prog, lower::InstrKind::Compute);
     MESSAGE(fmt::format("recompute {}: executed peak {} / {} bytes on ranks 0 / 1 (f64), planned {:.0f} / {:.0f} "
                         "(f32), {} computes, diff {:.1e}",
                         name, got.ranks[0].peak_bytes, got.ranks[1].peak_bytes, p.stages[0].peak_memory,
                         p.stages[1].peak_memory, computes[name], d));
   }
-  CHECK(peak["full"] < peak["none"]);
+  CHECK(peak["full"] < 0.5 * peak["none"]);  // measured: 3.42 MB against 8.17 MB
   CHECK(computes["full"] > computes["none"]);  // the forward runs twice
 }
 
