@@ -189,6 +189,9 @@ class PipelineLowering {
       WEFT_CHECK(ps.layout.op_axes.size() == g_.ops().size(),
                  "lowering: stage {}'s layout has {} op assignments, the graph {} ops", s,
                  ps.layout.op_axes.size(), g_.ops().size());
+      WEFT_CHECK(ps.recompute_unit.empty() || ps.recompute_unit.size() == g_.ops().size(),
+                 "lowering: stage {}'s recompute units list {} ops, the graph has {}", s, ps.recompute_unit.size(),
+                 g_.ops().size());
       for (ir::OpId o : ps.ops) {
         WEFT_CHECK(o >= 0 && o < static_cast<ir::OpId>(g_.ops().size()), "lowering: stage {} lists op id {}",
                    s, o);
@@ -833,20 +836,20 @@ class PipelineLowering {
           list_out.push_back(std::move(i));
         }
       };
-      // Full recomputation, block by block: the forward instructions of a stage's block (without
-      // transfers and loads; only per-micro-batch results — the loss accumulated over the
-      // micro-batches is made once) run again for micro-batch m right before the first backward
-      // instruction of m that reads one of that block's results. What a block reads from outside it
-      // is not re-made, so it stays held from the forward (the checkpoints); add_frees frees every
-      // other forward result at its last use before its re-make.
-      std::map<std::pair<int, int>, std::set<int>> replayed;  // (stage, micro-batch) -> blocks re-made
+      // Recomputation, one unit (a block: full; an attention core: selective) at a time: the
+      // forward instructions of a unit (without transfers and loads; only per-micro-batch results —
+      // the loss accumulated over the micro-batches is made once) run again for micro-batch m right
+      // before the first backward instruction of m that reads one of that unit's results. What a
+      // unit reads from outside it is not re-made, so it stays held from the forward (the
+      // checkpoints); add_frees frees every other forward result at its last use before its re-make.
+      std::map<std::pair<int, int>, std::set<int>> replayed;  // (stage, micro-batch) -> units re-made
       auto replay_block = [&](int s, int m, int blk, std::vector<Instr>& into) {
         const auto& st = st_[static_cast<std::size_t>(s)];
-        const auto& bo = in_[static_cast<std::size_t>(s)].block_of_op;
+        const auto& bo = in_[static_cast<std::size_t>(s)].recompute_unit;
         int cur = -1;
         for (const auto& t : st.tmpl[static_cast<std::size_t>(kF)]) {
-          if (t.i.op >= 0 && !bo.empty()) cur = bo[static_cast<std::size_t>(t.i.op)];
-          if ((bo.empty() ? 0 : cur) != blk && !(cur < 0 && blk == first_block(s))) continue;
+          if (t.i.op >= 0) cur = bo[static_cast<std::size_t>(t.i.op)];
+          if (cur != blk) continue;
           if (is_transfer(t.i.kind) || t.i.kind == InstrKind::LoadInput || t.acc_slot) continue;
           bool per_mb = !t.i.out.empty();
           for (int b : t.i.out) per_mb = per_mb && per_mb_[static_cast<std::size_t>(b)];
@@ -863,7 +866,7 @@ class PipelineLowering {
                          : op.kind == schedule::OpKind::B ? kB
                                                           : kW;
         const int s = op.stage, m = op.micro;
-        if (ph == kF || !in_[static_cast<std::size_t>(s)].recompute) {
+        if (ph == kF || in_[static_cast<std::size_t>(s)].recompute_unit.empty()) {
           run_phase(s, ph, m);
           continue;
         }
@@ -919,26 +922,21 @@ class PipelineLowering {
     }
   }
 
-  // The block of the first forward instruction of stage s (instructions before any op's: that block).
-  int first_block(int s) const {
-    const auto& bo = in_[static_cast<std::size_t>(s)].block_of_op;
-    for (const auto& t : st_[static_cast<std::size_t>(s)].tmpl[static_cast<std::size_t>(kF)])
-      if (t.i.op >= 0) return bo.empty() ? 0 : bo[static_cast<std::size_t>(t.i.op)];
-    return 0;
-  }
-  // Per template buffer a stage's forward makes (not received, not loaded): the block whose
-  // forward instructions make it (an instruction without an op: the block of the last op before).
+  // Per template buffer a stage's forward makes in a recompute unit (not received, not loaded):
+  // the unit whose forward instructions make it (an instruction without an op: the unit of the
+  // last op before it; -1 before any). A result read by the forward of another unit (or of no
+  // unit) is a checkpoint: held from the forward, never the trigger of a re-make.
   const std::map<int, int>& forward_block_of_buffer(int s) {
     auto [it, fresh] = made_by_block_.try_emplace(s);
     if (!fresh) return it->second;
-    const auto& bo = in_[static_cast<std::size_t>(s)].block_of_op;
-    int cur = first_block(s);
-    std::set<int> checkpoints;  // made by one block's forward, read by another's: held, not re-made first
+    const auto& bo = in_[static_cast<std::size_t>(s)].recompute_unit;
+    int cur = -1;
+    std::set<int> checkpoints;
     for (const auto& t : st_[static_cast<std::size_t>(s)].tmpl[static_cast<std::size_t>(kF)]) {
-      if (t.i.op >= 0 && !bo.empty()) cur = bo[static_cast<std::size_t>(t.i.op)];
+      if (t.i.op >= 0) cur = bo[static_cast<std::size_t>(t.i.op)];
       for (int b : t.i.in)
         if (auto m = it->second.find(b); m != it->second.end() && m->second != cur) checkpoints.insert(b);
-      if (is_transfer(t.i.kind) || t.i.kind == InstrKind::LoadInput || t.acc_slot) continue;
+      if (cur < 0 || is_transfer(t.i.kind) || t.i.kind == InstrKind::LoadInput || t.acc_slot) continue;
       for (int b : t.i.out)
         if (per_mb_[static_cast<std::size_t>(b)]) it->second.emplace(b, cur);
     }

@@ -8,6 +8,7 @@
 #include "weft/core/error.hpp"
 #include "weft/lower/lower.hpp"
 #include "weft/pipeline/grouping.hpp"
+#include "weft/plan/planner.hpp"
 #include "weft/plan/rebatch.hpp"
 
 namespace weft::lower {
@@ -72,7 +73,7 @@ std::vector<PipelineStage> interleave(const ir::Graph& g, const std::vector<Pipe
   for (int k = 0; k < D * v; ++k)  // the ops' layouts and leaf specs are those of their plan stage
     out.push_back({stages[static_cast<std::size_t>(v_shape ? (k < D ? k : 2 * D - 1 - k) : k % D)].mesh,
                    std::move(chunk_ops[static_cast<std::size_t>(k)]), stages[static_cast<std::size_t>(k / v)].layout,
-                   stages[static_cast<std::size_t>(k / v)].recompute, stages[static_cast<std::size_t>(k / v)].block_of_op});
+                   stages[static_cast<std::size_t>(k / v)].recompute_unit});
   return out;
 }
 
@@ -148,10 +149,15 @@ Program lower(const plan::Plan& plan, const ir::Graph& step, const cluster::Clus
                  l.tensor);
       ps.layout.leaf_specs.emplace(*t, sharding::ShardingSpec::parse(l.spec, g.tensor(*t).shape, spmd_shape));
     }
-    // Full recomputation runs as planned; selective keeps every activation here (its regions are
-    // a memory prediction the lowering does not enact yet; the values are the same).
-    ps.recompute = st.recompute == "full";
-    if (ps.recompute) ps.block_of_op = grouping_blocks(g, plan.num_blocks);
+    // Recomputation as planned: full re-makes one layer-grouping block at a time, selective one
+    // attention core at a time.
+    if (st.recompute == "full") ps.recompute_unit = grouping_blocks(g, plan.num_blocks);
+    if (st.recompute == "selective") {
+      ps.recompute_unit.assign(g.ops().size(), -1);
+      const auto regions = plan::selective_regions(g);
+      for (std::size_t r = 0; r < regions.size(); ++r)
+        for (ir::OpId o : regions[r]) ps.recompute_unit[static_cast<std::size_t>(o)] = static_cast<int>(r);
+    }
     stages.push_back(std::move(ps));
     spmd_shapes.push_back(spmd_shape);
   }

@@ -21,6 +21,7 @@
 #include <deque>
 
 #include "planner_detail.hpp"
+#include "weft/pipeline/grouping.hpp"
 #include "weft/core/error.hpp"
 
 namespace weft::plan {
@@ -39,6 +40,21 @@ Recompute parse_recompute(std::string_view name) {
   for (Recompute r : {Recompute::Auto, Recompute::None, Recompute::Selective, Recompute::Full})
     if (name == recompute_name(r)) return r;
   throw Error(fmt::format("recompute: expected auto, none, selective or full, got '{}'", name));
+}
+
+std::vector<std::vector<ir::OpId>> selective_regions(const ir::Graph& g) {
+  const auto phase = pipeline::classify_ops(g);
+  std::vector<char> fwd(g.ops().size(), 0), saved(g.tensors().size(), 0);
+  for (std::size_t o = 0; o < fwd.size(); ++o) fwd[o] = phase[o] == pipeline::OpPhase::Forward;
+  for (ir::OpId o = 0; o < static_cast<ir::OpId>(g.ops().size()); ++o)
+    if (phase[static_cast<std::size_t>(o)] == pipeline::OpPhase::Backward)
+      for (ir::TensorId t : g.op(o).inputs) {
+        const ir::OpId p = g.tensor(t).producer;
+        saved[static_cast<std::size_t>(t)] = p != ir::kNoOp && fwd[static_cast<std::size_t>(p)];
+      }
+  std::vector<std::vector<ir::OpId>> out;
+  for (auto& r : detail::recompute_sets(g, fwd, saved).regions) out.push_back(std::move(r.ops));
+  return out;
 }
 
 namespace detail {

@@ -67,16 +67,14 @@ struct PipelineStage {
   cluster::DeviceMesh mesh;
   std::vector<ir::OpId> ops;
   SpmdLayout layout;
-  // Full activation recomputation (plan::Stage::recompute "full"): after each micro-batch's
-  // forward the stage keeps what each block's forward reads from outside the block (the
-  // checkpoints: what it received or loaded, the previous block's results) and frees the rest at
-  // its last use; in the backward, a block's forward runs again (without transfers) right before
-  // the first backward instruction that reads one of its results, so one block's activations are
-  // re-made at a time, as the planner prices it. Same values, fewer activations held.
-  bool recompute = false;
-  // Per op of the graph: its layer-grouping block (the unit of recomputation); empty = the
-  // stage's ops are one block.
-  std::vector<int> block_of_op;
+  // Activation recomputation (plan::Stage::recompute): per op of the graph, the unit its forward
+  // is re-made with (full: its layer-grouping block; selective: its attention core; -1: never
+  // re-made); empty = no recomputation. The forward keeps what a unit reads from outside it (the
+  // checkpoints: what the stage received or loaded, other units' results) and frees the rest at
+  // its last use; in the backward a unit's forward instructions run again (no transfers) right
+  // before the first backward instruction that reads one of its results, so one unit is re-made
+  // at a time, as the planner prices it. Same values, fewer activations held.
+  std::vector<int> recompute_unit;
 };
 
 // How a tensor made in stage from_stage travels to stage to_stage: it leaves in src_spec (on the

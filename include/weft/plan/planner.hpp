@@ -40,6 +40,9 @@ enum class SpmdLevel { O2, O3 };
 enum class Recompute : std::uint8_t { Auto, None, Selective, Full };
 std::string_view recompute_name(Recompute r);  // "auto", "none", "selective", "full"
 Recompute parse_recompute(std::string_view name);  // weft::Error naming the accepted values
+// The attention cores selective recomputation re-makes in a training graph (the rule above), as
+// op lists (forward ops, the closing contraction included), in topological order of their starts.
+std::vector<std::vector<ir::OpId>> selective_regions(const ir::Graph& training_graph);
 
 struct PlanProgress {
   std::string phase;  // "grouping", "spmd", "partition", "simulate", "baseline", "done"

@@ -294,12 +294,13 @@ TEST_CASE("exec pipeline: ZB-V (V placement, stages d and 2D-1-d on group d) equ
   }
 }
 
-TEST_CASE("exec pipeline: full recomputation runs as planned: the same values, fewer bytes held") {
+TEST_CASE("exec pipeline: recomputation (full, selective) runs as planned: the same values, fewer bytes held") {
   // A 2-stage 1F1B plan of a 4-layer GPT (one block per layer) with 4 micro-batches: stage 0
   // holds two micro-batches' activations between their forward and backward. With recompute
   // "full" the lowered program keeps each block's inputs and re-makes one block at a time before
-  // its backward: every value equals one device, the peak live bytes of both ranks drop, and they
-  // agree with the planner's memory model.
+  // its backward; with "selective" it re-makes one attention core (scores, softmax, context) at a
+  // time: every value equals one device, the peak live bytes drop, and they agree with the
+  // planner's memory model.
   models::GptConfig gc;
   gc.layers = 4, gc.hidden = 32, gc.heads = 4, gc.seq = 64, gc.vocab = 32, gc.batch = 16;  // activations dominate
   const auto step = ir::build_training_graph(models::gpt(gc));
@@ -308,7 +309,7 @@ TEST_CASE("exec pipeline: full recomputation runs as planned: the same values, f
   const auto ref = exec::execute_reference(step, eo);
   std::map<std::string, std::int64_t> peak;
   std::map<std::string, std::int64_t> computes;
-  for (auto mode : {plan::Recompute::None, plan::Recompute::Full}) {
+  for (auto mode : {plan::Recompute::None, plan::Recompute::Selective, plan::Recompute::Full}) {
     plan::PlanOptions po;
     po.num_blocks = 4;
     po.recompute = mode;
@@ -324,7 +325,7 @@ TEST_CASE("exec pipeline: full recomputation runs as planned: the same values, f
     for (const auto& r : got.ranks) peak[name] = std::max(peak[name], r.peak_bytes);
     // The executed peaks against the planner's memory model (the executor holds every value as an
     // 8-byte double, the plan counts f32: half the executed bytes): within 15 % on both ranks
-    // (measured: none 3 % / 1 %, full 10 % / 5 %).
+    // (measured: none 3 % / 1 %, selective 5 % / 3 %, full 10 % / 5 %).
     for (int r = 0; r < 2; ++r)
       CHECK(static_cast<double>(got.ranks[static_cast<std::size_t>(r)].peak_bytes) / 2 ==
             doctest::Approx(p.stages[static_cast<std::size_t>(r)].peak_memory).epsilon(0.15));
@@ -335,7 +336,10 @@ TEST_CASE("exec pipeline: full recomputation runs as planned: the same values, f
                         p.stages[1].peak_memory, computes[name], d));
   }
   CHECK(peak["full"] < 0.5 * peak["none"]);  // measured: 3.42 MB against 8.17 MB
-  CHECK(computes["full"] > computes["none"]);  // the forward runs twice
+  CHECK(peak["selective"] < peak["none"]);
+  CHECK(peak["full"] < peak["selective"]);
+  CHECK(computes["full"] > computes["selective"]);  // the whole forward runs twice, not only the cores
+  CHECK(computes["selective"] > computes["none"]);
 }
 
 TEST_CASE("exec pipeline: a dropped send, a changed region and a swapped recv are caught") {
