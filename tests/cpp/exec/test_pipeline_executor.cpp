@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <cstdlib>
 #include <set>
 
 #include "equivalence.hpp"
@@ -261,7 +262,10 @@ TEST_CASE("exec pipeline: ZB-V (V placement, stages d and 2D-1-d on group d) equ
   // 4 stages on 2 groups of 2 devices: group 0 runs stages 0 and 3, group 1 stages 1 and 2; the
   // hand-over between stages 1 and 2 stays on group 1's devices (a resharding between two layouts
   // of the same devices: sends to themselves or to their group), random layouts and arrivals.
-  for (std::uint32_t seed : {41u, 42u, 43u}) {
+  // Three random layouts (one under the sanitizers, 5-10x slower).
+  const std::vector<std::uint32_t> seeds =
+      std::getenv("WEFT_SANITIZED") ? std::vector<std::uint32_t>{41u} : std::vector<std::uint32_t>{41u, 42u, 43u};
+  for (std::uint32_t seed : seeds) {
     CAPTURE(seed);
     const auto mb = plan::rebatch(step, 2);
     const auto cut = random_pipeline(mb, {{2}, {2}, {2}, {2}}, seed, 1, true, 2, true);
@@ -295,14 +299,14 @@ TEST_CASE("exec pipeline: ZB-V (V placement, stages d and 2D-1-d on group d) equ
 }
 
 TEST_CASE("exec pipeline: recomputation (full, selective) runs as planned: the same values, fewer bytes held") {
-  // A 2-stage 1F1B plan of a 4-layer GPT (one block per layer) with 4 micro-batches: stage 0
-  // holds two micro-batches' activations between their forward and backward. With recompute
+  // A 2-stage 1F1B plan of a 4-layer GPT (one block per layer) with 2 micro-batches: stage 0
+  // holds both micro-batches' activations between their forwards and backwards. With recompute
   // "full" the lowered program keeps each block's inputs and re-makes one block at a time before
   // its backward; with "selective" it re-makes one attention core (scores, softmax, context) at a
   // time: every value equals one device, the peak live bytes drop, and they agree with the
   // planner's memory model.
   models::GptConfig gc;
-  gc.layers = 4, gc.hidden = 32, gc.heads = 4, gc.seq = 64, gc.vocab = 32, gc.batch = 16;  // activations dominate
+  gc.layers = 4, gc.hidden = 32, gc.heads = 4, gc.seq = 64, gc.vocab = 32, gc.batch = 8;  // activations dominate
   const auto step = ir::build_training_graph(models::gpt(gc));
   const auto c = cluster::Cluster::preset("p3.8xlarge", 1);
   exec::ExecuteOptions eo;
@@ -313,7 +317,7 @@ TEST_CASE("exec pipeline: recomputation (full, selective) runs as planned: the s
     plan::PlanOptions po;
     po.num_blocks = 4;
     po.recompute = mode;
-    const auto p = plan::layout_plan(step, c, {{0, 1, {0}, {}}, {2, 3, {1}, {}}}, 4, po);
+    const auto p = plan::layout_plan(step, c, {{0, 1, {0}, {}}, {2, 3, {1}, {}}}, 2, po);
     const std::string name(plan::recompute_name(mode));
     for (const auto& st : p.stages) CHECK(st.recompute == name);
     const auto prog = lower::lower(plan::Plan::from_json(p.to_json()), step, c);
@@ -335,7 +339,7 @@ TEST_CASE("exec pipeline: recomputation (full, selective) runs as planned: the s
                         name, got.ranks[0].peak_bytes, got.ranks[1].peak_bytes, p.stages[0].peak_memory,
                         p.stages[1].peak_memory, computes[name], d));
   }
-  CHECK(peak["full"] < 0.5 * peak["none"]);  // measured: 3.42 MB against 8.17 MB
+  CHECK(peak["full"] < 0.5 * peak["none"]);  // measured: 3.35 MB against 7.94 MB
   CHECK(peak["selective"] < peak["none"]);
   CHECK(peak["full"] < peak["selective"]);
   CHECK(computes["full"] > computes["selective"]);  // the whole forward runs twice, not only the cores
