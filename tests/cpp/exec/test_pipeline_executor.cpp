@@ -95,6 +95,18 @@ lower::PipelineOptions options(const std::string& schedule, int microbatches, in
   return o;
 }
 
+// The stages of `cut` whose ops rank r computes.
+std::set<int> stages_computed(const lower::Program& prog, const Cut& cut, int r) {
+  std::set<int> out;
+  for (const auto& i : prog.instructions(r))
+    if (i.kind == lower::InstrKind::Compute)
+      for (int s = 0; s < static_cast<int>(cut.stages.size()); ++s) {
+        const auto& ops = cut.stages[static_cast<std::size_t>(s)].ops;
+        if (std::find(ops.begin(), ops.end(), i.op) != ops.end()) out.insert(s);
+      }
+  return out;
+}
+
 std::int64_t count(const lower::Program& p, lower::InstrKind k) {
   std::int64_t n = 0;
   for (const auto& r : p.ranks)
@@ -222,14 +234,7 @@ TEST_CASE("exec pipeline: interleaved 1F1B, two chunks per device group, equals 
     CAPTURE(worst);
     CHECK(d < 1e-10);
     // Device group 0 runs stages 0 and 2: its list holds the forward of both for micro-batch 0.
-    std::set<int> stages_run;
-    for (const auto& i : prog.instructions(0))
-      if (i.kind == lower::InstrKind::Compute)
-        for (int s = 0; s < 4; ++s)
-          if (std::find(cut.stages[static_cast<std::size_t>(s)].ops.begin(),
-                        cut.stages[static_cast<std::size_t>(s)].ops.end(),
-                        i.op) != cut.stages[static_cast<std::size_t>(s)].ops.end())
-            stages_run.insert(s);
+    const std::set<int> stages_run = stages_computed(prog, cut, 0);
     CHECK(stages_run == std::set<int>{0, 2});
     MESSAGE(fmt::format("interleaved 4 stages on 2 groups: {} instructions on rank 0, diff {:.1e}",
                         prog.num_instructions(0), d));
@@ -276,14 +281,7 @@ TEST_CASE("exec pipeline: ZB-V (V placement, stages d and 2D-1-d on group d) equ
     const double d = max_rel_diff(exec::execute_program(prog, eo), ref, &worst);
     CAPTURE(worst);
     CHECK(d < 1e-10);
-    std::set<int> stages_run;
-    for (const auto& i : prog.instructions(0))
-      if (i.kind == lower::InstrKind::Compute)
-        for (int s = 0; s < 4; ++s)
-          if (std::find(cut.stages[static_cast<std::size_t>(s)].ops.begin(),
-                        cut.stages[static_cast<std::size_t>(s)].ops.end(),
-                        i.op) != cut.stages[static_cast<std::size_t>(s)].ops.end())
-            stages_run.insert(s);
+    const std::set<int> stages_run = stages_computed(prog, cut, 0);
     CHECK(stages_run == std::set<int>{0, 3});
     // The hand-overs inside a group include sends a rank makes to itself (its own elements).
     int self_sends = 0;
