@@ -86,6 +86,12 @@ void bind_plan(py::module_& m) {
       .def_readonly("recompute", &Stage::recompute,
                     "Activation recomputation of the stage: 'none', 'selective' or 'full' (backward_time includes the "
                     "recomputed forward, activation_memory is what stays saved).")
+      .def_readonly("zero", &Stage::zero,
+                    "ZeRO level 0..3 of the stage across the plan's data-parallel replicas: 1 optimizer states "
+                    "sharded, 2 + gradients, 3 + parameters (FSDP); static_memory and the times include it.")
+      .def_readonly("zero_group", &Stage::zero_group,
+                    "Replicas of one ZeRO shard group: data_parallel = fully sharded, fewer = hybrid sharding "
+                    "(the groups replicate each other; FSDP's HYBRID_SHARD); 1 at level 0.")
       .def("__repr__", [](const Stage& s) {
         return fmt::format(
             "PlanStage({}: blocks {}-{} on {} devices, mesh ({}), F {:.4g} s B {:.4g} s, peak {:.3g} GB)",
@@ -185,6 +191,14 @@ void bind_plan(py::module_& m) {
             return r;
           },
           "Activation recomputation per stage: 'none', 'selective' or 'full'.")
+      .def_property_readonly(
+          "zero",
+          [](const Plan& p) {
+            std::vector<int> r;
+            for (const auto& st : p.stages) r.push_back(st.zero);
+            return r;
+          },
+          "ZeRO level per stage across the data-parallel replicas (0 = replicated states).")
       .def_readonly("cross_tensors", &Plan::cross_tensors)
       .def_readonly("send_time", &Plan::send_time)
       .def_readonly("boundary_bytes", &Plan::boundary_bytes)
@@ -320,6 +334,17 @@ void bind_plan(py::module_& m) {
           throw py::type_error("plan: recompute must be a string ('auto', 'none', 'selective' or 'full')");
         o.recompute = weft::plan::parse_recompute(py::cast<std::string>(v));
       }
+      else if (key == "zero") {
+        if (py::isinstance<py::str>(v))
+          o.zero = weft::plan::parse_zero(py::cast<std::string>(v));
+        else if (py::isinstance<py::int_>(v) && !py::isinstance<py::bool_>(v))
+          o.zero = py::cast<int>(v);
+        else
+          throw py::type_error("plan: zero must be 'auto' or a ZeRO level 0, 1, 2 or 3");
+        if (o.zero < -1 || o.zero > 3)
+          throw py::value_error("plan: zero must be 'auto' or a ZeRO level 0, 1, 2 or 3, got " + std::to_string(o.zero));
+      } else if (key == "hybrid_sharding")
+        o.hybrid_sharding = py::cast<bool>(v);
       else if (key == "max_alternatives")
         o.max_alternatives = py::cast<int>(v);
       else if (key == "threads")
@@ -450,6 +475,33 @@ void bind_plan(py::module_& m) {
       py::arg("training_graph"), py::arg("cluster"), py::arg("stages"), py::arg("num_microbatches") = 1);
   m.def("megatron_layouts", &megatron_layouts, py::arg("cluster"), py::arg("max_p") = 0);
   m.def("model_state_bytes", &model_state_bytes, py::arg("training_graph"));
+  py::class_<weft::plan::ZeroMemory>(m, "ZeroMemory",
+                                     "Bytes per device a ZeRO level keeps of a stage's state (weft.zero_memory).")
+      .def_readonly("params", &weft::plan::ZeroMemory::params)
+      .def_readonly("grads", &weft::plan::ZeroMemory::grads)
+      .def_readonly("optimizer", &weft::plan::ZeroMemory::optimizer)
+      .def_readonly("working", &weft::plan::ZeroMemory::working,
+                    "Transient working set the level adds (a gradient bucket; ZeRO-3's gathered blocks).")
+      .def_property_readonly("state", &weft::plan::ZeroMemory::state, "params + grads + optimizer.")
+      .def("__repr__", [](const weft::plan::ZeroMemory& z) {
+        return fmt::format("ZeroMemory(params {:.4g} GB, grads {:.4g} GB, optimizer {:.4g} GB, working {:.4g} GB)",
+                           z.params / 1e9, z.grads / 1e9, z.optimizer / 1e9, z.working / 1e9);
+      });
+  py::class_<weft::plan::ZeroTraffic>(m, "ZeroTraffic",
+                                      "Bytes one device sends for a ZeRO level's collectives (weft.zero_traffic).")
+      .def_readonly("per_microbatch", &weft::plan::ZeroTraffic::per_microbatch)
+      .def_readonly("per_step", &weft::plan::ZeroTraffic::per_step)
+      .def("total", &weft::plan::ZeroTraffic::total, py::arg("microbatches"),
+           "Bytes per step with that many micro-batches.");
+  m.def("zero_memory", &weft::plan::zero_memory, py::arg("level"), py::arg("param_bytes"),
+        py::arg("optimizer_bytes"), py::arg("group"), py::arg("largest_block_param_bytes") = 0.0,
+        py::arg("bucket_bytes") = 25e6,
+        "Per device: what ZeRO level 0..3 over `group` replicas keeps of P parameter bytes (and as many "
+        "gradient bytes) and O optimizer-state bytes, with the working set it adds.");
+  m.def("zero_traffic", &weft::plan::zero_traffic, py::arg("level"), py::arg("param_bytes"), py::arg("group"),
+        py::arg("groups") = 1,
+        "Bytes one device sends per micro-batch and per step for ZeRO level 0..3 over a ring of `group` "
+        "replicas (hybrid: `groups` groups, their gradient shards all-reduced per step).");
   m.def("rebatch", &rebatch, py::arg("graph"), py::arg("batch"), "The same graph at another batch size.");
   m.def("batch_size", &batch_size, py::arg("graph"));
   m.def("is_training_graph", &is_training_graph, py::arg("graph"));

@@ -13,7 +13,7 @@ hetero: _types.ModuleType
 models: _types.ModuleType
 pipeline: _types.ModuleType
 spmd: _types.ModuleType
-__all__: list[str] = ['AdaptivePolicy', 'AdaptiveWindow', 'AxisLink', 'BandwidthTrace', 'Calibration', 'Candidate', 'Cluster', 'CrossMeshOp', 'CrossMeshPlan', 'CrossMeshUnitTask', 'Device', 'DeviceMesh', 'DeviceSpec', 'DriverResult', 'Graph', 'LeafValues', 'MatmulEfficiency', 'MegatronLayout', 'NodeSpec', 'OrderCheck', 'PipelineLink', 'Placement', 'Plan', 'PlanAlternative', 'PlanCrossTensor', 'PlanOpLayout', 'PlanParamSpec', 'PlanStage', 'Program', 'ProgramLayout', 'ReshardPlan', 'ReshardPlanner', 'ReshardStep', 'Schedule', 'ScheduleOp', 'ShardingSpec', 'SimResult', 'StageModel', 'StageSpec', 'TuneResult', 'adagrouper_drive', 'adagrouper_frontier', 'adagrouper_tune', 'adaptive_policy', 'axis_links', 'batch_size', 'best_megatron_plan', 'calibrated_cluster', 'candidate_step_time', 'check_dependencies', 'check_order', 'check_pairing', 'collective_time', 'compute_time', 'data_parallel_plan', 'dtype_size', 'eager_1f1b', 'enumerate_specs', 'gpipe', 'hetero', 'interleaved_1f1b', 'interpret', 'is_training_graph', 'kfkb', 'kfkb_interleaved', 'layout_plan', 'links_from_cluster', 'loop_placement', 'make_plan', 'make_schedule', 'megatron_layouts', 'megatron_plan', 'model_state_bytes', 'models', 'one_f_one_b', 'pipeline', 'propagate_reshape', 'rebatch', 'roofline', 'split_plan', 'spmd', 'v_placement', 'zb_h1', 'zb_interleaved', 'zbv']
+__all__: list[str] = ['AdaptivePolicy', 'AdaptiveWindow', 'AxisLink', 'BandwidthTrace', 'Calibration', 'Candidate', 'Cluster', 'CrossMeshOp', 'CrossMeshPlan', 'CrossMeshUnitTask', 'Device', 'DeviceMesh', 'DeviceSpec', 'DriverResult', 'Graph', 'LeafValues', 'MatmulEfficiency', 'MegatronLayout', 'NodeSpec', 'OrderCheck', 'PipelineLink', 'Placement', 'Plan', 'PlanAlternative', 'PlanCrossTensor', 'PlanOpLayout', 'PlanParamSpec', 'PlanStage', 'Program', 'ProgramLayout', 'ReshardPlan', 'ReshardPlanner', 'ReshardStep', 'Schedule', 'ScheduleOp', 'ShardingSpec', 'SimResult', 'StageModel', 'StageSpec', 'TuneResult', 'ZeroMemory', 'ZeroTraffic', 'adagrouper_drive', 'adagrouper_frontier', 'adagrouper_tune', 'adaptive_policy', 'axis_links', 'batch_size', 'best_megatron_plan', 'calibrated_cluster', 'candidate_step_time', 'check_dependencies', 'check_order', 'check_pairing', 'collective_time', 'compute_time', 'data_parallel_plan', 'dtype_size', 'eager_1f1b', 'enumerate_specs', 'gpipe', 'hetero', 'interleaved_1f1b', 'interpret', 'is_training_graph', 'kfkb', 'kfkb_interleaved', 'layout_plan', 'links_from_cluster', 'loop_placement', 'make_plan', 'make_schedule', 'megatron_layouts', 'megatron_plan', 'model_state_bytes', 'models', 'one_f_one_b', 'pipeline', 'propagate_reshape', 'rebatch', 'roofline', 'split_plan', 'spmd', 'v_placement', 'zb_h1', 'zb_interleaved', 'zbv', 'zero_memory', 'zero_traffic']
 class MatmulEfficiency:
     """
     Matmul efficiency against GEMM shape: ceiling x min(1, b*m*n / fill_elements) x k / (k + half_k) of the datasheet peak.
@@ -706,6 +706,16 @@ class PlanStage:
     @property
     def weight_time(self) -> float:
         ...
+    @property
+    def zero(self) -> int:
+        """
+        ZeRO level 0..3 of the stage across the plan's data-parallel replicas: 1 optimizer states sharded, 2 + gradients, 3 + parameters (FSDP); static_memory and the times include it.
+        """
+    @property
+    def zero_group(self) -> int:
+        """
+        Replicas of one ZeRO shard group: data_parallel = fully sharded, fewer = hybrid sharding (the groups replicate each other; FSDP's HYBRID_SHARD); 1 at level 0.
+        """
 class PlanCrossTensor:
     """
     A tensor crossing stages, with its resharding plan's time.
@@ -1017,6 +1027,11 @@ class Plan:
     @property
     def throughput(self) -> float:
         ...
+    @property
+    def zero(self) -> list[int]:
+        """
+        ZeRO level per stage across the data-parallel replicas (0 = replicated states).
+        """
 class MegatronLayout:
     """
     Tensor parallel t (inside a node) x pipeline p x data parallel d.
@@ -1033,6 +1048,45 @@ class MegatronLayout:
         ...
     @property
     def t(self) -> int:
+        ...
+class ZeroMemory:
+    """
+    Bytes per device a ZeRO level keeps of a stage's state (weft.zero_memory).
+    """
+    def __repr__(self) -> str:
+        ...
+    @property
+    def grads(self) -> float:
+        ...
+    @property
+    def optimizer(self) -> float:
+        ...
+    @property
+    def params(self) -> float:
+        ...
+    @property
+    def state(self) -> float:
+        """
+        params + grads + optimizer.
+        """
+    @property
+    def working(self) -> float:
+        """
+        Transient working set the level adds (a gradient bucket; ZeRO-3's gathered blocks).
+        """
+class ZeroTraffic:
+    """
+    Bytes one device sends for a ZeRO level's collectives (weft.zero_traffic).
+    """
+    def total(self, microbatches: typing.SupportsInt | typing.SupportsIndex) -> float:
+        """
+        Bytes per step with that many micro-batches.
+        """
+    @property
+    def per_microbatch(self) -> float:
+        ...
+    @property
+    def per_step(self) -> float:
         ...
 class CrossMeshUnitTask:
     """
@@ -1793,3 +1847,11 @@ def zb_interleaved(devices: typing.SupportsInt | typing.SupportsIndex, virtual_s
     ...
 def zbv(devices: typing.SupportsInt | typing.SupportsIndex, micro_batches: typing.SupportsInt | typing.SupportsIndex) -> Schedule:
     ...
+def zero_memory(level: typing.SupportsInt | typing.SupportsIndex, param_bytes: typing.SupportsFloat | typing.SupportsIndex, optimizer_bytes: typing.SupportsFloat | typing.SupportsIndex, group: typing.SupportsInt | typing.SupportsIndex, largest_block_param_bytes: typing.SupportsFloat | typing.SupportsIndex = 0.0, bucket_bytes: typing.SupportsFloat | typing.SupportsIndex = 25000000.0) -> ZeroMemory:
+    """
+    Per device: what ZeRO level 0..3 over `group` replicas keeps of P parameter bytes (and as many gradient bytes) and O optimizer-state bytes, with the working set it adds.
+    """
+def zero_traffic(level: typing.SupportsInt | typing.SupportsIndex, param_bytes: typing.SupportsFloat | typing.SupportsIndex, group: typing.SupportsInt | typing.SupportsIndex, groups: typing.SupportsInt | typing.SupportsIndex = 1) -> ZeroTraffic:
+    """
+    Bytes one device sends per micro-batch and per step for ZeRO level 0..3 over a ring of `group` replicas (hybrid: `groups` groups, their gradient shards all-reduced per step).
+    """

@@ -136,6 +136,10 @@ _PLAN_OPTIONS = [
     ("--level", "spmd_level", str, "SPMD search level: O2 (segments) or O3 (one ILP)"),
     ("--recompute", "recompute", str,
      "activation recomputation per stage: auto (default: the planner picks), none, selective, full"),
+    ("--zero", "zero", str,
+     "ZeRO level across data-parallel replicas: auto (default: the planner picks per stage), 0, 1, 2, 3 (FSDP)"),
+    ("--hybrid-sharding", "hybrid_sharding", bool,
+     "also shard states over one node's replicas only, replicated across nodes (default on)"),
     ("--spmd-time-limit", "spmd_time_limit", float, "seconds per SPMD search (each block on each mesh)"),
     ("--spmd-relative-gap", "spmd_relative_gap", float, "relative ILP gap accepted"),
     ("--time-limit", "time_limit", float,
@@ -187,6 +191,8 @@ def _plan_options(args) -> dict:
         raise ValueError(f"--level must be O2 or O3, got {opts['spmd_level']!r}")
     if opts.get("recompute") not in (None, "auto", "none", "selective", "full"):
         raise ValueError(f"--recompute must be auto, none, selective or full, got {opts['recompute']!r}")
+    if opts.get("zero") not in (None, "auto", "0", "1", "2", "3"):
+        raise ValueError(f"--zero must be auto, 0, 1, 2 or 3, got {opts['zero']!r}")
     if args.no_megatron:
         opts["compare_megatron"] = False
     if args.fast:

@@ -160,6 +160,12 @@ def plan(model_graph, cluster, schedule: str = "1F1B", *, num_microbatches: Opti
     recomputed in the backward, Korthikanti et al. 2022) or "full" (only each block's inputs kept,
     one extra forward of the stage in the backward). ``Plan.recompute`` lists the choice per stage
     and the summary shows it.
+    ``zero``: sharded data parallelism across a stage's data-parallel replicas — "auto" (default:
+    per stage the fastest ZeRO level that fits, searched together with ``recompute``) or a level
+    0 (replicated states, DDP), 1 (optimizer states sharded), 2 (+ gradients), 3 (+ parameters:
+    FSDP); ``hybrid_sharding`` (default True) also tries shard groups of one node's replicas,
+    replicated across nodes (FSDP's HYBRID_SHARD). ``Plan.zero`` / ``PlanStage.zero_group`` say
+    what was chosen; the closed forms are :func:`weft.zero_memory` and :func:`weft.zero_traffic`.
     ``progress``: True for a tqdm bar, or a callable ``(phase, fraction, message)``.
     Other options (keyword): num_blocks, max_stages, spmd_level ("O2"/"O3"), spmd_time_limit (seconds
     per SPMD search of a block on a mesh), time_limit (seconds for the whole planning, default 300: at
@@ -203,7 +209,9 @@ def megatron_plan(model_graph, cluster, t: Optional[int] = None, p: Optional[int
     ``Plan.feasible`` False, priced at each stage's unconstrained layouts (the micro-batch count
     with the least peak memory), ``Plan.infeasible_reason`` saying what does not fit; otherwise
     ValueError. ``recompute="full"`` evaluates the layout as Megatron-LM ran its large models
-    (default "auto": per stage the cheapest mode that fits; see :func:`plan`)."""
+    (default "auto": per stage the cheapest mode that fits; see :func:`plan`). ``zero``: the ZeRO
+    level across the d replicas ("auto", default: the fastest that fits; 1 is Megatron's distributed
+    optimizer; ``t=1, p=1, d=N, zero=3`` is FSDP over every device)."""
     g = _training_graph(model_graph)
     cluster = _calibrated(cluster, options)
     opts, _ = _options(schedule, False, {"num_microbatches": num_microbatches, **options})

@@ -49,7 +49,9 @@ json to_j(const Stage& s) {
               {"transient_memory", s.transient_memory},
               {"in_flight", s.in_flight},
               {"peak_memory", s.peak_memory},
-              {"recompute", s.recompute}};
+              {"recompute", s.recompute},
+              {"zero", s.zero},
+              {"zero_group", s.zero_group}};
 }
 
 json to_j(const CrossTensor& c) {
@@ -148,6 +150,12 @@ Stage stage_from(const json& j, const std::string& path) {
     s.recompute = field<std::string>(j, "recompute", path);
     WEFT_CHECK(s.recompute == "none" || s.recompute == "selective" || s.recompute == "full",
                "Plan JSON: {}.recompute must be none, selective or full, got '{}'", path, s.recompute);
+  }
+  if (j.contains("zero")) {  // absent in plans written before sharded data parallelism
+    s.zero = field<int>(j, "zero", path);
+    s.zero_group = field<int>(j, "zero_group", path);
+    WEFT_CHECK(s.zero >= 0 && s.zero <= 3, "Plan JSON: {}.zero must be 0..3, got {}", path, s.zero);
+    WEFT_CHECK(s.zero_group >= 1, "Plan JSON: {}.zero_group must be >= 1, got {}", path, s.zero_group);
   }
   WEFT_CHECK(s.forward_time >= 0 && s.backward_time >= 0 && s.weight_time >= 0 && s.optimizer_time >= 0 &&
                  s.weight_time <= s.backward_time,
@@ -451,6 +459,20 @@ std::string Plan::summary() const {
     }
     s += fmt::format("  recompute     {}\n", any ? fmt::format("{}", fmt::join(modes, " ")) : std::string("none"));
   }
+  if (data_parallel > 1) {
+    std::vector<std::string> levels;
+    bool any = false;
+    for (const auto& st : stages) {
+      levels.push_back(st.zero == 0 ? fmt::format("[{}] 0", st.index)
+                       : st.zero_group == data_parallel
+                           ? fmt::format("[{}] {} over {} replicas", st.index, st.zero, st.zero_group)
+                           : fmt::format("[{}] {} hybrid: {} groups of {}", st.index, st.zero,
+                                         data_parallel / st.zero_group, st.zero_group));
+      any = any || st.zero != 0;
+    }
+    s += fmt::format("  zero          {}\n",
+                     any ? fmt::format("{}", fmt::join(levels, " ")) : std::string("0 (replicated states)"));
+  }
   // Runs of equal values: "8 x 60, 8 x 36".
   auto runs = [](const auto& v, auto show) {
     std::string out;
@@ -495,6 +517,12 @@ std::string Plan::summary() const {
     s += fmt::format("        memory: static {} + {} in flight x {} + transient {} = {}\n",
                      gb(st.static_memory), st.in_flight, gb(st.activation_memory), gb(st.transient_memory),
                      gb(st.peak_memory));
+    if (st.zero > 0)
+      s += fmt::format("        ZeRO-{} across {} replicas{}: {} sharded\n", st.zero, st.zero_group,
+                       st.zero_group < data_parallel ? " (hybrid: replicated across the groups)" : "",
+                       st.zero == 1   ? "optimizer states"
+                       : st.zero == 2 ? "optimizer states and gradients"
+                                      : "optimizer states, gradients and parameters (gathered per block)");
     if (st.recompute != "none")
       s += fmt::format("        recompute {}: {} (B includes the recomputed forward; only {} kept)\n",
                        st.recompute,

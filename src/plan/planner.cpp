@@ -163,7 +163,9 @@ BlockCost Context::search_block(int b, const AtBatch& ab, const MeshOption& m, i
   const ir::Graph& bg = sg.graph;
   // A cheap lower bound first: state bytes and one micro-batch's saved activations cannot shrink
   // below full / devices (a stage holding the block keeps at least one micro-batch in flight).
-  const double lb = min_bytes(ab, b, b, 1) / static_cast<double>(m.mesh.size());
+  // With ZeRO across replicas the state may spread further, over the replicas' devices too.
+  const double lb = min_bytes(ab, b, b, 1, false, c_.num_devices() / static_cast<int>(m.mesh.size())) /
+                    static_cast<double>(m.mesh.size());
   // A mesh mixing kinds may split unevenly: only the mean memory bounds it.
   double cap = usable(m.mesh);
   if (mixed(m.mesh)) {
@@ -300,6 +302,7 @@ BlockCost Context::search_block(int b, const AtBatch& ab, const MeshOption& m, i
         // A parameter counts twice (it and its gradient), an optimizer state once.
         bc.mem_class[t] = info.role == ir::Role::Parameter ? BlockCost::kParam : BlockCost::kOptState;
         bc.static_mem += bc.local_bytes[t] * (info.role == ir::Role::Parameter ? 2.0 : 1.0);
+        (info.role == ir::Role::Parameter ? bc.param_mem : bc.opt_mem) += bc.local_bytes[t];
       } else if (saved[t]) {
         bc.mem_class[t] = BlockCost::kActivation;
         bc.act_mem += bc.local_bytes[t];
@@ -494,6 +497,10 @@ StageAgg aggregate(Context& ctx, int first, int last, std::int64_t bs, const Mes
     a.checkpoint_mem += bc.checkpoint_mem;
     a.sel_mem += bc.sel_mem;
     a.sel_time += bc.sel_time;
+    a.param_mem += bc.param_mem;
+    a.opt_mem += bc.opt_mem;
+    a.max_block_param = std::max(a.max_block_param, bc.param_mem);
+    a.upd_compute += bc.upd_compute;
     a.full_transient = std::max(a.full_transient, bc.transient + bc.full_remake);
     a.sel_transient = std::max(a.sel_transient, bc.transient + bc.sel_peak);
   }
@@ -515,15 +522,21 @@ double stage_memory(const StageAgg& a, int inflight) {
 // Best (mesh, variant, boundary mode) of a stage on a submesh (see planner_detail.hpp).
 std::optional<StageChoice> best_stage(Context& ctx, const std::vector<MeshOption>& meshes, int first,
                                       int last, int sub, std::int64_t bs, int M, int inflight, int forced_dp,
-                                      std::string* why) {
+                                      std::string* why, int replicas) {
   std::optional<StageChoice> best;
   double best_share = kInf;  // M·(F + B) + update of `best`
   if (meshes.empty()) return best;
   const int n = static_cast<int>(meshes[0].mesh.size());
   const double usable = ctx.usable(meshes[0].mesh);
-  // Quick reject, before any SPMD search: state bytes and the in-flight micro-batches' saved
-  // activations cannot shrink below full / devices.
-  const double need = ctx.min_bytes(ctx.blocks_at(bs), first, last, inflight) / n;
+  // Quick reject, before any SPMD search: state bytes (over the replicas where ZeRO may shard them)
+  // and the in-flight micro-batches' saved activations cannot shrink below full / devices.
+  const double need = ctx.min_bytes(ctx.blocks_at(bs), first, last, inflight, false, replicas) / n;
+  // The replica options: (ZeRO level, links of its shard groups); one replica: none.
+  std::vector<std::pair<int, const ReplicaLinks*>> sharding;
+  if (replicas > 1)
+    for (int level : zero_levels(ctx.opt_, replicas))
+      for (int z : level == 0 ? std::vector<int>{replicas} : shard_groups(ctx.c_, ctx.opt_, replicas, n))
+        sharding.emplace_back(level, &ctx.canonical_replica_links(n, replicas, z));
   if (need > usable) {
     if (why)
       *why = fmt::format("needs >= {:.3g} GB/device (parameter state and {} micro-batch(es) of activations)",
@@ -545,7 +558,8 @@ std::optional<StageChoice> best_stage(Context& ctx, const std::vector<MeshOption
     // fits is that variant's best; the lean variant is still tried when the fast one needs a
     // recomputation (keeping its activations may beat recomputing the fast layout's).
     const std::vector<Recompute> modes = recompute_modes(ctx.opt_.recompute);
-    const bool kept_may_fit = ctx.min_bytes(ctx.blocks_at(bs), first, last, inflight, true) / n <= usable;
+    const bool kept_may_fit =
+        ctx.min_bytes(ctx.blocks_at(bs), first, last, inflight, true, replicas) / n <= usable;
     for (int f : boundary)
       for (int v = 0; v < 2 && !(f != forced_dp && free_is_best); ++v) {
         const StageAgg plain = aggregate(ctx, first, last, bs, meshes[mi], v, f);
@@ -553,26 +567,40 @@ std::optional<StageChoice> best_stage(Context& ctx, const std::vector<MeshOption
           if (why) *why = plain.error;
           continue;
         }
+        // Every (recomputation, ZeRO level) pair: the fastest that fits. Without replicas the first
+        // mode that fits is the fastest (recomputation only adds time); with them a ZeRO level that
+        // moves more bytes may lose to a recomputation under a lighter level.
         bool fits_as_is = false;
         for (Recompute mode : modes) {
-          const StageAgg a = recomputed(plain, mode);
-          const double mem = stage_memory(a, inflight);
-          if (mem > usable) {
-            if (why)
-              *why = fmt::format("needs {:.3g} GB/device > {:.3g} GB usable{}", mem / 1e9, usable / 1e9,
-                                 modes.size() > 1 || mode != Recompute::None
-                                     ? fmt::format(" (recompute {})", recompute_name(mode))
-                                     : std::string());
-            continue;
+          const StageAgg rc = recomputed(plain, mode);
+          bool fitted = false;
+          const std::size_t options = std::max<std::size_t>(1, sharding.size());
+          for (std::size_t zi = 0; zi < options; ++zi) {
+            const StageAgg a = sharding.empty()
+                                   ? rc
+                                   : with_replicas(rc, sharding[zi].first, *sharding[zi].second, rc.param_mem,
+                                                   ctx.opt_);
+            const double mem = stage_memory(a, inflight);
+            if (mem > usable) {
+              if (why)
+                *why = fmt::format("needs {:.3g} GB/device > {:.3g} GB usable{}{}", mem / 1e9, usable / 1e9,
+                                   modes.size() > 1 || mode != Recompute::None
+                                       ? fmt::format(" (recompute {})", recompute_name(mode))
+                                       : std::string(),
+                                   sharding.empty() ? std::string() : fmt::format(" (ZeRO-{})", a.zero));
+              continue;
+            }
+            const double t = a.fwd + a.bwd;
+            const double share = M * t + a.upd;
+            if (!best || share < best_share) {
+              best = StageChoice{first, last, sub, mi, v, f, t, mem, a.recompute, a.zero, a.zero_group};
+              best_share = share;
+            }
+            fitted = true;
           }
-          const double t = a.fwd + a.bwd;
-          const double share = M * t + a.upd;
-          if (!best || share < best_share) {
-            best = StageChoice{first, last, sub, mi, v, f, t, mem, a.recompute};
-            best_share = share;
-          }
-          fits_as_is = a.recompute == Recompute::None;
-          break;
+          if (!fitted) continue;
+          fits_as_is = fits_as_is || mode == Recompute::None;
+          if (sharding.empty()) break;
         }
         // The lean variant is worth its memory-limited search only if some layout could hold every
         // activation (the bound without recomputation fits); else it would recompute as well.
@@ -775,7 +803,7 @@ std::vector<Candidate> partition_candidates(Context& ctx, const std::vector<Subm
     const double n = static_cast<double>(meshes[0].mesh.size()), usable = ctx.usable(meshes[0].mesh);
     auto need = [&](const std::vector<double>& act) {
       double b = 0;
-      for (int x = k; x <= j; ++x) b += ctx.block_state_bytes[static_cast<std::size_t>(x)] + inf * act[static_cast<std::size_t>(x)];
+      for (int x = k; x <= j; ++x) b += ctx.state_bound(x, dp) + inf * act[static_cast<std::size_t>(x)];
       return b;
     };
     std::optional<double> extra_flops;
@@ -813,7 +841,8 @@ std::vector<Candidate> partition_candidates(Context& ctx, const std::vector<Subm
     auto it = memo.find({k, j, m, inf});
     if (it == memo.end())
       it = memo.emplace(std::make_tuple(k, j, m, inf),
-                        relaxed ? relaxed_stage(k, j, m, inf) : best_stage(ctx, subs[m].meshes, k, j, m, bs, M, inf))
+                        relaxed ? relaxed_stage(k, j, m, inf)
+                                : best_stage(ctx, subs[m].meshes, k, j, m, bs, M, inf, 0, nullptr, dp))
                .first;
     return it->second ? &*it->second : nullptr;
   };
@@ -1008,15 +1037,21 @@ Built materialise_in_place(Context& ctx, const std::vector<SubmeshOptions>& subs
     // data-parallel replicas, one all-reduce across them. With overlap (bucketed, as DDP / Horovod /
     // Megatron's overlap_grad_reduce) it runs during the last micro-batch's backward, bucket by
     // bucket: exposed = max(sync of one bucket, sync − backward); without, all of it is exposed.
+    // With ZeRO (StageChoice::zero) the replicas shard the states instead (zero.cpp), priced here
+    // on the placed devices.
     double grad_bytes = 0;
     for (const auto& pr : stage.params) grad_bytes += pr.bytes_per_device;
-    double sync = a.grad_sync;
-    if (dp > 1) {
-      const std::int64_t n = static_cast<std::int64_t>(rep0[s].size());
-      cluster::DeviceMesh across({dp, n}, all_devs[s]);
-      sync += cluster::all_reduce_time(cluster::axis_links(c, across)[0], grad_bytes);
-    }
-    stage.optimizer_time = a.upd - a.grad_sync + exposed_grad_sync(opt, sync, grad_bytes, a.bwd);
+    const int zero = dp > 1 ? st.zero : 0, group = zero > 0 ? st.zero_group : dp;
+    a = with_replicas(a, zero, replica_links(c, all_devs[s], dp, group), grad_bytes, opt);
+    stage.zero = a.zero;
+    stage.zero_group = a.zero_group;
+    stage.forward_time = a.fwd;
+    stage.backward_time = a.bwd;
+    stage.weight_time = std::min(a.wgt, a.bwd);
+    stage.optimizer_time = a.upd;
+    stage.comm_time = a.comm;
+    stage.static_memory = a.static_mem;
+    stage.transient_memory = a.transient;
     for (ir::OpId o = 0; o < static_cast<ir::OpId>(g.ops().size()); ++o)
       if (stage_of_op[o] == s) stage.ops.push_back(g.op(o).name);
     p.stages.push_back(std::move(stage));
@@ -1206,6 +1241,7 @@ void Context::reorder_blocks(const std::vector<int>& order) {
   };
   permute(grouping.blocks);
   permute(block_state_bytes);
+  permute(block_param_bytes);
   crossing_tables.clear();  // indexed by block; the structural crossing_cost stays valid
   for (auto& b : grouping.block_of_op)
     if (b >= 0) b = new_of[static_cast<std::size_t>(b)];
@@ -1318,6 +1354,8 @@ void validate_options(const PlanOptions& o, const cluster::Cluster& c) {
   WEFT_CHECK(o.spmd_time_limit_s > 0 && o.time_limit_s > 0, "make_plan: time limits must be > 0");
   WEFT_CHECK(o.memory_fraction > 0 && o.memory_fraction <= 1, "make_plan: memory_fraction must be in (0, 1]");
   WEFT_CHECK(o.memory_limit >= 0, "make_plan: memory_limit must be >= 0 (0 = the device's memory)");
+  WEFT_CHECK(o.zero >= -1 && o.zero <= 3, "make_plan: zero must be -1 (auto) or a ZeRO level 0..3 (got {})",
+             o.zero);
   WEFT_CHECK(o.grad_bucket_bytes > 0, "make_plan: grad_bucket_bytes must be > 0 (got {})",
              o.grad_bucket_bytes);
   WEFT_CHECK(c.num_devices() >= 1, "make_plan: the cluster has no device");
@@ -1364,7 +1402,8 @@ std::vector<int> microbatch_counts(const PlanOptions& o, std::int64_t B) {
 }
 
 bool replica_may_fit(Context& ctx, std::int64_t bs, int D, bool kept) {
-  return ctx.min_bytes(ctx.blocks_at(bs), 0, ctx.L() - 1, 1, kept) / D <= ctx.usable_memory;
+  return ctx.min_bytes(ctx.blocks_at(bs), 0, ctx.L() - 1, 1, kept, ctx.c_.num_devices() / D) / D <=
+         ctx.usable_memory;
 }
 
 std::vector<ReplicaConfig> replica_configs(Context& ctx, const std::vector<int>& Ms, int* pruned) {
@@ -1431,13 +1470,22 @@ Context given_shares_context(const ir::Graph& g, const cluster::Cluster& c, cons
 // plan (PlanOptions::allow_infeasible) prices a stage that fits nowhere; materialise then marks the
 // plan infeasible with the memory it needs.
 std::optional<StageChoice> unconstrained_stage(Context& ctx, const MeshOption& mesh, int first, int last,
-                                               std::int64_t bs, int inflight, int forced_dp) {
-  // With recompute=auto the layout is priced as it would run where it fits: without recomputation.
+                                               std::int64_t bs, int inflight, int forced_dp, int replicas = 1) {
+  // With recompute=auto the layout is priced as it would run where it fits: without recomputation;
+  // with zero=auto likewise at ZeRO level 0.
   const Recompute mode = ctx.opt_.recompute == Recompute::Auto ? Recompute::None : ctx.opt_.recompute;
-  const StageAgg a = recomputed(aggregate(ctx, first, last, bs, mesh, kUnboundedVariant, forced_dp), mode);
+  StageAgg a = recomputed(aggregate(ctx, first, last, bs, mesh, kUnboundedVariant, forced_dp), mode);
   if (!a.ok) return std::nullopt;
-  return StageChoice{first,  last,        0, 0, kUnboundedVariant, forced_dp, a.fwd + a.bwd, stage_memory(a, inflight),
-                     a.recompute};
+  if (replicas > 1)
+    a = with_replicas(a, std::max(0, ctx.opt_.zero),
+                      ctx.canonical_replica_links(static_cast<int>(mesh.mesh.size()), replicas, replicas),
+                      a.param_mem, ctx.opt_);
+  return StageChoice{first,   last,
+                     0,       0,
+                     kUnboundedVariant, forced_dp,
+                     a.fwd + a.bwd,     stage_memory(a, inflight),
+                     a.recompute,       a.zero,
+                     a.zero_group};
 }
 
 // A layout evaluation's result: the plan, or with allow_infeasible the plan marked infeasible.
@@ -1485,9 +1533,9 @@ Built megatron_build(Context& ctx, const MegatronLayout& lay, int M) {
     const int inf = in_flight(ctx.opt_.schedule, lay.p - s, M, ctx.opt_.schedule_k);
     std::string why;
     auto sc =
-        best_stage(ctx, {cand.meshes.back()}, split[s].first, split[s].second, 0, cand.bs, M, inf, 1, &why);
+        best_stage(ctx, {cand.meshes.back()}, split[s].first, split[s].second, 0, cand.bs, M, inf, 1, &why, lay.d);
     if (!sc && ctx.opt_.allow_infeasible)
-      sc = unconstrained_stage(ctx, cand.meshes.back(), split[s].first, split[s].second, cand.bs, inf, 1);
+      sc = unconstrained_stage(ctx, cand.meshes.back(), split[s].first, split[s].second, cand.bs, inf, 1, lay.d);
     if (!sc) {
       b.note = fmt::format("stage {}: {}", s, why);
       return b;
@@ -1878,7 +1926,7 @@ Plan make_plan_fixed(const ir::Graph& g, const cluster::Cluster& c, const PlanOp
       bool ok = true;
       for (int s = 0; s < p && ok; ++s) {
         auto sc = best_stage(ctx, subs[si].meshes, split[s].first, split[s].second, si, bs, M,
-                             in_flight(o.schedule, p - s, M, o.schedule_k));
+                             in_flight(o.schedule, p - s, M, o.schedule_k), 0, nullptr, d);
         if (!sc)
           ok = false;
         else

@@ -94,6 +94,9 @@ struct BlockCost {
   // full_remake: the saved results of the block's own ops (what a full recomputation re-makes
   // while the block's backward runs).
   double checkpoint_mem = 0, full_remake = 0, sel_mem = 0, sel_peak = 0, sel_time = 0;
+  // Per device: the parameter bytes (its gradients are as many) and the optimizer-state bytes
+  // (master copy and moments) of static_mem = 2·param_mem + opt_mem (ZeRO across replicas, zero.cpp).
+  double param_mem = 0, opt_mem = 0;
 };
 
 // What a block could recompute (recompute.cpp): `checkpoint` marks the block graph's leaves a
@@ -114,6 +117,23 @@ RecomputeSets recompute_sets(const ir::Graph& block, const std::vector<char>& fo
                              const std::vector<char>& saved);
 // The modes a stage may use under the option (Auto: none, selective, full, cheapest first).
 std::vector<Recompute> recompute_modes(Recompute option);
+
+// The data-parallel replicas of a stage (zero.cpp): `replicas` copies of an n-device mesh, the
+// states sharded over groups of `group` consecutive replicas (group = replicas: full sharding;
+// 1 < group < replicas: hybrid), with the links of a group's ring and of the ring across groups.
+struct ReplicaLinks {
+  int replicas = 1, group = 1;
+  cluster::AxisLink in_group, across_groups;
+};
+// devices: the stage's devices replica-major (replicas × n).
+ReplicaLinks replica_links(const cluster::Cluster& c, const std::vector<int>& devices, int replicas, int group);
+// The shard groups worth trying for `replicas` copies of an n-device stage on the cluster: every
+// replica (full sharding) and, with PlanOptions::hybrid_sharding, the replicas of one node when a
+// node holds more than one and fewer than all.
+std::vector<int> shard_groups(const cluster::Cluster& c, const PlanOptions& o, int replicas, int n);
+// The ZeRO levels a stage may use under the option (-1: 0..3; else the one given; 0 with one
+// replica).
+std::vector<int> zero_levels(const PlanOptions& o, int replicas);
 
 struct MeshOption {
   pipeline::SubmeshShape submesh;
@@ -168,6 +188,7 @@ class Context {
   };
   std::map<std::int64_t, AtBatch> at_batch;  // per micro-batch size (per replica)
   std::vector<double> block_state_bytes;     // Σ full bytes of params (×2 for grads) + states
+  std::vector<double> block_param_bytes;     // Σ full bytes of params
   std::map<std::tuple<int, int, int, int>, BlockCost> cache;  // (structure, mesh, variant, forced)
   std::unordered_map<std::string, int> interned;
   int intern(const std::string& k) {
@@ -272,13 +293,17 @@ class Context {
     }
     global_batch = batch_size(g_);
     block_state_bytes.clear();
+    block_param_bytes.clear();
     const auto& ab = blocks_at(global_batch);
     for (const auto& bg : ab.blocks) {
-      double sb = 0;
+      double sb = 0, pb = 0;
       for (const auto& t : bg.graph.tensors())
-        if (is_state_leaf(t))
+        if (is_state_leaf(t)) {
           sb += static_cast<double>(t.bytes()) * (t.role == ir::Role::Parameter ? 2.0 : 1.0);
+          if (t.role == ir::Role::Parameter) pb += static_cast<double>(t.bytes());
+        }
       block_state_bytes.push_back(sb);
+      block_param_bytes.push_back(pb);
     }
   }
 
@@ -333,12 +358,34 @@ class Context {
   // parameter state plus `inflight` micro-batches of saved activations. Over n devices no layout
   // stores less than this / n per device (the memory bound of the defaults, plan.md).
   // kept = true: the activations without recomputation (what an SPMD search's peak holds).
-  double min_bytes(const AtBatch& ab, int first, int last, int inflight, bool kept = false) const {
+  // replicas: the stage's data-parallel replicas, over which the ZeRO levels PlanOptions::zero
+  // allows may shard the state (zero.hpp; the bound takes the level that keeps the least).
+  double min_bytes(const AtBatch& ab, int first, int last, int inflight, bool kept = false,
+                   int replicas = 1) const {
     double s = 0;
     for (int b = first; b <= last; ++b)
-      s += block_state_bytes[b] + inflight * (kept ? ab.act_bytes_kept[b] : ab.act_bytes[b]);
+      s += state_bound(b, replicas) + inflight * (kept ? ab.act_bytes_kept[b] : ab.act_bytes[b]);
     return s;
   }
+  double state_bound(int b, int replicas) const {
+    if (replicas <= 1) return block_state_bytes[b];
+    const double P = block_param_bytes[b], O = block_state_bytes[b] - 2 * P;
+    double best = block_state_bytes[b];
+    for (int level : zero_levels(opt_, replicas)) best = std::min(best, zero_memory(level, P, O, replicas).state());
+    return best;
+  }
+  // Links of the replicas of an n-device stage at a canonical placement (replica r on devices
+  // r·n .. r·n + n − 1: the first nodes), for the stage DP, where placement is not known yet;
+  // materialise prices the placed devices.
+  const ReplicaLinks& canonical_replica_links(int n, int replicas, int group) {
+    auto key = std::make_tuple(n, replicas, group);
+    auto it = replica_link_cache.find(key);
+    if (it != replica_link_cache.end()) return it->second;
+    std::vector<int> ids(static_cast<std::size_t>(n) * replicas);
+    for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int>(i);
+    return replica_link_cache.emplace(key, replica_links(c_, ids, replicas, group)).first->second;
+  }
+  std::map<std::tuple<int, int, int>, ReplicaLinks> replica_link_cache;
   std::vector<char> forward_ops(const pipeline::StageGraph& sg) const {
     std::vector<char> fwd(sg.graph.ops().size(), 0);
     for (std::size_t o = 0; o < fwd.size(); ++o)
@@ -447,6 +494,7 @@ struct StageChoice {
   double time = 0;  // F + B per micro-batch
   double memory = 0;
   Recompute recompute = Recompute::None;
+  int zero = 0, zero_group = 1;  // ZeRO level across the replicas, replicas per shard group
 };
 
 struct Candidate {
@@ -473,11 +521,23 @@ struct StageAgg {
   double fwd_compute = 0, checkpoint_mem = 0, sel_mem = 0, sel_time = 0;
   double full_transient = 0, sel_transient = 0;
   Recompute recompute = Recompute::None;
+  // For with_replicas(): Σ of the blocks' parameter and optimizer-state bytes, the largest block's
+  // parameter bytes (ZeRO-3's gathered working set and overlap unit) and the update's compute.
+  double param_mem = 0, opt_mem = 0, max_block_param = 0, upd_compute = 0;
+  int zero = 0, zero_group = 1;  // ZeRO level across the replicas, replicas per shard group
 };
 // The stage under a recomputation mode (None: unchanged): Full adds one forward of the stage to
 // the backward (its compute and its collectives) and keeps only the checkpoints; Selective adds
 // the attention cores' forward compute and drops their saved results.
 StageAgg recomputed(const StageAgg& a, Recompute mode);
+
+// The stage (one replica's costs, after recomputed()) with its replicas: the gradient
+// synchronisation across them and, at ZeRO `level` over l.group replicas, the sharded states
+// (static memory, working set) and the collectives that move them, overlapped with the compute
+// they serve (PlanOptions::overlap_grad_sync). upd then holds the exposed synchronisation;
+// grad_bytes: the stage's gradient bytes per device (its distinct parameters).
+StageAgg with_replicas(const StageAgg& a, int level, const ReplicaLinks& l, double grad_bytes,
+                       const PlanOptions& o);
 
 struct Built {
   Plan plan;
@@ -497,9 +557,11 @@ double stage_memory(const StageAgg& a, int inflight);
 // for a given in-flight count, by its share of a step of M micro-batches, M·(F + B) + update
 // (StageChoice::time stays F + B per micro-batch); nullopt when nothing fits.
 // StageChoice::submesh = `sub`, ::mesh = index in meshes.
+// replicas: the stage's data-parallel replicas (their gradient synchronisation and the ZeRO levels
+// PlanOptions::zero allows, StageChoice::zero; priced at the canonical placement).
 std::optional<StageChoice> best_stage(Context& ctx, const std::vector<MeshOption>& meshes, int first,
                                       int last, int sub, std::int64_t bs, int M, int inflight,
-                                      int forced_dp = 0, std::string* why = nullptr);
+                                      int forced_dp = 0, std::string* why = nullptr, int replicas = 1);
 // The stage DP shared by the homogeneous and the heterogeneous searches (the math is at the top of
 // planner.cpp). Positions 0..positions: a stage placed at `pos` with option q takes width[q]
 // positions (homogeneous: device units of a submesh, usable anywhere; heterogeneous: devices of

@@ -78,6 +78,12 @@ struct Stage {
   // Activation recomputation of the stage: "none", "selective" or "full" (planner.hpp, Recompute).
   // backward_time includes the recomputed forward; activation_memory is what stays saved.
   std::string recompute = "none";
+  // Sharded data parallelism across the plan's data_parallel replicas (zero.hpp): ZeRO level 0..3
+  // and the replicas of one shard group (zero_group = data_parallel: fully sharded; fewer: hybrid,
+  // the groups replicate each other; 1 with level 0). static_memory, the times and transient_memory
+  // include what the level keeps and moves.
+  int zero = 0;
+  int zero_group = 1;
   bool operator==(const Stage&) const = default;
 };
 

@@ -24,6 +24,7 @@
 #include "weft/core/stop_token.hpp"
 #include "weft/ir/graph.hpp"
 #include "weft/plan/plan.hpp"
+#include "weft/plan/zero.hpp"
 
 namespace weft::plan {
 
@@ -117,6 +118,12 @@ struct PlanOptions {
   // fastest that fits: recomputation only costs time, so it is picked when memory forces it or
   // when it lets a faster layout fit); an explicit mode is used by every stage.
   Recompute recompute = Recompute::Auto;
+  // Sharded data parallelism across a stage's data-parallel replicas (zero.hpp: ZeRO levels 0-3,
+  // FSDP): -1 = per stage the fastest level that fits (with recompute=auto both are searched
+  // together); 0..3 = that level wherever a stage has replicas. hybrid_sharding: also shard over
+  // the replicas of one node only (replicated across nodes: FSDP's HYBRID_SHARD) when it pays.
+  int zero = -1;
+  bool hybrid_sharding = true;
   int max_alternatives = 12;
   // Threads for the independent SPMD searches (blocks × meshes × micro-batch sizes); 0 = every
   // core (std::thread::hardware_concurrency). The plan is the same for any count.

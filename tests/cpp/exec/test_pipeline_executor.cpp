@@ -126,8 +126,10 @@ TEST_CASE("exec pipeline: tiny GPT in 2 stages under every schedule equals one d
     std::string name;
     int k;
   };
-  for (const auto& s : std::vector<Sched>{
-           {"gpipe", 1}, {"1f1b", 1}, {"kfkb", 2}, {"kfkb", 3}, {"eager_1f1b", 1}, {"zb_h1", 1}}) {
+  std::vector<Sched> schedules{{"gpipe", 1}, {"1f1b", 1}, {"kfkb", 2}, {"eager_1f1b", 1}, {"zb_h1", 1}};
+  // k = 3 (a group that does not divide M) runs the kFkB path of k = 2 again: Release only (CI time).
+  if (!std::getenv("WEFT_SANITIZED")) schedules.push_back({"kfkb", 3});
+  for (const auto& s : schedules) {
     CAPTURE(s.name);
     CAPTURE(s.k);
     auto prog = lower::lower_pipeline(mb, m8(), cut.stages, cut.cross, options(s.name, 4, 1, s.k));

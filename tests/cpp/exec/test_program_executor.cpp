@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <cstdlib>
 #include <set>
 
 #include "equivalence.hpp"
@@ -158,7 +159,10 @@ TEST_CASE(
   auto so = test::quick_search();
   so.memory_limit =
       0.3 * static_cast<double>(g.param_bytes()) * 4;  // params + grads + 2 Adam states do not fit
-  for (auto mesh : std::vector<std::vector<std::int64_t>>{{4}, {2, 2}}) {
+  // Under the sanitizers the 2-D mesh only (its search is the same code as the 1-D one; CI time).
+  auto meshes = std::getenv("WEFT_SANITIZED") ? std::vector<std::vector<std::int64_t>>{{2, 2}}
+                                              : std::vector<std::vector<std::int64_t>>{{4}, {2, 2}};
+  for (const auto& mesh : meshes) {
     auto r = run_search(g, mesh, so);
     CAPTURE(r.worst);
     CHECK(r.diff < 1e-10);

@@ -557,6 +557,7 @@ TEST_CASE("plan: the alternatives list each layout once and the candidates that 
   o.max_alternatives = 1000;
   o.memory_limit = plan::model_state_bytes(g) * 0.6;  // whole replicas of the model do not fit
   o.memory_fraction = 1.0;
+  o.zero = 0;  // replicated states (ZeRO across replicas would make every candidate fit)
   const auto p = plan::make_plan(g, c, o);
   REQUIRE(!p.alternatives.empty());
   int infeasible_rows = 0;

@@ -1,0 +1,153 @@
+// Sharded data parallelism across a stage's replicas (include/weft/plan/zero.hpp): the closed
+// forms of ZeRO's memory and traffic, and the stage's costs with its replicas (planner_detail.hpp).
+#include "weft/plan/zero.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "planner_detail.hpp"
+#include "weft/cluster/alpha_beta.hpp"
+
+namespace weft::plan {
+
+int parse_zero(std::string_view text) {
+  if (text == "auto" || text == "-1") return -1;
+  if (text.size() == 1 && text[0] >= '0' && text[0] <= '3') return text[0] - '0';
+  fail("zero must be auto, 0, 1, 2 or 3 (ZeRO level across data-parallel replicas), got '{}'", text);
+}
+
+ZeroMemory zero_memory(int level, double param_bytes, double optimizer_bytes, int group,
+                       double largest_block_param_bytes, double bucket_bytes) {
+  WEFT_CHECK(level >= 0 && level <= 3, "zero_memory: level {} is not 0..3", level);
+  WEFT_CHECK(group >= 1, "zero_memory: a shard group of {} replicas", group);
+  const double z = group;
+  ZeroMemory m{param_bytes, param_bytes, optimizer_bytes, 0};
+  if (level >= 1) m.optimizer /= z;
+  if (level >= 2) m.grads /= z;
+  if (level >= 3) m.params /= z;
+  if (level == 2 && group > 1) m.working = std::min(param_bytes, bucket_bytes);
+  if (level == 3 && group > 1) m.working = 3 * largest_block_param_bytes * (1 - 1 / z);
+  return m;
+}
+
+ZeroTraffic zero_traffic(int level, double param_bytes, int group, int groups) {
+  WEFT_CHECK(level >= 0 && level <= 3, "zero_traffic: level {} is not 0..3", level);
+  WEFT_CHECK(group >= 1 && groups >= 1, "zero_traffic: {} groups of {} replicas", groups, group);
+  const double ring = (group - 1.0) / group, P = param_bytes;
+  ZeroTraffic t;
+  switch (level) {
+    case 0: t.per_step = 2 * ring * P; break;
+    case 1: t.per_step = 2 * ring * P; break;
+    case 2: t.per_microbatch = ring * P, t.per_step = ring * P; break;
+    default: t.per_microbatch = 3 * ring * P; break;
+  }
+  if (level >= 1 && groups > 1) t.per_step += 2 * (groups - 1.0) / groups * P / group;
+  return t;
+}
+
+namespace detail {
+
+ReplicaLinks replica_links(const cluster::Cluster& c, const std::vector<int>& devices, int replicas, int group) {
+  WEFT_ASSERT(replicas >= 1 && group >= 1 && replicas % group == 0 && !devices.empty() &&
+                  devices.size() % static_cast<std::size_t>(replicas) == 0,
+              "replica_links: bad replica grouping");
+  ReplicaLinks l;
+  l.replicas = replicas;
+  l.group = group;
+  if (replicas == 1) return l;
+  const auto n = static_cast<std::int64_t>(devices.size()) / replicas;
+  // Mesh (groups, group, n) over the replica-major devices: axis 1 rings inside a group, axis 0
+  // across the groups (each device with its counterparts in the other groups).
+  const cluster::DeviceMesh mesh({replicas / group, group, n}, devices);
+  const auto links = cluster::axis_links(c, mesh);
+  l.in_group = links[1];
+  l.across_groups = links[0];
+  return l;
+}
+
+std::vector<int> shard_groups(const cluster::Cluster& c, const PlanOptions& o, int replicas, int n) {
+  std::vector<int> out{replicas};
+  const int node = static_cast<int>(c.devices_of_node(0).size());  // homogeneous clusters
+  const int per_node = node / std::max(1, n);
+  if (o.hybrid_sharding && n <= node && per_node > 1 && per_node < replicas && replicas % per_node == 0)
+    out.push_back(per_node);
+  return out;
+}
+
+std::vector<int> zero_levels(const PlanOptions& o, int replicas) {
+  if (replicas <= 1) return {0};
+  if (o.zero >= 0) return {o.zero};
+  return {0, 1, 2, 3};
+}
+
+namespace {
+// Communication of `comm` seconds run alongside `window` seconds of the compute it serves, in
+// pieces of `unit` of it (a bucket, a block): what stays exposed.
+double overlapped(const PlanOptions& o, double comm, double window, double unit) {
+  if (comm <= 0) return 0;
+  if (!o.overlap_grad_sync) return comm;
+  return std::max(comm * std::clamp(unit, 0.0, 1.0), comm - window);
+}
+double ring(double (*f)(const cluster::AxisLink&, double), const cluster::AxisLink& l, double bytes) {
+  return l.size > 1 && bytes > 0 ? f(l, bytes) : 0.0;
+}
+}  // namespace
+
+StageAgg with_replicas(const StageAgg& a, int level, const ReplicaLinks& l, double grad_bytes,
+                       const PlanOptions& o) {
+  StageAgg r = a;
+  const int z = l.group;
+  const double G = grad_bytes, P = grad_bytes;
+  const double bucket = G > 0 ? std::min(1.0, o.grad_bucket_bytes / G) : 1.0;
+  const double block = a.param_mem > 0 ? a.max_block_param / a.param_mem : 1.0;
+  const cluster::AxisLink& grp = l.in_group;
+  auto AR = [](const cluster::AxisLink& k, double b) { return ring(cluster::all_reduce_time, k, b); };
+  auto RS = [](const cluster::AxisLink& k, double b) { return ring(cluster::reduce_scatter_time, k, b); };
+  auto AG = [](const cluster::AxisLink& k, double b) { return ring(cluster::all_gather_time, k, b); };
+  // Per step, outside the micro-batches: the update less its compute and the in-mesh gradient
+  // synchronisation, which are re-added below.
+  const double rest = a.upd - a.grad_sync - a.upd_compute;
+  if (level == 0 || l.replicas == 1) {
+    // The in-mesh synchronisation and the all-reduce across every replica (one group of all of
+    // them), bucketed with the last micro-batch's backward.
+    WEFT_ASSERT(l.group == l.replicas, "plain data parallelism over a hybrid replica grouping");
+    const double sync = a.grad_sync + AR(grp, G);
+    r.upd = rest + a.upd_compute + exposed_grad_sync(o, sync, G, a.bwd);
+    r.zero = 0;
+    r.zero_group = 1;
+    return r;
+  }
+  const double across = AR(l.across_groups, G / z);  // hybrid: the shards' all-reduce across groups
+  const ZeroMemory mem = zero_memory(level, a.param_mem, a.opt_mem, z, a.max_block_param, o.grad_bucket_bytes);
+  r.static_mem = a.static_mem - 2 * a.param_mem - a.opt_mem + mem.state();
+  r.transient = a.transient + mem.working;
+  r.full_transient = a.full_transient + mem.working;
+  r.sel_transient = a.sel_transient + mem.working;
+  const double update = a.upd_compute / z;  // each replica updates its shard
+  if (level == 1) {
+    // Gradients accumulate whole; once per step reduce-scattered (with the last backward), the
+    // shard updated, the new parameters all-gathered (exposed: the next forward reads them).
+    const double sync = a.grad_sync + RS(grp, G) + across;
+    r.upd = rest + update + exposed_grad_sync(o, sync, G, a.bwd) + AG(grp, P);
+  } else if (level == 2) {
+    // Every micro-batch's gradients reduce-scattered bucket by bucket during its backward.
+    const double rs = RS(grp, G);
+    r.bwd = a.bwd + overlapped(o, rs, a.bwd, bucket);
+    r.comm = a.comm + rs;
+    r.upd = rest + update + exposed_grad_sync(o, a.grad_sync + across, G / z, a.bwd) + AG(grp, P);
+  } else {
+    // Parameters gathered block by block before the forward and again before the backward (the
+    // next block prefetched), gradients reduce-scattered as they are made, every micro-batch.
+    const double ag = AG(grp, P), rs = RS(grp, G);
+    r.fwd = a.fwd + overlapped(o, ag, a.fwd, block);
+    r.bwd = a.bwd + overlapped(o, ag + rs, a.bwd, block);
+    r.comm = a.comm + 2 * ag + rs;
+    r.upd = rest + update + exposed_grad_sync(o, a.grad_sync + across, G / z, a.bwd);
+  }
+  r.zero = level;
+  r.zero_group = z;
+  return r;
+}
+
+}  // namespace detail
+}  // namespace weft::plan

@@ -1,0 +1,184 @@
+// Sharded data parallelism across replicas (zero.hpp): ZeRO's closed forms for memory and traffic
+// by hand (ZeRO paper, Figure 1 and §7), the planner's stage memory and times at each level against
+// them and against the α-β collectives of the replicas' ring, the level the planner picks when
+// memory forces one, and hybrid sharding on a cluster with a slow NIC.
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include <string>
+
+#include "weft/cluster/alpha_beta.hpp"
+#include "weft/cluster/cluster.hpp"
+#include "weft/core/error.hpp"
+#include "weft/ir/autodiff.hpp"
+#include "weft/models/models.hpp"
+#include "weft/plan/planner.hpp"
+#include "weft/plan/zero.hpp"
+
+using namespace weft;
+
+namespace {
+
+models::GptConfig layer_config(std::int64_t batch = 16) {
+  models::GptConfig c;
+  c.layers = 2, c.hidden = 128, c.heads = 4, c.seq = 64, c.vocab = 256, c.batch = batch;
+  c.dtype = DType::F16;
+  return c;
+}
+
+// f16 Adam with f32 master weights: 2 + 2 + 12 bytes per parameter (K = 12 in ZeRO's notation).
+ir::Graph fp16_adam_step(std::int64_t batch = 16) {
+  return ir::build_training_graph(models::gpt(layer_config(batch)));
+}
+
+plan::PlanOptions exact_options(int zero) {
+  plan::PlanOptions o;
+  o.zero = zero;
+  o.num_blocks = 1;  // one block: the stage's state is counted once (no parameter in two blocks)
+  o.overlap_grad_sync = false;
+  o.recompute = plan::Recompute::None;
+  o.memory_fraction = 1.0;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("zero: memory per device of the four levels, ZeRO's Figure 1 by hand") {
+  const double psi = 1e9, n = 64;  // ZeRO's example: 7.5B → here Ψ = 1e9 parameters, N_d = 64
+  const double P = 2 * psi, O = 12 * psi;
+  CHECK(plan::zero_memory(0, P, O, 64).state() == doctest::Approx(16 * psi));
+  CHECK(plan::zero_memory(1, P, O, 64).state() == doctest::Approx(4 * psi + 12 * psi / n));
+  CHECK(plan::zero_memory(2, P, O, 64).state() == doctest::Approx(2 * psi + 14 * psi / n));
+  CHECK(plan::zero_memory(3, P, O, 64).state() == doctest::Approx(16 * psi / n));
+  // Working sets: ZeRO-3 holds a block gathered, the next prefetched and its whole gradients.
+  const auto z3 = plan::zero_memory(3, P, O, 64, 0.1 * P);
+  CHECK(z3.working == doctest::Approx(3 * 0.1 * P * (1 - 1 / n)));
+  CHECK(plan::zero_memory(2, P, O, 64, 0, 25e6).working == 25e6);
+  CHECK(plan::zero_memory(1, P, O, 64).working == 0);
+  CHECK(plan::zero_memory(3, P, O, 1).state() == doctest::Approx(16 * psi));  // one replica: nothing to shard
+  CHECK_THROWS_AS(plan::zero_memory(4, P, O, 8), Error);
+  CHECK(plan::parse_zero("auto") == -1);
+  CHECK(plan::parse_zero("3") == 3);
+  CHECK_THROWS_WITH_AS(plan::parse_zero("4"), doctest::Contains("auto, 0, 1, 2 or 3"), Error);
+}
+
+TEST_CASE("zero: bytes each device sends per step, ZeRO's §7 by hand") {
+  const double P = 2e9;  // Ψ = 1e9 f16 parameters
+  for (int n : {2, 8, 64}) {
+    const double ring = (n - 1.0) / n;
+    CAPTURE(n);
+    CHECK(plan::zero_traffic(0, P, n).total(1) == doctest::Approx(2 * ring * P));  // all-reduce
+    CHECK(plan::zero_traffic(1, P, n).total(1) == doctest::Approx(2 * ring * P));  // reduce-scatter + all-gather
+    CHECK(plan::zero_traffic(2, P, n).total(1) == doctest::Approx(2 * ring * P));
+    CHECK(plan::zero_traffic(3, P, n).total(1) == doctest::Approx(3 * ring * P));  // 1.5 × data parallelism
+    // Micro-batches: ZeRO-2 reduce-scatters every micro-batch's gradients, ZeRO-3 gathers every time.
+    CHECK(plan::zero_traffic(2, P, n).total(4) == doctest::Approx(5 * ring * P));
+    CHECK(plan::zero_traffic(3, P, n).total(4) == doctest::Approx(12 * ring * P));
+    CHECK(plan::zero_traffic(0, P, n).total(4) == doctest::Approx(2 * ring * P));
+  }
+  // Hybrid: 4 groups of 8, the gradient shard all-reduced across the groups once per step.
+  CHECK(plan::zero_traffic(3, P, 8, 4).per_step == doctest::Approx(2 * 0.75 * P / 8));
+}
+
+TEST_CASE("zero: the planner's stage at each level equals the closed forms and the ring's α-β, by hand") {
+  const auto g = fp16_adam_step();
+  const auto c = cluster::Cluster::preset("M8", 1);
+  const double psi = static_cast<double>(models::gpt(layer_config()).num_params());
+  const double P = 2 * psi, O = 12 * psi;
+  const int n = 8;
+  // t=1 p=1 d=8: each replica is one device, so the SPMD layout keeps every tensor whole.
+  std::vector<plan::Plan> at;
+  for (int level = 0; level <= 3; ++level) {
+    at.push_back(plan::megatron_plan(g, c, {1, 1, n}, exact_options(level)));
+    REQUIRE(at.back().stages.size() == 1);
+    CHECK(at.back().stages[0].zero == level);
+    CHECK(at.back().stages[0].zero_group == (level ? n : 1));
+    CHECK(at.back().stages[0].static_memory == doctest::Approx(plan::zero_memory(level, P, O, n).state()));
+  }
+  const auto& s0 = at[0].stages[0];
+  const auto& s1 = at[1].stages[0];
+  const auto& s2 = at[2].stages[0];
+  const auto& s3 = at[3].stages[0];
+  // The ring of the 8 replicas (one node): all-gather of the parameters, reduce-scatter of the
+  // gradients, all-reduce = both.
+  const auto link = cluster::axis_links(c, cluster::DeviceMesh::iota({n}))[0];
+  const double ag = cluster::all_gather_time(link, P), rs = cluster::reduce_scatter_time(link, P);
+  const double ar = cluster::all_reduce_time(link, P);
+  CHECK(ar == doctest::Approx(ag + rs));
+  // ZeRO-3 gathers before the forward and before the backward, reduce-scatters in the backward.
+  CHECK(s3.forward_time - s0.forward_time == doctest::Approx(ag));
+  CHECK(s3.backward_time - s0.backward_time == doctest::Approx(ag + rs));
+  // ZeRO-2 reduce-scatters in the backward; its update all-gathers as ZeRO-1's does.
+  CHECK(s2.forward_time == doctest::Approx(s0.forward_time));
+  CHECK(s2.backward_time - s0.backward_time == doctest::Approx(rs));
+  // Update: DDP = the whole update (as on one device) + all-reduce; ZeRO-3 = the own shard's
+  // update alone (its collectives ran in the micro-batches); ZeRO-1 = the shard's update +
+  // reduce-scatter + all-gather.
+  auto o1 = exact_options(0);
+  const double update = plan::layout_plan(g, c, {{0, 0, {0}, {}}}, 1, o1).stages[0].optimizer_time;
+  CHECK(s0.optimizer_time == doctest::Approx(update + ar));
+  CHECK(s3.optimizer_time == doctest::Approx(update / n));
+  CHECK(s1.optimizer_time - s3.optimizer_time == doctest::Approx(ar));
+  CHECK(s2.optimizer_time == doctest::Approx(s3.optimizer_time + ag));
+  // Working set: one block, gathered, prefetched (none next) and its whole gradients.
+  CHECK(s3.transient_memory - s0.transient_memory == doctest::Approx(3 * P * (n - 1.0) / n));
+  // Summary and JSON carry the level.
+  CHECK(at[3].summary().find("ZeRO-3 across 8 replicas") != std::string::npos);
+  CHECK(at[3].summary().find("zero          [0] 3 over 8 replicas") != std::string::npos);
+  CHECK(plan::Plan::from_json(at[3].to_json()) == at[3]);
+  CHECK(plan::Plan::from_json(at[2].to_json()).stages[0].zero == 2);
+}
+
+TEST_CASE("zero: auto picks the fastest level that fits; the level keeps the data-parallel layout feasible") {
+  const auto g = fp16_adam_step();
+  const auto c = cluster::Cluster::preset("M8", 1);
+  const double psi = static_cast<double>(models::gpt(layer_config()).num_params());
+  auto o = exact_options(-1);
+  o.overlap_grad_sync = true;
+  auto o0 = o;
+  o0.zero = 0;
+  const auto replicated = plan::megatron_plan(g, c, {1, 1, 8}, o0);
+  CHECK(replicated.stages[0].zero == 0);
+  // A limit 8Ψ under the replicated layout's peak (its state is 16Ψ; ZeRO-1 keeps 5.5Ψ of it on 8).
+  o.memory_limit = replicated.peak_memory - 8 * psi;
+  o0.memory_limit = o.memory_limit;
+  CHECK_THROWS_WITH_AS(plan::megatron_plan(g, c, {1, 1, 8}, o0), doctest::Contains("does not fit"), Error);
+  const auto tight = plan::megatron_plan(g, c, {1, 1, 8}, o);
+  CHECK(tight.stages[0].zero > 0);
+  CHECK(tight.peak_memory <= o.memory_limit * (1 + 1e-9));
+  // The chosen level is the fastest of those that fit.
+  for (int level = 1; level <= 3; ++level) {
+    auto ol = o;
+    ol.zero = level;
+    try {
+      const auto p = plan::megatron_plan(g, c, {1, 1, 8}, ol);
+      CHECK(tight.step_time <= p.step_time * (1 + 1e-9));
+    } catch (const Error&) {
+    }
+  }
+  // make_plan finds a plan too (a ZeRO level or an SPMD layout that shards the states).
+  const auto best = plan::make_plan(g, c, o);
+  CHECK(best.peak_memory <= o.memory_limit * (1 + 1e-9));
+  CHECK(best.step_time <= tight.step_time * (1 + 1e-9));
+}
+
+TEST_CASE("zero: hybrid sharding (in node, replicated across nodes) wins over full ZeRO-3 on a slow NIC") {
+  const auto g = fp16_adam_step(64);
+  auto node = cluster::Cluster::preset("M8", 1).nodes()[0];
+  node.nic.bandwidth = 1.25e9;  // 10 Gb/s Ethernet between 4 nodes of 8 GPUs
+  const cluster::Cluster c(std::vector<cluster::NodeSpec>(4, node));
+  auto o = exact_options(3);
+  o.overlap_grad_sync = true;
+  const auto hybrid = plan::megatron_plan(g, c, {1, 1, 32}, o);
+  CHECK(hybrid.stages[0].zero == 3);
+  CHECK(hybrid.stages[0].zero_group == 8);  // one node's replicas
+  CHECK(hybrid.summary().find("hybrid: 4 groups of 8") != std::string::npos);
+  o.hybrid_sharding = false;
+  const auto full = plan::megatron_plan(g, c, {1, 1, 32}, o);
+  CHECK(full.stages[0].zero_group == 32);
+  CHECK(hybrid.step_time < full.step_time);
+  // Full sharding keeps less: 1/32 of the state against 1/8.
+  CHECK(full.stages[0].static_memory < hybrid.stages[0].static_memory);
+  MESSAGE(fmt::format("ZeRO-3 on 4 nodes at 10 Gb/s: hybrid {:.4g} s, full {:.4g} s per step", hybrid.step_time,
+                      full.step_time));
+}
