@@ -149,6 +149,7 @@ class PipelineLowering {
     classify();
     find_crossings();
     plan_transfers();
+    plan_zero();
     for (int s = 0; s < S_; ++s) make_leaves(s);
     for (int s = 0; s < S_; ++s) lower_stage(s);
     results();
@@ -320,7 +321,10 @@ class PipelineLowering {
                "lowering: op '{}' has {} axis assignments, the SPMD mesh {} axes", op.name, axes.size(),
                st.spmd_shape.size());
     const bool partial_sum = st.lead > 0 && deferred_[static_cast<std::size_t>(o)] && accumulate_;
-    if (st.lead > 0 && !partial_sum) axes.insert(axes.begin(), spmd::AxisAssign{});
+    if (st.lead > 0 && !partial_sum) {
+      auto z = zero_axis_.find(o);
+      axes.insert(axes.begin(), z != zero_axis_.end() ? z->second : spmd::AxisAssign{});
+    }
     auto strat = spmd::make_strategy(g_, op, partial_sum ? st.spmd_shape : st.mesh.shape(), axes);
     WEFT_CHECK(strat.has_value(), "lowering: the layout of op '{}' is not a valid strategy on mesh {}",
                op.name, st.mesh.shape());
@@ -546,6 +550,36 @@ class PipelineLowering {
     return cur;
   }
 
+  // ZeRO across the replicas (PipelineStage::zero): the replica-axis factor of each optimizer
+  // update and the sharded spec of the optimizer states it reads, on the stage's whole mesh.
+  void plan_zero() {
+    for (int s = 0; s < S_; ++s) {
+      const auto& ps = in_[static_cast<std::size_t>(s)];
+      const auto& st = st_[static_cast<std::size_t>(s)];
+      if (ps.zero <= 0 || st.lead == 0) continue;
+      auto optimizer_state = [&](ir::TensorId t) {
+        const auto& info = g_.tensor(t);
+        return info.producer == ir::kNoOp && ir::is_state_leaf(info) && info.role != ir::Role::Parameter;
+      };
+      for (ir::OpId o : st.ops) {
+        if (phase_[static_cast<std::size_t>(o)] != kU || deferred_[static_cast<std::size_t>(o)]) continue;
+        const ir::Op& op = g_.op(o);
+        if (std::none_of(op.inputs.begin(), op.inputs.end(), optimizer_state)) continue;
+        const auto& axes = ps.layout.op_axes[static_cast<std::size_t>(o)];
+        for (const auto& cand : spmd::enumerate_strategies(g_, op, st.mesh.shape())) {
+          if (cand.axes[0].factor < 0 || !std::equal(cand.axes.begin() + 1, cand.axes.end(), axes.begin(), axes.end()))
+            continue;
+          zero_axis_[o] = cand.axes[0];
+          break;
+        }
+        if (!zero_axis_.count(o)) continue;  // no factor divides along the replica axis: a replicated update
+        const auto strat = strategy(o);
+        for (std::size_t i = 0; i < op.inputs.size(); ++i)
+          if (optimizer_state(op.inputs[i])) zero_leaf_.insert_or_assign({s, op.inputs[i]}, strat.inputs[i]);
+      }
+    }
+  }
+
   // ---------- one stage ----------
   // Leaves read by stage s: one buffer each in its spec (parameters and optimizer states persist,
   // inputs are loaded per micro-batch, constants filled each step).
@@ -558,7 +592,9 @@ class PipelineLowering {
       const auto& info = g_.tensor(t);
       if (info.producer != ir::kNoOp || !read[static_cast<std::size_t>(t)]) continue;
       // An input holds one micro-batch: each micro-batch in flight has its own copy.
-      const int b = buffer(s, t, widen(st, leaf_spec(s, t)), info.role == ir::Role::Input);
+      auto z = zero_leaf_.find({s, t});  // an optimizer state sharded along the replica axis (ZeRO)
+      const int b = buffer(s, t, z != zero_leaf_.end() ? z->second : widen(st, leaf_spec(s, t)),
+                           info.role == ir::Role::Input);
       st.layouts[t].emplace_back(specs_.back(), b);
       st.leaves[t] = b;
       p_.leaf_buffers.push_back(b);
@@ -997,6 +1033,8 @@ class PipelineLowering {
   PipelineOptions opt_;
   int S_ = 1, M_ = 1, dp_ = 1;
   bool accumulate_ = false;
+  std::map<ir::OpId, spmd::AxisAssign> zero_axis_;                     // update op -> its replica-axis split
+  std::map<std::pair<int, ir::TensorId>, ShardingSpec> zero_leaf_;      // (stage, state leaf) -> sharded spec
   std::unique_ptr<schedule::Schedule> sched_;
   std::vector<int> stage_of_op_;
   std::vector<Phase> phase_;

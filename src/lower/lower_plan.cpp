@@ -73,7 +73,7 @@ std::vector<PipelineStage> interleave(const ir::Graph& g, const std::vector<Pipe
   for (int k = 0; k < D * v; ++k)  // the ops' layouts and leaf specs are those of their plan stage
     out.push_back({stages[static_cast<std::size_t>(v_shape ? (k < D ? k : 2 * D - 1 - k) : k % D)].mesh,
                    std::move(chunk_ops[static_cast<std::size_t>(k)]), stages[static_cast<std::size_t>(k / v)].layout,
-                   stages[static_cast<std::size_t>(k / v)].recompute_unit});
+                   stages[static_cast<std::size_t>(k / v)].recompute_unit, stages[static_cast<std::size_t>(k / v)].zero});
   return out;
 }
 
@@ -158,6 +158,7 @@ Program lower(const plan::Plan& plan, const ir::Graph& step, const cluster::Clus
       for (std::size_t r = 0; r < regions.size(); ++r)
         for (ir::OpId o : regions[r]) ps.recompute_unit[static_cast<std::size_t>(o)] = static_cast<int>(r);
     }
+    ps.zero = lead > 0 ? st.zero : 0;
     stages.push_back(std::move(ps));
     spmd_shapes.push_back(spmd_shape);
   }

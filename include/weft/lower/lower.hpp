@@ -75,6 +75,15 @@ struct PipelineStage {
   // before the first backward instruction that reads one of its results, so one unit is re-made
   // at a time, as the planner prices it. Same values, fewer activations held.
   std::vector<int> recompute_unit;
+  // ZeRO across the data-parallel replicas (plan::Stage::zero; needs PipelineOptions::replicas > 1):
+  // >= 1 runs each optimizer update on its own shard along the replica axis (the first strategy on
+  // the stage's whole mesh that keeps the op's SPMD layout and splits a factor along that axis)
+  // and stores the optimizer states it reads (master copy, moments) in that shard only; the
+  // resharding then makes ZeRO's collectives: the replicas' partial gradient mean reduce-scattered
+  // into the update, the new parameter all-gathered into its replicated leaf. Levels 2 and 3 are
+  // lowered as level 1 (gradients accumulated whole, parameters replicated): the same values, the
+  // memory of level 1 (docs/modules/lower.md).
+  int zero = 0;
 };
 
 // How a tensor made in stage from_stage travels to stage to_stage: it leaves in src_spec (on the
