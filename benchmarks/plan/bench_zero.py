@@ -79,7 +79,8 @@ def hybrid(args):
         st = p.stages[0]
         name = "ZeRO-3 " + ("hybrid (shard in node)" if st.zero_group < 32 else "over all 32")
         print(f"  {name:42s} step {p.step_time:7.4f} s  peak {p.peak_memory / 1e9:6.2f} GB  "
-              f"(group {st.zero_group}, M={p.num_microbatches}; {time.perf_counter() - t0:.1f} s)")
+              f"(group {st.zero_group}, M={p.num_microbatches}, recompute {st.recompute}; "
+              f"{time.perf_counter() - t0:.1f} s)")
         emit(args, name, "step_time", p.step_time, "s")
 
 

@@ -309,14 +309,18 @@ def test_layout_evaluation_can_return_an_infeasible_plan_with_its_numbers():
     # layout evaluated where it fits — instead of raising.
     step = weft.models.gpt(layers=4, hidden=256, heads=4, seq=64, vocab=1024, batch=16).train_step(optimizer="adam")
     c = weft.Cluster.preset("M8", nodes=1)
-    room = weft.megatron_plan(step, c, t=1, p=1, d=8, num_microbatches=2)
+    room = weft.megatron_plan(step, c, t=1, p=1, d=8, num_microbatches=2, zero=0)  # replicated states
     assert room.feasible and room.infeasible_reason == ""
     limit = room.peak_memory / 0.9 * 0.5  # half of what the replicated layout needs
     with pytest.raises(ValueError, match="does not fit"):
-        weft.megatron_plan(step, c, t=1, p=1, d=8, num_microbatches=2, memory_limit=limit)
-    tight = weft.megatron_plan(step, c, t=1, p=1, d=8, num_microbatches=2, memory_limit=limit, allow_infeasible=True)
+        weft.megatron_plan(step, c, t=1, p=1, d=8, num_microbatches=2, memory_limit=limit, zero=0)
+    tight = weft.megatron_plan(step, c, t=1, p=1, d=8, num_microbatches=2, memory_limit=limit, allow_infeasible=True,
+                               zero=0)
     assert not tight.feasible and "GB" in tight.infeasible_reason
     assert tight.peak_memory > tight.memory_limit
+    # ZeRO across the 8 replicas (zero="auto", the default) makes the same layout fit under that limit.
+    sharded = weft.megatron_plan(step, c, t=1, p=1, d=8, num_microbatches=2, memory_limit=limit)
+    assert sharded.feasible and sharded.zero[0] > 0 and sharded.peak_memory <= sharded.memory_limit
     assert tight.step_time == pytest.approx(room.step_time, rel=1e-9)
     assert tight.peak_memory == pytest.approx(room.peak_memory, rel=1e-9)
     assert "INFEASIBLE" in tight.summary() and "INFEASIBLE" not in room.summary()

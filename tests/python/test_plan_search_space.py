@@ -37,12 +37,13 @@ def test_defaults_equal_the_wide_search_on_a_mid_size_case():
 def test_microbatch_counts_are_not_capped_and_hopeless_pairs_are_left_out():
     # batch 256 on one 8-GPU node: the best pipeline wants many micro-batches (no hidden cap of 32), and
     # the pairs whose replica cannot hold state + one micro-batch of activations are left out.
-    # Without recomputation (recompute="none"): every activation kept, as the bound assumes.
+    # Without recomputation (recompute="none") and with replicated states (zero=0): every activation
+    # and a whole state per replica kept, as this bound assumes.
     g = weft.models.gpt(layers=4, hidden=512, heads=8, seq=256, vocab=4096, batch=256).train_step(optimizer="adam")
     c = weft.Cluster.preset("M8", nodes=1)
-    p = weft.plan(g, c, memory_limit=2e9, recompute="none")
+    p = weft.plan(g, c, memory_limit=2e9, recompute="none", zero=0)
     assert "micro-batches 1,2,...,256 (9 counts)" in p.search_space
-    capped = weft.plan(g, c, memory_limit=2e9, max_microbatches=32, recompute="none")
+    capped = weft.plan(g, c, memory_limit=2e9, max_microbatches=32, recompute="none", zero=0)
     assert "<= 32" in capped.search_space
     assert p.step_time <= capped.step_time * (1 + 1e-9)
     left_out = _count(p.search_space, r"(\d+) left out by the memory bound")
@@ -52,13 +53,14 @@ def test_microbatch_counts_are_not_capped_and_hopeless_pairs_are_left_out():
     best = None
     for m in (2 ** k for k in range(9)):
         try:
-            q = weft.plan(g, c, memory_limit=2e9, num_microbatches=m, bound_search=False, recompute="none")
+            q = weft.plan(g, c, memory_limit=2e9, num_microbatches=m, bound_search=False, recompute="none", zero=0)
         except ValueError:
             continue
         best = q if best is None or q.step_time < best.step_time else best
     assert best is not None and abs(best.step_time - p.step_time) <= 1e-9 * p.step_time
-    # With recompute="auto" (the default) the bound counts what a full recomputation keeps (each
-    # block's inputs), so it leaves out no more pairs, and the plan is no slower than without.
+    # With recompute="auto" and zero="auto" (the defaults) the bound counts what a full recomputation
+    # keeps (each block's inputs) and the state ZeRO-3 keeps over the replicas, so it leaves out no more
+    # pairs, and the plan is no slower than without.
     auto = weft.plan(g, c, memory_limit=2e9)
     assert _count(auto.search_space, r"(\d+) left out by the memory bound") <= left_out
     assert auto.step_time <= p.step_time * (1 + 1e-9)

@@ -60,7 +60,8 @@ def programs(step, cluster):
         "b-2stages-tp2-1f1b": weft.lower(weft.megatron_plan(step, cluster, t=2, p=2, d=1, num_microbatches=2),
                                          step, cluster),
         "c-2stages-dp2-kfkb2": weft.lower(weft.megatron_plan(step, cluster, t=1, p=2, d=2, schedule="kFkB",
-                                                             schedule_k=2, num_microbatches=4), step, cluster),
+                                                             schedule_k=2, num_microbatches=4, zero=0),
+                                          step, cluster),
         "d-weft-plan": weft.lower(weft.plan(step, cluster), step, cluster),
     }
 
