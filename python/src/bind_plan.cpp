@@ -86,6 +86,9 @@ void bind_plan(py::module_& m) {
       .def_readonly("recompute", &Stage::recompute,
                     "Activation recomputation of the stage: 'none', 'selective' or 'full' (backward_time includes the "
                     "recomputed forward, activation_memory is what stays saved).")
+      .def_readonly("recompute_blocks", &Stage::recompute_blocks,
+                    "With recompute 'full': the layer-grouping blocks recomputed (the grouping's order); empty = "
+                    "every block of the stage.")
       .def_readonly("zero", &Stage::zero,
                     "ZeRO level 0..3 of the stage across the plan's data-parallel replicas: 1 optimizer states "
                     "sharded, 2 + gradients, 3 + parameters (FSDP); static_memory and the times include it.")

@@ -698,6 +698,11 @@ class PlanStage:
         Activation recomputation of the stage: 'none', 'selective' or 'full' (backward_time includes the recomputed forward, activation_memory is what stays saved).
         """
     @property
+    def recompute_blocks(self) -> list[int]:
+        """
+        With recompute 'full': the layer-grouping blocks recomputed (the grouping's order); empty = every block of the stage.
+        """
+    @property
     def static_memory(self) -> float:
         ...
     @property

@@ -151,7 +151,12 @@ Program lower(const plan::Plan& plan, const ir::Graph& step, const cluster::Clus
     }
     // Recomputation as planned: full re-makes one layer-grouping block at a time, selective one
     // attention core at a time.
-    if (st.recompute == "full") ps.recompute_unit = grouping_blocks(g, plan.num_blocks);
+    if (st.recompute == "full") {
+      ps.recompute_unit = grouping_blocks(g, plan.num_blocks);
+      if (!st.recompute_blocks.empty())  // some blocks only: the others keep their activations
+        for (int& u : ps.recompute_unit)
+          if (!std::binary_search(st.recompute_blocks.begin(), st.recompute_blocks.end(), u)) u = -1;
+    }
     if (st.recompute == "selective") {
       ps.recompute_unit.assign(g.ops().size(), -1);
       const auto regions = plan::selective_regions(g);

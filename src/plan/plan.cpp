@@ -50,6 +50,7 @@ json to_j(const Stage& s) {
               {"in_flight", s.in_flight},
               {"peak_memory", s.peak_memory},
               {"recompute", s.recompute},
+              {"recompute_blocks", s.recompute_blocks},
               {"zero", s.zero},
               {"zero_group", s.zero_group}};
 }
@@ -150,6 +151,11 @@ Stage stage_from(const json& j, const std::string& path) {
     s.recompute = field<std::string>(j, "recompute", path);
     WEFT_CHECK(s.recompute == "none" || s.recompute == "selective" || s.recompute == "full",
                "Plan JSON: {}.recompute must be none, selective or full, got '{}'", path, s.recompute);
+  }
+  if (j.contains("recompute_blocks")) {
+    s.recompute_blocks = field<std::vector<int>>(j, "recompute_blocks", path);
+    WEFT_CHECK(s.recompute_blocks.empty() || s.recompute == "full",
+               "Plan JSON: {}.recompute_blocks lists blocks but recompute is '{}', not full", path, s.recompute);
   }
   if (j.contains("zero")) {  // absent in plans written before sharded data parallelism
     s.zero = field<int>(j, "zero", path);
@@ -454,7 +460,10 @@ std::string Plan::summary() const {
     std::vector<std::string> modes;
     bool any = false;
     for (const auto& st : stages) {
-      modes.push_back(fmt::format("[{}] {}", st.index, st.recompute));
+      modes.push_back(st.recompute_blocks.empty()
+                          ? fmt::format("[{}] {}", st.index, st.recompute)
+                          : fmt::format("[{}] full on {} of {} blocks", st.index, st.recompute_blocks.size(),
+                                        st.last_block - st.first_block + 1));
       any = any || st.recompute != "none";
     }
     s += fmt::format("  recompute     {}\n", any ? fmt::format("{}", fmt::join(modes, " ")) : std::string("none"));
@@ -523,7 +532,11 @@ std::string Plan::summary() const {
                        st.zero == 1   ? "optimizer states"
                        : st.zero == 2 ? "optimizer states and gradients"
                                       : "optimizer states, gradients and parameters (gathered per block)");
-    if (st.recompute != "none")
+    if (!st.recompute_blocks.empty())
+      s += fmt::format("        recompute full on blocks {}: their forward runs again in the backward (B includes "
+                       "it); the other blocks keep their activations\n",
+                       fmt::join(st.recompute_blocks, ","));
+    else if (st.recompute != "none")
       s += fmt::format("        recompute {}: {} (B includes the recomputed forward; only {} kept)\n",
                        st.recompute,
                        st.recompute == "full" ? "the stage's forward runs again in the backward, block by block"

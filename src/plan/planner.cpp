@@ -502,6 +502,11 @@ StageAgg aggregate(Context& ctx, int first, int last, std::int64_t bs, const Mes
     a.max_block_param = std::max(a.max_block_param, bc.param_mem);
     a.upd_compute += bc.upd_compute;
     a.full_transient = std::max(a.full_transient, bc.transient + bc.full_remake);
+    a.blk_act.push_back(bc.act_mem);
+    a.blk_ckpt.push_back(bc.checkpoint_mem);
+    a.blk_fwd.push_back(bc.fwd);
+    a.blk_fwd_compute.push_back(bc.fwd_compute);
+    a.blk_remake.push_back(bc.transient + bc.full_remake);
     a.sel_transient = std::max(a.sel_transient, bc.transient + bc.sel_peak);
   }
   // Tensors passed between the stage's blocks: each block's SPMD plan chose its own layout.
@@ -570,37 +575,46 @@ std::optional<StageChoice> best_stage(Context& ctx, const std::vector<MeshOption
         // Every (recomputation, ZeRO level) pair: the fastest that fits. Without replicas the first
         // mode that fits is the fastest (recomputation only adds time); with them a ZeRO level that
         // moves more bytes may lose to a recomputation under a lighter level.
+        const std::size_t options = std::max<std::size_t>(1, sharding.size());
+        auto consider = [&](const StageAgg& rc, std::size_t zi) {  // true when it fits
+          const StageAgg a = sharding.empty() ? rc
+                                              : with_replicas(rc, sharding[zi].first, *sharding[zi].second,
+                                                              rc.param_mem, ctx.opt_);
+          const double mem = stage_memory(a, inflight);
+          if (mem > usable) {
+            if (why)
+              *why = fmt::format("needs {:.3g} GB/device > {:.3g} GB usable{}{}", mem / 1e9, usable / 1e9,
+                                 modes.size() > 1 || rc.recompute != Recompute::None
+                                     ? fmt::format(" (recompute {})", recompute_name(rc.recompute))
+                                     : std::string(),
+                                 sharding.empty() ? std::string() : fmt::format(" (ZeRO-{})", a.zero));
+            return false;
+          }
+          const double t = a.fwd + a.bwd;
+          const double share = M * t + a.upd;
+          if (!best || share < best_share) {
+            best = StageChoice{first, last, sub, mi, v, f, t, mem, a.recompute, a.zero, a.zero_group, a.recompute_set};
+            best_share = share;
+          }
+          return true;
+        };
         bool fits_as_is = false;
         for (Recompute mode : modes) {
           const StageAgg rc = recomputed(plain, mode);
           bool fitted = false;
-          const std::size_t options = std::max<std::size_t>(1, sharding.size());
-          for (std::size_t zi = 0; zi < options; ++zi) {
-            const StageAgg a = sharding.empty()
-                                   ? rc
-                                   : with_replicas(rc, sharding[zi].first, *sharding[zi].second, rc.param_mem,
-                                                   ctx.opt_);
-            const double mem = stage_memory(a, inflight);
-            if (mem > usable) {
-              if (why)
-                *why = fmt::format("needs {:.3g} GB/device > {:.3g} GB usable{}{}", mem / 1e9, usable / 1e9,
-                                   modes.size() > 1 || mode != Recompute::None
-                                       ? fmt::format(" (recompute {})", recompute_name(mode))
-                                       : std::string(),
-                                   sharding.empty() ? std::string() : fmt::format(" (ZeRO-{})", a.zero));
-              continue;
-            }
-            const double t = a.fwd + a.bwd;
-            const double share = M * t + a.upd;
-            if (!best || share < best_share) {
-              best = StageChoice{first, last, sub, mi, v, f, t, mem, a.recompute, a.zero, a.zero_group};
-              best_share = share;
-            }
-            fitted = true;
-          }
+          for (std::size_t zi = 0; zi < options; ++zi) fitted = consider(rc, zi) || fitted;
           if (!fitted) continue;
           fits_as_is = fits_as_is || mode == Recompute::None;
           if (sharding.empty()) break;
+        }
+        // With recompute=auto, when every activation does not fit: full recomputation of only as
+        // many blocks as needed (per ZeRO option the fewest that fit: each more block costs its forward).
+        const int nb = static_cast<int>(plain.blk_act.size());
+        if (ctx.opt_.recompute == Recompute::Auto && !fits_as_is && nb >= 2) {
+          const std::vector<int> order = recompute_order(plain, inflight);
+          for (std::size_t zi = 0; zi < options; ++zi)
+            for (int k = 1; k < nb; ++k)
+              if (consider(recomputed_blocks(plain, std::vector<int>(order.begin(), order.begin() + k)), zi)) break;
         }
         // The lean variant is worth its memory-limited search only if some layout could hold every
         // activation (the bound without recomputation fits); else it would recompute as well.
@@ -971,10 +985,13 @@ Built materialise_in_place(Context& ctx, const std::vector<SubmeshOptions>& subs
     stage.devices = all_devs[s];
     stage.mesh_shape = mopt[s]->logical;
     if (dp > 1) stage.mesh_shape.insert(stage.mesh_shape.begin(), dp);
-    StageAgg a = recomputed(aggregate(ctx, st.first, st.last, cand.bs, *mopt[s], st.variant, st.forced_dp),
-                            st.recompute);
-    WEFT_ASSERT(a.ok, "a chosen stage has a failed block cost");
+    const StageAgg plain = aggregate(ctx, st.first, st.last, cand.bs, *mopt[s], st.variant, st.forced_dp);
+    WEFT_ASSERT(plain.ok, "a chosen stage has a failed block cost");
+    StageAgg a = !st.recompute_set.empty() ? recomputed_blocks(plain, st.recompute_set) : recomputed(plain, st.recompute);
     stage.recompute = std::string(recompute_name(a.recompute));
+    // Some blocks only: in the grouping's own numbering (what the lowering's units are).
+    for (int b : a.recompute_set) stage.recompute_blocks.push_back(ctx.original_block[static_cast<std::size_t>(st.first + b)]);
+    std::sort(stage.recompute_blocks.begin(), stage.recompute_blocks.end());
     stage.forward_time = a.fwd;
     stage.backward_time = a.bwd;
     stage.weight_time = a.wgt;
@@ -1242,6 +1259,7 @@ void Context::reorder_blocks(const std::vector<int>& order) {
   permute(grouping.blocks);
   permute(block_state_bytes);
   permute(block_param_bytes);
+  permute(original_block);
   crossing_tables.clear();  // indexed by block; the structural crossing_cost stays valid
   for (auto& b : grouping.block_of_op)
     if (b >= 0) b = new_of[static_cast<std::size_t>(b)];
@@ -1249,6 +1267,12 @@ void Context::reorder_blocks(const std::vector<int>& order) {
   for (auto& [bs, ab] : at_batch) {
     permute(ab.blocks);
     permute(ab.keys);
+    permute(ab.act_bytes);
+    permute(ab.act_bytes_kept);
+    permute(ab.act_bytes_sel);
+    permute(ab.act_bytes_ckpt);
+    permute(ab.sel_flops);
+    permute(ab.fwd_flops);
   }
 }
 

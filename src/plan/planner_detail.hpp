@@ -189,6 +189,7 @@ class Context {
   std::map<std::int64_t, AtBatch> at_batch;  // per micro-batch size (per replica)
   std::vector<double> block_state_bytes;     // Σ full bytes of params (×2 for grads) + states
   std::vector<double> block_param_bytes;     // Σ full bytes of params
+  std::vector<int> original_block;           // per block: its index in the grouping's own order
   std::map<std::tuple<int, int, int, int>, BlockCost> cache;  // (structure, mesh, variant, forced)
   std::unordered_map<std::string, int> interned;
   int intern(const std::string& k) {
@@ -294,6 +295,8 @@ class Context {
     global_batch = batch_size(g_);
     block_state_bytes.clear();
     block_param_bytes.clear();
+    original_block.assign(grouping.blocks.size(), 0);
+    for (std::size_t b = 0; b < original_block.size(); ++b) original_block[b] = static_cast<int>(b);
     const auto& ab = blocks_at(global_batch);
     for (const auto& bg : ab.blocks) {
       double sb = 0, pb = 0;
@@ -495,6 +498,7 @@ struct StageChoice {
   double memory = 0;
   Recompute recompute = Recompute::None;
   int zero = 0, zero_group = 1;  // ZeRO level across the replicas, replicas per shard group
+  std::vector<int> recompute_set;  // Full on these blocks only (offsets; recomputed_blocks); empty = all
 };
 
 struct Candidate {
@@ -525,11 +529,24 @@ struct StageAgg {
   // parameter bytes (ZeRO-3's gathered working set and overlap unit) and the update's compute.
   double param_mem = 0, opt_mem = 0, max_block_param = 0, upd_compute = 0;
   int zero = 0, zero_group = 1;  // ZeRO level across the replicas, replicas per shard group
+  // Per block of the stage (first..last), for full recomputation of some blocks only
+  // (recomputed_blocks): its saved activations, what full recomputation keeps of them, its forward
+  // time (compute part apart) and its transient while it is re-made.
+  std::vector<double> blk_act, blk_ckpt, blk_fwd, blk_fwd_compute, blk_remake;
+  std::vector<int> recompute_set;  // Full on these blocks only (offsets from the first); empty = every block
 };
 // The stage under a recomputation mode (None: unchanged): Full adds one forward of the stage to
 // the backward (its compute and its collectives) and keeps only the checkpoints; Selective adds
 // the attention cores' forward compute and drops their saved results.
 StageAgg recomputed(const StageAgg& a, Recompute mode);
+// Full recomputation of some of the stage's blocks only (Megatron's "block" method): `set` (offsets
+// from the stage's first block, a proper subset) keep only their checkpoints and re-make their
+// forward in the backward; the others keep their activations.
+StageAgg recomputed_blocks(const StageAgg& a, std::vector<int> set);
+// The blocks in the order the planner adds them to the set: the most peak bytes saved first with
+// `inflight` micro-batches in flight (their activations less their checkpoints, less the transient
+// their re-make adds), then the cheaper forward. The planner takes the shortest prefix that fits.
+std::vector<int> recompute_order(const StageAgg& a, int inflight);
 
 // The stage (one replica's costs, after recomputed()) with its replicas: the gradient
 // synchronisation across them and, at ZeRO `level` over l.group replicas, the sharded states

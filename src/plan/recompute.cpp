@@ -173,5 +173,50 @@ StageAgg recomputed(const StageAgg& a, Recompute mode) {
   return r;
 }
 
+std::vector<int> recompute_order(const StageAgg& a, int inflight) {
+  const int n = static_cast<int>(a.blk_act.size());
+  std::vector<int> order(static_cast<std::size_t>(n));
+  for (int b = 0; b < n; ++b) order[static_cast<std::size_t>(b)] = b;
+  auto saving = [&](int b) {  // peak bytes saved: the in-flight activations less the remake's transient
+    const auto i = static_cast<std::size_t>(b);
+    return inflight * (a.blk_act[i] - a.blk_ckpt[i]) - std::max(0.0, a.blk_remake[i] - a.transient);
+  };
+  std::stable_sort(order.begin(), order.end(), [&](int x, int y) {
+    const double sx = saving(x), sy = saving(y);
+    if (sx != sy) return sx > sy;
+    return a.blk_fwd[static_cast<std::size_t>(x)] < a.blk_fwd[static_cast<std::size_t>(y)];
+  });
+  return order;
+}
+
+StageAgg recomputed_blocks(const StageAgg& a, std::vector<int> set) {
+  WEFT_ASSERT(!set.empty() && set.size() < a.blk_act.size(), "recomputed_blocks: not a proper subset of the blocks");
+  std::sort(set.begin(), set.end());
+  StageAgg r = a;
+  r.recompute = Recompute::Full;
+  const std::size_t n = a.blk_act.size();
+  std::vector<char> in_set(n, 0);
+  for (int b : set) {
+    WEFT_ASSERT(b >= 0 && b < static_cast<int>(n), "recomputed_blocks: block out of range");
+    const auto i = static_cast<std::size_t>(b);
+    in_set[i] = 1;
+    r.bwd += a.blk_fwd[i];
+    r.compute += a.blk_fwd_compute[i];
+    r.comm += a.blk_fwd[i] - a.blk_fwd_compute[i];
+    r.act_mem -= a.blk_act[i] - a.blk_ckpt[i];
+  }
+  // Block b is re-made in a micro-batch's backward after the blocks behind it have freed theirs:
+  // that micro-batch then holds the blocks before b as kept, b's checkpoint and b's re-made
+  // results (its remake) instead of its full share — the peak over the other in-flight
+  // micro-batches' shares, as a transient above one share.
+  double prefix = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (in_set[i]) r.transient = std::max(r.transient, prefix + a.blk_ckpt[i] + a.blk_remake[i] - r.act_mem);
+    prefix += in_set[i] ? a.blk_ckpt[i] : a.blk_act[i];
+  }
+  r.recompute_set = std::move(set);
+  return r;
+}
+
 }  // namespace detail
 }  // namespace weft::plan

@@ -78,6 +78,10 @@ struct Stage {
   // Activation recomputation of the stage: "none", "selective" or "full" (planner.hpp, Recompute).
   // backward_time includes the recomputed forward; activation_memory is what stays saved.
   std::string recompute = "none";
+  // With "full": the layer-grouping blocks recomputed, in the grouping's own order (Plan's
+  // num_blocks; pipeline::group_layers); empty = every block of the stage. The planner recomputes
+  // only some blocks when that is enough to fit (Megatron's "block" recomputation).
+  std::vector<int> recompute_blocks;
   // Sharded data parallelism across the plan's data_parallel replicas (zero.hpp): ZeRO level 0..3
   // and the replicas of one shard group (zero_group = data_parallel: fully sharded; fewer: hybrid,
   // the groups replicate each other; 1 with level 0). static_memory, the times and transient_memory

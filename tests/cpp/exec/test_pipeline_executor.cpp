@@ -344,6 +344,43 @@ TEST_CASE("exec pipeline: recomputation (full, selective) runs as planned: the s
   CHECK(peak["full"] < peak["selective"]);
   CHECK(computes["full"] > computes["selective"]);  // the whole forward runs twice, not only the cores
   CHECK(computes["selective"] > computes["none"]);
+  // Some blocks only (recompute=auto under a limit below selective's peak on stage 0):
+  // the blocks the plan lists are re-made, the others keep their activations; the same values,
+  // the executed peak between full's and none's and within 15 % of the plan.
+  {
+    plan::PlanOptions po;
+    po.num_blocks = 4;
+    po.memory_fraction = 1.0;
+    po.recompute = plan::Recompute::Selective;
+    const double sel0 = plan::layout_plan(step, c, {{0, 1, {0}, {}}, {2, 3, {1}, {}}}, 2, po).stages[0].peak_memory;
+    po.recompute = plan::Recompute::Full;
+    const double full0 = plan::layout_plan(step, c, {{0, 1, {0}, {}}, {2, 3, {1}, {}}}, 2, po).stages[0].peak_memory;
+    po.recompute = plan::Recompute::Auto;
+    // The limits from selective's peak down to full's: somewhere in between one block is enough.
+    plan::Plan p;
+    for (int i = 1; i < 40 && p.stages.empty(); ++i) {
+      po.memory_limit = sel0 - (sel0 - full0) * i / 40;
+      auto q = plan::layout_plan(step, c, {{0, 1, {0}, {}}, {2, 3, {1}, {}}}, 2, po);
+      if (!q.stages[0].recompute_blocks.empty()) p = std::move(q);
+    }
+    REQUIRE(!p.stages.empty());
+    REQUIRE(p.stages[0].recompute == "full");
+    REQUIRE(p.stages[0].recompute_blocks.size() == 1);  // one of its two blocks is enough
+    CHECK(p.stages[0].peak_memory > full0);
+    const auto prog = lower::lower(plan::Plan::from_json(p.to_json()), step, c);
+    const auto got = exec::execute_program(prog, eo);
+    std::string worst;
+    const double d = max_rel_diff(got, ref, &worst);
+    CAPTURE(worst);
+    CHECK(d < 1e-10);
+    const auto peak0 = got.ranks[0].peak_bytes;
+    CHECK(peak0 > peak["full"]);
+    CHECK(peak0 < peak["none"]);
+    CHECK(static_cast<double>(peak0) / 2 == doctest::Approx(p.stages[0].peak_memory).epsilon(0.15));
+    MESSAGE(fmt::format("recompute full on block(s) {} of stage 0: executed peak {} bytes (f64), planned {:.0f} "
+                        "(f32), diff {:.1e}",
+                        fmt::join(p.stages[0].recompute_blocks, ","), peak0, p.stages[0].peak_memory, d));
+  }
 }
 
 TEST_CASE("exec pipeline: a dropped send, a changed region and a swapped recv are caught") {

@@ -4,7 +4,9 @@
 // memory limit, and the cases where recomputation does not pay.
 #include <doctest/doctest.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include <algorithm>
 #include <set>
 #include <string>
 
@@ -149,11 +151,41 @@ TEST_CASE("recompute: auto picks per stage the cheapest mode that fits, and refu
   REQUIRE(sel.peak_memory < none.peak_memory);
   auto pick = [&](double limit) { return one_device_stage(g, 4, plan::Recompute::Auto, limit); };
   CHECK(pick(none.peak_memory * 1.001).recompute == "none");
-  CHECK(pick((none.peak_memory + sel.peak_memory) / 2).recompute == "selective");
-  const plan::Stage forced = pick((sel.peak_memory + full.peak_memory) / 2);
+  // Between none and selective: selective, or full recomputation of fewer blocks where that is faster.
+  const plan::Stage mid = pick((none.peak_memory + sel.peak_memory) / 2);
+  CHECK(mid.recompute != "none");
+  CHECK(mid.backward_time <= sel.backward_time);
+  // Between selective and full: full recomputation of some blocks only (Megatron's "block" method),
+  // by hand from each block alone (one block per stage, one device each): B grows by the
+  // recomputed blocks' forward, and they keep only their checkpoints.
+  const double limit = (sel.peak_memory + full.peak_memory) / 2;
+  const plan::Stage forced = pick(limit);
   CHECK(forced.recompute == "full");
-  CHECK(forced.backward_time == full.backward_time);
-  CHECK(forced.peak_memory == full.peak_memory);
+  REQUIRE(!forced.recompute_blocks.empty());
+  CHECK(forced.recompute_blocks.size() < 4);
+  CHECK(forced.peak_memory <= limit);
+  CHECK(forced.backward_time < full.backward_time);
+  auto per_block = [&](plan::Recompute r) {
+    plan::PlanOptions o;
+    o.num_blocks = 4;
+    o.recompute = r;
+    o.memory_fraction = 1.0;
+    return plan::layout_plan(g, one_node(), {{0, 0, {0}, {}}, {1, 1, {1}, {}}, {2, 2, {2}, {}}, {3, 3, {3}, {}}}, 1,
+                             o);
+  };
+  const plan::Plan kept = per_block(plan::Recompute::None), ckpt = per_block(plan::Recompute::Full);
+  double extra = 0, act = 0;
+  for (int b = 0; b < 4; ++b) {
+    const bool re = std::find(forced.recompute_blocks.begin(), forced.recompute_blocks.end(), b) !=
+                    forced.recompute_blocks.end();
+    if (re) extra += kept.stages[static_cast<std::size_t>(b)].forward_time;
+    act += (re ? ckpt : kept).stages[static_cast<std::size_t>(b)].activation_memory;
+  }
+  CHECK(forced.backward_time == doctest::Approx(none.backward_time + extra));
+  CHECK(forced.activation_memory == doctest::Approx(act));
+  MESSAGE(fmt::format("limit {:.3g} MB: full recomputation of blocks {} (B {:.4g} ms; none {:.4g}, full {:.4g})",
+                      limit / 1e6, fmt::join(forced.recompute_blocks, ","), forced.backward_time * 1e3,
+                      none.backward_time * 1e3, full.backward_time * 1e3));
   CHECK_THROWS_WITH_AS(pick(full.peak_memory * 0.99), doctest::Contains("does not fit"), Error);
   // An explicit mode is used even where another would fit.
   CHECK(one_device_stage(g, 4, plan::Recompute::None, none.peak_memory * 1.001).recompute == "none");
