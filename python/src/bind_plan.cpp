@@ -83,18 +83,22 @@ void bind_plan(py::module_& m) {
       .def_readonly("transient_memory", &Stage::transient_memory)
       .def_readonly("in_flight", &Stage::in_flight)
       .def_readonly("peak_memory", &Stage::peak_memory)
-      .def_readonly("recompute", &Stage::recompute,
-                    "Activation recomputation of the stage: 'none', 'selective' or 'full' (backward_time includes the "
-                    "recomputed forward, activation_memory is what stays saved).")
-      .def_readonly("recompute_blocks", &Stage::recompute_blocks,
-                    "With recompute 'full': the layer-grouping blocks recomputed (the grouping's order); empty = "
-                    "every block of the stage.")
-      .def_readonly("zero", &Stage::zero,
-                    "ZeRO level 0..3 of the stage across the plan's data-parallel replicas: 1 optimizer states "
-                    "sharded, 2 + gradients, 3 + parameters (FSDP); static_memory and the times include it.")
-      .def_readonly("zero_group", &Stage::zero_group,
-                    "Replicas of one ZeRO shard group: data_parallel = fully sharded, fewer = hybrid sharding "
-                    "(the groups replicate each other; FSDP's HYBRID_SHARD); 1 at level 0.")
+      .def_readonly(
+          "recompute", &Stage::recompute,
+          "Activation recomputation of the stage: 'none', 'selective' or 'full' (backward_time includes the "
+          "recomputed forward, activation_memory is what stays saved).")
+      .def_readonly(
+          "recompute_blocks", &Stage::recompute_blocks,
+          "With recompute 'full': the layer-grouping blocks recomputed (the grouping's order); empty = "
+          "every block of the stage.")
+      .def_readonly(
+          "zero", &Stage::zero,
+          "ZeRO level 0..3 of the stage across the plan's data-parallel replicas: 1 optimizer states "
+          "sharded, 2 + gradients, 3 + parameters (FSDP); static_memory and the times include it.")
+      .def_readonly(
+          "zero_group", &Stage::zero_group,
+          "Replicas of one ZeRO shard group: data_parallel = fully sharded, fewer = hybrid sharding "
+          "(the groups replicate each other; FSDP's HYBRID_SHARD); 1 at level 0.")
       .def("__repr__", [](const Stage& s) {
         return fmt::format(
             "PlanStage({}: blocks {}-{} on {} devices, mesh ({}), F {:.4g} s B {:.4g} s, peak {:.3g} GB)",
@@ -234,9 +238,10 @@ void bind_plan(py::module_& m) {
       .def_readonly("infeasible_reason", &Plan::infeasible_reason,
                     "Why an allow_infeasible layout does not fit (empty when it fits).")
       .def_readonly("alternatives", &Plan::alternatives)
-      .def_readonly("adaptive", &Plan::adaptive,
-                    "With bandwidth_trace= or schedule='adaptive': Ada-Grouper's policy (weft.AdaptivePolicy); "
-                    "else None.")
+      .def_readonly(
+          "adaptive", &Plan::adaptive,
+          "With bandwidth_trace= or schedule='adaptive': Ada-Grouper's policy (weft.AdaptivePolicy); "
+          "else None.")
       .def_property_readonly("num_stages", &Plan::num_stages)
       .def("summary", &Plan::summary, "Readable multi-line summary.")
       .def("to_json", &Plan::to_json)
@@ -336,8 +341,7 @@ void bind_plan(py::module_& m) {
         if (!py::isinstance<py::str>(v))
           throw py::type_error("plan: recompute must be a string ('auto', 'none', 'selective' or 'full')");
         o.recompute = weft::plan::parse_recompute(py::cast<std::string>(v));
-      }
-      else if (key == "zero") {
+      } else if (key == "zero") {
         if (py::isinstance<py::str>(v))
           o.zero = weft::plan::parse_zero(py::cast<std::string>(v));
         else if (py::isinstance<py::int_>(v) && !py::isinstance<py::bool_>(v))
@@ -345,7 +349,8 @@ void bind_plan(py::module_& m) {
         else
           throw py::type_error("plan: zero must be 'auto' or a ZeRO level 0, 1, 2 or 3");
         if (o.zero < -1 || o.zero > 3)
-          throw py::value_error("plan: zero must be 'auto' or a ZeRO level 0, 1, 2 or 3, got " + std::to_string(o.zero));
+          throw py::value_error("plan: zero must be 'auto' or a ZeRO level 0, 1, 2 or 3, got " +
+                                std::to_string(o.zero));
       } else if (key == "hybrid_sharding")
         o.hybrid_sharding = py::cast<bool>(v);
       else if (key == "max_alternatives")
@@ -478,8 +483,8 @@ void bind_plan(py::module_& m) {
       py::arg("training_graph"), py::arg("cluster"), py::arg("stages"), py::arg("num_microbatches") = 1);
   m.def("megatron_layouts", &megatron_layouts, py::arg("cluster"), py::arg("max_p") = 0);
   m.def("model_state_bytes", &model_state_bytes, py::arg("training_graph"));
-  py::class_<weft::plan::ZeroMemory>(m, "ZeroMemory",
-                                     "Bytes per device a ZeRO level keeps of a stage's state (weft.zero_memory).")
+  py::class_<weft::plan::ZeroMemory>(
+      m, "ZeroMemory", "Bytes per device a ZeRO level keeps of a stage's state (weft.zero_memory).")
       .def_readonly("params", &weft::plan::ZeroMemory::params)
       .def_readonly("grads", &weft::plan::ZeroMemory::grads)
       .def_readonly("optimizer", &weft::plan::ZeroMemory::optimizer)
@@ -487,11 +492,12 @@ void bind_plan(py::module_& m) {
                     "Transient working set the level adds (a gradient bucket; ZeRO-3's gathered blocks).")
       .def_property_readonly("state", &weft::plan::ZeroMemory::state, "params + grads + optimizer.")
       .def("__repr__", [](const weft::plan::ZeroMemory& z) {
-        return fmt::format("ZeroMemory(params {:.4g} GB, grads {:.4g} GB, optimizer {:.4g} GB, working {:.4g} GB)",
-                           z.params / 1e9, z.grads / 1e9, z.optimizer / 1e9, z.working / 1e9);
+        return fmt::format(
+            "ZeroMemory(params {:.4g} GB, grads {:.4g} GB, optimizer {:.4g} GB, working {:.4g} GB)",
+            z.params / 1e9, z.grads / 1e9, z.optimizer / 1e9, z.working / 1e9);
       });
-  py::class_<weft::plan::ZeroTraffic>(m, "ZeroTraffic",
-                                      "Bytes one device sends for a ZeRO level's collectives (weft.zero_traffic).")
+  py::class_<weft::plan::ZeroTraffic>(
+      m, "ZeroTraffic", "Bytes one device sends for a ZeRO level's collectives (weft.zero_traffic).")
       .def_readonly("per_microbatch", &weft::plan::ZeroTraffic::per_microbatch)
       .def_readonly("per_step", &weft::plan::ZeroTraffic::per_step)
       .def("total", &weft::plan::ZeroTraffic::total, py::arg("microbatches"),

@@ -567,7 +567,8 @@ class PipelineLowering {
         if (std::none_of(op.inputs.begin(), op.inputs.end(), optimizer_state)) continue;
         const auto& axes = ps.layout.op_axes[static_cast<std::size_t>(o)];
         for (const auto& cand : spmd::enumerate_strategies(g_, op, st.mesh.shape())) {
-          if (cand.axes[0].factor < 0 || !std::equal(cand.axes.begin() + 1, cand.axes.end(), axes.begin(), axes.end()))
+          if (cand.axes[0].factor < 0 ||
+              !std::equal(cand.axes.begin() + 1, cand.axes.end(), axes.begin(), axes.end()))
             continue;
           zero_axis_[o] = cand.axes[0];
           break;
@@ -1033,8 +1034,8 @@ class PipelineLowering {
   PipelineOptions opt_;
   int S_ = 1, M_ = 1, dp_ = 1;
   bool accumulate_ = false;
-  std::map<ir::OpId, spmd::AxisAssign> zero_axis_;                     // update op -> its replica-axis split
-  std::map<std::pair<int, ir::TensorId>, ShardingSpec> zero_leaf_;      // (stage, state leaf) -> sharded spec
+  std::map<ir::OpId, spmd::AxisAssign> zero_axis_;                  // update op -> its replica-axis split
+  std::map<std::pair<int, ir::TensorId>, ShardingSpec> zero_leaf_;  // (stage, state leaf) -> sharded spec
   std::unique_ptr<schedule::Schedule> sched_;
   std::vector<int> stage_of_op_;
   std::vector<Phase> phase_;

@@ -155,7 +155,8 @@ Stage stage_from(const json& j, const std::string& path) {
   if (j.contains("recompute_blocks")) {
     s.recompute_blocks = field<std::vector<int>>(j, "recompute_blocks", path);
     WEFT_CHECK(s.recompute_blocks.empty() || s.recompute == "full",
-               "Plan JSON: {}.recompute_blocks lists blocks but recompute is '{}', not full", path, s.recompute);
+               "Plan JSON: {}.recompute_blocks lists blocks but recompute is '{}', not full", path,
+               s.recompute);
   }
   if (j.contains("zero")) {  // absent in plans written before sharded data parallelism
     s.zero = field<int>(j, "zero", path);
@@ -533,9 +534,10 @@ std::string Plan::summary() const {
                        : st.zero == 2 ? "optimizer states and gradients"
                                       : "optimizer states, gradients and parameters (gathered per block)");
     if (!st.recompute_blocks.empty())
-      s += fmt::format("        recompute full on blocks {}: their forward runs again in the backward (B includes "
-                       "it); the other blocks keep their activations\n",
-                       fmt::join(st.recompute_blocks, ","));
+      s += fmt::format(
+          "        recompute full on blocks {}: their forward runs again in the backward (B includes "
+          "it); the other blocks keep their activations\n",
+          fmt::join(st.recompute_blocks, ","));
     else if (st.recompute != "none")
       s += fmt::format("        recompute {}: {} (B includes the recomputed forward; only {} kept)\n",
                        st.recompute,

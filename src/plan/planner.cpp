@@ -593,7 +593,8 @@ std::optional<StageChoice> best_stage(Context& ctx, const std::vector<MeshOption
           const double t = a.fwd + a.bwd;
           const double share = M * t + a.upd;
           if (!best || share < best_share) {
-            best = StageChoice{first, last, sub, mi, v, f, t, mem, a.recompute, a.zero, a.zero_group, a.recompute_set};
+            best = StageChoice{first,        last,           sub, mi, v, f, t, mem, a.recompute, a.zero,
+                               a.zero_group, a.recompute_set};
             best_share = share;
           }
           return true;
@@ -614,7 +615,8 @@ std::optional<StageChoice> best_stage(Context& ctx, const std::vector<MeshOption
           const std::vector<int> order = recompute_order(plain, inflight);
           for (std::size_t zi = 0; zi < options; ++zi)
             for (int k = 1; k < nb; ++k)
-              if (consider(recomputed_blocks(plain, std::vector<int>(order.begin(), order.begin() + k)), zi)) break;
+              if (consider(recomputed_blocks(plain, std::vector<int>(order.begin(), order.begin() + k)), zi))
+                break;
         }
         // The lean variant is worth its memory-limited search only if some layout could hold every
         // activation (the bound without recomputation fits); else it would recompute as well. With
@@ -990,10 +992,12 @@ Built materialise_in_place(Context& ctx, const std::vector<SubmeshOptions>& subs
     if (dp > 1) stage.mesh_shape.insert(stage.mesh_shape.begin(), dp);
     const StageAgg plain = aggregate(ctx, st.first, st.last, cand.bs, *mopt[s], st.variant, st.forced_dp);
     WEFT_ASSERT(plain.ok, "a chosen stage has a failed block cost");
-    StageAgg a = !st.recompute_set.empty() ? recomputed_blocks(plain, st.recompute_set) : recomputed(plain, st.recompute);
+    StageAgg a = !st.recompute_set.empty() ? recomputed_blocks(plain, st.recompute_set)
+                                           : recomputed(plain, st.recompute);
     stage.recompute = std::string(recompute_name(a.recompute));
     // Some blocks only: in the grouping's own numbering (what the lowering's units are).
-    for (int b : a.recompute_set) stage.recompute_blocks.push_back(ctx.original_block[static_cast<std::size_t>(st.first + b)]);
+    for (int b : a.recompute_set)
+      stage.recompute_blocks.push_back(ctx.original_block[static_cast<std::size_t>(st.first + b)]);
     std::sort(stage.recompute_blocks.begin(), stage.recompute_blocks.end());
     stage.forward_time = a.fwd;
     stage.backward_time = a.bwd;
@@ -1497,7 +1501,8 @@ Context given_shares_context(const ir::Graph& g, const cluster::Cluster& c, cons
 // plan (PlanOptions::allow_infeasible) prices a stage that fits nowhere; materialise then marks the
 // plan infeasible with the memory it needs.
 std::optional<StageChoice> unconstrained_stage(Context& ctx, const MeshOption& mesh, int first, int last,
-                                               std::int64_t bs, int inflight, int forced_dp, int replicas = 1) {
+                                               std::int64_t bs, int inflight, int forced_dp,
+                                               int replicas = 1) {
   // With recompute=auto the layout is priced as it would run where it fits: without recomputation;
   // with zero=auto likewise at ZeRO level 0.
   const Recompute mode = ctx.opt_.recompute == Recompute::Auto ? Recompute::None : ctx.opt_.recompute;
@@ -1507,11 +1512,16 @@ std::optional<StageChoice> unconstrained_stage(Context& ctx, const MeshOption& m
     a = with_replicas(a, std::max(0, ctx.opt_.zero),
                       ctx.canonical_replica_links(static_cast<int>(mesh.mesh.size()), replicas, replicas),
                       a.param_mem, ctx.opt_);
-  return StageChoice{first,   last,
-                     0,       0,
-                     kUnboundedVariant, forced_dp,
-                     a.fwd + a.bwd,     stage_memory(a, inflight),
-                     a.recompute,       a.zero,
+  return StageChoice{first,
+                     last,
+                     0,
+                     0,
+                     kUnboundedVariant,
+                     forced_dp,
+                     a.fwd + a.bwd,
+                     stage_memory(a, inflight),
+                     a.recompute,
+                     a.zero,
                      a.zero_group};
 }
 
@@ -1559,10 +1569,11 @@ Built megatron_build(Context& ctx, const MegatronLayout& lay, int M) {
     // The tensor-parallel group's inputs are replicated (Megatron): forced_dp = 1.
     const int inf = in_flight(ctx.opt_.schedule, lay.p - s, M, ctx.opt_.schedule_k);
     std::string why;
-    auto sc =
-        best_stage(ctx, {cand.meshes.back()}, split[s].first, split[s].second, 0, cand.bs, M, inf, 1, &why, lay.d);
+    auto sc = best_stage(ctx, {cand.meshes.back()}, split[s].first, split[s].second, 0, cand.bs, M, inf, 1,
+                         &why, lay.d);
     if (!sc && ctx.opt_.allow_infeasible)
-      sc = unconstrained_stage(ctx, cand.meshes.back(), split[s].first, split[s].second, cand.bs, inf, 1, lay.d);
+      sc = unconstrained_stage(ctx, cand.meshes.back(), split[s].first, split[s].second, cand.bs, inf, 1,
+                               lay.d);
     if (!sc) {
       b.note = fmt::format("stage {}: {}", s, why);
       return b;

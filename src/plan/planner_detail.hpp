@@ -126,7 +126,8 @@ struct ReplicaLinks {
   cluster::AxisLink in_group, across_groups;
 };
 // devices: the stage's devices replica-major (replicas × n).
-ReplicaLinks replica_links(const cluster::Cluster& c, const std::vector<int>& devices, int replicas, int group);
+ReplicaLinks replica_links(const cluster::Cluster& c, const std::vector<int>& devices, int replicas,
+                           int group);
 // The shard groups worth trying for `replicas` copies of an n-device stage on the cluster: every
 // replica (full sharding) and, with PlanOptions::hybrid_sharding, the replicas of one node when a
 // node holds more than one and fewer than all.
@@ -374,7 +375,8 @@ class Context {
     if (replicas <= 1) return block_state_bytes[b];
     const double P = block_param_bytes[b], O = block_state_bytes[b] - 2 * P;
     double best = block_state_bytes[b];
-    for (int level : zero_levels(opt_, replicas)) best = std::min(best, zero_memory(level, P, O, replicas).state());
+    for (int level : zero_levels(opt_, replicas))
+      best = std::min(best, zero_memory(level, P, O, replicas).state());
     return best;
   }
   // Links of the replicas of an n-device stage at a canonical placement (replica r on devices
@@ -497,7 +499,7 @@ struct StageChoice {
   double time = 0;  // F + B per micro-batch
   double memory = 0;
   Recompute recompute = Recompute::None;
-  int zero = 0, zero_group = 1;  // ZeRO level across the replicas, replicas per shard group
+  int zero = 0, zero_group = 1;    // ZeRO level across the replicas, replicas per shard group
   std::vector<int> recompute_set;  // Full on these blocks only (offsets; recomputed_blocks); empty = all
 };
 

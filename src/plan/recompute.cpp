@@ -190,7 +190,8 @@ std::vector<int> recompute_order(const StageAgg& a, int inflight) {
 }
 
 StageAgg recomputed_blocks(const StageAgg& a, std::vector<int> set) {
-  WEFT_ASSERT(!set.empty() && set.size() < a.blk_act.size(), "recomputed_blocks: not a proper subset of the blocks");
+  WEFT_ASSERT(!set.empty() && set.size() < a.blk_act.size(),
+              "recomputed_blocks: not a proper subset of the blocks");
   std::sort(set.begin(), set.end());
   StageAgg r = a;
   r.recompute = Recompute::Full;

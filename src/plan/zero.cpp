@@ -47,7 +47,8 @@ ZeroTraffic zero_traffic(int level, double param_bytes, int group, int groups) {
 
 namespace detail {
 
-ReplicaLinks replica_links(const cluster::Cluster& c, const std::vector<int>& devices, int replicas, int group) {
+ReplicaLinks replica_links(const cluster::Cluster& c, const std::vector<int>& devices, int replicas,
+                           int group) {
   WEFT_ASSERT(replicas >= 1 && group >= 1 && replicas % group == 0 && !devices.empty() &&
                   devices.size() % static_cast<std::size_t>(replicas) == 0,
               "replica_links: bad replica grouping");
@@ -118,7 +119,8 @@ StageAgg with_replicas(const StageAgg& a, int level, const ReplicaLinks& l, doub
     return r;
   }
   const double across = AR(l.across_groups, G / z);  // hybrid: the shards' all-reduce across groups
-  const ZeroMemory mem = zero_memory(level, a.param_mem, a.opt_mem, z, a.max_block_param, o.grad_bucket_bytes);
+  const ZeroMemory mem =
+      zero_memory(level, a.param_mem, a.opt_mem, z, a.max_block_param, o.grad_bucket_bytes);
   r.static_mem = a.static_mem - 2 * a.param_mem - a.opt_mem + mem.state();
   r.transient = a.transient + mem.working;
   r.full_transient = a.full_transient + mem.working;

@@ -13,9 +13,9 @@
 
 #include "equivalence.hpp"
 #include "weft/core/error.hpp"
+#include "weft/models/models.hpp"
 #include "weft/pipeline/grouping.hpp"
 #include "weft/pipeline/hetero.hpp"
-#include "weft/models/models.hpp"
 #include "weft/plan/planner.hpp"
 #include "weft/plan/rebatch.hpp"
 #include "weft/sharding/tile.hpp"
@@ -270,8 +270,9 @@ TEST_CASE("exec pipeline: ZB-V (V placement, stages d and 2D-1-d on group d) equ
   // hand-over between stages 1 and 2 stays on group 1's devices (a resharding between two layouts
   // of the same devices: sends to themselves or to their group), random layouts and arrivals.
   // Three random layouts (one under the sanitizers, 5-10x slower).
-  const std::vector<std::uint32_t> seeds =
-      std::getenv("WEFT_SANITIZED") ? std::vector<std::uint32_t>{41u} : std::vector<std::uint32_t>{41u, 42u, 43u};
+  const std::vector<std::uint32_t> seeds = std::getenv("WEFT_SANITIZED")
+                                               ? std::vector<std::uint32_t>{41u}
+                                               : std::vector<std::uint32_t>{41u, 42u, 43u};
   for (std::uint32_t seed : seeds) {
     CAPTURE(seed);
     const auto mb = plan::rebatch(step, 2);
@@ -306,7 +307,8 @@ TEST_CASE("exec pipeline: recomputation (full, selective) runs as planned: the s
   // time: every value equals one device, the peak live bytes drop, and they agree with the
   // planner's memory model.
   models::GptConfig gc;
-  gc.layers = 4, gc.hidden = 32, gc.heads = 4, gc.seq = 64, gc.vocab = 32, gc.batch = 8;  // activations dominate
+  gc.layers = 4, gc.hidden = 32, gc.heads = 4, gc.seq = 64, gc.vocab = 32,
+  gc.batch = 8;  // activations dominate
   const auto step = ir::build_training_graph(models::gpt(gc));
   const auto c = cluster::Cluster::preset("p3.8xlarge", 1);
   exec::ExecuteOptions eo;
@@ -352,9 +354,11 @@ TEST_CASE("exec pipeline: recomputation (full, selective) runs as planned: the s
     po.num_blocks = 4;
     po.memory_fraction = 1.0;
     po.recompute = plan::Recompute::Selective;
-    const double sel0 = plan::layout_plan(step, c, {{0, 1, {0}, {}}, {2, 3, {1}, {}}}, 2, po).stages[0].peak_memory;
+    const double sel0 =
+        plan::layout_plan(step, c, {{0, 1, {0}, {}}, {2, 3, {1}, {}}}, 2, po).stages[0].peak_memory;
     po.recompute = plan::Recompute::Full;
-    const double full0 = plan::layout_plan(step, c, {{0, 1, {0}, {}}, {2, 3, {1}, {}}}, 2, po).stages[0].peak_memory;
+    const double full0 =
+        plan::layout_plan(step, c, {{0, 1, {0}, {}}, {2, 3, {1}, {}}}, 2, po).stages[0].peak_memory;
     po.recompute = plan::Recompute::Auto;
     // The limits from selective's peak down to full's: somewhere in between one block is enough.
     plan::Plan p;
@@ -377,9 +381,10 @@ TEST_CASE("exec pipeline: recomputation (full, selective) runs as planned: the s
     CHECK(peak0 > peak["full"]);
     CHECK(peak0 < peak["none"]);
     CHECK(static_cast<double>(peak0) / 2 == doctest::Approx(p.stages[0].peak_memory).epsilon(0.15));
-    MESSAGE(fmt::format("recompute full on block(s) {} of stage 0: executed peak {} bytes (f64), planned {:.0f} "
-                        "(f32), diff {:.1e}",
-                        fmt::join(p.stages[0].recompute_blocks, ","), peak0, p.stages[0].peak_memory, d));
+    MESSAGE(
+        fmt::format("recompute full on block(s) {} of stage 0: executed peak {} bytes (f64), planned {:.0f} "
+                    "(f32), diff {:.1e}",
+                    fmt::join(p.stages[0].recompute_blocks, ","), peak0, p.stages[0].peak_memory, d));
   }
 }
 
@@ -615,16 +620,18 @@ TEST_CASE("exec pipeline: ZeRO across replicas shards the optimizer states and e
         const auto& buf = prog.buffers[static_cast<std::size_t>(b)];
         if (step.tensor(buf.tensor).name.rfind("adam_m:", 0) != 0) continue;
         ++moments;
-        const auto spec = sharding::ShardingSpec::parse(buf.spec, buf.shape, p.stages[static_cast<std::size_t>(buf.stage)].mesh_shape);
+        const auto spec = sharding::ShardingSpec::parse(
+            buf.spec, buf.shape, p.stages[static_cast<std::size_t>(buf.stage)].mesh_shape);
         sharded += spec.per_axis()[0].kind == sharding::Placement::Shard;
       }
       CHECK(moments > 0);
       if (zero == 0) CHECK(sharded == 0);
       if (zero > 0) CHECK(sharded == moments);  // every moment's update splits along the replica axis here
       CHECK((count(prog, lower::InstrKind::ReduceScatter) > 0) == (zero > 0));
-      MESSAGE(fmt::format("ZeRO-{} {}: {} of {} moment leaves sharded on the replica axis, {} reduce-scatters, "
-                          "diff {:.1e}",
-                          zero, lay.to_string(), sharded, moments, count(prog, lower::InstrKind::ReduceScatter), d));
+      MESSAGE(fmt::format(
+          "ZeRO-{} {}: {} of {} moment leaves sharded on the replica axis, {} reduce-scatters, "
+          "diff {:.1e}",
+          zero, lay.to_string(), sharded, moments, count(prog, lower::InstrKind::ReduceScatter), d));
     }
 }
 

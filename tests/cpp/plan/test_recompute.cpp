@@ -170,8 +170,8 @@ TEST_CASE("recompute: auto picks per stage the cheapest mode that fits, and refu
     o.num_blocks = 4;
     o.recompute = r;
     o.memory_fraction = 1.0;
-    return plan::layout_plan(g, one_node(), {{0, 0, {0}, {}}, {1, 1, {1}, {}}, {2, 2, {2}, {}}, {3, 3, {3}, {}}}, 1,
-                             o);
+    return plan::layout_plan(g, one_node(),
+                             {{0, 0, {0}, {}}, {1, 1, {1}, {}}, {2, 2, {2}, {}}, {3, 3, {3}, {}}}, 1, o);
   };
   const plan::Plan kept = per_block(plan::Recompute::None), ckpt = per_block(plan::Recompute::Full);
   double extra = 0, act = 0;
@@ -183,9 +183,10 @@ TEST_CASE("recompute: auto picks per stage the cheapest mode that fits, and refu
   }
   CHECK(forced.backward_time == doctest::Approx(none.backward_time + extra));
   CHECK(forced.activation_memory == doctest::Approx(act));
-  MESSAGE(fmt::format("limit {:.3g} MB: full recomputation of blocks {} (B {:.4g} ms; none {:.4g}, full {:.4g})",
-                      limit / 1e6, fmt::join(forced.recompute_blocks, ","), forced.backward_time * 1e3,
-                      none.backward_time * 1e3, full.backward_time * 1e3));
+  MESSAGE(
+      fmt::format("limit {:.3g} MB: full recomputation of blocks {} (B {:.4g} ms; none {:.4g}, full {:.4g})",
+                  limit / 1e6, fmt::join(forced.recompute_blocks, ","), forced.backward_time * 1e3,
+                  none.backward_time * 1e3, full.backward_time * 1e3));
   CHECK_THROWS_WITH_AS(pick(full.peak_memory * 0.99), doctest::Contains("does not fit"), Error);
   // An explicit mode is used even where another would fit.
   CHECK(one_device_stage(g, 4, plan::Recompute::None, none.peak_memory * 1.001).recompute == "none");

@@ -68,7 +68,8 @@ TEST_CASE("zero: bytes each device sends per step, ZeRO's §7 by hand") {
     const double ring = (n - 1.0) / n;
     CAPTURE(n);
     CHECK(plan::zero_traffic(0, P, n).total(1) == doctest::Approx(2 * ring * P));  // all-reduce
-    CHECK(plan::zero_traffic(1, P, n).total(1) == doctest::Approx(2 * ring * P));  // reduce-scatter + all-gather
+    CHECK(plan::zero_traffic(1, P, n).total(1) ==
+          doctest::Approx(2 * ring * P));  // reduce-scatter + all-gather
     CHECK(plan::zero_traffic(2, P, n).total(1) == doctest::Approx(2 * ring * P));
     CHECK(plan::zero_traffic(3, P, n).total(1) == doctest::Approx(3 * ring * P));  // 1.5 × data parallelism
     // Micro-batches: ZeRO-2 reduce-scatters every micro-batch's gradients, ZeRO-3 gathers every time.
@@ -179,6 +180,6 @@ TEST_CASE("zero: hybrid sharding (in node, replicated across nodes) wins over fu
   CHECK(hybrid.step_time < full.step_time);
   // Full sharding keeps less: 1/32 of the state against 1/8.
   CHECK(full.stages[0].static_memory < hybrid.stages[0].static_memory);
-  MESSAGE(fmt::format("ZeRO-3 on 4 nodes at 10 Gb/s: hybrid {:.4g} s, full {:.4g} s per step", hybrid.step_time,
-                      full.step_time));
+  MESSAGE(fmt::format("ZeRO-3 on 4 nodes at 10 Gb/s: hybrid {:.4g} s, full {:.4g} s per step",
+                      hybrid.step_time, full.step_time));
 }
