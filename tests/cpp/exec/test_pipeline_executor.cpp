@@ -114,6 +114,24 @@ std::int64_t count(const lower::Program& p, lower::InstrKind k) {
   return n;
 }
 
+// A plan lowered through its JSON and executed: every value equals one device (`ref`), to 1e-10.
+struct PlanRun {
+  lower::Program program;
+  exec::ExecutionResult result;
+  double diff = 0;
+};
+PlanRun run_plan(const plan::Plan& p, const ir::Graph& step, const cluster::Cluster& c,
+                 const exec::ExecuteOptions& eo, const exec::ExecutionResult& ref) {
+  PlanRun r;
+  r.program = lower::lower(plan::Plan::from_json(p.to_json()), step, c);
+  r.result = exec::execute_program(r.program, eo);
+  std::string worst;
+  r.diff = max_rel_diff(r.result, ref, &worst);
+  CAPTURE(worst);
+  CHECK(r.diff < 1e-10);
+  return r;
+}
+
 }  // namespace
 
 TEST_CASE("exec pipeline: tiny GPT in 2 stages under every schedule equals one device (f64)") {
@@ -322,12 +340,7 @@ TEST_CASE("exec pipeline: recomputation (full, selective) runs as planned: the s
     const auto p = plan::layout_plan(step, c, {{0, 1, {0}, {}}, {2, 3, {1}, {}}}, 2, po);
     const std::string name(plan::recompute_name(mode));
     for (const auto& st : p.stages) CHECK(st.recompute == name);
-    const auto prog = lower::lower(plan::Plan::from_json(p.to_json()), step, c);
-    const auto got = exec::execute_program(prog, eo);
-    std::string worst;
-    const double d = max_rel_diff(got, ref, &worst);
-    CAPTURE(worst);
-    CHECK(d < 1e-10);
+    const auto [prog, got, d] = run_plan(p, step, c, eo, ref);
     for (const auto& r : got.ranks) peak[name] = std::max(peak[name], r.peak_bytes);
     // The executed peaks against the planner's memory model (the executor holds every value as an
     // 8-byte double, the plan counts f32: half the executed bytes): within 15 % on both ranks
@@ -371,20 +384,15 @@ TEST_CASE("exec pipeline: recomputation (full, selective) runs as planned: the s
     REQUIRE(p.stages[0].recompute == "full");
     REQUIRE(p.stages[0].recompute_blocks.size() == 1);  // one of its two blocks is enough
     CHECK(p.stages[0].peak_memory > full0);
-    const auto prog = lower::lower(plan::Plan::from_json(p.to_json()), step, c);
-    const auto got = exec::execute_program(prog, eo);
-    std::string worst;
-    const double d = max_rel_diff(got, ref, &worst);
-    CAPTURE(worst);
-    CHECK(d < 1e-10);
-    const auto peak0 = got.ranks[0].peak_bytes;
+    const PlanRun run = run_plan(p, step, c, eo, ref);
+    const auto peak0 = run.result.ranks[0].peak_bytes;
     CHECK(peak0 > peak["full"]);
     CHECK(peak0 < peak["none"]);
     CHECK(static_cast<double>(peak0) / 2 == doctest::Approx(p.stages[0].peak_memory).epsilon(0.15));
     MESSAGE(
         fmt::format("recompute full on block(s) {} of stage 0: executed peak {} bytes (f64), planned {:.0f} "
                     "(f32), diff {:.1e}",
-                    fmt::join(p.stages[0].recompute_blocks, ","), peak0, p.stages[0].peak_memory, d));
+                    fmt::join(p.stages[0].recompute_blocks, ","), peak0, p.stages[0].peak_memory, run.diff));
   }
 }
 
@@ -608,12 +616,8 @@ TEST_CASE("exec pipeline: ZeRO across replicas shards the optimizer states and e
       po.zero = zero;
       const auto p = plan::megatron_plan(step, eight, lay, po);
       for (const auto& st : p.stages) CHECK(st.zero == zero);
-      const auto prog = lower::lower(plan::Plan::from_json(p.to_json()), step, eight);
-      const auto dist = exec::execute_program(prog, eo);
-      std::string worst;
-      const double d = max_rel_diff(dist, ref, &worst);
-      CAPTURE(worst);
-      CHECK(d < 1e-10);
+      const PlanRun run = run_plan(p, step, eight, eo, ref);
+      const auto& prog = run.program;
       // The moments' leaves: split along the replica axis (mesh axis 0) exactly when ZeRO is on.
       int moments = 0, sharded = 0;
       for (int b : prog.leaf_buffers) {
@@ -631,7 +635,7 @@ TEST_CASE("exec pipeline: ZeRO across replicas shards the optimizer states and e
       MESSAGE(fmt::format(
           "ZeRO-{} {}: {} of {} moment leaves sharded on the replica axis, {} reduce-scatters, "
           "diff {:.1e}",
-          zero, lay.to_string(), sharded, moments, count(prog, lower::InstrKind::ReduceScatter), d));
+          zero, lay.to_string(), sharded, moments, count(prog, lower::InstrKind::ReduceScatter), run.diff));
     }
 }
 
