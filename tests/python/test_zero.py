@@ -45,7 +45,7 @@ def llama7b():
     return fwd, fwd.train_step(optimizer="adam"), weft.Cluster.preset("DGX-A100", nodes=1)
 
 
-def test_llama7b_on_one_node_plan_fits_and_beats_fsdp_and_megatron(llama7b):
+def test_llama7b_on_one_node_needs_sharded_states_and_fsdp_fits(llama7b):
     fwd, g, c = llama7b
     kw = dict(memory_limit=LIMIT, memory_fraction=1.0)
     # 16 bytes per parameter: replicated over 8 GPUs the state alone (105 GB) exceeds 38 GB, so any
@@ -59,12 +59,8 @@ def test_llama7b_on_one_node_plan_fits_and_beats_fsdp_and_megatron(llama7b):
     # ZeRO-3 keeps 1/8 of the 16 bytes per parameter on each device (the LM head's and embedding's
     # tied parameter counted once per block that reads it).
     assert fsdp.stages[0].static_memory == pytest.approx(state / 8, rel=0.02)
-    meg = weft.megatron_plan(g, c, **kw)
-    own = weft.plan(g, c, **kw)
-    assert own.feasible and own.peak_memory <= LIMIT * (1 + 1e-9)
-    assert own.step_time <= fsdp.step_time * (1 + 1e-9)
-    assert own.step_time <= meg.step_time * (1 + 1e-9)
-    assert "zero" in own.summary()
+    # weft.plan against FSDP and the best Megatron layout: the benchmark's goal, asserted by
+    # test_benchmark_prints_the_three_and_the_plan_time (the same three plans).
 
 
 def test_issue_layout_plan_call_fits_at_38_gb(llama7b):
@@ -110,3 +106,6 @@ def test_benchmark_prints_the_three_and_the_plan_time():
     assert set(steps) == {"FSDP (ZeRO-3 + full checkpointing, d=8)", "best Megatron layout", "weft.plan"}
     assert any(r["metric"] == "plan_seconds" for r in rows)
     assert "goal (fits, no slower than both): met" in out.stdout
+    own = {r["metric"]: r["value"] for r in rows if r["case"] == "weft.plan"}
+    assert own["ratio_to_fsdp"] <= 1 + 1e-9 and own["ratio_to_megatron"] <= 1 + 1e-9
+    assert own["peak_memory"] <= LIMIT * (1 + 1e-9)

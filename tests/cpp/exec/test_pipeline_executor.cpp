@@ -607,8 +607,11 @@ TEST_CASE("exec pipeline: ZeRO across replicas shards the optimizer states and e
   exec::ExecuteOptions eo;
   const auto ref = exec::execute_reference(step, eo);
   const auto eight = cluster::Cluster::preset("M8", 1);
+  // Under the sanitizers the pipelined layout only (CI time).
+  const auto layouts = std::getenv("WEFT_SANITIZED") ? std::vector<plan::MegatronLayout>{{1, 2, 4}}
+                                                     : std::vector<plan::MegatronLayout>{{1, 2, 4}, {2, 1, 4}};
   for (int zero : {0, 1, 3})
-    for (const auto& lay : std::vector<plan::MegatronLayout>{{1, 2, 4}, {2, 1, 4}}) {
+    for (const auto& lay : layouts) {
       CAPTURE(zero);
       CAPTURE(lay.to_string());
       plan::PlanOptions po;
