@@ -157,7 +157,8 @@ Program lower(const plan::Plan& plan, const ir::Graph& step, const cluster::Clus
       ps.recompute_unit = grouping_blocks(g, plan.num_blocks);
       if (!st.recompute_blocks.empty())  // some blocks only: the others keep their activations
         for (int& u : ps.recompute_unit)
-          if (!std::binary_search(st.recompute_blocks.begin(), st.recompute_blocks.end(), u)) u = -1;
+          if (std::find(st.recompute_blocks.begin(), st.recompute_blocks.end(), u) == st.recompute_blocks.end())
+            u = -1;
     }
     if (st.recompute == "selective") {
       ps.recompute_unit.assign(g.ops().size(), -1);

@@ -67,10 +67,13 @@ namespace weft::plan {
 
 namespace detail {
 
+double exposed_overlap(const PlanOptions& o, double comm, double window, double unit) {
+  if (!o.overlap_grad_sync || comm <= 0) return comm;
+  return std::max(comm * std::clamp(unit, 0.0, 1.0), comm - window);
+}
+
 double exposed_grad_sync(const PlanOptions& o, double sync, double grad_bytes, double backward) {
-  if (!o.overlap_grad_sync || sync <= 0) return sync;
-  const double bucket = grad_bytes > 0 ? sync * std::min(1.0, o.grad_bucket_bytes / grad_bytes) : sync;
-  return std::max(bucket, sync - backward);
+  return exposed_overlap(o, sync, backward, grad_bytes > 0 ? o.grad_bucket_bytes / grad_bytes : 1.0);
 }
 
 std::string mesh_text(const std::vector<std::int64_t>& shape) {

@@ -653,7 +653,12 @@ bool replica_may_fit(Context& ctx, std::int64_t bs, int D, bool kept = false);
 // Heterogeneous clusters (hetero_planner.cpp).
 Plan make_hetero_plan(Context& ctx);
 
-// The gradient synchronisation a stage exposes after its last backward (PlanOptions::overlap_grad_sync).
+// Communication of `comm` seconds run alongside `window` seconds of the compute it serves, in
+// pieces of `unit` of it (a bucket, a block; clamped to [0, 1]): what stays exposed,
+// max(one piece, comm − window) with PlanOptions::overlap_grad_sync, else all of it.
+double exposed_overlap(const PlanOptions& o, double comm, double window, double unit);
+// The gradient synchronisation a stage exposes after its last backward: exposed_overlap in
+// grad_bucket_bytes pieces.
 double exposed_grad_sync(const PlanOptions& o, double sync, double grad_bytes, double backward);
 
 // Whale's `split` over mixed GPUs (uneven_split.cpp has the model): blocks first..last as one SPMD

@@ -36,7 +36,7 @@ ZeroTraffic zero_traffic(int level, double param_bytes, int group, int groups) {
   const double ring = (group - 1.0) / group, P = param_bytes;
   ZeroTraffic t;
   switch (level) {
-    case 0: t.per_step = 2 * ring * P; break;
+    case 0:  // an all-reduce, or a reduce-scatter and an all-gather: the same bytes
     case 1: t.per_step = 2 * ring * P; break;
     case 2: t.per_microbatch = ring * P, t.per_step = ring * P; break;
     default: t.per_microbatch = 3 * ring * P; break;
@@ -82,13 +82,6 @@ std::vector<int> zero_levels(const PlanOptions& o, int replicas) {
 }
 
 namespace {
-// Communication of `comm` seconds run alongside `window` seconds of the compute it serves, in
-// pieces of `unit` of it (a bucket, a block): what stays exposed.
-double overlapped(const PlanOptions& o, double comm, double window, double unit) {
-  if (comm <= 0) return 0;
-  if (!o.overlap_grad_sync) return comm;
-  return std::max(comm * std::clamp(unit, 0.0, 1.0), comm - window);
-}
 double ring(double (*f)(const cluster::AxisLink&, double), const cluster::AxisLink& l, double bytes) {
   return l.size > 1 && bytes > 0 ? f(l, bytes) : 0.0;
 }
@@ -134,15 +127,15 @@ StageAgg with_replicas(const StageAgg& a, int level, const ReplicaLinks& l, doub
   } else if (level == 2) {
     // Every micro-batch's gradients reduce-scattered bucket by bucket during its backward.
     const double rs = RS(grp, G);
-    r.bwd = a.bwd + overlapped(o, rs, a.bwd, bucket);
+    r.bwd = a.bwd + exposed_overlap(o, rs, a.bwd, bucket);
     r.comm = a.comm + rs;
     r.upd = rest + update + exposed_grad_sync(o, a.grad_sync + across, G / z, a.bwd) + AG(grp, P);
   } else {
     // Parameters gathered block by block before the forward and again before the backward (the
     // next block prefetched), gradients reduce-scattered as they are made, every micro-batch.
     const double ag = AG(grp, P), rs = RS(grp, G);
-    r.fwd = a.fwd + overlapped(o, ag, a.fwd, block);
-    r.bwd = a.bwd + overlapped(o, ag + rs, a.bwd, block);
+    r.fwd = a.fwd + exposed_overlap(o, ag, a.fwd, block);
+    r.bwd = a.bwd + exposed_overlap(o, ag + rs, a.bwd, block);
     r.comm = a.comm + 2 * ag + rs;
     r.upd = rest + update + exposed_grad_sync(o, a.grad_sync + across, G / z, a.bwd);
   }
