@@ -247,6 +247,15 @@ class Executor {
 
   void init_leaves(int r, int step) {
     const auto& rp = p_.ranks[static_cast<std::size_t>(r)];
+    if (step > 1) {
+      // What the last step kept only as its results (gradients, the loss) is gone when the next
+      // one starts, as a framework's gradients are: the peak counts one step's values and the state.
+      auto& held = values_[static_cast<std::size_t>(r)];
+      std::vector<char> leaf(held.size(), 0);
+      for (int b : p_.leaf_buffers) leaf[static_cast<std::size_t>(b)] = 1;
+      for (std::size_t b = 0; b < held.size(); ++b)
+        if (!leaf[b]) held[b].reset();
+    }
     for (int b : p_.leaf_buffers) {
       const auto& buf = p_.buffers[static_cast<std::size_t>(b)];
       if (buf.stage != rp.stage) continue;

@@ -76,6 +76,7 @@ struct Tmpl {
   Instr i;
   int only_device = -1;   // Send / Recv: the one device (of the stage) that runs it
   bool acc_slot = false;  // copy into the accumulator on the phase's first run, accumulate after
+  ir::OpId unit_op = -1;  // a ZeRO-3 parameter gather: the op it serves (its recompute unit's)
 };
 
 // A tensor made in one stage and read in another (per micro-batch, or once per step for the
@@ -504,9 +505,9 @@ class PipelineLowering {
     return st_[static_cast<std::size_t>(s)].layouts.at(t).front().second;
   }
 
-  void emit(int s, Instr i, int only_device = -1, bool acc_slot = false) {
+  void emit(int s, Instr i, int only_device = -1, bool acc_slot = false, ir::OpId unit_op = -1) {
     st_[static_cast<std::size_t>(s)].tmpl[static_cast<std::size_t>(phase_now_)].push_back(
-        {std::move(i), only_device, acc_slot});
+        {std::move(i), only_device, acc_slot, unit_op});
   }
 
   sharding::ReshardPlanner& planner(StageCtx& st, int element_bytes) {
@@ -524,22 +525,40 @@ class PipelineLowering {
                 fmt::format("tensor '{}' has no layout on stage {}", g_.tensor(t).name, s));
     for (const auto& [sp, b] : lit->second)
       if (sp == spec) return b;
-    int cur = lit->second.front().second;
-    const ShardingSpec from = lit->second.front().first;
+    return reshard(s, t, lit->second.front().second, spec, true);
+  }
+  // Buffer `cur` (a value of `t`) resharded to `spec` by the planner's cheapest sequence; with
+  // `shared` each step's buffer is a layout of t that later reads reuse (a partial mean is not).
+  // With `into` the last step writes that buffer (of `spec`), a copy when no step is needed.
+  int reshard(int s, ir::TensorId t, int cur, const ShardingSpec spec, bool shared, int into = -1) {
+    auto& st = st_[static_cast<std::size_t>(s)];
+    const ShardingSpec from = specs_[static_cast<std::size_t>(cur)];
     const auto& plan = planner(st, static_cast<int>(dtype_size(g_.tensor(t).dtype))).plan(from, spec);
-    for (const auto& step : plan.steps) {
+    if (into >= 0 && plan.steps.empty()) {
+      Instr i;
+      i.kind = InstrKind::Copy;
+      i.in = {cur};
+      i.out = {into};
+      emit(s, std::move(i));
+      return into;
+    }
+    for (std::size_t k = 0; k < plan.steps.size(); ++k) {
+      const auto& step = plan.steps[k];
+      const bool last_into = into >= 0 && k + 1 == plan.steps.size();
       int next = -1;
-      for (const auto& [sp, b] : st.layouts.at(t))
-        if (sp == step.to) next = b;
+      if (shared && !last_into)
+        for (const auto& [sp, b] : st.layouts.at(t))
+          if (sp == step.to) next = b;
       if (next < 0) {
-        next = made(s, t, step.to);
+        next = last_into ? into : shared ? made(s, t, step.to) : buffer(s, t, step.to, phase_now_ != kU);
         Instr i;
         i.kind = kind_of(step.kind);
         i.axis = step.axis;
         i.in = {cur};
         i.out = {next};
         if (auto r = step.from.reduce_kind(); r && *r == sharding::ReduceKind::Max) i.reduce = ReduceOp::Max;
-        emit(s, std::move(i));
+        // A ZeRO-3 gather belongs to the op it serves: re-made with that op's unit.
+        emit(s, std::move(i), -1, false, zero_param_.count({s, t}) ? serving_ : -1);
       }
       cur = next;
     }
@@ -551,8 +570,11 @@ class PipelineLowering {
   }
 
   // ZeRO across the replicas (PipelineStage::zero): the replica-axis factor of each optimizer
-  // update and the sharded spec of the optimizer states it reads, on the stage's whole mesh.
+  // update and the sharded spec of the optimizer states it reads, on the stage's whole mesh;
+  // from level 2 the spec its gradient is accumulated in (reduce-scattered per micro-batch), at
+  // level 3 the spec its parameter is stored in (gathered before each use, freed after).
   void plan_zero() {
+    const bool by_share = !opt_.replica_microbatch.empty();
     for (int s = 0; s < S_; ++s) {
       const auto& ps = in_[static_cast<std::size_t>(s)];
       const auto& st = st_[static_cast<std::size_t>(s)];
@@ -561,10 +583,23 @@ class PipelineLowering {
         const auto& info = g_.tensor(t);
         return info.producer == ir::kNoOp && ir::is_state_leaf(info) && info.role != ir::Role::Parameter;
       };
+      auto parameter = [&](ir::TensorId t) {
+        const auto& info = g_.tensor(t);
+        return info.producer == ir::kNoOp && info.role == ir::Role::Parameter;
+      };
+      // Read on this stage only: a tied parameter (or a gradient summed on another stage) keeps
+      // ZeRO-1's replicated form, since its cross-stage transfers are per replica.
+      auto only_here = [&](ir::TensorId t) {
+        const auto& rs = readers_[static_cast<std::size_t>(t)];
+        return std::all_of(rs.begin(), rs.end(),
+                           [&](ir::OpId r) { return stage_of_op_[static_cast<std::size_t>(r)] == s; });
+      };
       for (ir::OpId o : st.ops) {
         if (phase_[static_cast<std::size_t>(o)] != kU || deferred_[static_cast<std::size_t>(o)]) continue;
         const ir::Op& op = g_.op(o);
-        if (std::none_of(op.inputs.begin(), op.inputs.end(), optimizer_state)) continue;
+        if (std::none_of(op.inputs.begin(), op.inputs.end(), optimizer_state) &&
+            (ps.zero < 2 || std::none_of(op.inputs.begin(), op.inputs.end(), parameter)))
+          continue;
         const auto& axes = ps.layout.op_axes[static_cast<std::size_t>(o)];
         for (const auto& cand : spmd::enumerate_strategies(g_, op, st.mesh.shape())) {
           if (cand.axes[0].factor < 0 ||
@@ -575,8 +610,23 @@ class PipelineLowering {
         }
         if (!zero_axis_.count(o)) continue;  // no factor divides along the replica axis: a replicated update
         const auto strat = strategy(o);
-        for (std::size_t i = 0; i < op.inputs.size(); ++i)
-          if (optimizer_state(op.inputs[i])) zero_leaf_.insert_or_assign({s, op.inputs[i]}, strat.inputs[i]);
+        for (std::size_t i = 0; i < op.inputs.size(); ++i) {
+          const ir::TensorId t = op.inputs[i];
+          const auto& info = g_.tensor(t);
+          if (optimizer_state(t)) zero_leaf_.insert_or_assign({s, t}, strat.inputs[i]);
+          if (ps.zero >= 3 && parameter(t) && only_here(t)) {
+            zero_leaf_.insert_or_assign({s, t}, strat.inputs[i]);
+            zero_param_.insert({s, t});
+          }
+          // A gradient made on this stage's micro-batches (uneven replica shares weight each
+          // replica's mean before the sum, so they keep the whole accumulator).
+          if (ps.zero >= 2 && !by_share && info.role == ir::Role::Gradient && info.producer != ir::kNoOp &&
+              stage_of_op_[static_cast<std::size_t>(info.producer)] == s &&
+              phase_[static_cast<std::size_t>(info.producer)] != kU && only_here(t) &&
+              std::all_of(readers_[static_cast<std::size_t>(t)].begin(), readers_[static_cast<std::size_t>(t)].end(),
+                          [&](ir::OpId r) { return phase_[static_cast<std::size_t>(r)] == kU; }))
+            zero_grad_.insert_or_assign({s, t}, strat.inputs[i]);
+        }
       }
     }
   }
@@ -609,7 +659,8 @@ class PipelineLowering {
     // What the update reads from the micro-batches (gradients), and the loss: accumulated.
     // (A once-per-step gradient sum on another stage reads it too: it is accumulated here and
     // crosses once.)
-    std::set<ir::TensorId> acc_set;
+    auto& acc_set = acc_set_;
+    acc_set.clear();
     if (accumulate_) {
       for (ir::OpId o = 0; o < static_cast<ir::OpId>(g_.ops().size()); ++o) {
         if (phase_[static_cast<std::size_t>(o)] != kU) continue;
@@ -631,6 +682,10 @@ class PipelineLowering {
     }
     for (Phase ph : {kF, kB, kW}) {
       phase_now_ = ph;
+      // ZeRO-3: each phase gathers its parameters afresh (per micro-batch, freed after their last
+      // use there), so no gathered copy lives from the forward to the backward.
+      for (auto& [t, ls] : st.layouts)
+        if (zero_param_.count({s, t})) ls.erase(ls.begin() + 1, ls.end());
       recv(s, ph, false);  // what arrives from other stages, first
       if (ph == kF)
         for (int b : inputs) {
@@ -643,17 +698,9 @@ class PipelineLowering {
       for (ir::OpId o : st.ops)
         if (phase_[static_cast<std::size_t>(o)] == ph) lower_op(s, o);
       send(s, ph, false);
-      for (ir::TensorId t : acc_set) {
-        if (phase_[static_cast<std::size_t>(g_.tensor(t).producer)] != ph) continue;
-        const int prod = produced(s, t);
-        const int acc = buffer(s, t, specs_[static_cast<std::size_t>(prod)], false);
-        Instr i;
-        i.kind = InstrKind::Copy;
-        i.in = {prod};
-        i.out = {acc};
-        emit(s, std::move(i), -1, true);
-        st.acc.emplace_back(t, acc);
-      }
+      for (ir::TensorId t : acc_set)  // (what only the update reads: accumulated where it is made)
+        if (phase_[static_cast<std::size_t>(g_.tensor(t).producer)] == ph && !accumulated_early(t))
+          accumulate(s, t);
     }
     phase_now_ = kU;
     // The mean over micro-batches and replicas (uneven shares: each replica's mean weighted by its
@@ -661,6 +708,10 @@ class PipelineLowering {
     const bool by_share = !opt_.replica_microbatch.empty();
     const double scale = 1.0 / (static_cast<double>(M_) * (by_share ? 1 : dp_));
     for (auto [t, acc] : st.acc) {
+      if (zero_grad_.count({s, t})) {  // the mean already
+        st.layouts[t] = {{specs_[static_cast<std::size_t>(acc)], acc}};
+        continue;
+      }
       const ShardingSpec spec = st.lead > 0
                                     ? specs_[static_cast<std::size_t>(acc)].with_axis(0, Placement::partial())
                                     : specs_[static_cast<std::size_t>(acc)];
@@ -679,21 +730,66 @@ class PipelineLowering {
     for (ir::OpId o : st.ops)
       if (phase_[static_cast<std::size_t>(o)] == kU) lower_op(s, o);
     // The loop-carried edges: each updated state is resharded to its leaf's layout and copied in.
-    std::vector<std::pair<int, int>> copies;
+    // (An update made in the leaf's layout wrote the leaf itself; a sharded one — ZeRO-1/2's new
+    // parameter — is gathered straight into it.)
     for (auto [out, leaf_t] : ir::updated_states(g_)) {
       if (stage_of_op_[static_cast<std::size_t>(g_.tensor(out).producer)] != s) continue;
       const int leaf = st.leaves.at(leaf_t);
-      copies.emplace_back(layout(s, out, specs_[static_cast<std::size_t>(leaf)]), leaf);
-    }
-    for (auto [from, to] : copies) {
-      Instr i;
-      i.kind = InstrKind::Copy;
-      i.in = {from};
-      i.out = {to};
-      emit(s, std::move(i));
+      const int from = st.layouts.at(out).front().second;
+      if (from != leaf) reshard(s, out, from, specs_[static_cast<std::size_t>(leaf)], false, leaf);
     }
     send(s, kU, true);  // tied parameters: the new value to the other stages' copies
     recv(s, kU, true);
+  }
+
+  // A value only update phases read is accumulated right after the op that makes it (as a
+  // framework's .grad accumulation does), so each micro-batch's whole gradient never lives at once.
+  bool accumulated_early(ir::TensorId t) const {
+    const auto& rs = readers_[static_cast<std::size_t>(t)];
+    return std::all_of(rs.begin(), rs.end(), [&](ir::OpId r) { return phase_[static_cast<std::size_t>(r)] == kU; });
+  }
+
+  // Micro-batch m's value of t (made in this phase) into its per-step accumulator: copied on the
+  // first micro-batch, added after. A ZeRO-2/3 gradient goes right after the op that makes it:
+  // its share of the replicas' mean (P on the replica axis), reduce-scattered into the update's
+  // shard and accumulated there, so the whole gradient lives only until then.
+  void accumulate(int s, ir::TensorId t) {
+    auto& st = st_[static_cast<std::size_t>(s)];
+    int src = produced(s, t);
+    if (auto z = zero_grad_.find({s, t}); z != zero_grad_.end()) {
+      const int part = buffer(s, t, specs_[static_cast<std::size_t>(src)].with_axis(0, Placement::partial()), true);
+      Instr sc;
+      sc.kind = InstrKind::Scale;
+      sc.in = {src};
+      sc.out = {part};
+      sc.scale = 1.0 / (static_cast<double>(M_) * dp_);
+      emit(s, std::move(sc));
+      src = reshard(s, t, part, z->second, false);
+    }
+    const int acc = buffer(s, t, specs_[static_cast<std::size_t>(src)], false);
+    Instr i;
+    i.kind = InstrKind::Copy;
+    i.in = {src};
+    i.out = {acc};
+    emit(s, std::move(i), -1, true);
+    st.acc.emplace_back(t, acc);
+  }
+
+  // An update's result: written into its state's leaf when it is made in the leaf's layout and
+  // nothing else on the stage reads the leaf (the optimizer steps in place), else a new buffer.
+  int updated_in_place(int s, ir::TensorId out, const ShardingSpec& spec) {
+    auto& st = st_[static_cast<std::size_t>(s)];
+    for (auto [o, leaf_t] : ir::updated_states(g_)) {
+      if (o != out) continue;
+      auto lit = st.leaves.find(leaf_t);
+      const auto& rs = readers_[static_cast<std::size_t>(leaf_t)];
+      if (lit == st.leaves.end() || specs_[static_cast<std::size_t>(lit->second)] != spec || rs.size() != 1 ||
+          rs[0] != g_.tensor(out).producer)
+        break;
+      st.layouts[out].emplace_back(spec, lit->second);
+      return lit->second;
+    }
+    return made(s, out, spec);
   }
 
   // The Recvs of stage s in phase ph: each receiving device's part of each transfer into it.
@@ -739,11 +835,19 @@ class PipelineLowering {
   }
 
   void lower_op(int s, ir::OpId o) {
+    lower_op_body(s, o);
+    if (phase_now_ != kU)
+      for (ir::TensorId t : g_.op(o).outputs)
+        if (acc_set_.count(t) && accumulated_early(t)) accumulate(s, t);
+  }
+  void lower_op_body(int s, ir::OpId o) {
     const ir::Op& op = g_.op(o);
     WEFT_CHECK(op.kind != ir::OpKind::Opaque, "lowering: op '{}' is opaque and cannot be executed", op.name);
     const auto strat = strategy(o);
     std::vector<int> in;
+    serving_ = o;
     for (std::size_t i = 0; i < op.inputs.size(); ++i) in.push_back(layout(s, op.inputs[i], strat.inputs[i]));
+    serving_ = -1;
     const bool ce = op.kind == ir::OpKind::CrossEntropy || op.kind == ir::OpKind::CrossEntropyGrad;
     std::vector<int> vocab_axes;
     if (ce) vocab_axes = strat.inputs[0].axes_of_dim(strat.inputs[0].rank() - 1);
@@ -753,7 +857,8 @@ class PipelineLowering {
       i.op = o;
       i.in = in;
       for (std::size_t k = 0; k < op.outputs.size(); ++k)
-        i.out.push_back(made(s, op.outputs[k], strat.outputs[k]));
+        i.out.push_back(phase_now_ == kU ? updated_in_place(s, op.outputs[k], strat.outputs[k])
+                                         : made(s, op.outputs[k], strat.outputs[k]));
       emit(s, std::move(i));
       return;
     }
@@ -886,7 +991,7 @@ class PipelineLowering {
         int cur = -1;
         for (const auto& t : st.tmpl[static_cast<std::size_t>(kF)]) {
           if (t.i.op >= 0) cur = bo[static_cast<std::size_t>(t.i.op)];
-          if (cur != blk) continue;
+          if ((t.unit_op >= 0 ? bo[static_cast<std::size_t>(t.unit_op)] : cur) != blk) continue;
           if (is_transfer(t.i.kind) || t.i.kind == InstrKind::LoadInput || t.acc_slot) continue;
           bool per_mb = !t.i.out.empty();
           for (int b : t.i.out) per_mb = per_mb && per_mb_[static_cast<std::size_t>(b)];
@@ -971,11 +1076,12 @@ class PipelineLowering {
     std::set<int> checkpoints;
     for (const auto& t : st_[static_cast<std::size_t>(s)].tmpl[static_cast<std::size_t>(kF)]) {
       if (t.i.op >= 0) cur = bo[static_cast<std::size_t>(t.i.op)];
+      const int unit = t.unit_op >= 0 ? bo[static_cast<std::size_t>(t.unit_op)] : cur;
       for (int b : t.i.in)
-        if (auto m = it->second.find(b); m != it->second.end() && m->second != cur) checkpoints.insert(b);
-      if (cur < 0 || is_transfer(t.i.kind) || t.i.kind == InstrKind::LoadInput || t.acc_slot) continue;
+        if (auto m = it->second.find(b); m != it->second.end() && m->second != unit) checkpoints.insert(b);
+      if (unit < 0 || is_transfer(t.i.kind) || t.i.kind == InstrKind::LoadInput || t.acc_slot) continue;
       for (int b : t.i.out)
-        if (per_mb_[static_cast<std::size_t>(b)]) it->second.emplace(b, cur);
+        if (per_mb_[static_cast<std::size_t>(b)]) it->second.emplace(b, unit);
     }
     for (int b : checkpoints) it->second.erase(b);
     return it->second;
@@ -1036,6 +1142,10 @@ class PipelineLowering {
   bool accumulate_ = false;
   std::map<ir::OpId, spmd::AxisAssign> zero_axis_;                  // update op -> its replica-axis split
   std::map<std::pair<int, ir::TensorId>, ShardingSpec> zero_leaf_;  // (stage, state leaf) -> sharded spec
+  std::map<std::pair<int, ir::TensorId>, ShardingSpec> zero_grad_;  // (stage, gradient) -> its accumulator's
+  std::set<std::pair<int, ir::TensorId>> zero_param_;               // ZeRO-3: parameters stored sharded
+  std::set<ir::TensorId> acc_set_;                                  // the stage being lowered: accumulated tensors
+  ir::OpId serving_ = -1;                                           // the op whose operands are resharded now
   std::unique_ptr<schedule::Schedule> sched_;
   std::vector<int> stage_of_op_;
   std::vector<Phase> phase_;

@@ -151,19 +151,23 @@ def test_full_recomputation_runs_on_four_gloo_processes(step, cluster, reference
     assert weft.execute(prog_full, steps=1).peak_bytes[0] <= weft.execute(prog_none, steps=1).peak_bytes[0]
 
 
-def test_zero_sharded_optimizer_states_run_on_four_gloo_processes(step, cluster, reference):
-    # ZeRO over 4 replicas (issue 22): each rank keeps a quarter of every Adam moment, gradients are
-    # reduce-scattered and parameters all-gathered along the replica axis; the values equal one device.
-    plan = weft.megatron_plan(step, cluster, t=1, p=1, d=4, num_microbatches=2, zero=1)
-    assert plan.zero == [1] and plan.stages[0].zero_group == 4
+@pytest.mark.parametrize("zero", [1, 3])
+def test_zero_sharded_states_run_on_four_gloo_processes(step, cluster, reference, zero):
+    # ZeRO over 4 replicas (issue 22): level 1 keeps a quarter of every Adam moment per rank,
+    # gradients reduce-scattered and parameters all-gathered along the replica axis once per step;
+    # level 3 also stores a quarter of each parameter, gathered before each use in the forward and
+    # the backward, and reduce-scatters each micro-batch's gradients. The values equal one device.
+    plan = weft.megatron_plan(step, cluster, t=1, p=1, d=4, num_microbatches=2, zero=zero)
+    assert plan.zero == [zero] and plan.stages[0].zero_group == 4
     prog = weft.lower(plan, step, cluster)
     kinds = {i["kind"] for r in range(prog.num_ranks) for i in prog.instructions(r)}
     assert {"reduce-scatter", "all-gather"} <= kinds, kinds
     got = weft.run(prog, steps=3, dtype="f64")
     assert_same(got, reference, 1e-10)
-    # The ranks hold less than under replicated states (the same layout at ZeRO-0).
-    plain = weft.lower(weft.megatron_plan(step, cluster, t=1, p=1, d=4, num_microbatches=2, zero=0), step, cluster)
-    assert weft.execute(prog, steps=1).peak_bytes[0] < weft.execute(plain, steps=1).peak_bytes[0]
+    # The ranks hold less than one level below (the same layout).
+    below = weft.lower(weft.megatron_plan(step, cluster, t=1, p=1, d=4, num_microbatches=2, zero=zero - 1),
+                       step, cluster)
+    assert weft.execute(prog, steps=2).peak_bytes[0] < weft.execute(below, steps=2).peak_bytes[0]
 
 
 @pytest.mark.parametrize("name", ["a-megatron-spmd", "c-2stages-dp2-kfkb2"])

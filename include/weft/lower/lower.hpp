@@ -80,9 +80,10 @@ struct PipelineStage {
   // the stage's whole mesh that keeps the op's SPMD layout and splits a factor along that axis)
   // and stores the optimizer states it reads (master copy, moments) in that shard only; the
   // resharding then makes ZeRO's collectives: the replicas' partial gradient mean reduce-scattered
-  // into the update, the new parameter all-gathered into its replicated leaf. Levels 2 and 3 are
-  // lowered as level 1 (gradients accumulated whole, parameters replicated): the same values, the
-  // memory of level 1 (docs/modules/lower.md).
+  // into the update, the new parameter all-gathered into its replicated leaf. Level 2 also
+  // reduce-scatters each micro-batch's gradient into a sharded accumulator as soon as it is made;
+  // level 3 also stores each parameter sharded and gathers it before each use (forward, backward,
+  // a recomputed forward), freed after (docs/modules/lower.md).
   int zero = 0;
 };
 

@@ -168,6 +168,11 @@ class RankRuntime:
         return (T.flat_global(tile, self.buffers[b]["shape"]), v, tile["partial_index"])
 
     def step(self, step: int) -> None:
+        # What the last step kept only as its results (gradients, the loss) is gone when the next
+        # one starts, as a framework's gradients are (the CPU executor does the same).
+        leaves = set(self._leaf_ids)
+        for b in [b for b in self.values if b not in leaves]:
+            self.free(b)
         for b in self._leaf_ids:
             role = self.tensors[self.buffers[b]["tensor_id"]]["role"]
             if role == "input" or (role in ("parameter", "optimizer_state") and step > 1):
