@@ -99,6 +99,9 @@ void bind_plan(py::module_& m) {
           "zero_group", &Stage::zero_group,
           "Replicas of one ZeRO shard group: data_parallel = fully sharded, fewer = hybrid sharding "
           "(the groups replicate each other; FSDP's HYBRID_SHARD); 1 at level 0.")
+      .def_readonly("zero_blocks", &Stage::zero_blocks,
+                    "Per-block levels: the layer-grouping blocks at ZeRO-3 (parameters sharded too), the "
+                    "stage's others at `zero` (1 or 2); empty = `zero` for every block.")
       .def("__repr__", [](const Stage& s) {
         return fmt::format(
             "PlanStage({}: blocks {}-{} on {} devices, mesh ({}), F {:.4g} s B {:.4g} s, peak {:.3g} GB)",

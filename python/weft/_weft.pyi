@@ -717,6 +717,11 @@ class PlanStage:
         ZeRO level 0..3 of the stage across the plan's data-parallel replicas: 1 optimizer states sharded, 2 + gradients, 3 + parameters (FSDP); static_memory and the times include it.
         """
     @property
+    def zero_blocks(self) -> list[int]:
+        """
+        Per-block levels: the layer-grouping blocks at ZeRO-3 (parameters sharded too), the stage's others at `zero` (1 or 2); empty = `zero` for every block.
+        """
+    @property
     def zero_group(self) -> int:
         """
         Replicas of one ZeRO shard group: data_parallel = fully sharded, fewer = hybrid sharding (the groups replicate each other; FSDP's HYBRID_SHARD); 1 at level 0.

@@ -164,8 +164,10 @@ def plan(model_graph, cluster, schedule: str = "1F1B", *, num_microbatches: Opti
     per stage the fastest ZeRO level that fits, searched together with ``recompute``) or a level
     0 (replicated states, DDP), 1 (optimizer states sharded), 2 (+ gradients), 3 (+ parameters:
     FSDP); ``hybrid_sharding`` (default True) also tries shard groups of one node's replicas,
-    replicated across nodes (FSDP's HYBRID_SHARD). ``Plan.zero`` / ``PlanStage.zero_group`` say
-    what was chosen; the closed forms are :func:`weft.zero_memory` and :func:`weft.zero_traffic`.
+    replicated across nodes (FSDP's HYBRID_SHARD); with "auto" also ZeRO-3 on some blocks only
+    (the most parameter bytes first: an embedding before the layers) and 1 or 2 on the others.
+    ``Plan.zero`` / ``PlanStage.zero_group`` / ``PlanStage.zero_blocks`` say what was chosen; the
+    closed forms are :func:`weft.zero_memory` and :func:`weft.zero_traffic`.
     ``progress``: True for a tqdm bar, or a callable ``(phase, fraction, message)``.
     Other options (keyword): num_blocks, max_stages, spmd_level ("O2"/"O3"), spmd_time_limit (seconds
     per SPMD search of a block on a mesh), time_limit (seconds for the whole planning, default 300: at

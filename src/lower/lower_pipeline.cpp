@@ -191,6 +191,9 @@ class PipelineLowering {
       WEFT_CHECK(ps.layout.op_axes.size() == g_.ops().size(),
                  "lowering: stage {}'s layout has {} op assignments, the graph {} ops", s,
                  ps.layout.op_axes.size(), g_.ops().size());
+      WEFT_CHECK(ps.zero_level.empty() || ps.zero_level.size() == g_.ops().size(),
+                 "lowering: stage {}'s ZeRO levels list {} ops, the graph has {}", s, ps.zero_level.size(),
+                 g_.ops().size());
       WEFT_CHECK(ps.recompute_unit.empty() || ps.recompute_unit.size() == g_.ops().size(),
                  "lowering: stage {}'s recompute units list {} ops, the graph has {}", s, ps.recompute_unit.size(),
                  g_.ops().size());
@@ -578,7 +581,11 @@ class PipelineLowering {
     for (int s = 0; s < S_; ++s) {
       const auto& ps = in_[static_cast<std::size_t>(s)];
       const auto& st = st_[static_cast<std::size_t>(s)];
-      if (ps.zero <= 0 || st.lead == 0) continue;
+      auto level_of = [&](ir::OpId o) {
+        return ps.zero_level.empty() ? ps.zero : ps.zero_level[static_cast<std::size_t>(o)];
+      };
+      if (st.lead == 0 || std::none_of(st.ops.begin(), st.ops.end(), [&](ir::OpId o) { return level_of(o) > 0; }))
+        continue;
       auto optimizer_state = [&](ir::TensorId t) {
         const auto& info = g_.tensor(t);
         return info.producer == ir::kNoOp && ir::is_state_leaf(info) && info.role != ir::Role::Parameter;
@@ -597,8 +604,9 @@ class PipelineLowering {
       for (ir::OpId o : st.ops) {
         if (phase_[static_cast<std::size_t>(o)] != kU || deferred_[static_cast<std::size_t>(o)]) continue;
         const ir::Op& op = g_.op(o);
-        if (std::none_of(op.inputs.begin(), op.inputs.end(), optimizer_state) &&
-            (ps.zero < 2 || std::none_of(op.inputs.begin(), op.inputs.end(), parameter)))
+        const int level = level_of(o);
+        if (level <= 0 || (std::none_of(op.inputs.begin(), op.inputs.end(), optimizer_state) &&
+                           (level < 2 || std::none_of(op.inputs.begin(), op.inputs.end(), parameter))))
           continue;
         const auto& axes = ps.layout.op_axes[static_cast<std::size_t>(o)];
         for (const auto& cand : spmd::enumerate_strategies(g_, op, st.mesh.shape())) {
@@ -614,13 +622,13 @@ class PipelineLowering {
           const ir::TensorId t = op.inputs[i];
           const auto& info = g_.tensor(t);
           if (optimizer_state(t)) zero_leaf_.insert_or_assign({s, t}, strat.inputs[i]);
-          if (ps.zero >= 3 && parameter(t) && only_here(t)) {
+          if (level >= 3 && parameter(t) && only_here(t)) {
             zero_leaf_.insert_or_assign({s, t}, strat.inputs[i]);
             zero_param_.insert({s, t});
           }
           // A gradient made on this stage's micro-batches (uneven replica shares weight each
           // replica's mean before the sum, so they keep the whole accumulator).
-          if (ps.zero >= 2 && !by_share && info.role == ir::Role::Gradient && info.producer != ir::kNoOp &&
+          if (level >= 2 && !by_share && info.role == ir::Role::Gradient && info.producer != ir::kNoOp &&
               stage_of_op_[static_cast<std::size_t>(info.producer)] == s &&
               phase_[static_cast<std::size_t>(info.producer)] != kU && only_here(t) &&
               std::all_of(readers_[static_cast<std::size_t>(t)].begin(), readers_[static_cast<std::size_t>(t)].end(),

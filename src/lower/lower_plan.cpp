@@ -75,7 +75,8 @@ std::vector<PipelineStage> interleave(const ir::Graph& g, const std::vector<Pipe
                    std::move(chunk_ops[static_cast<std::size_t>(k)]),
                    stages[static_cast<std::size_t>(k / v)].layout,
                    stages[static_cast<std::size_t>(k / v)].recompute_unit,
-                   stages[static_cast<std::size_t>(k / v)].zero});
+                   stages[static_cast<std::size_t>(k / v)].zero,
+                   stages[static_cast<std::size_t>(k / v)].zero_level});
   return out;
 }
 
@@ -167,6 +168,11 @@ Program lower(const plan::Plan& plan, const ir::Graph& step, const cluster::Clus
         for (ir::OpId o : regions[r]) ps.recompute_unit[static_cast<std::size_t>(o)] = static_cast<int>(r);
     }
     ps.zero = lead > 0 ? st.zero : 0;
+    if (ps.zero > 0 && !st.zero_blocks.empty()) {  // ZeRO-3 on these blocks, the stage's level elsewhere
+      ps.zero_level = grouping_blocks(g, plan.num_blocks);
+      for (int& z : ps.zero_level)
+        z = std::find(st.zero_blocks.begin(), st.zero_blocks.end(), z) != st.zero_blocks.end() ? 3 : ps.zero;
+    }
     stages.push_back(std::move(ps));
     spmd_shapes.push_back(spmd_shape);
   }

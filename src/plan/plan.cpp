@@ -52,7 +52,8 @@ json to_j(const Stage& s) {
               {"recompute", s.recompute},
               {"recompute_blocks", s.recompute_blocks},
               {"zero", s.zero},
-              {"zero_group", s.zero_group}};
+              {"zero_group", s.zero_group},
+              {"zero_blocks", s.zero_blocks}};
 }
 
 json to_j(const CrossTensor& c) {
@@ -163,6 +164,14 @@ Stage stage_from(const json& j, const std::string& path) {
     s.zero_group = field<int>(j, "zero_group", path);
     WEFT_CHECK(s.zero >= 0 && s.zero <= 3, "Plan JSON: {}.zero must be 0..3, got {}", path, s.zero);
     WEFT_CHECK(s.zero_group >= 1, "Plan JSON: {}.zero_group must be >= 1, got {}", path, s.zero_group);
+  }
+  if (j.contains("zero_blocks")) {
+    s.zero_blocks = field<std::vector<int>>(j, "zero_blocks", path);
+    WEFT_CHECK(s.zero_blocks.empty() || s.zero == 1 || s.zero == 2,
+               "Plan JSON: {}.zero_blocks lists ZeRO-3 blocks but the stage's level is {}, not 1 or 2", path,
+               s.zero);
+    for (int b : s.zero_blocks)
+      WEFT_CHECK(b >= 0, "Plan JSON: {}.zero_blocks has a negative block {}", path, b);
   }
   WEFT_CHECK(s.forward_time >= 0 && s.backward_time >= 0 && s.weight_time >= 0 && s.optimizer_time >= 0 &&
                  s.weight_time <= s.backward_time,
@@ -478,6 +487,7 @@ std::string Plan::summary() const {
                            ? fmt::format("[{}] {} over {} replicas", st.index, st.zero, st.zero_group)
                            : fmt::format("[{}] {} hybrid: {} groups of {}", st.index, st.zero,
                                          data_parallel / st.zero_group, st.zero_group));
+      if (!st.zero_blocks.empty()) levels.back() += fmt::format(" (3 on {} blocks)", st.zero_blocks.size());
       any = any || st.zero != 0;
     }
     s += fmt::format("  zero          {}\n",
@@ -533,6 +543,9 @@ std::string Plan::summary() const {
                        st.zero == 1   ? "optimizer states"
                        : st.zero == 2 ? "optimizer states and gradients"
                                       : "optimizer states, gradients and parameters (gathered per block)");
+    if (!st.zero_blocks.empty())
+      s += fmt::format("        ZeRO-3 on blocks {}: their parameters sharded too, gathered before each use\n",
+                       fmt::join(st.zero_blocks, ","));
     if (!st.recompute_blocks.empty())
       s += fmt::format(
           "        recompute full on blocks {}: their forward runs again in the backward (B includes "

@@ -53,6 +53,7 @@
 #include "weft/cluster/device_mesh.hpp"
 #include "weft/core/error.hpp"
 #include "weft/cost/op_cost.hpp"
+#include "weft/cost/memory.hpp"
 #include "weft/pipeline/grouping.hpp"
 #include "weft/pipeline/partition.hpp"
 #include "weft/pipeline/submesh.hpp"
@@ -312,6 +313,18 @@ BlockCost Context::search_block(int b, const AtBatch& ab, const MeshOption& m, i
       }
     }
     bc.transient = std::max(0.0, p.peak_memory - bc.static_mem - bc.act_mem);
+    {
+      // Where the peak is: at an update (the new value and states beside the old ones) or not.
+      const cost::Liveness lv = cost::liveness(bg, false);
+      const std::vector<double> at = cost::live_bytes(lv, bc.local_bytes);
+      double upd_peak = 0, rest_peak = 0;
+      for (std::size_t q = 0; q < at.size(); ++q)
+        (phase[sg.original_op[lv.order[q]]] == pipeline::OpPhase::Update ? upd_peak : rest_peak) =
+            std::max(phase[sg.original_op[lv.order[q]]] == pipeline::OpPhase::Update ? upd_peak : rest_peak,
+                     at[q]);
+      bc.upd_excess = std::clamp(upd_peak - bc.static_mem - bc.act_mem, 0.0, bc.transient);
+      bc.rest_excess = std::clamp(rest_peak - bc.static_mem - bc.act_mem, 0.0, bc.transient);
+    }
     // What the recomputation modes keep and re-make (recompute.cpp).
     const RecomputeSets rs = recompute_sets(bg, forward_ops(sg), saved);
     for (int t = 0; t < nt; ++t) {
@@ -503,6 +516,8 @@ StageAgg aggregate(Context& ctx, int first, int last, std::int64_t bs, const Mes
     a.param_mem += bc.param_mem;
     a.opt_mem += bc.opt_mem;
     a.max_block_param = std::max(a.max_block_param, bc.param_mem);
+    a.upd_excess = std::max(a.upd_excess, bc.upd_excess);
+    a.rest_excess = std::max(a.rest_excess, bc.rest_excess);
     a.upd_compute += bc.upd_compute;
     a.full_transient = std::max(a.full_transient, bc.transient + bc.full_remake);
     a.blk_act.push_back(bc.act_mem);
@@ -510,6 +525,7 @@ StageAgg aggregate(Context& ctx, int first, int last, std::int64_t bs, const Mes
     a.blk_fwd.push_back(bc.fwd);
     a.blk_fwd_compute.push_back(bc.fwd_compute);
     a.blk_remake.push_back(bc.transient + bc.full_remake);
+    a.blk_param.push_back(bc.param_mem);
     a.sel_transient = std::max(a.sel_transient, bc.transient + bc.sel_peak);
   }
   // Tensors passed between the stage's blocks: each block's SPMD plan chose its own layout.
@@ -596,8 +612,22 @@ std::optional<StageChoice> best_stage(Context& ctx, const std::vector<MeshOption
           const double t = a.fwd + a.bwd;
           const double share = M * t + a.upd;
           if (!best || share < best_share) {
-            best = StageChoice{first,        last,           sub, mi, v, f, t, mem, a.recompute, a.zero,
-                               a.zero_group, a.recompute_set};
+            best = StageChoice{first,        last,           sub,         mi, v, f, t, mem, a.recompute, a.zero,
+                               a.zero_group, a.recompute_set, a.zero3_set};
+            best_share = share;
+          }
+          return true;
+        };
+        auto consider_mixed = [&](const StageAgg& rc, int level, const std::vector<int>& set,
+                                  const ReplicaLinks& links) {
+          const StageAgg a = with_mixed_zero(rc, level, set, links, rc.param_mem, ctx.opt_);
+          const double mem = stage_memory(a, inflight);
+          if (mem > usable) return false;
+          const double t = a.fwd + a.bwd;
+          const double share = M * t + a.upd;
+          if (!best || share < best_share) {
+            best = StageChoice{first,        last,           sub,         mi, v, f, t, mem, a.recompute, a.zero,
+                               a.zero_group, a.recompute_set, a.zero3_set};
             best_share = share;
           }
           return true;
@@ -621,6 +651,21 @@ std::optional<StageChoice> best_stage(Context& ctx, const std::vector<MeshOption
               if (consider(recomputed_blocks(plain, std::vector<int>(order.begin(), order.begin() + k)), zi))
                 break;
         }
+        // With zero=auto: ZeRO-3 on some blocks only, level 1 or 2 on the rest (per shard grouping,
+        // per recomputation mode): the fewest blocks, most parameter bytes first, that fit —
+        // between a level that does not fit and ZeRO-3 everywhere, which gathers every block.
+        if (ctx.opt_.zero < 0 && nb >= 2)
+          for (Recompute mode : modes) {
+            const StageAgg rc = recomputed(plain, mode);
+            const std::vector<int> order = zero3_order(rc);
+            for (const auto& [level, links] : sharding) {
+              if (level != 1 && level != 2) continue;
+              for (int k = 1; k < nb; ++k) {
+                const std::vector<int> set(order.begin(), order.begin() + k);
+                if (consider_mixed(rc, level, set, *links)) break;
+              }
+            }
+          }
         // The lean variant is worth its memory-limited search only if some layout could hold every
         // activation (the bound without recomputation fits); else it would recompute as well. With
         // ZeRO options across replicas, not when the fast variant fits under one of them: the lean
@@ -1069,9 +1114,14 @@ Built materialise_in_place(Context& ctx, const std::vector<SubmeshOptions>& subs
     double grad_bytes = 0;
     for (const auto& pr : stage.params) grad_bytes += pr.bytes_per_device;
     const int zero = dp > 1 ? st.zero : 0, group = zero > 0 ? st.zero_group : dp;
-    a = with_replicas(a, zero, replica_links(c, all_devs[s], dp, group), grad_bytes, opt);
+    a = zero > 0 && !st.zero3_set.empty()
+            ? with_mixed_zero(a, zero, st.zero3_set, replica_links(c, all_devs[s], dp, group), grad_bytes, opt)
+            : with_replicas(a, zero, replica_links(c, all_devs[s], dp, group), grad_bytes, opt);
     stage.zero = a.zero;
     stage.zero_group = a.zero_group;
+    for (int b : a.zero3_set)  // in the grouping's own numbering, as recompute_blocks
+      stage.zero_blocks.push_back(ctx.original_block[static_cast<std::size_t>(st.first + b)]);
+    std::sort(stage.zero_blocks.begin(), stage.zero_blocks.end());
     stage.forward_time = a.fwd;
     stage.backward_time = a.bwd;
     stage.weight_time = std::min(a.wgt, a.bwd);

@@ -97,6 +97,9 @@ struct BlockCost {
   // Per device: the parameter bytes (its gradients are as many) and the optimizer-state bytes
   // (master copy and moments) of static_mem = 2·param_mem + opt_mem (ZeRO across replicas, zero.cpp).
   double param_mem = 0, opt_mem = 0;
+  // The transient split by where it peaks: at an optimizer update (its new state beside the old:
+  // a shard of it under ZeRO) and anywhere else; transient = max of the two.
+  double upd_excess = 0, rest_excess = 0;
 };
 
 // What a block could recompute (recompute.cpp): `checkpoint` marks the block graph's leaves a
@@ -501,6 +504,7 @@ struct StageChoice {
   Recompute recompute = Recompute::None;
   int zero = 0, zero_group = 1;    // ZeRO level across the replicas, replicas per shard group
   std::vector<int> recompute_set;  // Full on these blocks only (offsets; recomputed_blocks); empty = all
+  std::vector<int> zero3_set;      // ZeRO-3 on these blocks only, `zero` on the rest (with_mixed_zero)
 };
 
 struct Candidate {
@@ -530,12 +534,15 @@ struct StageAgg {
   // For with_replicas(): Σ of the blocks' parameter and optimizer-state bytes, the largest block's
   // parameter bytes (ZeRO-3's gathered working set and overlap unit) and the update's compute.
   double param_mem = 0, opt_mem = 0, max_block_param = 0, upd_compute = 0;
+  double upd_excess = 0, rest_excess = 0;  // the blocks' largest (BlockCost)
   int zero = 0, zero_group = 1;  // ZeRO level across the replicas, replicas per shard group
   // Per block of the stage (first..last), for full recomputation of some blocks only
   // (recomputed_blocks): its saved activations, what full recomputation keeps of them, its forward
   // time (compute part apart) and its transient while it is re-made.
   std::vector<double> blk_act, blk_ckpt, blk_fwd, blk_fwd_compute, blk_remake;
+  std::vector<double> blk_param;   // per block: its parameter bytes (ZeRO-3 on some blocks only)
   std::vector<int> recompute_set;  // Full on these blocks only (offsets from the first); empty = every block
+  std::vector<int> zero3_set;      // ZeRO-3 on these blocks, `zero` on the others (offsets); empty = none
 };
 // The stage under a recomputation mode (None: unchanged): Full adds one forward of the stage to
 // the backward (its compute and its collectives) and keeps only the checkpoints; Selective adds
@@ -557,6 +564,16 @@ std::vector<int> recompute_order(const StageAgg& a, int inflight);
 // grad_bytes: the stage's gradient bytes per device (its distinct parameters).
 StageAgg with_replicas(const StageAgg& a, int level, const ReplicaLinks& l, double grad_bytes,
                        const PlanOptions& o);
+// Per-block levels: ZeRO-3 on the blocks of `set3` (offsets from the stage's first block), `base`
+// (1 or 2) on the others. Each cost is the two uniform levels' mixed by the set's share f of the
+// stage's parameter bytes — state, traffic and exposed collectives follow the parameters:
+// x = x(base) + f·(x(3) − x(base)) — and the working set is the larger of base's and ZeRO-3's
+// for the set's largest block.
+StageAgg with_mixed_zero(const StageAgg& a, int base, const std::vector<int>& set3, const ReplicaLinks& l,
+                         double grad_bytes, const PlanOptions& o);
+// The blocks in the order the planner moves them to ZeRO-3: the most parameter bytes first (the
+// most state saved per block; an embedding or LM head before the layers), then the lower offset.
+std::vector<int> zero3_order(const StageAgg& a);
 
 struct Built {
   Plan plan;

@@ -115,7 +115,11 @@ StageAgg with_replicas(const StageAgg& a, int level, const ReplicaLinks& l, doub
   const ZeroMemory mem =
       zero_memory(level, a.param_mem, a.opt_mem, z, a.max_block_param, o.grad_bucket_bytes);
   r.static_mem = a.static_mem - 2 * a.param_mem - a.opt_mem + mem.state();
-  r.transient = a.transient + mem.working;
+  // The update runs on the shard: where the transient peaked at an update (its new state beside
+  // the old), only a shard's worth of it remains.
+  const double unsharded = std::max(a.rest_excess, a.upd_excess);
+  const double update_saved = unsharded - std::max(a.rest_excess, a.upd_excess / z);
+  r.transient = std::max(0.0, a.transient - update_saved) + mem.working;
   r.full_transient = a.full_transient + mem.working;
   r.sel_transient = a.sel_transient + mem.working;
   const double update = a.upd_compute / z;  // each replica updates its shard
@@ -142,6 +146,44 @@ StageAgg with_replicas(const StageAgg& a, int level, const ReplicaLinks& l, doub
   r.zero = level;
   r.zero_group = z;
   return r;
+}
+
+StageAgg with_mixed_zero(const StageAgg& a, int base, const std::vector<int>& set3, const ReplicaLinks& l,
+                         double grad_bytes, const PlanOptions& o) {
+  WEFT_ASSERT(base == 1 || base == 2, "with_mixed_zero: the base level is 1 or 2");
+  StageAgg r = with_replicas(a, base, l, grad_bytes, o);
+  if (set3.empty()) return r;
+  const StageAgg all3 = with_replicas(a, 3, l, grad_bytes, o);
+  double p3 = 0, largest = 0;
+  for (int b : set3) {
+    WEFT_ASSERT(b >= 0 && b < static_cast<int>(a.blk_param.size()), "with_mixed_zero: a block outside the stage");
+    p3 += a.blk_param[static_cast<std::size_t>(b)];
+    largest = std::max(largest, a.blk_param[static_cast<std::size_t>(b)]);
+  }
+  const double f = a.param_mem > 0 ? std::min(1.0, p3 / a.param_mem) : 0.0;
+  auto mix = [f](double x, double y) { return x + f * (y - x); };
+  r.fwd = mix(r.fwd, all3.fwd);
+  r.bwd = mix(r.bwd, all3.bwd);
+  r.wgt = mix(r.wgt, all3.wgt);
+  r.upd = mix(r.upd, all3.upd);
+  r.comm = mix(r.comm, all3.comm);
+  r.static_mem = mix(r.static_mem, all3.static_mem);
+  const double working =
+      zero_memory(base, a.param_mem, a.opt_mem, l.group, a.max_block_param, o.grad_bucket_bytes).working;
+  const double working3 = zero_memory(3, a.param_mem, a.opt_mem, l.group, largest).working;
+  r.transient += std::max(0.0, working3 - working);
+  r.zero3_set = set3;
+  std::sort(r.zero3_set.begin(), r.zero3_set.end());
+  return r;
+}
+
+std::vector<int> zero3_order(const StageAgg& a) {
+  std::vector<int> order(a.blk_param.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
+  std::stable_sort(order.begin(), order.end(), [&](int x, int y) {
+    return a.blk_param[static_cast<std::size_t>(x)] > a.blk_param[static_cast<std::size_t>(y)];
+  });
+  return order;
 }
 
 }  // namespace detail

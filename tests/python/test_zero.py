@@ -39,6 +39,28 @@ def test_bad_zero_options_are_refused():
     assert back.zero == [2] and back.stages[0].zero_group == 8
 
 
+def test_zero3_on_the_embedding_only_runs_and_equals_one_device():
+    # Per-block levels from Python: a GPT whose tied embedding holds most parameters, 8 replicas,
+    # a limit between ZeRO-2's and ZeRO-3's peaks: ZeRO-3 on the embedding's blocks only; lowered,
+    # only those parameters are stored sharded and the step equals one device.
+    step = weft.models.gpt(layers=2, hidden=32, heads=4, seq=8, vocab=1024, batch=16).train_step(optimizer="adam")
+    c = weft.Cluster.preset("M8", nodes=1)
+    kw = dict(t=1, p=1, d=8, num_microbatches=2, num_blocks=4, recompute="none", overlap_grad_sync=False,
+              memory_fraction=1.0)
+    z2, z3 = (weft.megatron_plan(step, c, zero=z, **kw) for z in (2, 3))
+    assert z3.peak_memory < z2.peak_memory
+    p = weft.megatron_plan(step, c, zero="auto", memory_limit=int((z2.peak_memory + z3.peak_memory) / 2), **kw)
+    st = p.stages[0]
+    assert st.zero in (1, 2) and st.zero_blocks, p.summary()
+    assert "ZeRO-3 on blocks" in p.summary()
+    assert weft.Plan.from_json(p.to_json()).stages[0].zero_blocks == st.zero_blocks
+    prog = weft.lower(p, step, c)
+    got, ref = weft.execute(prog, steps=2), weft.execute_reference(step, steps=2)
+    assert got.losses == pytest.approx(ref.losses, rel=1e-10)
+    for name, v in ref.parameters.items():
+        assert got.parameters[name] == pytest.approx(v, rel=1e-9, abs=1e-12), name
+
+
 @pytest.fixture(scope="module")
 def llama7b():
     fwd = weft.models.gpt(layers=32, hidden=4096, heads=32, seq=2048, vocab=32000, batch=64, dtype="f16")

@@ -85,6 +85,9 @@ struct PipelineStage {
   // level 3 also stores each parameter sharded and gathers it before each use (forward, backward,
   // a recomputed forward), freed after (docs/modules/lower.md).
   int zero = 0;
+  // Per-block levels (plan::Stage::zero_blocks): per op of the graph the level its update runs at
+  // (an update op's level decides its parameter's, gradient's and states' form); empty = `zero`.
+  std::vector<int> zero_level;
 };
 
 // How a tensor made in stage from_stage travels to stage to_stage: it leaves in src_spec (on the

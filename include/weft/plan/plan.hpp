@@ -88,6 +88,10 @@ struct Stage {
   // include what the level keeps and moves.
   int zero = 0;
   int zero_group = 1;
+  // Per-block levels: these layer-grouping blocks (the grouping's numbering, as recompute_blocks)
+  // at ZeRO-3 — their parameters stored sharded and gathered per use —, the stage's others at
+  // `zero` (1 or 2); empty = `zero` for every block.
+  std::vector<int> zero_blocks;
   bool operator==(const Stage&) const = default;
 };
 

@@ -211,9 +211,11 @@ TEST_CASE("recompute: the planner uses it when memory forces it, not when it doe
   const plan::Plan all_full = plan::make_plan(g, c, o);
   for (const auto& st : all_full.stages) CHECK(st.recompute == "full");
   CHECK(all_full.step_time > ample.step_time);
-  // 1.4 MB per device: no layout keeps every activation (plain planning refuses), so the
-  // planner recomputes on some stages and says so.
-  o.memory_limit = 1.4e6;
+  // 1.3 MB per device: no layout keeps every activation (plain planning refuses), so the
+  // planner recomputes on some stages and says so. (1.4 MB until an update under ZeRO counted
+  // its shard's transient, not the whole parameter's: a ZeRO-3 pipeline now keeps every
+  // activation at 1.38 MB.)
+  o.memory_limit = 1.3e6;
   o.recompute = plan::Recompute::None;
   CHECK_THROWS_WITH_AS(plan::make_plan(g, c, o), doctest::Contains("no plan fits"), Error);
   o.recompute = plan::Recompute::Auto;
@@ -221,7 +223,7 @@ TEST_CASE("recompute: the planner uses it when memory forces it, not when it doe
   int recomputed = 0;
   for (const auto& st : tight.stages) recomputed += st.recompute != "none";
   CHECK(recomputed > 0);
-  CHECK(tight.peak_memory <= 1.4e6);
+  CHECK(tight.peak_memory <= 1.3e6);
   MESSAGE(tight.summary());
   CHECK(tight.summary().find("recompute     [0]") != std::string::npos);
   CHECK(plan::Plan::from_json(tight.to_json()) == tight);

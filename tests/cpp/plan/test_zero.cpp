@@ -4,6 +4,7 @@
 // memory forces one, and hybrid sharding on a cluster with a slow NIC.
 #include <doctest/doctest.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <string>
 
@@ -182,4 +183,53 @@ TEST_CASE("zero: hybrid sharding (in node, replicated across nodes) wins over fu
   CHECK(full.stages[0].static_memory < hybrid.stages[0].static_memory);
   MESSAGE(fmt::format("ZeRO-3 on 4 nodes at 10 Gb/s: hybrid {:.4g} s, full {:.4g} s per step",
                       hybrid.step_time, full.step_time));
+}
+
+TEST_CASE("zero: ZeRO-3 on some blocks only when one level does not fit and ZeRO-3 everywhere gathers too much") {
+  // A GPT whose embedding (tied LM head) holds most parameters: ZeRO-2 does not fit under the
+  // limit, ZeRO-3 everywhere fits but gathers every block each micro-batch. Per-block levels put
+  // the embedding's block(s) at ZeRO-3 and keep the layers at ZeRO-2 (or 1): the state and the
+  // exposed collectives are the two uniform levels' mixed by those blocks' share f of the
+  // parameters, the same f for both (with_mixed_zero), and the step lands between the two.
+  models::GptConfig gc = layer_config(16);
+  gc.vocab = 8192;  // 1 M embedding parameters against 0.2 M per layer
+  const auto g = ir::build_training_graph(models::gpt(gc));
+  const auto c = cluster::Cluster::preset("M8", 1);
+  auto o = exact_options(2);
+  o.num_blocks = 4;
+  o.num_microbatches = 2;
+  const auto z2 = plan::megatron_plan(g, c, {1, 1, 8}, o);
+  o.zero = 3;
+  const auto z3 = plan::megatron_plan(g, c, {1, 1, 8}, o);
+  REQUIRE(z3.peak_memory < z2.peak_memory);
+  REQUIRE(z3.step_time > z2.step_time);  // nothing overlapped: every gather is exposed
+  o.zero = -1;
+  o.memory_limit = (z2.peak_memory + z3.peak_memory) / 2;
+  const auto mixed = plan::megatron_plan(g, c, {1, 1, 8}, o);
+  const auto& st = mixed.stages[0];
+  REQUIRE(!st.zero_blocks.empty());
+  CHECK((st.zero == 1 || st.zero == 2));
+  CHECK(mixed.peak_memory <= o.memory_limit * (1 + 1e-9));
+  CHECK(mixed.step_time < z3.step_time);
+  // Against the same base level, uniform: the mix is linear in f with one f for state and time.
+  auto ob = o;
+  ob.zero = st.zero;
+  ob.memory_limit = 0;
+  const auto base = plan::megatron_plan(g, c, {1, 1, 8}, ob);
+  const double f_mem = (st.static_memory - base.stages[0].static_memory) /
+                       (z3.stages[0].static_memory - base.stages[0].static_memory);
+  const double f_fwd = (st.forward_time - base.stages[0].forward_time) /
+                       (z3.stages[0].forward_time - base.stages[0].forward_time);
+  CHECK(f_mem > 0);
+  CHECK(f_mem < 1);
+  CHECK(f_fwd == doctest::Approx(f_mem));
+  // The embedding's share: its block is moved first (most parameter bytes).
+  const double emb = static_cast<double>(gc.vocab * gc.hidden);
+  CHECK(f_mem >= emb / static_cast<double>(models::gpt(gc).num_params()) * 0.99);
+  CHECK(mixed.summary().find("ZeRO-3 on blocks") != std::string::npos);
+  CHECK(plan::Plan::from_json(mixed.to_json()) == mixed);
+  MESSAGE(fmt::format("per-block ZeRO: ZeRO-{} with ZeRO-3 on blocks {} (f = {:.2f}): {:.4g} ms, peak {:.3g} MB; "
+                      "ZeRO-2 {:.4g} ms / {:.3g} MB, ZeRO-3 {:.4g} ms / {:.3g} MB",
+                      st.zero, fmt::join(st.zero_blocks, ","), f_mem, mixed.step_time * 1e3, mixed.peak_memory / 1e6,
+                      z2.step_time * 1e3, z2.peak_memory / 1e6, z3.step_time * 1e3, z3.peak_memory / 1e6));
 }
