@@ -344,19 +344,19 @@ def _parent_of(pid: str) -> int:
 
 
 def _worker_pids(rank: int):
-    """This process's own rank workers (children: weft.run starts them), never another test's that
-    runs beside this one (pytest-xdist)."""
+    """This process's own rank workers (named weft-rank-<r>, forked by the forkserver that weft.run
+    started from this process), never another test's that runs beside this one (pytest-xdist)."""
     pids = []
     for d in os.listdir("/proc"):
         if d.isdigit():
             try:
-                cmd = open(f"/proc/{d}/cmdline", "rb").read().split(b"\0")
-                if b"weft.runtime.worker" not in cmd or _parent_of(d) != os.getpid():
+                if open(f"/proc/{d}/comm").read().strip() != f"weft-rank-{rank}":
+                    continue
+                if _parent_of(str(_parent_of(d))) != os.getpid():
                     continue
             except (OSError, ValueError, IndexError):
                 continue
-            if len(cmd) > 4 and cmd[-4] == str(rank).encode():
-                pids.append(int(d))
+            pids.append(int(d))
     return pids
 
 

@@ -586,7 +586,8 @@ TEST_CASE("plan: the alternatives list each layout once and the candidates that 
   CHECK(n > 0);
   CHECK(sum == n);
   MESSAGE(last.layout << ": " << last.note.substr(0, 300));
-  // A limited list keeps the summary as its last row.
+  // A limited list keeps the summary as its last row (a second whole plan: Release only, CI time).
+  if (std::getenv("WEFT_SANITIZED")) return;
   o.max_alternatives = 3;
   const auto q = plan::make_plan(g, c, o);
   CHECK(q.alternatives.size() == 3);

@@ -7,6 +7,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <set>
 #include <string>
 
@@ -207,10 +208,12 @@ TEST_CASE("recompute: the planner uses it when memory forces it, not when it doe
   for (const auto& st : ample.stages) CHECK(st.recompute == "none");
   CHECK(ample.step_time == plain.step_time);
   CHECK(ample.summary().find("recompute     none") != std::string::npos);
-  o.recompute = plan::Recompute::Full;
-  const plan::Plan all_full = plan::make_plan(g, c, o);
-  for (const auto& st : all_full.stages) CHECK(st.recompute == "full");
-  CHECK(all_full.step_time > ample.step_time);
+  if (!std::getenv("WEFT_SANITIZED")) {  // a third whole plan: Release only (CI time)
+    o.recompute = plan::Recompute::Full;
+    const plan::Plan all_full = plan::make_plan(g, c, o);
+    for (const auto& st : all_full.stages) CHECK(st.recompute == "full");
+    CHECK(all_full.step_time > ample.step_time);
+  }
   // 1.3 MB per device: no layout keeps every activation (plain planning refuses), so the
   // planner recomputes on some stages and says so. (1.4 MB until an update under ZeRO counted
   // its shard's transient, not the whole parameter's: a ZeRO-3 pipeline now keeps every
