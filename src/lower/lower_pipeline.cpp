@@ -584,7 +584,8 @@ class PipelineLowering {
       auto level_of = [&](ir::OpId o) {
         return ps.zero_level.empty() ? ps.zero : ps.zero_level[static_cast<std::size_t>(o)];
       };
-      if (st.lead == 0 || std::none_of(st.ops.begin(), st.ops.end(), [&](ir::OpId o) { return level_of(o) > 0; }))
+      if (st.lead == 0 ||
+          std::none_of(st.ops.begin(), st.ops.end(), [&](ir::OpId o) { return level_of(o) > 0; }))
         continue;
       auto optimizer_state = [&](ir::TensorId t) {
         const auto& info = g_.tensor(t);
@@ -631,7 +632,8 @@ class PipelineLowering {
           if (level >= 2 && !by_share && info.role == ir::Role::Gradient && info.producer != ir::kNoOp &&
               stage_of_op_[static_cast<std::size_t>(info.producer)] == s &&
               phase_[static_cast<std::size_t>(info.producer)] != kU && only_here(t) &&
-              std::all_of(readers_[static_cast<std::size_t>(t)].begin(), readers_[static_cast<std::size_t>(t)].end(),
+              std::all_of(readers_[static_cast<std::size_t>(t)].begin(),
+                          readers_[static_cast<std::size_t>(t)].end(),
                           [&](ir::OpId r) { return phase_[static_cast<std::size_t>(r)] == kU; }))
             zero_grad_.insert_or_assign({s, t}, strat.inputs[i]);
         }
@@ -754,7 +756,8 @@ class PipelineLowering {
   // framework's .grad accumulation does), so each micro-batch's whole gradient never lives at once.
   bool accumulated_early(ir::TensorId t) const {
     const auto& rs = readers_[static_cast<std::size_t>(t)];
-    return std::all_of(rs.begin(), rs.end(), [&](ir::OpId r) { return phase_[static_cast<std::size_t>(r)] == kU; });
+    return std::all_of(rs.begin(), rs.end(),
+                       [&](ir::OpId r) { return phase_[static_cast<std::size_t>(r)] == kU; });
   }
 
   // Micro-batch m's value of t (made in this phase) into its per-step accumulator: copied on the
@@ -765,7 +768,8 @@ class PipelineLowering {
     auto& st = st_[static_cast<std::size_t>(s)];
     int src = produced(s, t);
     if (auto z = zero_grad_.find({s, t}); z != zero_grad_.end()) {
-      const int part = buffer(s, t, specs_[static_cast<std::size_t>(src)].with_axis(0, Placement::partial()), true);
+      const int part =
+          buffer(s, t, specs_[static_cast<std::size_t>(src)].with_axis(0, Placement::partial()), true);
       Instr sc;
       sc.kind = InstrKind::Scale;
       sc.in = {src};
@@ -1152,8 +1156,8 @@ class PipelineLowering {
   std::map<std::pair<int, ir::TensorId>, ShardingSpec> zero_leaf_;  // (stage, state leaf) -> sharded spec
   std::map<std::pair<int, ir::TensorId>, ShardingSpec> zero_grad_;  // (stage, gradient) -> its accumulator's
   std::set<std::pair<int, ir::TensorId>> zero_param_;               // ZeRO-3: parameters stored sharded
-  std::set<ir::TensorId> acc_set_;                                  // the stage being lowered: accumulated tensors
-  ir::OpId serving_ = -1;                                           // the op whose operands are resharded now
+  std::set<ir::TensorId> acc_set_;  // the stage being lowered: accumulated tensors
+  ir::OpId serving_ = -1;           // the op whose operands are resharded now
   std::unique_ptr<schedule::Schedule> sched_;
   std::vector<int> stage_of_op_;
   std::vector<Phase> phase_;

@@ -71,12 +71,11 @@ std::vector<PipelineStage> interleave(const ir::Graph& g, const std::vector<Pipe
   }
   std::vector<PipelineStage> out;
   for (int k = 0; k < D * v; ++k)  // the ops' layouts and leaf specs are those of their plan stage
-    out.push_back({stages[static_cast<std::size_t>(v_shape ? (k < D ? k : 2 * D - 1 - k) : k % D)].mesh,
-                   std::move(chunk_ops[static_cast<std::size_t>(k)]),
-                   stages[static_cast<std::size_t>(k / v)].layout,
-                   stages[static_cast<std::size_t>(k / v)].recompute_unit,
-                   stages[static_cast<std::size_t>(k / v)].zero,
-                   stages[static_cast<std::size_t>(k / v)].zero_level});
+    out.push_back(
+        {stages[static_cast<std::size_t>(v_shape ? (k < D ? k : 2 * D - 1 - k) : k % D)].mesh,
+         std::move(chunk_ops[static_cast<std::size_t>(k)]), stages[static_cast<std::size_t>(k / v)].layout,
+         stages[static_cast<std::size_t>(k / v)].recompute_unit, stages[static_cast<std::size_t>(k / v)].zero,
+         stages[static_cast<std::size_t>(k / v)].zero_level});
   return out;
 }
 

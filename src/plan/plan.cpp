@@ -544,8 +544,9 @@ std::string Plan::summary() const {
                        : st.zero == 2 ? "optimizer states and gradients"
                                       : "optimizer states, gradients and parameters (gathered per block)");
     if (!st.zero_blocks.empty())
-      s += fmt::format("        ZeRO-3 on blocks {}: their parameters sharded too, gathered before each use\n",
-                       fmt::join(st.zero_blocks, ","));
+      s +=
+          fmt::format("        ZeRO-3 on blocks {}: their parameters sharded too, gathered before each use\n",
+                      fmt::join(st.zero_blocks, ","));
     if (!st.recompute_blocks.empty())
       s += fmt::format(
           "        recompute full on blocks {}: their forward runs again in the backward (B includes "

@@ -52,8 +52,8 @@
 #include "weft/cluster/alpha_beta.hpp"
 #include "weft/cluster/device_mesh.hpp"
 #include "weft/core/error.hpp"
-#include "weft/cost/op_cost.hpp"
 #include "weft/cost/memory.hpp"
+#include "weft/cost/op_cost.hpp"
 #include "weft/pipeline/grouping.hpp"
 #include "weft/pipeline/partition.hpp"
 #include "weft/pipeline/submesh.hpp"
@@ -319,9 +319,8 @@ BlockCost Context::search_block(int b, const AtBatch& ab, const MeshOption& m, i
       const std::vector<double> at = cost::live_bytes(lv, bc.local_bytes);
       double upd_peak = 0, rest_peak = 0;
       for (std::size_t q = 0; q < at.size(); ++q)
-        (phase[sg.original_op[lv.order[q]]] == pipeline::OpPhase::Update ? upd_peak : rest_peak) =
-            std::max(phase[sg.original_op[lv.order[q]]] == pipeline::OpPhase::Update ? upd_peak : rest_peak,
-                     at[q]);
+        (phase[sg.original_op[lv.order[q]]] == pipeline::OpPhase::Update ? upd_peak : rest_peak) = std::max(
+            phase[sg.original_op[lv.order[q]]] == pipeline::OpPhase::Update ? upd_peak : rest_peak, at[q]);
       bc.upd_excess = std::clamp(upd_peak - bc.static_mem - bc.act_mem, 0.0, bc.transient);
       bc.rest_excess = std::clamp(rest_peak - bc.static_mem - bc.act_mem, 0.0, bc.transient);
     }
@@ -612,8 +611,9 @@ std::optional<StageChoice> best_stage(Context& ctx, const std::vector<MeshOption
           const double t = a.fwd + a.bwd;
           const double share = M * t + a.upd;
           if (!best || share < best_share) {
-            best = StageChoice{first,        last,           sub,         mi, v, f, t, mem, a.recompute, a.zero,
-                               a.zero_group, a.recompute_set, a.zero3_set};
+            best = StageChoice{
+                first,           last,       sub, mi, v, f, t, mem, a.recompute, a.zero, a.zero_group,
+                a.recompute_set, a.zero3_set};
             best_share = share;
           }
           return true;
@@ -626,8 +626,9 @@ std::optional<StageChoice> best_stage(Context& ctx, const std::vector<MeshOption
           const double t = a.fwd + a.bwd;
           const double share = M * t + a.upd;
           if (!best || share < best_share) {
-            best = StageChoice{first,        last,           sub,         mi, v, f, t, mem, a.recompute, a.zero,
-                               a.zero_group, a.recompute_set, a.zero3_set};
+            best = StageChoice{
+                first,           last,       sub, mi, v, f, t, mem, a.recompute, a.zero, a.zero_group,
+                a.recompute_set, a.zero3_set};
             best_share = share;
           }
           return true;
@@ -1115,7 +1116,8 @@ Built materialise_in_place(Context& ctx, const std::vector<SubmeshOptions>& subs
     for (const auto& pr : stage.params) grad_bytes += pr.bytes_per_device;
     const int zero = dp > 1 ? st.zero : 0, group = zero > 0 ? st.zero_group : dp;
     a = zero > 0 && !st.zero3_set.empty()
-            ? with_mixed_zero(a, zero, st.zero3_set, replica_links(c, all_devs[s], dp, group), grad_bytes, opt)
+            ? with_mixed_zero(a, zero, st.zero3_set, replica_links(c, all_devs[s], dp, group), grad_bytes,
+                              opt)
             : with_replicas(a, zero, replica_links(c, all_devs[s], dp, group), grad_bytes, opt);
     stage.zero = a.zero;
     stage.zero_group = a.zero_group;

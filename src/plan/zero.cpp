@@ -156,7 +156,8 @@ StageAgg with_mixed_zero(const StageAgg& a, int base, const std::vector<int>& se
   const StageAgg all3 = with_replicas(a, 3, l, grad_bytes, o);
   double p3 = 0, largest = 0;
   for (int b : set3) {
-    WEFT_ASSERT(b >= 0 && b < static_cast<int>(a.blk_param.size()), "with_mixed_zero: a block outside the stage");
+    WEFT_ASSERT(b >= 0 && b < static_cast<int>(a.blk_param.size()),
+                "with_mixed_zero: a block outside the stage");
     p3 += a.blk_param[static_cast<std::size_t>(b)];
     largest = std::max(largest, a.blk_param[static_cast<std::size_t>(b)]);
   }

@@ -668,7 +668,8 @@ TEST_CASE("exec pipeline: ZeRO-1/2/3 hold what the planner counts: states, gradi
     for (const auto& r : got.ranks) peak[zero] = std::max(peak[zero], r.peak_bytes);
     // Per micro-batch reduce-scatters from level 2 (2 micro-batches: twice level 1's, which
     // reduce-scatters once per step); all-gathers of parameters before their uses at level 3.
-    const auto rs = count(prog, lower::InstrKind::ReduceScatter), ag = count(prog, lower::InstrKind::AllGather);
+    const auto rs = count(prog, lower::InstrKind::ReduceScatter),
+               ag = count(prog, lower::InstrKind::AllGather);
     if (zero == 1) peak[-1] = rs, peak[-2] = ag;
     if (zero == 2) CHECK(rs == 2 * peak[-1]);
     if (zero == 3) CHECK(ag > 2 * peak[-2]);  // forward and backward of both micro-batches
@@ -678,17 +679,19 @@ TEST_CASE("exec pipeline: ZeRO-1/2/3 hold what the planner counts: states, gradi
       const auto& buf = prog.buffers[static_cast<std::size_t>(b)];
       if (step.tensor(buf.tensor).role != ir::Role::Parameter) continue;
       ++params;
-      sharded += sharding::ShardingSpec::parse(buf.spec, buf.shape, p.stages[0].mesh_shape).per_axis()[0].kind ==
-                 sharding::Placement::Shard;
+      sharded +=
+          sharding::ShardingSpec::parse(buf.spec, buf.shape, p.stages[0].mesh_shape).per_axis()[0].kind ==
+          sharding::Placement::Shard;
     }
     CHECK(sharded == (zero == 3 ? params : 0));
     // The executor holds every value as an 8-byte double, the plan counts f32: half the bytes.
     // Within 15 % (measured: +11 %, +1 %, +1 %, -9 %).
     CHECK(static_cast<double>(got.ranks[0].peak_bytes) / 2 ==
           doctest::Approx(p.stages[0].peak_memory).epsilon(0.15));
-    MESSAGE(fmt::format("ZeRO-{}: executed peak {} bytes (f64) on rank 0, planned {:.0f} (f32), {} reduce-scatters, "
-                        "{} all-gathers, {} of {} parameters sharded, diff {:.1e}",
-                        zero, got.ranks[0].peak_bytes, p.stages[0].peak_memory, rs, ag, sharded, params, d));
+    MESSAGE(fmt::format(
+        "ZeRO-{}: executed peak {} bytes (f64) on rank 0, planned {:.0f} (f32), {} reduce-scatters, "
+        "{} all-gathers, {} of {} parameters sharded, diff {:.1e}",
+        zero, got.ranks[0].peak_bytes, p.stages[0].peak_memory, rs, ag, sharded, params, d));
   }
   CHECK(peak[1] < peak[0]);
   CHECK(peak[2] < peak[1]);
@@ -715,8 +718,9 @@ TEST_CASE("exec pipeline: ZeRO-1/2/3 hold what the planner counts: states, gradi
       for (ir::OpId o = 0; o < static_cast<ir::OpId>(prog.graph.ops().size()); ++o)
         if (prog.graph.op(o).kind == ir::OpKind::AdamUpdate && prog.graph.op(o).inputs[0] == buf.tensor)
           blk = blocks[static_cast<std::size_t>(o)];
-      const bool sh = sharding::ShardingSpec::parse(buf.spec, buf.shape, p.stages[0].mesh_shape).per_axis()[0].kind ==
-                      sharding::Placement::Shard;
+      const bool sh =
+          sharding::ShardingSpec::parse(buf.spec, buf.shape, p.stages[0].mesh_shape).per_axis()[0].kind ==
+          sharding::Placement::Shard;
       CHECK(sh == (blk == 0));
       sharded += sh;
       in_block0 += blk == 0;

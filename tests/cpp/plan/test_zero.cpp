@@ -185,7 +185,8 @@ TEST_CASE("zero: hybrid sharding (in node, replicated across nodes) wins over fu
                       hybrid.step_time, full.step_time));
 }
 
-TEST_CASE("zero: ZeRO-3 on some blocks only when one level does not fit and ZeRO-3 everywhere gathers too much") {
+TEST_CASE(
+    "zero: ZeRO-3 on some blocks only when one level does not fit and ZeRO-3 everywhere gathers too much") {
   // A GPT whose embedding (tied LM head) holds most parameters: ZeRO-2 does not fit under the
   // limit, ZeRO-3 everywhere fits but gathers every block each micro-batch. Per-block levels put
   // the embedding's block(s) at ZeRO-3 and keep the layers at ZeRO-2 (or 1): the state and the
@@ -228,8 +229,9 @@ TEST_CASE("zero: ZeRO-3 on some blocks only when one level does not fit and ZeRO
   CHECK(f_mem >= emb / static_cast<double>(models::gpt(gc).num_params()) * 0.99);
   CHECK(mixed.summary().find("ZeRO-3 on blocks") != std::string::npos);
   CHECK(plan::Plan::from_json(mixed.to_json()) == mixed);
-  MESSAGE(fmt::format("per-block ZeRO: ZeRO-{} with ZeRO-3 on blocks {} (f = {:.2f}): {:.4g} ms, peak {:.3g} MB; "
-                      "ZeRO-2 {:.4g} ms / {:.3g} MB, ZeRO-3 {:.4g} ms / {:.3g} MB",
-                      st.zero, fmt::join(st.zero_blocks, ","), f_mem, mixed.step_time * 1e3, mixed.peak_memory / 1e6,
-                      z2.step_time * 1e3, z2.peak_memory / 1e6, z3.step_time * 1e3, z3.peak_memory / 1e6));
+  MESSAGE(fmt::format(
+      "per-block ZeRO: ZeRO-{} with ZeRO-3 on blocks {} (f = {:.2f}): {:.4g} ms, peak {:.3g} MB; "
+      "ZeRO-2 {:.4g} ms / {:.3g} MB, ZeRO-3 {:.4g} ms / {:.3g} MB",
+      st.zero, fmt::join(st.zero_blocks, ","), f_mem, mixed.step_time * 1e3, mixed.peak_memory / 1e6,
+      z2.step_time * 1e3, z2.peak_memory / 1e6, z3.step_time * 1e3, z3.peak_memory / 1e6));
 }
