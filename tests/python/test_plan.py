@@ -357,3 +357,32 @@ def test_one_stage_layout_of_a_7b_gpt_on_8_a100_fits_under_38_gb():
                             memory_limit=limit, memory_fraction=1.0, allow_infeasible=True)
     assert free.feasible  # it fits, so allow_infeasible changes nothing
     assert abs(free.step_time - p.step_time) <= 1e-9 * p.step_time
+
+
+def _degree(spec: str, mesh) -> int:
+    """Devices a spec splits a tensor over: the product of the mesh axes it shards ("S(d)")."""
+    d = 1
+    for placement, size in zip(spec.split(), mesh):
+        d *= size if placement.startswith("S") else 1
+    return d
+
+
+def test_blocks_of_one_stage_choose_their_own_tensor_parallel_degree():
+    # Issue 22's per-block tensor-parallel degree: a stage's SPMD mesh is the stage's devices
+    # (here 8 as 4 x 2, data parallelism one of its axes), and each block's SPMD search picks its
+    # own layout on it, the resharding between blocks priced. A GPT with a 64k vocabulary: the
+    # embedding's block shards the table over all 8 devices, the layers keep their weights whole
+    # or split over 2 (data parallel over the rest) — different degrees inside one stage.
+    step = weft.models.gpt(layers=4, hidden=1024, heads=16, seq=512, vocab=65536, batch=32).train_step()
+    c = weft.Cluster.preset("M8", nodes=1)
+    mesh = [4, 2]
+    p = weft.layout_plan(step, c, [(0, 7, list(range(8)), mesh)], num_microbatches=1, num_blocks=8, zero=0)
+    specs = p.stages[0].leaf_specs
+    emb = _degree(specs["wte"], mesh)
+    layers = {n: _degree(s, mesh) for n, s in specs.items() if n.startswith("h") and n.endswith(".w")}
+    assert emb == 8, specs["wte"]
+    assert max(layers.values()) <= 2 and min(layers.values()) == 1, layers
+    # The embedding's own degree pays: Megatron's layout on the same devices (t=2 for every block,
+    # the embedding vocab-parallel over 2, d=4) is slower.
+    mega = weft.megatron_plan(step, c, t=2, p=1, d=4, num_microbatches=1, zero=0, recompute="none")
+    assert p.step_time < mega.step_time, (p.step_time, mega.step_time)
