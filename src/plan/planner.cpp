@@ -594,6 +594,16 @@ std::optional<StageChoice> best_stage(Context& ctx, const std::vector<MeshOption
         // mode that fits is the fastest (recomputation only adds time); with them a ZeRO level that
         // moves more bytes may lose to a recomputation under a lighter level.
         const std::size_t options = std::max<std::size_t>(1, sharding.size());
+        auto keep_if_faster = [&](const StageAgg& a, double mem) {
+          const double t = a.fwd + a.bwd;
+          const double share = M * t + a.upd;
+          if (!best || share < best_share) {
+            best = StageChoice{
+                first,           last,       sub, mi, v, f, t, mem, a.recompute, a.zero, a.zero_group,
+                a.recompute_set, a.zero3_set};
+            best_share = share;
+          }
+        };
         auto consider = [&](const StageAgg& rc, std::size_t zi) {  // true when it fits
           const StageAgg a = sharding.empty() ? rc
                                               : with_replicas(rc, sharding[zi].first, *sharding[zi].second,
@@ -608,14 +618,7 @@ std::optional<StageChoice> best_stage(Context& ctx, const std::vector<MeshOption
                                  sharding.empty() ? std::string() : fmt::format(" (ZeRO-{})", a.zero));
             return false;
           }
-          const double t = a.fwd + a.bwd;
-          const double share = M * t + a.upd;
-          if (!best || share < best_share) {
-            best = StageChoice{
-                first,           last,       sub, mi, v, f, t, mem, a.recompute, a.zero, a.zero_group,
-                a.recompute_set, a.zero3_set};
-            best_share = share;
-          }
+          keep_if_faster(a, mem);
           return true;
         };
         auto consider_mixed = [&](const StageAgg& rc, int level, const std::vector<int>& set,
@@ -623,14 +626,7 @@ std::optional<StageChoice> best_stage(Context& ctx, const std::vector<MeshOption
           const StageAgg a = with_mixed_zero(rc, level, set, links, rc.param_mem, ctx.opt_);
           const double mem = stage_memory(a, inflight);
           if (mem > usable) return false;
-          const double t = a.fwd + a.bwd;
-          const double share = M * t + a.upd;
-          if (!best || share < best_share) {
-            best = StageChoice{
-                first,           last,       sub, mi, v, f, t, mem, a.recompute, a.zero, a.zero_group,
-                a.recompute_set, a.zero3_set};
-            best_share = share;
-          }
+          keep_if_faster(a, mem);
           return true;
         };
         bool fits_as_is = false;
