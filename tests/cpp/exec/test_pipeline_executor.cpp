@@ -53,7 +53,8 @@ Cut random_pipeline(const ir::Graph& g, const std::vector<std::vector<std::int64
     for (auto x : shape) n *= x;
     std::vector<int> devs;
     if (groups > 0 && s >= groups)
-      devs = cut.stages[static_cast<std::size_t>(v_shape ? 2 * groups - 1 - s : s % groups)].mesh.device_ids();
+      devs =
+          cut.stages[static_cast<std::size_t>(v_shape ? 2 * groups - 1 - s : s % groups)].mesh.device_ids();
     else
       for (int k = 0; k < n; ++k) devs.push_back(next_device++);
     lower::PipelineStage st{
@@ -311,13 +312,15 @@ TEST_CASE("exec pipeline: ZB-V (V placement, stages d and 2D-1-d on group d) equ
         if (r.runs(i) && i.kind == lower::InstrKind::Send)
           self_sends += std::find(i.group.begin(), i.group.end(), r.rank) != i.group.end();
     CHECK(self_sends > 0);
-    MESSAGE(fmt::format("ZB-V 4 stages on 2 groups (seed {}): {} instructions on rank 0, {} sends ({} to self), "
-                        "diff {:.1e}",
-                        seed, prog.num_instructions(0), count(prog, lower::InstrKind::Send), self_sends, d));
+    MESSAGE(
+        fmt::format("ZB-V 4 stages on 2 groups (seed {}): {} instructions on rank 0, {} sends ({} to self), "
+                    "diff {:.1e}",
+                    seed, prog.num_instructions(0), count(prog, lower::InstrKind::Send), self_sends, d));
   }
 }
 
-TEST_CASE("exec pipeline: recomputation (full, selective) runs as planned: the same values, fewer bytes held") {
+TEST_CASE(
+    "exec pipeline: recomputation (full, selective) runs as planned: the same values, fewer bytes held") {
   // A 2-stage 1F1B plan of a 4-layer GPT (one block per layer) with 2 micro-batches: stage 0
   // holds both micro-batches' activations between their forwards and backwards. With recompute
   // "full" the lowered program keeps each block's inputs and re-makes one block at a time before
@@ -349,10 +352,11 @@ TEST_CASE("exec pipeline: recomputation (full, selective) runs as planned: the s
       CHECK(static_cast<double>(got.ranks[static_cast<std::size_t>(r)].peak_bytes) / 2 ==
             doctest::Approx(p.stages[static_cast<std::size_t>(r)].peak_memory).epsilon(0.15));
     computes[name] = count(prog, lower::InstrKind::Compute);
-    MESSAGE(fmt::format("recompute {}: executed peak {} / {} bytes on ranks 0 / 1 (f64), planned {:.0f} / {:.0f} "
-                        "(f32), {} computes, diff {:.1e}",
-                        name, got.ranks[0].peak_bytes, got.ranks[1].peak_bytes, p.stages[0].peak_memory,
-                        p.stages[1].peak_memory, computes[name], d));
+    MESSAGE(
+        fmt::format("recompute {}: executed peak {} / {} bytes on ranks 0 / 1 (f64), planned {:.0f} / {:.0f} "
+                    "(f32), {} computes, diff {:.1e}",
+                    name, got.ranks[0].peak_bytes, got.ranks[1].peak_bytes, p.stages[0].peak_memory,
+                    p.stages[1].peak_memory, computes[name], d));
   }
   CHECK(peak["full"] < 0.5 * peak["none"]);  // measured: 3.35 MB against 7.94 MB
   CHECK(peak["selective"] < peak["none"]);
@@ -608,8 +612,9 @@ TEST_CASE("exec pipeline: ZeRO across replicas shards the optimizer states and e
   const auto ref = exec::execute_reference(step, eo);
   const auto eight = cluster::Cluster::preset("M8", 1);
   // Under the sanitizers the pipelined layout only (CI time).
-  const auto layouts = std::getenv("WEFT_SANITIZED") ? std::vector<plan::MegatronLayout>{{1, 2, 4}}
-                                                     : std::vector<plan::MegatronLayout>{{1, 2, 4}, {2, 1, 4}};
+  const auto layouts = std::getenv("WEFT_SANITIZED")
+                           ? std::vector<plan::MegatronLayout>{{1, 2, 4}}
+                           : std::vector<plan::MegatronLayout>{{1, 2, 4}, {2, 1, 4}};
   for (int zero : {0, 1, 3})
     for (const auto& lay : layouts) {
       CAPTURE(zero);
@@ -639,6 +644,22 @@ TEST_CASE("exec pipeline: ZeRO across replicas shards the optimizer states and e
           "ZeRO-{} {}: {} of {} moment leaves sharded on the replica axis, {} reduce-scatters, "
           "diff {:.1e}",
           zero, lay.to_string(), sharded, moments, count(prog, lower::InstrKind::ReduceScatter), run.diff));
+    }
+  // Levels 2 and 3 under the split, interleaved and V schedules with full recomputation: the
+  // per-micro-batch reduce-scatters and the per-phase gathers follow each schedule's order.
+  const auto four = cluster::Cluster::preset("p3.8xlarge", 1);
+  for (int zero : {2, 3})
+    for (const std::string sched : {"zb_h1", "interleaved", "zbv"}) {
+      CAPTURE(zero);
+      CAPTURE(sched);
+      plan::PlanOptions po;
+      po.num_microbatches = 4;
+      po.zero = zero;
+      po.schedule = sched;
+      po.recompute = plan::Recompute::Full;
+      const auto p = plan::megatron_plan(step, four, {1, 2, 2}, po);
+      for (const auto& st : p.stages) CHECK(st.zero == zero);
+      run_plan(p, step, four, eo, ref);
     }
 }
 
