@@ -170,17 +170,12 @@ def _child_env() -> dict:
     return env
 
 
-_FORKSERVER = None
-
-
 def _context():
-    """The forkserver context, its server preloading torch and weft (started on first use)."""
-    global _FORKSERVER
-    if _FORKSERVER is None:
-        ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["torch", "torch.distributed", "weft", "weft.runtime.rank", "weft.runtime.comm"])
-        _FORKSERVER = ctx
-    return _FORKSERVER
+    """multiprocessing's forkserver context (one server per process, started on first use), its
+    server preloading torch and weft (the preload list only matters when the server starts)."""
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "torch.distributed", "weft", "weft.runtime.rank", "weft.runtime.comm"])
+    return ctx
 
 
 def _name_process(name: str) -> None:
