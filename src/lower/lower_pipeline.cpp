@@ -787,16 +787,21 @@ class PipelineLowering {
     st.acc.emplace_back(t, acc);
   }
 
-  // An update's result: written into its state's leaf when it is made in the leaf's layout and
-  // nothing else on the stage reads the leaf (the optimizer steps in place), else a new buffer.
+  // An update's result: written into its state's leaf when it is made in the leaf's layout and no
+  // other update-phase op of the stage reads the leaf (the forward and backward ran before: the
+  // optimizer steps in place), else a new buffer.
   int updated_in_place(int s, ir::TensorId out, const ShardingSpec& spec) {
     auto& st = st_[static_cast<std::size_t>(s)];
     for (auto [o, leaf_t] : ir::updated_states(g_)) {
       if (o != out) continue;
       auto lit = st.leaves.find(leaf_t);
       const auto& rs = readers_[static_cast<std::size_t>(leaf_t)];
-      if (lit == st.leaves.end() || specs_[static_cast<std::size_t>(lit->second)] != spec || rs.size() != 1 ||
-          rs[0] != g_.tensor(out).producer)
+      const ir::OpId upd = g_.tensor(out).producer;
+      if (lit == st.leaves.end() || specs_[static_cast<std::size_t>(lit->second)] != spec ||
+          std::any_of(rs.begin(), rs.end(), [&](ir::OpId r) {
+            return r != upd && phase_[static_cast<std::size_t>(r)] == kU &&
+                   stage_of_op_[static_cast<std::size_t>(r)] == s;
+          }))
         break;
       st.layouts[out].emplace_back(spec, lit->second);
       return lit->second;
