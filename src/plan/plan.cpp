@@ -170,8 +170,6 @@ Stage stage_from(const json& j, const std::string& path) {
     WEFT_CHECK(s.zero_blocks.empty() || s.zero == 1 || s.zero == 2,
                "Plan JSON: {}.zero_blocks lists ZeRO-3 blocks but the stage's level is {}, not 1 or 2", path,
                s.zero);
-    for (int b : s.zero_blocks)
-      WEFT_CHECK(b >= 0, "Plan JSON: {}.zero_blocks has a negative block {}", path, b);
   }
   WEFT_CHECK(s.forward_time >= 0 && s.backward_time >= 0 && s.weight_time >= 0 && s.optimizer_time >= 0 &&
                  s.weight_time <= s.backward_time,
@@ -392,6 +390,13 @@ Plan Plan::from_json(std::string_view text) {
   at_least("schedule_k", p.schedule_k, 1);
   at_least("schedule_v", p.schedule_v, 1);
   at_least("num_blocks", p.num_blocks, 1);
+  // The per-block lists name layer-grouping blocks: 0 .. num_blocks - 1.
+  for (std::size_t i = 0; i < p.stages.size(); ++i)
+    for (const auto* list : {&p.stages[i].recompute_blocks, &p.stages[i].zero_blocks})
+      for (int b : *list)
+        WEFT_CHECK(b >= 0 && b < p.num_blocks,
+                   "Plan JSON: {}.stages[{}].{} names block {}, the plan has {} blocks", root, i,
+                   list == &p.stages[i].zero_blocks ? "zero_blocks" : "recompute_blocks", b, p.num_blocks);
   for (std::size_t i = 0; i < p.replica_microbatch.size(); ++i)
     if (p.replica_microbatch[i] < 0)
       kReader.bad(JsonReader::index(root + ".replica_microbatch", i), "a share must be >= 0");

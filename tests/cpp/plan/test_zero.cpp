@@ -229,6 +229,14 @@ TEST_CASE(
   CHECK(f_mem >= emb / static_cast<double>(models::gpt(gc).num_params()) * 0.99);
   CHECK(mixed.summary().find("ZeRO-3 on blocks") != std::string::npos);
   CHECK(plan::Plan::from_json(mixed.to_json()) == mixed);
+  // A hand-written plan naming a block the plan does not have is refused, naming it.
+  auto bad = mixed;
+  bad.stages[0].zero_blocks = {99};
+  CHECK_THROWS_WITH_AS(plan::Plan::from_json(bad.to_json()), doctest::Contains("zero_blocks names block 99"),
+                       Error);
+  bad.stages[0].zero_blocks = {0};
+  bad.stages[0].zero = 3;
+  CHECK_THROWS_WITH_AS(plan::Plan::from_json(bad.to_json()), doctest::Contains("not 1 or 2"), Error);
   MESSAGE(fmt::format(
       "per-block ZeRO: ZeRO-{} with ZeRO-3 on blocks {} (f = {:.2f}): {:.4g} ms, peak {:.3g} MB; "
       "ZeRO-2 {:.4g} ms / {:.3g} MB, ZeRO-3 {:.4g} ms / {:.3g} MB",
