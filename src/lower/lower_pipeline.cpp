@@ -151,6 +151,7 @@ class PipelineLowering {
     find_crossings();
     plan_transfers();
     plan_zero();
+    for (auto [out, leaf] : ir::updated_states(g_)) state_leaf_.emplace(out, leaf);
     for (int s = 0; s < S_; ++s) make_leaves(s);
     for (int s = 0; s < S_; ++s) lower_stage(s);
     results();
@@ -631,10 +632,7 @@ class PipelineLowering {
           // replica's mean before the sum, so they keep the whole accumulator).
           if (level >= 2 && !by_share && info.role == ir::Role::Gradient && info.producer != ir::kNoOp &&
               stage_of_op_[static_cast<std::size_t>(info.producer)] == s &&
-              phase_[static_cast<std::size_t>(info.producer)] != kU && only_here(t) &&
-              std::all_of(readers_[static_cast<std::size_t>(t)].begin(),
-                          readers_[static_cast<std::size_t>(t)].end(),
-                          [&](ir::OpId r) { return phase_[static_cast<std::size_t>(r)] == kU; }))
+              phase_[static_cast<std::size_t>(info.producer)] != kU && only_here(t) && accumulated_early(t))
             zero_grad_.insert_or_assign({s, t}, strat.inputs[i]);
         }
       }
@@ -792,21 +790,19 @@ class PipelineLowering {
   // optimizer steps in place), else a new buffer.
   int updated_in_place(int s, ir::TensorId out, const ShardingSpec& spec) {
     auto& st = st_[static_cast<std::size_t>(s)];
-    for (auto [o, leaf_t] : ir::updated_states(g_)) {
-      if (o != out) continue;
-      auto lit = st.leaves.find(leaf_t);
-      const auto& rs = readers_[static_cast<std::size_t>(leaf_t)];
-      const ir::OpId upd = g_.tensor(out).producer;
-      if (lit == st.leaves.end() || specs_[static_cast<std::size_t>(lit->second)] != spec ||
-          std::any_of(rs.begin(), rs.end(), [&](ir::OpId r) {
-            return r != upd && phase_[static_cast<std::size_t>(r)] == kU &&
-                   stage_of_op_[static_cast<std::size_t>(r)] == s;
-          }))
-        break;
-      st.layouts[out].emplace_back(spec, lit->second);
-      return lit->second;
-    }
-    return made(s, out, spec);
+    const auto state = state_leaf_.find(out);
+    if (state == state_leaf_.end()) return made(s, out, spec);
+    const auto lit = st.leaves.find(state->second);
+    const auto& rs = readers_[static_cast<std::size_t>(state->second)];
+    const ir::OpId upd = g_.tensor(out).producer;
+    if (lit == st.leaves.end() || specs_[static_cast<std::size_t>(lit->second)] != spec ||
+        std::any_of(rs.begin(), rs.end(), [&](ir::OpId r) {
+          return r != upd && phase_[static_cast<std::size_t>(r)] == kU &&
+                 stage_of_op_[static_cast<std::size_t>(r)] == s;
+        }))
+      return made(s, out, spec);
+    st.layouts[out].emplace_back(spec, lit->second);
+    return lit->second;
   }
 
   // The Recvs of stage s in phase ph: each receiving device's part of each transfer into it.
@@ -1161,6 +1157,7 @@ class PipelineLowering {
   std::map<std::pair<int, ir::TensorId>, ShardingSpec> zero_leaf_;  // (stage, state leaf) -> sharded spec
   std::map<std::pair<int, ir::TensorId>, ShardingSpec> zero_grad_;  // (stage, gradient) -> its accumulator's
   std::set<std::pair<int, ir::TensorId>> zero_param_;               // ZeRO-3: parameters stored sharded
+  std::map<ir::TensorId, ir::TensorId> state_leaf_;                 // an update's new state -> its leaf
   std::set<ir::TensorId> acc_set_;  // the stage being lowered: accumulated tensors
   ir::OpId serving_ = -1;           // the op whose operands are resharded now
   std::unique_ptr<schedule::Schedule> sched_;

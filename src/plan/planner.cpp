@@ -318,9 +318,10 @@ BlockCost Context::search_block(int b, const AtBatch& ab, const MeshOption& m, i
       const cost::Liveness lv = cost::liveness(bg, false);
       const std::vector<double> at = cost::live_bytes(lv, bc.local_bytes);
       double upd_peak = 0, rest_peak = 0;
-      for (std::size_t q = 0; q < at.size(); ++q)
-        (phase[sg.original_op[lv.order[q]]] == pipeline::OpPhase::Update ? upd_peak : rest_peak) = std::max(
-            phase[sg.original_op[lv.order[q]]] == pipeline::OpPhase::Update ? upd_peak : rest_peak, at[q]);
+      for (std::size_t q = 0; q < at.size(); ++q) {
+        double& peak = phase[sg.original_op[lv.order[q]]] == pipeline::OpPhase::Update ? upd_peak : rest_peak;
+        peak = std::max(peak, at[q]);
+      }
       bc.upd_excess = std::clamp(upd_peak - bc.static_mem - bc.act_mem, 0.0, bc.transient);
       bc.rest_excess = std::clamp(rest_peak - bc.static_mem - bc.act_mem, 0.0, bc.transient);
     }

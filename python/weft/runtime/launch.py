@@ -159,13 +159,9 @@ def _is_peer_loss(msg: str) -> bool:
 
 
 def _child_env() -> dict:
-    """The environment of a rank process: this process's, with the paths weft and _weft came from."""
-    import weft
-
-    paths = [os.path.dirname(os.path.dirname(os.path.abspath(weft.__file__))),
-             os.path.dirname(os.path.abspath(_weft.__file__))]
+    """The environment of a rank process: this process's (a forked rank imports weft as the server
+    did), one OpenMP thread unless set."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(paths + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     env.setdefault("OMP_NUM_THREADS", "1")  # N ranks on one host: no oversubscription by default
     return env
 

@@ -682,7 +682,8 @@ TEST_CASE("exec pipeline: ZeRO-1/2/3 hold what the planner counts: states, gradi
     po.num_microbatches = 2;
     po.zero = zero;
     po.recompute = plan::Recompute::None;
-    po.grad_bucket_bytes = 64 * 256 * 4;  // the lowering reduce-scatters tensor by tensor: the largest
+    po.grad_bucket_bytes = static_cast<double>(
+        gc.hidden * 4 * gc.hidden * 4);  // the lowering reduce-scatters tensor by tensor: the largest
     const auto p = plan::megatron_plan(step, c, {1, 1, 4}, po);
     REQUIRE(p.stages[0].zero == zero);
     const auto [prog, got, d] = run_plan(p, step, c, eo, ref);
