@@ -102,6 +102,22 @@ void bind_plan(py::module_& m) {
       .def_readonly("zero_blocks", &Stage::zero_blocks,
                     "Per-block levels: the layer-grouping blocks at ZeRO-3 (parameters sharded too), the "
                     "stage's others at `zero` (1 or 2); empty = `zero` for every block.")
+      .def_property_readonly(
+          "replica_collectives", [](const Stage& s) { return s.replica.collectives; },
+          "The stage's collectives across its replicas (weft.ReplicaCollectives, seconds at nominal "
+          "bandwidth): "
+          "the simulator runs them on each device's communication stream.")
+      .def_property_readonly(
+          "replica_exposed",
+          [](const Stage& s) {
+            py::dict d;
+            d["forward"] = s.replica.in_forward;
+            d["backward"] = s.replica.in_backward;
+            d["optimizer"] = s.replica.in_optimizer;
+            return d;
+          },
+          "What forward_time / backward_time / optimizer_time hold of those collectives by the planner's "
+          "closed-form overlap rule (the simulator takes it out and runs the collectives instead).")
       .def("__repr__", [](const Stage& s) {
         return fmt::format(
             "PlanStage({}: blocks {}-{} on {} devices, mesh ({}), F {:.4g} s B {:.4g} s, peak {:.3g} GB)",

@@ -58,13 +58,42 @@ void bind_trace(py::module_& m) {
 
 void bind_sim(py::module_& m) {
   bind_trace(m);
+  py::class_<ReplicaCollectives>(m, "ReplicaCollectives",
+                                 "Collectives across a stage's data-parallel replicas (ZeRO / FSDP / DDP), "
+                                 "seconds at nominal bandwidth, run "
+                                 "on each device's communication stream by the simulator.")
+      .def(py::init(
+               [](double gf, double gb, double rb, double ss, double sg, double gu, double ru, double su,
+                  bool prefetch) { return ReplicaCollectives{gf, gb, rb, ss, sg, gu, ru, su, prefetch}; }),
+           py::arg("gather_forward") = 0.0, py::arg("gather_backward") = 0.0,
+           py::arg("reduce_backward") = 0.0, py::arg("step_sync") = 0.0, py::arg("step_gather") = 0.0,
+           py::arg("gather_unit") = 1.0, py::arg("reduce_unit") = 1.0, py::arg("sync_unit") = 1.0,
+           py::arg("prefetch") = true)
+      .def_readonly("gather_forward", &ReplicaCollectives::gather_forward)
+      .def_readonly("gather_backward", &ReplicaCollectives::gather_backward)
+      .def_readonly("reduce_backward", &ReplicaCollectives::reduce_backward)
+      .def_readonly("step_sync", &ReplicaCollectives::step_sync)
+      .def_readonly("step_gather", &ReplicaCollectives::step_gather)
+      .def_readonly("gather_unit", &ReplicaCollectives::gather_unit)
+      .def_readonly("reduce_unit", &ReplicaCollectives::reduce_unit)
+      .def_readonly("sync_unit", &ReplicaCollectives::sync_unit)
+      .def_readonly("prefetch", &ReplicaCollectives::prefetch)
+      .def("__eq__", [](const ReplicaCollectives& a, const ReplicaCollectives& b) { return a == b; })
+      .def("__repr__", [](const ReplicaCollectives& c) {
+        return fmt::format(
+            "ReplicaCollectives(gather_forward={:g}, gather_backward={:g}, reduce_backward={:g}, "
+            "step_sync={:g}, "
+            "step_gather={:g})",
+            c.gather_forward, c.gather_backward, c.reduce_backward, c.step_sync, c.step_gather);
+      });
   py::class_<StageSpec>(m, "StageSpec", "Per-micro-batch times, bytes and memory of one pipeline stage.")
-      .def(py::init([](double f, double b, double w, double ab, double am, double sm, double opt) {
-             return StageSpec{f, b, w, ab, am, sm, opt};
-           }),
+      .def(py::init([](double f, double b, double w, double ab, double am, double sm, double opt,
+                       const ReplicaCollectives& rc) { return StageSpec{f, b, w, ab, am, sm, opt, rc}; }),
            py::arg("forward_time") = 1.0, py::arg("backward_time") = 2.0, py::arg("weight_time") = 0.0,
            py::arg("activation_bytes") = 0.0, py::arg("activation_memory") = 0.0,
-           py::arg("static_memory") = 0.0, py::arg("optimizer_time") = 0.0)
+           py::arg("static_memory") = 0.0, py::arg("optimizer_time") = 0.0,
+           py::arg("replica") = ReplicaCollectives{})
+      .def_readonly("replica", &StageSpec::replica)
       .def_readonly("forward_time", &StageSpec::forward_time)
       .def_readonly("backward_time", &StageSpec::backward_time)
       .def_readonly("weight_time", &StageSpec::weight_time)
@@ -100,6 +129,7 @@ void bind_sim(py::module_& m) {
       .def_readonly("step_time", &SimResult::step_time)
       .def_readonly("bubble_fraction", &SimResult::bubble_fraction)
       .def_readonly("busy_time", &SimResult::busy_time)
+      .def_readonly("collective_time", &SimResult::collective_time)
       .def_readonly("peak_in_flight", &SimResult::peak_in_flight)
       .def_readonly("peak_in_flight_device", &SimResult::peak_in_flight_device)
       .def_readonly("peak_memory", &SimResult::peak_memory)
@@ -116,31 +146,34 @@ void bind_sim(py::module_& m) {
               out.emplace_back(task_kind_name(e.kind), e.stage, e.micro, e.device, e.peer, e.start, e.end);
             return out;
           },
-          "(kind, stage, micro, device, peer, start, end); kind in F B W Opt act grad; peer -1 for compute.")
+          "(kind, stage, micro, device, peer, start, end); kind in F B W Opt act grad gather reduce; peer -1 "
+          "for compute and replica collectives.")
       .def("chrome_trace_json", &SimResult::to_chrome_trace)
       .def("__repr__", &SimResult::to_string);
   m.def(
       "_simulate",
       [](const weft::schedule::Schedule& s, const std::vector<StageSpec>& stages,
-         const std::vector<LinkSpec>& links, double trace_offset, bool check_pairing, bool record_timeline) {
+         const std::vector<LinkSpec>& links, double trace_offset, bool check_pairing, bool record_timeline,
+         const BandwidthTrace& replica_trace) {
         SimOptions o;
         o.trace_offset = trace_offset;
         o.check_pairing = check_pairing;
         o.record_timeline = record_timeline;
         py::gil_scoped_release nogil;
-        return simulate(s, Pipeline{stages, links}, o);
+        return simulate(s, Pipeline{stages, links, replica_trace}, o);
       },
       py::arg("schedule"), py::arg("stages"), py::arg("links"), py::arg("trace_offset") = 0.0,
-      py::arg("check_pairing") = true, py::arg("record_timeline") = true);
+      py::arg("check_pairing") = true, py::arg("record_timeline") = true,
+      py::arg("replica_trace") = BandwidthTrace());
 
   py::class_<StageModel>(m, "StageModel", "A stage per sample: F(b) = overhead + per_sample*b, etc.")
-      .def(py::init([](double fps, double fo, double bps, double bo, double abps, double amps, double sm) {
-             return StageModel{fps, fo, bps, bo, abps, amps, sm};
-           }),
+      .def(py::init(
+               [](double fps, double fo, double bps, double bo, double abps, double amps, double sm,
+                  const ReplicaCollectives& rc) { return StageModel{fps, fo, bps, bo, abps, amps, sm, rc}; }),
            py::arg("forward_per_sample") = 0.0, py::arg("forward_overhead") = 0.0,
            py::arg("backward_per_sample") = 0.0, py::arg("backward_overhead") = 0.0,
            py::arg("activation_bytes_per_sample") = 0.0, py::arg("activation_memory_per_sample") = 0.0,
-           py::arg("static_memory") = 0.0)
+           py::arg("static_memory") = 0.0, py::arg("replica") = ReplicaCollectives{})
       .def("at", &StageModel::at, py::arg("micro_batch_size"))
       .def("__eq__", [](const StageModel& a, const StageModel& b) { return a == b; })
       .def("__repr__", [](const StageModel& s) {
@@ -163,13 +196,13 @@ void bind_sim(py::module_& m) {
   m.def("adagrouper_frontier", &adagrouper_frontier, py::arg("stages"), py::arg("global_batch"),
         py::arg("memory_limit"), py::arg("k_max") = 8);
   m.def("candidate_step_time", &candidate_step_time, py::arg("candidate"), py::arg("stages"),
-        py::arg("links"), py::arg("t0") = 0.0);
+        py::arg("links"), py::arg("t0") = 0.0, py::arg("replica_trace") = BandwidthTrace());
   py::class_<TuneResult>(m, "TuneResult")
       .def_readonly("best", &TuneResult::best)
       .def_readonly("step_times", &TuneResult::step_times)
       .def("__repr__", [](const TuneResult& t) { return fmt::format("TuneResult(best={})", t.best); });
   m.def("adagrouper_tune", &adagrouper_tune, py::arg("candidates"), py::arg("stages"), py::arg("links"),
-        py::arg("t0") = 0.0);
+        py::arg("t0") = 0.0, py::arg("replica_trace") = BandwidthTrace());
   py::class_<DriverResult>(m, "DriverResult")
       .def_property_readonly("iterations",
                              [](const DriverResult& r) {
@@ -186,7 +219,7 @@ void bind_sim(py::module_& m) {
       "adagrouper_drive",
       [](const std::vector<Candidate>& c, const std::vector<StageModel>& s, const std::vector<LinkSpec>& l,
          double start, double until, int max_iterations, int retune_every, const std::string& estimate,
-         double window, int fixed) {
+         double window, int fixed, const BandwidthTrace& replica_trace) {
         DriverOptions o;
         o.start = start;
         o.until = until;
@@ -199,9 +232,10 @@ void bind_sim(py::module_& m) {
         o.window = window;
         o.fixed = fixed;
         py::gil_scoped_release nogil;
-        return adagrouper_drive(c, s, l, o);
+        return adagrouper_drive(c, s, l, o, replica_trace);
       },
       py::arg("candidates"), py::arg("stages"), py::arg("links"), py::arg("start") = 0.0,
       py::arg("until") = 600.0, py::arg("max_iterations") = 100000, py::arg("retune_every") = 1,
-      py::arg("estimate") = "lookahead", py::arg("window") = 10.0, py::arg("fixed") = -1);
+      py::arg("estimate") = "lookahead", py::arg("window") = 10.0, py::arg("fixed") = -1,
+      py::arg("replica_trace") = BandwidthTrace());
 }

@@ -16,11 +16,13 @@ from ._weft import dtype_size
 
 __all__ = ["dtype_size"]
 # schedule / sim (pipeline schedules, simulator, Ada-Grouper)
-from ._weft import BandwidthTrace, Candidate, PipelineLink, Schedule, StageModel, StageSpec, check_order, links_from_cluster
+from ._weft import (BandwidthTrace, Candidate, PipelineLink, ReplicaCollectives, Schedule, StageModel, StageSpec,
+                    check_order, links_from_cluster)
 from .schedules import schedule
 from .simulation import SimulationResult, simulate
 from . import adagrouper
-__all__ += ["BandwidthTrace", "Candidate", "PipelineLink", "Schedule", "StageModel", "StageSpec", "check_order",
+__all__ += ["BandwidthTrace", "Candidate", "PipelineLink", "ReplicaCollectives", "Schedule", "StageModel", "StageSpec",
+            "check_order",
             "links_from_cluster", "schedule", "simulate", "SimulationResult", "adagrouper"]
 # cluster / sharding / cost (cluster model, sharding specs and tile math, IR-free cost model)
 from .cluster import AxisLink, Cluster, Device, DeviceMesh, DeviceSpec, MatmulEfficiency, NodeSpec, axis_links

@@ -13,7 +13,7 @@ hetero: _types.ModuleType
 models: _types.ModuleType
 pipeline: _types.ModuleType
 spmd: _types.ModuleType
-__all__: list[str] = ['AdaptivePolicy', 'AdaptiveWindow', 'AxisLink', 'BandwidthTrace', 'Calibration', 'Candidate', 'Cluster', 'CrossMeshOp', 'CrossMeshPlan', 'CrossMeshUnitTask', 'Device', 'DeviceMesh', 'DeviceSpec', 'DriverResult', 'Graph', 'LeafValues', 'MatmulEfficiency', 'MegatronLayout', 'NodeSpec', 'OrderCheck', 'PipelineLink', 'Placement', 'Plan', 'PlanAlternative', 'PlanCrossTensor', 'PlanOpLayout', 'PlanParamSpec', 'PlanStage', 'Program', 'ProgramLayout', 'ReshardPlan', 'ReshardPlanner', 'ReshardStep', 'Schedule', 'ScheduleOp', 'ShardingSpec', 'SimResult', 'StageModel', 'StageSpec', 'TuneResult', 'ZeroMemory', 'ZeroTraffic', 'adagrouper_drive', 'adagrouper_frontier', 'adagrouper_tune', 'adaptive_policy', 'axis_links', 'batch_size', 'best_megatron_plan', 'calibrated_cluster', 'candidate_step_time', 'check_dependencies', 'check_order', 'check_pairing', 'collective_time', 'compute_time', 'data_parallel_plan', 'dtype_size', 'eager_1f1b', 'enumerate_specs', 'gpipe', 'hetero', 'interleaved_1f1b', 'interpret', 'is_training_graph', 'kfkb', 'kfkb_interleaved', 'layout_plan', 'links_from_cluster', 'loop_placement', 'make_plan', 'make_schedule', 'megatron_layouts', 'megatron_plan', 'model_state_bytes', 'models', 'one_f_one_b', 'pipeline', 'propagate_reshape', 'rebatch', 'roofline', 'split_plan', 'spmd', 'v_placement', 'zb_h1', 'zb_interleaved', 'zbv', 'zero_memory', 'zero_traffic']
+__all__: list[str] = ['AdaptivePolicy', 'AdaptiveWindow', 'AxisLink', 'BandwidthTrace', 'Calibration', 'Candidate', 'Cluster', 'CrossMeshOp', 'CrossMeshPlan', 'CrossMeshUnitTask', 'Device', 'DeviceMesh', 'DeviceSpec', 'DriverResult', 'Graph', 'LeafValues', 'MatmulEfficiency', 'MegatronLayout', 'NodeSpec', 'OrderCheck', 'PipelineLink', 'Placement', 'Plan', 'PlanAlternative', 'PlanCrossTensor', 'PlanOpLayout', 'PlanParamSpec', 'PlanStage', 'Program', 'ProgramLayout', 'ReplicaCollectives', 'ReshardPlan', 'ReshardPlanner', 'ReshardStep', 'Schedule', 'ScheduleOp', 'ShardingSpec', 'SimResult', 'StageModel', 'StageSpec', 'TuneResult', 'ZeroMemory', 'ZeroTraffic', 'adagrouper_drive', 'adagrouper_frontier', 'adagrouper_tune', 'adaptive_policy', 'axis_links', 'batch_size', 'best_megatron_plan', 'calibrated_cluster', 'candidate_step_time', 'check_dependencies', 'check_order', 'check_pairing', 'collective_time', 'compute_time', 'data_parallel_plan', 'dtype_size', 'eager_1f1b', 'enumerate_specs', 'gpipe', 'hetero', 'interleaved_1f1b', 'interpret', 'is_training_graph', 'kfkb', 'kfkb_interleaved', 'layout_plan', 'links_from_cluster', 'loop_placement', 'make_plan', 'make_schedule', 'megatron_layouts', 'megatron_plan', 'model_state_bytes', 'models', 'one_f_one_b', 'pipeline', 'propagate_reshape', 'rebatch', 'roofline', 'split_plan', 'spmd', 'v_placement', 'zb_h1', 'zb_interleaved', 'zbv', 'zero_memory', 'zero_traffic']
 class MatmulEfficiency:
     """
     Matmul efficiency against GEMM shape: ceiling x min(1, b*m*n / fill_elements) x k / (k + half_k) of the datasheet peak.
@@ -701,6 +701,16 @@ class PlanStage:
     def recompute_blocks(self) -> list[int]:
         """
         With recompute 'full': the layer-grouping blocks recomputed (the grouping's order); empty = every block of the stage.
+        """
+    @property
+    def replica_collectives(self) -> typing.Any:
+        """
+        The stage's collectives across its replicas (weft.ReplicaCollectives, seconds at nominal bandwidth): the simulator runs them on each device's communication stream.
+        """
+    @property
+    def replica_exposed(self) -> dict:
+        """
+        What forward_time / backward_time / optimizer_time hold of those collectives by the planner's closed-form overlap rule (the simulator takes it out and runs the collectives instead).
         """
     @property
     def static_memory(self) -> float:
@@ -1564,6 +1574,44 @@ class BandwidthTrace:
     @property
     def times(self) -> list[float]:
         ...
+class ReplicaCollectives:
+    """
+    Collectives across a stage's data-parallel replicas (ZeRO / FSDP / DDP), seconds at nominal bandwidth, run on each device's communication stream by the simulator.
+    """
+    __hash__: typing.ClassVar[None] = None  # type: ignore[assignment]
+    def __eq__(self, arg0: object) -> bool:
+        ...
+    def __init__(self, gather_forward: typing.SupportsFloat | typing.SupportsIndex = 0.0, gather_backward: typing.SupportsFloat | typing.SupportsIndex = 0.0, reduce_backward: typing.SupportsFloat | typing.SupportsIndex = 0.0, step_sync: typing.SupportsFloat | typing.SupportsIndex = 0.0, step_gather: typing.SupportsFloat | typing.SupportsIndex = 0.0, gather_unit: typing.SupportsFloat | typing.SupportsIndex = 1.0, reduce_unit: typing.SupportsFloat | typing.SupportsIndex = 1.0, sync_unit: typing.SupportsFloat | typing.SupportsIndex = 1.0, prefetch: bool = True) -> None:
+        ...
+    def __repr__(self) -> str:
+        ...
+    @property
+    def gather_backward(self) -> float:
+        ...
+    @property
+    def gather_forward(self) -> float:
+        ...
+    @property
+    def gather_unit(self) -> float:
+        ...
+    @property
+    def prefetch(self) -> bool:
+        ...
+    @property
+    def reduce_backward(self) -> float:
+        ...
+    @property
+    def reduce_unit(self) -> float:
+        ...
+    @property
+    def step_gather(self) -> float:
+        ...
+    @property
+    def step_sync(self) -> float:
+        ...
+    @property
+    def sync_unit(self) -> float:
+        ...
 class StageSpec:
     """
     Per-micro-batch times, bytes and memory of one pipeline stage.
@@ -1571,7 +1619,7 @@ class StageSpec:
     __hash__: typing.ClassVar[None] = None  # type: ignore[assignment]
     def __eq__(self, arg0: object) -> bool:
         ...
-    def __init__(self, forward_time: typing.SupportsFloat | typing.SupportsIndex = 1.0, backward_time: typing.SupportsFloat | typing.SupportsIndex = 2.0, weight_time: typing.SupportsFloat | typing.SupportsIndex = 0.0, activation_bytes: typing.SupportsFloat | typing.SupportsIndex = 0.0, activation_memory: typing.SupportsFloat | typing.SupportsIndex = 0.0, static_memory: typing.SupportsFloat | typing.SupportsIndex = 0.0, optimizer_time: typing.SupportsFloat | typing.SupportsIndex = 0.0) -> None:
+    def __init__(self, forward_time: typing.SupportsFloat | typing.SupportsIndex = 1.0, backward_time: typing.SupportsFloat | typing.SupportsIndex = 2.0, weight_time: typing.SupportsFloat | typing.SupportsIndex = 0.0, activation_bytes: typing.SupportsFloat | typing.SupportsIndex = 0.0, activation_memory: typing.SupportsFloat | typing.SupportsIndex = 0.0, static_memory: typing.SupportsFloat | typing.SupportsIndex = 0.0, optimizer_time: typing.SupportsFloat | typing.SupportsIndex = 0.0, replica: ReplicaCollectives = ...) -> None:
         ...
     def __repr__(self) -> str:
         ...
@@ -1589,6 +1637,9 @@ class StageSpec:
         ...
     @property
     def optimizer_time(self) -> float:
+        ...
+    @property
+    def replica(self) -> ReplicaCollectives:
         ...
     @property
     def static_memory(self) -> float:
@@ -1631,6 +1682,9 @@ class SimResult:
     def busy_time(self) -> list[float]:
         ...
     @property
+    def collective_time(self) -> list[float]:
+        ...
+    @property
     def deadlock(self) -> bool:
         ...
     @property
@@ -1657,7 +1711,7 @@ class SimResult:
     @property
     def timeline(self) -> list[tuple[str, int, int, int, int, float, float]]:
         """
-        (kind, stage, micro, device, peer, start, end); kind in F B W Opt act grad; peer -1 for compute.
+        (kind, stage, micro, device, peer, start, end); kind in F B W Opt act grad gather reduce; peer -1 for compute and replica collectives.
         """
 class StageModel:
     """
@@ -1666,7 +1720,7 @@ class StageModel:
     __hash__: typing.ClassVar[None] = None  # type: ignore[assignment]
     def __eq__(self, arg0: object) -> bool:
         ...
-    def __init__(self, forward_per_sample: typing.SupportsFloat | typing.SupportsIndex = 0.0, forward_overhead: typing.SupportsFloat | typing.SupportsIndex = 0.0, backward_per_sample: typing.SupportsFloat | typing.SupportsIndex = 0.0, backward_overhead: typing.SupportsFloat | typing.SupportsIndex = 0.0, activation_bytes_per_sample: typing.SupportsFloat | typing.SupportsIndex = 0.0, activation_memory_per_sample: typing.SupportsFloat | typing.SupportsIndex = 0.0, static_memory: typing.SupportsFloat | typing.SupportsIndex = 0.0) -> None:
+    def __init__(self, forward_per_sample: typing.SupportsFloat | typing.SupportsIndex = 0.0, forward_overhead: typing.SupportsFloat | typing.SupportsIndex = 0.0, backward_per_sample: typing.SupportsFloat | typing.SupportsIndex = 0.0, backward_overhead: typing.SupportsFloat | typing.SupportsIndex = 0.0, activation_bytes_per_sample: typing.SupportsFloat | typing.SupportsIndex = 0.0, activation_memory_per_sample: typing.SupportsFloat | typing.SupportsIndex = 0.0, static_memory: typing.SupportsFloat | typing.SupportsIndex = 0.0, replica: ReplicaCollectives = ...) -> None:
         ...
     def __repr__(self) -> str:
         ...
@@ -1751,13 +1805,13 @@ def _lower_spmd(graph: Graph, cluster: Cluster, mesh: DeviceMesh, spmd_plan: typ
     """
     Lowers the layout an SPMD search chose to a Program.
     """
-def _simulate(schedule: Schedule, stages: collections.abc.Sequence[StageSpec], links: collections.abc.Sequence[PipelineLink], trace_offset: typing.SupportsFloat | typing.SupportsIndex = 0.0, check_pairing: bool = True, record_timeline: bool = True) -> SimResult:
+def _simulate(schedule: Schedule, stages: collections.abc.Sequence[StageSpec], links: collections.abc.Sequence[PipelineLink], trace_offset: typing.SupportsFloat | typing.SupportsIndex = 0.0, check_pairing: bool = True, record_timeline: bool = True, replica_trace: BandwidthTrace = ...) -> SimResult:
     ...
-def adagrouper_drive(candidates: collections.abc.Sequence[Candidate], stages: collections.abc.Sequence[StageModel], links: collections.abc.Sequence[PipelineLink], start: typing.SupportsFloat | typing.SupportsIndex = 0.0, until: typing.SupportsFloat | typing.SupportsIndex = 600.0, max_iterations: typing.SupportsInt | typing.SupportsIndex = 100000, retune_every: typing.SupportsInt | typing.SupportsIndex = 1, estimate: str = 'lookahead', window: typing.SupportsFloat | typing.SupportsIndex = 10.0, fixed: typing.SupportsInt | typing.SupportsIndex = -1) -> DriverResult:
+def adagrouper_drive(candidates: collections.abc.Sequence[Candidate], stages: collections.abc.Sequence[StageModel], links: collections.abc.Sequence[PipelineLink], start: typing.SupportsFloat | typing.SupportsIndex = 0.0, until: typing.SupportsFloat | typing.SupportsIndex = 600.0, max_iterations: typing.SupportsInt | typing.SupportsIndex = 100000, retune_every: typing.SupportsInt | typing.SupportsIndex = 1, estimate: str = 'lookahead', window: typing.SupportsFloat | typing.SupportsIndex = 10.0, fixed: typing.SupportsInt | typing.SupportsIndex = -1, replica_trace: BandwidthTrace = ...) -> DriverResult:
     ...
 def adagrouper_frontier(stages: collections.abc.Sequence[StageModel], global_batch: typing.SupportsInt | typing.SupportsIndex, memory_limit: typing.SupportsFloat | typing.SupportsIndex, k_max: typing.SupportsInt | typing.SupportsIndex = 8) -> list[Candidate]:
     ...
-def adagrouper_tune(candidates: collections.abc.Sequence[Candidate], stages: collections.abc.Sequence[StageModel], links: collections.abc.Sequence[PipelineLink], t0: typing.SupportsFloat | typing.SupportsIndex = 0.0) -> TuneResult:
+def adagrouper_tune(candidates: collections.abc.Sequence[Candidate], stages: collections.abc.Sequence[StageModel], links: collections.abc.Sequence[PipelineLink], t0: typing.SupportsFloat | typing.SupportsIndex = 0.0, replica_trace: BandwidthTrace = ...) -> TuneResult:
     ...
 def adaptive_policy(plan: Plan, trace: typing.Any = None, window: typing.SupportsFloat | typing.SupportsIndex = 60.0, k_max: typing.SupportsInt | typing.SupportsIndex = 8, duration: typing.SupportsFloat | typing.SupportsIndex = 0.0, samples_per_window: typing.SupportsInt | typing.SupportsIndex = 16, forward_overhead: typing.SupportsFloat | typing.SupportsIndex = 0.0, backward_overhead: typing.SupportsFloat | typing.SupportsIndex = 0.0) -> AdaptivePolicy:
     """
@@ -1773,7 +1827,7 @@ def calibrated_cluster(cluster: Cluster, calibration: Calibration) -> Cluster:
     """
     The cluster as the calibration measured it: what the calibration gives replaces the devices' defaults (peaks x given compute efficiency with the default ceiling dropped, a given matmul curve, memory bandwidth x given memory efficiency, the given kernel overhead); link latency x alpha_scale, bandwidth / beta_scale.
     """
-def candidate_step_time(candidate: Candidate, stages: collections.abc.Sequence[StageModel], links: collections.abc.Sequence[PipelineLink], t0: typing.SupportsFloat | typing.SupportsIndex = 0.0) -> float:
+def candidate_step_time(candidate: Candidate, stages: collections.abc.Sequence[StageModel], links: collections.abc.Sequence[PipelineLink], t0: typing.SupportsFloat | typing.SupportsIndex = 0.0, replica_trace: BandwidthTrace = ...) -> float:
     ...
 def check_dependencies(schedule: Schedule) -> OrderCheck:
     ...

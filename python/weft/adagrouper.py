@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import List, Optional, Sequence
 
-from ._weft import Candidate, DriverResult, PipelineLink, StageModel, TuneResult
+from ._weft import BandwidthTrace, Candidate, DriverResult, PipelineLink, StageModel, TuneResult
 from . import _weft
 
 
@@ -19,9 +19,12 @@ def frontier(stages: Sequence[StageModel], global_batch: int, memory_limit: floa
     return _weft.adagrouper_frontier(list(stages), global_batch, memory_limit, k_max)
 
 
-def tune(candidates: Sequence[Candidate], stages: Sequence[StageModel], links: Sequence[PipelineLink], t0: float = 0.0) -> TuneResult:
-    """Simulate every candidate from absolute trace time ``t0``; ``best`` is the shortest step."""
-    return _weft.adagrouper_tune(list(candidates), list(stages), list(links), t0)
+def tune(candidates: Sequence[Candidate], stages: Sequence[StageModel], links: Sequence[PipelineLink], t0: float = 0.0,
+         *, replica_trace: Optional[BandwidthTrace] = None) -> TuneResult:
+    """Simulate every candidate from absolute trace time ``t0``; ``best`` is the shortest step.
+    ``replica_trace`` slows the stages' replica collectives (``StageModel(replica=...)``)."""
+    return _weft.adagrouper_tune(list(candidates), list(stages), list(links), t0,
+                                 replica_trace if replica_trace is not None else BandwidthTrace())
 
 
 def drive(
@@ -36,13 +39,15 @@ def drive(
     window: float = 10.0,
     fixed: Optional[int] = None,
     max_iterations: int = 100000,
+    replica_trace: Optional[BandwidthTrace] = None,
 ) -> DriverResult:
     """Replay the links' traces from ``start`` until ``until``, iteration after iteration.
 
     ``estimate='lookahead'``: the tuner sees the true trace from the iteration start;
     ``'past_mean'``: it sees each link's mean fraction over the last ``window`` seconds.
-    ``fixed=i`` runs candidate i throughout (a fixed-k baseline)."""
+    ``fixed=i`` runs candidate i throughout (a fixed-k baseline). ``replica_trace`` slows the stages'
+    replica collectives as the links' traces slow the links."""
     return _weft.adagrouper_drive(
         list(candidates), list(stages), list(links), start, until, max_iterations, retune_every, estimate, window,
-        -1 if fixed is None else fixed,
+        -1 if fixed is None else fixed, replica_trace if replica_trace is not None else BandwidthTrace(),
     )

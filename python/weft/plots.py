@@ -17,7 +17,7 @@ from typing import Optional
 import numpy as np
 
 _GANTT_COLORS = {"F": "#4C72B0", "B": "#55A868", "W": "#DD8452", "Opt": "#8C8C8C", "act": "#8172B3",
-                 "grad": "#C44E52"}
+                 "grad": "#C44E52", "gather": "#64B5CD", "reduce": "#CCB974"}
 
 
 def _figure(w: float, h: float):
@@ -53,13 +53,17 @@ def draw_gantt(ax, sim, show_transfers: bool = True, title: Optional[str] = None
     and, with ``show_transfers``, one row per directed link with its transfers."""
     tl = sim.raw.timeline
     D = sim.schedule.num_devices
+    collective = ("gather", "reduce")  # replica collectives: a row per device's communication stream
+    streams = sorted({d for (k, s, m, d, p, a, b) in tl if k in collective}) if show_transfers else []
     links = sorted({(d, p) for (k, s, m, d, p, a, b) in tl if p >= 0}) if show_transfers else []
-    rows = [f"device {d}" for d in range(D)] + [f"{a}->{b}" for a, b in links]
-    row_of_link = {link: D + i for i, link in enumerate(links)}
+    rows = ([f"device {d}" for d in range(D)] + [f"{d} collectives" for d in streams]
+            + [f"{a}->{b}" for a, b in links])
+    row_of_stream = {d: D + i for i, d in enumerate(streams)}
+    row_of_link = {link: D + len(streams) + i for i, link in enumerate(links)}
     for kind, stage, micro, dev, peer, start, end in tl:
-        if peer >= 0 and not show_transfers:
+        if (peer >= 0 or kind in collective) and not show_transfers:
             continue
-        row = dev if peer < 0 else row_of_link[(dev, peer)]
+        row = row_of_stream[dev] if kind in collective else dev if peer < 0 else row_of_link[(dev, peer)]
         ax.barh(row, end - start, left=start, height=0.8, color=_GANTT_COLORS.get(kind, "k"), edgecolor="white",
                 linewidth=0.3)
         if peer < 0 and micro >= 0 and sim.schedule.num_micro <= 64:

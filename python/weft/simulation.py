@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Optional, Sequence, Union
 
-from ._weft import PipelineLink, Schedule, SimResult, StageSpec
+from ._weft import BandwidthTrace, PipelineLink, Schedule, SimResult, StageSpec
 from . import _weft
 
 
@@ -74,6 +74,7 @@ def simulate(
     trace_offset: float = 0.0,
     check_pairing: bool = True,
     record_timeline: bool = True,
+    replica_trace: Optional[BandwidthTrace] = None,
 ) -> SimulationResult:
     """Simulate one training step of ``schedule``.
 
@@ -81,9 +82,12 @@ def simulate(
     links: none (no communication cost), one for every device boundary, or one per boundary
     (link d joins device d and d+1; interleaved schedules on more than two devices also need link
     D-1 joining D-1 and 0). trace_offset: absolute trace time at simulation time 0.
+    A stage's ``replica`` collectives (``ReplicaCollectives``: ZeRO's gathers and reduce-scatters,
+    the gradient all-reduce) run on each device's communication stream; ``replica_trace`` slows them.
     A cyclic order is reported (``deadlock`` True, ``deadlock_report``), not raised.
     """
     st = _as_list(stages, StageSpec) or [StageSpec()]
     ln = _as_list(links, PipelineLink)
-    raw = _weft._simulate(schedule, st, ln, trace_offset, check_pairing, record_timeline)
+    raw = _weft._simulate(schedule, st, ln, trace_offset, check_pairing, record_timeline,
+                          replica_trace if replica_trace is not None else BandwidthTrace())
     return SimulationResult(raw, schedule)

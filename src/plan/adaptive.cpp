@@ -30,12 +30,16 @@ std::vector<sim::StageModel> stage_models_of(const Plan& p, double fo, double bo
   for (int s = 0; s < p.num_stages(); ++s) {
     const auto& st = p.stages[static_cast<std::size_t>(s)];
     sim::StageModel m;
-    WEFT_CHECK(fo <= st.forward_time && bo <= st.backward_time,
+    // The replica collectives run on the devices' streams (pipeline_of), not inside the times.
+    const double fwd = std::max(0.0, st.forward_time - st.replica.in_forward);
+    const double bwd = std::max(0.0, st.backward_time - st.replica.in_backward);
+    WEFT_CHECK(fo <= fwd && bo <= bwd,
                "adaptive policy: stage {}'s per-micro-batch overheads exceed its forward / backward time", s);
     m.forward_overhead = fo;
     m.backward_overhead = bo;
-    m.forward_per_sample = (st.forward_time - fo) / b;
-    m.backward_per_sample = (st.backward_time - bo) / b;
+    m.forward_per_sample = (fwd - fo) / b;
+    m.backward_per_sample = (bwd - bo) / b;
+    m.replica = st.replica.collectives;
     const bool sends = s + 1 < p.num_stages() && static_cast<std::size_t>(s) < p.boundary_bytes.size();
     m.activation_bytes_per_sample = sends ? std::max(1.0, p.boundary_bytes[static_cast<std::size_t>(s)]) / b : 0.0;
     m.activation_memory_per_sample = st.activation_memory / b;
@@ -135,7 +139,10 @@ AdaptivePolicy adaptive_policy(const Plan& p, const cluster::BandwidthTrace& tra
   AdaptivePolicy pol;
   pol.window_s = o.window_s;
   pol.duration_s = o.duration_s > 0 ? o.duration_s : trace.times().back() + o.window_s;
-  for (const auto& st : p.stages) pol.optimizer_time = std::max(pol.optimizer_time, st.optimizer_time);
+  // The optimizer after the simulated kFkB iterations (the replica collectives it waits for and the
+  // all-gather after it are inside the simulation).
+  for (const auto& st : p.stages)
+    pol.optimizer_time = std::max(pol.optimizer_time, st.optimizer_time - st.replica.in_optimizer);
   pol.frontier = adaptive_frontier(stages, trace_links_of(p, cluster::BandwidthTrace{}),
                                    static_cast<int>(per_replica), limit, o.k_max);
   if (pol.frontier.empty()) return pol;
@@ -151,7 +158,7 @@ AdaptivePolicy adaptive_policy(const Plan& p, const cluster::BandwidthTrace& tra
       double sum = 0;
       for (int j = 0; j < o.samples_per_window; ++j) {
         const double t0 = win.start + (j + 0.5) * (win.end - win.start) / o.samples_per_window;
-        sum += sim::candidate_step_time(pol.frontier[c], stages, links, t0);
+        sum += sim::candidate_step_time(pol.frontier[c], stages, links, t0, trace);
       }
       const double mean = sum / o.samples_per_window + pol.optimizer_time;
       total[c] += mean;

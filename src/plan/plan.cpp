@@ -23,6 +23,22 @@ json to_j(const ParamSpec& p) {
       {"name", p.name}, {"shape", p.shape}, {"spec", p.spec}, {"bytes_per_device", p.bytes_per_device}};
 }
 
+json to_j(const ReplicaComm& r) {
+  const sim::ReplicaCollectives& c = r.collectives;
+  return json{{"gather_forward", c.gather_forward},
+              {"gather_backward", c.gather_backward},
+              {"reduce_backward", c.reduce_backward},
+              {"step_sync", c.step_sync},
+              {"step_gather", c.step_gather},
+              {"gather_unit", c.gather_unit},
+              {"reduce_unit", c.reduce_unit},
+              {"sync_unit", c.sync_unit},
+              {"prefetch", c.prefetch},
+              {"in_forward", r.in_forward},
+              {"in_backward", r.in_backward},
+              {"in_optimizer", r.in_optimizer}};
+}
+
 json to_j(const Stage& s) {
   json params = json::array(), layouts = json::array(), leaves = json::array();
   for (const auto& p : s.params) params.push_back(to_j(p));
@@ -53,7 +69,8 @@ json to_j(const Stage& s) {
               {"recompute_blocks", s.recompute_blocks},
               {"zero", s.zero},
               {"zero_group", s.zero_group},
-              {"zero_blocks", s.zero_blocks}};
+              {"zero_blocks", s.zero_blocks},
+              {"replica", to_j(s.replica)}};
 }
 
 json to_j(const CrossTensor& c) {
@@ -174,6 +191,33 @@ Stage stage_from(const json& j, const std::string& path) {
   WEFT_CHECK(s.forward_time >= 0 && s.backward_time >= 0 && s.weight_time >= 0 && s.optimizer_time >= 0 &&
                  s.weight_time <= s.backward_time,
              "Plan JSON: {} has negative times or weight_time > backward_time", path);
+  if (j.contains("replica")) {  // absent in plans written before the simulator ran the collectives
+    const std::string rp = path + ".replica";
+    const json& r = j.at("replica");
+    WEFT_CHECK(r.is_object(), "Plan JSON: {} must be an object", rp);
+    sim::ReplicaCollectives& c = s.replica.collectives;
+    c.gather_forward = field<double>(r, "gather_forward", rp);
+    c.gather_backward = field<double>(r, "gather_backward", rp);
+    c.reduce_backward = field<double>(r, "reduce_backward", rp);
+    c.step_sync = field<double>(r, "step_sync", rp);
+    c.step_gather = field<double>(r, "step_gather", rp);
+    c.gather_unit = field<double>(r, "gather_unit", rp);
+    c.reduce_unit = field<double>(r, "reduce_unit", rp);
+    c.sync_unit = field<double>(r, "sync_unit", rp);
+    c.prefetch = field<bool>(r, "prefetch", rp);
+    s.replica.in_forward = field<double>(r, "in_forward", rp);
+    s.replica.in_backward = field<double>(r, "in_backward", rp);
+    s.replica.in_optimizer = field<double>(r, "in_optimizer", rp);
+    for (double v : {c.gather_forward, c.gather_backward, c.reduce_backward, c.step_sync, c.step_gather,
+                     s.replica.in_forward, s.replica.in_backward, s.replica.in_optimizer})
+      WEFT_CHECK(std::isfinite(v) && v >= 0, "Plan JSON: {} has a negative or non-finite time", rp);
+    for (double u : {c.gather_unit, c.reduce_unit, c.sync_unit})
+      WEFT_CHECK(u > 0 && u <= 1, "Plan JSON: {}'s overlap units must be in (0, 1], got {}", rp, u);
+    WEFT_CHECK(s.replica.in_forward <= s.forward_time * (1 + 1e-9) + 1e-15 &&
+                   s.replica.in_backward <= (s.backward_time - s.weight_time) * (1 + 1e-9) + 1e-15 &&
+                   s.replica.in_optimizer <= s.optimizer_time * (1 + 1e-9) + 1e-15,
+               "Plan JSON: {} holds more collective time than the stage's times it is part of", rp);
+  }
   std::int64_t prod = 1;
   for (auto x : s.mesh_shape) prod *= x;
   WEFT_CHECK(!s.devices.empty() && prod == static_cast<std::int64_t>(s.devices.size()),
@@ -666,6 +710,18 @@ sim::Pipeline pipeline_of(const Plan& p) {
       ss.activation_memory = st.activation_memory / v;
       ss.static_memory = (st.static_memory + st.transient_memory) / v;
       ss.optimizer_time = st.optimizer_time / v;
+      if (st.replica.collectives.any()) {  // run on the streams instead of folded into the times
+        const ReplicaComm& rc = st.replica;
+        ss.forward_time = std::max(0.0, st.forward_time - rc.in_forward) / v;
+        ss.backward_time =
+            std::max(0.0, (split ? st.backward_time - st.weight_time : st.backward_time) - rc.in_backward) /
+            v;
+        ss.optimizer_time = std::max(0.0, st.optimizer_time - rc.in_optimizer) / v;
+        ss.replica = rc.collectives;
+        for (double* x : {&ss.replica.gather_forward, &ss.replica.gather_backward,
+                          &ss.replica.reduce_backward, &ss.replica.step_sync, &ss.replica.step_gather})
+          *x /= v;
+      }
       pipe.stages.push_back(ss);
     }
   // Links: link d joins device d and d + 1; its transfer takes exactly send_time[d].

@@ -1118,6 +1118,7 @@ Built materialise_in_place(Context& ctx, const std::vector<SubmeshOptions>& subs
             : with_replicas(a, zero, replica_links(c, all_devs[s], dp, group), grad_bytes, opt);
     stage.zero = a.zero;
     stage.zero_group = a.zero_group;
+    stage.replica = a.replica;
     for (int b : a.zero3_set)  // in the grouping's own numbering, as recompute_blocks
       stage.zero_blocks.push_back(ctx.original_block[static_cast<std::size_t>(st.first + b)]);
     std::sort(stage.zero_blocks.begin(), stage.zero_blocks.end());

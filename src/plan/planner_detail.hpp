@@ -536,6 +536,7 @@ struct StageAgg {
   double param_mem = 0, opt_mem = 0, max_block_param = 0, upd_compute = 0;
   double upd_excess = 0, rest_excess = 0;  // the blocks' largest (BlockCost)
   int zero = 0, zero_group = 1;  // ZeRO level across the replicas, replicas per shard group
+  ReplicaComm replica;           // with_replicas(): the collectives above, for the simulator's streams
   // Per block of the stage (first..last), for full recomputation of some blocks only
   // (recomputed_blocks): its saved activations, what full recomputation keeps of them, its forward
   // time (compute part apart) and its transient while it is re-made.

@@ -101,12 +101,24 @@ StageAgg with_replicas(const StageAgg& a, int level, const ReplicaLinks& l, doub
   // Per step, outside the micro-batches: the update less its compute and the in-mesh gradient
   // synchronisation, which are re-added below.
   const double rest = a.upd - a.grad_sync - a.upd_compute;
+  // The same collectives for the simulator's communication streams (sim::ReplicaCollectives): the
+  // overlap units of the rule above, and what the times hold of each collective.
+  auto unit = [&](double u) { return o.overlap_grad_sync ? std::clamp(u, 1e-12, 1.0) : 1.0; };
+  sim::ReplicaCollectives& rc = r.replica.collectives;
+  rc = {};
+  rc.prefetch = o.overlap_grad_sync;
+  r.replica.in_forward = r.replica.in_backward = r.replica.in_optimizer = 0;
+  auto step_sync = [&](double sync, double grads) {  // bucketed with the last backward
+    rc.step_sync = sync;
+    rc.sync_unit = unit(grads > 0 ? o.grad_bucket_bytes / grads : 1.0);
+    r.replica.in_optimizer = exposed_grad_sync(o, sync, grads, a.bwd);
+    return r.replica.in_optimizer;
+  };
   if (level == 0 || l.replicas == 1) {
     // The in-mesh synchronisation and the all-reduce across every replica (one group of all of
     // them), bucketed with the last micro-batch's backward.
     WEFT_ASSERT(l.group == l.replicas, "plain data parallelism over a hybrid replica grouping");
-    const double sync = a.grad_sync + AR(grp, G);
-    r.upd = rest + a.upd_compute + exposed_grad_sync(o, sync, G, a.bwd);
+    r.upd = rest + a.upd_compute + step_sync(a.grad_sync + AR(grp, G), G);
     r.zero = 0;
     r.zero_group = 1;
     return r;
@@ -126,22 +138,33 @@ StageAgg with_replicas(const StageAgg& a, int level, const ReplicaLinks& l, doub
   if (level == 1) {
     // Gradients accumulate whole; once per step reduce-scattered (with the last backward), the
     // shard updated, the new parameters all-gathered (exposed: the next forward reads them).
-    const double sync = a.grad_sync + RS(grp, G) + across;
-    r.upd = rest + update + exposed_grad_sync(o, sync, G, a.bwd) + AG(grp, P);
+    rc.step_gather = AG(grp, P);
+    r.upd = rest + update + step_sync(a.grad_sync + RS(grp, G) + across, G) + rc.step_gather;
+    r.replica.in_optimizer += rc.step_gather;
   } else if (level == 2) {
     // Every micro-batch's gradients reduce-scattered bucket by bucket during its backward.
     const double rs = RS(grp, G);
-    r.bwd = a.bwd + exposed_overlap(o, rs, a.bwd, bucket);
+    rc.reduce_backward = rs;
+    rc.reduce_unit = unit(bucket);
+    r.replica.in_backward = exposed_overlap(o, rs, a.bwd, bucket);
+    r.bwd = a.bwd + r.replica.in_backward;
     r.comm = a.comm + rs;
-    r.upd = rest + update + exposed_grad_sync(o, a.grad_sync + across, G / z, a.bwd) + AG(grp, P);
+    rc.step_gather = AG(grp, P);
+    r.upd = rest + update + step_sync(a.grad_sync + across, G / z) + rc.step_gather;
+    r.replica.in_optimizer += rc.step_gather;
   } else {
     // Parameters gathered block by block before the forward and again before the backward (the
     // next block prefetched), gradients reduce-scattered as they are made, every micro-batch.
     const double ag = AG(grp, P), rs = RS(grp, G);
-    r.fwd = a.fwd + exposed_overlap(o, ag, a.fwd, block);
-    r.bwd = a.bwd + exposed_overlap(o, ag + rs, a.bwd, block);
+    rc.gather_forward = rc.gather_backward = ag;
+    rc.reduce_backward = rs;
+    rc.gather_unit = rc.reduce_unit = unit(block);
+    r.replica.in_forward = exposed_overlap(o, ag, a.fwd, block);
+    r.replica.in_backward = exposed_overlap(o, ag + rs, a.bwd, block);
+    r.fwd = a.fwd + r.replica.in_forward;
+    r.bwd = a.bwd + r.replica.in_backward;
     r.comm = a.comm + 2 * ag + rs;
-    r.upd = rest + update + exposed_grad_sync(o, a.grad_sync + across, G / z, a.bwd);
+    r.upd = rest + update + step_sync(a.grad_sync + across, G / z);
   }
   r.zero = level;
   r.zero_group = z;
@@ -163,6 +186,22 @@ StageAgg with_mixed_zero(const StageAgg& a, int base, const std::vector<int>& se
   }
   const double f = a.param_mem > 0 ? std::min(1.0, p3 / a.param_mem) : 0.0;
   auto mix = [f](double x, double y) { return x + f * (y - x); };
+  {  // the collectives follow the parameters too; ZeRO-3's gathers move the set's blocks
+    sim::ReplicaCollectives& c = r.replica.collectives;
+    const sim::ReplicaCollectives& c3 = all3.replica.collectives;
+    for (auto [x, y] : {std::pair{&c.gather_forward, &c3.gather_forward},
+                        {&c.gather_backward, &c3.gather_backward},
+                        {&c.reduce_backward, &c3.reduce_backward},
+                        {&c.step_sync, &c3.step_sync},
+                        {&c.step_gather, &c3.step_gather},
+                        {&c.reduce_unit, &c3.reduce_unit},
+                        {&c.sync_unit, &c3.sync_unit}})
+      *x = mix(*x, *y);
+    c.gather_unit = c.prefetch && p3 > 0 ? std::clamp(largest / p3, 1e-12, 1.0) : 1.0;
+    r.replica.in_forward = mix(r.replica.in_forward, all3.replica.in_forward);
+    r.replica.in_backward = mix(r.replica.in_backward, all3.replica.in_backward);
+    r.replica.in_optimizer = mix(r.replica.in_optimizer, all3.replica.in_optimizer);
+  }
   r.fwd = mix(r.fwd, all3.fwd);
   r.bwd = mix(r.bwd, all3.bwd);
   r.wgt = mix(r.wgt, all3.wgt);

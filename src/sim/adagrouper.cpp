@@ -25,6 +25,7 @@ StageSpec StageModel::at(int b) const {
   s.activation_bytes = activation_bytes_per_sample * b;
   s.activation_memory = activation_memory_per_sample * b;
   s.static_memory = static_memory;
+  s.replica = replica;
   return s;
 }
 
@@ -80,10 +81,12 @@ std::vector<Candidate> adagrouper_frontier(const std::vector<StageModel>& stages
 }
 
 double candidate_step_time(const Candidate& c, const std::vector<StageModel>& stages,
-                           const std::vector<LinkSpec>& links, double t0) {
+                           const std::vector<LinkSpec>& links, double t0,
+                           const cluster::BandwidthTrace& replica_trace) {
   Pipeline p;
   for (const auto& m : stages) p.stages.push_back(m.at(c.micro_batch_size));
   p.links = links;
+  p.replica_trace = replica_trace;
   SimOptions o;
   o.trace_offset = t0;
   o.record_timeline = false;
@@ -94,11 +97,13 @@ double candidate_step_time(const Candidate& c, const std::vector<StageModel>& st
 }
 
 TuneResult adagrouper_tune(const std::vector<Candidate>& cands, const std::vector<StageModel>& stages,
-                           const std::vector<LinkSpec>& links, double t0) {
+                           const std::vector<LinkSpec>& links, double t0,
+                           const cluster::BandwidthTrace& replica_trace) {
   check_models(stages);
   WEFT_CHECK(!cands.empty(), "adagrouper_tune: no candidates");
   TuneResult r;
-  for (const auto& c : cands) r.step_times.push_back(candidate_step_time(c, stages, links, t0));
+  for (const auto& c : cands)
+    r.step_times.push_back(candidate_step_time(c, stages, links, t0, replica_trace));
   r.best =
       static_cast<int>(std::min_element(r.step_times.begin(), r.step_times.end()) - r.step_times.begin());
   return r;
@@ -115,7 +120,8 @@ std::string DriverResult::to_string() const {
 }
 
 DriverResult adagrouper_drive(const std::vector<Candidate>& cands, const std::vector<StageModel>& stages,
-                              const std::vector<LinkSpec>& links, const DriverOptions& o) {
+                              const std::vector<LinkSpec>& links, const DriverOptions& o,
+                              const cluster::BandwidthTrace& replica_trace) {
   check_models(stages);
   WEFT_CHECK(!cands.empty(), "adagrouper_drive: no candidates");
   WEFT_CHECK(o.until > o.start, "adagrouper_drive: need until > start");
@@ -131,20 +137,21 @@ DriverResult adagrouper_drive(const std::vector<Candidate>& cands, const std::ve
     if (o.fixed < 0 && it % o.retune_every == 0) {
       int pick;
       if (o.estimate == DriverOptions::Estimate::Lookahead) {
-        pick = adagrouper_tune(cands, stages, links, t).best;
+        pick = adagrouper_tune(cands, stages, links, t, replica_trace).best;
       } else {
-        std::vector<LinkSpec> est = links;
-        for (auto& l : est) {
+        auto past_mean = [&](const cluster::BandwidthTrace& tr) {
           const double a = std::max(0.0, t - o.window);
-          const double f = (t > a) ? l.trace.mean_fraction(a, t) : l.trace.fraction_at(t);
-          l.trace = cluster::BandwidthTrace::constant(f);
-        }
-        pick = adagrouper_tune(cands, stages, est, 0.0).best;
+          return cluster::BandwidthTrace::constant(t > a ? tr.mean_fraction(a, t) : tr.fraction_at(t));
+        };
+        std::vector<LinkSpec> est = links;
+        for (auto& l : est) l.trace = past_mean(l.trace);
+        pick = adagrouper_tune(cands, stages, est, 0.0, past_mean(replica_trace)).best;
       }
       if (it > 0 && pick != cur) ++r.switches;
       cur = pick;
     }
-    const double step = candidate_step_time(cands[static_cast<std::size_t>(cur)], stages, links, t);
+    const double step =
+        candidate_step_time(cands[static_cast<std::size_t>(cur)], stages, links, t, replica_trace);
     r.iterations.push_back({t, step, cur});
     t += step;
   }

@@ -11,6 +11,12 @@
 // when a task's last predecessor completes it starts at that event's time. If the heap empties
 // before every task ran, the remaining tasks wait on each other: a deadlock, reported per device.
 // Flat arrays (CSR successors, pending counters) keep the loop allocation-free.
+//
+// Replica collectives (ReplicaCollectives) are tasks on a per-device communication stream (a FIFO
+// in the order of the compute they serve) with two more kinds of dependency: a start edge (the
+// successor may start once the predecessor has started: prefetch, a reduction that runs beside the
+// backward making its gradients) and a finish-after dependency (a task ends no earlier than another
+// task's end plus a fraction of its own duration: the overlapped collective's or compute's tail).
 #include "weft/sim/simulator.hpp"
 
 #include <fmt/format.h>
@@ -35,6 +41,8 @@ const char* task_kind_name(TaskKind k) {
     case TaskKind::Optimizer: return "Opt";
     case TaskKind::SendActivation: return "act";
     case TaskKind::SendGradient: return "grad";
+    case TaskKind::Gather: return "gather";
+    case TaskKind::Reduce: return "reduce";
   }
   return "?";
 }
@@ -46,7 +54,11 @@ struct Lowered {
   std::vector<std::int32_t> stage, micro, device, peer, wire;
   std::vector<double> amount;  // duration (compute) or bytes (transfer)
   std::vector<std::int32_t> succ_begin, succ;
+  std::vector<std::int32_t> ssucc_begin, ssucc;  // start edges: the successor may start once t started
   std::vector<std::int32_t> pending;
+  // Finish-after: task t ends no earlier than end(fin_dep[t]) + fin_frac[t]·its own duration.
+  std::vector<std::int32_t> fin_dep;
+  std::vector<double> fin_frac;
   std::vector<std::int32_t> dev_begin;  // compute tasks of device d: [dev_begin[d], dev_begin[d+1])
   std::vector<std::int32_t> op_task;    // op index (stage, micro, kind) → task id
   std::vector<int> wire_link;           // wire → link index
@@ -72,6 +84,13 @@ SimResult simulate(const Schedule& sch, const Pipeline& pipe, const SimOptions& 
     for (double v : {st.forward_time, st.backward_time, st.weight_time, st.activation_bytes,
                      st.activation_memory, st.static_memory, st.optimizer_time})
       WEFT_CHECK(std::isfinite(v) && v >= 0, "simulate: stage spec {} has a negative or non-finite field", i);
+    const ReplicaCollectives& rc = st.replica;
+    for (double v : {rc.gather_forward, rc.gather_backward, rc.reduce_backward, rc.step_sync, rc.step_gather})
+      WEFT_CHECK(std::isfinite(v) && v >= 0,
+                 "simulate: stage spec {} has a negative or non-finite replica collective time", i);
+    for (double u : {rc.gather_unit, rc.reduce_unit, rc.sync_unit})
+      WEFT_CHECK(u > 0 && u <= 1, "simulate: stage spec {}'s replica overlap units must be in (0, 1], got {}",
+                 i, u);
   }
   const int nl = static_cast<int>(pipe.links.size());
   WEFT_CHECK(nl == 0 || nl == 1 || nl == D - 1 || nl == D,
@@ -115,6 +134,7 @@ SimResult simulate(const Schedule& sch, const Pipeline& pipe, const SimOptions& 
   L.kind.reserve(n_est);
   L.amount.reserve(n_est);
   L.op_task.assign(static_cast<std::size_t>(S) * static_cast<std::size_t>(M) * 3, -1);
+  std::vector<std::int32_t> opt_task(static_cast<std::size_t>(S), -1);
   auto add_task = [&](TaskKind k, int s, int m, int d, int peer, int w, double amount) {
     L.kind.push_back(k);
     L.stage.push_back(s);
@@ -136,7 +156,9 @@ SimResult simulate(const Schedule& sch, const Pipeline& pipe, const SimOptions& 
           add_task(static_cast<TaskKind>(op.kind), op.stage, op.micro, d, -1, -1, dur);
     }
     for (int s = 0; s < S; ++s)  // the stages the schedule's placement puts on d
-      if (sch.device_of(s) == d) add_task(TaskKind::Optimizer, s, -1, d, -1, -1, spec(s).optimizer_time);
+      if (sch.device_of(s) == d)
+        opt_task[static_cast<std::size_t>(s)] =
+            add_task(TaskKind::Optimizer, s, -1, d, -1, -1, spec(s).optimizer_time);
   }
   L.dev_begin.push_back(static_cast<std::int32_t>(L.kind.size()));
   const std::int32_t n_compute = static_cast<std::int32_t>(L.kind.size());
@@ -167,7 +189,76 @@ SimResult simulate(const Schedule& sch, const Pipeline& pipe, const SimOptions& 
         xfer_grad[sm] = add_xfer(TaskKind::SendGradient, op.stage, op.micro, d, sch.device_of(op.stage - 1));
     }
   }
+  const std::int32_t n_xfer_end = static_cast<std::int32_t>(L.kind.size());
+  // Replica collectives, on each device's communication stream in the order of its compute.
+  std::vector<std::pair<std::int32_t, std::int32_t>> sedges;                   // start edges
+  std::vector<std::pair<std::int32_t, std::pair<std::int32_t, double>>> fins;  // t: (dep, fraction)
+  {
+    const OpKind grad_kind =
+        split ? OpKind::W : OpKind::B;  // the op that completes a micro-batch's gradients
+    std::vector<std::int32_t> last_grad_op(static_cast<std::size_t>(S), -1);
+    for (int d = 0; d < D; ++d)
+      for (const Op& op : sch.device_order(d))
+        if (op.kind == grad_kind)
+          last_grad_op[static_cast<std::size_t>(op.stage)] =
+              L.op_task[op_slot(op.stage, op.micro, op.kind, M)];
+    for (int d = 0; d < D; ++d) {
+      std::int32_t last = -1, prev = -1;  // the stream's last collective, the previous compute task
+      auto add_coll = [&](TaskKind k, int s, int m, double seconds) {
+        const std::int32_t id = add_task(k, s, m, d, -1, -1, seconds);
+        if (last >= 0) edges.push_back({last, id});
+        last = id;
+        return id;
+      };
+      for (const Op& op : sch.device_order(d)) {
+        const ReplicaCollectives& rc = spec(op.stage).replica;
+        const std::int32_t t = L.op_task[op_slot(op.stage, op.micro, op.kind, M)];
+        const double g = op.kind == OpKind::F   ? rc.gather_forward
+                         : op.kind == OpKind::B ? rc.gather_backward
+                                                : 0.0;
+        if (g > 0) {  // the first unit before the compute, the rest beside it
+          const double u = rc.gather_unit;
+          const std::int32_t g1 = add_coll(TaskKind::Gather, op.stage, op.micro, u * g);
+          if (prev >= 0) (rc.prefetch ? sedges : edges).push_back({prev, g1});
+          edges.push_back({g1, t});
+          if (u < 1) fins.push_back({t, {add_coll(TaskKind::Gather, op.stage, op.micro, (1 - u) * g), u}});
+        }
+        if (op.kind == grad_kind) {
+          std::int32_t r = -1;
+          if (rc.reduce_backward > 0) {
+            r = add_coll(TaskKind::Reduce, op.stage, op.micro, rc.reduce_backward);
+            sedges.push_back({t, r});
+            fins.push_back({r, {t, rc.reduce_unit}});
+          }
+          if (t == last_grad_op[static_cast<std::size_t>(op.stage)]) {
+            if (rc.step_sync > 0) {
+              const std::int32_t y = add_coll(TaskKind::Reduce, op.stage, -1, rc.step_sync);
+              // After a per-micro-batch reduction the stream's order already puts it past the backward.
+              if (r < 0) sedges.push_back({t, y}), fins.push_back({y, {t, rc.sync_unit}});
+              r = y;
+            }
+            // The update waits for the stage's reduced gradients (the stream's last reduction).
+            if (r >= 0) edges.push_back({r, opt_task[static_cast<std::size_t>(op.stage)]});
+          }
+        }
+        prev = t;
+      }
+      for (int s = 0; s < S; ++s)
+        if (sch.device_of(s) == d && spec(s).replica.step_gather > 0)
+          edges.push_back({opt_task[static_cast<std::size_t>(s)],
+                           add_coll(TaskKind::Gather, s, -1, spec(s).replica.step_gather)});
+    }
+  }
   const std::int32_t n = static_cast<std::int32_t>(L.kind.size());
+  L.fin_dep.assign(static_cast<std::size_t>(n), -1);
+  L.fin_frac.assign(static_cast<std::size_t>(n), 0.0);
+  std::vector<std::int32_t> waiter(static_cast<std::size_t>(n), -1);  // the task whose end waits on t's
+  for (const auto& [t, df] : fins) {
+    L.fin_dep[static_cast<std::size_t>(t)] = df.first;
+    L.fin_frac[static_cast<std::size_t>(t)] = df.second;
+    WEFT_ASSERT(waiter[static_cast<std::size_t>(df.first)] < 0, "simulate: two tasks finish after one");
+    waiter[static_cast<std::size_t>(df.first)] = t;
+  }
   // edges
   for (int d = 0; d < D; ++d)
     for (std::int32_t t = L.dev_begin[static_cast<std::size_t>(d)] + 1;
@@ -198,21 +289,23 @@ SimResult simulate(const Schedule& sch, const Pipeline& pipe, const SimOptions& 
     }
   }
   // CSR
-  L.succ_begin.assign(static_cast<std::size_t>(n) + 1, 0);
   L.pending.assign(static_cast<std::size_t>(n), 0);
-  for (const auto& [a, b] : edges) {
-    ++L.succ_begin[static_cast<std::size_t>(a) + 1];
-    ++L.pending[static_cast<std::size_t>(b)];
-  }
-  for (std::size_t i = 0; i < static_cast<std::size_t>(n); ++i) L.succ_begin[i + 1] += L.succ_begin[i];
-  L.succ.resize(edges.size());
-  {
-    std::vector<std::int32_t> fill(L.succ_begin.begin(), L.succ_begin.end() - 1);
-    for (const auto& [a, b] : edges)
-      L.succ[static_cast<std::size_t>(fill[static_cast<std::size_t>(a)]++)] = b;
-  }
-  edges.clear();
-  edges.shrink_to_fit();
+  auto csr = [&](std::vector<std::pair<std::int32_t, std::int32_t>>& list, std::vector<std::int32_t>& begin,
+                 std::vector<std::int32_t>& succ) {
+    begin.assign(static_cast<std::size_t>(n) + 1, 0);
+    for (const auto& [a, b] : list) {
+      ++begin[static_cast<std::size_t>(a) + 1];
+      ++L.pending[static_cast<std::size_t>(b)];
+    }
+    for (std::size_t i = 0; i < static_cast<std::size_t>(n); ++i) begin[i + 1] += begin[i];
+    succ.resize(list.size());
+    std::vector<std::int32_t> fill(begin.begin(), begin.end() - 1);
+    for (const auto& [a, b] : list) succ[static_cast<std::size_t>(fill[static_cast<std::size_t>(a)]++)] = b;
+    list.clear();
+    list.shrink_to_fit();
+  };
+  csr(edges, L.succ_begin, L.succ);
+  csr(sedges, L.ssucc_begin, L.ssucc);
 
   // ---- event loop
   std::vector<double> start(static_cast<std::size_t>(n), -1.0), end(static_cast<std::size_t>(n), -1.0);
@@ -229,11 +322,35 @@ SimResult simulate(const Schedule& sch, const Pipeline& pipe, const SimOptions& 
   std::vector<Ev> heap;
   heap.reserve(static_cast<std::size_t>(std::min<std::int32_t>(n, 1 << 20)));
   const double off = opt.trace_offset;
+  const cluster::BandwidthTrace& rtrace = pipe.replica_trace;
+  // A task's end is settled (its completion event queued) once it has started and the task it
+  // finishes after, if any, is settled too; settling one may settle its waiter.
+  std::vector<double> dur(static_cast<std::size_t>(n), 0.0);  // own duration (end − start less any wait)
+  std::vector<char> settled(static_cast<std::size_t>(n), 0);
+  auto settle = [&](std::int32_t t) {
+    for (; t >= 0; t = waiter[static_cast<std::size_t>(t)]) {
+      const auto ti = static_cast<std::size_t>(t);
+      const std::int32_t dep = L.fin_dep[ti];
+      if (settled[ti] || start[ti] < 0 || (dep >= 0 && !settled[static_cast<std::size_t>(dep)])) return;
+      end[ti] = start[ti] + dur[ti];
+      if (dep >= 0)
+        end[ti] = std::max(end[ti], end[static_cast<std::size_t>(dep)] + L.fin_frac[ti] * dur[ti]);
+      settled[ti] = 1;
+      heap.emplace_back(end[ti], t);
+      std::push_heap(heap.begin(), heap.end(), std::greater<>{});
+    }
+  };
+  std::vector<std::int32_t> ready;  // tasks whose last predecessor (or start edge) has fired
   auto launch = [&](std::int32_t t, double now) {
     const auto ti = static_cast<std::size_t>(t);
     double e;
     if (t < n_compute) {
       e = now + L.amount[ti];
+    } else if (t >= n_xfer_end) {  // a replica collective: seconds at nominal bandwidth
+      const double secs = L.amount[ti];
+      e = secs == 0              ? now
+          : rtrace.is_constant() ? now + secs / rtrace.fractions()[0]
+                                 : now + rtrace.transfer_seconds(now + off, secs, 1.0);
     } else {
       const auto w = static_cast<std::size_t>(L.wire[ti]);
       const double bytes = L.amount[ti];
@@ -245,12 +362,25 @@ SimResult simulate(const Schedule& sch, const Pipeline& pipe, const SimOptions& 
         e = now + wire_lat[w] + wire_trace[w]->transfer_seconds(now + off + wire_lat[w], bytes, wire_bw[w]);
     }
     start[ti] = now;
-    end[ti] = e;
-    heap.emplace_back(e, t);
-    std::push_heap(heap.begin(), heap.end(), std::greater<>{});
+    dur[ti] = e - now;
+    settle(t);
+    for (std::int32_t i = L.ssucc_begin[ti]; i < L.ssucc_begin[ti + 1]; ++i) {
+      const std::int32_t s = L.ssucc[static_cast<std::size_t>(i)];
+      if (--L.pending[static_cast<std::size_t>(s)] == 0) ready.push_back(s);
+    }
+  };
+  // Start edges fire at the start, so a launch may make others ready at the same instant.
+  auto launch_ready = [&](double now) {
+    while (!ready.empty()) {
+      const std::int32_t t = ready.back();
+      ready.pop_back();
+      launch(t, now);
+    }
   };
   for (std::int32_t t = 0; t < n; ++t)
-    if (L.pending[static_cast<std::size_t>(t)] == 0) launch(t, 0.0);
+    if (L.pending[static_cast<std::size_t>(t)] == 0) ready.push_back(t);
+  std::reverse(ready.begin(), ready.end());  // launched in id order
+  launch_ready(0.0);
   std::size_t events = 0;
   while (!heap.empty()) {
     std::pop_heap(heap.begin(), heap.end(), std::greater<>{});
@@ -260,8 +390,9 @@ SimResult simulate(const Schedule& sch, const Pipeline& pipe, const SimOptions& 
     for (std::int32_t i = L.succ_begin[static_cast<std::size_t>(t)];
          i < L.succ_begin[static_cast<std::size_t>(t) + 1]; ++i) {
       const std::int32_t s = L.succ[static_cast<std::size_t>(i)];
-      if (--L.pending[static_cast<std::size_t>(s)] == 0) launch(s, now);
+      if (--L.pending[static_cast<std::size_t>(s)] == 0) ready.push_back(s);
     }
+    launch_ready(now);
   }
 
   // ---- results
@@ -269,11 +400,12 @@ SimResult simulate(const Schedule& sch, const Pipeline& pipe, const SimOptions& 
   r.events = events;
   r.num_tasks = static_cast<std::size_t>(n);
   r.busy_time.assign(static_cast<std::size_t>(D), 0.0);
-  for (std::int32_t t = 0; t < n_compute; ++t) {
+  r.collective_time.assign(static_cast<std::size_t>(D), 0.0);
+  for (std::int32_t t = 0; t < n; ++t) {
     const auto ti = static_cast<std::size_t>(t);
-    if (end[ti] < 0) continue;
+    if (!settled[ti] || (t >= n_compute && t < n_xfer_end)) continue;
     r.step_time = std::max(r.step_time, end[ti]);
-    r.busy_time[static_cast<std::size_t>(L.device[ti])] += end[ti] - start[ti];
+    (t < n_compute ? r.busy_time : r.collective_time)[static_cast<std::size_t>(L.device[ti])] += dur[ti];
   }
   double busy = 0;
   for (double b : r.busy_time) busy += b;
@@ -341,7 +473,7 @@ SimResult simulate(const Schedule& sch, const Pipeline& pipe, const SimOptions& 
     r.timeline.reserve(static_cast<std::size_t>(n));
     for (std::int32_t t = 0; t < n; ++t) {
       const auto ti = static_cast<std::size_t>(t);
-      if (start[ti] < 0) continue;
+      if (!settled[ti]) continue;
       r.timeline.push_back(
           {L.kind[ti], L.stage[ti], L.micro[ti], L.device[ti], L.peer[ti], start[ti], end[ti]});
     }
@@ -368,15 +500,21 @@ std::string SimResult::to_chrome_trace() const {
   sep();
   out +=
       R"({"name":"process_name","ph":"M","pid":1,"args":{"name":"transfers: tid = 1000*sender+receiver"}})";
+  sep();
+  out += R"({"name":"process_name","ph":"M","pid":2,"args":{"name":"replica collectives: tid = device"}})";
   for (const auto& e : timeline) {
     sep();
     const bool xfer = e.peer >= 0;
-    const std::string nm = e.kind == TaskKind::Optimizer
-                               ? std::string("Opt")
-                               : fmt::format("{}{}", task_kind_name(e.kind), e.micro);
+    const bool coll = e.kind == TaskKind::Gather || e.kind == TaskKind::Reduce;
+    const std::string nm = e.kind == TaskKind::Optimizer ? std::string("Opt")
+                           : e.micro < 0                 ? std::string(task_kind_name(e.kind))
+                                         : fmt::format("{}{}", task_kind_name(e.kind), e.micro);
     out += fmt::format(
         R"({{"name":"{}","cat":"{}","ph":"X","ts":{:.6f},"dur":{:.6f},"pid":{},"tid":{},"args":{{"stage":{},"micro":{}}}}})",
-        nm, task_kind_name(e.kind), e.start * 1e6, (e.end - e.start) * 1e6, xfer ? 1 : 0,
+        nm, task_kind_name(e.kind), e.start * 1e6, (e.end - e.start) * 1e6,
+        coll   ? 2
+        : xfer ? 1
+               : 0,
         xfer ? e.device * 1000 + e.peer : e.device, e.stage, e.micro);
   }
   out += "]}";

@@ -88,3 +88,27 @@ def test_links_from_cluster():
     assert inside[0].bandwidth == pytest.approx(c.nodes[0].intra_bandwidth)
     r = weft.simulate(weft.schedule("1f1b", 2, 4), weft.StageSpec(activation_bytes=1e6), links)
     assert not r.deadlock
+
+
+def test_replica_collectives_on_the_device_stream_by_hand():
+    # docs/modules/sim.md "Replica collectives": one stage, 1F1B over 2 micro-batches, ZeRO-3's
+    # gathers and reduce-scatters with quarter units; by hand the step ends at 27 (the optimizer
+    # waits for the last reduce-scatter), and half the bandwidth equals doubled collective times.
+    rc = weft.ReplicaCollectives(gather_forward=2, gather_backward=2, reduce_backward=2, gather_unit=0.25,
+                                 reduce_unit=0.25)
+    st = weft.StageSpec(forward_time=4, backward_time=8, optimizer_time=1, replica=rc)
+    r = weft.simulate(weft.schedule("1f1b", 1, 2), st)
+    assert r.step_time == pytest.approx(27.0)
+    assert r.collective_time == [pytest.approx(12.0)]
+    kinds = [e[0] for e in r.raw.timeline]
+    assert kinds.count("gather") == 8 and kinds.count("reduce") == 2
+    assert "replica collectives" in json.dumps(r.to_chrome_trace())
+    slow = weft.simulate(weft.schedule("1f1b", 1, 2), st, replica_trace=weft.BandwidthTrace.constant(0.5))
+    doubled = weft.ReplicaCollectives(gather_forward=4, gather_backward=4, reduce_backward=4, gather_unit=0.25,
+                                      reduce_unit=0.25)
+    assert slow.step_time == pytest.approx(weft.simulate(
+        weft.schedule("1f1b", 1, 2), weft.StageSpec(forward_time=4, backward_time=8, optimizer_time=1,
+                                                    replica=doubled)).step_time)
+    with pytest.raises(ValueError, match="overlap units"):
+        weft.simulate(weft.schedule("1f1b", 1, 2), weft.StageSpec(replica=weft.ReplicaCollectives(
+            gather_forward=1, gather_unit=0)))

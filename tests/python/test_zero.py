@@ -39,6 +39,23 @@ def test_bad_zero_options_are_refused():
     assert back.zero == [2] and back.stages[0].zero_group == 8
 
 
+def test_the_simulator_runs_the_plans_replica_collectives():
+    # ZeRO-2's per-micro-batch reduce-scatter and the step's all-gather are in the stage's replica
+    # collectives; the stage's times hold only their exposed part, and the plan's step is the
+    # simulation with the collectives on the devices' streams (re-simulated from JSON).
+    step = weft.models.gpt(layers=2, hidden=64, heads=4, seq=32, vocab=128, batch=32).train_step(optimizer="adam")
+    c = weft.Cluster.preset("M8", nodes=1)
+    p = weft.megatron_plan(step, c, t=1, p=1, d=8, zero=2, num_microbatches=4)
+    st = p.stages[0]
+    rc = st.replica_collectives
+    assert rc.reduce_backward > 0 and rc.step_gather > 0 and rc.gather_forward == 0
+    assert 0 < st.replica_exposed["backward"] <= rc.reduce_backward
+    assert st.replica_exposed["optimizer"] >= rc.step_gather
+    back = weft.Plan.from_json(p.to_json())
+    assert back.stages[0].replica_collectives == rc
+    assert back.resimulate_step_time() == pytest.approx(p.step_time)
+
+
 def test_zero3_on_the_embedding_only_runs_and_equals_one_device():
     # Per-block levels from Python: a GPT whose tied embedding holds most parameters, 8 replicas,
     # a limit between ZeRO-2's and ZeRO-3's peaks: ZeRO-3 on the embedding's blocks only; lowered,

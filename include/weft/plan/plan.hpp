@@ -58,6 +58,19 @@ struct TensorLayout {
   bool operator==(const TensorLayout&) const = default;
 };
 
+// A stage's collectives across its data-parallel replicas (and its SPMD mesh's gradient
+// synchronisation), seconds at nominal bandwidth per logical pipeline stage, and what the stage's
+// times hold of them by the planner's closed-form overlap rule (zero.hpp). pipeline_of() takes
+// those parts out of the times and lets the simulator run the collectives on each device's
+// communication stream (sim::ReplicaCollectives), where they contend with each other and a
+// bandwidth trace slows them. Empty (no collectives) in plans made before, and by the
+// heterogeneous planners: their times keep the closed form.
+struct ReplicaComm {
+  sim::ReplicaCollectives collectives;
+  double in_forward = 0, in_backward = 0, in_optimizer = 0;
+  bool operator==(const ReplicaComm&) const = default;
+};
+
 struct Stage {
   int index = 0;
   int first_block = 0, last_block = 0;   // inclusive range of layer-grouping blocks
@@ -92,6 +105,7 @@ struct Stage {
   // at ZeRO-3 — their parameters stored sharded and gathered per use —, the stage's others at
   // `zero` (1 or 2); empty = `zero` for every block.
   std::vector<int> zero_blocks;
+  ReplicaComm replica;  // the collectives the simulator runs on the devices' communication streams
   bool operator==(const Stage&) const = default;
 };
 

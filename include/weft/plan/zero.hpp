@@ -17,7 +17,9 @@
 //      prefetched meanwhile) and its gradients reduce-scattered, every micro-batch.
 // With hybrid sharding (z < replicas) the gradient shards are all-reduced across the groups once
 // per step. Communication overlaps the compute it serves (prefetch, bucketed reduce-scatter): the
-// planner charges max(one block's or bucket's share, collective − compute) per phase.
+// stage chooser charges max(one block's or bucket's share, collective − compute) per phase, and the
+// simulator runs the collectives themselves on each device's communication stream
+// (plan::ReplicaComm, sim::ReplicaCollectives).
 #include <cstdint>
 #include <string_view>
 

@@ -19,6 +19,7 @@ struct StageModel {
   double activation_bytes_per_sample = 0.0;
   double activation_memory_per_sample = 0.0;
   double static_memory = 0.0;
+  ReplicaCollectives replica;  // per micro-batch and per step, whatever b (they move parameters)
   StageSpec at(int micro_batch_size) const;
   bool operator==(const StageModel&) const = default;
 };
@@ -43,16 +44,18 @@ std::vector<Candidate> adagrouper_frontier(const std::vector<StageModel>& stages
                                            double memory_limit, int k_max);
 
 // Simulated step of one candidate: kFkB(S, M, k) with stages at(b) over the links, traces read
-// from absolute time t0.
+// from absolute time t0; replica_trace slows the stages' replica collectives (Pipeline).
 double candidate_step_time(const Candidate& c, const std::vector<StageModel>& stages,
-                           const std::vector<LinkSpec>& links, double t0);
+                           const std::vector<LinkSpec>& links, double t0,
+                           const cluster::BandwidthTrace& replica_trace = {});
 
 struct TuneResult {
   int best = 0;                    // index of the chosen candidate (shortest step; ties: first)
   std::vector<double> step_times;  // per candidate
 };
 TuneResult adagrouper_tune(const std::vector<Candidate>& candidates, const std::vector<StageModel>& stages,
-                           const std::vector<LinkSpec>& links, double t0);
+                           const std::vector<LinkSpec>& links, double t0,
+                           const cluster::BandwidthTrace& replica_trace = {});
 
 struct DriverOptions {
   double start = 0.0;           // absolute trace time of the first iteration
@@ -82,6 +85,7 @@ struct DriverResult {
 };
 
 DriverResult adagrouper_drive(const std::vector<Candidate>& candidates, const std::vector<StageModel>& stages,
-                              const std::vector<LinkSpec>& links, const DriverOptions& opt = {});
+                              const std::vector<LinkSpec>& links, const DriverOptions& opt = {},
+                              const cluster::BandwidthTrace& replica_trace = {});
 
 }  // namespace weft::sim

@@ -13,8 +13,10 @@
 #include "weft/core/error.hpp"
 #include "weft/ir/autodiff.hpp"
 #include "weft/models/models.hpp"
+#include "weft/plan/plan.hpp"
 #include "weft/plan/planner.hpp"
 #include "weft/plan/zero.hpp"
+#include "weft/sim/simulator.hpp"
 
 using namespace weft;
 
@@ -129,6 +131,87 @@ TEST_CASE("zero: the planner's stage at each level equals the closed forms and t
   CHECK(at[3].summary().find("zero          [0] 3 over 8 replicas") != std::string::npos);
   CHECK(plan::Plan::from_json(at[3].to_json()) == at[3]);
   CHECK(plan::Plan::from_json(at[2].to_json()).stages[0].zero == 2);
+}
+
+TEST_CASE(
+    "zero: the simulator runs the replica collectives on each device's stream; a busy network slows them") {
+  const auto g = fp16_adam_step(32);
+  const auto c = cluster::Cluster::preset("M8", 1);
+  const double psi = static_cast<double>(models::gpt(layer_config()).num_params());
+  const double P = 2 * psi;
+  const int n = 8, M = 4;
+  auto o = exact_options(3);
+  o.overlap_grad_sync = true;
+  o.num_blocks = 0;  // several blocks: ZeRO-3 gathers one block ahead of its compute
+  o.num_microbatches = M;
+  const auto p = plan::megatron_plan(g, c, {1, 1, n}, o);
+  REQUIRE(p.stages.size() == 1);
+  const auto& st = p.stages[0];
+  const auto link = cluster::axis_links(c, cluster::DeviceMesh::iota({n}))[0];
+  const double ag = cluster::all_gather_time(link, P), rs = cluster::reduce_scatter_time(link, P);
+  // The stage's collectives, by hand: a gather before each forward and backward, a reduce-scatter
+  // after each backward; nothing left for the step (one device per replica: no in-mesh sync).
+  const sim::ReplicaCollectives& rc = st.replica.collectives;
+  CHECK(rc.gather_forward == doctest::Approx(ag));
+  CHECK(rc.gather_backward == doctest::Approx(ag));
+  CHECK(rc.reduce_backward == doctest::Approx(rs));
+  CHECK(rc.step_sync == 0);
+  CHECK(rc.step_gather == 0);
+  CHECK(rc.gather_unit < 1);
+  CHECK(rc.prefetch);
+  // The times hold the closed-form rule's exposed part; the simulator takes it out.
+  const sim::Pipeline pipe = plan::pipeline_of(p);
+  const double fwd = pipe.stages[0].forward_time;
+  CHECK(st.replica.in_forward == doctest::Approx(std::max(rc.gather_unit * ag, ag - fwd)));
+  CHECK(fwd + st.replica.in_forward == doctest::Approx(st.forward_time));
+  CHECK(pipe.stages[0].replica == rc);
+  // The step is the simulation's, collectives included: 2 gathers (first unit and rest) before
+  // each F and B and a reduce-scatter after each B, M micro-batches.
+  const auto r = sim::simulate(plan::schedule_of(p), pipe);
+  CHECK(p.step_time == doctest::Approx(r.step_time));
+  int gathers = 0, reduces = 0;
+  for (const auto& e : r.timeline)
+    gathers += e.kind == sim::TaskKind::Gather, reduces += e.kind == sim::TaskKind::Reduce;
+  CHECK(gathers == 4 * M);
+  CHECK(reduces == M);
+  CHECK(r.collective_time[0] == doctest::Approx(M * (2 * ag + rs)));
+  // Streams: the backward's gather runs beside the forward, so the step is no longer than the
+  // closed-form rule's (the same times with the collectives folded in).
+  sim::Pipeline folded = pipe;
+  folded.stages[0].forward_time = st.forward_time;
+  folded.stages[0].backward_time = st.backward_time;
+  folded.stages[0].optimizer_time = st.optimizer_time;
+  folded.stages[0].replica = {};
+  const double closed_form = sim::simulate(plan::schedule_of(p), folded).step_time;
+  CHECK(r.step_time <= closed_form * (1 + 1e-12));
+  // A network at half its bandwidth doubles every replica collective: exactly the same step as
+  // doubled collective times at full bandwidth.
+  sim::Pipeline half = pipe, doubled = pipe;
+  half.replica_trace = cluster::BandwidthTrace::constant(0.5);
+  for (double* x : {&doubled.stages[0].replica.gather_forward, &doubled.stages[0].replica.gather_backward,
+                    &doubled.stages[0].replica.reduce_backward})
+    *x *= 2;
+  const double slow = sim::simulate(plan::schedule_of(p), half).step_time;
+  CHECK(slow == doctest::Approx(sim::simulate(plan::schedule_of(p), doubled).step_time));
+  CHECK(slow > r.step_time);
+  // The planner's bandwidth-trace policy sees it: one stage has no pipeline link, so before the
+  // collectives were simulated a busy network left this plan's step unchanged.
+  const auto nominal = plan::adaptive_policy(p, cluster::BandwidthTrace::constant(1.0));
+  const auto busy = plan::adaptive_policy(p, cluster::BandwidthTrace::constant(0.1));
+  CHECK(busy.step > nominal.step * 1.02);
+  auto folded_plan = p;  // the collectives folded into the times, as before: the trace cannot reach them
+  folded_plan.stages[0].replica = {};
+  CHECK(plan::adaptive_policy(folded_plan, cluster::BandwidthTrace::constant(0.1)).step ==
+        doctest::Approx(plan::adaptive_policy(folded_plan, cluster::BandwidthTrace::constant(1.0)).step));
+  MESSAGE(
+      fmt::format("ZeRO-3 on 8 replicas, M = {}: step {:.4g} ms on the streams, {:.4g} ms by the closed-form "
+                  "rule, {:.4g} ms at half bandwidth; Ada-Grouper policy {:.4g} ms nominal, {:.4g} ms at a "
+                  "tenth of the bandwidth",
+                  M, r.step_time * 1e3, closed_form * 1e3, slow * 1e3, nominal.step * 1e3, busy.step * 1e3));
+  // JSON keeps the collectives; an old plan without them simulates with the folded times.
+  const auto back = plan::Plan::from_json(p.to_json());
+  CHECK(back == p);
+  CHECK(plan::resimulate(folded_plan).step_time == doctest::Approx(closed_form));
 }
 
 TEST_CASE("zero: auto picks the fastest level that fits; the level keeps the data-parallel layout feasible") {
