@@ -1,7 +1,9 @@
 """SPMD strategy search benchmark (issue 6): search time and plan cost vs depth for GPT with hidden
 512 on a 2x4 mesh (one M8 node), O2 (with and without repeated-layer reuse) and O3 (with a time
-limit) side by side on the training step; then GPT-6.7B and MoE-32E-10B on 16 V100 (two M8
-nodes, mesh 2x8): search time and predicted step time.
+limit) side by side on the training step, each with shared resharding (the default) and O2 against
+the same search pricing every reader's resharding alone ("apart", the baseline in the same run);
+then GPT-6.7B and MoE-32E-10B on 16 V100 (two M8 nodes, mesh 2x8): search time and predicted step
+time.
 
     PYTHONPATH=python:build/<dir>/python python3 benchmarks/spmd/bench_spmd.py [--json]
         [--depths 1,6,12] [--o3-limit 60] [--skip-large] [--batch 8] [--seq 1024]
@@ -44,7 +46,8 @@ def main(argv=None):
     print(f"GPT hidden 512, 8 heads, batch {args.batch}, seq {args.seq}, training step (Adam), "
           f"M8 node, mesh 2x4; O3 time limit {args.o3_limit:g} s")
     print(f"{'layers':>6} {'ops':>6} {'O2 s':>8} {'O2 noreuse s':>13} {'O3 s':>8} {'O3 status':>16} "
-          f"{'O2 cost ms':>11} {'O3 cost ms':>11} {'O2/O3':>7} {'segs':>5} {'reused':>6}")
+          f"{'O2 cost ms':>11} {'O3 cost ms':>11} {'O2/O3':>7} {'segs':>5} {'reused':>6} "
+          f"{'apart O2 s':>10} {'apart O2 ms':>11} {'O2/apart':>8}")
     for L in [int(x) for x in args.depths.split(",") if x]:
         g = wm.gpt(layers=L, hidden=512, heads=8, batch=args.batch, seq=args.seq).train_step()
         case = f"gpt-h512-L{L}"
@@ -57,6 +60,10 @@ def main(argv=None):
             o2n, t2n = _run(g, m8, mesh, level="O2", reuse_repeated_layers=False)
             fig(case, "o2_noreuse_search_time", t2n, "s")
             fig(case, "o2_noreuse_cost", o2n.cost, "s")
+        apart, ta = _run(g, m8, mesh, level="O2", shared_resharding=False)
+        fig(case, "o2_apart_search_time", ta, "s")
+        fig(case, "o2_apart_cost", apart.cost, "s")
+        fig(case, "o2_over_apart", o2.cost / apart.cost, "ratio", 1.0)
         o3 = None
         if L <= args.o3_max_depth:
             try:
@@ -72,7 +79,8 @@ def main(argv=None):
         if o3:
             fig(case, "o2_over_o3", o2.cost / o3.cost, "ratio", 1.05)
         print(f"{L:>6} {len(g.ops):>6} {t2:8.2f} {_f(t2n, 13)} {o3s} "
-              f"{o3st:>16} {o2.cost * 1e3:11.4f} {o3c} {ratio} {rep['segments']:>5} {rep['reused_segments']:>6}")
+              f"{o3st:>16} {o2.cost * 1e3:11.4f} {o3c} {ratio} {rep['segments']:>5} {rep['reused_segments']:>6} "
+              f"{ta:10.2f} {apart.cost * 1e3:11.4f} {o2.cost / apart.cost:8.4f}")
 
     if not args.skip_large:
         m16 = weft.Cluster.preset("M8", nodes=2)

@@ -324,6 +324,8 @@ void bind_plan(py::module_& m) {
         o.spmd_time_limit_s = py::cast<double>(v);
       else if (key == "spmd_relative_gap")
         o.spmd_relative_gap = py::cast<double>(v);
+      else if (key == "shared_resharding")
+        o.shared_resharding = py::cast<bool>(v);
       else if (key == "time_limit")
         o.time_limit_s = py::cast<double>(v);
       else if (key == "memory_limit")

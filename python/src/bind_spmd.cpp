@@ -106,6 +106,17 @@ void bind_spmd(py::module_& root) {
             return out;
           },
           py::arg("graph"), py::arg("mesh"), "The chosen factor-to-axis assignment of every op by name.")
+      .def(
+          "shared_specs",
+          [](const SpmdPlan& p, const ir::Graph& g) {
+            std::map<std::string, std::string> out;
+            for (std::size_t t = 0; t < p.shared_specs.size(); ++t)
+              if (p.shared_specs[t]) out[g.tensors()[t].name] = p.shared_specs[t]->to_string();
+            return out;
+          },
+          py::arg("graph"),
+          "Tensor name -> the layout it is resharded to once for every reader that needs exactly it (shared "
+          "resharding); tensors whose readers reshard on their own are absent.")
       .def("spec_of", &SpmdPlan::spec_of, py::arg("graph"), py::arg("tensor"));
   m.def(
       "search",
@@ -113,7 +124,7 @@ void bind_spmd(py::module_& root) {
          const std::string& level, double memory_limit, const std::string& memory_mode, double time_limit,
          double relative_gap, bool reuse, bool strided, bool pricing,
          const std::map<std::string, std::string>& fixed, const std::map<std::string, std::string>& outputs,
-         const py::object& progress) {
+         const py::object& progress, bool shared, int shared_layouts) {
         SearchOptions o;
         o.level = parse_level(level);
         o.memory_limit = memory_limit;
@@ -125,6 +136,8 @@ void bind_spmd(py::module_& root) {
         o.o2_memory_pricing = pricing;
         o.fixed_specs = fixed;
         o.output_specs = outputs;
+        o.shared_resharding = shared;
+        o.shared_layouts_per_tensor = shared_layouts;
         if (!progress.is_none()) {
           auto fn = weft::python::python_callback(py::cast<py::function>(progress));
           o.progress = [fn](const Progress& p) {
@@ -144,7 +157,8 @@ void bind_spmd(py::module_& root) {
       py::arg("relative_gap") = 0.0, py::arg("reuse_repeated_layers") = true,
       py::arg("strided_candidates") = true, py::arg("memory_pricing") = true,
       py::arg("fixed_specs") = std::map<std::string, std::string>{},
-      py::arg("output_specs") = std::map<std::string, std::string>{}, py::arg("progress") = py::none());
+      py::arg("output_specs") = std::map<std::string, std::string>{}, py::arg("progress") = py::none(),
+      py::arg("shared_resharding") = true, py::arg("shared_layouts_per_tensor") = 2);
   m.def(
       "evaluate_plan",
       [](const ir::Graph& g, const cluster::Cluster& c, const cluster::DeviceMesh& mesh, const SpmdPlan& p) {

@@ -142,6 +142,8 @@ _PLAN_OPTIONS = [
      "also shard states over one node's replicas only, replicated across nodes (default on)"),
     ("--spmd-time-limit", "spmd_time_limit", float, "seconds per SPMD search (each block on each mesh)"),
     ("--spmd-relative-gap", "spmd_relative_gap", float, "relative ILP gap accepted"),
+    ("--shared-resharding", "shared_resharding", bool,
+     "a tensor several readers need in one layout is resharded once (default on)"),
     ("--time-limit", "time_limit", float,
      "seconds for the whole search (then the best plan so far, marked timeout)"),
     ("--threads", "threads", int, "threads for the SPMD searches (default: all cores)"),

@@ -170,7 +170,8 @@ def plan(model_graph, cluster, schedule: str = "1F1B", *, num_microbatches: Opti
     closed forms are :func:`weft.zero_memory` and :func:`weft.zero_traffic`.
     ``progress``: True for a tqdm bar, or a callable ``(phase, fraction, message)``.
     Other options (keyword): num_blocks, max_stages, spmd_level ("O2"/"O3"), spmd_time_limit (seconds
-    per SPMD search of a block on a mesh), time_limit (seconds for the whole planning, default 300: at
+    per SPMD search of a block on a mesh), shared_resharding (default True: a tensor several readers
+    need in one layout is resharded once, see ``weft.spmd_search``), time_limit (seconds for the whole planning, default 300: at
     the limit the best plan found so far is returned with ``search_status == "timeout"``, within
     1.5 x the limit + 0.5 s; ValueError only when nothing was found), threads (SPMD searches in
     parallel; default 0 = every core; the plan is the same for any count), memory_limit (bytes per device), memory_fraction, overlap_grad_sync (default True:

@@ -50,6 +50,11 @@ class SpmdResult:
         return self._specs
 
     @property
+    def shared_specs(self) -> Dict[str, str]:
+        """Tensor name -> the layout it is resharded to once for every reader that needs exactly it."""
+        return dict(self.plan.shared_specs(self.graph))
+
+    @property
     def op_strategies(self) -> Dict[str, str]:
         """Factor-to-mesh-axis assignment of every op by name."""
         if self._op_strategies is None:
@@ -113,7 +118,8 @@ def spmd_search(graph, cluster, mesh, level: str = "O2", memory_limit: Optional[
                 memory_pricing: bool = True,
                 fixed_specs: Optional[Mapping[str, str]] = None,
                 output_specs: Optional[Mapping[str, str]] = None,
-                progress: Union[None, bool, Callable[[str, float, str], Any]] = None) -> SpmdResult:
+                progress: Union[None, bool, Callable[[str, float, str], Any]] = None,
+                shared_resharding: bool = True, shared_layouts_per_tensor: int = 2) -> SpmdResult:
     """Searches the SPMD strategy of ``graph`` (forward or training step) on ``mesh`` of ``cluster``.
 
     level: "O3" = one ILP over the whole graph, "O2" = segments between critical nodes stitched by
@@ -128,7 +134,9 @@ def spmd_search(graph, cluster, mesh, level: str = "O2", memory_limit: Optional[
     fixed_specs: tensor name -> spec text forced. output_specs: tensor name -> the spec its readers
     outside the graph need (the producer pays the resharding to it, as communication). progress: a
     callable (phase, fraction,
-    message) or True for a tqdm bar. Raises ValueError on bad input (a mesh larger than any op can
+    message) or True for a tqdm bar. shared_resharding: a tensor several readers need in one layout
+    is resharded to it once (``result.shared_specs``; at most ``shared_layouts_per_tensor`` candidate
+    layouts per tensor, those most readers can use); False charges every reader its own resharding. Raises ValueError on bad input (a mesh larger than any op can
     be split, an impossible memory limit naming the tensors that make it impossible, ...).
     """
     fn, bar = _progress_fn(progress)
@@ -139,7 +147,8 @@ def spmd_search(graph, cluster, mesh, level: str = "O2", memory_limit: Optional[
                          reuse_repeated_layers=reuse_repeated_layers, strided_candidates=strided_candidates,
                          memory_pricing=memory_pricing,
                          fixed_specs=dict(fixed_specs or {}), output_specs=dict(output_specs or {}),
-                         progress=fn)
+                         progress=fn, shared_resharding=bool(shared_resharding),
+                         shared_layouts_per_tensor=int(shared_layouts_per_tensor))
     finally:
         if bar is not None:
             bar.close()

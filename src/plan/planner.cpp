@@ -187,6 +187,7 @@ BlockCost Context::search_block(int b, const AtBatch& ab, const MeshOption& m, i
   so.level = opt_.spmd_level == SpmdLevel::O3 ? spmd::Level::O3 : spmd::Level::O2;
   so.time_limit_s = opt_.spmd_time_limit_s;
   so.relative_gap = opt_.spmd_relative_gap;
+  so.shared_resharding = opt_.shared_resharding;
   // The lean variant's budget: the block's share of the usable memory in proportion to its lower
   // bound (state + one micro-batch of saved activations) among all blocks — the shares of the
   // model's blocks sum to the device, and a block with a large embedding or loss gets the room

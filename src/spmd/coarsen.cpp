@@ -341,169 +341,174 @@ ProblemSolution solve_o2(const StrategyProblem& p, int n_ops, const std::vector<
   };
   O2Cache cache;
   const double fscale = 1.0;
-
-  for (int k = 0; k < static_cast<int>(segs.size()); ++k) {
-    if (opt.progress) opt.progress(static_cast<double>(k) / static_cast<double>(segs.size()));
-    opt.stop.throw_if_cancelled("the O2 search");
-    if (opt.stop.expired()) {  // no complete assignment before the last segment
-      ProblemSolution none;
-      none.status = solver::IlpStatus::Timeout;
-      st.worst_status = solver::IlpStatus::Timeout;
-      st.dp_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if (stats_out) *stats_out = st;
-      return none;
-    }
-    const auto& seg = segs[k];
-    const int last = seg.back();
-    const bool ends_critical = last < n_ops && is_crit[last];
-    // Context: the best assignment so far.
-    std::vector<int> ctx(n, -1);
-    double fmin = 0;
-    if (boundary >= 0) {
-      int best = 0;
-      for (int s = 1; s < static_cast<int>(F.size()); ++s)
-        if (F[s] < F[best]) best = s;
-      ctx = rebuild(k - 1, best);
-      fmin = F[best];
-    }
-    // Local problem: nodes = [boundary?] + seg.
-    std::vector<int> local;
-    if (boundary >= 0) local.push_back(boundary);
-    for (int v : seg) local.push_back(v);
-    std::vector<int> lid(n, -1);
-    for (int i = 0; i < static_cast<int>(local.size()); ++i) lid[local[i]] = i;
-    StrategyProblem sub;
-    sub.node_cost.resize(local.size());
-    for (int i = 0; i < static_cast<int>(local.size()); ++i) {
-      const int v = local[i];
-      if (v == boundary) {
-        sub.node_cost[i] = F;
-        for (double& x : sub.node_cost[i]) x = std::isinf(x) ? x : x - fmin;
-      } else {
-        sub.node_cost[i] = p.node_cost[v];
-      }
-    }
-    for (int i = 0; i < static_cast<int>(local.size()); ++i) {
-      const int v = local[i];
-      if (v == boundary) continue;
-      for (int e : adj[v]) {
-        const auto& ed = p.edges[e];
-        const int other = ed.u == v ? ed.v : ed.u;
-        const int sv = static_cast<int>(p.node_cost[ed.v].size());
-        if (lid[other] >= 0) {
-          if (ed.u == v && lid[other] >= 0 && other != boundary) {
-            sub.edges.push_back({lid[ed.u], lid[ed.v], ed.cost});
-          } else if (other == boundary) {
-            sub.edges.push_back({lid[ed.u], lid[ed.v], ed.cost});
-          }
-          // edges inside seg are added once (from their u side)
-        } else if (ctx[other] >= 0) {
-          // fold against the context choice of an earlier node
-          for (int s = 0; s < static_cast<int>(sub.node_cost[i].size()); ++s)
-            sub.node_cost[i][s] += ed.u == v ? ed.cost[s * sv + ctx[other]] : ed.cost[ctx[other] * sv + s];
-        }
-        // later nodes: charged when they are solved
-      }
-    }
-    if (has_mem) {
-      sub.memory_limit = p.memory_limit;
-      for (const auto& row : p.memory_rows) {
-        MemoryRow r{row.label, row.constant, {}};
-        double maxv = row.constant;
-        for (const auto& t : row.terms) {
-          if (lid[t.node] >= 0 && !(t.node == boundary && false)) {
-            r.terms.push_back({lid[t.node], t.bytes});
-            maxv += *std::max_element(t.bytes.begin(), t.bytes.end());
-          } else if (ctx[t.node] >= 0) {
-            r.constant += t.bytes[ctx[t.node]];
-            maxv += t.bytes[ctx[t.node]];
-          } else {
-            double mn = *std::min_element(t.bytes.begin(), t.bytes.end());
-            r.constant += mn;
-            maxv += mn;
-          }
-        }
-        if (maxv > p.memory_limit) sub.memory_rows.push_back(std::move(r));
-      }
-    }
-    // Solve for each strategy of the segment's end (or once when it is not critical): by
-    // elimination keeping the end node when no memory row binds, else one ILP per end strategy.
-    const int lend = lid[last];
-    const int nt = ends_critical ? static_cast<int>(p.node_cost[last].size()) : 1;
-    std::vector<double> nF(nt, kInfCost);
-    std::vector<std::vector<int>> nchoice(nt);
-    bool all_cached = true;
-    using Entry = std::vector<std::pair<double, std::vector<int>>>;  // per end strategy
-    const std::string key =
-        opt.reuse_repeated ? key_of(sub, fscale) + (ends_critical ? "c" : "n") : std::string();
-    Entry entry;
-    auto hit = opt.reuse_repeated ? cache.find(key) : cache.end();
-    if (hit != cache.end()) {
-      entry = hit->second;
-      ++st.cache_hits;
-    } else {
-      all_cached = false;
-      entry.assign(nt, {kInfCost, {}});
-      Elimination el(sub, ends_critical ? lend : -1, opt.max_table);
-      if (el.ok()) {
-        for (int t = 0; t < nt; ++t)
-          if (!std::isinf(el.kept_cost()[t])) {
-            auto ch = el.choice_for(t);
-            entry[t] = {evaluate(sub, ch).cost, std::move(ch)};
-          }
-      } else {
-        // Memory rows bind or the elimination tables are too large: an ILP. One per strategy of
-        // the end node keeps the DP exact; on a large segment that is too slow, so one ILP with
-        // the end free stands for the whole table (only its end strategy gets a finite F).
-        const bool per_end =
-            ends_critical && (nt <= opt.per_end_max_strategies || sub.num_nodes() <= opt.per_end_max_nodes);
-        for (int t = 0; t < (per_end ? nt : 1); ++t) {
-          StrategyProblem q = sub;
-          if (per_end) {
-            for (int s = 0; s < static_cast<int>(q.node_cost[lend].size()); ++s)
-              if (s != t) q.node_cost[lend][s] = kInfCost;
-            if (std::isinf(q.node_cost[lend][t])) continue;
-          }
-          const auto sol = solve_counted(q, opt, st);
-          if (!sol.has_solution()) continue;
-          const int at = per_end || !ends_critical ? t : sol.choice[lend];
-          entry[at] = {evaluate(q, sol.choice).cost, sol.choice};
-        }
-      }
-      if (opt.reuse_repeated) cache.emplace(key, entry);
-    }
-    for (int t = 0; t < nt; ++t) {
-      const auto& res = entry[t];
-      if (res.second.empty()) continue;
-      nF[t] = res.first + fmin;
-      nchoice[t] = res.second;
-    }
-    if (all_cached && k > 0) ++st.reused_segments;
-    if (std::all_of(nF.begin(), nF.end(), [](double x) { return std::isinf(x); })) {
-      ProblemSolution none;
-      // A segment whose ILPs ran out of time found nothing: that proves no infeasibility.
-      none.status = opt.stop.expired() ? solver::IlpStatus::Timeout : solver::IlpStatus::Infeasible;
-      if (none.status == solver::IlpStatus::Timeout) st.worst_status = none.status;
-      if (stats_out) *stats_out = st;
-      return none;
-    }
-    seg_local.push_back(std::move(local));
-    seg_choice.push_back(std::move(nchoice));
-    F = std::move(nF);
-    if (ends_critical) {
-      boundary = last;
-    } else {
-      // A final non-critical segment: keep the single state with a dummy boundary.
-      boundary = -1;
-      WEFT_ASSERT(k == static_cast<int>(segs.size()) - 1,
-                  "only the last segment may end without a critical node");
-    }
-  }
-  int best = 0;
-  for (int s = 1; s < static_cast<int>(F.size()); ++s)
-    if (F[s] < F[best]) best = s;
   ProblemSolution out;
-  out.choice = rebuild(static_cast<int>(segs.size()) - 1, best);
+  if (!opt.start.empty()) {  // refinement only, from the caller's assignment
+    WEFT_CHECK(static_cast<int>(opt.start.size()) == n, "solve_o2: a start of {} nodes for {} nodes",
+               opt.start.size(), n);
+    out.choice = opt.start;
+  } else {
+    for (int k = 0; k < static_cast<int>(segs.size()); ++k) {
+      if (opt.progress) opt.progress(static_cast<double>(k) / static_cast<double>(segs.size()));
+      opt.stop.throw_if_cancelled("the O2 search");
+      if (opt.stop.expired()) {  // no complete assignment before the last segment
+        ProblemSolution none;
+        none.status = solver::IlpStatus::Timeout;
+        st.worst_status = solver::IlpStatus::Timeout;
+        st.dp_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (stats_out) *stats_out = st;
+        return none;
+      }
+      const auto& seg = segs[k];
+      const int last = seg.back();
+      const bool ends_critical = last < n_ops && is_crit[last];
+      // Context: the best assignment so far.
+      std::vector<int> ctx(n, -1);
+      double fmin = 0;
+      if (boundary >= 0) {
+        int best = 0;
+        for (int s = 1; s < static_cast<int>(F.size()); ++s)
+          if (F[s] < F[best]) best = s;
+        ctx = rebuild(k - 1, best);
+        fmin = F[best];
+      }
+      // Local problem: nodes = [boundary?] + seg.
+      std::vector<int> local;
+      if (boundary >= 0) local.push_back(boundary);
+      for (int v : seg) local.push_back(v);
+      std::vector<int> lid(n, -1);
+      for (int i = 0; i < static_cast<int>(local.size()); ++i) lid[local[i]] = i;
+      StrategyProblem sub;
+      sub.node_cost.resize(local.size());
+      for (int i = 0; i < static_cast<int>(local.size()); ++i) {
+        const int v = local[i];
+        if (v == boundary) {
+          sub.node_cost[i] = F;
+          for (double& x : sub.node_cost[i]) x = std::isinf(x) ? x : x - fmin;
+        } else {
+          sub.node_cost[i] = p.node_cost[v];
+        }
+      }
+      for (int i = 0; i < static_cast<int>(local.size()); ++i) {
+        const int v = local[i];
+        if (v == boundary) continue;
+        for (int e : adj[v]) {
+          const auto& ed = p.edges[e];
+          const int other = ed.u == v ? ed.v : ed.u;
+          const int sv = static_cast<int>(p.node_cost[ed.v].size());
+          if (lid[other] >= 0) {
+            if (ed.u == v && lid[other] >= 0 && other != boundary) {
+              sub.edges.push_back({lid[ed.u], lid[ed.v], ed.cost});
+            } else if (other == boundary) {
+              sub.edges.push_back({lid[ed.u], lid[ed.v], ed.cost});
+            }
+            // edges inside seg are added once (from their u side)
+          } else if (ctx[other] >= 0) {
+            // fold against the context choice of an earlier node
+            for (int s = 0; s < static_cast<int>(sub.node_cost[i].size()); ++s)
+              sub.node_cost[i][s] += ed.u == v ? ed.cost[s * sv + ctx[other]] : ed.cost[ctx[other] * sv + s];
+          }
+          // later nodes: charged when they are solved
+        }
+      }
+      if (has_mem) {
+        sub.memory_limit = p.memory_limit;
+        for (const auto& row : p.memory_rows) {
+          MemoryRow r{row.label, row.constant, {}};
+          double maxv = row.constant;
+          for (const auto& t : row.terms) {
+            if (lid[t.node] >= 0 && !(t.node == boundary && false)) {
+              r.terms.push_back({lid[t.node], t.bytes});
+              maxv += *std::max_element(t.bytes.begin(), t.bytes.end());
+            } else if (ctx[t.node] >= 0) {
+              r.constant += t.bytes[ctx[t.node]];
+              maxv += t.bytes[ctx[t.node]];
+            } else {
+              double mn = *std::min_element(t.bytes.begin(), t.bytes.end());
+              r.constant += mn;
+              maxv += mn;
+            }
+          }
+          if (maxv > p.memory_limit) sub.memory_rows.push_back(std::move(r));
+        }
+      }
+      // Solve for each strategy of the segment's end (or once when it is not critical): by
+      // elimination keeping the end node when no memory row binds, else one ILP per end strategy.
+      const int lend = lid[last];
+      const int nt = ends_critical ? static_cast<int>(p.node_cost[last].size()) : 1;
+      std::vector<double> nF(nt, kInfCost);
+      std::vector<std::vector<int>> nchoice(nt);
+      bool all_cached = true;
+      using Entry = std::vector<std::pair<double, std::vector<int>>>;  // per end strategy
+      const std::string key =
+          opt.reuse_repeated ? key_of(sub, fscale) + (ends_critical ? "c" : "n") : std::string();
+      Entry entry;
+      auto hit = opt.reuse_repeated ? cache.find(key) : cache.end();
+      if (hit != cache.end()) {
+        entry = hit->second;
+        ++st.cache_hits;
+      } else {
+        all_cached = false;
+        entry.assign(nt, {kInfCost, {}});
+        Elimination el(sub, ends_critical ? lend : -1, opt.max_table);
+        if (el.ok()) {
+          for (int t = 0; t < nt; ++t)
+            if (!std::isinf(el.kept_cost()[t])) {
+              auto ch = el.choice_for(t);
+              entry[t] = {evaluate(sub, ch).cost, std::move(ch)};
+            }
+        } else {
+          // Memory rows bind or the elimination tables are too large: an ILP. One per strategy of
+          // the end node keeps the DP exact; on a large segment that is too slow, so one ILP with
+          // the end free stands for the whole table (only its end strategy gets a finite F).
+          const bool per_end =
+              ends_critical && (nt <= opt.per_end_max_strategies || sub.num_nodes() <= opt.per_end_max_nodes);
+          for (int t = 0; t < (per_end ? nt : 1); ++t) {
+            StrategyProblem q = sub;
+            if (per_end) {
+              for (int s = 0; s < static_cast<int>(q.node_cost[lend].size()); ++s)
+                if (s != t) q.node_cost[lend][s] = kInfCost;
+              if (std::isinf(q.node_cost[lend][t])) continue;
+            }
+            const auto sol = solve_counted(q, opt, st);
+            if (!sol.has_solution()) continue;
+            const int at = per_end || !ends_critical ? t : sol.choice[lend];
+            entry[at] = {evaluate(q, sol.choice).cost, sol.choice};
+          }
+        }
+        if (opt.reuse_repeated) cache.emplace(key, entry);
+      }
+      for (int t = 0; t < nt; ++t) {
+        const auto& res = entry[t];
+        if (res.second.empty()) continue;
+        nF[t] = res.first + fmin;
+        nchoice[t] = res.second;
+      }
+      if (all_cached && k > 0) ++st.reused_segments;
+      if (std::all_of(nF.begin(), nF.end(), [](double x) { return std::isinf(x); })) {
+        ProblemSolution none;
+        // A segment whose ILPs ran out of time found nothing: that proves no infeasibility.
+        none.status = opt.stop.expired() ? solver::IlpStatus::Timeout : solver::IlpStatus::Infeasible;
+        if (none.status == solver::IlpStatus::Timeout) st.worst_status = none.status;
+        if (stats_out) *stats_out = st;
+        return none;
+      }
+      seg_local.push_back(std::move(local));
+      seg_choice.push_back(std::move(nchoice));
+      F = std::move(nF);
+      if (ends_critical) {
+        boundary = last;
+      } else {
+        // A final non-critical segment: keep the single state with a dummy boundary.
+        boundary = -1;
+        WEFT_ASSERT(k == static_cast<int>(segs.size()) - 1,
+                    "only the last segment may end without a critical node");
+      }
+    }
+    int best = 0;
+    for (int s = 1; s < static_cast<int>(F.size()); ++s)
+      if (F[s] < F[best]) best = s;
+    out.choice = rebuild(static_cast<int>(segs.size()) - 1, best);
+  }
   for (int v = 0; v < n; ++v) WEFT_ASSERT(out.choice[v] >= 0, "O2 left a node without a strategy");
   st.dp_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   bool refined = true;

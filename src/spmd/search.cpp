@@ -11,7 +11,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <limits>
+#include <map>
 #include <numeric>
 #include <optional>
 #include <set>
@@ -20,9 +22,9 @@
 #include "weft/cluster/device_mesh.hpp"
 #include "weft/core/error.hpp"
 #include "weft/cost/memory.hpp"
-#include "weft/ir/autodiff.hpp"
 #include "weft/cost/op_cost.hpp"
 #include "weft/cost/view_ops.hpp"
+#include "weft/ir/autodiff.hpp"
 #include "weft/sharding/reshard.hpp"
 #include "weft/spmd/coarsen.hpp"
 #include "weft/spmd/problem.hpp"
@@ -164,16 +166,33 @@ struct Model {
   // repeated layers of a deep model then cost about one layer.
   std::vector<int> list_class;
   int next_class = 0;
+  // Shared resharding (share_reshardings): a node's problem strategies past its own list are
+  // pairs (base strategy, shared layout of one result). Per node: the pairs' base strategies and
+  // layouts (index into shared_layouts); empty = none. Strategy indices below the list's size are
+  // the list's own, so everything indexed by a problem strategy goes through base().
+  std::vector<std::vector<int>> pair_base, pair_layout;
+  std::vector<int> shared_slot;  // per node: the result whose tensor the pairs share (-1 none)
+  std::vector<ShardingSpec> shared_layouts;
 
   int num_nodes() const { return n_ops + static_cast<int>(leaf_tensor.size()); }
-  int num_strategies(int v) const {
+  int num_base(int v) const {
     return static_cast<int>(v < n_ops ? op_strats[v].size() : leaf_specs[v - n_ops].size());
   }
+  int num_strategies(int v) const {
+    return num_base(v) + (pair_base.empty() ? 0 : static_cast<int>(pair_base[v].size()));
+  }
+  int base(int v, int s) const { return s < num_base(v) ? s : pair_base[v][s - num_base(v)]; }
+  // The layout strategy s of v reshards its shared result to once, or nullptr.
+  const ShardingSpec* shared(int v, int s) const {
+    return s < num_base(v) ? nullptr : &shared_layouts[pair_layout[v][s - num_base(v)]];
+  }
+  const OpStrategy& op_strategy(int o, int s) const { return op_strats[o][base(o, s)]; }
+  const ShardingSpec& leaf_spec(int v, int s) const { return leaf_specs[v - n_ops][base(v, s)]; }
   const ShardingSpec& produced(int v, int s, int slot) const {
-    return v < n_ops ? op_strats[v][s].outputs[slot] : leaf_specs[v - n_ops][s];
+    return v < n_ops ? op_strategy(v, s).outputs[slot] : leaf_spec(v, s);
   }
   const ShardingSpec& required(const Use& u, int s) const {
-    return u.in_slot >= 0 ? op_strats[u.consumer][s].inputs[u.in_slot] : leaf_specs[u.consumer - n_ops][s];
+    return u.in_slot >= 0 ? op_strategy(u.consumer, s).inputs[u.in_slot] : leaf_spec(u.consumer, s);
   }
   std::string node_name(int v) const {
     return v < n_ops ? g.op(v).name : g.tensor(leaf_tensor[v - n_ops]).name;
@@ -406,11 +425,163 @@ struct Built {
 
 bool add_memory_rows(Built& b, const Model& m, double memory_limit, const StopToken& stop = {});
 
+bool has_pairs(const Model& m) {
+  for (const auto& v : m.pair_base)
+    if (!v.empty()) return true;
+  return false;
+}
+
+// The problem without the shared-resharding pairs (each node's own strategies, which come first).
+StrategyProblem without_pairs(const StrategyProblem& p, const Model& m) {
+  StrategyProblem q;
+  q.names = p.names;
+  q.memory_limit = p.memory_limit;
+  q.node_cost.resize(p.node_cost.size());
+  for (int v = 0; v < p.num_nodes(); ++v)
+    q.node_cost[v].assign(p.node_cost[v].begin(), p.node_cost[v].begin() + m.num_base(v));
+  for (const EdgeCost& e : p.edges) {
+    const int su = m.num_base(e.u), sv = m.num_base(e.v);
+    const auto full = p.node_cost[e.v].size();
+    EdgeCost f{e.u, e.v, std::vector<double>(static_cast<std::size_t>(su) * sv)};
+    for (int s = 0; s < su; ++s)
+      for (int t = 0; t < sv; ++t)
+        f.cost[static_cast<std::size_t>(s) * sv + t] = e.cost[static_cast<std::size_t>(s) * full + t];
+    q.edges.push_back(std::move(f));
+  }
+  for (const MemoryRow& r : p.memory_rows) {
+    MemoryRow x{r.label, r.constant, {}};
+    for (const MemoryTerm& t : r.terms)
+      x.terms.push_back({t.node, std::vector<double>(t.bytes.begin(), t.bytes.begin() + m.num_base(t.node))});
+    q.memory_rows.push_back(std::move(x));
+  }
+  return q;
+}
+
+// Shared resharding (SearchOptions::shared_resharding), as pairs on the producer so that the
+// problem stays pairwise and every solver (O3's ILP, O2's segments, elimination) sees it as more
+// strategies of one node. Per node, the result with the most uses (two or more): the layouts a
+// that two or more of those uses can require are the candidates, the largest possible saving
+// first ((uses that can need it − 1) × the dearest resharding to it), at most per_tensor; each strategy s
+// whose result is not a and cannot become a for free gets a pair (s, a) appended to the node's strategies:
+// node cost + R(P_s -> a) (communication, kept in out_conv), and on the edges of the shared result's uses a
+// reader strategy requiring exactly a costs 0 while the others keep R(P_s -> r). Every other edge of the node
+// copies s's row or column. (s, none) is s itself, so no plan gets costlier. The memory model counts
+// resharded copies nowhere (as for per-reader resharding): a pair holds the bytes of s.
+void share_reshardings(Built& b, Model& m, const std::vector<int>& edge_use,
+                       const std::vector<std::vector<std::vector<int>>>& out_ids,
+                       const std::vector<std::vector<std::vector<int>>>& in_ids,
+                       const std::vector<const ShardingSpec*>& spec_by_id,
+                       const std::function<double(int, int, int)>& spec_time, int per_tensor) {
+  auto& p = b.problem;
+  const int n = m.num_nodes();
+  m.pair_base.assign(n, {});
+  m.pair_layout.assign(n, {});
+  m.shared_slot.assign(n, -1);
+  std::vector<std::vector<int>> edges_of(n);
+  for (int e = 0; e < static_cast<int>(p.edges.size()); ++e) {
+    edges_of[p.edges[e].u].push_back(e);
+    edges_of[p.edges[e].v].push_back(e);
+  }
+  std::vector<std::vector<int>> uses_of(n);  // use indices by producer
+  for (int ui = 0; ui < static_cast<int>(m.uses.size()); ++ui) uses_of[m.uses[ui].producer].push_back(ui);
+  // The spec id a use requires under its consumer's (problem) strategy t.
+  auto req_id = [&](const Use& u, int t) {
+    const int bt = m.base(u.consumer, t);
+    return u.in_slot >= 0 ? in_ids[u.consumer][u.in_slot][bt] : out_ids[u.consumer][0][bt];
+  };
+  std::map<int, int> layout_of_id;  // spec id -> index in m.shared_layouts
+  for (int v = 0; v < n; ++v) {
+    if (per_tensor <= 0 || uses_of[v].size() < 2) continue;
+    std::map<int, int> per_slot;
+    for (int ui : uses_of[v]) ++per_slot[m.uses[ui].out_slot];
+    int slot = -1, most = 1;
+    for (const auto& [k, c] : per_slot)
+      if (c > most) slot = k, most = c;
+    if (slot < 0) continue;
+    // Candidate layouts: required by two or more uses.
+    std::map<int, int> readers;  // spec id -> uses that can require it
+    for (int ui : uses_of[v]) {
+      const Use& u = m.uses[ui];
+      if (u.out_slot != slot) continue;
+      std::set<int> ids;
+      for (int t = 0; t < m.num_strategies(u.consumer); ++t) ids.insert(req_id(u, t));
+      for (int id : ids) ++readers[id];
+    }
+    const ir::TensorId t =
+        v < m.n_ops ? m.g.op(v).outputs[static_cast<std::size_t>(slot)] : m.leaf_tensor[v - m.n_ops];
+    const int elem = dtype_size(m.g.tensor(t).dtype);
+    const int nb = m.num_base(v);
+    const auto& fid = out_ids[v][static_cast<std::size_t>(slot)];
+    // The most a layout can save: every other reader that can need it spared the dearest resharding
+    // to it. Layouts every strategy makes for free save nothing.
+    std::vector<std::pair<double, int>> cands;  // (-saving, spec id)
+    for (const auto& [id, c] : readers) {
+      if (c < 2) continue;
+      double dearest = 0;
+      for (int s = 0; s < nb; ++s)
+        if (!std::isinf(p.node_cost[v][s])) dearest = std::max(dearest, spec_time(fid[s], id, elem));
+      if (dearest > 0) cands.push_back({-(c - 1) * dearest, id});
+    }
+    std::sort(cands.begin(), cands.end());
+    if (static_cast<int>(cands.size()) > per_tensor) cands.resize(static_cast<std::size_t>(per_tensor));
+    std::vector<int> base, layout, layout_id;
+    std::vector<double> extra;
+    for (const auto& [neg, a] : cands)
+      for (int s = 0; s < nb; ++s) {
+        if (std::isinf(p.node_cost[v][s]) || fid[s] == a) continue;
+        const double r = spec_time(fid[s], a, elem);
+        if (!(r > 0)) continue;
+        auto [it, fresh] = layout_of_id.try_emplace(a, static_cast<int>(m.shared_layouts.size()));
+        if (fresh) m.shared_layouts.push_back(*spec_by_id[a]);
+        base.push_back(s), layout.push_back(it->second), layout_id.push_back(a), extra.push_back(r);
+      }
+    if (base.empty()) continue;
+    const int np = static_cast<int>(base.size());
+    m.shared_slot[v] = slot;
+    m.pair_base[v] = base;
+    m.pair_layout[v] = layout;
+    auto& conv = b.out_conv[v];
+    if (conv.empty()) conv.assign(static_cast<std::size_t>(nb), 0.0);
+    for (int i = 0; i < np; ++i) {
+      p.node_cost[v].push_back(p.node_cost[v][base[i]] + extra[i]);
+      conv.push_back(conv[base[i]] + extra[i]);
+    }
+    for (int e : edges_of[v]) {
+      EdgeCost& ed = p.edges[e];
+      const int su = static_cast<int>(p.node_cost[ed.u].size()),
+                sv = static_cast<int>(p.node_cost[ed.v].size());
+      std::vector<double> c(static_cast<std::size_t>(su) * sv);
+      if (ed.u == v) {  // rows grew
+        const int old = su - np;
+        const Use& u = m.uses[edge_use[e]];
+        const bool on_shared = u.producer == v && u.out_slot == slot;
+        for (int r = 0; r < su; ++r) {
+          const int src = r < old ? r : base[r - old];
+          for (int q = 0; q < sv; ++q)
+            c[static_cast<std::size_t>(r) * sv + q] =
+                r >= old && on_shared && req_id(u, q) == layout_id[r - old]
+                    ? 0.0
+                    : ed.cost[static_cast<std::size_t>(src) * sv + q];
+        }
+      } else {  // columns grew
+        const int old = sv - np;
+        for (int r = 0; r < su; ++r)
+          for (int q = 0; q < sv; ++q)
+            c[static_cast<std::size_t>(r) * sv + q] =
+                ed.cost[static_cast<std::size_t>(r) * old + (q < old ? q : base[q - old])];
+      }
+      ed.cost = std::move(c);
+    }
+  }
+}
+
 // Past the deadline the problem is still built (a plan needs its costs); a cancel throws.
 Built build_problem(Model& m, ReshardCosts& rc, double memory_limit, const SearchOptions& opt,
                     const StopToken& stop = {}) {
   Built b;
   auto& p = b.problem;
+  // A rebuild (explain_memory) starts from the strategy lists alone.
+  m.pair_base.clear(), m.pair_layout.clear(), m.shared_slot.clear(), m.shared_layouts.clear();
   const int n = m.num_nodes();
   p.names.resize(n);
   p.node_cost.resize(n);
@@ -523,7 +694,9 @@ Built build_problem(Model& m, ReshardCosts& rc, double memory_limit, const Searc
   // An edge's matrix depends only on the two lists' classes, the slots and the element size:
   // edges between nodes of the same classes (the repeated layers) copy the first one's.
   std::map<std::array<int, 5>, int> edge_of_key;  // -> index in p.edges, -1 = all zero
-  for (const Use& u : m.uses) {
+  std::vector<int> edge_use;                      // per edge: its index in m.uses
+  for (std::size_t ui = 0; ui < m.uses.size(); ++ui) {
+    const Use& u = m.uses[ui];
     stop.throw_if_cancelled("spmd_search");
     const int su = m.num_strategies(u.producer), sv = m.num_strategies(u.consumer);
     const int elem = dtype_size(m.g.tensor(u.tensor).dtype);
@@ -532,6 +705,7 @@ Built build_problem(Model& m, ReshardCosts& rc, double memory_limit, const Searc
     if (auto hit = edge_of_key.find(ekey); hit != edge_of_key.end()) {
       if (hit->second >= 0) {
         p.edges.push_back({u.producer, u.consumer, p.edges[hit->second].cost});
+        edge_use.push_back(static_cast<int>(ui));
         ++b.n_edges;
       }
       continue;
@@ -573,8 +747,21 @@ Built build_problem(Model& m, ReshardCosts& rc, double memory_limit, const Searc
     edge_of_key.emplace(ekey, nonzero ? static_cast<int>(p.edges.size()) : -1);
     if (nonzero) {
       p.edges.push_back(std::move(e));
+      edge_use.push_back(static_cast<int>(ui));
       ++b.n_edges;
     }
+  }
+  if (opt.shared_resharding) {
+    auto spec_time = [&](int from, int to, int elem) {
+      const std::uint64_t key = (static_cast<std::uint64_t>(from) << 36) |
+                                (static_cast<std::uint64_t>(to) << 8) | static_cast<std::uint64_t>(elem);
+      auto it = pair_time.find(key);
+      if (it == pair_time.end())
+        it = pair_time.emplace(key, from == to ? 0.0 : rc.time(*spec_by_id[from], *spec_by_id[to], elem))
+                 .first;
+      return it->second;
+    };
+    share_reshardings(b, m, edge_use, out_ids, in_ids, spec_by_id, spec_time, opt.shared_layouts_per_tensor);
   }
   b.live = cost::liveness(m.g, /*with_sets=*/false);  // sets only if memory rows are built
   if (memory_limit > 0) add_memory_rows(b, m, memory_limit);
@@ -708,13 +895,13 @@ std::optional<ProblemSolution> price_memory(const Model& m, const Built& b, doub
         const ir::TensorId t = g.op(v).outputs[i];
         if (!hot(t)) continue;
         for (int s = 0; s < m.num_strategies(v); ++s)
-          bytes[v][s] += spec_bytes(m.op_strats[v][s].outputs[i], g.tensor(t).dtype);
+          bytes[v][s] += spec_bytes(m.op_strategy(v, s).outputs[i], g.tensor(t).dtype);
       }
     } else {
       const ir::TensorId t = m.leaf_tensor[v - m.n_ops];
       if (!hot(t)) continue;
       for (int s = 0; s < m.num_strategies(v); ++s)
-        bytes[v][s] = spec_bytes(m.leaf_specs[v - m.n_ops][s], g.tensor(t).dtype);
+        bytes[v][s] = spec_bytes(m.leaf_spec(v, s), g.tensor(t).dtype);
     }
   }
   std::optional<ProblemSolution> best;
@@ -947,11 +1134,11 @@ SpmdPlan spmd_search(const ir::Graph& g, const cluster::Cluster& cl, const clust
     for (int o = 0; o < m.n_ops; ++o)
       for (int i = 0; i < static_cast<int>(g.op(o).outputs.size()); ++i) {
         const ir::TensorId ti = g.op(o).outputs[i];
-        bytes[ti] = spec_bytes(m.op_strats[o][ch[o]].outputs[i], g.tensor(ti).dtype);
+        bytes[ti] = spec_bytes(m.op_strategy(o, ch[o]).outputs[i], g.tensor(ti).dtype);
       }
     for (int v = m.n_ops; v < m.num_nodes(); ++v) {
       const ir::TensorId ti = m.leaf_tensor[v - m.n_ops];
-      bytes[ti] = spec_bytes(m.leaf_specs[v - m.n_ops][ch[v]], g.tensor(ti).dtype);
+      bytes[ti] = spec_bytes(m.leaf_spec(v, ch[v]), g.tensor(ti).dtype);
     }
     return cost::peak_memory(b.live, bytes).first;
   };
@@ -1087,18 +1274,39 @@ SpmdPlan spmd_search(const ir::Graph& g, const cluster::Cluster& cl, const clust
         for (ir::OpId c : consumers[m.leaf_tensor[v - m.n_ops]]) first = std::min(first, op_anchor[c]);
         order_pos[v] = 4 * first;
       }
+      auto account = [&](const O2Stats& st) {
+        rep.ilp_variables = std::max(rep.ilp_variables, st.max_ilp_variables);
+        rep.ilp_constraints = std::max(rep.ilp_constraints, st.max_ilp_constraints);
+        rep.ilp_solves += st.ilp_solves;
+        rep.segments = st.segments;
+        if (oo.start.empty())
+          rep.reused_segments = st.reused_segments;  // the DP's (a refinement reuses none)
+        rep.refine_moves += st.refine_moves;
+        rep.o2_dp_seconds += st.dp_seconds;
+        rep.o2_refine_seconds += st.refine_seconds;
+        rep.status = worse_status(rep.status, st.worst_status);
+        rep.gap = std::max(rep.gap, st.max_gap);
+      };
       O2Stats st;
-      sol = solve_o2(p, m.n_ops, succ, weight, order_pos, oo, &st);
-      rep.ilp_variables = std::max(rep.ilp_variables, st.max_ilp_variables);
-      rep.ilp_constraints = std::max(rep.ilp_constraints, st.max_ilp_constraints);
-      rep.ilp_solves += st.ilp_solves;
-      rep.segments = st.segments;
-      rep.reused_segments = st.reused_segments;
-      rep.refine_moves += st.refine_moves;
-      rep.o2_dp_seconds += st.dp_seconds;
-      rep.o2_refine_seconds += st.refine_seconds;
-      rep.status = worse_status(rep.status, st.worst_status);
-      rep.gap = std::max(rep.gap, st.max_gap);
+      if (!has_pairs(m)) {
+        sol = solve_o2(p, m.n_ops, succ, weight, order_pos, oo, &st);
+        account(st);
+      } else {
+        // Shared-resharding pairs: the DP stitches segments by their end node's strategy, and a
+        // pair chosen for the readers of one segment is a poor guess for a tensor read across
+        // many (GPT 1 layer, 2x4: 1.55x the plan without pairs). So the DP runs without the
+        // pairs, and the refinement then re-solves its windows with them, starting from that plan:
+        // never costlier than the search without shared resharding.
+        sol = solve_o2(without_pairs(p, m), m.n_ops, succ, weight, order_pos, oo, &st);
+        account(st);
+        if (sol.has_solution()) {
+          oo.start = sol.choice;
+          O2Stats rs;
+          ProblemSolution r = solve_o2(p, m.n_ops, succ, weight, order_pos, oo, &rs);
+          account(rs);
+          if (r.has_solution() && r.cost <= sol.cost) sol = std::move(r);
+        }
+      }
     }
     return sol;
   };
@@ -1268,24 +1476,32 @@ SpmdPlan spmd_search(const ir::Graph& g, const cluster::Cluster& cl, const clust
   plan.tensor_specs.assign(g.tensors().size(), std::nullopt);
   std::map<ir::TensorId, ShardingSpec> leaf_specs;
   std::vector<std::vector<AxisAssign>> op_axes(m.n_ops);
+  plan.shared_specs.assign(g.tensors().size(), std::nullopt);
   for (int o = 0; o < m.n_ops; ++o) {
-    plan.op_strategies[o] = m.op_strats[o][choice[o]];
+    plan.op_strategies[o] = m.op_strategy(o, choice[o]);
     op_axes[o] = plan.op_strategies[o].axes;
     for (int i = 0; i < static_cast<int>(g.op(o).outputs.size()); ++i)
       plan.tensor_specs[g.op(o).outputs[i]] = plan.op_strategies[o].outputs[i];
   }
   for (int v = m.n_ops; v < m.num_nodes(); ++v) {
     const ir::TensorId ti = m.leaf_tensor[v - m.n_ops];
-    plan.tensor_specs[ti] = m.leaf_specs[v - m.n_ops][choice[v]];
+    plan.tensor_specs[ti] = m.leaf_spec(v, choice[v]);
     leaf_specs.emplace(ti, *plan.tensor_specs[ti]);
   }
+  for (int v = 0; v < m.num_nodes(); ++v)
+    if (const ShardingSpec* a = m.shared(v, choice[v]))
+      plan.shared_specs[v < m.n_ops ? g.op(v).outputs[static_cast<std::size_t>(m.shared_slot[v])]
+                                    : m.leaf_tensor[v - m.n_ops]] = *a;
   const Evaluation ev = evaluate(b.problem, choice);
+  // Node costs hold compute (ops only; a leaf's is a tie-break) and out_conv's resharding (any
+  // node: output_specs, shared layouts), which is communication.
   plan.compute_time = 0;
   double out_conv = 0;
-  for (int v = 0; v < m.num_nodes(); ++v)
-    if (!b.out_conv[v].empty()) out_conv += b.out_conv[v][choice[v]];
-  for (int o = 0; o < m.n_ops; ++o) plan.compute_time += b.problem.node_cost[o][choice[o]];
-  plan.compute_time -= out_conv;
+  for (int v = 0; v < m.num_nodes(); ++v) {
+    const double conv = b.out_conv[v].empty() ? 0.0 : b.out_conv[v][choice[v]];
+    out_conv += conv;
+    if (v < m.n_ops) plan.compute_time += b.problem.node_cost[v][choice[v]] - conv;
+  }
   plan.comm_time = ev.edge_cost + out_conv;
   plan.cost = plan.compute_time + plan.comm_time;
   {
@@ -1311,7 +1527,8 @@ SpmdPlan spmd_search(const ir::Graph& g, const cluster::Cluster& cl, const clust
 
 PlanEvaluation evaluate_plan(const ir::Graph& g, const cluster::Cluster& cl, const cluster::DeviceMesh& mesh,
                              const std::vector<std::vector<AxisAssign>>& op_axes,
-                             const std::map<ir::TensorId, ShardingSpec>& leaf_specs) {
+                             const std::map<ir::TensorId, ShardingSpec>& leaf_specs,
+                             const std::map<ir::TensorId, ShardingSpec>& shared_specs) {
   WEFT_CHECK(op_axes.size() == g.ops().size(), "evaluate_plan: {} op assignments for {} ops", op_axes.size(),
              g.ops().size());
   const auto device = mesh_device(cl, mesh);
@@ -1343,18 +1560,28 @@ PlanEvaluation evaluate_plan(const ir::Graph& g, const cluster::Cluster& cl, con
         out.collectives[sharding::collective_name(step.kind)]++;
     if (pl.time > 0) out.edges.push_back(fmt::format("{}: {}", what, pl.to_string()));
   };
+  // A shared layout is made once; the readers that need exactly it read it for free.
+  for (const auto& [t, a] : shared_specs) {
+    WEFT_CHECK(t >= 0 && t < static_cast<ir::TensorId>(spec.size()) && spec[t].has_value(),
+               "evaluate_plan: shared layout of unknown or unused tensor {}", t);
+    charge(t, *spec[t], a, g.tensor(t).dtype,
+           fmt::format("{} -> shared {}", g.tensor(t).name, a.to_string()));
+  }
+  auto read = [&](ir::TensorId t, const ShardingSpec& to, DType dt, const std::string& what) {
+    if (auto it = shared_specs.find(t); it != shared_specs.end() && it->second == to) return;
+    charge(t, *spec[t], to, dt, what);
+  };
   for (int o = 0; o < static_cast<int>(g.ops().size()); ++o) {
     const auto& op = g.op(o);
     for (int i = 0; i < static_cast<int>(op.inputs.size()); ++i) {
       const ir::TensorId t = op.inputs[i];
       WEFT_CHECK(spec[t].has_value(), "evaluate_plan: leaf tensor '{}' has no spec", g.tensor(t).name);
-      charge(t, *spec[t], st[o].inputs[i], g.tensor(t).dtype,
-             fmt::format("{} -> {}", g.tensor(t).name, op.name));
+      read(t, st[o].inputs[i], g.tensor(t).dtype, fmt::format("{} -> {}", g.tensor(t).name, op.name));
     }
   }
   for (const auto& [t, leaf] : carried_results(g))
-    charge(t, *spec[t], *spec[leaf], g.tensor(leaf).dtype,
-           fmt::format("{} -> next step {}", g.tensor(t).name, g.tensor(leaf).name));
+    read(t, *spec[leaf], g.tensor(leaf).dtype,
+         fmt::format("{} -> next step {}", g.tensor(t).name, g.tensor(leaf).name));
   std::vector<double> bytes(g.tensors().size(), 0.0);
   for (std::size_t t = 0; t < bytes.size(); ++t)
     bytes[t] =
@@ -1368,11 +1595,14 @@ PlanEvaluation evaluate_plan(const ir::Graph& g, const cluster::Cluster& cl, con
                              const SpmdPlan& plan) {
   std::vector<std::vector<AxisAssign>> axes;
   for (const auto& s : plan.op_strategies) axes.push_back(s.axes);
-  std::map<ir::TensorId, ShardingSpec> leaves;
-  for (ir::TensorId t = 0; t < static_cast<ir::TensorId>(g.tensors().size()); ++t)
+  std::map<ir::TensorId, ShardingSpec> leaves, shared;
+  for (ir::TensorId t = 0; t < static_cast<ir::TensorId>(g.tensors().size()); ++t) {
     if (g.tensor(t).producer == ir::kNoOp && plan.tensor_specs.at(t))
       leaves.emplace(t, *plan.tensor_specs[t]);
-  return evaluate_plan(g, cl, mesh, axes, leaves);
+    if (static_cast<std::size_t>(t) < plan.shared_specs.size() && plan.shared_specs[t])
+      shared.emplace(t, *plan.shared_specs[t]);
+  }
+  return evaluate_plan(g, cl, mesh, axes, leaves, shared);
 }
 
 }  // namespace weft::spmd

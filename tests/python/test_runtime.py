@@ -48,7 +48,10 @@ MEGATRON["wte"] = "S(0)"
 
 def megatron_spmd(step, cluster):
     mesh = weft.DeviceMesh([4], range(4))
-    result = weft.spmd_search(step, cluster, mesh, level="O2", time_limit=10, fixed_specs=MEGATRON)
+    # Each reader priced alone, so the row-parallel partial sums are all-reduced as Megatron does
+    # (shared resharding reduce-scatters them once for their readers here).
+    result = weft.spmd_search(step, cluster, mesh, level="O2", time_limit=10, fixed_specs=MEGATRON,
+                              shared_resharding=False)
     return weft.lower_spmd(step, cluster, mesh, result)
 
 

@@ -27,7 +27,14 @@ def test_small_model_large_batch_is_data_parallel(m8):
 
     g = wm.gpt(layers=1, hidden=256, heads=4, batch=128, seq=128, vocab=512).train_step()
     mesh = weft.DeviceMesh.iota([1, 8])
-    r = weft.spmd_search(g, m8, mesh)
+    # Priced per reader (each reader pays its own resharding) the optimum is pure data parallelism.
+    # With shared resharding it is 0.8 % cheaper (3.080 vs 3.106 ms): one gradient is moved to a
+    # hidden-split layout by one all-to-all that its readers share; parameters stay replicated.
+    shared = weft.spmd_search(g, m8, mesh)
+    r = weft.spmd_search(g, m8, mesh, shared_resharding=False)
+    assert shared.cost <= r.cost * (1 + 1e-9)
+    assert set(shared.param_specs.values()) == {"R R"}
+    assert weft.spmd.evaluate_plan(shared, m8)["cost"] == pytest.approx(shared.cost, rel=1e-9)
     # Every parameter stays replicated; every op is split 8 ways (over the batch: the only
     # factor every op has), so the only communication is the gradient reduction.
     assert r.param_specs and set(r.param_specs.values()) == {"R R"}

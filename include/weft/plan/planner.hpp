@@ -75,6 +75,7 @@ struct PlanOptions {
   SpmdLevel spmd_level = SpmdLevel::O2;
   double spmd_time_limit_s = 2;     // per SPMD search (one block on one mesh)
   double spmd_relative_gap = 0.02;  // per ILP of an SPMD search
+  bool shared_resharding = true;    // spmd::SearchOptions::shared_resharding in every SPMD search
   // Whole planning: at the deadline no new SPMD search starts, no more candidates are simulated,
   // and the best plan so far is returned (Plan::search_status "timeout"; within 1.5 × the limit +
   // 0.5 s); weft::Error only when no plan was found by then.

@@ -49,6 +49,9 @@ struct O2Options {
   // no complete assignment yet); during the refinement it returns the refined-so-far assignment
   // (feasible, never costlier than the DP's) with status Timeout.
   StopToken stop;
+  // Non-empty (one strategy per node): no DP, the refinement starts from this assignment (the
+  // search refines the plan found without shared-resharding pairs on the problem with them).
+  std::vector<int> start;
 };
 
 struct O2Stats {

@@ -71,6 +71,14 @@ struct SearchOptions {
   // by bisection (the smallest price whose plan fits), each probe a row-free O2 solve (cached
   // by identical layers) — and fall back to the memory rows only when no price makes it fit.
   bool o2_memory_pricing = true;
+  // Shared resharding (autoparallel's alias nodes, made pairwise): a tensor read by several ops
+  // may be resharded once into a layout a that several of them need; its producer's strategy s
+  // then becomes the pair (s, a), paying the resharding P_s -> a once, and every reader whose
+  // operand spec is a reads it for free (the others reshard from P_s as before). Without it each
+  // reader pays its own resharding. The lowering shares such layouts anyway (one buffer per
+  // distinct layout of a value).
+  bool shared_resharding = true;
+  int shared_layouts_per_tensor = 2;  // candidate layouts a per tensor (the largest saving first)
   std::map<std::string, std::string> fixed_specs;  // tensor name -> spec text, forced
   // tensor name -> spec text its readers outside the graph need (a block's outputs read by the
   // next block): the producer pays the resharding to it, counted as communication.
@@ -128,6 +136,9 @@ struct SearchReport {
 struct SpmdPlan {
   std::vector<OpStrategy> op_strategies;                            // per op id
   std::vector<std::optional<sharding::ShardingSpec>> tensor_specs;  // per tensor: produced/chosen spec
+  // Per tensor: the layout it is resharded to once for every reader that needs exactly it
+  // (SearchOptions::shared_resharding); empty = each reader reshards on its own.
+  std::vector<std::optional<sharding::ShardingSpec>> shared_specs;
   double cost = 0, compute_time = 0, comm_time = 0, peak_memory = 0;
   SearchReport report;
   // Spec text of a tensor by name (throws weft::Error for an unknown/unused tensor).
@@ -149,10 +160,13 @@ struct PlanEvaluation {
   // (after attention and after the MLP) and two activation gradients in backward.
   std::vector<ir::TensorId> partial_reductions;
 };
+// shared_specs (optional): tensor -> the layout it is resharded to once (SpmdPlan::shared_specs);
+// readers needing exactly it read it for free.
 PlanEvaluation evaluate_plan(const ir::Graph& g, const cluster::Cluster& cluster,
                              const cluster::DeviceMesh& mesh,
                              const std::vector<std::vector<AxisAssign>>& op_axes,
-                             const std::map<ir::TensorId, sharding::ShardingSpec>& leaf_specs);
+                             const std::map<ir::TensorId, sharding::ShardingSpec>& leaf_specs,
+                             const std::map<ir::TensorId, sharding::ShardingSpec>& shared_specs = {});
 PlanEvaluation evaluate_plan(const ir::Graph& g, const cluster::Cluster& cluster,
                              const cluster::DeviceMesh& mesh, const SpmdPlan& plan);
 
