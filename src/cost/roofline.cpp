@@ -9,18 +9,21 @@
 namespace weft::cost {
 
 RooflineTime roofline(double flops, double bytes, DType dtype, const cluster::Device& dev,
-                      const Calibration& cal) {
+                      const Calibration& cal, const GemmShape* gemm) {
   WEFT_CHECK(flops >= 0 && bytes >= 0, "roofline needs flops >= 0 and bytes >= 0 (got {}, {})", flops, bytes);
   RooflineTime r;
-  // calibrated(dev.spec, cal) without copying the spec (this runs per op in the hetero evaluator)
+  // calibrated(dev.spec, cal) without copying the spec (this runs per op in the hetero evaluator):
+  // a calibrated curve replaces the preset's, a calibrated constant its ceiling (the shape terms
+  // stay).
   const auto& s = dev.spec;
-  double ceiling = s.matmul(dtype).ceiling;
+  cluster::MatmulEfficiency me = s.matmul(dtype);
   if (const cluster::MatmulEfficiency* m = cal.given_matmul(s.kind, dtype))
-    ceiling = m->ceiling;
+    me = *m;
   else if (auto e = cal.given_compute_eff(s.kind, dtype))
-    ceiling = *e;
+    me.ceiling = *e;
+  const double eff = gemm ? me.at(gemm->parallel(), gemm->k) : me.ceiling;
   const double mem_eff = cal.given_memory_eff(s.kind).value_or(s.memory_efficiency);
-  r.compute = flops > 0 ? flops / (s.peak(dtype) * ceiling) : 0.0;
+  r.compute = flops > 0 ? flops / (s.peak(dtype) * eff) : 0.0;
   r.memory = bytes / (s.memory_bandwidth * mem_eff);
   r.total = std::max(r.compute, r.memory) + cal.kernel_overhead.value_or(s.kernel_overhead);
   return r;

@@ -33,6 +33,7 @@
 #include "weft/cluster/device_mesh.hpp"
 #include "weft/core/error.hpp"
 #include "weft/cost/collectives.hpp"
+#include "weft/cost/gemm_shape.hpp"
 #include "weft/cost/memory.hpp"
 #include "weft/cost/op_cost.hpp"
 #include "weft/cost/roofline.hpp"
@@ -165,6 +166,16 @@ ModelProfile ModelProfile::from_builder(const std::function<ir::Graph(std::int64
     std::tie(o.f0, o.f1) = affine(a.flops(), b.flops());
     std::tie(o.b0, o.b1) = affine(op_bytes(g1, a), op_bytes(g2, b));
     o.dtype = cost::compute_dtype(g1, a);
+    auto whole = [](const ir::Op& op) {  // one device runs all of it
+      std::vector<double> sz;
+      for (const auto& f : op.index_map.factors) sz.push_back(static_cast<double>(f.size));
+      return cost::gemm_shape(op, sz);
+    };
+    if (const auto s1 = whole(a), s2 = whole(b); s1 && s2) {
+      o.gemm = true;
+      std::tie(o.p0, o.p1) = affine(s1->parallel(), s2->parallel());
+      std::tie(o.k0, o.k1) = affine(s1->k, s2->k);
+    }
     const bool opt = a.kind == ir::OpKind::AdamUpdate || a.kind == ir::OpKind::SgdUpdate;
     o.phase = i < nf ? 0 : (opt ? 2 : 1);
     o.group = i < nf ? fgroup[i] : group_of(a.name);
@@ -259,8 +270,11 @@ double sum_time(const std::vector<ModelProfile::OpLine>& ops, double b, const cl
                 const cost::Calibration& cal, Pred pred) {
   WEFT_CHECK(b >= 0, "batch must be >= 0 (got {})", b);
   double t = 0;
-  for (const auto& o : ops)
-    if (pred(o)) t += cost::roofline(o.f0 + o.f1 * b, o.b0 + o.b1 * b, o.dtype, d, cal).total;
+  for (const auto& o : ops) {
+    if (!pred(o)) continue;
+    const cost::GemmShape shape{1, o.p0 + o.p1 * b, 1, o.k0 + o.k1 * b};
+    t += cost::roofline(o.f0 + o.f1 * b, o.b0 + o.b1 * b, o.dtype, d, cal, o.gemm ? &shape : nullptr).total;
+  }
   return t;
 }
 }  // namespace

@@ -6,6 +6,7 @@
 #include "weft/cluster/cluster.hpp"
 #include "weft/core/dtype.hpp"
 #include "weft/cost/calibration.hpp"
+#include "weft/cost/gemm_shape.hpp"
 
 namespace weft::cost {
 
@@ -16,8 +17,10 @@ struct RooflineTime {
   bool compute_bound() const { return compute >= memory; }
 };
 
+// gemm: the op's GEMM shape (cost/gemm_shape.hpp), whose matmul efficiency then applies (the
+// calibration's curve or ceiling where it gives one); nullptr: the ceiling alone.
 RooflineTime roofline(double flops, double bytes, DType dtype, const cluster::Device& device,
-                      const Calibration& cal = {});
+                      const Calibration& cal = {}, const GemmShape* gemm = nullptr);
 double compute_time(double flops, double bytes, DType dtype, const cluster::Device& device,
                     const Calibration& cal = {});
 

@@ -160,6 +160,10 @@ class ModelProfile {
 
   struct OpLine {
     double f0 = 0, f1 = 0, b0 = 0, b1 = 0;  // flops = f0 + f1·b, bytes = b0 + b1·b
+    // A GEMM's shape (cost/gemm_shape.hpp) as lines too: output elements p0 + p1·b, contraction
+    // k0 + k1·b (a weight gradient contracts over the batch), so its matmul efficiency follows b.
+    bool gemm = false;
+    double p0 = 0, p1 = 0, k0 = 0, k1 = 0;
     DType dtype = DType::F32;
     int group = 0;
     std::uint8_t phase = 0;  // 0 forward, 1 backward, 2 optimizer
