@@ -478,3 +478,39 @@ TEST_CASE("exec program: data-parallel replicas and micro-batches (gradient accu
     }
   }
 }
+
+TEST_CASE("exec program: a partial sum two ops read is reduced once, as shared resharding prices it") {
+  // x = a·b with the contraction split (a, b stored split along it) is a partial sum; relu and exp
+  // read it. The lowering makes each layout of a value once, so the executed reduction equals
+  // the one-reader graph's; the search prices it once too (shared resharding), where it charged
+  // each reader before.
+  auto build = [](bool two_readers) {
+    ir::Graph g;
+    auto x = g.matmul(g.input("a", {16, 64}), g.parameter("b", {64, 32}), "x");
+    g.unary(ir::UnaryFn::Relu, x, "y1");
+    if (two_readers) g.unary(ir::UnaryFn::Exp, x, "y2");
+    return g;
+  };
+  auto so = test::quick_search();
+  so.fixed_specs = {{"a", "S(1)"}, {"b", "S(0)"}};
+  std::map<std::string, std::int64_t> sent[2];
+  for (bool two : {false, true}) {
+    const auto g = build(two);
+    auto r = run_search(g, {4}, so);
+    CHECK(r.diff < 1e-10);
+    for (const auto& s : r.dist.ranks)
+      for (const auto& [kind, b] : s.bytes_sent) sent[two][kind] += b;
+    if (two) {
+      const auto plan = spmd::spmd_search(g, m8(), cluster::DeviceMesh::iota({4}), so);
+      CHECK(plan.shared_specs.at(*g.find_tensor("x")).has_value());
+      const auto ev = spmd::evaluate_plan(g, m8(), cluster::DeviceMesh::iota({4}), plan);
+      int x_edges = 0;
+      for (const auto& e : ev.edges) x_edges += e.rfind("x -> ", 0) == 0;
+      CHECK(x_edges == 1);
+    }
+  }
+  CHECK(!sent[0].empty());
+  CHECK(sent[1] == sent[0]);
+  MESSAGE(fmt::format("reduction bytes sent, one reader {} / two readers {}", fmt::join(sent[0], ", "),
+                      fmt::join(sent[1], ", ")));
+}
