@@ -5,7 +5,9 @@
 #include <pybind11/stl.h>
 
 #include <map>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "interruptible.hpp"
 #include "weft/core/error.hpp"
@@ -70,6 +72,15 @@ py::dict report_dict(const SearchReport& r) {
   return d;
 }
 
+// Tensor name -> spec text for the tensors that have one (SpmdPlan::tensor_specs / shared_specs).
+std::map<std::string, std::string> specs_by_name(
+    const std::vector<std::optional<sharding::ShardingSpec>>& specs, const ir::Graph& g) {
+  std::map<std::string, std::string> out;
+  for (std::size_t t = 0; t < specs.size(); ++t)
+    if (specs[t]) out[g.tensors()[t].name] = specs[t]->to_string();
+  return out;
+}
+
 }  // namespace
 
 void bind_spmd(py::module_& root) {
@@ -89,12 +100,7 @@ void bind_spmd(py::module_& root) {
       .def_readonly("report", &SpmdPlan::report)
       .def(
           "tensor_specs",
-          [](const SpmdPlan& p, const ir::Graph& g) {
-            std::map<std::string, std::string> out;
-            for (std::size_t t = 0; t < p.tensor_specs.size(); ++t)
-              if (p.tensor_specs[t]) out[g.tensors()[t].name] = p.tensor_specs[t]->to_string();
-            return out;
-          },
+          [](const SpmdPlan& p, const ir::Graph& g) { return specs_by_name(p.tensor_specs, g); },
           py::arg("graph"), "Spec text of every tensor by name.")
       .def(
           "op_strategies",
@@ -108,12 +114,7 @@ void bind_spmd(py::module_& root) {
           py::arg("graph"), py::arg("mesh"), "The chosen factor-to-axis assignment of every op by name.")
       .def(
           "shared_specs",
-          [](const SpmdPlan& p, const ir::Graph& g) {
-            std::map<std::string, std::string> out;
-            for (std::size_t t = 0; t < p.shared_specs.size(); ++t)
-              if (p.shared_specs[t]) out[g.tensors()[t].name] = p.shared_specs[t]->to_string();
-            return out;
-          },
+          [](const SpmdPlan& p, const ir::Graph& g) { return specs_by_name(p.shared_specs, g); },
           py::arg("graph"),
           "Tensor name -> the layout it is resharded to once for every reader that needs exactly it (shared "
           "resharding); tensors whose readers reshard on their own are absent.")
