@@ -694,8 +694,12 @@ sim::Pipeline pipeline_of(const Plan& p) {
       const int d = vee && c == 1 ? S - 1 - i : i;  // the plan stage (device) of logical stage c·S + i
       const auto& st = p.stages[d];
       sim::StageSpec ss;
-      ss.forward_time = st.forward_time / v;
-      ss.backward_time = (split ? st.backward_time - st.weight_time : st.backward_time) / v;
+      // The replica collectives run on the devices' streams: the times less what they hold of them
+      // (nothing in plans without collectives).
+      const ReplicaComm& rc = st.replica;
+      ss.forward_time = std::max(0.0, st.forward_time - rc.in_forward) / v;
+      ss.backward_time =
+          std::max(0.0, (split ? st.backward_time - st.weight_time : st.backward_time) - rc.in_backward) / v;
       ss.weight_time = split ? st.weight_time / v : 0.0;
       if (vee)  // down the V over boundary d, the tip (stage S−1 → S) stays on its device
         ss.activation_bytes = c == 0 ? (d + 1 < S ? std::max(1.0, p.boundary_bytes[d]) : 1.0)
@@ -709,19 +713,11 @@ sim::Pipeline pipeline_of(const Plan& p) {
         ss.activation_bytes = 1.0;
       ss.activation_memory = st.activation_memory / v;
       ss.static_memory = (st.static_memory + st.transient_memory) / v;
-      ss.optimizer_time = st.optimizer_time / v;
-      if (st.replica.collectives.any()) {  // run on the streams instead of folded into the times
-        const ReplicaComm& rc = st.replica;
-        ss.forward_time = std::max(0.0, st.forward_time - rc.in_forward) / v;
-        ss.backward_time =
-            std::max(0.0, (split ? st.backward_time - st.weight_time : st.backward_time) - rc.in_backward) /
-            v;
-        ss.optimizer_time = std::max(0.0, st.optimizer_time - rc.in_optimizer) / v;
-        ss.replica = rc.collectives;
-        for (double* x : {&ss.replica.gather_forward, &ss.replica.gather_backward,
-                          &ss.replica.reduce_backward, &ss.replica.step_sync, &ss.replica.step_gather})
-          *x /= v;
-      }
+      ss.optimizer_time = std::max(0.0, st.optimizer_time - rc.in_optimizer) / v;
+      ss.replica = rc.collectives;
+      for (double* x : {&ss.replica.gather_forward, &ss.replica.gather_backward, &ss.replica.reduce_backward,
+                        &ss.replica.step_sync, &ss.replica.step_gather})
+        *x /= v;
       pipe.stages.push_back(ss);
     }
   // Links: link d joins device d and d + 1; its transfer takes exactly send_time[d].

@@ -104,10 +104,9 @@ StageAgg with_replicas(const StageAgg& a, int level, const ReplicaLinks& l, doub
   // The same collectives for the simulator's communication streams (sim::ReplicaCollectives): the
   // overlap units of the rule above, and what the times hold of each collective.
   auto unit = [&](double u) { return o.overlap_grad_sync ? std::clamp(u, 1e-12, 1.0) : 1.0; };
+  r.replica = {};
   sim::ReplicaCollectives& rc = r.replica.collectives;
-  rc = {};
   rc.prefetch = o.overlap_grad_sync;
-  r.replica.in_forward = r.replica.in_backward = r.replica.in_optimizer = 0;
   auto step_sync = [&](double sync, double grads) {  // bucketed with the last backward
     rc.step_sync = sync;
     rc.sync_unit = unit(grads > 0 ? o.grad_bucket_bytes / grads : 1.0);
@@ -197,7 +196,7 @@ StageAgg with_mixed_zero(const StageAgg& a, int base, const std::vector<int>& se
                         {&c.reduce_unit, &c3.reduce_unit},
                         {&c.sync_unit, &c3.sync_unit}})
       *x = mix(*x, *y);
-    c.gather_unit = c.prefetch && p3 > 0 ? std::clamp(largest / p3, 1e-12, 1.0) : 1.0;
+    c.gather_unit = o.overlap_grad_sync && p3 > 0 ? std::clamp(largest / p3, 1e-12, 1.0) : 1.0;
     r.replica.in_forward = mix(r.replica.in_forward, all3.replica.in_forward);
     r.replica.in_backward = mix(r.replica.in_backward, all3.replica.in_backward);
     r.replica.in_optimizer = mix(r.replica.in_optimizer, all3.replica.in_optimizer);

@@ -340,6 +340,11 @@ SimResult simulate(const Schedule& sch, const Pipeline& pipe, const SimOptions& 
       std::push_heap(heap.begin(), heap.end(), std::greater<>{});
     }
   };
+  // Seconds to move `amount` at nominal rate `rate` from time t under a trace (read at absolute time).
+  auto on_trace = [&](const cluster::BandwidthTrace& tr, double t, double amount, double rate) {
+    return tr.is_constant() ? amount / (rate * tr.fractions()[0])
+                            : tr.transfer_seconds(t + off, amount, rate);
+  };
   std::vector<std::int32_t> ready;  // tasks whose last predecessor (or start edge) has fired
   auto launch = [&](std::int32_t t, double now) {
     const auto ti = static_cast<std::size_t>(t);
@@ -348,18 +353,12 @@ SimResult simulate(const Schedule& sch, const Pipeline& pipe, const SimOptions& 
       e = now + L.amount[ti];
     } else if (t >= n_xfer_end) {  // a replica collective: seconds at nominal bandwidth
       const double secs = L.amount[ti];
-      e = secs == 0              ? now
-          : rtrace.is_constant() ? now + secs / rtrace.fractions()[0]
-                                 : now + rtrace.transfer_seconds(now + off, secs, 1.0);
+      e = secs == 0 ? now : now + on_trace(rtrace, now, secs, 1.0);
     } else {
       const auto w = static_cast<std::size_t>(L.wire[ti]);
       const double bytes = L.amount[ti];
-      if (bytes == 0 || wire_bw[w] >= 1e299)
-        e = now + wire_lat[w];
-      else if (wire_trace[w]->is_constant())
-        e = now + wire_lat[w] + bytes / (wire_bw[w] * wire_trace[w]->fractions()[0]);
-      else
-        e = now + wire_lat[w] + wire_trace[w]->transfer_seconds(now + off + wire_lat[w], bytes, wire_bw[w]);
+      e = now + wire_lat[w];
+      if (bytes != 0 && wire_bw[w] < 1e299) e += on_trace(*wire_trace[w], e, bytes, wire_bw[w]);
     }
     start[ti] = now;
     dur[ti] = e - now;

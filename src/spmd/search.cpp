@@ -425,12 +425,6 @@ struct Built {
 
 bool add_memory_rows(Built& b, const Model& m, double memory_limit, const StopToken& stop = {});
 
-bool has_pairs(const Model& m) {
-  for (const auto& v : m.pair_base)
-    if (!v.empty()) return true;
-  return false;
-}
-
 // The problem without the shared-resharding pairs (each node's own strategies, which come first).
 StrategyProblem without_pairs(const StrategyProblem& p, const Model& m) {
   StrategyProblem q;
@@ -690,6 +684,14 @@ Built build_problem(Model& m, ReshardCosts& rc, double memory_limit, const Searc
       for (int k = 0; k < nin; ++k) in_ids[v][k][s] = id_of(m.op_strats[v][s].inputs[k]);
   }
   std::unordered_map<std::uint64_t, double> pair_time;
+  auto spec_time = [&](int from, int to, int elem) {  // resharding time between two interned specs
+    const std::uint64_t key = (static_cast<std::uint64_t>(from) << 36) |
+                              (static_cast<std::uint64_t>(to) << 8) | static_cast<std::uint64_t>(elem);
+    auto it = pair_time.find(key);
+    if (it == pair_time.end())
+      it = pair_time.emplace(key, from == to ? 0.0 : rc.time(*spec_by_id[from], *spec_by_id[to], elem)).first;
+    return it->second;
+  };
   std::vector<int> local_f(spec_by_id.size(), -1), local_t(spec_by_id.size(), -1);
   // An edge's matrix depends only on the two lists' classes, the slots and the element size:
   // edges between nodes of the same classes (the repeated layers) copy the first one's.
@@ -728,16 +730,7 @@ Built build_problem(Model& m, ReshardCosts& rc, double memory_limit, const Searc
     for (int x : ts) local_t[x] = -1;
     std::vector<double> dist(fs.size() * ts.size());
     for (std::size_t a = 0; a < fs.size(); ++a)
-      for (std::size_t c = 0; c < ts.size(); ++c) {
-        const std::uint64_t key = (static_cast<std::uint64_t>(fs[a]) << 36) |
-                                  (static_cast<std::uint64_t>(ts[c]) << 8) | static_cast<std::uint64_t>(elem);
-        auto it = pair_time.find(key);
-        if (it == pair_time.end())
-          it = pair_time
-                   .emplace(key, fs[a] == ts[c] ? 0.0 : rc.time(*spec_by_id[fs[a]], *spec_by_id[ts[c]], elem))
-                   .first;
-        dist[a * ts.size() + c] = it->second;
-      }
+      for (std::size_t c = 0; c < ts.size(); ++c) dist[a * ts.size() + c] = spec_time(fs[a], ts[c], elem);
     for (int s = 0; s < su; ++s)
       for (int t = 0; t < sv; ++t) {
         const double c = dist[static_cast<std::size_t>(fi[s]) * ts.size() + ti[t]];
@@ -751,18 +744,8 @@ Built build_problem(Model& m, ReshardCosts& rc, double memory_limit, const Searc
       ++b.n_edges;
     }
   }
-  if (opt.shared_resharding) {
-    auto spec_time = [&](int from, int to, int elem) {
-      const std::uint64_t key = (static_cast<std::uint64_t>(from) << 36) |
-                                (static_cast<std::uint64_t>(to) << 8) | static_cast<std::uint64_t>(elem);
-      auto it = pair_time.find(key);
-      if (it == pair_time.end())
-        it = pair_time.emplace(key, from == to ? 0.0 : rc.time(*spec_by_id[from], *spec_by_id[to], elem))
-                 .first;
-      return it->second;
-    };
+  if (opt.shared_resharding)
     share_reshardings(b, m, edge_use, out_ids, in_ids, spec_by_id, spec_time, opt.shared_layouts_per_tensor);
-  }
   b.live = cost::liveness(m.g, /*with_sets=*/false);  // sets only if memory rows are built
   if (memory_limit > 0) add_memory_rows(b, m, memory_limit);
   return b;
@@ -1288,7 +1271,7 @@ SpmdPlan spmd_search(const ir::Graph& g, const cluster::Cluster& cl, const clust
         rep.gap = std::max(rep.gap, st.max_gap);
       };
       O2Stats st;
-      if (!has_pairs(m)) {
+      if (m.shared_layouts.empty()) {  // no shared-resharding pair (every pair has a layout)
         sol = solve_o2(p, m.n_ops, succ, weight, order_pos, oo, &st);
         account(st);
       } else {

@@ -31,10 +31,6 @@ struct ReplicaCollectives {
   double gather_forward = 0, gather_backward = 0, reduce_backward = 0, step_sync = 0, step_gather = 0;
   double gather_unit = 1, reduce_unit = 1, sync_unit = 1;
   bool prefetch = true;
-  bool any() const {
-    return gather_forward > 0 || gather_backward > 0 || reduce_backward > 0 || step_sync > 0 ||
-           step_gather > 0;
-  }
   bool operator==(const ReplicaCollectives&) const = default;
 };
 
