@@ -38,7 +38,27 @@ py::dict tensor_dict(const Graph& g, TensorId t) {
   d["producer"] = ti.producer == kNoOp ? py::object(py::none()) : py::object(py::str(g.op(ti.producer).name));
   auto of = g.grad_of(t);
   d["grad_of"] = of ? py::object(py::int_(*of)) : py::object(py::none());
+  d["has_value"] = g.value(t) != nullptr;
   return d;
+}
+
+HostTensor host_of(const Graph& g, TensorId t, const py::handle& v) {
+  auto arr = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(v);
+  if (!arr) throw py::type_error("set_value: the value of '" + g.tensor(t).name + "' is not convertible to a numeric array");
+  HostTensor h;
+  for (py::ssize_t d = 0; d < arr.ndim(); ++d) h.shape.push_back(arr.shape(d));
+  h.data.assign(arr.data(), arr.data() + arr.size());
+  return h;
+}
+
+py::object value_array(const Graph& g, TensorId t) {
+  const LeafValue* v = g.value(t);
+  if (!v) return py::none();
+  HostTensor h = v->load();
+  std::vector<py::ssize_t> shape(h.shape.begin(), h.shape.end());
+  py::array_t<double> a(shape);
+  std::copy(h.data.begin(), h.data.end(), a.mutable_data());
+  return std::move(a);
 }
 
 py::dict op_dict(const Graph& g, OpId o) {
@@ -162,7 +182,48 @@ void bind_ir(py::module_& m) {
           [](Graph& g, std::string name, Shape shape, const std::string& dtype) {
             return g.constant(std::move(name), std::move(shape), weft::parse_dtype(dtype));
           },
-          py::arg("name"), py::arg("shape"), py::arg("dtype") = "f32", "A constant leaf (its value is fed).")
+          py::arg("name"), py::arg("shape"), py::arg("dtype") = "f32",
+          "A constant leaf: a value known when the graph is made (give it with set_value).")
+      .def(
+          "buffer",
+          [](Graph& g, std::string name, Shape shape, const std::string& dtype) {
+            return g.buffer(std::move(name), std::move(shape), weft::parse_dtype(dtype));
+          },
+          py::arg("name"), py::arg("shape"), py::arg("dtype") = "f32",
+          "A buffer leaf: state that is not trained (running statistics, position tables); give its value "
+          "with set_value.")
+      // ---- values the model carries
+      .def(
+          "set_value", [](Graph& g, TensorId t, const py::handle& v) { g.set_value(t, host_of(g, t, v)); },
+          py::arg("t"), py::arg("value"),
+          "Sets the value of a Parameter, Buffer or Constant leaf (a numeric array of its shape; stored as "
+          "float64, integral for integer tensors). ValueError naming the tensor otherwise.")
+      .def("set_value_file", &Graph::set_value_file, py::arg("t"), py::arg("file"), py::arg("key"),
+           "Names the value of a leaf as tensor `key` of the safetensors file `file` (read when an "
+           "executor needs it; a rank reads what its tiles need).")
+      .def("clear_value", &Graph::clear_value, py::arg("t"))
+      .def("value", &value_array, py::arg("t"),
+           "The value of leaf t as a float64 array (read from its file when file-backed), or None.")
+      .def(
+          "value_source",
+          [](const Graph& g, TensorId t) -> py::object {
+            const LeafValue* v = g.value(t);
+            if (!v) return py::none();
+            if (v->in_memory()) return py::str("memory");
+            return py::make_tuple(v->file, v->key);
+          },
+          py::arg("t"), "None, 'memory', or (file, key) for a file-backed value.")
+      .def_property_readonly(
+          "value_names",
+          [](const Graph& g) {
+            std::vector<std::string> out;
+            for (const auto& [t, v] : g.values()) out.push_back(g.tensor(t).name);
+            return out;
+          },
+          "Names of the leaves that carry a value.")
+      .def_property("seed_parameters", &Graph::seed_parameters, &Graph::set_seed_parameters,
+                    "Whether Parameters without a value may be initialised from the seed (graphs built in "
+                    "code: True; an imported module: False, its weights are its own).")
       // ---- ops
       .def("einsum", &Graph::einsum, py::arg("equation"), py::arg("operands"), py::arg("name") = "",
            "Einsum over any equation, e.g. 'bsh,hf->bsf'.")
@@ -293,10 +354,20 @@ void bind_ir(py::module_& m) {
       .def("dump", &Graph::dump)
       .def(
           "to_json",
-          [](const Graph& g, std::optional<int> indent) { return graph_to_json(g, indent.value_or(-1)); },
-          py::arg("indent") = py::none())
-      .def_static("from_json", &graph_from_json, py::arg("text"),
-                  "Loads and validates a graph (ValueError on bad input).")
+          [](const Graph& g, std::optional<int> indent, const std::string& sidecar, const std::string& sidecar_ref,
+             std::int64_t inline_limit) {
+            JsonValueOptions vo;
+            vo.sidecar_path = sidecar, vo.sidecar_ref = sidecar_ref, vo.inline_limit = inline_limit;
+            return graph_to_json(g, indent.value_or(-1), vo);
+          },
+          py::arg("indent") = py::none(), py::arg("sidecar") = "", py::arg("sidecar_ref") = "",
+          py::arg("inline_limit") = 4096,
+          "The graph as JSON, with its values: inline, or, given `sidecar` (a .safetensors path), those of "
+          "more than `inline_limit` elements in that file, named in the JSON as `sidecar_ref` (default: the "
+          "path). See Graph.save.")
+      .def_static("from_json", &graph_from_json, py::arg("text"), py::arg("base_dir") = "",
+                  "Loads and validates a graph (ValueError on bad input); `base_dir` resolves relative "
+                  "value-file paths.")
       .def("copy", [](const Graph& g) { return Graph(g); })
       .def("__eq__", [](const Graph& a, const Graph& b) { return a == b; })
       .def("__repr__", [](const Graph& g) {

@@ -77,7 +77,7 @@ ir::HostTensor from_numpy(const std::string& name, const py::handle& v) {
 }
 
 exec::ExecuteOptions make_options(int steps, std::uint64_t seed, const std::string& dtype,
-                                  const py::dict& inputs, double timeout_s) {
+                                  const py::dict& inputs, double timeout_s, bool seed_all_parameters) {
   WEFT_CHECK(steps >= 1, "execute: steps must be at least 1, got {}", steps);
   WEFT_CHECK(dtype == "f64" || dtype == "f32", "execute: dtype must be 'f64' or 'f32', got '{}'", dtype);
   WEFT_CHECK(timeout_s > 0, "execute: timeout_s must be positive, got {}", timeout_s);
@@ -86,6 +86,7 @@ exec::ExecuteOptions make_options(int steps, std::uint64_t seed, const std::stri
   o.seed = seed;
   o.dtype = parse_dtype(dtype);
   o.timeout_s = timeout_s;
+  o.seed_all_parameters = seed_all_parameters;
   for (auto [k, v] : inputs) {
     auto name = py::cast<std::string>(k);
     o.inputs[name] = from_numpy(name, v);
@@ -207,9 +208,21 @@ void bind_lower(py::module_& m) {
           "names), axis, group (ranks: a collective's group, a send's receivers, a recv's sender), reduce, "
           "axes, internal, microbatch (load-input), tag and region (send / recv: per dim [begin, end, "
           "...])}.")
-      .def("to_json", &Program::to_json)
+      .def(
+          "to_json",
+          [](const Program& p, const std::string& sidecar, const std::string& sidecar_ref, std::int64_t inline_limit) {
+            ir::JsonValueOptions vo;
+            vo.sidecar_path = sidecar, vo.sidecar_ref = sidecar_ref, vo.inline_limit = inline_limit;
+            return p.to_json(vo);
+          },
+          py::arg("sidecar") = "", py::arg("sidecar_ref") = "", py::arg("inline_limit") = 4096,
+          "The program as JSON. The graph's values are inline, or, with `sidecar` (a .safetensors path), "
+          "those of more than `inline_limit` elements go to that file, named in the JSON as `sidecar_ref` "
+          "(default: the path).")
       .def_static(
-          "from_json", [](const std::string& text) { return Program::from_json(text); }, py::arg("text"))
+          "from_json", [](const std::string& text, const std::string& base_dir) { return Program::from_json(text, base_dir); },
+          py::arg("text"), py::arg("base_dir") = "",
+          "A program from its JSON; `base_dir` resolves relative value-file paths.")
       .def("dump", &Program::dump, "Readable, one line per instruction, per rank.")
       .def(
           "dump_rank",
@@ -286,8 +299,8 @@ void bind_lower(py::module_& m) {
   m.def(
       "_execute_program",
       [](const Program& p, int steps, std::uint64_t seed, const std::string& dtype, const py::dict& inputs,
-         double timeout_s) {
-        const auto o = make_options(steps, seed, dtype, inputs, timeout_s);
+         double timeout_s, bool seed_all_parameters) {
+        const auto o = make_options(steps, seed, dtype, inputs, timeout_s, seed_all_parameters);
         exec::ExecutionResult r;
         {
           py::gil_scoped_release nogil;
@@ -296,12 +309,12 @@ void bind_lower(py::module_& m) {
         return result_dict(r);
       },
       py::arg("program"), py::arg("steps") = 3, py::arg("seed") = 0, py::arg("dtype") = "f64",
-      py::arg("inputs") = py::dict(), py::arg("timeout_s") = 30.0);
+      py::arg("inputs") = py::dict(), py::arg("timeout_s") = 30.0, py::arg("seed_all_parameters") = false);
   m.def(
       "_execute_reference",
       [](const ir::Graph& g, int steps, std::uint64_t seed, const std::string& dtype,
-         const py::dict& inputs) {
-        const auto o = make_options(steps, seed, dtype, inputs, 30.0);
+         const py::dict& inputs, bool seed_all_parameters) {
+        const auto o = make_options(steps, seed, dtype, inputs, 30.0, seed_all_parameters);
         exec::ExecutionResult r;
         {
           py::gil_scoped_release nogil;
@@ -310,5 +323,5 @@ void bind_lower(py::module_& m) {
         return result_dict(r);
       },
       py::arg("step"), py::arg("steps") = 3, py::arg("seed") = 0, py::arg("dtype") = "f64",
-      py::arg("inputs") = py::dict());
+      py::arg("inputs") = py::dict(), py::arg("seed_all_parameters") = false);
 }

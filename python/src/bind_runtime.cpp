@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -191,19 +192,22 @@ void bind_runtime(py::module_& m) {
 
   py::class_<exec::LeafValues>(
       m, "LeafValues",
-      "The counter-based values of a step's leaves: a pure function of (seed, tensor, "
-      "step, global element index), as the CPU executor initialises them.")
-      .def(py::init<const ir::Graph&, std::uint64_t>(), py::arg("graph"), py::arg("seed"),
-           py::keep_alive<1, 2>())
+      "The values of a step's leaves as every executor reads them: the values the graph carries "
+      "(in memory or in a value file, read for the call), else the seeded ones (a pure function of "
+      "(seed, tensor, step, global element index)). ValueError naming every leaf that needs a value "
+      "and has none.")
+      .def(py::init<const ir::Graph&, std::uint64_t, bool>(), py::arg("graph"), py::arg("seed"),
+           py::arg("seed_all_parameters") = false, py::keep_alive<1, 2>())
       .def(
           "values",
           [](const exec::LeafValues& v, ir::TensorId t, int step, const py::array_t<std::int64_t>& index) {
-            auto idx = index.unchecked<1>();
-            py::array_t<double> out(idx.shape(0));
-            auto o = out.mutable_unchecked<1>();
+            auto idx = py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>::ensure(index);
+            py::array_t<double> out(idx.size());
+            double* o = out.mutable_data();
+            const std::span<const std::int64_t> flat(idx.data(), static_cast<std::size_t>(idx.size()));
             {
               py::gil_scoped_release nogil;
-              for (py::ssize_t k = 0; k < idx.shape(0); ++k) o(k) = v.value(t, step, idx(k));
+              v.values(t, step, flat, o);
             }
             return out;
           },

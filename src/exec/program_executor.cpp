@@ -84,15 +84,14 @@ struct Slot {
 class Executor {
  public:
   Executor(const Program& p, const ExecuteOptions& opt)
-      : p_(p), opt_(opt), init_(p.graph, opt.seed), layout_(checked(p)) {
+      : p_(p), opt_(opt), init_(p.graph, opt.seed, opt.seed_all_parameters), layout_(checked(p)) {
     WEFT_CHECK(opt.dtype == DType::F64 || opt.dtype == DType::F32,
                "execute: dtype must be f64 or f32, got {}", dtype_name(opt.dtype));
     WEFT_CHECK(opt.steps >= 1, "execute: steps must be >= 1, got {}", opt.steps);
     const int nr = p.num_ranks();
     for (const auto& [name, v] : opt.inputs) {
       auto t = p.graph.find_tensor(name);
-      WEFT_CHECK(t && p.graph.tensor(*t).role == ir::Role::Input && p.graph.tensor(*t).producer == ir::kNoOp,
-                 "execute: inputs['{}'] is not an input of the graph", name);
+      check_input_name(p.graph, name, "execute");
       const auto want = layout_.global_input_shape(*t);
       WEFT_CHECK(v.shape == want && static_cast<std::int64_t>(v.data.size()) == v.numel(),
                  "execute: inputs['{}'] has shape {}, the input has {} (the global batch)", name, v.shape,
@@ -583,7 +582,8 @@ ExecutionResult execute_reference(const ir::Graph& g, const ExecuteOptions& opt)
              "execute_reference: dtype must be f64 or f32, got {}", dtype_name(opt.dtype));
   WEFT_CHECK(opt.steps >= 1, "execute_reference: steps must be >= 1, got {}", opt.steps);
   const auto t0 = Clock::now();
-  LeafValues init(g, opt.seed);
+  LeafValues init(g, opt.seed, opt.seed_all_parameters);
+  for (const auto& [name, v] : opt.inputs) check_input_name(g, name, "execute_reference");
   const auto n = g.tensors().size();
   std::vector<HostTensor> val(n);
   auto fill = [&](ir::TensorId t, int step) {

@@ -13,11 +13,14 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <cmath>
 #include <limits>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "weft/core/error.hpp"
 #include "weft/core/json_reader.hpp"
+#include "weft/ir/value_file.hpp"
 
 namespace weft::ir {
 namespace {
@@ -219,8 +222,9 @@ OpAttrs read_attrs(const json& j, const std::string& path) {
 
 }  // namespace
 
-std::string graph_to_json(const Graph& g, int indent) {
+std::string graph_to_json(const Graph& g, int indent, const JsonValueOptions& vo) {
   json tensors = json::array();
+  std::map<std::string, std::pair<HostTensor, DType>> sidecar;
   for (std::size_t t = 0; t < g.tensors().size(); ++t) {
     const auto& ti = g.tensors()[t];
     json jt{{"name", ti.name},
@@ -229,6 +233,23 @@ std::string graph_to_json(const Graph& g, int indent) {
             {"role", role_name(ti.role)},
             {"producer", ti.producer}};
     if (auto of = g.grad_of(static_cast<TensorId>(t))) jt["grad_of"] = *of;
+    if (const LeafValue* v = g.value(static_cast<TensorId>(t))) {
+      if (!v->in_memory()) {
+        jt["value_file"] = v->file;
+        jt["value_key"] = v->key;
+      } else if (!vo.sidecar_path.empty() && v->data->numel() > vo.inline_limit) {
+        jt["value_file"] = vo.sidecar_ref.empty() ? vo.sidecar_path : vo.sidecar_ref;
+        jt["value_key"] = ti.name;
+        sidecar.emplace(ti.name, std::make_pair(*v->data, ti.dtype));
+      } else {
+        json vals = json::array();
+        for (double x : v->data->data) {
+          if (std::isfinite(x)) vals.push_back(x);
+          else vals.push_back(std::isnan(x) ? "nan" : x > 0 ? "inf" : "-inf");
+        }
+        jt["value"] = std::move(vals);
+      }
+    }
     tensors.push_back(std::move(jt));
   }
   // Assignments move; nlohmann's initializer lists would deep-copy every subtree.
@@ -251,10 +272,12 @@ std::string graph_to_json(const Graph& g, int indent) {
   j["ops"] = std::move(ops);
   j["outputs"] = g.outputs();
   j["loss"] = g.loss() ? json(*g.loss()) : json(nullptr);
+  if (!g.seed_parameters()) j["seed_parameters"] = false;
+  if (!sidecar.empty()) write_value_file(vo.sidecar_path, sidecar);
   return j.dump(indent);
 }
 
-Graph graph_from_json(std::string_view text) {
+Graph graph_from_json(std::string_view text, const std::string& base_dir) {
   const json j = JsonReader("graph JSON").parse(text);
   const std::string root = "$";
   if (!j.is_object()) bad(root, "expected an object");
@@ -265,6 +288,7 @@ Graph graph_from_json(std::string_view text) {
   Graph g(str(field(j, "name", root), "$.name"));
   const json& ts = array(field(j, "tensors", root), "$.tensors");
   std::vector<std::pair<TensorId, TensorId>> grads;
+  std::vector<std::pair<TensorId, LeafValue>> values;
   for (std::size_t t = 0; t < ts.size(); ++t) {
     std::string p = fmt::format("$.tensors[{}]", t);
     TensorInfo ti;
@@ -277,6 +301,27 @@ Graph graph_from_json(std::string_view text) {
     ti.producer = id32(field(ts[t], "producer", p), p + ".producer");
     if (ts[t].contains("grad_of"))
       grads.emplace_back(static_cast<TensorId>(t), id32(ts[t]["grad_of"], p + ".grad_of"));
+    if (ts[t].contains("value")) {
+      const json& jv = array(ts[t]["value"], p + ".value");
+      auto v = std::make_shared<HostTensor>();
+      v->shape = ti.shape;
+      v->data.reserve(jv.size());
+      for (std::size_t k = 0; k < jv.size(); ++k) {
+        const json& x = jv[k];
+        if (x.is_number()) v->data.push_back(x.get<double>());
+        else if (x.is_string() && (x == "nan" || x == "inf" || x == "-inf"))
+          v->data.push_back(x == "nan"   ? std::numeric_limits<double>::quiet_NaN()
+                            : x == "inf" ? std::numeric_limits<double>::infinity()
+                                         : -std::numeric_limits<double>::infinity());
+        else bad(fmt::format("{}.value[{}]", p, k), "expected a number (or \"nan\", \"inf\", \"-inf\")");
+      }
+      values.emplace_back(static_cast<TensorId>(t), LeafValue{std::move(v), {}, {}});
+    } else if (ts[t].contains("value_file")) {
+      std::string file = str(ts[t]["value_file"], p + ".value_file");
+      if (!base_dir.empty() && !file.empty() && file.front() != '/') file = base_dir + "/" + file;
+      values.emplace_back(static_cast<TensorId>(t),
+                          LeafValue{nullptr, std::move(file), str(field(ts[t], "value_key", p), p + ".value_key")});
+    }
     g.add_tensor_unchecked(std::move(ti));
   }
   const auto nt = static_cast<TensorId>(ts.size());
@@ -331,6 +376,19 @@ Graph graph_from_json(std::string_view text) {
     throw;
   } catch (const Error& e) {
     fail("graph JSON: invalid graph: {}", e.what());
+  }
+  for (auto& [t, v] : values) {
+    try {
+      g.set_value(t, std::move(v));
+    } catch (const InternalError&) {
+      throw;
+    } catch (const Error& e) {
+      bad(fmt::format("$.tensors[{}].value", t), e.what());
+    }
+  }
+  if (j.contains("seed_parameters")) {
+    if (!j["seed_parameters"].is_boolean()) bad("$.seed_parameters", "expected true or false");
+    g.set_seed_parameters(j["seed_parameters"].get<bool>());
   }
   return g;
 }

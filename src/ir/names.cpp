@@ -27,12 +27,13 @@ E parse_of(const std::array<std::pair<E, std::string_view>, N>& table, std::stri
   fail("unknown {} '{}' (expected one of: {})", what, s, known);
 }
 
-constexpr std::array<std::pair<Role, std::string_view>, 6> kRoles{{{Role::Input, "input"},
+constexpr std::array<std::pair<Role, std::string_view>, 7> kRoles{{{Role::Input, "input"},
                                                                    {Role::Parameter, "parameter"},
                                                                    {Role::Activation, "activation"},
                                                                    {Role::Gradient, "gradient"},
                                                                    {Role::OptimizerState, "optimizer_state"},
-                                                                   {Role::Constant, "constant"}}};
+                                                                   {Role::Constant, "constant"},
+                                                                   {Role::Buffer, "buffer"}}};
 constexpr std::array<std::pair<FactorKind, std::string_view>, 3> kFactorKinds{
     {{FactorKind::Parallel, "parallel"},
      {FactorKind::Reduction, "reduction"},

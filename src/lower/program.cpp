@@ -87,7 +87,7 @@ std::string region_text(const std::vector<std::vector<std::int64_t>>& region) {
 }
 }  // namespace
 
-std::string Program::to_json() const {
+std::string Program::to_json(const ir::JsonValueOptions& values) const {
   json bufs = json::array(), rks = json::array(), sts = json::array();
   for (const auto& b : buffers)
     bufs.push_back(json{{"name", b.name},
@@ -137,7 +137,7 @@ std::string Program::to_json() const {
                        {"code", it->second}});
   }
   json j{{"format", "weft.program/2"},
-         {"graph", json::parse(ir::graph_to_json(graph))},
+         {"graph", json::parse(ir::graph_to_json(graph, -1, values))},
          {"stages", sts},
          {"buffers", bufs},
          {"codes", codes},
@@ -149,13 +149,13 @@ std::string Program::to_json() const {
   return j.dump();
 }
 
-Program Program::from_json(std::string_view text) {
+Program Program::from_json(std::string_view text, const std::string& base_dir) {
   const json j = kReader.parse(text);
   WEFT_CHECK(j.is_object() && j.value("format", "") == "weft.program/2",
              "Program JSON: not a weft program (field format must be \"weft.program/2\")");
   Program p;
   WEFT_CHECK(j.contains("graph"), "Program JSON: missing field graph");
-  p.graph = ir::graph_from_json(j["graph"].dump());
+  p.graph = ir::graph_from_json(j["graph"].dump(), base_dir);
   const auto& sts = array_field(j, "stages", "program");
   for (std::size_t i = 0; i < sts.size(); ++i) {
     auto path = fmt::format("stages[{}]", i);

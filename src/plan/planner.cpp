@@ -210,7 +210,7 @@ BlockCost Context::search_block(int b, const AtBatch& ab, const MeshOption& m, i
     };
     for (const auto& t : bg.tensors()) {
       if (t.producer != ir::kNoOp || is_state_leaf(t) || t.rank() < 1) continue;
-      if (t.role == ir::Role::Constant) continue;
+      if (t.role == ir::Role::Constant || t.role == ir::Role::Buffer) continue;
       if (bg.consumers(bg.find_tensor(t.name).value()).empty()) continue;
       so.fixed_specs[t.name] = canonical(t);
     }

@@ -78,6 +78,9 @@ ir::Graph rebatch(const ir::Graph& g, std::int64_t nb) {
   if (g.loss()) out.set_loss(*g.loss());
   for (ir::TensorId t = 0; t < static_cast<ir::TensorId>(g.tensors().size()); ++t)
     if (auto of = g.grad_of(t)) out.set_grad_of(t, *of);
+  // The values the model carries (parameters, buffers, constants: none of them batch-sized).
+  for (const auto& [t, v] : g.values()) out.set_value(t, v);
+  out.set_seed_parameters(g.seed_parameters());
   try {
     out.validate();
   } catch (const Error& e) {

@@ -68,7 +68,7 @@ namespace {
 
 bool activation_derived(const ir::TensorInfo& t) {
   return !(t.producer == ir::kNoOp && (t.role == ir::Role::Parameter || t.role == ir::Role::OptimizerState ||
-                                       t.role == ir::Role::Constant));
+                                       t.role == ir::Role::Constant || t.role == ir::Role::Buffer));
 }
 
 // An index the operands carry and no result does.

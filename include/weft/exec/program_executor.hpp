@@ -35,6 +35,9 @@ struct ExecuteOptions {
   // Global values of Input leaves by name, used at every step (others are generated per step).
   std::map<std::string, ir::HostTensor> inputs;
   double timeout_s = 30;  // a rank waiting longer than this at a collective fails
+  // Parameters without a value drawn from the seed even in a graph whose parameters are its own
+  // (the user's init="seed"; exec/init.hpp). Buffers and Constants are never seeded.
+  bool seed_all_parameters = false;
 };
 
 struct RankStats {

@@ -3,11 +3,13 @@
 // (so a built graph is always shape-consistent), validation for graphs that come from outside
 // (JSON), topological order, and the aggregate numbers the planner needs.
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <unordered_set>
 #include <vector>
 
+#include "weft/ir/leaf_value.hpp"
 #include "weft/ir/op.hpp"
 #include "weft/ir/op_rules.hpp"
 #include "weft/ir/tensor.hpp"
@@ -23,6 +25,7 @@ class Graph {
   TensorId input(std::string name, Shape shape, DType dtype = DType::F32);
   TensorId parameter(std::string name, Shape shape, DType dtype = DType::F32);
   TensorId constant(std::string name, Shape shape, DType dtype = DType::F32);
+  TensorId buffer(std::string name, Shape shape, DType dtype = DType::F32);
   TensorId add_tensor(TensorInfo info);  // any role; producer must be kNoOp
 
   // ---- generic op: derives output shapes and the index map; returns the outputs. Op names are
@@ -87,6 +90,23 @@ class Graph {
   // record grad_of are not gradients. O(1).
   std::optional<TensorId> grad(TensorId of) const;
 
+  // ---- values a model carries (leaf_value.hpp): of Parameter, Buffer and Constant leaves.
+  // set_value checks the leaf (a Parameter / Buffer / Constant without a producer), the shape (the
+  // value's shape equal to the tensor's) and, for an integer tensor, integral values; weft::Error
+  // naming the tensor otherwise. set_value_file names a tensor of a value file instead (its shape
+  // is checked when read).
+  void set_value(TensorId t, HostTensor value);
+  void set_value_file(TensorId t, std::string file, std::string key);
+  void set_value(TensorId t, LeafValue value);  // either kind, checked as above
+  void clear_value(TensorId t);
+  const LeafValue* value(TensorId t) const;  // null when the leaf has none
+  const std::map<TensorId, LeafValue>& values() const { return values_; }
+  // Whether Parameters without a value may be initialised from a seed (exec/init.hpp): true for
+  // graphs built in code (the zoo, the builder API), false for an imported module, whose weights
+  // are its own. Buffers and Constants are never seeded.
+  bool seed_parameters() const { return seed_parameters_; }
+  void set_seed_parameters(bool on) { seed_parameters_ = on; }
+
   // ---- analysis
   std::vector<OpId> topo_order() const;  // throws weft::Error on a cycle
   // Full check for graphs from outside: ids in range, each tensor produced at most once,
@@ -100,7 +120,8 @@ class Graph {
   double flops() const;      // Σ op FLOPs of this graph as it is
   std::string dump() const;  // one line per op
 
-  // Content equality: name, tensors, ops, outputs, loss and grad_of (not the name counter).
+  // Content equality: name, tensors, ops, outputs, loss, grad_of, values and the seeding rule (not
+  // the name counter).
   bool operator==(const Graph& o) const;
 
   // Used by the JSON loader: append a tensor / an op exactly as stored (no derivation, any
@@ -116,6 +137,8 @@ class Graph {
   std::vector<TensorId> outputs_;
   std::optional<TensorId> loss_;
   std::vector<TensorId> grad_of_;  // per tensor: the forward tensor it is the gradient of, or -1
+  std::map<TensorId, LeafValue> values_;
+  bool seed_parameters_ = true;
   // Indices derived from the above (not part of equality): op names in use, and per forward tensor
   // its gradient (what grad() returns), so that builders and autodiff stay linear.
   std::unordered_set<std::string> op_names_;

@@ -44,14 +44,10 @@
 #include <vector>
 
 #include "weft/ir/graph.hpp"
+#include "weft/ir/host_tensor.hpp"
 
 namespace weft::ir {
 
-struct HostTensor {
-  Shape shape;
-  std::vector<double> data;  // row-major
-  std::int64_t numel() const;
-};
 
 // Runs every op in topological order. `feeds` must give every Input, Parameter, Constant and
 // OptimizerState leaf, with the tensor's shape (a master copy should start equal to its

@@ -13,7 +13,11 @@ using TensorId = std::int32_t;
 using OpId = std::int32_t;
 inline constexpr OpId kNoOp = -1;
 
-enum class Role : std::uint8_t { Input, Parameter, Activation, Gradient, OptimizerState, Constant };
+// Leaves: Input (fed per step: data, labels), Parameter (trained), Buffer (state that is not
+// trained: running statistics, position tables; a module's named buffers), Constant (a value known
+// at import: a folded mask, an eps, bucket ids; autodiff's dloss seed). Parameters, Buffers and
+// Constants carry their values (Graph::set_value).
+enum class Role : std::uint8_t { Input, Parameter, Activation, Gradient, OptimizerState, Constant, Buffer };
 
 std::string_view role_name(Role r);
 Role parse_role(std::string_view name);  // throws weft::Error on an unknown name

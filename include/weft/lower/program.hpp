@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "weft/ir/graph.hpp"
+#include "weft/ir/json.hpp"
 
 namespace weft::lower {
 
@@ -162,8 +163,10 @@ struct Program {
   // What `rank` runs, in order: its list without other ranks' transfers, collective groups filled in.
   std::vector<Instr> instructions(int rank) const;
   std::size_t num_instructions(int rank) const;
-  std::string to_json() const;
-  static Program from_json(std::string_view text);  // weft::Error naming the bad field
+  // The graph's values (ir/json.hpp): inline, or the large ones in a value file (`values`).
+  std::string to_json(const ir::JsonValueOptions& values = {}) const;
+  // weft::Error naming the bad field; `base_dir` resolves relative value files (the JSON's folder).
+  static Program from_json(std::string_view text, const std::string& base_dir = {});
   std::string dump() const;                         // readable, one line per instruction, per rank
   std::string dump_rank(int rank) const;
   // Instruction `index` of the rank's list: "rank 3 #12 all-reduce@1 group [1, 3] (sum) h@P(sum) -> h@R".
