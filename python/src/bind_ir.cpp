@@ -18,6 +18,7 @@
 #include "weft/ir/graph.hpp"
 #include "weft/ir/interpreter.hpp"
 #include "weft/ir/json.hpp"
+#include "weft/ir/value_file.hpp"
 
 namespace py = pybind11;
 using namespace weft::ir;
@@ -159,6 +160,19 @@ py::dict interpret_py(const Graph& g, const py::dict& feeds) {
 }  // namespace
 
 void bind_ir(py::module_& m) {
+  m.def(
+      "_value_file_header",
+      [](const std::string& path) {
+        py::dict out;
+        for (const auto& [k, e] : read_value_file_header(path)) {
+          py::dict d;
+          d["dtype"] = e.dtype;
+          d["shape"] = py::tuple(py::cast(e.shape));
+          out[py::str(k)] = d;
+        }
+        return out;
+      },
+      py::arg("path"), "The tensors of a safetensors file: key -> {dtype, shape} (its header only).");
   py::class_<Graph> G(
       m, "Graph",
       "A weft IR graph: tensors (by integer id) and ops with index maps. Builder methods return "

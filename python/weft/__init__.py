@@ -78,6 +78,11 @@ from .runtime import run
 __all__ += ["run"]
 from .frontend import feeds_from_torch, from_torch  # noqa: E402 (PyTorch nn.Module -> weft.Graph via torch.export; torch imported lazily)
 __all__ += ["from_torch", "feeds_from_torch"]
+# the values a model carries (parameters, buffers, constants): weft.load_values, Graph.save / Graph.load
+from .values import load_values  # noqa: E402
+from . import values as _values
+_values.install()
+__all__ += ["load_values"]
 # notebook displays (_repr_html_ of Plan, Graph, Cluster, DeviceMesh, ShardingSpec, Program, ExecutionResult)
 from . import display as _display
 _display.install()

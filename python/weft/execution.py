@@ -22,6 +22,7 @@ import numpy as np
 
 from . import _weft
 from ._weft import Program
+from . import values as _values
 from .planning import _training_graph
 
 __all__ = ["ExecutionResult", "Program", "lower", "lower_adaptive", "lower_spmd", "lower_random", "execute", "execute_reference"]
@@ -57,14 +58,43 @@ class ExecutionResult:
         """Bytes sent by all ranks on resharding edges (internal collectives excluded)."""
         return sum(sum(d.values()) for d in self.bytes_sent)
 
-    def max_relative_error(self, other: "ExecutionResult") -> float:
+    def max_relative_error(self, other: "ExecutionResult", atol: float = 0.0) -> float:
         """Largest relative difference to ``other`` over the losses and every parameter and gradient
-        (per tensor: max |a - b| / max |b|). Raises ValueError when the names or shapes differ."""
+        (per tensor: max |a - b| / max(max |b|, atol)). ``atol``: a floor under the scale, so that an
+        analytically-zero gradient (rounding noise on both sides) does not read as 100 % error. inf
+        when either side has a NaN or an infinity the other does not share. Raises ValueError when
+        the names or shapes differ. :meth:`worst` says which tensor it is."""
+        return self.worst(other, atol)[1]
+
+    def worst(self, other: "ExecutionResult", atol: float = 0.0):
+        """``(what, error)`` of :meth:`max_relative_error`: the tensor ("loss[2]", "parameters['w']",
+        "gradients['b']") with the largest relative difference, and that difference."""
         if len(self.losses) != len(other.losses):
             raise ValueError(f"{len(self.losses)} losses vs {len(other.losses)}")
-        worst = 0.0
-        for a, b in zip(self.losses, other.losses):
-            worst = max(worst, abs(a - b) / max(abs(b), 1e-300))
+        if not atol >= 0:
+            raise ValueError(f"atol must be >= 0, got {atol}")
+
+        def rel(a, b) -> float:
+            a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+            if a.size == 0:
+                return 0.0
+            fa, fb = np.isfinite(a), np.isfinite(b)
+            if not (fa.all() and fb.all()):
+                same = (np.isnan(a) & np.isnan(b)) | (a == b)
+                if np.isnan(a).any() or np.isnan(b).any() or not np.all(same | (fa & fb)):
+                    return float("inf")
+            ok = fa & fb
+            if not ok.any():
+                return 0.0
+            scale = max(float(np.max(np.abs(b[ok]))), float(atol))
+            diff = float(np.max(np.abs(a[ok] - b[ok])))
+            return diff / scale if scale > 0 else diff
+
+        worst = ("", 0.0)
+        for i, (a, b) in enumerate(zip(self.losses, other.losses)):
+            e = rel(a, b)
+            if e > worst[1] or (e == float("inf") and worst[1] != e):
+                worst = (f"loss[{i}]", e)
         for kind in ("parameters", "gradients"):
             mine, theirs = getattr(self, kind), getattr(other, kind)
             if set(mine) != set(theirs):
@@ -73,11 +103,9 @@ class ExecutionResult:
                 b = theirs[name]
                 if a.shape != b.shape:
                     raise ValueError(f"{kind}['{name}']: shape {a.shape} vs {b.shape}")
-                if a.size == 0:
-                    continue
-                scale = float(np.max(np.abs(b)))
-                diff = float(np.max(np.abs(a - b)))
-                worst = max(worst, diff / scale if scale > 0 else diff)
+                e = rel(a, b)
+                if e > worst[1]:
+                    worst = (f"{kind}['{name}']", e)
         return worst
 
     def __repr__(self) -> str:
@@ -109,7 +137,7 @@ def _inputs(inputs: Optional[Mapping[str, np.ndarray]]) -> dict:
         return {}
     if not isinstance(inputs, Mapping):
         raise ValueError("execute: inputs must be a dict name -> numpy array")
-    return {str(k): np.ascontiguousarray(v, dtype=np.float64) for k, v in inputs.items()}
+    return {str(k): np.ascontiguousarray(_values._array(str(k), v), dtype=np.float64) for k, v in inputs.items()}
 
 
 def lower(plan, step, cluster) -> Program:
@@ -164,14 +192,20 @@ def lower_random(step, cluster, mesh, seed: int = 0) -> Program:
 
 
 def execute(program_or_plan, step=None, cluster=None, steps: int = 3, seed: int = 0, dtype: str = "f64",
-            inputs: Optional[Mapping[str, np.ndarray]] = None, timeout_s: float = 30.0) -> ExecutionResult:
+            inputs: Optional[Mapping[str, np.ndarray]] = None, timeout_s: float = 30.0,
+            init: Optional[str] = None) -> ExecutionResult:
     """Runs ``steps`` training steps of a :class:`weft.Program` (or of a :class:`weft.Plan`, lowered
     first: ``step`` and ``cluster`` are required then) on the CPU executor, one thread per rank.
 
     ``dtype``: "f64" or "f32" (storage precision). ``inputs``: name -> global numpy array of Input
-    leaves (others are generated from ``seed``). A rank blocked at a collective longer than
-    ``timeout_s`` fails (ValueError naming the rank and the instruction), never a hang."""
+    leaves, used at every step (Inputs not given are synthetic data drawn from ``seed``; a name that is
+    not an Input is a ValueError listing the Inputs). Parameters, buffers and constants take the
+    values the graph carries (:func:`weft.load_values`); ``init="seed"`` draws parameters without
+    one from ``seed`` (graphs built in code do so anyway). A leaf that needs a value and has none
+    is a ValueError naming it. A rank blocked at a collective longer than ``timeout_s`` fails
+    (ValueError naming the rank and the instruction), never a hang."""
     dt = _dtype(dtype)
+    seed_all = _values.check_init(init)
     feeds = _inputs(inputs)
     if isinstance(program_or_plan, _weft.Plan):
         if step is None or cluster is None:
@@ -183,14 +217,15 @@ def execute(program_or_plan, step=None, cluster=None, steps: int = 3, seed: int 
     else:
         raise ValueError(f"execute: expected a weft.Program or weft.Plan, got {type(program_or_plan).__name__}")
     return _result(_weft._execute_program(program, steps=int(steps), seed=int(seed), dtype=dt, inputs=feeds,
-                                          timeout_s=float(timeout_s)))
+                                          timeout_s=float(timeout_s), seed_all_parameters=seed_all))
 
 
 def execute_reference(step, steps: int = 3, seed: int = 0, dtype: str = "f64",
-                      inputs: Optional[Mapping[str, np.ndarray]] = None) -> ExecutionResult:
+                      inputs: Optional[Mapping[str, np.ndarray]] = None, init: Optional[str] = None) -> ExecutionResult:
     """Runs ``steps`` training steps of ``step`` on one device with the executor's kernels: the
     values :func:`execute` must reproduce (per-rank lists empty). A forward graph is turned into its
-    Adam training step first."""
+    Adam training step first. ``inputs`` and ``init`` as in :func:`execute`."""
     dt = _dtype(dtype)
+    seed_all = _values.check_init(init)
     return _result(_weft._execute_reference(_training_graph(step), steps=int(steps), seed=int(seed), dtype=dt,
-                                            inputs=_inputs(inputs)))
+                                            inputs=_inputs(inputs), seed_all_parameters=seed_all))

@@ -112,6 +112,7 @@ class _Ctx:
         self.node = None
         self.path = ""
         self.values: Dict[str, Any] = {}  # leaf name -> torch tensor (or None for user inputs)
+        self.buffer_names: set = set()  # the module's buffers (Buffer leaves; other folded values are Constants)
         self._const_ids: Dict[str, Tuple[int, List[int]]] = {}  # constant leaf name -> (id, shape)
         self._n_scalars = 0
         self._n_dropouts = 0
@@ -167,7 +168,8 @@ class _Ctx:
                 _weft_dtype(val.dtype, self.float_dtype)
             if val.dtype == torch.bool:
                 val = val.to(torch.float64)
-            self._const_ids[key] = (self.g.constant(key, shape, dt), shape)
+            make = self.g.buffer if name in self.buffer_names else self.g.constant
+            self._const_ids[key] = (make(key, shape, dt), shape)
             self.values[key] = val
         return _T(self._const_ids[key][0], tuple(shape))
 
@@ -1360,6 +1362,7 @@ def _import(module, example_inputs, loss_fn=None, targets=(), dtype=None, name=N
             if obj is None:
                 obj = ep.constants[spec.target]
             nm = canon.get(id(obj), spec.target[len(prefix):] if spec.target.startswith(prefix) else spec.target)
+            ctx.buffer_names.add(nm)
             env[node] = _C(obj.detach(), nm)
         elif kind in ("CONSTANT_TENSOR", "CUSTOM_OBJ"):
             obj = ep.constants[spec.target]
@@ -1472,7 +1475,27 @@ def _import(module, example_inputs, loss_fn=None, targets=(), dtype=None, name=N
         raise ValueError(f"weft.from_torch: the output has shape {list(out.shape)}, not a scalar: give a "
                          "loss_fn (and targets) that reduce it to the loss")
     g.set_loss(out.id)
+    _record_values(g, leaf_values)
     return g, leaf_values
+
+
+def _record_values(g, leaf_values) -> None:
+    """The module's own values become part of the graph: every Parameter, Buffer and Constant leaf
+    whose tensor is real (a meta-device import records none: weft.load_values gives them later).
+    The parameters are the module's, so the graph's parameters are never seeded."""
+    torch = _torch()
+    g.seed_parameters = False
+    for t in g.tensors:
+        if t["producer"] is not None or t["role"] not in ("parameter", "buffer", "constant"):
+            continue
+        v = leaf_values.get(t["name"])
+        if v is None or not isinstance(v, torch.Tensor) or v.device.type == "meta":
+            continue
+        v = v.detach().cpu()
+        v = v.double() if (v.is_floating_point() or v.dtype == torch.bool) else v.long()
+        if tuple(v.shape) != tuple(t["shape"]):
+            continue  # a scalar folded into a broadcast shape: the graph's own, already given
+        g.set_value(t["id"], v.numpy())
 
 
 def from_torch(module, example_inputs: Sequence[Any], *, loss_fn: Optional[Callable] = None,
