@@ -35,7 +35,7 @@ def _graph(model: str, batch: int, dtype: str):
     if model.endswith(".json") or os.path.sep in model:
         if not os.path.exists(model):
             raise ValueError(f"--model: no such file {model!r}")
-        return weft.Graph.from_json(open(model).read())
+        return weft.Graph.load(model)  # its value file (Graph.save) found beside it
     return weft.models.build(model, batch=batch, dtype=dtype)
 
 
@@ -362,22 +362,33 @@ def _run(args) -> int:
     program = load_program(args.plan, args.model, args.cluster)
     dtype = None if args.dtype == "graph" else args.dtype
     print(f"running {program!r} on {program.num_ranks} local processes ({args.backend}, {args.dtype})", flush=True)
+    if args.check and args.model is None:
+        raise ValueError("--check needs --model (the training graph, to run on one device)")
     result = weft.run(program, nproc=args.nproc, steps=args.steps, backend=args.backend, seed=args.seed, dtype=dtype,
-                      timeout_s=args.timeout)
+                      timeout_s=args.timeout, init=args.init)
     print(describe(result))
+    code = 0
     if args.check:
-        if args.model is None:
-            raise ValueError("--check needs --model (the training graph, to run on one device)")
         from .planning import _training_graph
 
+        if args.rtol is None:
+            args.rtol = 1e-9 if dtype == "f64" else 1e-3
+
         ref = weft.execute_reference(_training_graph(_graph(args.model, 1, "f32")), steps=args.steps, seed=args.seed,
-                                     dtype="f64" if dtype == "f64" else "f32")
+                                     dtype="f64" if dtype == "f64" else "f32", init=args.init)
         print("one device (CPU reference executor): losses " + " ".join(f"{x:.6f}" for x in ref.losses))
-        print(f"largest relative difference (losses, parameters, gradients): {result.max_relative_error(ref):.3g}")
+        what, err = result.worst(ref, atol=args.atol)
+        print(f"largest relative difference (losses, parameters, gradients): {err:.3g}" + (f" at {what}" if what else ""))
+        if not err <= args.rtol:  # NaN or inf fails too
+            print(f"check FAILED: {what} differs by {err:.3g} (relative, atol {args.atol:g}) > --rtol {args.rtol:g}",
+                  file=sys.stderr)
+            code = 1
+        else:
+            print(f"check passed (<= --rtol {args.rtol:g})")
     if args.out:
         save_result(result, args.out)
         print(f"result written to {args.out}")
-    return 0
+    return code
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -475,7 +486,13 @@ def main(argv: list[str] | None = None) -> int:
     rp.add_argument("--dtype", default="f32", help="f64, f32, bf16, f16, or 'graph' (the graph's dtypes)")
     rp.add_argument("--seed", type=int, default=0)
     rp.add_argument("--timeout", type=float, default=60.0, help="seconds any wait may take")
-    rp.add_argument("--check", action="store_true", help="also run the steps on one device and compare")
+    rp.add_argument("--check", action="store_true", help="also run the steps on one device and compare; exits 1 "
+                    "when they differ by more than --rtol (NaN fails)")
+    rp.add_argument("--rtol", type=float, default=None, help="--check's bound on the relative difference (default: "
+                    "1e-9 in f64, 1e-3 otherwise)")
+    rp.add_argument("--atol", type=float, default=1e-12, help="--check's floor under each tensor's scale")
+    rp.add_argument("--init", default=None, choices=["values", "seed"], help="parameters without a value: an error "
+                    "(values, the default for imported models) or drawn from the seed")
     rp.add_argument("--out", default=None, help="write the result (.npz: losses, param/..., grad/...)")
     args = parser.parse_args(argv)
     if args.cmd == "version":

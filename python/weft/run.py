@@ -34,6 +34,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds any wait may take")
     ap.add_argument("--out", default=None, help="rank 0 writes the result here (.npz)")
+    ap.add_argument("--init", default=None, choices=["values", "seed"],
+                    help="parameters without a value: an error (values) or drawn from the seed")
     return ap
 
 
@@ -61,9 +63,12 @@ def main(argv=None) -> int:
         dtype = None if args.dtype == "graph" else args.dtype
         program = load_program(args.plan, args.model, args.cluster)
         check_options(program, world, args.steps, args.backend, dtype, args.timeout)
+        from .runtime.launch import check_values
+
+        check_values(program, args.init, None)
         device = device_for(args.backend, int(os.environ.get("LOCAL_RANK", rank)))
         dist.init_process_group(args.backend, timeout=datetime.timedelta(seconds=args.timeout))
-        result = run_rank(program, steps=args.steps, seed=args.seed, dtype=dtype, device=device)
+        result = run_rank(program, steps=args.steps, seed=args.seed, dtype=dtype, device=device, init=args.init)
         if result is not None:
             print(describe(result), flush=True)
             if args.out:

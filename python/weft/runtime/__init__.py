@@ -34,7 +34,7 @@ def _program_of(plan_or_program, step, cluster):
 
 def run(plan, step=None, cluster=None, *, nproc: Optional[int] = None, steps: int = 3, backend: str = "gloo",
         seed: int = 0, dtype: Optional[str] = "f32", inputs: Optional[Mapping[str, np.ndarray]] = None,
-        timeout_s: float = 60.0):
+        timeout_s: float = 60.0, init: Optional[str] = None):
     """Runs ``steps`` training steps of a plan on ``nproc`` local processes (one per rank of the
     lowered program) on torch.distributed, and returns the same :class:`weft.ExecutionResult` as
     :func:`weft.execute`: losses, global parameters and gradients (gathered on rank 0), per-rank
@@ -43,13 +43,16 @@ def run(plan, step=None, cluster=None, *, nproc: Optional[int] = None, steps: in
     ``plan``: a :class:`weft.Plan` (lowered with ``step`` and ``cluster``) or a :class:`weft.Program`.
     ``backend``: "gloo" (CPU) or "nccl" (one GPU per process). ``dtype``: storage dtype of every float
     tensor ("f64", "f32", "bf16", "f16"), or None for the graph's own dtypes. ``inputs``: name -> global
-    array of Input leaves (others come from ``seed``, as in :func:`weft.execute`). A failing rank stops
-    the others (RuntimeError naming the rank and the instruction); every wait is bounded by
-    ``timeout_s``."""
+    array of Input leaves, used at every step (Inputs not given are synthetic data from ``seed``, as in
+    :func:`weft.execute`). Parameters, buffers and constants start from the values the graph carries
+    (an imported module's own; :func:`weft.load_values`); ``init="seed"`` draws parameters without a
+    value from ``seed``. A leaf that needs a value and has none, or an ``inputs`` name that is not an
+    Input, is a ValueError before any process starts. A failing rank stops the others (RuntimeError
+    naming the rank and the instruction); every wait is bounded by ``timeout_s``."""
     from .launch import run as _run
 
     return _run(_program_of(plan, step, cluster), steps=steps, backend=backend, seed=seed, dtype=dtype,
-                inputs=inputs, timeout_s=timeout_s, nproc=nproc)
+                inputs=inputs, timeout_s=timeout_s, nproc=nproc, init=init)
 
 
 def load_program(path: str, model: Optional[str] = None, cluster: Optional[str] = None):
@@ -57,6 +60,7 @@ def load_program(path: str, model: Optional[str] = None, cluster: Optional[str] 
     (``Plan.to_json``) lowered with the training graph ``model`` (a graph JSON file, or a zoo preset
     name) and ``cluster`` (a cluster JSON file, or a preset spec as the CLI's --cluster)."""
     import json
+    import os
 
     from ..planning import _training_graph
 
@@ -66,7 +70,7 @@ def load_program(path: str, model: Optional[str] = None, cluster: Optional[str] 
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}: not JSON ({e})") from None
     if isinstance(head, dict) and str(head.get("format", "")).startswith("weft.program"):
-        return _weft.Program.from_json(text)
+        return _weft.Program.from_json(text, base_dir=os.path.dirname(os.path.abspath(path)))
     if model is None or cluster is None:
         raise ValueError(f"{path} is a plan: give --model (the graph JSON or a zoo preset) and --cluster "
                          "(a cluster JSON or a preset spec) to lower it")

@@ -72,8 +72,29 @@ def device_for(backend: str, local_rank: int):
     return torch.device("cpu")
 
 
+def check_values(program, init: Optional[str], inputs: Optional[Mapping[str, np.ndarray]]) -> bool:
+    """Before any process starts: every leaf that needs a value has one (ValueError naming those that
+    do not), ``inputs`` name Input leaves of the program's graph with its global shapes. Returns whether
+    parameters without a value are seeded (``init="seed"``)."""
+    from ..values import check_init
+
+    seed_all = check_init(init)
+    _weft.LeafValues(program.graph, 0, seed_all)  # raises, naming every leaf without a value
+    g = program.graph
+    names = {t["name"]: t for t in g.tensors}
+    input_names = [t["name"] for t in g.tensors if t["role"] == "input" and t["producer"] is None]
+    for k, v in (inputs or {}).items():
+        t = names.get(str(k))
+        if t is None or t["role"] != "input" or t["producer"] is not None:
+            what = f" (it is a {t['role']})" if t is not None else ""
+            raise ValueError(f"run: inputs['{k}'] is not an Input leaf of the graph{what} (its Inputs: "
+                             f"{', '.join(input_names) or 'none'}; parameters, buffers and constants carry their "
+                             "values in the graph: weft.load_values)")
+    return seed_all
+
+
 def run_rank(program, *, steps: int = 3, seed: int = 0, dtype: Optional[str] = "f32",
-             inputs: Optional[Mapping[str, np.ndarray]] = None, device=None):
+             inputs: Optional[Mapping[str, np.ndarray]] = None, device=None, init: Optional[str] = None):
     """Runs this process's rank (``torch.distributed`` already initialised, world size = the
     program's ranks) for ``steps`` steps; returns the ExecutionResult on rank 0, None elsewhere."""
     import torch.distributed as dist
@@ -87,7 +108,10 @@ def run_rank(program, *, steps: int = 3, seed: int = 0, dtype: Optional[str] = "
     t0 = time.perf_counter()
     layout = _weft.ProgramLayout(program)  # checks the program: a wrong plan fails here, on every rank
     groups = ProcessGroups(layout.collective_groups())
-    rt = RankRuntime(layout, rank, device=device or "cpu", dtype=dtype, seed=seed, inputs=inputs, groups=groups)
+    from ..values import check_init
+
+    rt = RankRuntime(layout, rank, device=device or "cpu", dtype=dtype, seed=seed, inputs=inputs, groups=groups,
+                     seed_all_parameters=check_init(init))
     res = rt.run(int(steps))
     gathered = [None] * world if rank == 0 else None
     dist.gather_object(res, gathered, dst=0)
@@ -136,12 +160,13 @@ def worker_main(tmp: str, rank: int, world: int, port: int) -> int:
 
         with open(os.path.join(tmp, "options.pkl"), "rb") as f:
             opts = pickle.load(f)
-        program = _weft.Program.from_json(open(os.path.join(tmp, "program.json")).read())
+        # The values beyond the inline limit are in values.safetensors beside it: each rank reads its tiles.
+        program = _weft.Program.from_json(open(os.path.join(tmp, "program.json")).read(), base_dir=tmp)
         device = device_for(opts["backend"], rank)
         dist.init_process_group(opts["backend"], init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=opts["timeout_s"]))
         res = run_rank(program, steps=opts["steps"], seed=opts["seed"], dtype=opts["dtype"], inputs=opts["inputs"],
-                       device=device)
+                       device=device, init=opts["init"])
         if rank == 0:
             with open(os.path.join(tmp, "result.pkl.part"), "wb") as f:
                 pickle.dump(res, f)
@@ -235,7 +260,8 @@ class _RankProc:
 
 
 def run(program, *, steps: int = 3, backend: str = "gloo", seed: int = 0, dtype: Optional[str] = "f32",
-        inputs: Optional[Mapping[str, np.ndarray]] = None, timeout_s: float = 60.0, nproc: Optional[int] = None):
+        inputs: Optional[Mapping[str, np.ndarray]] = None, timeout_s: float = 60.0, nproc: Optional[int] = None,
+        init: Optional[str] = None):
     """Starts one local process per rank of ``program`` (forked from a server that has imported
     torch: see the module's docstring), runs ``steps`` steps on torch.distributed and returns rank
     0's ExecutionResult. A failing rank stops the others; its error is raised as RuntimeError naming
@@ -250,12 +276,16 @@ def run(program, *, steps: int = 3, backend: str = "gloo", seed: int = 0, dtype:
             raise ValueError(f"backend 'nccl' needs one CUDA device per rank: {program.num_ranks} ranks, "
                              f"{torch.cuda.device_count() if torch.cuda.is_available() else 0} GPUs here")
     program.check()  # a wrong program: ValueError here, before any process starts
+    check_values(program, init, inputs)  # a leaf without a value, a misnamed input: ValueError, before too
     world = program.num_ranks
+    from ..values import _array
+
     opts = dict(steps=int(steps), backend=backend, seed=int(seed), dtype=dtype, timeout_s=float(timeout_s),
-                inputs={str(k): np.asarray(v) for k, v in (inputs or {}).items()})
+                inputs={str(k): _array(str(k), v) for k, v in (inputs or {}).items()}, init=init)
     with tempfile.TemporaryDirectory(prefix="weft-run-") as tmp:
         with open(os.path.join(tmp, "program.json"), "w") as f:
-            f.write(program.to_json())
+            # large values in a value file (a rank reads only its tiles of them), the rest inline
+            f.write(program.to_json(sidecar=os.path.join(tmp, "values.safetensors"), sidecar_ref="values.safetensors"))
         with open(os.path.join(tmp, "options.pkl"), "wb") as f:
             pickle.dump(opts, f)
         port = free_port()

@@ -48,7 +48,8 @@ class RankRuntime:
     with one process per rank (``dist.get_rank() == rank``)."""
 
     def __init__(self, layout, rank: int, *, device="cpu", dtype: Optional[str] = "f32", seed: int = 0,
-                 inputs: Optional[Mapping[str, np.ndarray]] = None, groups: Optional[ProcessGroups] = None):
+                 inputs: Optional[Mapping[str, np.ndarray]] = None, groups: Optional[ProcessGroups] = None,
+                 seed_all_parameters: bool = False):
         self.layout = layout
         self.program = layout.program
         self.rank = rank
@@ -59,7 +60,7 @@ class RankRuntime:
         self.tensors = self.program.graph.tensors
         self.buffers = self.program.buffers
         self.instrs = layout.instructions(rank)
-        self.leaves = LeafInit(self.program.graph, seed)
+        self.leaves = LeafInit(self.program.graph, seed, seed_all_parameters)
         self.inputs = {k: np.asarray(v) for k, v in (inputs or {}).items()}
         self.float_dtype = TORCH_DTYPES[dtype] if dtype else None
         self.groups = groups if groups is not None else ProcessGroups(layout.collective_groups())
@@ -244,10 +245,11 @@ class RankRuntime:
 
 
 class LeafInit:
-    """The counter-based leaf values (exec::LeafValues) at global element indices."""
+    """The leaf values (exec::LeafValues: the graph's own values, in memory or read from their value
+    file for the call — a rank holds its tile, not the tensor —, else seeded) at global element indices."""
 
-    def __init__(self, graph, seed: int):
-        self._values = _weft.LeafValues(graph, int(seed))  # keeps the graph alive
+    def __init__(self, graph, seed: int, seed_all_parameters: bool = False):
+        self._values = _weft.LeafValues(graph, int(seed), bool(seed_all_parameters))  # keeps the graph alive
 
     def values(self, tensor: int, step: int, flat: np.ndarray) -> np.ndarray:
         return self._values.values(int(tensor), int(step), np.ascontiguousarray(flat, dtype=np.int64))
