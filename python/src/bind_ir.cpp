@@ -295,6 +295,16 @@ void bind_ir(py::module_& m) {
              std::string name) { return g.pool2d(parse_reduce_fn(fn), x, k, s, p, std::move(name)); },
           py::arg("fn"), py::arg("x"), py::arg("kernel"), py::arg("stride"), py::arg("pad") = 0,
           py::arg("name") = "", "max or mean pooling over k x k windows.")
+      .def(
+          "broadcast_to",
+          [](Graph& g, TensorId x, Shape shape, std::vector<int> axes, std::string name) {
+            OpAttrs a;
+            a.ints = std::move(shape);
+            a.axes = std::move(axes);
+            return g.add_op(OpKind::BroadcastTo, {x}, std::move(a), std::move(name))[0];
+          },
+          py::arg("x"), py::arg("shape"), py::arg("axes"), py::arg("name") = "",
+          "x broadcast to `shape`, inserting the dims `axes` (size-1 dims of x broadcast too).")
       .def("opaque", &Graph::opaque, py::arg("inputs"), py::arg("shape"), py::arg("flops"),
            py::arg("name") = "",
            "An op the planner cannot split (replicated), with a given output shape and FLOPs.")

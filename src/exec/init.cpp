@@ -47,13 +47,18 @@ void check_input_name(const ir::Graph& g, const std::string& name, std::string_v
 
 LeafValues::LeafValues(const ir::Graph& g, std::uint64_t seed, bool seed_all_parameters) : g_(g), seed_(seed) {
   if (auto missing = leaves_without_values(g, seed_all_parameters); !missing.empty()) {
+    bool folded = false;
+    for (const auto& m : missing) folded = folded || m.ends_with("(constant)");
     std::string names;
     for (std::size_t i = 0; i < missing.size() && i < 12; ++i) names += (i ? ", " : "") + missing[i];
     if (missing.size() > 12) names += fmt::format(", ... ({} in all)", missing.size());
     fail("graph '{}': {} leaves need a value and have none: {}. Give the module's values (weft.load_values(graph, "
-         "state_dict or a .safetensors file), or import a module whose tensors are real){}",
+         "state_dict or a .safetensors file), or import a module whose tensors are real){}{}",
          g.name(), missing.size(), names,
-         g.seed_parameters() || seed_all_parameters ? "" : ", or init=\"seed\" to initialise the parameters from the seed");
+         g.seed_parameters() || seed_all_parameters ? "" : ", or init=\"seed\" to initialise the parameters from the seed",
+         folded ? "; constants folded at import from a meta module's buffers: import with weft.from_torch(..., "
+                  "values=state_dict)"
+                : "");
   }
   const auto n = g.tensors().size();
   int_range_.assign(n, 0);
@@ -81,6 +86,29 @@ LeafValues::LeafValues(const ir::Graph& g, std::uint64_t seed, bool seed_all_par
         if (op.inputs.size() > 1) unit_scale_[static_cast<std::size_t>(op.inputs[1])] = 1;
         break;
       default: break;
+    }
+  }
+  // Labels reach the loss through views (a causal LM shifts them: labels[:, 1:]; a classifier reads
+  // labels[:, 0]): an integer leaf read through slices, reshapes, transposes, concats and broadcasts
+  // takes the bound of what reads the view.
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (const auto& op : g.ops()) {
+      switch (op.kind) {
+        case ir::OpKind::Slice:
+        case ir::OpKind::Reshape:
+        case ir::OpKind::Transpose:
+        case ir::OpKind::Concat:
+        case ir::OpKind::BroadcastTo:
+        case ir::OpKind::Pad: break;
+        default: continue;
+      }
+      const std::int64_t n = int_range_[static_cast<std::size_t>(op.outputs[0])];
+      if (n <= 0) continue;
+      for (ir::TensorId in : op.inputs) {
+        auto& b = int_range_[static_cast<std::size_t>(in)];
+        if (!is_floating(g.tensor(in).dtype) && (b == 0 || n < b)) b = n, changed = true;
+      }
     }
   }
 }

@@ -464,7 +464,7 @@ def test_resnet_blocks_with_batch_norm(block, train):
     state = {k: v.clone() for k, v in m.state_dict().items()}
     g, feeds = check_forward(m, (x,), loss_fn=mse, targets=(y,))
     if not train:  # eval: the running statistics are constants named by their state_dict names
-        assert g.tensor(g.find("bn1.running_var"))["role"] == "constant"
+        assert g.tensor(g.find("bn1.running_var"))["role"] == "buffer"
         assert np.array_equal(feeds["bn1.running_var"], state["bn1.running_var"].numpy())
     for k, v in m.state_dict().items():  # check_forward ran the module once more: restore to compare
         v.copy_(state[k])
@@ -493,7 +493,7 @@ def test_bert_encoder_forward():
     labels = torch.randint(0, 30, (2, 6))
     ce = lambda logits, y: F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))  # noqa: E731
     g, feeds = check_forward(m, (ids, types, mask), loss_fn=ce, targets=(labels,))
-    assert "position_ids" in feeds and g.tensor(g.find("position_ids"))["role"] == "constant"
+    assert "position_ids" in feeds and g.tensor(g.find("position_ids"))["role"] == "buffer"
     check_gradients(m, (ids, types, mask), loss_fn=ce, targets=(labels,))
 
 

@@ -231,16 +231,17 @@ def test_an_imported_torch_module_trained_on_4_processes_equals_plain_pytorch(cl
     from weft.runtime.torch_models import TorchGPT, train_module
 
     zoo = weft.models.gpt(layers=2, hidden=64, heads=4, seq=8, vocab=128, batch=8)
-    params = {t["name"]: torch.zeros(t["shape"], dtype=torch.float64) for t in zoo.tensors
+    gen = torch.Generator().manual_seed(3)
+    params = {t["name"]: 0.1 * torch.randn(t["shape"], dtype=torch.float64, generator=gen) for t in zoo.tensors
               if t["role"] == "parameter" and t["producer"] is None}
-    module = TorchGPT(params, layers=2, heads=4)
+    module = TorchGPT(params, layers=2, heads=4)  # its own weights: the run starts from them
     tokens, labels = torch.randint(0, 128, (8, 8)), torch.randint(0, 128, (8, 8))
     g = weft.from_torch(module, (tokens, labels))
     assert g.num_params() == zoo.num_params()
     step = g.train_step(optimizer="adam")
     plan = weft.megatron_plan(step, cluster, t=2, p=2, d=1, num_microbatches=2)
     got = weft.run(plan, step, cluster, steps=3, dtype="f64")
-    want = train_module(module, step, 3)
+    want = train_module(module, step, 3)  # from the module's own weights, as the run
     assert set(want) == set(got.parameters)
     for n, w in want.items():
         w = w.numpy()

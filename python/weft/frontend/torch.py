@@ -113,6 +113,7 @@ class _Ctx:
         self.path = ""
         self.values: Dict[str, Any] = {}  # leaf name -> torch tensor (or None for user inputs)
         self.buffer_names: set = set()  # the module's buffers (Buffer leaves; other folded values are Constants)
+        self.batch: Optional[int] = None  # the leading size of the first user input (the batch)
         self._const_ids: Dict[str, Tuple[int, List[int]]] = {}  # constant leaf name -> (id, shape)
         self._n_scalars = 0
         self._n_dropouts = 0
@@ -601,8 +602,10 @@ def _broadcast(ctx, node, x, out, suffix=""):
 
 
 def _device(node):
-    v = node.meta.get("val")
-    return v.device if v is not None and v.device.type == "meta" else "cpu"
+    """Where a handler makes its constants: always the CPU. They are made from literals and shapes
+    (masks, zeros, fills), small, and real even in a meta-device import, so that the graph carries
+    their values (a constant that depends on the module's tensors is folded from them instead)."""
+    return "cpu"
 
 
 def _slice_t(ctx, x, axis, begin, end, suffix=""):
@@ -888,7 +891,12 @@ def _like(ctx, node, x, *args, **kwargs):
     fill = {"zeros_like": 0.0, "new_zeros": 0.0, "ones_like": 1.0, "new_ones": 1.0}.get(op)
     if fill is None:  # full_like(x, v) / new_full(x, size, v)
         fill = args[0] if op == "full_like" else args[1]
-    return ctx.const(torch.full(tuple(val.shape), fill, dtype=val.dtype, device=_device(node)), "")
+    shape = tuple(int(s) for s in val.shape)
+    if shape and ctx.batch is not None and shape[0] == ctx.batch and op.endswith("_like") and len(shape) == len(x.shape):
+        # batch-sized (an RNN's zero state): one row broadcast over the batch, so the graph re-batches
+        row = ctx.tensor(ctx.const(torch.full(shape[1:], fill, dtype=val.dtype, device=_device(node)), "row"))
+        return ctx._t(ctx.g.broadcast_to(row.id, list(shape), [0], ctx.op_name("")))
+    return ctx.const(torch.full(shape, fill, dtype=val.dtype, device=_device(node)), "")
 
 
 @_reg("softmax.int", "_softmax.default")
@@ -1024,10 +1032,11 @@ def _embedding(ctx, node, table, ids, padding_idx=-1, scale_grad_by_freq=False, 
         V = table.shape[0]
         pad = padding_idx + V if padding_idx < 0 else padding_idx
         w = ctx.values[info["name"]]
-        keep = torch.ones(V, 1, dtype=torch.float64, device=w.device)
+        keep = torch.ones(V, 1, dtype=torch.float64)
         keep[pad] = 0
         kept = ctx.binary("mul", table, ctx.const(keep, "keep"), "keep")
-        pad_row = ctx.const(w.detach()[pad].to(torch.float64), "pad_row")
+        # named after its parameter and row, so weft.load_values fills it with the table (a meta import)
+        pad_row = _C(w.detach()[pad].to(torch.float64), f"{info['name']}.pad_row[{pad}]")
         pad_part = ctx.binary("mul", ctx.const(1 - keep, "onehot"), pad_row, "pad_part")
         table = ctx.binary("add", kept, pad_part, "table")
     return ctx._t(ctx.g.embedding(table.id, ctx.tensor(ids).id, ctx.name()))
@@ -1280,7 +1289,7 @@ def _export(module, example_inputs, loss_fn, targets):
     return ep, root, names, prefix
 
 
-def _import(module, example_inputs, loss_fn=None, targets=(), dtype=None, name=None):
+def _import(module, example_inputs, loss_fn=None, targets=(), dtype=None, name=None, values=None):
     torch = _torch()
     ep, root, user_names, prefix = _export(module, example_inputs, loss_fn, targets)
     gm = ep.graph_module
@@ -1344,6 +1353,8 @@ def _import(module, example_inputs, loss_fn=None, targets=(), dtype=None, name=N
                 raise ValueError(f"weft.from_torch: input '{nm}' is a bool tensor used as such")
             env[node] = _T(g.input(nm, shape, wdt), tuple(shape))
             leaf_values[nm] = x
+            if ctx.batch is None and shape:
+                ctx.batch = shape[0]
             continue
         if node not in live:
             continue
@@ -1363,6 +1374,14 @@ def _import(module, example_inputs, loss_fn=None, targets=(), dtype=None, name=N
                 obj = ep.constants[spec.target]
             nm = canon.get(id(obj), spec.target[len(prefix):] if spec.target.startswith(prefix) else spec.target)
             ctx.buffer_names.add(nm)
+            if values is not None and nm in values and getattr(obj, "is_meta", False):
+                # a meta module's buffer, real in `values`: constants folded from it get real values too
+                real = values[nm]
+                real = real if isinstance(real, torch.Tensor) else torch.as_tensor(np.asarray(real))
+                if tuple(real.shape) != tuple(obj.shape):
+                    raise ValueError(f"weft.from_torch: values['{nm}'] has shape {tuple(real.shape)}, the module's "
+                                     f"buffer {tuple(obj.shape)}")
+                obj = real.to(obj.dtype)
             env[node] = _C(obj.detach(), nm)
         elif kind in ("CONSTANT_TENSOR", "CUSTOM_OBJ"):
             obj = ep.constants[spec.target]
@@ -1499,7 +1518,8 @@ def _record_values(g, leaf_values) -> None:
 
 
 def from_torch(module, example_inputs: Sequence[Any], *, loss_fn: Optional[Callable] = None,
-               targets: Sequence[Any] = (), dtype: Optional[str] = None, name: Optional[str] = None):
+               targets: Sequence[Any] = (), dtype: Optional[str] = None, name: Optional[str] = None,
+               values=None):
     """The forward graph of ``module`` on ``example_inputs`` with a scalar loss.
 
     If the module returns a scalar, that is the loss; otherwise the loss is
@@ -1507,8 +1527,22 @@ def from_torch(module, example_inputs: Sequence[Any], *, loss_fn: Optional[Calla
     ``dtype`` is the weft dtype of every floating point tensor (default: the module's parameter
     dtype; float64 maps to "f32", weft having no f64 -- the interpreter computes in f64 anyway).
     Integer inputs (token ids, labels) become i64 / i32 inputs. Works on meta tensors.
-    Raises ValueError for an op without an exact mapping (see :func:`supported_ops`)."""
-    g, _ = _import(module, example_inputs, loss_fn, targets, dtype, name)
+    Raises ValueError for an op without an exact mapping (see :func:`supported_ops`).
+
+    Values: the graph carries the module's own (parameters, buffers, and the constants folded at
+    import: masks, eps, rotary tables, Python scalars) when its tensors are real; its parameters are
+    never seeded (``Graph.seed_parameters`` is False). A module on the meta device imports without
+    allocating anything and records none: give ``values=`` (a ``state_dict``-like mapping, or a
+    ``.safetensors`` path for the parameters) — its buffers are then used for the folded constants
+    too — or :func:`weft.load_values` later (for the parameters and buffers)."""
+    state = None
+    if values is not None and not isinstance(values, (str, bytes)) and hasattr(values, "items"):
+        state = dict(values.items())
+    g, _ = _import(module, example_inputs, loss_fn, targets, dtype, name, state)
+    if values is not None:
+        from ..values import load_values
+
+        load_values(g, values, strict=False)
     return g
 
 

@@ -88,13 +88,16 @@ def train_plain_pytorch(step, layers: int, heads: int, steps: int, *, seed: int 
 
 def train_module(module: torch.nn.Module, step, steps: int, *, seed: int = 0, device="cpu",
                  inputs=("tokens", "labels"), around_step: Optional[Callable] = None,
-                 load_initial: bool = True) -> Dict[str, torch.Tensor]:
+                 load_initial: Optional[bool] = None) -> Dict[str, torch.Tensor]:
     """Trains ``module`` (its forward returns the scalar loss of ``inputs``) with torch autograd and
-    torch.optim, as weft's training step ``step`` would: initial parameters and each step's data from
-    weft's counter-based values of ``step`` (parameters matched by name: ``step`` is the module's
-    import, weft.from_torch), the optimizer and its hyper-parameters from ``step``'s update ops.
-    Returns the parameters (state_dict names) after ``steps`` steps."""
-    values = _weft.LeafValues(step, int(seed))
+    torch.optim, as weft's training step ``step`` would: each step's data from weft's counter-based
+    values of ``step``, the optimizer and its hyper-parameters from ``step``'s update ops. The
+    initial parameters are the module's own when ``step`` is its import (weft.from_torch records
+    them; ``load_initial=None`` decides by ``step.seed_parameters``), else weft's seeded values
+    (matched by name). Returns the parameters (state_dict names) after ``steps`` steps."""
+    if load_initial is None:
+        load_initial = bool(step.seed_parameters)
+    values = _weft.LeafValues(step, int(seed), bool(load_initial))
     names = {t["name"] for t in step.tensors if t["role"] == "parameter" and t["producer"] is None}
     own = dict(module.named_parameters())
     if load_initial:

@@ -1,0 +1,336 @@
+"""A model runs with its own values: models written as plain torch modules (several per file), imported
+with weft.from_torch, planned by weft.plan and trained 3 Adam steps by weft.run on 4 gloo processes, by
+weft.execute on CPU threads and by torchrun from saved JSON + value file, each equal to the same module
+trained by torch autograd + torch.optim.Adam from its own weights in f64. Their constants (Python
+scalars, causal masks, eps, rotary tables, padding masks, bucket ids) and buffers are the module's,
+never drawn from a seed; a leaf without a value is refused by name; a NaN run fails --check."""
+import copy
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+F = torch.nn.functional
+
+import weft  # noqa: E402
+from weft.runtime.launch import free_port  # noqa: E402
+from weft_env import subprocess_env  # noqa: E402
+
+RTOL, ATOL = 1e-9, 1e-12
+
+
+# ---- the models (written as a user would; float64 for the proofs)
+
+class RMSNorm(nn.Module):
+    def __init__(self, d, eps=1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+class TinyLlama(nn.Module):
+    """Tied embeddings, RMSNorm, rotary positions (cos / sin tables as buffers), a causal mask, SwiGLU."""
+
+    def __init__(self, vocab=48, d=16, heads=2, seq=8, layers=2):
+        super().__init__()
+        self.heads, self.hd = heads, d // heads
+        self.emb = nn.Embedding(vocab, d)
+        self.blocks = nn.ModuleList()
+        for _ in range(layers):
+            self.blocks.append(nn.ModuleDict(dict(n1=RMSNorm(d), qkv=nn.Linear(d, 3 * d, bias=False),
+                                                  o=nn.Linear(d, d, bias=False), n2=RMSNorm(d),
+                                                  gate=nn.Linear(d, 2 * d, bias=False), up=nn.Linear(d, 2 * d, bias=False),
+                                                  down=nn.Linear(2 * d, d, bias=False))))
+        self.norm = RMSNorm(d)
+        inv = 1.0 / (10000 ** (torch.arange(0, self.hd, 2, dtype=torch.float64) / self.hd))
+        ang = torch.outer(torch.arange(seq, dtype=torch.float64), inv)
+        self.register_buffer("cos", torch.cat([ang.cos(), ang.cos()], -1))
+        self.register_buffer("sin", torch.cat([ang.sin(), ang.sin()], -1))
+        self.register_buffer("causal", torch.tril(torch.ones(seq, seq, dtype=torch.bool)))
+
+    def rope(self, x):
+        h = x.shape[-1] // 2
+        rot = torch.cat([-x[..., h:], x[..., :h]], -1)
+        return x * self.cos + rot * self.sin
+
+    def forward(self, tokens, labels):
+        b, s = tokens.shape
+        x = self.emb(tokens)
+        for blk in self.blocks:
+            q, k, v = (t.view(b, s, self.heads, self.hd).transpose(1, 2) for t in blk["qkv"](blk["n1"](x)).chunk(3, -1))
+            q, k = self.rope(q), self.rope(k)
+            att = (q @ k.transpose(-1, -2)) / math.sqrt(self.hd)
+            att = att.masked_fill(~self.causal, float("-inf")).softmax(-1)
+            x = x + blk["o"]((att @ v).transpose(1, 2).reshape(b, s, -1))
+            y = blk["n2"](x)
+            x = x + blk["down"](F.silu(blk["gate"](y)) * blk["up"](y))
+        logits = self.norm(x) @ self.emb.weight.t()
+        return F.cross_entropy(logits.reshape(b * s, -1), labels.reshape(-1))
+
+
+class HandGRU(nn.Module):
+    """A GRU unrolled by hand: ``1 - z`` and the gates' Python scalars are constants of the graph."""
+
+    def __init__(self, vocab=20, d=12, classes=5):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d, padding_idx=0)
+        self.wz, self.wr, self.wh = nn.Linear(2 * d, d), nn.Linear(2 * d, d), nn.Linear(2 * d, d)
+        self.head = nn.Linear(d, classes)
+
+    def forward(self, tokens, labels):
+        x = self.emb(tokens)
+        h = torch.zeros_like(x[:, 0])
+        for t in range(x.shape[1]):
+            xh = torch.cat([x[:, t], h], -1)
+            z, r = torch.sigmoid(self.wz(xh)), torch.sigmoid(self.wr(xh))
+            cand = torch.tanh(self.wh(torch.cat([x[:, t], r * h], -1)))
+            h = (1 - z) * h + z * cand
+        return F.cross_entropy(self.head(h), labels[:, 0])
+
+
+class BiasedAttentionClassifier(nn.Module):
+    """T5-style relative position bias: integer bucket ids (a buffer) looked up in a learned table; a
+    LayerNorm with a non-default eps; a padding-aware mean pool (a constant scale)."""
+
+    def __init__(self, vocab=30, d=16, seq=6, buckets=4, classes=3):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.bias = nn.Embedding(buckets, 1)
+        pos = torch.arange(seq)
+        rel = (pos[None, :] - pos[:, None]).clamp(-(buckets // 2), buckets // 2 - 1) + buckets // 2
+        self.register_buffer("bucket", rel)  # int64 ids, kept integer
+        self.qk = nn.Linear(d, 2 * d)
+        self.norm = nn.LayerNorm(d, eps=1e-3)
+        self.head = nn.Linear(d, classes)
+
+    def forward(self, tokens, labels):
+        x = self.emb(tokens)
+        q, k = self.qk(x).chunk(2, -1)
+        att = (q @ k.transpose(1, 2)) * 0.25 + self.bias(self.bucket).squeeze(-1)
+        x = self.norm(x + att.softmax(-1) @ x)
+        return F.cross_entropy(self.head(x.mean(1)), labels[:, 0])
+
+
+class PatchMLP(nn.Module):
+    """A small vision model: conv patches, learned positions (a parameter), GELU MLP, mean pool."""
+
+    def __init__(self, classes=4):
+        super().__init__()
+        self.patch = nn.Conv2d(3, 8, kernel_size=2, stride=2)
+        self.pos = nn.Parameter(0.02 * torch.randn(1, 4, 8))
+        self.norm = nn.LayerNorm(8)
+        self.mlp = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8))
+        self.head = nn.Linear(8, classes)
+
+    def forward(self, images, labels):
+        x = self.patch(images).flatten(2).transpose(1, 2) + self.pos
+        x = x + self.mlp(self.norm(x))
+        return F.cross_entropy(self.head(x.mean(1)), labels[:, 0])
+
+
+def _examples(name):
+    g = torch.Generator().manual_seed(5)
+    if name == "llama":
+        return TinyLlama, (torch.randint(0, 48, (8, 8), generator=g), torch.randint(0, 48, (8, 8), generator=g))
+    if name == "gru":
+        return HandGRU, (torch.randint(0, 20, (8, 5), generator=g), torch.randint(0, 5, (8, 1), generator=g))
+    if name == "relbias":
+        return BiasedAttentionClassifier, (torch.randint(0, 30, (8, 6), generator=g), torch.randint(0, 3, (8, 1), generator=g))
+    return PatchMLP, (torch.randn(8, 3, 4, 4, generator=g, dtype=torch.float64), torch.randint(0, 4, (8, 1), generator=g))
+
+
+MODELS = ["llama", "gru", "relbias", "patch"]
+
+
+def build(name):
+    cls, ex = _examples(name)
+    torch.manual_seed(11)
+    module = cls().double()
+    step = weft.from_torch(module, ex).train_step(optimizer="adam", lr=1e-2)
+    return module, ex, step
+
+
+def data(step, s, ex):
+    """Step s's data as weft draws it (the same for both sides): ids in range, floats N(0, 1)."""
+    vals = weft._weft.LeafValues(step, 0)
+    out = []
+    for t in step.tensors:
+        if t["role"] == "input" and t["producer"] is None:
+            n = int(np.prod(t["shape"]))
+            v = vals.values(t["id"], s, np.arange(n, dtype=np.int64)).reshape(t["shape"])
+            out.append((t["name"], v))
+    assert len(out) == len(ex)
+    return [torch.from_numpy(v).to(e.dtype) for (_, v), e in zip(out, ex)]
+
+
+def torch_train(module, step, ex, steps=3, lr=1e-2):
+    """The same module trained by torch autograd + torch.optim.Adam from its own weights."""
+    m = copy.deepcopy(module)
+    opt = torch.optim.Adam(m.parameters(), lr=lr, betas=(0.9, 0.999), eps=1e-8)
+    losses = []
+    for s in range(1, steps + 1):
+        opt.zero_grad()
+        loss = m(*data(step, s, ex))
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    return losses, {n: p.detach().numpy() for n, p in m.named_parameters()}
+
+
+def assert_trained_like_torch(got, losses, params):
+    np.testing.assert_allclose(got.losses, losses, rtol=RTOL, atol=ATOL)
+    assert set(got.parameters) == set(params)
+    for n, want in params.items():
+        np.testing.assert_allclose(got.parameters[n], want, rtol=RTOL, atol=max(ATOL, RTOL * np.max(np.abs(want))),
+                                   err_msg=n)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    return weft.Cluster.preset("p3.8xlarge")
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_imports_with_its_own_values(name):
+    module, ex, step = build(name)
+    state = dict(module.state_dict())
+    leaves = {t["name"]: t for t in step.tensors if t["producer"] is None}
+    for t in leaves.values():
+        if t["role"] in ("parameter", "buffer", "constant") and t["grad_of"] is None:  # not autodiff's dloss seed
+            assert t["has_value"], t["name"]
+        if t["role"] in ("parameter", "buffer") and t["name"] in state:
+            np.testing.assert_array_equal(step.value(t["id"]), state[t["name"]].double().numpy())
+    assert not step.seed_parameters
+    if name == "llama":
+        assert leaves["cos"]["role"] == "buffer" and leaves["sin"]["role"] == "buffer"  # (the mask folds into a keep constant)
+    if name == "relbias":
+        b = leaves["bucket"]
+        assert b["role"] == "buffer" and b["dtype"].startswith("i")
+        np.testing.assert_array_equal(step.value(b["id"]), module.bucket.numpy())
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_weft_run_on_4_processes_trains_like_torch(name, cluster):
+    module, ex, step = build(name)
+    plan = weft.plan(step, cluster)
+    got = weft.run(plan, step, cluster, steps=3, dtype="f64")
+    assert_trained_like_torch(got, *torch_train(module, step, ex))
+
+
+@pytest.mark.parametrize("name", ["llama", "relbias"])
+def test_weft_execute_trains_like_torch(name, cluster):
+    module, ex, step = build(name)
+    plan = weft.megatron_plan(step, cluster, t=2, p=1, d=2) if name == "llama" else weft.plan(step, cluster)
+    got = weft.execute(plan, step, cluster, steps=3)
+    assert_trained_like_torch(got, *torch_train(module, step, ex))
+    assert_trained_like_torch(weft.execute_reference(step, steps=3), *torch_train(module, step, ex))
+
+
+def test_torchrun_from_saved_json_and_value_file(tmp_path, cluster):
+    module, ex, step = build("llama")
+    plan = weft.plan(step, cluster)
+    (tmp_path / "plan.json").write_text(plan.to_json())
+    step.save(str(tmp_path / "step.json"), inline_limit=16)  # the weights go to the value file
+    assert (tmp_path / "step.json.values.safetensors").exists()
+    again = weft.Graph.load(str(tmp_path / "step.json"))
+    assert again.value_source(again.find("emb.weight"))[1] == "emb.weight"
+    for t in step.tensors:
+        if t["has_value"]:
+            np.testing.assert_array_equal(again.value(t["id"]), step.value(t["id"]))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--master-port", str(free_port()),
+           "-m", "weft.run", "plan.json", "--model", "step.json", "--cluster", "p3.8xlarge", "--steps", "3",
+           "--dtype", "f64", "--out", "result.npz"]
+    out = subprocess.run(cmd, cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stdout + out.stderr
+    r = np.load(tmp_path / "result.npz")
+    losses, params = torch_train(module, step, ex)
+    np.testing.assert_allclose(r["losses"], losses, rtol=RTOL, atol=ATOL)
+    for n, want in params.items():
+        np.testing.assert_allclose(r[f"param/{n}"], want, rtol=RTOL, atol=max(ATOL, RTOL * np.max(np.abs(want))))
+
+
+def test_a_leaf_without_a_value_is_refused_by_name(cluster):
+    # A meta-device import allocates nothing and records no value; running it names what is missing.
+    with torch.device("meta"):
+        module = TinyLlama().double()
+    tokens = torch.zeros(8, 8, dtype=torch.int64, device="meta")
+    step = weft.from_torch(module, (tokens, tokens)).train_step()
+    assert not any(t["has_value"] for t in step.tensors if t["role"] == "parameter")
+    plan = weft.plan(step, cluster)  # planning needs no values
+    with pytest.raises(ValueError, match=r"'emb.weight' \(parameter\)"):
+        weft.run(plan, step, cluster, steps=1)
+    with pytest.raises(ValueError, match=r"22 leaves need a value and have none: 'emb.weight' \(parameter\)"):
+        weft.execute_reference(step, steps=1)
+    # init="seed" initialises the parameters, never the buffers.
+    with pytest.raises(ValueError, match=r"'cos' \(buffer\)") as e:
+        weft.execute_reference(step, steps=1, init="seed")
+    assert "emb.weight" not in str(e.value)
+    # The module's real values, given later, make it run; wrong shapes and names are refused.
+    real = TinyLlama().double()
+    with pytest.raises(ValueError, match="shape"):
+        weft.load_values(step, {"emb.weight": torch.zeros(3, 3)})
+    with pytest.raises(ValueError, match="no value for"):
+        weft.load_values(step, {"emb.weight": real.emb.weight})
+    weft.load_values(step, real.state_dict())
+    with pytest.raises(ValueError, match=r"const\..*\(constant\).*values=state_dict"):  # folded from meta buffers
+        weft.execute_reference(step, steps=1)
+    # values= at import: the meta module's buffers from the state_dict, so the folded mask is real too.
+    g = weft.from_torch(module, (tokens, tokens), values=real.state_dict())
+    want = weft.from_torch(real, (torch.randint(0, 48, (8, 8)),) * 2)
+    assert g.value_names == want.value_names
+    for n in want.value_names:
+        np.testing.assert_array_equal(g.value(g.find(n)), want.value(want.find(n)))
+    # A parameter given as an input is refused, naming the Inputs.
+    step = g.train_step()
+    with pytest.raises(ValueError, match=r"inputs\['emb.weight'\] is not an Input leaf.*it is a parameter.*its Inputs: "):
+        weft.execute_reference(step, steps=1, inputs={"emb.weight": np.zeros((48, 16))})
+    with pytest.raises(ValueError, match=r"inputs\['nope'\] is not an Input leaf"):
+        weft.run(plan, step, cluster, steps=1, inputs={"nope": np.zeros(3)})
+
+
+def test_a_meta_import_then_a_value_file(tmp_path, cluster):
+    safetensors = pytest.importorskip("safetensors.torch")
+    real = HandGRU().double()
+    safetensors.save_file(real.state_dict(), str(tmp_path / "gru.safetensors"))
+    tokens = torch.randint(0, 20, (8, 5))
+    with torch.device("meta"):
+        meta = HandGRU().double()
+    g = weft.from_torch(meta, (tokens.to("meta"), tokens[:, :1].to("meta")))
+    weft.load_values(g, str(tmp_path / "gru.safetensors"))
+    assert g.value_source(g.find("wz.weight")) == (str(tmp_path / "gru.safetensors"), "wz.weight")
+    # (the folded Python scalars, 1 - z's one, are real even in a meta import: they come with it)
+    step = g.train_step(optimizer="adam", lr=1e-2)
+    want = weft.from_torch(real, (tokens, tokens[:, :1] % 5)).train_step(optimizer="adam", lr=1e-2)
+    got = weft.execute_reference(step, steps=2)
+    assert got.max_relative_error(weft.execute_reference(want, steps=2)) == 0
+
+
+def test_max_relative_error_reads_nan_as_failure_and_takes_a_floor():
+    a = weft.ExecutionResult(losses=[1.0], parameters={"w": np.array([1.0, 2.0])}, gradients={"w": np.array([1e-17, 0.0])})
+    b = weft.ExecutionResult(losses=[1.0], parameters={"w": np.array([1.0, 2.0])}, gradients={"w": np.array([-1e-17, 0.0])})
+    assert a.max_relative_error(b) == pytest.approx(2.0)  # rounding noise on a zero gradient: 200 %
+    assert a.max_relative_error(b, atol=1e-12) < 1e-4      # with a floor: nothing
+    nan = weft.ExecutionResult(losses=[float("nan")], parameters={"w": np.array([1.0, np.nan])}, gradients={"w": np.zeros(2)})
+    assert nan.max_relative_error(b) == float("inf")
+    assert b.max_relative_error(nan) == float("inf")
+    assert nan.worst(b)[0] == "loss[0]"
+
+
+def test_weft_run_check_fails_on_a_nan_run(tmp_path, cluster):
+    module, ex, step = build("gru")
+    step.set_value(step.find("wz.bias"), np.full(12, np.nan))
+    plan = weft.plan(step, cluster)
+    (tmp_path / "plan.json").write_text(plan.to_json())
+    step.save(str(tmp_path / "step.json"))
+    out = subprocess.run([sys.executable, "-m", "weft.cli", "run", "plan.json", "--model", "step.json", "--cluster",
+                          "p3.8xlarge", "--steps", "1", "--dtype", "f64", "--check"], cwd=tmp_path, env=subprocess_env(),
+                         capture_output=True, text=True, timeout=240)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "check FAILED" in out.stderr and "inf" in out.stderr
