@@ -254,7 +254,14 @@ class Backward {
         if (at.reduce == ReduceFn::Sum) {
           add(in[0], broadcast_to(dy, xs, axes, "in0"));
         } else if (at.reduce == ReduceFn::Mean) {
-          TensorId s = unary(UnaryFn::Scale, dy, "in0.scale", 1.0 / static_cast<double>(count));
+          // 1/count, with the tensor and axes it counts (ints = {x}, axes): re-batching a graph
+          // (plan::rebatch) recounts it when the batch dim is among the axes.
+          OpAttrs a;
+          a.unary = UnaryFn::Scale;
+          a.scalar = 1.0 / static_cast<double>(count);
+          a.ints = {in[0]};
+          a.axes = axes;
+          TensorId s = emit1(OpKind::Unary, {dy}, std::move(a), "in0.scale");
           add(in[0], broadcast_to(s, xs, axes, "in0"));
         } else {  // Max: dx = dy where x equals the max, i.e. dy − dy·[max − x > 0]
           TensorId yb = broadcast_to(y, xs, axes, "max.bcast");

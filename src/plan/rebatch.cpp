@@ -56,6 +56,25 @@ ir::Graph rebatch(const ir::Graph& g, std::int64_t nb) {
           std::find(op.attrs.axes.begin(), op.attrs.axes.end(), 0) != op.attrs.axes.end();
       if (batch_changed || inserts_dim0) ints[0] = nb;
     }
+    // A forward sum over the batch (a batch statistic, or a loss summed over the batch) has no exact
+    // split: a plan sums each part's gradients with weight 1/parts (the mean over the step), which
+    // is right for means only. Refused, saying what to write instead.
+    if (op.kind == ir::OpKind::Reduce && op.attrs.reduce == ir::ReduceFn::Sum && batch_changed &&
+        g.tensor(op.outputs[0]).role == ir::Role::Activation &&
+        std::find(op.attrs.axes.begin(), op.attrs.axes.end(), 0) != op.attrs.axes.end())
+      fail("rebatch: graph '{}' cannot change batch {} -> {}: op '{}' sums over the batch (a batch statistic, or a "
+           "loss summed over the batch); a split batch computes means exactly — write a summed loss as its mean times "
+           "the batch size (weft.from_torch does so for a sum to a scalar)",
+           g.name(), B, nb, old_op.name);
+    // A mean's gradient scale (autodiff: 1/count of tensor ints[0] over axes) counts the new batch.
+    if (op.kind == ir::OpKind::Unary && op.attrs.unary == ir::UnaryFn::Scale && ints.size() == 1 &&
+        !op.attrs.axes.empty() && ints[0] >= 0 && ints[0] < static_cast<std::int64_t>(ts.size())) {
+      const auto& xs = ts[static_cast<std::size_t>(ints[0])].shape;
+      std::int64_t count = 1;
+      for (int ax : op.attrs.axes)
+        if (ax >= 0 && ax < static_cast<int>(xs.size())) count *= xs[static_cast<std::size_t>(ax)];
+      op.attrs.scalar = 1.0 / static_cast<double>(count);
+    }
     // A dropout over the batch keys its mask by the sample's place in the whole step (the executor
     // adds the micro-batch's and replica's offset), so a micro-batch draws the mask the full batch would.
     if (op.kind == ir::OpKind::Dropout && batch_changed) op.attrs.axes = {0};

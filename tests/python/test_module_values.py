@@ -334,3 +334,56 @@ def test_weft_run_check_fails_on_a_nan_run(tmp_path, cluster):
                          capture_output=True, text=True, timeout=240)
     assert out.returncode == 1, out.stdout + out.stderr
     assert "check FAILED" in out.stderr and "inf" in out.stderr
+
+
+class Regressor(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(6, 8), nn.Linear(8, 5)
+
+    def forward(self, x):
+        return self.fc2(torch.tanh(self.fc1(x)))
+
+
+@pytest.mark.parametrize("loss", ["mean", "sum"])
+def test_a_mean_or_summed_loss_splits_over_microbatches_and_replicas(loss, cluster):
+    # A mean's gradient scale counts the micro-batch (it was baked for the whole batch: gradients came
+    # out 1/(replicas x micro-batches) too small); a loss summed over the batch is imported as its mean
+    # times the count, which a split batch computes exactly.
+    torch.manual_seed(2)
+    m = Regressor().double()
+    x, y = torch.randn(8, 4, 6, dtype=torch.float64), torch.randn(8, 4, 5, dtype=torch.float64)
+    lf = (lambda o, t: ((o - t) ** 2).mean()) if loss == "mean" else (lambda o, t: ((o - t) ** 2).sum())
+    step = weft.from_torch(m, (x,), loss_fn=lf, targets=(y,)).train_step(optimizer="adam", lr=1e-2)
+    feeds = {"x": x.numpy(), "t": y.numpy()}
+    ref = weft.execute_reference(step, steps=2, inputs=feeds)
+    for shares, mb in (([2, 2, 2, 2], 1), ([1, 1, 1, 1], 2)):
+        got = weft.execute(weft.data_parallel_plan(step, cluster, shares, num_microbatches=mb), step, cluster, steps=2,
+                           inputs=feeds)
+        assert got.max_relative_error(ref, atol=1e-12) < 1e-12, (shares, mb)
+    # and the reference is torch's own training of the module
+    tm = copy.deepcopy(m)
+    opt = torch.optim.Adam(tm.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(2):
+        opt.zero_grad()
+        out = lf(tm(x), y)
+        out.backward()
+        opt.step()
+        losses.append(float(out.detach()))
+    np.testing.assert_allclose(ref.losses, losses, rtol=1e-12)
+    for n, p in tm.named_parameters():
+        np.testing.assert_allclose(ref.parameters[n], p.detach().numpy(), rtol=1e-10, atol=1e-12)
+
+
+def test_a_forward_sum_over_the_batch_is_refused_when_the_batch_is_split():
+    g = weft.Graph("batch-stat")
+    x = g.input("x", [8, 4])
+    w = g.parameter("w", [4, 4])
+    h = g.matmul(x, w)
+    s = g.reduce("sum", h, [0])  # a batch statistic
+    g.set_loss(g.reduce("mean", g.mul(h, s), [0, 1]))
+    step = g.train_step()
+    cl = weft.Cluster.preset("p3.8xlarge")
+    with pytest.raises(ValueError, match=r"sums over the batch"):
+        weft.execute(weft.data_parallel_plan(step, cl, [2, 2, 2, 2]), step, cl, steps=1)

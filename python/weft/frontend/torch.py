@@ -844,7 +844,15 @@ def _reduce_op(fn):
         x = ctx.tensor(x)
         if len(x.shape) == 0:
             return x
-        y = ctx.reduce(fn, x, _reduce_dims(x, dims), "reduce" if keepdim else "")
+        axes = _reduce_dims(x, dims)
+        if (fn == "sum" and len(axes) == len(x.shape) and ctx.batch is not None and x.shape[0] == ctx.batch):
+            # A loss summed over the batch: the mean times its count. The same value, and a plan that
+            # splits the batch (micro-batches, replicas: each step's gradients are their mean) then
+            # computes the sum: each part's mean times the whole count, averaged.
+            count = int(np.prod(x.shape))
+            y = ctx.unary("scale", ctx.reduce("mean", x, axes, "mean"), "", scalar=float(count))
+            return ctx.reshape(y, _out_shape(node)) if keepdim else y
+        y = ctx.reduce(fn, x, axes, "reduce" if keepdim else "")
         return ctx.reshape(y, _out_shape(node)) if keepdim else y
     return h
 
