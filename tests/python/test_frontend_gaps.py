@@ -69,6 +69,19 @@ def test_loss_module_inside_the_model_and_reduction_none():
     check(M().double(), (f64(4, 5), f64(4, 3)))
 
 
+def test_loss_against_a_broadcast_constant():
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = Reg()
+            self.register_buffer("goal", torch.randn(3, dtype=torch.float64))
+
+        def forward(self, x):
+            return F.l1_loss(self.net(x), self.goal.expand(4, 3)) + F.mse_loss(self.net(x)[:, :1], self.goal[:1])
+
+    check(M().double(), (f64(4, 5),))
+
+
 def test_unsupported_loss_variant_names_the_users_module():
     class Crit(nn.Module):
         def forward(self, o, t):
@@ -278,3 +291,28 @@ def test_layerdrop_export_failure_is_explained():
     assert "random" in hint and "LayerDrop" in hint and "eval()" in hint
     m.eval()
     weft.from_torch(m, (torch.randn(2, 4),))  # eval mode: no branch on a random number
+
+
+def test_new_constructs_stay_rebatchable():
+    """Zero padding, conv taps, the regression losses and label smoothing add no batch-sized
+    constant: the planner can change the batch of the graph."""
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1 = nn.Conv1d(4, 4, 3, padding=2, dilation=2, groups=2)
+            self.c2 = nn.Conv1d(4, 6, 3, stride=2, padding=1)
+            self.fc = nn.Linear(6, 5)
+
+        def forward(self, x):  # [B, 4, 10]
+            h = self.c2(F.relu(self.c1(x)))  # [B, 6, 5]
+            return self.fc(h.mT)  # [B, 5, 5]
+
+    m = M().double()
+    x, y = f64(6, 4, 10), torch.randint(0, 5, (6, 5))
+    ce = lambda o, t: (F.cross_entropy(o.reshape(-1, 5), t.reshape(-1), label_smoothing=0.1)  # noqa: E731
+                       + F.smooth_l1_loss(o, torch.tanh(o)))
+    g, _ = check_forward(m, (x,), loss_fn=ce, targets=(y,))
+    small = weft._weft.rebatch(g.train_step(optimizer=None), 2)  # raises if the batch is pinned
+    assert small.tensor(small.find("x"))["shape"] == (2, 4, 10)
+    assert all(6 not in t["shape"] for t in g.tensors if t["role"] == "constant")

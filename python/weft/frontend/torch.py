@@ -811,8 +811,10 @@ def _min_scalar(ctx, x, c, suffix):
 @_reg("broadcast_tensors.default")
 def _broadcast_tensors(ctx, node, xs):
     outs = [tuple(int(s) for s in v.shape) for v in node.meta["val"]]
-    return [x if tuple(x.shape) == o else _broadcast(ctx, node, x, o, str(i))
-            for i, (x, o) in enumerate(zip(xs, outs))]
+    shape = lambda x: tuple(x.value.shape) if isinstance(x, _C) else tuple(x.shape)  # noqa: E731
+    # a constant is expanded in torch (stride 0: the op reading it drops the broadcast dims again)
+    return [x if shape(x) == o else _C(x.value.expand(o), ctx.const(None, str(i)).name) if isinstance(x, _C)
+            else _broadcast(ctx, node, x, o, str(i)) for i, (x, o) in enumerate(zip(xs, outs))]
 
 
 def _reduced(ctx, loss, reduction, what):
