@@ -126,8 +126,19 @@ class _Ctx:
 
     # -- errors
     def fail(self, msg: str):
-        raise ValueError(f"weft.from_torch: {self.node.target} (node '{self.node.name}'"
-                         f"{', module ' + repr(self.path) if self.path else ''}): {msg}")
+        raise ValueError(f"weft.from_torch: {self.node.target} (node '{self.node.name}'{self._where()}): {msg}")
+
+    def _where(self) -> str:
+        """The user's module of the current node (its path and class), or 'in loss_fn' for an op of
+        the loss function (run by the importer's wrapper module, which the user never wrote)."""
+        stack = list((self.node.meta.get("nn_module_stack") or {}).values())
+        c = stack[-1][1] if stack else ""
+        cls = c if isinstance(c, str) else f"{c.__module__}.{c.__qualname__}"
+        if self.path:
+            return f", module {self.path!r} {cls}".rstrip()
+        if stack and str(stack[0][1]).endswith("_WithLoss"):
+            return ", in loss_fn"
+        return ""
 
     # -- operands
     def const(self, value, suffix: str) -> _C:
@@ -293,7 +304,8 @@ def _handler_for(target):
     return HANDLERS.get(target)
 
 
-_VIEW_OPS = ("view", "reshape", "_unsafe_view", "transpose", "permute", "t", "slice", "select", "expand",
+_VIEW_OPS = ("view", "reshape", "_unsafe_view", "transpose", "permute", "t", "numpy_T", "mT", "mH", "adjoint",
+             "slice", "select", "expand",
              "unsqueeze", "squeeze", "split", "chunk", "unbind", "alias", "flatten", "unflatten", "view_as",
              "as_strided", "diagonal", "narrow")
 
@@ -426,11 +438,36 @@ def _linear(ctx, node, x, w, b=None):
     return _matmul_rows(ctx, node, x, w, b, "yz")
 
 
+def _beta_alpha(ctx, bias, b, beta, alpha):
+    """beta·bias + alpha·(a @ b) as (bias', b'): alpha scales the right factor (usually a weight,
+    never the batch-sized side), beta the bias. beta == 0: torch ignores the bias's values but
+    still gives it a (zero) gradient, so a bias in the graph is kept, scaled by 0 (a NaN in it would
+    then propagate); a constant bias is dropped."""
+    b = _scale(ctx, b, alpha, "alpha") if alpha != 1 else b
+    if beta == 0 and not _is_graph(bias):
+        return None, b
+    return (ctx.unary("scale", bias, "beta", float(beta)) if beta != 1 else bias), b
+
+
 @_reg("addmm.default")
 def _addmm(ctx, node, bias, a, b, beta=1, alpha=1):
-    if beta != 1 or alpha != 1:
-        ctx.fail("addmm with beta or alpha != 1 is not supported")
+    bias, b = _beta_alpha(ctx, bias, b, beta, alpha)
     return _matmul_rows(ctx, node, a, b, bias, "zy")
+
+
+@_reg("baddbmm.default")
+def _baddbmm(ctx, node, bias, a, b, beta=1, alpha=1):
+    bias, b = _beta_alpha(ctx, bias, b, beta, alpha)
+    y = ctx.einsum("bmk,bkn->bmn", [a, b], "bmm" if bias is not None else "")
+    return ctx.binary("add", y, bias) if bias is not None else y
+
+
+@_reg("addbmm.default")
+def _addbmm(ctx, node, bias, a, b, beta=1, alpha=1):
+    # Σ_b a[b] @ b[b]: the batch letter is contracted
+    bias, b = _beta_alpha(ctx, bias, b, beta, alpha)
+    y = ctx.einsum("bmk,bkn->mn", [a, b], "bmm" if bias is not None else "")
+    return ctx.binary("add", y, bias) if bias is not None else y
 
 
 @_reg("mm.default")
@@ -522,6 +559,10 @@ def _perm_of(node, rank):
     t = str(node.target)
     if t.startswith("aten.t."):
         return list(range(rank))[::-1] if rank == 2 else list(range(rank))
+    if t.startswith("aten.numpy_T."):  # x.T: every dim reversed
+        return list(range(rank))[::-1]
+    if t.startswith(("aten.mT.", "aten.mH.", "aten.adjoint.")):  # the last two dims swapped (real: mH == mT)
+        return list(range(rank - 2)) + [rank - 1, rank - 2]
     if t.startswith("aten.transpose."):
         perm = list(range(rank))
         d0, d1 = _norm(node.args[1], rank), _norm(node.args[2], rank)
@@ -543,7 +584,8 @@ def _permute_any(ctx, node, x, *args):
     return _Perm(ctx.tensor(x), perm, ctx.name())
 
 
-_reg("t.default", "transpose.int", "permute.default")(_permute_any)
+_reg("t.default", "transpose.int", "permute.default", "numpy_T.default", "mT.default", "mH.default",
+     "adjoint.default")(_permute_any)
 
 
 _LOSS_OPS = ("aten.cross_entropy_loss.", "aten.nll_loss")
@@ -733,9 +775,106 @@ def _rsub(ctx, node, a, b, alpha=1):
     return _binary_op("sub")(ctx, node, b, _scale(ctx, a, alpha) if alpha != 1 else a)
 
 
-@_reg("maximum.default")
+@_reg("maximum.default", "max.other")
 def _maximum(ctx, node, a, b):
     return ctx.binary("max", a, b)
+
+
+@_reg("minimum.default", "min.other")
+def _minimum(ctx, node, a, b):
+    # min(a, b) = −max(−a, −b): the IR's binary max (its gradient goes to b on a tie)
+    na = ctx.unary("neg", a, "neg_a") if _is_graph(a) else _negated(ctx, a, "neg_a")
+    nb = ctx.unary("neg", b, "neg_b") if _is_graph(b) else _negated(ctx, b, "neg_b")
+    return ctx.unary("neg", ctx.binary("max", na, nb, "max"))
+
+
+def _negated(ctx, v, suffix):
+    """−v for a constant operand or Python scalar (folded, no op; a new constant of this node)."""
+    return ctx.const(-v.value, suffix) if isinstance(v, _C) else -v
+
+
+@_reg("abs.default")
+def _abs(ctx, node, x):
+    return _abs_of(ctx, x, "")
+
+
+def _abs_of(ctx, x, suffix):
+    """|x| = relu(x) + relu(−x): exact, and its gradient is sign(x) (0 at 0, as torch's)."""
+    pre = suffix + "." if suffix else ""
+    return ctx.binary("add", ctx.unary("relu", x, pre + "pos"),
+                      ctx.unary("relu", ctx.unary("neg", x, pre + "neg"), pre + "neg.relu"), suffix)
+
+
+def _min_scalar(ctx, x, c, suffix):
+    """min(x, c) for a Python scalar c: −max(−x, −c)."""
+    pre = suffix + "." if suffix else ""
+    m = ctx.binary("max", ctx.unary("neg", x, pre + "neg"), -float(c), pre + "max")
+    return ctx.unary("neg", m, suffix)
+
+
+# -- losses (reduction: 0 none, 1 mean, 2 sum, as ATen numbers them)
+@_reg("broadcast_tensors.default")
+def _broadcast_tensors(ctx, node, xs):
+    outs = [tuple(int(s) for s in v.shape) for v in node.meta["val"]]
+    shape = lambda x: tuple(x.value.shape) if isinstance(x, _C) else tuple(x.shape)  # noqa: E731
+    # a constant is expanded in torch (stride 0: the op reading it drops the broadcast dims again)
+    return [x if shape(x) == o else _C(x.value.expand(o), ctx.const(None, str(i)).name) if isinstance(x, _C)
+            else _broadcast(ctx, node, x, o, str(i)) for i, (x, o) in enumerate(zip(xs, outs))]
+
+
+def _reduced(ctx, loss, reduction, what):
+    if reduction == 0:
+        return loss
+    if reduction not in (1, 2):
+        ctx.fail(f"{what} with reduction code {reduction} is not supported")
+    x = ctx.tensor(loss)
+    return ctx.reduce("mean" if reduction == 1 else "sum", x, list(range(len(x.shape))))
+
+
+def _diff(ctx, node, x, y):
+    # torch broadcasts differing shapes (with a warning; broadcast_tensors comes first): so does sub
+    return ctx.binary("sub", x, y, "diff")
+
+
+@_reg("mse_loss.default")
+def _mse_loss(ctx, node, x, y, reduction=1):
+    return _reduced(ctx, ctx.unary("square", _diff(ctx, node, x, y), "square"), reduction, "mse_loss")
+
+
+@_reg("l1_loss.default")
+def _l1_loss(ctx, node, x, y, reduction=1):
+    return _reduced(ctx, _abs_of(ctx, _diff(ctx, node, x, y), "abs"), reduction, "l1_loss")
+
+
+def _huber_terms(ctx, d, beta, quad_scale):
+    """With a = |d| and c = min(a, β): quad_scale·c²/2 + k·(a − c) is smooth L1 (quad_scale = 1/β,
+    k = 1) and Huber (quad_scale = 1, k = δ): the branches of torch's formula without a
+    data-dependent select (value and gradient exact away from the measure-zero tie a = β)."""
+    a = _abs_of(ctx, d, "abs")
+    c = _min_scalar(ctx, a, beta, "clip")
+    quad = _scale(ctx, ctx.unary("square", c, "clip.square"), 0.5 * quad_scale, "quad")
+    return a, c, quad
+
+
+@_reg("smooth_l1_loss.default")
+def _smooth_l1_loss(ctx, node, x, y, reduction=1, beta=1.0):
+    d = _diff(ctx, node, x, y)
+    if beta == 0:  # torch: plain L1
+        return _reduced(ctx, _abs_of(ctx, d, "abs"), reduction, "smooth_l1_loss")
+    if beta < 0:
+        ctx.fail(f"smooth_l1_loss with beta={beta} < 0")
+    a, c, quad = _huber_terms(ctx, d, beta, 1.0 / beta)
+    lin = ctx.binary("sub", a, c, "linear")
+    return _reduced(ctx, ctx.binary("add", quad, lin, "elementwise"), reduction, "smooth_l1_loss")
+
+
+@_reg("huber_loss.default")
+def _huber_loss(ctx, node, x, y, reduction=1, delta=1.0):
+    if delta <= 0:
+        ctx.fail(f"huber_loss with delta={delta} <= 0")
+    a, c, quad = _huber_terms(ctx, _diff(ctx, node, x, y), delta, 1.0)
+    lin = _scale(ctx, ctx.binary("sub", a, c, "linear"), delta, "linear.scale")
+    return _reduced(ctx, ctx.binary("add", quad, lin, "elementwise"), reduction, "huber_loss")
 
 
 def _unary_op(fn):
@@ -931,17 +1070,55 @@ def _log_softmax(ctx, node, x, dim, *args):
     return _LogSoftmax(y.id, y.shape, src=x.id, dim=d)
 
 
-def _check_ce(ctx, logits, target, weight, reduction, ignore_index, label_smoothing=0.0):
+def _check_ce(ctx, logits, target, weight, reduction, ignore_index, label_smoothing=0.0, class_dim=-1):
     if weight is not None:
-        ctx.fail("class weights are not supported")
-    if reduction != 1:
-        ctx.fail("only reduction='mean' is supported")
-    if label_smoothing != 0:
-        ctx.fail("label smoothing is not supported")
+        ctx.fail("class weights (weight=) are not supported: the weighted mean divides by Σ weight[label] "
+                 "over the whole batch, a data-dependent normaliser the IR's cross entropy does not compute")
+    if reduction not in (1, 2):
+        ctx.fail("reduction='none' is not supported (the IR's cross entropy is a scalar): use 'mean' or 'sum'")
+    if not 0 <= label_smoothing <= 1:
+        ctx.fail(f"label_smoothing={label_smoothing} is not in [0, 1]")
     if not isinstance(target, _T) or _is_float_weft(ctx.g, target.id):
-        ctx.fail("targets must be integer class indices")
-    # ignore_index: weft's cross entropy averages over every token; a label out of range (such as
-    # -100) is an error in the interpreter, never silently ignored.
+        ctx.fail("targets must be integer class indices (class probabilities are not supported)")
+    n_classes = logits.shape[class_dim]
+    if ignore_index is not None and 0 <= ignore_index < n_classes:
+        # A label equal to an in-range ignore_index is a valid class for the IR's op: torch would
+        # skip it, weft would count it (silently different), so refuse.
+        ctx.fail(f"ignore_index={ignore_index} is a class index in [0, {n_classes}): tokens with that label "
+                 "would be counted by weft's cross entropy and skipped by torch; not supported (use an "
+                 "out-of-range ignore_index such as the default -100, and no such labels)")
+    # An out-of-range ignore_index (torch's default -100): weft's cross entropy averages over every
+    # token, and a label out of [0, C) -- such as -100 -- is an error when the graph runs, never
+    # silently ignored.
+
+
+def _ce_tokens(ctx, target) -> int:
+    n = 1
+    for d in target.shape:
+        n *= int(d)
+    return n
+
+
+def _ce_smoothed(ctx, logits, ce, label_smoothing, reduction, tokens):
+    """torch's cross entropy with label smoothing ε (no class weights, no ignored labels) and the
+    reduction: (1 − ε)·CE + ε·mean_t(lse_t − mean_c x_tc) -- the smoothing term is the mean over
+    classes of −log_softmax, torch's ε/C·Σ_c −log p_tc. 'sum' = the mean times the token count."""
+    loss = ce
+    if label_smoothing:
+        x = ctx.tensor(logits)  # class-last [..., C]
+        d = len(x.shape) - 1
+        kd = _keepdim_shape(x.shape, d)
+        m = ctx.reduce("max", x, [d], "smooth.max")
+        sh = ctx.binary("sub", x, ctx.reshape(m, kd, "smooth.max.keepdim"), "smooth.shifted")
+        lse = ctx.binary("add", ctx.unary("log", ctx.reduce("sum", ctx.unary("exp", sh, "smooth.exp"), [d],
+                                                             "smooth.sum"), "smooth.log"), m, "smooth.lse")
+        per = ctx.binary("sub", lse, ctx.reduce("mean", x, [d], "smooth.mean_logit"), "smooth.per_token")
+        smooth = ctx.reduce("mean", per, list(range(d)), "smooth.mean") if d > 0 else per
+        loss = ctx.binary("add", _scale(ctx, ce, 1.0 - label_smoothing, "nll.scale"),
+                          _scale(ctx, smooth, float(label_smoothing), "smooth.scale"), "smoothed")
+    if reduction == 2:
+        loss = _scale(ctx, loss, float(tokens), "sum")
+    return loss
 
 
 def _class_last(ctx, logits):
@@ -958,10 +1135,12 @@ def _cross_entropy(ctx, node, logits, target, weight=None, reduction=1, ignore_i
     if len(logits.shape) < 2:
         ctx.fail("unbatched cross entropy (1-D logits) is not supported")
     logits, target, unflattened = _unflatten_pair(ctx, logits, target)
-    _check_ce(ctx, logits, target, weight, reduction, ignore_index, label_smoothing)
     if not unflattened:  # unflattened logits [..., C] are already class-last
         logits = _class_last(ctx, logits)
-    return ctx._t(ctx.g.cross_entropy(logits.id, target.id, ctx.name()))
+    _check_ce(ctx, logits, target, weight, reduction, ignore_index, label_smoothing)
+    plain = not label_smoothing and reduction == 1
+    ce = ctx._t(ctx.g.cross_entropy(logits.id, target.id, ctx.name("" if plain else "nll")))
+    return ce if plain else _ce_smoothed(ctx, logits, ce, label_smoothing, reduction, _ce_tokens(ctx, target))
 
 
 @_reg("nll_loss.default", "nll_loss_nd.default", "nll_loss2d.default")
@@ -971,15 +1150,18 @@ def _nll_loss(ctx, node, x, target, weight=None, reduction=1, ignore_index=-100)
         logits, target, ok = _unflatten_pair(ctx, x, target)
         if ok:
             _check_ce(ctx, logits, target, weight, reduction, ignore_index)
-            return ctx._t(ctx.g.cross_entropy(logits.src, target.id, ctx.name()))
+            ce = ctx._t(ctx.g.cross_entropy(logits.src, target.id, ctx.name("" if reduction == 1 else "nll")))
+            return ce if reduction == 1 else _scale(ctx, ce, float(_ce_tokens(ctx, target)), "sum")
         x = ctx.tensor(x)
     target = ctx.tensor(target)
-    _check_ce(ctx, x, target, weight, reduction, ignore_index)
+    _check_ce(ctx, x, target, weight, reduction, ignore_index, class_dim=1 if len(x.shape) >= 2 else 0)
     if not isinstance(x, _LogSoftmax) or x.dim != (1 if len(x.shape) >= 2 else 0):
         ctx.fail("nll_loss is supported only on log_softmax over the class dim (plain cross entropy)")
     if len(x.shape) < 2:
         ctx.fail("unbatched nll_loss is not supported")
-    return ctx._t(ctx.g.cross_entropy(_class_last(ctx, ctx._t(x.src)).id, target.id, ctx.name()))
+    ce = ctx._t(ctx.g.cross_entropy(_class_last(ctx, ctx._t(x.src)).id, target.id,
+                                    ctx.name("" if reduction == 1 else "nll")))
+    return ce if reduction == 1 else _scale(ctx, ce, float(_ce_tokens(ctx, target)), "sum")
 
 
 # -- normalisation
@@ -1090,27 +1272,121 @@ def _same(ctx, vals, what):
     return int(vals[0])
 
 
+def _per_dim(ctx, vals, nd, what):
+    vals = [int(v) for v in vals] if isinstance(vals, (list, tuple)) else [int(vals)]
+    if len(vals) == 1:
+        vals = vals * nd
+    if len(vals) != nd:
+        ctx.fail(f"{what} {vals} does not have {nd} entries")
+    return vals
+
+
 def _conv(ctx, node, x, w, b, stride, padding, dilation, groups):
-    if groups != 1:
-        ctx.fail("grouped convolution is not supported")
-    if _same(ctx, dilation, "dilation") != 1:
-        ctx.fail("dilated convolution is not supported")
+    """conv1d / conv2d, exactly. The IR's conv2d takes one stride and one symmetric padding for
+    both dims, no dilation, no groups; so: 2-D with square stride and padding -> conv2d; 1-D
+    (groups 1, no dilation) -> explicit zero padding + conv2d on [N, C, 1, L]; anything else
+    (grouped, depthwise, dilated, non-square stride) -> one einsum per kernel tap (_conv_taps)."""
+    x, w = ctx.tensor(x), ctx.tensor(w)
+    nd = len(w.shape) - 2
+    if nd not in (1, 2):
+        ctx.fail(f"{nd}-D convolution is not supported (conv1d and conv2d are)")
+    if len(x.shape) != nd + 2:
+        ctx.fail(f"unbatched convolution (input {list(x.shape)} without the batch dim) is not supported")
+    stride = _per_dim(ctx, stride, nd, "stride")
+    dilation = _per_dim(ctx, dilation, nd, "dilation")
+    ks = list(w.shape[2:])
     if isinstance(padding, str):
-        if padding != "valid":
-            ctx.fail(f"padding='{padding}' is not supported (give explicit padding)")
-        padding = 0
-    x = ctx.tensor(x)
-    if len(x.shape) != 4:
-        ctx.fail("only 2-D convolution on [N, C, H, W] is supported")
-    y = ctx._t(ctx.g.conv2d(x.id, ctx.tensor(w).id, _same(ctx, stride, "stride"), _same(ctx, padding, "padding"),
-                             ctx.name("conv" if b is not None else "")))
+        if padding == "valid":
+            pads = [(0, 0)] * nd
+        elif padding == "same":  # torch: total d·(k − 1), the odd one on the right (stride 1 only)
+            pads = [(d * (k - 1) // 2, d * (k - 1) - d * (k - 1) // 2) for d, k in zip(dilation, ks)]
+        else:
+            ctx.fail(f"padding={padding!r} is not supported")
+    else:
+        pads = [(p, p) for p in _per_dim(ctx, padding, nd, "padding")]
+    if groups < 1 or x.shape[1] % groups or w.shape[0] % groups or w.shape[1] * groups != x.shape[1]:
+        ctx.fail(f"groups={groups} does not fit input channels {x.shape[1]} and weight {list(w.shape)}")
+    out = list(_out_shape(node))
+    plain = groups == 1 and all(d == 1 for d in dilation)
+    named = "conv" if b is not None else ""
+    if plain and nd == 2 and len(set(stride)) == 1 and len({p for pr in pads for p in pr}) == 1:
+        y = ctx._t(ctx.g.conv2d(x.id, w.id, stride[0], pads[0][0], ctx.name(named)))
+    elif plain and nd == 1:
+        xp = _zero_pad(ctx, x, 2, pads[0][0], pads[0][1], "pad")
+        x4 = ctx.tensor(ctx.reshape(xp, [x.shape[0], x.shape[1], 1, xp.shape[2]], "as2d"))
+        w4 = ctx.tensor(ctx.reshape(w, [w.shape[0], w.shape[1], 1, ks[0]], "w.as2d"))
+        y = ctx._t(ctx.g.conv2d(x4.id, w4.id, stride[0], 0, ctx.name("conv2d")))
+        y = ctx.reshape(y, out, "conv" if b is not None else "")
+    else:
+        y = _conv_taps(ctx, x, w, stride, pads, dilation, groups, out)
     if b is not None:
-        b = ctx.reshape(ctx.tensor(b), [w.shape[0], 1, 1], "bias.reshape")
+        b = ctx.reshape(ctx.tensor(b), [w.shape[0]] + [1] * nd, "bias.reshape")
         y = ctx.binary("add", y, b)
     return y
 
 
-@_reg("conv2d.default", "conv2d.padding")
+def _zero_pad(ctx, x, axis, before, after, suffix):
+    """x with zeros added along `axis`, exactly (gradient included): the zeros are 0·(an edge slice
+    of x) broadcast against a small zeros constant, so they follow x's batch (no batch-sized
+    constant; the IR's Pad op is the gradient of a slice, not a forward op). An inf/NaN in that
+    edge slice would make the zeros NaN (0·inf)."""
+    torch = _torch()
+    x = ctx.tensor(x)
+    if before == 0 and after == 0:
+        return x
+    r = len(x.shape)
+    zero = ctx.unary("scale", _slice_t(ctx, x, axis, 0, 1, suffix + ".edge"), suffix + ".zero", 0.0)
+    parts = []
+    for n, tag in ((before, "before"), (after, "after")):
+        if n > 0:
+            z = ctx.const(torch.zeros([n] + [1] * (r - axis - 1), dtype=torch.float64, device=_device(ctx.node)),
+                          f"{suffix}.{tag}")
+            parts.append(ctx.binary("add", zero, z, f"{suffix}.{tag}"))
+    parts.insert(1 if before > 0 else 0, x)
+    return ctx._t(ctx.g.concat([p.id for p in parts], axis, ctx.name(suffix)))
+
+
+def _conv_taps(ctx, x, w, stride, pads, dilation, groups, out):
+    """A convolution as Σ over kernel taps of einsum(a shifted, strided window of x, the tap's
+    weights), per group: y[n,g,o,p..] = Σ_tap Σ_c x[n,g,c,p·s + tap·d ..]·w[g,o,c,tap..]. Exact
+    (grouped, depthwise, dilated, any stride and padding); the taps are slices, a stride > 1 a
+    reshape [.., L, s] + slice of the first of each s."""
+    nd = len(out) - 2
+    N, C = x.shape[:2]
+    O, cg = w.shape[:2]
+    G, og = groups, w.shape[0] // groups
+    ks, osz = list(w.shape[2:]), out[2:]
+    xg = ctx.tensor(ctx.reshape(x, [N, G, cg] + list(x.shape[2:]), "groups"))
+    wg = ctx.tensor(ctx.reshape(w, [G, og, cg] + ks, "w.groups"))
+    for i in range(nd):  # pad; extra zeros on the right so that every strided window is a whole reshape
+        lp = xg.shape[3 + i] + pads[i][0] + pads[i][1]
+        need = dilation[i] * (ks[i] - 1) + stride[i] * osz[i]
+        xg = _zero_pad(ctx, xg, 3 + i, pads[i][0], pads[i][1] + max(0, need - lp), f"pad{i}")
+    sp = "hw"[:nd] if nd == 2 else "l"
+    eq = f"ngc{sp},goc->ngo{sp}"
+    y = None
+    taps = [(i,) for i in range(ks[0])] if nd == 1 else [(i, j) for i in range(ks[0]) for j in range(ks[1])]
+    for tap in taps:
+        tag = "tap" + "_".join(str(t) for t in tap)
+        win = xg
+        for a, t in enumerate(tap):
+            axis, s, start = 3 + a, stride[a], t * dilation[a]
+            win = _slice_t(ctx, ctx.tensor(win), axis, start, start + s * osz[a], f"{tag}.win{a}")
+            if s > 1:
+                shp = list(win.shape)
+                split = ctx.tensor(ctx.reshape(win, shp[:axis] + [osz[a], s] + shp[axis + 1:], f"{tag}.stride{a}"))
+                first = _slice_t(ctx, split, axis + 1, 0, 1, f"{tag}.first{a}")
+                win = ctx.tensor(ctx.reshape(first, shp[:axis] + [osz[a]] + shp[axis + 1:], f"{tag}.strided{a}"))
+        wt = wg
+        for a, t in enumerate(tap):
+            wt = _slice_t(ctx, wt, 3 + a, t, t + 1, f"{tag}.w{a}")
+        wt = ctx.reshape(wt, [G, og, cg], f"{tag}.w")
+        yt = ctx.einsum(eq, [win, wt], tag)
+        y = yt if y is None else ctx.binary("add", y, yt, f"{tag}.acc")
+    return ctx.reshape(y, out, "taps")
+
+
+@_reg("conv2d.default", "conv2d.padding", "conv1d.default", "conv1d.padding")
 def _conv2d(ctx, node, x, w, b=None, stride=1, padding=0, dilation=1, groups=1):
     return _conv(ctx, node, x, w, b, stride, padding, dilation, groups)
 
@@ -1241,7 +1517,8 @@ def _batch_norm(ctx, node, x, weight, bias, running_mean, running_var, training,
 
 # ---- capture
 
-_PERM_OPS = ("aten.t.", "aten.transpose.", "aten.permute.")
+_PERM_OPS = ("aten.t.", "aten.transpose.", "aten.permute.", "aten.numpy_T.", "aten.mT.", "aten.mH.",
+             "aten.adjoint.")
 _EINSUM_OPS = {"aten.matmul.default", "aten.bmm.default", "aten.mm.default", "aten.einsum.default",
                "aten.scaled_dot_product_attention.default"}
 
@@ -1250,6 +1527,25 @@ _SAME_VALUE_OPS = {"alias", "slice", "contiguous", "clone", "detach", "lift_fres
 
 _RANDOM_OPS = ("rand", "randn", "randint", "bernoulli", "normal", "uniform", "dropout", "randperm",
                "multinomial", "native_dropout")
+
+
+def _export_hint(exc: BaseException) -> str:
+    """A sentence explaining a torch.export failure that users meet on real models, or "".
+    Training-mode LayerDrop / stochastic depth (`if self.training and torch.rand(()) < p: continue`)
+    branches in Python on a random number: data-dependent control flow, which torch.export cannot
+    capture (the graph would hold one draw of the branch). To be used in _export's error."""
+    text = f"{type(exc).__name__}: {exc}"
+    data_dependent = ("data-dependent" in text or "GuardOnDataDependent" in text
+                      or "DataDependentOutput" in text or "_local_scalar_dense" in text)
+    if not data_dependent:
+        return ""
+    randomness = any(f"aten.{r}." in text or f"torch.{r}(" in text for r in _RANDOM_OPS)
+    if randomness:
+        return ("the module branches in Python on a random number (data-dependent control flow from "
+                "torch.rand & co., e.g. training-mode LayerDrop or stochastic depth): torch.export cannot "
+                "capture that; import the module in eval() mode (or with the drop probability 0)")
+    return ("the module branches in Python on a tensor's value (data-dependent control flow), which "
+            "torch.export cannot capture")
 
 
 def _signature_names(fn, n: int, skip: int, fallback: str) -> List[str]:
