@@ -1529,6 +1529,26 @@ _RANDOM_OPS = ("rand", "randn", "randint", "bernoulli", "normal", "uniform", "dr
                "multinomial", "native_dropout")
 
 
+def _type_name(t) -> str:
+    """A module type as torch records it (a class or its qualified name), as a short name."""
+    return getattr(t, "__qualname__", None) or str(t).rsplit(".", 1)[-1].rstrip("'>")
+
+
+def _source_line(node) -> str:
+    """', at file:line' of the user's source that made this node (torch.export's stack trace), or ''."""
+    trace = node.meta.get("stack_trace") or ""
+    lines = [ln.strip() for ln in trace.splitlines() if ln.strip().startswith("File ")]
+    if not lines:
+        return ""
+    last = lines[-1]  # 'File "/path/model.py", line 12, in forward'
+    try:
+        file = last.split('"')[1]
+        line = last.split("line ")[1].split(",")[0]
+        return f", at {file}:{line}"
+    except IndexError:
+        return ""
+
+
 def _export_hint(exc: BaseException) -> str:
     """A sentence explaining a torch.export failure that users meet on real models, or "".
     Training-mode LayerDrop / stochastic depth (`if self.training and torch.rand(()) < p: continue`)
@@ -1560,8 +1580,20 @@ def _signature_names(fn, n: int, skip: int, fallback: str) -> List[str]:
     return names
 
 
+def _loss_of(out):
+    """The loss a module returns: itself, or the ``loss`` of a Hugging Face ModelOutput / a dict."""
+    loss = getattr(out, "loss", None)
+    if loss is None and isinstance(out, dict):
+        loss = out.get("loss")
+    return out if loss is None else loss
+
+
 def _export(module, example_inputs, loss_fn, targets):
     torch = _torch()
+    keys = None
+    if isinstance(example_inputs, dict):  # keyword inputs (Hugging Face: input_ids=..., labels=...)
+        keys = [str(k) for k in example_inputs]
+        example_inputs = tuple(example_inputs.values())
     inputs = tuple(example_inputs)
     targets = tuple(targets)
     for x in inputs + targets:
@@ -1569,7 +1601,18 @@ def _export(module, example_inputs, loss_fn, targets):
             raise ValueError(f"weft.from_torch: example inputs and targets must be tensors, got {type(x).__name__}")
     if loss_fn is None and targets:
         raise ValueError("weft.from_torch: targets given without a loss_fn")
-    if loss_fn is None:
+    if keys is not None:
+        class _WithKeywords(torch.nn.Module):
+            def __init__(self, m):
+                super().__init__()
+                self.model = m
+
+            def forward(self, *args):
+                out = self.model(**dict(zip(keys, args[:len(inputs)])))
+                return loss_fn(out, *args[len(inputs):]) if loss_fn is not None else _loss_of(out)
+
+        root = _WithKeywords(module)
+    elif loss_fn is None:
         root = module
     else:
         class _WithLoss(torch.nn.Module):
@@ -1584,18 +1627,21 @@ def _export(module, example_inputs, loss_fn, targets):
     try:
         ep = torch.export.export(root, inputs + targets, strict=False)
     except Exception as e:  # noqa: BLE001 (any capture failure is the user's model's: say so)
-        raise ValueError(f"weft.from_torch: torch.export could not capture the module "
-                         f"({type(e).__name__}: {e})") from e
-    names = _signature_names(module.forward, len(inputs), 0, "input")
+        hint = _export_hint(e)
+        raise ValueError(f"weft.from_torch: torch.export could not capture the module"
+                         f"{': ' + hint if hint else ''} ({type(e).__name__}: {e})") from e
+    names = keys if keys is not None else _signature_names(module.forward, len(inputs), 0, "input")
     if targets:
         names += _signature_names(loss_fn, len(targets), 1, "target")
-    prefix = "model." if loss_fn is not None else ""
+    prefix = "model." if (loss_fn is not None or keys is not None) else ""
     return ep, root, names, prefix
 
 
 def _import(module, example_inputs, loss_fn=None, targets=(), dtype=None, name=None, values=None):
     torch = _torch()
     ep, root, user_names, prefix = _export(module, example_inputs, loss_fn, targets)
+    if isinstance(example_inputs, dict):
+        example_inputs = tuple(example_inputs.values())
     gm = ep.graph_module
     # canonical names by object identity: a tied parameter is one tensor under its first name
     canon: Dict[int, str] = {}
@@ -1777,8 +1823,8 @@ def _import(module, example_inputs, loss_fn=None, targets=(), dtype=None, name=N
             raise ValueError(
                 f"weft.from_torch: unsupported op {opname} (node '{node.name}', module "
                 f"{path or '<root>'!r}"
-                f"{' ' + list(stack.values())[-1][1] if stack else ''}). Supported ops: "
-                f"{', '.join(supported_ops())}")
+                f"{' ' + _type_name(list(stack.values())[-1][1]) if stack else ''}{_source_line(node)}); "
+                f"weft.frontend.supported_ops() lists the {len(supported_ops())} ops it maps")
         env[node] = h(ctx, node, *args, **kwargs)
         if inplace is not None and isinstance(node.args[0], torch.fx.Node):
             # x.add_(y): later readers of x see the new value (x must not be a view of another tensor)
