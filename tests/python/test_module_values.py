@@ -310,6 +310,17 @@ def test_a_meta_import_then_a_value_file(tmp_path, cluster):
     want = weft.from_torch(real, (tokens, tokens[:, :1] % 5)).train_step(optimizer="adam", lr=1e-2)
     got = weft.execute_reference(step, steps=2)
     assert got.max_relative_error(weft.execute_reference(want, steps=2)) == 0
+    # 4 ranks read their tiles from the file (tensor-parallel splits of the gates, replicas of the rest)
+    plan = weft.megatron_plan(step, cluster, t=2, p=1, d=2)
+    ran = weft.run(plan, step, cluster, steps=2, dtype="f64")
+    assert ran.max_relative_error(weft.execute_reference(want, steps=2), atol=1e-12) < 1e-12
+    # a file whose tensor has another shape is refused before any process starts, naming it
+    safetensors.save_file({**real.state_dict(), "wz.weight": torch.zeros(3, 3, dtype=torch.float64)},
+                          str(tmp_path / "bad.safetensors"))
+    g.set_value_file(g.find("wz.weight"), str(tmp_path / "bad.safetensors"), "wz.weight")
+    bad = g.train_step(optimizer="adam", lr=1e-2)
+    with pytest.raises(ValueError, match=r"'wz.weight' in .*bad.safetensors has shape \(3, 3\)"):
+        weft.run(plan, bad, cluster, steps=1, dtype="f64")
 
 
 def test_max_relative_error_reads_nan_as_failure_and_takes_a_floor():

@@ -81,6 +81,18 @@ def check_values(program, init: Optional[str], inputs: Optional[Mapping[str, np.
     seed_all = check_init(init)
     _weft.LeafValues(program.graph, 0, seed_all)  # raises, naming every leaf without a value
     g = program.graph
+    headers = {}
+    for t in g.tensors:  # file-backed values: the file, the key and the shape checked up front
+        src = g.value_source(t["id"]) if t["has_value"] else None
+        if isinstance(src, tuple):
+            if src[0] not in headers:
+                headers[src[0]] = _weft._value_file_header(src[0])
+            entry = headers[src[0]].get(src[1])
+            if entry is None:
+                raise ValueError(f"run: the value of '{t['name']}' is tensor '{src[1]}' of {src[0]}, which has no such tensor")
+            if tuple(entry["shape"]) != tuple(t["shape"]):
+                raise ValueError(f"run: the value of '{t['name']}' in {src[0]} has shape {tuple(entry['shape'])}, the "
+                                 f"tensor {tuple(t['shape'])}")
     names = {t["name"]: t for t in g.tensors}
     input_names = [t["name"] for t in g.tensors if t["role"] == "input" and t["producer"] is None]
     for k, v in (inputs or {}).items():

@@ -72,6 +72,9 @@ class RankRuntime:
         self._leaf_ids = [b for b in self.program.leaf_buffer_ids if self.buffers[b]["stage"] == self.info["stage"]]
         self._local_shape: Dict[int, List[int]] = {}
         self._dtype: Dict[int, torch.dtype] = {}
+        self._sources: Dict[int, object] = {}
+        self._files = ValueFiles()
+        self._file_tiles: Dict[tuple, torch.Tensor] = {}
 
     # -- buffers
 
@@ -129,6 +132,17 @@ class RankRuntime:
     def fill(self, b: int, step: int, offset: int = 0) -> None:
         """Rank's tile of leaf buffer b: the global values at its elements (dim 0 shifted by offset)."""
         t = self.buffers[b]["tensor_id"]
+        source = self._source(t)
+        if isinstance(source, tuple):  # a value file: read the tile's box of the tensor, nothing more
+            key = (b, offset)
+            v = self._file_tiles.get(key)
+            if v is None:
+                v = self._files.tile(source[0], source[1], self.layout.tile(b, self.rank)["global"], offset)
+                v = v.reshape(self.local_shape(b)).to(device=self.device, dtype=self.dtype_of(b))
+                if self.tensors[t]["role"] in ("buffer", "constant"):
+                    self._file_tiles[key] = v  # refilled every step: read once
+            self.write(b, v)
+            return
         shape = self.layout.global_input_shape(t)
         flat = T.flat_global(self.layout.tile(b, self.rank), shape, offset)
         name = self.tensors[t]["name"]
@@ -138,6 +152,12 @@ class RankRuntime:
             vals = self.leaves.values(t, step, flat)
         v = torch.from_numpy(np.ascontiguousarray(vals, dtype=np.float64)).reshape(self.local_shape(b))
         self.write(b, v.to(device=self.device, dtype=self.dtype_of(b)))
+
+    def _source(self, t: int):
+        """None / 'memory' / (file, key): where leaf t's value is (cached per tensor)."""
+        if t not in self._sources:
+            self._sources[t] = self.program.graph.value_source(t)
+        return self._sources[t]
 
     # -- a step
 
@@ -242,6 +262,36 @@ class RankRuntime:
             self.pending[b] = fin
         else:
             raise RankError(f"unknown instruction kind {kind!r}")
+
+
+class ValueFiles:
+    """Tiles of tensors in safetensors value files, read through the file's slices: a rank reads the
+    box its tile spans (its shard for block splits; at most the tensor for strided ones), in the
+    file's dtype, never the whole file. The file is mapped for one tensor at a time, so the pages a
+    column split touches are released before the next tensor (a rank peaks at its shard plus one
+    tensor: benchmarks/frontend/bench_values.py)."""
+
+    def tile(self, path: str, key: str, glob, offset: int = 0) -> torch.Tensor:
+        from safetensors import safe_open
+
+        with safe_open(path, framework="pt") as f:
+            return self._tile(f, path, key, glob, offset)
+
+    @staticmethod
+    def _tile(f, path: str, key: str, glob, offset: int) -> torch.Tensor:
+        if not glob:  # a scalar
+            return f.get_tensor(key).reshape(1)
+        sl = f.get_slice(key)
+        if len(sl.get_shape()) != len(glob):
+            raise RankError(f"the value of '{key}' in {path} has shape {sl.get_shape()}, of another rank than the tile's tensor")
+        idx = [np.asarray(g, dtype=np.int64) + (offset if d == 0 else 0) for d, g in enumerate(glob)]
+        lo = [int(i.min()) for i in idx]
+        hi = [int(i.max()) + 1 for i in idx]
+        box = sl[tuple(slice(a, z) for a, z in zip(lo, hi))]
+        for d, (i, a) in enumerate(zip(idx, lo)):
+            if len(i) != box.shape[d] or np.any(i - a != np.arange(len(i))):  # strided: pick the rows
+                box = box.index_select(d, torch.from_numpy(i - a))
+        return box
 
 
 class LeafInit:
