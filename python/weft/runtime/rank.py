@@ -69,7 +69,11 @@ class RankRuntime:
         self.pending: Dict[int, callable] = {}
         self.live_bytes = 0
         self.peak_bytes = 0
-        self._leaf_ids = [b for b in self.program.leaf_buffer_ids if self.buffers[b]["stage"] == self.info["stage"]]
+        # Largest tensors first: a rank reading a value file holds one whole tensor transiently (a
+        # column split reads its rows), at most the largest while it holds the least.
+        self._leaf_ids = sorted((b for b in self.program.leaf_buffer_ids
+                                 if self.buffers[b]["stage"] == self.info["stage"]),
+                                key=lambda b: -int(np.prod(self.buffers[b]["shape"] or [1])))
         self._local_shape: Dict[int, List[int]] = {}
         self._dtype: Dict[int, torch.dtype] = {}
         self._sources: Dict[int, object] = {}
@@ -275,7 +279,11 @@ class ValueFiles:
         from safetensors import safe_open
 
         with safe_open(path, framework="pt") as f:
-            return self._tile(f, path, key, glob, offset)
+            box = self._tile(f, path, key, glob, offset)
+        # a slice is a view of the whole tensor read from the file: keep the tile, let the rest go
+        if box.untyped_storage().nbytes() > box.numel() * box.element_size():
+            box = box.clone(memory_format=torch.contiguous_format)
+        return box
 
     @staticmethod
     def _tile(f, path: str, key: str, glob, offset: int) -> torch.Tensor:
