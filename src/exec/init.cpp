@@ -39,26 +39,36 @@ void check_input_name(const ir::Graph& g, const std::string& name, std::string_v
   if (t && g.tensor(*t).role == ir::Role::Input && g.tensor(*t).producer == ir::kNoOp) return;
   std::string inputs;
   for (const auto& info : g.tensors())
-    if (info.role == ir::Role::Input && info.producer == ir::kNoOp) inputs += (inputs.empty() ? "" : ", ") + info.name;
-  fail("{}: inputs['{}'] is not an Input leaf of the graph{} (its Inputs: {}; parameters, buffers and constants "
-       "carry their values in the graph: weft.load_values)",
-       who, name, t ? fmt::format(" (it is a {})", ir::role_name(g.tensor(*t).role)) : "", inputs.empty() ? "none" : inputs);
+    if (info.role == ir::Role::Input && info.producer == ir::kNoOp)
+      inputs += (inputs.empty() ? "" : ", ") + info.name;
+  fail(
+      "{}: inputs['{}'] is not an Input leaf of the graph{} (its Inputs: {}; parameters, buffers and "
+      "constants "
+      "carry their values in the graph: weft.load_values)",
+      who, name, t ? fmt::format(" (it is a {})", ir::role_name(g.tensor(*t).role)) : "",
+      inputs.empty() ? "none" : inputs);
 }
 
-LeafValues::LeafValues(const ir::Graph& g, std::uint64_t seed, bool seed_all_parameters) : g_(g), seed_(seed) {
+LeafValues::LeafValues(const ir::Graph& g, std::uint64_t seed, bool seed_all_parameters)
+    : g_(g), seed_(seed) {
   if (auto missing = leaves_without_values(g, seed_all_parameters); !missing.empty()) {
     bool folded = false;
     for (const auto& m : missing) folded = folded || m.ends_with("(constant)");
     std::string names;
     for (std::size_t i = 0; i < missing.size() && i < 12; ++i) names += (i ? ", " : "") + missing[i];
     if (missing.size() > 12) names += fmt::format(", ... ({} in all)", missing.size());
-    fail("graph '{}': {} leaves need a value and have none: {}. Give the module's values (weft.load_values(graph, "
-         "state_dict or a .safetensors file), or import a module whose tensors are real){}{}",
-         g.name(), missing.size(), names,
-         g.seed_parameters() || seed_all_parameters ? "" : ", or init=\"seed\" to initialise the parameters from the seed",
-         folded ? "; constants folded at import from a meta module's buffers: import with weft.from_torch(..., "
-                  "values=state_dict)"
-                : "");
+    fail(
+        "graph '{}': {} leaves need a value and have none: {}. Give the module's values "
+        "(weft.load_values(graph, "
+        "state_dict or a .safetensors file), or import a module whose tensors are real){}{}",
+        g.name(), missing.size(), names,
+        g.seed_parameters() || seed_all_parameters
+            ? ""
+            : ", or init=\"seed\" to initialise the parameters from the seed",
+        folded
+            ? "; constants folded at import from a meta module's buffers: import with weft.from_torch(..., "
+              "values=state_dict)"
+            : "");
   }
   const auto n = g.tensors().size();
   int_range_.assign(n, 0);
@@ -163,7 +173,8 @@ double LeafValues::value(ir::TensorId t, int step, std::int64_t index) const {
   const std::uint64_t skey = key ^ (0x9E3779B97F4A7C15ULL * static_cast<std::uint64_t>(step));
   if (!is_floating(info.dtype)) {
     const std::int64_t n = int_range_[static_cast<std::size_t>(t)];
-    WEFT_CHECK(n > 0, "input '{}' is an integer tensor that no embedding or cross-entropy reads: give its values",
+    WEFT_CHECK(n > 0,
+               "input '{}' is an integer tensor that no embedding or cross-entropy reads: give its values",
                info.name);
     auto v = static_cast<std::int64_t>(uniform01(seed_, skey, i) * static_cast<double>(n));
     return static_cast<double>(std::min(v, n - 1));

@@ -5,9 +5,9 @@
 
 #include <bit>
 #include <cmath>
-#include <limits>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "weft/core/error.hpp"
@@ -30,9 +30,12 @@ int dtype_bytes(const std::string& dt) {
 double half_to_double(std::uint16_t h) {
   const int sign = (h >> 15) & 1, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
   double v;
-  if (exp == 0) v = std::ldexp(static_cast<double>(man), -24);
-  else if (exp == 31) v = man ? std::numeric_limits<double>::quiet_NaN() : std::numeric_limits<double>::infinity();
-  else v = std::ldexp(static_cast<double>(man | 0x400), exp - 25);
+  if (exp == 0)
+    v = std::ldexp(static_cast<double>(man), -24);
+  else if (exp == 31)
+    v = man ? std::numeric_limits<double>::quiet_NaN() : std::numeric_limits<double>::infinity();
+  else
+    v = std::ldexp(static_cast<double>(man | 0x400), exp - 25);
   return sign ? -v : v;
 }
 
@@ -77,17 +80,20 @@ std::map<std::string, ValueFileEntry> read_value_file_header(const std::string& 
   in.seekg(0);
   const std::uint64_t n = header_size(in, path);
   WEFT_CHECK(n <= file_size - 8 && n < (std::uint64_t{1} << 31),
-             "value file '{}': header of {} bytes in a file of {} (not a safetensors file)", path, n, file_size);
+             "value file '{}': header of {} bytes in a file of {} (not a safetensors file)", path, n,
+             file_size);
   std::string text(n, '\0');
   in.read(text.data(), static_cast<std::streamsize>(n));
   json h = json::parse(text, nullptr, false);
-  WEFT_CHECK(h.is_object(), "value file '{}': the header is not a JSON object (not a safetensors file)", path);
+  WEFT_CHECK(h.is_object(), "value file '{}': the header is not a JSON object (not a safetensors file)",
+             path);
   const std::uint64_t data_size = file_size - 8 - n;
   std::map<std::string, ValueFileEntry> out;
   for (auto& [key, e] : h.items()) {
     if (key == "__metadata__") continue;
     auto bad = [&](const char* what) { fail("value file '{}': entry '{}': {}", path, key, what); };
-    if (!e.is_object() || !e.contains("dtype") || !e.contains("shape") || !e.contains("data_offsets")) bad("missing fields");
+    if (!e.is_object() || !e.contains("dtype") || !e.contains("shape") || !e.contains("data_offsets"))
+      bad("missing fields");
     if (!e["dtype"].is_string() || !e["shape"].is_array() || !e["data_offsets"].is_array() ||
         e["data_offsets"].size() != 2)
       bad("malformed fields");
@@ -97,7 +103,8 @@ std::map<std::string, ValueFileEntry> read_value_file_header(const std::string& 
     if (eb == 0) fail("value file '{}': entry '{}': unsupported dtype {}", path, key, v.dtype);
     std::int64_t numel = 1;
     for (const auto& s : e["shape"]) {
-      if (!s.is_number_integer() || s.get<std::int64_t>() < 0) bad("a shape entry is not a non-negative integer");
+      if (!s.is_number_integer() || s.get<std::int64_t>() < 0)
+        bad("a shape entry is not a non-negative integer");
       v.shape.push_back(s.get<std::int64_t>());
       WEFT_CHECK(v.shape.back() == 0 || numel <= (std::int64_t{1} << 50) / v.shape.back(),
                  "value file '{}': entry '{}': too many elements", path, key);
@@ -122,7 +129,10 @@ HostTensor read_value(const std::string& path, const std::string& key) {
     std::string keys;
     int shown = 0;
     for (const auto& [k, e] : header) {
-      if (shown++ == 8) { keys += ", ..."; break; }
+      if (shown++ == 8) {
+        keys += ", ...";
+        break;
+      }
       keys += (keys.empty() ? "" : ", ") + k;
     }
     fail("value file '{}' has no tensor '{}' (it has {} tensors: {})", path, key, header.size(), keys);
@@ -133,21 +143,25 @@ HostTensor read_value(const std::string& path, const std::string& key) {
   in.seekg(static_cast<std::streamoff>(8 + n + static_cast<std::uint64_t>(e.begin)));
   std::vector<char> bytes(static_cast<std::size_t>(e.end - e.begin));
   in.read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  WEFT_CHECK(in.gcount() == static_cast<std::streamsize>(bytes.size()), "value file '{}': '{}' is truncated", path, key);
+  WEFT_CHECK(in.gcount() == static_cast<std::streamsize>(bytes.size()), "value file '{}': '{}' is truncated",
+             path, key);
   HostTensor t{e.shape, {}};
   const int eb = dtype_bytes(e.dtype);
   t.data.resize(bytes.size() / static_cast<std::size_t>(eb));
-  for (std::size_t i = 0; i < t.data.size(); ++i) t.data[i] = element(e.dtype, bytes.data() + i * static_cast<std::size_t>(eb));
+  for (std::size_t i = 0; i < t.data.size(); ++i)
+    t.data[i] = element(e.dtype, bytes.data() + i * static_cast<std::size_t>(eb));
   return t;
 }
 
-void write_value_file(const std::string& path, const std::map<std::string, std::pair<HostTensor, DType>>& values) {
+void write_value_file(const std::string& path,
+                      const std::map<std::string, std::pair<HostTensor, DType>>& values) {
   json header = json::object();
   std::int64_t offset = 0;
   for (const auto& [key, v] : values) {
     const std::int64_t bytes = v.first.numel() * 8;
     WEFT_CHECK(static_cast<std::int64_t>(v.first.data.size()) == v.first.numel(),
-               "write_value_file: '{}' has {} values for shape {}", key, v.first.data.size(), v.first.numel());
+               "write_value_file: '{}' has {} values for shape {}", key, v.first.data.size(),
+               v.first.numel());
     header[key] = {{"dtype", is_floating(v.second) ? "F64" : "I64"},
                    {"shape", v.first.shape},
                    {"data_offsets", {offset, offset + bytes}}};
@@ -163,7 +177,8 @@ void write_value_file(const std::string& path, const std::map<std::string, std::
   for (const auto& [key, v] : values) {
     for (double x : v.first.data) {
       char b[8];
-      if (is_floating(v.second)) std::memcpy(b, &x, 8);
+      if (is_floating(v.second))
+        std::memcpy(b, &x, 8);
       else {
         const auto i = static_cast<std::int64_t>(x);
         std::memcpy(b, &i, 8);

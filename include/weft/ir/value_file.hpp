@@ -15,9 +15,9 @@
 namespace weft::ir {
 
 struct ValueFileEntry {
-  std::string dtype;                  // the safetensors dtype name ("F32", "BF16", ...)
+  std::string dtype;  // the safetensors dtype name ("F32", "BF16", ...)
   std::vector<std::int64_t> shape;
-  std::int64_t begin = 0, end = 0;    // byte range in the data section
+  std::int64_t begin = 0, end = 0;  // byte range in the data section
 };
 
 // The header of a value file: key -> entry. weft::Error naming the file when it is not one.
@@ -26,6 +26,7 @@ std::map<std::string, ValueFileEntry> read_value_file_header(const std::string& 
 HostTensor read_value(const std::string& path, const std::string& key);
 // Writes `values` (key -> tensor, with the dtype each is stored in: integer dtypes as I64, the
 // rest as F64) to `path`, replacing it.
-void write_value_file(const std::string& path, const std::map<std::string, std::pair<HostTensor, DType>>& values);
+void write_value_file(const std::string& path,
+                      const std::map<std::string, std::pair<HostTensor, DType>>& values);
 
 }  // namespace weft::ir

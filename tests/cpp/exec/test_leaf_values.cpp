@@ -33,7 +33,8 @@ ir::Graph mlp(bool with_values) {
     g.set_seed_parameters(false);
     auto fill = [&](ir::TensorId t, double a) {
       ir::HostTensor v{g.tensor(t).shape, {}};
-      for (std::int64_t k = 0; k < v.numel(); ++k) v.data.push_back(a * std::sin(0.7 * static_cast<double>(k) + a));
+      for (std::int64_t k = 0; k < v.numel(); ++k)
+        v.data.push_back(a * std::sin(0.7 * static_cast<double>(k) + a));
       g.set_value(t, v);
     };
     fill(w1, 0.5), fill(b1, 0.1), fill(gamma, 1.0), fill(beta, 0.2), fill(pos, 0.3);
@@ -47,8 +48,9 @@ ir::Graph mlp(bool with_values) {
 TEST_CASE("exec values: a leaf that needs a value and has none is refused by name") {
   auto g = mlp(false);
   // Built in code: parameters may be seeded, but the constant and the buffer have no value.
-  CHECK_THROWS_WITH_AS(exec::LeafValues(g, 0), doctest::Contains("2 leaves need a value and have none: 'scale' (constant), 'pos' (buffer)"),
-                       Error);
+  CHECK_THROWS_WITH_AS(
+      exec::LeafValues(g, 0),
+      doctest::Contains("2 leaves need a value and have none: 'scale' (constant), 'pos' (buffer)"), Error);
   g.set_value(*g.find_tensor("scale"), ir::HostTensor{{1}, {2.0}});
   g.set_value(*g.find_tensor("pos"), ir::HostTensor{{6}, std::vector<double>(6, 0.0)});
   CHECK_NOTHROW(exec::LeafValues(g, 0));
@@ -59,14 +61,16 @@ TEST_CASE("exec values: a leaf that needs a value and has none is refused by nam
   const auto step = ir::build_training_graph(g, {});
   exec::ExecuteOptions eo;
   CHECK_THROWS_WITH_AS(exec::execute_reference(step, eo), doctest::Contains("'b1' (parameter)"), Error);
-  auto prog = lower::lower_spmd(step, test::m8(), cluster::DeviceMesh::iota({2}),
-                                test::random_layout(step, {2}, 5u));
+  auto prog =
+      lower::lower_spmd(step, test::m8(), cluster::DeviceMesh::iota({2}), test::random_layout(step, {2}, 5u));
   CHECK_THROWS_WITH_AS(exec::execute_program(prog, eo), doctest::Contains("'w1' (parameter)"), Error);
   // inputs= naming a leaf that is not an Input lists the Inputs.
   eo.seed_all_parameters = true;
   eo.inputs["w1"] = ir::HostTensor{{6, 6}, std::vector<double>(36, 0.0)};
-  CHECK_THROWS_WITH_AS(exec::execute_reference(step, eo), doctest::Contains("inputs['w1'] is not an Input leaf of the graph (it is a parameter) (its Inputs: x"),
-                       Error);
+  CHECK_THROWS_WITH_AS(
+      exec::execute_reference(step, eo),
+      doctest::Contains("inputs['w1'] is not an Input leaf of the graph (it is a parameter) (its Inputs: x"),
+      Error);
 }
 
 TEST_CASE("exec values: seeded parameters follow torch's initialisers per role") {
@@ -97,8 +101,9 @@ TEST_CASE("exec values: the given values are what every executor starts from, in
     if (info.producer != ir::kNoOp) continue;
     ir::HostTensor h{info.shape, {}};
     const std::int64_t n = info.numel();
-    for (std::int64_t k = 0; k < n; ++k) h.data.push_back(info.role == ir::Role::Input ? lv.value(t, 1, k)
-                                                                                   : g.value(t)->data->data[static_cast<std::size_t>(k)]);
+    for (std::int64_t k = 0; k < n; ++k)
+      h.data.push_back(info.role == ir::Role::Input ? lv.value(t, 1, k)
+                                                    : g.value(t)->data->data[static_cast<std::size_t>(k)]);
     feeds[t] = h;
   }
   const auto fwd = ir::interpret(g, feeds);
@@ -127,7 +132,7 @@ TEST_CASE("exec values: the given values are what every executor starts from, in
   auto g3 = g;
   g3.set_value_file(*g3.find_tensor("w1"), path, "w1");
   const std::string why = "the value of 'w1' in '" + path + "' (key 'w1') has shape [36]";
-  CHECK_THROWS_WITH_AS(exec::execute_reference(ir::build_training_graph(g3, {}), eo), doctest::Contains(why.c_str()),
-                       Error);
+  CHECK_THROWS_WITH_AS(exec::execute_reference(ir::build_training_graph(g3, {}), eo),
+                       doctest::Contains(why.c_str()), Error);
   std::filesystem::remove(path);
 }

@@ -31,7 +31,9 @@ Graph small(TensorId* w, TensorId* c, TensorId* pos, TensorId* ids) {
   return g;
 }
 
-fs::path temp(const char* name) { return fs::temp_directory_path() / (std::string("weft_test_values_") + name); }
+fs::path temp(const char* name) {
+  return fs::temp_directory_path() / (std::string("weft_test_values_") + name);
+}
 
 }  // namespace
 
@@ -43,11 +45,12 @@ TEST_CASE("values: set_value checks the leaf, the shape and integrality") {
   CHECK(g.value(c) == nullptr);
   CHECK_THROWS_WITH_AS(g.set_value(w, HostTensor{{4, 3}, std::vector<double>(12, 0)}),
                        doctest::Contains("value of 'w': shape [4, 3], the tensor has [3, 4]"), weft::Error);
-  CHECK_THROWS_WITH_AS(g.set_value(ids, HostTensor{{2, 2}, {0, 1, 2.5, 3}}), doctest::Contains("2.5 is not an integer"),
-                       weft::Error);
+  CHECK_THROWS_WITH_AS(g.set_value(ids, HostTensor{{2, 2}, {0, 1, 2.5, 3}}),
+                       doctest::Contains("2.5 is not an integer"), weft::Error);
   CHECK_THROWS_WITH_AS(g.set_value(*g.find_tensor("x"), HostTensor{{2, 3}, std::vector<double>(6, 0)}),
                        doctest::Contains("'x' (input) cannot carry a value"), weft::Error);
-  CHECK_THROWS_WITH_AS(g.set_value(*g.loss(), HostTensor{{}, {1}}), doctest::Contains("computed by an op"), weft::Error);
+  CHECK_THROWS_WITH_AS(g.set_value(*g.loss(), HostTensor{{}, {1}}), doctest::Contains("computed by an op"),
+                       weft::Error);
   g.set_value(ids, HostTensor{{2, 2}, {0, 1, -1, 3}});  // a bucket id of -1 is a value, not a guess
   CHECK(g.value(ids)->data->data[2] == -1);
   // Copies (autodiff's training graph) share the value; the content compares equal.
@@ -81,11 +84,12 @@ TEST_CASE("values: a value file is read and written exactly, in every dtype safe
   CHECK(read_value(p.string(), "c").data == std::vector<double>{-1, 7});
   CHECK(read_value(p.string(), "d").data == std::vector<double>{1});
   CHECK(read_value_file_header(p.string()).at("a").shape == std::vector<std::int64_t>{2});
-  CHECK_THROWS_WITH_AS(read_value(p.string(), "zz"), doctest::Contains("has no tensor 'zz' (it has 4 tensors: a, b, c, d)"),
-                       weft::Error);
+  CHECK_THROWS_WITH_AS(read_value(p.string(), "zz"),
+                       doctest::Contains("has no tensor 'zz' (it has 4 tensors: a, b, c, d)"), weft::Error);
   // Written: F64 and I64, bit-exact (an awkward double, a NaN, -inf, a large integer).
   const fs::path q = temp("written.safetensors");
-  HostTensor f{{2, 2}, {0.1234567890123456789, std::nan(""), -std::numeric_limits<double>::infinity(), 1e-310}};
+  HostTensor f{{2, 2},
+               {0.1234567890123456789, std::nan(""), -std::numeric_limits<double>::infinity(), 1e-310}};
   HostTensor i{{3}, {-1, 0, 9007199254740991.0}};
   write_value_file(q.string(), {{"f", {f, weft::DType::F32}}, {"i", {i, weft::DType::I64}}});
   const HostTensor f2 = read_value(q.string(), "f");
@@ -98,7 +102,9 @@ TEST_CASE("values: a value file is read and written exactly, in every dtype safe
   CHECK(read_value_file_header(q.string()).at("i").dtype == "I64");
   // Not a value file.
   const fs::path r = temp("bad.safetensors");
-  { std::ofstream(r, std::ios::binary) << "\x05\0\0\0\0\0\0\0{oops"; }
+  {
+    std::ofstream(r, std::ios::binary) << "\x05\0\0\0\0\0\0\0{oops";
+  }
   CHECK_THROWS_AS(read_value_file_header(r.string()), weft::Error);
   fs::remove(p), fs::remove(q), fs::remove(r);
 }
@@ -123,7 +129,8 @@ TEST_CASE("values: JSON round trip, inline and with a sidecar value file") {
   const fs::path dir = temp("dir");
   fs::create_directories(dir);
   JsonValueOptions vo;
-  vo.inline_limit = 4, vo.sidecar_path = (dir / "m.values.safetensors").string(), vo.sidecar_ref = "m.values.safetensors";
+  vo.inline_limit = 4, vo.sidecar_path = (dir / "m.values.safetensors").string(),
+  vo.sidecar_ref = "m.values.safetensors";
   const std::string text2 = graph_to_json(g, -1, vo);
   CHECK(text2.find("\"value_file\":\"m.values.safetensors\"") != std::string::npos);
   Graph back2 = graph_from_json(text2, dir.string());
