@@ -45,7 +45,9 @@ py::dict tensor_dict(const Graph& g, TensorId t) {
 
 HostTensor host_of(const Graph& g, TensorId t, const py::handle& v) {
   auto arr = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(v);
-  if (!arr) throw py::type_error("set_value: the value of '" + g.tensor(t).name + "' is not convertible to a numeric array");
+  if (!arr)
+    throw py::type_error("set_value: the value of '" + g.tensor(t).name +
+                         "' is not convertible to a numeric array");
   HostTensor h;
   for (py::ssize_t d = 0; d < arr.ndim(); ++d) h.shape.push_back(arr.shape(d));
   h.data.assign(arr.data(), arr.data() + arr.size());
@@ -378,8 +380,8 @@ void bind_ir(py::module_& m) {
       .def("dump", &Graph::dump)
       .def(
           "to_json",
-          [](const Graph& g, std::optional<int> indent, const std::string& sidecar, const std::string& sidecar_ref,
-             std::int64_t inline_limit) {
+          [](const Graph& g, std::optional<int> indent, const std::string& sidecar,
+             const std::string& sidecar_ref, std::int64_t inline_limit) {
             JsonValueOptions vo;
             vo.sidecar_path = sidecar, vo.sidecar_ref = sidecar_ref, vo.inline_limit = inline_limit;
             return graph_to_json(g, indent.value_or(-1), vo);

@@ -210,7 +210,8 @@ void bind_lower(py::module_& m) {
           "...])}.")
       .def(
           "to_json",
-          [](const Program& p, const std::string& sidecar, const std::string& sidecar_ref, std::int64_t inline_limit) {
+          [](const Program& p, const std::string& sidecar, const std::string& sidecar_ref,
+             std::int64_t inline_limit) {
             ir::JsonValueOptions vo;
             vo.sidecar_path = sidecar, vo.sidecar_ref = sidecar_ref, vo.inline_limit = inline_limit;
             return p.to_json(vo);
@@ -220,7 +221,10 @@ void bind_lower(py::module_& m) {
           "those of more than `inline_limit` elements go to that file, named in the JSON as `sidecar_ref` "
           "(default: the path).")
       .def_static(
-          "from_json", [](const std::string& text, const std::string& base_dir) { return Program::from_json(text, base_dir); },
+          "from_json",
+          [](const std::string& text, const std::string& base_dir) {
+            return Program::from_json(text, base_dir);
+          },
           py::arg("text"), py::arg("base_dir") = "",
           "A program from its JSON; `base_dir` resolves relative value-file paths.")
       .def("dump", &Program::dump, "Readable, one line per instruction, per rank.")
@@ -312,8 +316,8 @@ void bind_lower(py::module_& m) {
       py::arg("inputs") = py::dict(), py::arg("timeout_s") = 30.0, py::arg("seed_all_parameters") = false);
   m.def(
       "_execute_reference",
-      [](const ir::Graph& g, int steps, std::uint64_t seed, const std::string& dtype,
-         const py::dict& inputs, bool seed_all_parameters) {
+      [](const ir::Graph& g, int steps, std::uint64_t seed, const std::string& dtype, const py::dict& inputs,
+         bool seed_all_parameters) {
         const auto o = make_options(steps, seed, dtype, inputs, 30.0, seed_all_parameters);
         exec::ExecutionResult r;
         {

@@ -22,13 +22,14 @@ std::string Graph::unique_name(const std::string& base) {
 
 bool Graph::operator==(const Graph& o) const {
   return name_ == o.name_ && tensors_ == o.tensors_ && ops_ == o.ops_ && outputs_ == o.outputs_ &&
-         loss_ == o.loss_ && grad_of_ == o.grad_of_ && values_ == o.values_ && seed_parameters_ == o.seed_parameters_;
+         loss_ == o.loss_ && grad_of_ == o.grad_of_ && values_ == o.values_ &&
+         seed_parameters_ == o.seed_parameters_;
 }
 
 namespace {
 void check_value_leaf(const TensorInfo& info) {
-  WEFT_CHECK(info.producer == kNoOp && (info.role == Role::Parameter || info.role == Role::Buffer ||
-                                        info.role == Role::Constant),
+  WEFT_CHECK(info.producer == kNoOp &&
+                 (info.role == Role::Parameter || info.role == Role::Buffer || info.role == Role::Constant),
              "tensor '{}' ({}{}) cannot carry a value: only Parameter, Buffer and Constant leaves do "
              "(Inputs are fed per step)",
              info.name, role_name(info.role), info.producer == kNoOp ? "" : ", computed by an op");
@@ -41,7 +42,8 @@ void Graph::set_value(TensorId t, HostTensor value) {
 
 void Graph::set_value_file(TensorId t, std::string file, std::string key) {
   check_value_leaf(tensor(t));
-  WEFT_CHECK(!file.empty() && !key.empty(), "value of '{}': a value file needs a path and a key", tensor(t).name);
+  WEFT_CHECK(!file.empty() && !key.empty(), "value of '{}': a value file needs a path and a key",
+             tensor(t).name);
   values_[t] = LeafValue{nullptr, std::move(file), std::move(key)};
 }
 
@@ -50,13 +52,14 @@ void Graph::set_value(TensorId t, LeafValue value) {
   const TensorInfo& info = tensor(t);
   check_value_leaf(info);
   const HostTensor& v = *value.data;
-  WEFT_CHECK(v.shape == info.shape, "value of '{}': shape {}, the tensor has {}", info.name, v.shape, info.shape);
+  WEFT_CHECK(v.shape == info.shape, "value of '{}': shape {}, the tensor has {}", info.name, v.shape,
+             info.shape);
   WEFT_CHECK(static_cast<std::int64_t>(v.data.size()) == v.numel(), "value of '{}': {} numbers for shape {}",
              info.name, v.data.size(), v.shape);
   if (!is_floating(info.dtype))
     for (double x : v.data)
-      WEFT_CHECK(x == std::floor(x), "value of '{}': {} is not an integer, and the tensor is {}", info.name, x,
-                 dtype_name(info.dtype));
+      WEFT_CHECK(x == std::floor(x), "value of '{}': {} is not an integer, and the tensor is {}", info.name,
+                 x, dtype_name(info.dtype));
   values_[t] = LeafValue{std::move(value.data), {}, {}};
 }
 

@@ -244,8 +244,10 @@ std::string graph_to_json(const Graph& g, int indent, const JsonValueOptions& vo
       } else {
         json vals = json::array();
         for (double x : v->data->data) {
-          if (std::isfinite(x)) vals.push_back(x);
-          else vals.push_back(std::isnan(x) ? "nan" : x > 0 ? "inf" : "-inf");
+          if (std::isfinite(x))
+            vals.push_back(x);
+          else
+            vals.push_back(std::isnan(x) ? "nan" : x > 0 ? "inf" : "-inf");
         }
         jt["value"] = std::move(vals);
       }
@@ -308,19 +310,22 @@ Graph graph_from_json(std::string_view text, const std::string& base_dir) {
       v->data.reserve(jv.size());
       for (std::size_t k = 0; k < jv.size(); ++k) {
         const json& x = jv[k];
-        if (x.is_number()) v->data.push_back(x.get<double>());
+        if (x.is_number())
+          v->data.push_back(x.get<double>());
         else if (x.is_string() && (x == "nan" || x == "inf" || x == "-inf"))
           v->data.push_back(x == "nan"   ? std::numeric_limits<double>::quiet_NaN()
                             : x == "inf" ? std::numeric_limits<double>::infinity()
                                          : -std::numeric_limits<double>::infinity());
-        else bad(fmt::format("{}.value[{}]", p, k), "expected a number (or \"nan\", \"inf\", \"-inf\")");
+        else
+          bad(fmt::format("{}.value[{}]", p, k), "expected a number (or \"nan\", \"inf\", \"-inf\")");
       }
       values.emplace_back(static_cast<TensorId>(t), LeafValue{std::move(v), {}, {}});
     } else if (ts[t].contains("value_file")) {
       std::string file = str(ts[t]["value_file"], p + ".value_file");
       if (!base_dir.empty() && !file.empty() && file.front() != '/') file = base_dir + "/" + file;
-      values.emplace_back(static_cast<TensorId>(t),
-                          LeafValue{nullptr, std::move(file), str(field(ts[t], "value_key", p), p + ".value_key")});
+      values.emplace_back(
+          static_cast<TensorId>(t),
+          LeafValue{nullptr, std::move(file), str(field(ts[t], "value_key", p), p + ".value_key")});
     }
     g.add_tensor_unchecked(std::move(ti));
   }

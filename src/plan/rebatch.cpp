@@ -62,10 +62,13 @@ ir::Graph rebatch(const ir::Graph& g, std::int64_t nb) {
     if (op.kind == ir::OpKind::Reduce && op.attrs.reduce == ir::ReduceFn::Sum && batch_changed &&
         g.tensor(op.outputs[0]).role == ir::Role::Activation &&
         std::find(op.attrs.axes.begin(), op.attrs.axes.end(), 0) != op.attrs.axes.end())
-      fail("rebatch: graph '{}' cannot change batch {} -> {}: op '{}' sums over the batch (a batch statistic, or a "
-           "loss summed over the batch); a split batch computes means exactly — write a summed loss as its mean times "
-           "the batch size (weft.from_torch does so for a sum to a scalar)",
-           g.name(), B, nb, old_op.name);
+      fail(
+          "rebatch: graph '{}' cannot change batch {} -> {}: op '{}' sums over the batch (a batch statistic, "
+          "or a "
+          "loss summed over the batch); a split batch computes means exactly — write a summed loss as its "
+          "mean times "
+          "the batch size (weft.from_torch does so for a sum to a scalar)",
+          g.name(), B, nb, old_op.name);
     // A mean's gradient scale (autodiff: 1/count of tensor ints[0] over axes) counts the new batch.
     if (op.kind == ir::OpKind::Unary && op.attrs.unary == ir::UnaryFn::Scale && ints.size() == 1 &&
         !op.attrs.axes.empty() && ints[0] >= 0 && ints[0] < static_cast<std::int64_t>(ts.size())) {

@@ -232,7 +232,8 @@ TEST_CASE("exec program: f16 with master weights (Adam, SGD momentum) equals one
   exec::ExecuteOptions eo;
   for (const char* name : {"tokens", "labels"}) {
     ir::HostTensor v{{4, 8}, {}};
-    for (int i = 0; i < 32; ++i) v.data.push_back(static_cast<double>((7 * i + (name[0] == 'l' ? 3 : 0)) % 128));
+    for (int i = 0; i < 32; ++i)
+      v.data.push_back(static_cast<double>((7 * i + (name[0] == 'l' ? 3 : 0)) % 128));
     eo.inputs[name] = v;
   }
   for (bool sgd : {false, true}) {
