@@ -210,6 +210,17 @@ void bind_ir(py::module_& m) {
       .def("transpose", &Graph::transpose, py::arg("x"), py::arg("perm"), py::arg("name") = "")
       .def("reshape", &Graph::reshape, py::arg("x"), py::arg("shape"), py::arg("name") = "")
       .def("concat", &Graph::concat, py::arg("xs"), py::arg("axis"), py::arg("name") = "")
+      .def(
+          "broadcast_to",
+          [](Graph& g, TensorId x, Shape shape, std::vector<int> axes, std::string name) {
+            OpAttrs a;
+            a.ints = std::move(shape);
+            a.axes = std::move(axes);
+            return g.add_op(OpKind::BroadcastTo, {x}, std::move(a), std::move(name))[0];
+          },
+          py::arg("x"), py::arg("shape"), py::arg("axes") = std::vector<int>{}, py::arg("name") = "",
+          "x copied to `shape`, inserting the dims in `axes` and widening its size-1 dims (an expand); "
+          "its gradient sums over them.")
       .def("slice", &Graph::slice, py::arg("x"), py::arg("axis"), py::arg("begin"), py::arg("end"),
            py::arg("name") = "")
       .def("conv2d", &Graph::conv2d, py::arg("x"), py::arg("w"), py::arg("stride") = 1, py::arg("pad") = 0,
