@@ -1991,8 +1991,8 @@ Plan make_plan_fixed(const ir::Graph& g, const cluster::Cluster& c, const PlanOp
     fail("make_plan: the model cannot fit: with {} micro-batches of {} samples and one replica over all {} "
          "devices, parameter state {:.4g} GB plus one micro-batch of saved activations {:.4g} GB need "
          ">= {:.4g} GB per device, {:.4g} GB usable",
-         ctx.global_batch / bs, bs, c.num_devices(), state / 1e9, act / 1e9, (state + act) / c.num_devices() / 1e9,
-         ctx.usable_memory / 1e9);
+         ctx.global_batch / bs, bs, c.num_devices(), state / 1e9, act / 1e9,
+         (state + act) / c.num_devices() / 1e9, ctx.usable_memory / 1e9);
   }
   prefetch_stage_costs(ctx, subs, configs);
   // Branch and bound over the (M, replicas) pairs: each pair's relaxed stage DP (unconstrained

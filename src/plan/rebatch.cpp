@@ -59,11 +59,13 @@ std::vector<BatchDim> leading_dims(const ir::Graph& g) {
   std::vector<BatchDim> bd(g.tensors().size());
   for (ir::TensorId t = 0; t < static_cast<ir::TensorId>(bd.size()); ++t) {
     const auto& ti = g.tensor(t);
-    if (ti.producer == ir::kNoOp && ti.rank() >= 1 && ti.shape[0] == 1 && batch_leaf_role(ti.role)) bd[t].dim = 0;
+    if (ti.producer == ir::kNoOp && ti.rank() >= 1 && ti.shape[0] == 1 && batch_leaf_role(ti.role))
+      bd[t].dim = 0;
   }
   for (ir::OpId o : g.topo_order()) {
     const auto& op = g.op(o);
-    bool from_batch = std::any_of(op.inputs.begin(), op.inputs.end(), [&](ir::TensorId t) { return bd[t].dim == 0; });
+    bool from_batch =
+        std::any_of(op.inputs.begin(), op.inputs.end(), [&](ir::TensorId t) { return bd[t].dim == 0; });
     from_batch |= op.kind == ir::OpKind::BroadcastTo &&
                   std::find(op.attrs.axes.begin(), op.attrs.axes.end(), 0) != op.attrs.axes.end();
     if (!from_batch) continue;
@@ -77,8 +79,9 @@ std::vector<BatchDim> leading_dims(const ir::Graph& g) {
 // mean averages over the batch (the scale feeds only broadcasts that insert the batch, and it is
 // 1 / the inserted size) the micro-batch averages over its own samples, as the lowering assumes
 // when it scales each micro-batch's gradient by 1 / (M·d). Returns the new scale, or the old one.
-double mean_gradient_scale(const ir::Graph& g, const ir::Op& op, const std::vector<std::vector<ir::OpId>>& readers,
-                           const std::vector<BatchDim>& bd, std::int64_t B, std::int64_t nb) {
+double mean_gradient_scale(const ir::Graph& g, const ir::Op& op,
+                           const std::vector<std::vector<ir::OpId>>& readers, const std::vector<BatchDim>& bd,
+                           std::int64_t B, std::int64_t nb) {
   const double s = op.attrs.scalar;
   if (op.kind != ir::OpKind::Unary || op.attrs.unary != ir::UnaryFn::Scale || op.outputs.size() != 1 ||
       g.tensor(op.outputs[0]).role != ir::Role::Gradient || readers[op.outputs[0]].empty())
@@ -137,9 +140,8 @@ std::vector<BatchDim> batch_dims(const ir::Graph& g) {
   auto place = [&](ir::TensorId t, BatchDim want, const ir::Op& o) {
     const auto& ti = g.tensor(t);
     if (bd[t].dim >= 0) {
-      WEFT_CHECK(bd[t] == want,
-                 "the batch reaches '{}' {} in two places (dim {} and dim {}) through op '{}'", ti.name, ti.shape,
-                 bd[t].dim, want.dim, o.name);
+      WEFT_CHECK(bd[t] == want, "the batch reaches '{}' {} in two places (dim {} and dim {}) through op '{}'",
+                 ti.name, ti.shape, bd[t].dim, want.dim, o.name);
       return;
     }
     WEFT_CHECK(ti.producer != ir::kNoOp || batch_leaf_role(ti.role),
@@ -152,13 +154,16 @@ std::vector<BatchDim> batch_dims(const ir::Graph& g) {
   auto visit = [&](ir::OpId o) {
     const ir::Op& op = g.op(o);
     const ir::IndexMap& m = op.index_map;
-    auto slot = [&](bool out, int k) { return out ? op.outputs[static_cast<std::size_t>(k)] : op.inputs[static_cast<std::size_t>(k)]; };
+    auto slot = [&](bool out, int k) {
+      return out ? op.outputs[static_cast<std::size_t>(k)] : op.inputs[static_cast<std::size_t>(k)];
+    };
     auto dims = [&](bool out, int k) -> const std::vector<ir::DimFactors>& {
       return out ? m.outputs[static_cast<std::size_t>(k)] : m.inputs[static_cast<std::size_t>(k)];
     };
-    if (op.kind == ir::OpKind::Opaque) {  // fresh factors: an opaque result of leading size B follows its operands
-      const bool from_batch =
-          std::any_of(op.inputs.begin(), op.inputs.end(), [&](ir::TensorId t) { return bd[t] == BatchDim{0, 1}; });
+    if (op.kind ==
+        ir::OpKind::Opaque) {  // fresh factors: an opaque result of leading size B follows its operands
+      const bool from_batch = std::any_of(op.inputs.begin(), op.inputs.end(),
+                                          [&](ir::TensorId t) { return bd[t] == BatchDim{0, 1}; });
       if (from_batch && !op.attrs.ints.empty() && op.attrs.ints[0] == B) place(op.outputs[0], {0, 1}, op);
       return;
     }
@@ -200,7 +205,8 @@ ir::Graph rebatch(const ir::Graph& g, std::int64_t nb) {
   auto scaled = [&](std::int64_t size) { return size / B * nb; };
   auto rebatched_shape = [&](ir::TensorId t) {
     ir::Shape s = g.tensor(t).shape;
-    if (bd[t].dim >= 0) s[static_cast<std::size_t>(bd[t].dim)] = scaled(s[static_cast<std::size_t>(bd[t].dim)]);
+    if (bd[t].dim >= 0)
+      s[static_cast<std::size_t>(bd[t].dim)] = scaled(s[static_cast<std::size_t>(bd[t].dim)]);
     return s;
   };
   std::vector<ir::TensorInfo> ts = g.tensors();
@@ -214,7 +220,8 @@ ir::Graph rebatch(const ir::Graph& g, std::int64_t nb) {
     auto& op = ops[o];
     const auto& old_op = g.op(o);
     auto cannot = [&](const std::string& why) {
-      fail("rebatch: graph '{}' cannot change batch {} -> {} at op '{}': {}", g.name(), B, nb, old_op.name, why);
+      fail("rebatch: graph '{}' cannot change batch {} -> {} at op '{}': {}", g.name(), B, nb, old_op.name,
+           why);
     };
     std::vector<ir::Shape> in;
     std::vector<DType> dt;
@@ -234,7 +241,8 @@ ir::Graph rebatch(const ir::Graph& g, std::int64_t nb) {
       case ir::OpKind::Opaque: {
         // The target shape is an attribute: its batch dim (a literal B, or B·N) is scaled with the batch.
         auto& ints = op.attrs.ints;
-        if (out0.dim >= 0 && out0.dim < static_cast<int>(ints.size()) && ints[static_cast<std::size_t>(out0.dim)] > 0)
+        if (out0.dim >= 0 && out0.dim < static_cast<int>(ints.size()) &&
+            ints[static_cast<std::size_t>(out0.dim)] > 0)
           ints[static_cast<std::size_t>(out0.dim)] = scaled(ints[static_cast<std::size_t>(out0.dim)]);
         break;
       }
@@ -243,8 +251,8 @@ ir::Graph rebatch(const ir::Graph& g, std::int64_t nb) {
       case ir::OpKind::Pad:
         // Which samples a slice keeps is not a property of the micro-batch.
         if (in0.dim >= 0 && in0.dim == axis(g.tensor(op.inputs[0]).shape))
-          cannot(fmt::format("it {} along the batch (dim {})", op.kind == ir::OpKind::Slice ? "slices" : "pads",
-                             in0.dim));
+          cannot(fmt::format("it {} along the batch (dim {})",
+                             op.kind == ir::OpKind::Slice ? "slices" : "pads", in0.dim));
         break;
       case ir::OpKind::Dropout:
         // A dropout over the batch keys its mask by the sample's place in the whole step (the executor
@@ -252,9 +260,10 @@ ir::Graph rebatch(const ir::Graph& g, std::int64_t nb) {
         // full batch would; that offset is only right where dim 0 is the batch alone.
         if (in0.dim >= 0) {
           if (!(in0 == BatchDim{0, 1}))
-            cannot(fmt::format("its operand holds the batch in dim {} (inner size {}), not as its leading dim, "
-                               "and the mask is keyed by the leading dim",
-                               in0.dim, in0.inner));
+            cannot(
+                fmt::format("its operand holds the batch in dim {} (inner size {}), not as its leading dim, "
+                            "and the mask is keyed by the leading dim",
+                            in0.dim, in0.inner));
           op.attrs.axes = {0};
         }
         break;

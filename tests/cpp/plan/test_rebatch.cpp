@@ -60,10 +60,10 @@ TEST_CASE("rebatch: batch_dims follows the batch through reshapes, permutes and 
   const auto bd = plan::batch_dims(g);
   auto at = [&](const char* name) { return bd.at(static_cast<std::size_t>(*g.find_tensor(name))); };
   CHECK(at("patches") == plan::BatchDim{0, 1});
-  CHECK(at("cls") == plan::BatchDim{});                       // the parameter keeps its shape
+  CHECK(at("cls") == plan::BatchDim{});  // the parameter keeps its shape
   CHECK(at("qkv.reshape") == plan::BatchDim{0, 1});
-  CHECK(at("qkv.permute") == plan::BatchDim{1, 1});           // [3, B, heads, N, d]
-  CHECK(at("rows") == plan::BatchDim{0, kHeads * kTokens});   // [B·heads·N, N]
+  CHECK(at("qkv.permute") == plan::BatchDim{1, 1});          // [3, B, heads, N, d]
+  CHECK(at("rows") == plan::BatchDim{0, kHeads * kTokens});  // [B·heads·N, N]
   CHECK(at("loss") == plan::BatchDim{});
   // the expanded class token holds the batch (reached back from the concat), its gradient does not
   CHECK(at("cls.expand") == plan::BatchDim{0, 1});
