@@ -109,6 +109,7 @@ def main(argv=None):
         print(f"wrote {path} ({os.path.getsize(path) / 2**30:.2f} GiB)")
     step = g.train_step(optimizer="adam")
     base = _status("VmRSS")
+    _reset_peak()
     weft.load_values(step, path)
     print(f"weft.load_values(step, file): peak added {(_status('VmHWM') - base) / 2**20:.1f} MiB "
           f"({len(step.value_names)} values referenced)")

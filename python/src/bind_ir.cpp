@@ -287,6 +287,17 @@ void bind_ir(py::module_& m) {
       .def("transpose", &Graph::transpose, py::arg("x"), py::arg("perm"), py::arg("name") = "")
       .def("reshape", &Graph::reshape, py::arg("x"), py::arg("shape"), py::arg("name") = "")
       .def("concat", &Graph::concat, py::arg("xs"), py::arg("axis"), py::arg("name") = "")
+      .def(
+          "broadcast_to",
+          [](Graph& g, TensorId x, Shape shape, std::vector<int> axes, std::string name) {
+            OpAttrs a;
+            a.ints = std::move(shape);
+            a.axes = std::move(axes);
+            return g.add_op(OpKind::BroadcastTo, {x}, std::move(a), std::move(name))[0];
+          },
+          py::arg("x"), py::arg("shape"), py::arg("axes") = std::vector<int>{}, py::arg("name") = "",
+          "x copied to `shape`, inserting the dims in `axes` and widening its size-1 dims (an expand); "
+          "its gradient sums over them.")
       .def("slice", &Graph::slice, py::arg("x"), py::arg("axis"), py::arg("begin"), py::arg("end"),
            py::arg("name") = "")
       .def("conv2d", &Graph::conv2d, py::arg("x"), py::arg("w"), py::arg("stride") = 1, py::arg("pad") = 0,
@@ -297,16 +308,6 @@ void bind_ir(py::module_& m) {
              std::string name) { return g.pool2d(parse_reduce_fn(fn), x, k, s, p, std::move(name)); },
           py::arg("fn"), py::arg("x"), py::arg("kernel"), py::arg("stride"), py::arg("pad") = 0,
           py::arg("name") = "", "max or mean pooling over k x k windows.")
-      .def(
-          "broadcast_to",
-          [](Graph& g, TensorId x, Shape shape, std::vector<int> axes, std::string name) {
-            OpAttrs a;
-            a.ints = std::move(shape);
-            a.axes = std::move(axes);
-            return g.add_op(OpKind::BroadcastTo, {x}, std::move(a), std::move(name))[0];
-          },
-          py::arg("x"), py::arg("shape"), py::arg("axes"), py::arg("name") = "",
-          "x broadcast to `shape`, inserting the dims `axes` (size-1 dims of x broadcast too).")
       .def("opaque", &Graph::opaque, py::arg("inputs"), py::arg("shape"), py::arg("flops"),
            py::arg("name") = "",
            "An op the planner cannot split (replicated), with a given output shape and FLOPs.")

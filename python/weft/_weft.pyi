@@ -357,6 +357,10 @@ class Graph:
         """
         Elementwise add, sub, mul, div, max with numpy broadcasting.
         """
+    def broadcast_to(self, x: typing.SupportsInt | typing.SupportsIndex, shape: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], axes: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex] = [], name: str = '') -> int:
+        """
+        x copied to `shape`, inserting the dims in `axes` and widening its size-1 dims (an expand); its gradient sums over them.
+        """
     def concat(self, xs: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], axis: typing.SupportsInt | typing.SupportsIndex, name: str = '') -> int:
         ...
     def constant(self, name: str, shape: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], dtype: str = 'f32') -> int:

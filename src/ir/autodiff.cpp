@@ -356,6 +356,34 @@ class Backward {
         return;
       }
       case OpKind::Pool2d: add(in[0], emit1(OpKind::Pool2dGrad, {in[0], y, dy}, at, "in0")); return;
+      case OpKind::BroadcastTo: {
+        // A forward broadcast (an imported expand: a class token to [B, 1, d]) copies x along the
+        // inserted dims and the size-1 dims it widens: dx sums dy over them, per micro-batch too.
+        const Shape xs = T(in[0]).shape, ys = T(y).shape;
+        std::vector<int> axes;
+        std::size_t k = 0;
+        for (int d = 0; d < static_cast<int>(ys.size()); ++d) {
+          const bool inserted = std::find_if(at.axes.begin(), at.axes.end(), [&](int a) {
+                                  return (a < 0 ? a + static_cast<int>(ys.size()) : a) == d;
+                                }) != at.axes.end();
+          if (inserted || xs[k] != ys[static_cast<std::size_t>(d)]) axes.push_back(d);
+          if (!inserted) ++k;
+        }
+        TensorId g = dy;
+        if (!axes.empty()) {
+          OpAttrs a;
+          a.reduce = ReduceFn::Sum;
+          a.axes = axes;
+          g = emit1(OpKind::Reduce, {dy}, std::move(a), "in0.sum");
+        }
+        if (T(g).shape != xs) {
+          OpAttrs a;
+          a.ints = xs;
+          g = emit1(OpKind::Reshape, {g}, std::move(a), "in0.reshape");
+        }
+        add(in[0], g);
+        return;
+      }
       default:
         fail("op '{}' of kind {} is not differentiable, but the loss depends on a parameter through it",
              op.name, op_kind_name(op.kind));

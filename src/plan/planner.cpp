@@ -1505,6 +1505,7 @@ std::vector<ReplicaConfig> replica_configs(Context& ctx, const std::vector<int>&
     for (int M : Ms)
       for (int d : dp_degrees(ctx.opt_, ctx.c_, ctx.global_batch / M)) {
         const std::int64_t bs = ctx.global_batch / (static_cast<std::int64_t>(M) * d);
+        if (!ctx.rebatch_note(bs).empty()) continue;  // the batch stays whole (search_space says why)
         if (!ctx.opt_.bound_search || replica_may_fit(ctx, bs, ctx.c_.num_devices() / d, kept))
           out.push_back({M, d});
         else
@@ -1604,6 +1605,11 @@ Built megatron_build(Context& ctx, const MegatronLayout& lay, int M) {
   }
   if (ctx.global_batch % (static_cast<std::int64_t>(M) * lay.d) != 0) {
     b.note = fmt::format("batch {} not divisible by M·d = {}", ctx.global_batch, M * lay.d);
+    return b;
+  }
+  if (const auto& why = ctx.rebatch_note(ctx.global_batch / (static_cast<std::int64_t>(M) * lay.d));
+      !why.empty()) {
+    b.note = fmt::format("the batch cannot be split into {} × {}: {}", M, lay.d, why);
     return b;
   }
   Candidate cand;
@@ -1723,7 +1729,8 @@ std::pair<std::optional<Built>, std::vector<Alternative>> megatron_all(Context& 
   // for a layout only when none fits without.
   auto may_fit_as = [&](const MegatronLayout& lay, int M, bool kept) {
     const std::int64_t per = static_cast<std::int64_t>(M) * lay.d;
-    return ctx.global_batch % per != 0 || replica_may_fit(ctx, ctx.global_batch / per, lay.t * lay.p, kept);
+    return ctx.global_batch % per != 0 || !ctx.rebatch_note(ctx.global_batch / per).empty() ||
+           replica_may_fit(ctx, ctx.global_batch / per, lay.t * lay.p, kept);  // else megatron_build's note
   };
   // A layout that fits only by recomputing is tried at its two largest micro-batch counts (the
   // smallest micro-batches: Megatron's choice when memory binds); each count costs SPMD searches.
@@ -1752,7 +1759,9 @@ std::pair<std::optional<Built>, std::vector<Alternative>> megatron_all(Context& 
       for (int M : Ms) {
         const auto& lay = layouts[li];
         const std::int64_t per = static_cast<std::int64_t>(M) * lay.d;
-        if (!allowed(lay) || lay.p > ctx.L() || ctx.global_batch % per || !may_fit(lay, M)) continue;
+        if (!allowed(lay) || lay.p > ctx.L() || ctx.global_batch % per ||
+            !ctx.rebatch_note(ctx.global_batch / per).empty() || !may_fit(lay, M))
+          continue;
         for (int b = 0; b < ctx.L(); ++b) reqs.push_back({b, ctx.global_batch / per, &meshes[li], 0, 1});
       }
     if (!ctx.out_of_time()) ctx.prefetch_block_costs(reqs);
@@ -1894,6 +1903,21 @@ Plan best_megatron_plan(const ir::Graph& g, const cluster::Cluster& c, const Pla
   return best->plan;
 }
 
+// Why micro-batch sizes were left out: the graph could not be cut to them (rebatch_note), so the
+// plan keeps larger micro-batches, or the whole batch (M = d = 1).
+std::string kept_batch_text(const Context& ctx) {
+  std::vector<std::int64_t> sizes;
+  std::string why;
+  for (const auto& [bs, note] : ctx.rebatch_notes)
+    if (!note.empty()) {
+      sizes.push_back(bs);
+      why = note;
+    }
+  if (sizes.empty()) return {};
+  return fmt::format("; micro-batches of {} samples left out (the batch {} cannot be split that way): {}",
+                     fmt::join(sizes, ", "), ctx.global_batch, why);
+}
+
 // The search space of a homogeneous make_plan, rule by rule, for Plan::search_space.
 std::string search_space_text(const Context& ctx, const std::vector<SubmeshOptions>& subs,
                               const std::vector<int>& Ms, std::size_t configs, int pruned, int bounded) {
@@ -1928,7 +1952,8 @@ std::string search_space_text(const Context& ctx, const std::vector<SubmeshOptio
       o.pipeline ? (o.max_stages > 0 ? std::to_string(o.max_stages) : std::string("blocks"))
                  : std::string("1"),
       o.max_data_parallel > 0 ? fmt::format("<= {}", o.max_data_parallel) : std::string("any"),
-      o.max_simulated, o.schedule, o.compare_megatron ? "on" : "off", ctx.num_threads());
+      o.max_simulated, o.schedule, o.compare_megatron ? "on" : "off", ctx.num_threads()) +
+         kept_batch_text(ctx);
 }
 
 namespace {
@@ -1956,15 +1981,18 @@ Plan make_plan_fixed(const ir::Graph& g, const cluster::Cluster& c, const PlanOp
   int pruned = 0;
   const auto configs = replica_configs(ctx, Ms, &pruned);
   if (configs.empty()) {
-    // Every pair left out by the bound: name the least demanding one (most micro-batches, one replica).
-    const std::int64_t bs = ctx.global_batch / Ms.back();
+    // Every pair left out by the bound: name the least demanding one (most micro-batches the graph
+    // can be cut into, one replica).
+    std::int64_t bs = ctx.global_batch;
+    for (int M : Ms)
+      if (ctx.rebatch_note(ctx.global_batch / M).empty()) bs = ctx.global_batch / M;
     const auto& ab = ctx.blocks_at(bs);
     const double state = ctx.min_bytes(ab, 0, ctx.L() - 1, 0), act = ctx.min_bytes(ab, 0, ctx.L() - 1, 1) - state;
     fail("make_plan: the model cannot fit: with {} micro-batches of {} samples and one replica over all {} "
          "devices, parameter state {:.4g} GB plus one micro-batch of saved activations {:.4g} GB need "
          ">= {:.4g} GB per device, {:.4g} GB usable",
-         Ms.back(), bs, c.num_devices(), state / 1e9, act / 1e9, (state + act) / c.num_devices() / 1e9,
-         ctx.usable_memory / 1e9);
+         ctx.global_batch / bs, bs, c.num_devices(), state / 1e9, act / 1e9,
+         (state + act) / c.num_devices() / 1e9, ctx.usable_memory / 1e9);
   }
   prefetch_stage_costs(ctx, subs, configs);
   // Branch and bound over the (M, replicas) pairs: each pair's relaxed stage DP (unconstrained

@@ -191,6 +191,16 @@ class Context {
     std::vector<double> act_bytes_sel, act_bytes_ckpt, sel_flops, fwd_flops;
   };
   std::map<std::int64_t, AtBatch> at_batch;  // per micro-batch size (per replica)
+  // Why the graph cannot run at a micro-batch size (plan::rebatch_obstacle; empty: it can). A
+  // batch that lives in a Constant leaf (per-sample values) cannot be cut: such a graph keeps its
+  // batch whole (M = d = 1), and the plan's search_space says why.
+  std::map<std::int64_t, std::string> rebatch_notes;
+  const std::string& rebatch_note(std::int64_t bs) {
+    auto it = rebatch_notes.find(bs);
+    if (it == rebatch_notes.end())
+      it = rebatch_notes.emplace(bs, bs == batch_size(g_) ? std::string() : rebatch_obstacle(g_, bs)).first;
+    return it->second;
+  }
   std::vector<double> block_state_bytes;     // Σ full bytes of params (×2 for grads) + states
   std::vector<double> block_param_bytes;     // Σ full bytes of params
   std::vector<int> original_block;           // per block: its index in the grouping's own order

@@ -629,18 +629,13 @@ def _expand(ctx, node, x, *args, **kwargs):
 
 
 def _broadcast(ctx, node, x, out, suffix=""):
-    """x broadcast to `out`, exactly: x + zeros, the zeros only as large as the new dims need
-    (size 1 elsewhere, leading 1s dropped), so that no batch-sized constant appears."""
-    torch = _torch()
-    xs = [1] * (len(out) - len(x.shape)) + list(x.shape)
-    zs = [o if (a == 1 and o != 1) else 1 for a, o in zip(xs, out)]
-    while zs and zs[0] == 1:
-        zs.pop(0)
+    """x broadcast to `out` by the IR's broadcast_to (new leading dims inserted, size-1 dims
+    widened; its gradient sums over them): no constant holds the new dims, so an expand over the
+    batch (a class token, `cls.expand(B, -1, -1)`) leaves the batch to the planner, which
+    re-batches the broadcast's target shape."""
     x = ctx.tensor(x)
-    zdt = torch.float64 if _is_float_weft(ctx.g, x.id) else torch.int64
-    zeros = ctx.const(torch.zeros(zs, dtype=zdt, device=_device(node)),
-                      (suffix + "." if suffix else "") + "zeros")
-    return ctx.binary("add", x, zeros, suffix)
+    new = list(range(len(out) - len(x.shape)))
+    return ctx._t(ctx.g.broadcast_to(x.id, [int(s) for s in out], new, ctx.op_name(suffix)))
 
 
 def _device(node):
