@@ -122,7 +122,16 @@ def main(argv=None):
     procs = [ctx.Process(target=_rank, args=(program.to_json(), r, q)) for r in range(program.num_ranks)]
     for p in procs:
         p.start()
-    rows = sorted(q.get() for _ in procs)
+    rows = []
+    while len(rows) < len(procs):
+        try:
+            rows.append(q.get(timeout=5))
+        except Exception:  # noqa: BLE001 (queue.Empty): a rank that died says nothing
+            dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
+            if dead:
+                raise SystemExit(f"rank(s) {dead} died (exit codes {[procs[r].exitcode for r in dead]}; -9: killed, "
+                                 "out of memory?)")
+    rows.sort()
     for p in procs:
         p.join()
     print(f"{'rank':>4} {'tensors':>7} {'shard MiB':>10} {'largest MiB':>12} {'peak MiB':>9} {'peak/bound':>10} "
