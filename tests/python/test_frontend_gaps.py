@@ -289,6 +289,7 @@ def test_layerdrop_export_failure_is_explained():
         weft.from_torch(m, (torch.randn(2, 4),))
     hint = _export_hint(e.value.__cause__)
     assert "random" in hint and "LayerDrop" in hint and "eval()" in hint
+    assert hint in str(e.value)  # the user sees it
     m.eval()
     weft.from_torch(m, (torch.randn(2, 4),))  # eval mode: no branch on a random number
 

@@ -18,22 +18,13 @@ F = torch.nn.functional
 
 import weft  # noqa: E402
 from weft.runtime.launch import free_port  # noqa: E402
+from test_frontend_torch import RMSNorm  # noqa: E402 (a hand-written RMSNorm: eps is a constant)
 from weft_env import subprocess_env  # noqa: E402
 
 RTOL, ATOL = 1e-9, 1e-12
 
 
 # ---- the models (written as a user would; float64 for the proofs)
-
-class RMSNorm(nn.Module):
-    def __init__(self, d, eps=1e-6):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(d))
-
-    def forward(self, x):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
-
 
 class TinyLlama(nn.Module):
     """Tied embeddings, RMSNorm, rotary positions (cos / sin tables as buffers), a causal mask, SwiGLU."""
@@ -414,23 +405,6 @@ def test_unsupported_op_errors_are_short_and_say_where():
     msg = str(e.value)
     assert "aten.fft_fft" in msg and "Spectral" in msg and "test_module_values.py:" in msg
     assert "supported_ops()" in msg and len(msg) < 400
-
-
-def test_training_mode_layerdrop_is_explained():
-    class LayerDrop(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.layers = nn.ModuleList([nn.Linear(4, 4) for _ in range(3)])
-
-        def forward(self, x):
-            for layer in self.layers:
-                if self.training and torch.rand(()) < 0.5:
-                    continue
-                x = layer(x)
-            return x.sum()
-
-    with pytest.raises(ValueError, match="random number.*LayerDrop.*eval"):
-        weft.from_torch(LayerDrop(), (torch.randn(2, 4),))
 
 
 # ---- Hugging Face causal LMs from small configs: labels are an Input like any other (shifted inside)
