@@ -466,3 +466,20 @@ def test_hugging_face_causal_lm_with_labels_trains_like_torch(name, rtol, cluste
     for n, want in params.items():
         np.testing.assert_allclose(got.parameters[n], want, rtol=rtol, atol=max(ATOL, rtol * np.max(np.abs(want))),
                                    err_msg=n)
+
+
+def test_an_in_place_write_into_a_view_is_never_dropped():
+    # Hugging Face's _shift_right: x = labels.new_zeros(...); x[..., 1:] = labels[..., :-1]. The write's
+    # result is read by no one (x changes through its view): importing it as dead code made x zeros.
+    class ShiftRight(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(32, 4)
+
+        def forward(self, labels):
+            shifted = labels.new_zeros(labels.shape)
+            shifted[..., 1:] = labels[..., :-1].clone()
+            return self.emb(shifted).pow(2).mean()
+
+    with pytest.raises(ValueError, match="in-place write into a view"):
+        weft.from_torch(ShiftRight(), (torch.randint(1, 32, (2, 5)),))

@@ -1654,15 +1654,37 @@ def _import(module, example_inputs, loss_fn=None, targets=(), dtype=None, name=N
 
     nodes = list(gm.graph.nodes)
     out_node = next(n for n in nodes if n.op == "output")
-    # dead code: only what the output needs
+    # dead code: only what the output needs — and every in-place write into a view of a live tensor
+    # (`x[..., 1:] = y` is copy_(slice(x), y), whose result nobody reads: x changes through its view;
+    # dropping it would import x unchanged, silently wrong). Such a write then meets its handler.
     live = set()
-    stack = [out_node]
-    while stack:
-        n = stack.pop()
-        if n in live:
-            continue
-        live.add(n)
-        stack.extend(n.all_input_nodes)
+
+    def mark(n):
+        stack = [n]
+        while stack:
+            n = stack.pop()
+            if n in live:
+                continue
+            live.add(n)
+            stack.extend(n.all_input_nodes)
+
+    def view_base(n):
+        while (isinstance(n, torch.fx.Node) and n.op == "call_function"
+               and str(n.target).split(".")[1:2] and str(n.target).split(".")[1] in _VIEW_OPS):
+            n = n.args[0]
+        return n
+
+    mark(out_node)
+    writes = [n for n in nodes if n.op == "call_function" and str(n.target).startswith("aten.")
+              and str(n.target).split(".")[1].endswith("_") and n.args and isinstance(n.args[0], torch.fx.Node)
+              and view_base(n.args[0]) is not n.args[0]]
+    grown = True
+    while grown:
+        grown = False
+        for n in writes:
+            if n not in live and view_base(n.args[0]) in live:
+                mark(n)
+                grown = True
 
     # A transpose whose input is an einsum-like op's only use folds into that op's output letters.
     fused_out = set()
@@ -1814,6 +1836,10 @@ def _import(module, example_inputs, loss_fn=None, targets=(), dtype=None, name=N
         if h is None:
             inplace = _functional_of(target)
             h = _handler_for(inplace) if inplace is not None else None
+        if h is None and node in writes:
+            ctx.fail("an in-place write into a view of a tensor (x[..., a:b] = y, x[:, 0] = v) is not supported: "
+                     "build the tensor with torch.cat instead (Hugging Face encoder-decoders: pass "
+                     "decoder_input_ids rather than labels alone)")
         if h is None:
             raise ValueError(
                 f"weft.from_torch: unsupported op {opname} (node '{node.name}', module "
