@@ -305,10 +305,11 @@ void bind_ir(py::module_& m) {
           },
           py::arg("x"), py::arg("shape"), py::arg("axes"), py::arg("name") = "",
           "x broadcast to `shape`, inserting the dims `axes` (size-1 dims of x broadcast too).")
-      .def("gather", &Graph::gather, py::arg("x"), py::arg("index"), py::arg("axis"), py::arg("name") = "",
-           "torch.gather: out[i] = x[i with i[axis] := index[i]]; index (integer) has x's shape off the axis.")
-      .def("scatter_add", &Graph::scatter_add, py::arg("base"), py::arg("index"), py::arg("src"), py::arg("axis"),
-           py::arg("name") = "",
+      .def(
+          "gather", &Graph::gather, py::arg("x"), py::arg("index"), py::arg("axis"), py::arg("name") = "",
+          "torch.gather: out[i] = x[i with i[axis] := index[i]]; index (integer) has x's shape off the axis.")
+      .def("scatter_add", &Graph::scatter_add, py::arg("base"), py::arg("index"), py::arg("src"),
+           py::arg("axis"), py::arg("name") = "",
            "torch.scatter_add: base, then out[i with i[axis] := index[i]] += src[i]; index and src share one "
            "shape, equal to base's off the axis.")
       .def(

@@ -270,7 +270,8 @@ TensorId Graph::scatter_add(TensorId base, TensorId index, TensorId src, int axi
   return add_op(OpKind::ScatterAdd, {base, index, src}, std::move(a), std::move(name))[0];
 }
 
-std::pair<TensorId, TensorId> Graph::topk(TensorId x, std::int64_t k, int axis, bool largest, std::string name) {
+std::pair<TensorId, TensorId> Graph::topk(TensorId x, std::int64_t k, int axis, bool largest,
+                                          std::string name) {
   OpAttrs a;
   a.axes = {stored_axis(axis, tensor(x))};
   a.ints = {k, largest ? 1 : 0};

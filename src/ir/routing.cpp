@@ -50,11 +50,12 @@ struct RoutedMap {
 // Equal off the axis (what a tile of each must share): weft::Error naming both shapes otherwise.
 void check_off_axis(const Shape& a, const Shape& b, int axis, std::string_view op, std::string_view what_a,
                     std::string_view what_b) {
-  WEFT_CHECK(a.size() == b.size(), "op '{}': {} {} and {} {} must have the same rank", op, what_a, a, what_b, b);
+  WEFT_CHECK(a.size() == b.size(), "op '{}': {} {} and {} {} must have the same rank", op, what_a, a, what_b,
+             b);
   for (std::size_t d = 0; d < a.size(); ++d)
     WEFT_CHECK(static_cast<int>(d) == axis || a[d] == b[d],
-               "op '{}': {} {} and {} {} differ in dim {} (only the axis {} may differ)", op, what_a, a, what_b, b,
-               d, axis);
+               "op '{}': {} {} and {} {} differ in dim {} (only the axis {} may differ)", op, what_a, a,
+               what_b, b, d, axis);
 }
 
 // (outer, n, inner) around the axis: element (o, i, j) is at (o·n + i)·inner + j.
@@ -106,12 +107,13 @@ OpSignature scatter_add_rule(const OpAttrs& a, const std::vector<Shape>& in, con
   Shape out;
   if (zero_base) {
     WEFT_CHECK(a.ints.size() == 1 && a.ints[0] >= 1,
-               "op '{}': scatter_add into a zero base needs attrs.ints = {{result axis size >= 1}}, got {}", op,
-               a.ints);
+               "op '{}': scatter_add into a zero base needs attrs.ints = {{result axis size >= 1}}, got {}",
+               op, a.ints);
     out = index;
     out[static_cast<std::size_t>(ax)] = a.ints[0];
   } else {
-    WEFT_CHECK(a.ints.empty(), "op '{}': scatter_add with a base takes no ints (its shape is the base's)", op);
+    WEFT_CHECK(a.ints.empty(), "op '{}': scatter_add with a base takes no ints (its shape is the base's)",
+               op);
     WEFT_CHECK(dt[0] == dt[2], "op '{}': scatter_add base and src dtypes differ ({} vs {})", op,
                dtype_name(dt[0]), dtype_name(dt[2]));
     check_off_axis(in[0], index, ax, op, "base", "index");
@@ -136,8 +138,8 @@ OpSignature topk_rule(const OpAttrs& a, const std::vector<Shape>& in, const std:
   WEFT_CHECK(in.size() == 1, "op '{}' (topk): expected 1 operand, got {}", op, in.size());
   const int ax = routed_axis(a, in[0].size(), op, "topk");
   const std::int64_t n = in[0][static_cast<std::size_t>(ax)];
-  WEFT_CHECK(a.ints.size() == 2, "op '{}': topk needs attrs.ints = {{k, largest (1) or smallest (0)}}, got {}",
-             op, a.ints);
+  WEFT_CHECK(a.ints.size() == 2,
+             "op '{}': topk needs attrs.ints = {{k, largest (1) or smallest (0)}}, got {}", op, a.ints);
   const std::int64_t k = a.ints[0];
   WEFT_CHECK(k >= 1 && k <= n, "op '{}': topk k = {} is not in [1, {}] (the size of axis {})", op, k, n, ax);
   WEFT_CHECK(a.ints[1] == 0 || a.ints[1] == 1, "op '{}': topk's largest flag must be 0 or 1, got {}", op,

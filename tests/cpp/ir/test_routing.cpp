@@ -133,7 +133,9 @@ TEST_CASE("routing kernels against brute-force loops; an index out of range is a
              B = uniform({3, 5, 2}, gen);
   X.data[0 * 10 + 1 * 2 + 0] = X.data[0 * 10 + 3 * 2 + 0] = 5.0;  // a tie for the max of row (0, :, 0)
   auto val = interpret(g, {{x, X}, {idx, I}, {src, S}, {base, B}});
-  auto at = [](std::int64_t a, std::int64_t b, std::int64_t c, std::int64_t n) { return (a * n + b) * 2 + c; };
+  auto at = [](std::int64_t a, std::int64_t b, std::int64_t c, std::int64_t n) {
+    return (a * n + b) * 2 + c;
+  };
   HostTensor want = B;
   for (int a = 0; a < 3; ++a)
     for (int k = 0; k < 4; ++k)
@@ -186,12 +188,10 @@ TEST_CASE("routing gradients: gather and top-k scatter dy back, scatter_add gath
   auto l1 = g.einsum("th,th->", {combined, r1});
   auto l2 = g.einsum("te,te->", {gates, r2});
   g.set_loss(g.binary(BinaryFn::Add, l1, l2, "loss"));
-  std::map<TensorId, HostTensor> feeds{{w, uniform({4, 6}, gen)},
-                                       {e, uniform({4, 6, 3}, gen)},
-                                       {base, uniform({4, 6}, gen)},
-                                       {zeros, HostTensor{{4, 2, 3}, std::vector<double>(24, 0.0)}},
-                                       {r1, uniform({4, 3}, gen)},
-                                       {r2, uniform({4, 6}, gen)}};
+  std::map<TensorId, HostTensor> feeds{
+      {w, uniform({4, 6}, gen)},    {e, uniform({4, 6, 3}, gen)},
+      {base, uniform({4, 6}, gen)}, {zeros, HostTensor{{4, 2, 3}, std::vector<double>(24, 0.0)}},
+      {r1, uniform({4, 3}, gen)},   {r2, uniform({4, 6}, gen)}};
   check_fd(g, feeds);  // random logits: no ties, and a step of 1e-6 does not change the selection
   TrainOptions o;
   o.optimizer = Optimizer::None;
