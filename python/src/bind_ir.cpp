@@ -59,7 +59,7 @@ py::object value_array(const Graph& g, TensorId t) {
   std::vector<py::ssize_t> shape(h.shape.begin(), h.shape.end());
   py::array_t<double> a(shape);
   std::copy(h.data.begin(), h.data.end(), a.mutable_data());
-  return std::move(a);
+  return a;  // C++20 moves it into the py::object (std::move here is -Wredundant-move)
 }
 
 py::dict op_dict(const Graph& g, OpId o) {
