@@ -61,7 +61,7 @@ py::object value_array(const Graph& g, TensorId t) {
   std::vector<py::ssize_t> shape(h.shape.begin(), h.shape.end());
   py::array_t<double> a(shape);
   std::copy(h.data.begin(), h.data.end(), a.mutable_data());
-  return std::move(a);
+  return a;  // C++20 moves it into the py::object (std::move here is -Wredundant-move)
 }
 
 py::dict op_dict(const Graph& g, OpId o) {
@@ -308,6 +308,21 @@ void bind_ir(py::module_& m) {
              std::string name) { return g.pool2d(parse_reduce_fn(fn), x, k, s, p, std::move(name)); },
           py::arg("fn"), py::arg("x"), py::arg("kernel"), py::arg("stride"), py::arg("pad") = 0,
           py::arg("name") = "", "max or mean pooling over k x k windows.")
+      .def(
+          "gather", &Graph::gather, py::arg("x"), py::arg("index"), py::arg("axis"), py::arg("name") = "",
+          "torch.gather: out[i] = x[i with i[axis] := index[i]]; index (integer) has x's shape off the axis.")
+      .def("scatter_add", &Graph::scatter_add, py::arg("base"), py::arg("index"), py::arg("src"),
+           py::arg("axis"), py::arg("name") = "",
+           "torch.scatter_add: base, then out[i with i[axis] := index[i]] += src[i]; index and src share one "
+           "shape, equal to base's off the axis.")
+      .def(
+          "topk",
+          [](Graph& g, TensorId x, std::int64_t k, int axis, bool largest, std::string name) {
+            auto [v, i] = g.topk(x, k, axis, largest, std::move(name));
+            return std::make_pair(v, i);
+          },
+          py::arg("x"), py::arg("k"), py::arg("axis") = -1, py::arg("largest") = true, py::arg("name") = "",
+          "(values, indices) of the k largest (or smallest) along axis, best first; ties: lower index first.")
       .def("opaque", &Graph::opaque, py::arg("inputs"), py::arg("shape"), py::arg("flops"),
            py::arg("name") = "",
            "An op the planner cannot split (replicated), with a given output shape and FLOPs.")

@@ -405,6 +405,10 @@ class Graph:
         """
         The sum of the FLOPs of the graph's ops as it is.
         """
+    def gather(self, x: typing.SupportsInt | typing.SupportsIndex, index: typing.SupportsInt | typing.SupportsIndex, axis: typing.SupportsInt | typing.SupportsIndex, name: str = '') -> int:
+        """
+        torch.gather: out[i] = x[i with i[axis] := index[i]]; index (integer) has x's shape off the axis.
+        """
     def gelu(self, x: typing.SupportsInt | typing.SupportsIndex, name: str = '') -> int:
         ...
     def grad(self, t: typing.SupportsInt | typing.SupportsIndex) -> int | None:
@@ -463,6 +467,10 @@ class Graph:
         ...
     def scale(self, x: typing.SupportsInt | typing.SupportsIndex, scalar: typing.SupportsFloat | typing.SupportsIndex, name: str = '') -> int:
         ...
+    def scatter_add(self, base: typing.SupportsInt | typing.SupportsIndex, index: typing.SupportsInt | typing.SupportsIndex, src: typing.SupportsInt | typing.SupportsIndex, axis: typing.SupportsInt | typing.SupportsIndex, name: str = '') -> int:
+        """
+        torch.scatter_add: base, then out[i with i[axis] := index[i]] += src[i]; index and src share one shape, equal to base's off the axis.
+        """
     def set_loss(self, t: typing.SupportsInt | typing.SupportsIndex) -> None:
         ...
     def sigmoid(self, x: typing.SupportsInt | typing.SupportsIndex, name: str = '') -> int:
@@ -481,6 +489,10 @@ class Graph:
         ...
     def tensor(self, t: typing.SupportsInt | typing.SupportsIndex) -> dict:
         ...
+    def topk(self, x: typing.SupportsInt | typing.SupportsIndex, k: typing.SupportsInt | typing.SupportsIndex, axis: typing.SupportsInt | typing.SupportsIndex = -1, largest: bool = True, name: str = '') -> tuple[int, int]:
+        """
+        (values, indices) of the k largest (or smallest) along axis, best first; ties: lower index first.
+        """
     def to_json(self, indent: typing.SupportsInt | typing.SupportsIndex | None = None) -> str:
         ...
     def train_step(self, optimizer: typing.Any = 'adam', lr: typing.SupportsFloat | typing.SupportsIndex = 0.001, beta1: typing.SupportsFloat | typing.SupportsIndex = 0.9, beta2: typing.SupportsFloat | typing.SupportsIndex = 0.999, eps: typing.SupportsFloat | typing.SupportsIndex = 1e-08, step: typing.SupportsInt | typing.SupportsIndex = 1, momentum: typing.SupportsFloat | typing.SupportsIndex = 0.0, master_weights: typing.Any = None) -> Graph:

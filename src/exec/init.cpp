@@ -92,6 +92,20 @@ LeafValues::LeafValues(const ir::Graph& g, std::uint64_t seed, bool seed_all_par
       case ir::OpKind::EmbeddingGrad: bound(0, op.attrs.ints[0]); break;
       case ir::OpKind::CrossEntropy:
       case ir::OpKind::CrossEntropyGrad: bound(1, g.tensor(op.inputs[0]).shape.back()); break;
+      // A seeded index leaf of a routing op stays within the routed axis.
+      case ir::OpKind::Gather: {
+        const auto& xs = g.tensor(op.inputs[0]).shape;
+        const int ax = op.attrs.axes.at(0);
+        bound(1, xs[static_cast<std::size_t>(ax < 0 ? ax + static_cast<int>(xs.size()) : ax)]);
+        break;
+      }
+      case ir::OpKind::ScatterAdd: {
+        const auto& os = g.tensor(op.outputs[0]).shape;
+        const int ax = op.attrs.axes.at(0);
+        bound(op.inputs.size() == 2 ? 0 : 1,
+              os[static_cast<std::size_t>(ax < 0 ? ax + static_cast<int>(os.size()) : ax)]);
+        break;
+      }
       case ir::OpKind::LayerNorm:
         if (op.inputs.size() > 1) unit_scale_[static_cast<std::size_t>(op.inputs[1])] = 1;
         break;

@@ -144,6 +144,15 @@ class Backward {
     contrib_[x].push_back(g);
   }
 
+  // src scattered (summed) into zeros of `shape` at `index` along `axis`: a routing op's adjoint.
+  TensorId scatter_zero(TensorId index, TensorId src, int axis, const Shape& shape, const std::string& what) {
+    const int ax = axis < 0 ? axis + static_cast<int>(shape.size()) : axis;
+    OpAttrs a;
+    a.axes = {ax};
+    a.ints = {shape[static_cast<std::size_t>(ax)]};
+    return emit1(OpKind::ScatterAdd, {index, src}, std::move(a), what);
+  }
+
   // Sums a broadcast-shaped gradient back to the operand's shape (numpy broadcasting inverse).
   TensorId unbroadcast(TensorId g, const Shape& target, const std::string& what) {
     const Shape gs = T(g).shape;
@@ -382,6 +391,30 @@ class Backward {
           g = emit1(OpKind::Reshape, {g}, std::move(a), "in0.reshape");
         }
         add(in[0], g);
+        return;
+      }
+      // Routing: the adjoint of a gather is a scatter-add of dy into zeros at the same indices, and
+      // of a scatter-add a gather of dy (the base's gradient is dy itself). Top-k's values are a
+      // gather of x at its indices: the same scatter-add. Indices are integers: no gradient.
+      case OpKind::Gather: {
+        if (!need(0)) return;
+        add(in[0], scatter_zero(in[1], dy, at.axes[0], T(in[0]).shape, "in0"));
+        return;
+      }
+      case OpKind::ScatterAdd: {
+        const bool zero_base = in.size() == 2;
+        if (!zero_base && need(0)) add(in[0], dy);
+        const std::size_t index = zero_base ? 0 : 1, src = index + 1;
+        if (need(src)) {
+          OpAttrs a;
+          a.axes = at.axes;
+          add(in[src], emit1(OpKind::Gather, {dy, in[index]}, std::move(a), fmt::format("in{}", src)));
+        }
+        return;
+      }
+      case OpKind::TopK: {
+        if (dy < 0) return;  // only the indices are read
+        add(in[0], scatter_zero(op.outputs[1], dy, at.axes[0], T(in[0]).shape, "in0"));
         return;
       }
       default:

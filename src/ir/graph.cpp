@@ -256,6 +256,32 @@ TensorId Graph::opaque(const std::vector<TensorId>& inputs, Shape out_shape, dou
   return add_op(OpKind::Opaque, inputs, std::move(a), std::move(name))[0];
 }
 
+namespace {
+// A routing op's axis as stored (JSON keeps axes non-negative); the rule checks the range.
+int stored_axis(int axis, const TensorInfo& t) { return axis < 0 ? axis + t.rank() : axis; }
+}  // namespace
+
+TensorId Graph::gather(TensorId x, TensorId index, int axis, std::string name) {
+  OpAttrs a;
+  a.axes = {stored_axis(axis, tensor(x))};
+  return add_op(OpKind::Gather, {x, index}, std::move(a), std::move(name))[0];
+}
+
+TensorId Graph::scatter_add(TensorId base, TensorId index, TensorId src, int axis, std::string name) {
+  OpAttrs a;
+  a.axes = {stored_axis(axis, tensor(base))};
+  return add_op(OpKind::ScatterAdd, {base, index, src}, std::move(a), std::move(name))[0];
+}
+
+std::pair<TensorId, TensorId> Graph::topk(TensorId x, std::int64_t k, int axis, bool largest,
+                                          std::string name) {
+  OpAttrs a;
+  a.axes = {stored_axis(axis, tensor(x))};
+  a.ints = {k, largest ? 1 : 0};
+  auto out = add_op(OpKind::TopK, {x}, std::move(a), std::move(name));
+  return {out[0], out[1]};
+}
+
 void Graph::set_loss(TensorId t) {
   WEFT_CHECK(tensor(t).shape.empty(), "loss '{}' must be a scalar, has shape {}", tensor(t).name,
              tensor(t).shape);

@@ -11,6 +11,7 @@
 #include <numeric>
 #include <set>
 
+#include "routing.hpp"
 #include "weft/core/error.hpp"
 
 namespace weft::ir {
@@ -382,6 +383,9 @@ OpSignature derive_unchecked(OpKind kind, const OpAttrs& a, const std::vector<Sh
       WEFT_CHECK(a.axes.empty() || a.axes == std::vector<int>{0},
                  "op '{}': dropout's batch axes must be empty or {{0}}", op);
       return {{in[0]}, {dt[0]}, same_shape_map(in[0], 1, 1, 4)};  // hash, compare, scale
+    case OpKind::Gather: return routing::gather_rule(a, in, dt, op);
+    case OpKind::ScatterAdd: return routing::scatter_add_rule(a, in, dt, op);
+    case OpKind::TopK: return routing::topk_rule(a, in, dt, op);
     case OpKind::Reduce: {
       check_arity(in, 1, op, kname);
       WEFT_CHECK(!a.axes.empty(), "op '{}': reduce needs at least one axis", op);

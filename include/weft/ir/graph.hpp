@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "weft/ir/leaf_value.hpp"
@@ -62,6 +63,12 @@ class Graph {
   TensorId pool2d(ReduceFn fn, TensorId x, std::int64_t kernel, std::int64_t stride, std::int64_t pad = 0,
                   std::string name = {});
   TensorId opaque(const std::vector<TensorId>& inputs, Shape out_shape, double flops, std::string name = {});
+  // Routing (torch.gather / scatter_add / topk; op.hpp): the axis is need-replication.
+  TensorId gather(TensorId x, TensorId index, int axis, std::string name = {});
+  TensorId scatter_add(TensorId base, TensorId index, TensorId src, int axis, std::string name = {});
+  // (values, indices) of the k largest (or smallest) along axis, sorted best first.
+  std::pair<TensorId, TensorId> topk(TensorId x, std::int64_t k, int axis, bool largest = true,
+                                     std::string name = {});
 
   // ---- outputs: the loss (a scalar) and any other tensors a caller wants kept
   void set_loss(TensorId t);

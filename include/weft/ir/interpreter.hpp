@@ -23,6 +23,12 @@
 //   Opaque        not executable: weft::Error
 //   Dropout       x·keep·(1/(1−p)), keep = dropout_keep(seed, step, global flat index, p) (kernels.hpp;
 //                 the interpreter runs step 1 and whole tensors)
+//   Gather        out[i] = x[i with i[axis] := index[i]]   (torch.gather; index out of range: weft::Error)
+//   ScatterAdd    out = base (or zeros of [index's shape, axis := attrs.ints[0]]), then for every i in
+//                 row-major order out[i with i[axis] := index[i]] += src[i]   (torch.scatter_add)
+//   TopK          values, indices of the k = attrs.ints[0] largest (ints[1] = 1; else smallest) along
+//                 the axis, best first; NaN counts as the largest; ties: the lower index first
+//                 (torch.argmax's documented first maximum; torch.topk leaves tie order unspecified)
 //   UnaryGrad     dx = dy·f'(x) with f' of the same fn (relu' = [x > 0]; gelu' of the tanh form)
 //   BroadcastTo   out[i] = x[i without the inserted dims attrs.axes], size-1 dims of x broadcast
 //   SoftmaxGrad   dx = y·(dy − Σ_axis dy·y)

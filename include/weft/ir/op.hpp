@@ -33,6 +33,16 @@ enum class OpKind : std::uint8_t {
                  // of the same mask. attrs.axes = {0}: dim 0 is the batch (set by plan::rebatch), the
                  // index counts samples across the step's micro-batches and replicas. Its own
                  // gradient: the same op on dy.
+  // Routing ops (MoE routers: top-k experts, gather their outputs, scatter-add the combine). The
+  // routed axis (attrs.axes[0]) is need-replication: a tile holds it whole, so a kernel on local
+  // tiles is the global op; every other dim is parallel (index and data share those dims).
+  Gather,      // (x, index int) -> out[i] = x[i with i[axis] := index[i]]: torch.gather; index has
+               // x's rank, its shape off the axis equal to x's; out has index's shape
+  ScatterAdd,  // (base, index int, src) -> base, then out[i with i[axis] := index[i]] += src[i]:
+               // torch.scatter_add; or (index, src) with attrs.ints = {result axis size}: a zero
+               // base (gather's adjoint). index and src share one shape; off the axis, base's.
+  TopK,        // x -> (values, indices int) of the attrs.ints[0] largest (attrs.ints[1] = 1) or
+               // smallest (0) along attrs.axes[0], sorted best first; ties: the lower index first
   // ops made by autodiff and the optimizer
   UnaryGrad,           // (x, dy) -> dx for attrs.unary
   BroadcastTo,         // x -> attrs.ints shape, inserting the dims in attrs.axes (reduce/binary grads)

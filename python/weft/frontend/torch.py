@@ -996,6 +996,103 @@ _reg("mean.dim", "mean.default")(_reduce_op("mean"))
 _reg("amax.default")(_reduce_op("max"))
 
 
+# -- routing (MoE routers): top-k / argmax, gather, scatter_add. The routed axis is need-replication
+# in the IR (a device holds it whole); every other dim stays splittable, the batch included.
+def _topk_t(ctx, x, k, dim, largest, suffix=""):
+    """(values, indices) of the IR's topk: sorted best first, ties broken by the lower index."""
+    x = ctx.tensor(x)
+    if len(x.shape) == 0:
+        ctx.fail("top-k of a 0-d tensor is not supported")
+    d = _norm(dim, len(x.shape))
+    if not 1 <= k <= x.shape[d]:
+        ctx.fail(f"k={k} is not in [1, {x.shape[d]}] (the size of dim {dim})")
+    v, i = ctx.g.topk(x.id, int(k), d, bool(largest), ctx.name(suffix))
+    return ctx._t(v), ctx._t(i)
+
+
+@_reg("topk.default")
+def _topk(ctx, node, x, k, dim=-1, largest=True, sorted=True):
+    # sorted=False: torch leaves the order unspecified, so the sorted order is one it may return;
+    # a model whose result depends on that order is not portable in torch either.
+    return _topk_t(ctx, x, k, dim, largest)
+
+
+def _arg_best(ctx, node, x, dim, keepdim, largest):
+    """argmax / argmin (the first best, as torch documents) and max / min over a dim: top-1."""
+    x = ctx.tensor(x)
+    if dim is None:  # over every element: the flattened tensor
+        x = ctx.tensor(ctx.reshape(x, [max(1, int(np.prod(x.shape)))], "flat"))
+        dim = 0
+    v, i = _topk_t(ctx, x, 1, dim, largest, "top1")
+    out = _out_shape(node) if not isinstance(node.meta["val"], (list, tuple)) else _out_shape_i(node, 0)
+    return ctx.reshape(v, out, "values"), ctx.reshape(i, out, "indices")
+
+
+def _out_shape_i(node, i):
+    return tuple(int(s) for s in node.meta["val"][i].shape)
+
+
+@_reg("argmax.default")
+def _argmax(ctx, node, x, dim=None, keepdim=False):
+    return _arg_best(ctx, node, x, dim, keepdim, True)[1]
+
+
+@_reg("argmin.default")
+def _argmin(ctx, node, x, dim=None, keepdim=False):
+    return _arg_best(ctx, node, x, dim, keepdim, False)[1]
+
+
+@_reg("max.dim")
+def _max_dim(ctx, node, x, dim, keepdim=False):
+    # (values, indices); the values' gradient goes to the first maximum only, as torch's
+    return _arg_best(ctx, node, x, dim, keepdim, True)
+
+
+@_reg("min.dim")
+def _min_dim(ctx, node, x, dim, keepdim=False):
+    return _arg_best(ctx, node, x, dim, keepdim, False)
+
+
+def _within(ctx, x, shape, skip, suffix):
+    """x cut to `shape` (its leading part) along every dim but `skip`: torch's gather / scatter_add
+    read only those positions of an operand larger than the index, so the cut is exact."""
+    x = ctx.tensor(x)
+    for d, n in enumerate(shape):
+        if d != skip and x.shape[d] > n:
+            x = _slice_t(ctx, x, d, 0, n, f"{suffix}{d}")
+    return x
+
+
+def _index_operand(ctx, index, what):
+    index = ctx.tensor(index)
+    if _is_float_weft(ctx.g, index.id):
+        ctx.fail(f"{what}'s index must be an integer tensor")
+    return index
+
+
+@_reg("gather.default")
+def _gather(ctx, node, x, dim, index, sparse_grad=False):
+    x, index = ctx.tensor(x), _index_operand(ctx, index, "gather")
+    if len(index.shape) != len(x.shape):
+        ctx.fail(f"gather index of rank {len(index.shape)} for an input of rank {len(x.shape)}")
+    d = _norm(dim, len(x.shape))
+    x = _within(ctx, x, index.shape, d, "cut")
+    return ctx._t(ctx.g.gather(x.id, index.id, d, ctx.name()))
+
+
+@_reg("scatter_add.default")
+def _scatter_add(ctx, node, base, dim, index, src):
+    base, index = ctx.tensor(base), _index_operand(ctx, index, "scatter_add")
+    d = _norm(dim, len(base.shape))
+    if len(index.shape) != len(base.shape):
+        ctx.fail(f"scatter_add index of rank {len(index.shape)} for an input of rank {len(base.shape)}")
+    if any(index.shape[i] != base.shape[i] for i in range(len(base.shape)) if i != d):
+        ctx.fail(f"scatter_add with an index {list(index.shape)} smaller than the input {list(base.shape)} off "
+                 f"dim {d} is not supported (weft's index covers the input off the scattered dim)")
+    src = _within(ctx, src, index.shape, -1, "src.cut")  # torch reads src only where index is
+    return ctx._t(ctx.g.scatter_add(base.id, index.id, src.id, d, ctx.name()))
+
+
 @_reg("var.correction", "var.dim", "std.correction", "std.dim")
 def _var(ctx, node, x, dims=None, *args, correction=None, keepdim=False, unbiased=None):
     """Σ (x − mean)² / (N − correction) over dims (std: its sqrt), torch's two-pass formula."""

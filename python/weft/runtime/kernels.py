@@ -413,6 +413,49 @@ def _dropout(op, x, ctx):
     return [torch.where(keep, v * (1.0 / (1.0 - p)), torch.zeros((), dtype=v.dtype, device=v.device))]
 
 
+# ---- routing (gather, scatter_add, topk): the routed axis is need-replication, so a local tile
+# holds it whole and torch's op on the tile is the global op on it; indices arrive as int64.
+
+def _routed_axis(op, rank: int) -> int:
+    return _axis(int(op["attrs"]["axes"][0]), rank)
+
+
+def _index(op, index: torch.Tensor, n: int) -> torch.Tensor:
+    """The index tile as int64, checked against the axis size (as the C++ kernel does)."""
+    index = index.to(torch.int64)
+    if index.numel() and (int(index.min()) < 0 or int(index.max()) >= n):
+        bad = index[(index < 0) | (index >= n)][0].item()
+        raise KernelError(f"op '{op['name']}': index {bad} is not an integer in [0, {n}) (the size of the "
+                          f"{op['kind']} axis)")
+    return index
+
+
+def _gather(op, x, ctx):
+    xv, index = x
+    ax = _routed_axis(op, xv.dim())
+    return [torch.gather(xv, ax, _index(op, index, xv.shape[ax]))]
+
+
+def _scatter_add(op, x, ctx):
+    if len(x) == 2:  # a zero base of the result's shape (gather's adjoint)
+        index, src = x
+        base = torch.zeros(_out_shape(ctx), dtype=src.dtype, device=src.device)
+    else:
+        base, index, src = x
+    ax = _routed_axis(op, src.dim())
+    return [torch.scatter_add(base, ax, _index(op, index, base.shape[ax]), src)]
+
+
+def _topk(op, x, ctx):
+    # A stable sort, not torch.topk: among equal values the lower index first, as the C++ kernel
+    # (torch.topk leaves the order of ties unspecified; torch.argmax takes the first maximum).
+    xv = x[0]
+    k, largest = (int(v) for v in op["attrs"]["ints"][:2])
+    ax = _routed_axis(op, xv.dim())
+    values, indices = torch.sort(xv, dim=ax, descending=bool(largest), stable=True)
+    return [values.narrow(ax, 0, k).contiguous(), indices.narrow(ax, 0, k).contiguous()]
+
+
 def _opaque(op, x, ctx):
     raise KernelError(f"op '{op['name']}' is opaque: the runtime cannot execute it")
 
@@ -434,6 +477,9 @@ KERNELS: Dict[str, Callable[[dict, Sequence[torch.Tensor], dict], List[torch.Ten
     "pool2d": _pool2d,
     "opaque": _opaque,
     "dropout": _dropout,
+    "gather": _gather,
+    "scatter_add": _scatter_add,
+    "topk": _topk,
     "unary_grad": _unary_grad,
     "broadcast_to": _broadcast_to,
     "softmax_grad": _softmax_grad,
