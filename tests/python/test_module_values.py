@@ -483,3 +483,31 @@ def test_an_in_place_write_into_a_view_is_never_dropped():
 
     with pytest.raises(ValueError, match="in-place write into a view"):
         weft.from_torch(ShiftRight(), (torch.randint(1, 32, (2, 5)),))
+
+
+def test_detach_is_exact_or_refused():
+    class Ema(nn.Module):  # a stop-gradient on a parameter's path: weft has no op for it (yet)
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, x):
+            h = self.fc(x)
+            return (h * h.detach()).mean()
+
+    with pytest.raises(ValueError, match="detach of a tensor that depends on a parameter"):
+        weft.from_torch(Ema(), (torch.randn(2, 4),))
+
+    class Masked(nn.Module):  # detach of data: nothing to stop, imported as the identity
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return (self.fc(x) * torch.tanh(x).detach()).mean()
+
+    m = Masked().double()
+    x = torch.randn(8, 4, dtype=torch.float64)
+    step = weft.from_torch(m, (x,)).train_step(optimizer="adam", lr=1e-2)
+    ref = weft.execute_reference(step, steps=1, inputs={"x": x.numpy()})
+    np.testing.assert_allclose(ref.losses[0], float(m(x)), rtol=1e-13)

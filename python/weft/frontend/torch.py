@@ -364,10 +364,37 @@ def _getitem(ctx, node, seq, i):
 
 
 # -- identities
-@_reg("contiguous.default", "clone.default", "alias.default", "detach.default", "lift_fresh_copy.default",
-      "type_as.default")
+@_reg("contiguous.default", "clone.default", "alias.default", "lift_fresh_copy.default", "type_as.default")
 def _identity(ctx, node, x, *args, **kwargs):
     return x
+
+
+@_reg("detach.default")
+def _detach(ctx, node, x, *args, **kwargs):
+    """detach: the same value, no gradient through it. Exact as the identity where no parameter is
+    upstream (a mask, a position table: no gradient to stop); a stop-gradient on a tensor that depends
+    on a parameter has no IR op yet: refused, never a silently different gradient."""
+    if _is_graph(x) and _depends_on_parameter(ctx.g, ctx.tensor(x).id):
+        ctx.fail("detach of a tensor that depends on a parameter (a stop-gradient) is not supported: its gradient "
+                 "would flow through here")
+    return x
+
+
+def _depends_on_parameter(g, tid: int) -> bool:
+    """Whether a Parameter leaf is upstream of tensor tid in g."""
+    inputs_of = {o["name"]: o["inputs"] for o in g.ops}
+    seen, stack = set(), [tid]
+    while stack:
+        t = stack.pop()
+        if t in seen:
+            continue
+        seen.add(t)
+        info = g.tensor(t)
+        if info["role"] == "parameter" and info["producer"] is None:
+            return True
+        if info["producer"] is not None:
+            stack.extend(inputs_of[info["producer"]])
+    return False
 
 
 @_reg("_to_copy.default", "to.dtype", "to.dtype_layout", "to.device")
