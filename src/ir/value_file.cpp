@@ -89,7 +89,9 @@ std::map<std::string, ValueFileEntry> read_value_file_header(const std::string& 
              path);
   const std::uint64_t data_size = file_size - 8 - n;
   std::map<std::string, ValueFileEntry> out;
-  for (auto& [key, e] : h.items()) {
+  for (auto item = h.begin(); item != h.end(); ++item) {
+    const std::string key = item.key();  // (a named copy: lambdas cannot capture a structured binding)
+    json& e = item.value();
     if (key == "__metadata__") continue;
     auto bad = [&](const char* what) { fail("value file '{}': entry '{}': {}", path, key, what); };
     if (!e.is_object() || !e.contains("dtype") || !e.contains("shape") || !e.contains("data_offsets"))

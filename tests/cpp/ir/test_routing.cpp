@@ -42,7 +42,9 @@ void check_fd(const Graph& g, std::map<TensorId, HostTensor> feeds) {
   tg.validate();
   auto vals = interpret(tg, feeds);
   int checked = 0;
-  for (const auto& [id, value] : feeds) {
+  for (const auto& feed : feeds) {
+    const TensorId id = feed.first;  // (INFO's lambda cannot capture a structured binding)
+    const HostTensor& value = feed.second;
     if (g.tensor(id).role != Role::Parameter) continue;
     auto gid = tg.grad(id);
     REQUIRE(gid.has_value());
