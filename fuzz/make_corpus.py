@@ -17,7 +17,29 @@ def write(target, name, data):
         f.write(data.encode() if isinstance(data, str) else data)
 
 
+def values():
+    """A graph carrying values (inline, and in a value file: the value_file target's seed)."""
+    import tempfile
+
+    import numpy as np
+
+    g = weft.Graph("values")
+    x = g.input("x", [2, 3])
+    w = g.parameter("w", [3, 4])
+    c = g.constant("c", [1])
+    g.set_loss(g.reduce("mean", g.mul(g.matmul(x, w), c), [0, 1]))
+    g.set_value(int(w), np.arange(12.0).reshape(3, 4) / 7)
+    g.set_value(int(c), np.array([-np.inf]))
+    write("graph_json", "values_inline", g.to_json())
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "g.json")
+        g.save(path, inline_limit=4)
+        write("graph_json", "values_sidecar", open(path).read())
+        write("value_file", "weft_written", open(path + ".values.safetensors", "rb").read())
+
+
 def main():
+    values()
     tiny = weft.models.gpt(layers=1, hidden=8, heads=2, seq=4, vocab=16, batch=2)
     write("graph_json", "gpt_forward", tiny.to_json())
     write("graph_json", "gpt_train", tiny.train_step(optimizer="adam").to_json())
