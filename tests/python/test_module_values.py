@@ -511,3 +511,19 @@ def test_detach_is_exact_or_refused():
     step = weft.from_torch(m, (x,)).train_step(optimizer="adam", lr=1e-2)
     ref = weft.execute_reference(step, steps=1, inputs={"x": x.numpy()})
     np.testing.assert_allclose(ref.losses[0], float(m(x)), rtol=1e-13)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (NCCL)")
+@pytest.mark.parametrize("from_file", [False, True])
+def test_nccl_on_one_gpu_trains_like_torch(from_file, cluster, tmp_path):
+    # The module's own values on the GPU: in the program's value file, or read from the user's file.
+    module, ex, step = build("llama")
+    if from_file:
+        safetensors = pytest.importorskip("safetensors.torch")
+        safetensors.save_file(module.state_dict(), str(tmp_path / "llama.safetensors"))
+        weft.load_values(step, str(tmp_path / "llama.safetensors"))
+        assert isinstance(step.value_source(step.find("emb.weight")), tuple)
+    mesh = weft.DeviceMesh([1], [0])
+    prog = weft.lower_spmd(step, cluster, mesh, weft.spmd_search(step, cluster, mesh))
+    got = weft.run(prog, steps=3, dtype="f64", backend="nccl")
+    assert_trained_like_torch(got, *torch_train(module, step, ex))
