@@ -281,7 +281,19 @@ void bind_ir(py::module_& m) {
       .def("softmax", &Graph::softmax, py::arg("x"), py::arg("axis") = -1, py::arg("name") = "")
       .def("layer_norm", &Graph::layer_norm, py::arg("x"), py::arg("gamma"), py::arg("beta"),
            py::arg("eps") = 1e-5, py::arg("name") = "", "Layer norm over the last dim.")
-      .def("embedding", &Graph::embedding, py::arg("table"), py::arg("ids"), py::arg("name") = "")
+      .def(
+          "embedding",
+          [](Graph& g, TensorId table, TensorId ids, std::string name, std::optional<std::int64_t> padding_idx) {
+            if (!padding_idx) return g.embedding(table, ids, std::move(name));
+            const std::int64_t v = g.tensor(table).shape.at(0);
+            WEFT_CHECK(*padding_idx >= 0 && *padding_idx < v, "embedding: padding_idx {} is not a row of the {}-row table",
+                       *padding_idx, v);
+            OpAttrs a;
+            a.ints = {*padding_idx};
+            return g.add_op(OpKind::Embedding, {table, ids}, std::move(a), std::move(name))[0];
+          },
+          py::arg("table"), py::arg("ids"), py::arg("name") = "", py::arg("padding_idx") = py::none(),
+          "Rows of table at ids. padding_idx (torch's): that row gets no gradient from this lookup.")
       .def("cross_entropy", &Graph::cross_entropy, py::arg("logits"), py::arg("labels"), py::arg("name") = "",
            "Mean over tokens of logsumexp(logits) - logits[label]: a scalar.")
       .def("transpose", &Graph::transpose, py::arg("x"), py::arg("perm"), py::arg("name") = "")

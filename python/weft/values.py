@@ -16,7 +16,6 @@ the parameters of graphs built in code (the zoo) or when asked for; never for bu
 from __future__ import annotations
 
 import os
-import re
 from typing import Any, Dict, Mapping, Optional, Union
 
 import numpy as np
@@ -97,7 +96,6 @@ def load_values(graph, values: Union[Mapping[str, Any], str, os.PathLike], *, st
     else:
         raise TypeError(f"load_values: values must be a mapping name -> tensor or a .safetensors path, got "
                         f"{type(values).__name__}")
-    _derived_rows(graph, set(done))
     if strict:
         missing = [n for n, t in leaves.items() if t["role"] in ("parameter", "buffer") and not graph.tensor(t["id"])["has_value"]]
         if missing:
@@ -105,20 +103,6 @@ def load_values(graph, values: Union[Mapping[str, Any], str, os.PathLike], *, st
             raise ValueError(f"load_values: no value for {shown} (strict=True; the given values have "
                              f"{len(done)} of the graph's leaves)")
     return done
-
-
-_PAD_ROW = re.compile(r"^(.*)\.pad_row\[(\d+)\]$")
-
-
-def _derived_rows(graph, given: set) -> None:
-    """Constants the importer derives from a parameter's initial value (an embedding's padding row,
-    ``<table>.pad_row[<i>]``: it keeps its value, torch giving it no gradient) follow the parameter."""
-    for t in graph.tensors:
-        m = _PAD_ROW.match(t["name"])
-        if m is None or t["producer"] is not None or m.group(1) not in given:
-            continue
-        table = graph.value(graph.find(m.group(1)))
-        graph.set_value(t["id"], table[int(m.group(2))].reshape(t["shape"]))
 
 
 def values_of(graph) -> Dict[str, np.ndarray]:

@@ -306,6 +306,7 @@ class Backward {
         if (!need(0)) return;
         OpAttrs a;
         a.ints = T(in[0]).shape;
+        if (!at.ints.empty()) a.ints.push_back(at.ints[0]);  // padding_idx: that row gets no gradient
         add(in[0], emit1(OpKind::EmbeddingGrad, {in[1], dy}, std::move(a), "in0"));
         return;
       }

@@ -481,9 +481,12 @@ std::vector<HostTensor> run_op(const Graph& g, const Op& op, const std::vector<c
       std::int64_t h = ts[1];
       VocabRows rows(ctx.vocab_index, ts[0], ctx.vocab_size > 0 ? ctx.vocab_size : a.ints[0]);
       HostTensor dt = zeros(ts);
+      // ints[2] (optional): torch's padding_idx, whose row gets no gradient from the lookup
+      const std::int64_t pad = a.ints.size() > 2 ? a.ints[2] : -1;
       for (std::int64_t i = 0; i < ids.numel(); ++i) {
-        std::int64_t r = rows.row(as_index(ids.data[i], rows.global, op, "id"));
-        if (r < 0) continue;
+        const std::int64_t id = as_index(ids.data[i], rows.global, op, "id");
+        std::int64_t r = rows.row(id);
+        if (r < 0 || id == pad) continue;
         for (std::int64_t j = 0; j < h; ++j) dt.data[r * h + j] += dy.data[i * h + j];
       }
       return {dt};

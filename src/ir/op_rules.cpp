@@ -479,7 +479,8 @@ OpSignature derive_unchecked(OpKind kind, const OpAttrs& a, const std::vector<Sh
     }
     case OpKind::EmbeddingGrad: {
       check_arity(in, 2, op, kname);
-      WEFT_CHECK(a.ints.size() == 2, "op '{}': embedding grad needs the table shape in ints", op);
+      WEFT_CHECK(a.ints.size() == 2 || a.ints.size() == 3,
+                 "op '{}': embedding grad needs the table shape in ints (and optionally the padding row)", op);
       WEFT_CHECK(is_int(dt[0]), "op '{}': embedding ids must be i32 or i64", op);
       Shape dyexp = in[0];
       dyexp.push_back(a.ints[1]);

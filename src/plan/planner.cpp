@@ -1984,8 +1984,14 @@ Plan make_plan_fixed(const ir::Graph& g, const cluster::Cluster& c, const PlanOp
     // Every pair left out by the bound: name the least demanding one (most micro-batches the graph
     // can be cut into, one replica).
     std::int64_t bs = ctx.global_batch;
+    bool any_cut = false;
     for (int M : Ms)
-      if (ctx.rebatch_note(ctx.global_batch / M).empty()) bs = ctx.global_batch / M;
+      if (ctx.rebatch_note(ctx.global_batch / M).empty()) bs = ctx.global_batch / M, any_cut = true;
+    if (!any_cut && !Ms.empty()) {  // not memory: the graph cannot be cut into any of these counts
+      const std::string why = ctx.rebatch_note(ctx.global_batch / Ms.front());
+      fail("make_plan: the batch {} cannot be split into {} micro-batches: {}", ctx.global_batch,
+           fmt::join(Ms, " or "), why);
+    }
     const auto& ab = ctx.blocks_at(bs);
     const double state = ctx.min_bytes(ab, 0, ctx.L() - 1, 0), act = ctx.min_bytes(ab, 0, ctx.L() - 1, 1) - state;
     fail("make_plan: the model cannot fit: with {} micro-batches of {} samples and one replica over all {} "

@@ -527,3 +527,48 @@ def test_nccl_on_one_gpu_trains_like_torch(from_file, cluster, tmp_path):
     prog = weft.lower_spmd(step, cluster, mesh, weft.spmd_search(step, cluster, mesh))
     got = weft.run(prog, steps=3, dtype="f64", backend="nccl")
     assert_trained_like_torch(got, *torch_train(module, step, ex))
+
+
+@pytest.mark.parametrize("name", ["vit", "opt"])
+def test_hugging_face_vit_and_opt_train_like_torch_sgd(name, cluster):
+    # ViT (a class token: its batch broadcast splits) and OPT (eval mode: its LayerDrop branch is off)
+    # with SGD: their key biases get analytically-zero gradients (rounding noise on both sides), which
+    # Adam would turn into lr-sized steps of opposite signs; SGD keeps them at the noise.
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(3)
+    if name == "vit":
+        m = transformers.ViTForImageClassification(transformers.ViTConfig(
+            image_size=8, patch_size=4, num_channels=3, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+            intermediate_size=24, num_labels=3, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)).double()
+        inputs = {"pixel_values": torch.randn(8, 3, 8, 8, dtype=torch.float64, generator=g),
+                  "labels": torch.randint(0, 3, (8,), generator=g)}
+    else:
+        m = transformers.OPTForCausalLM(transformers.OPTConfig(
+            vocab_size=32, hidden_size=16, ffn_dim=24, num_hidden_layers=2, num_attention_heads=2,
+            max_position_embeddings=16, word_embed_proj_dim=16, dropout=0.0, layerdrop=0.0)).double().eval()
+        ids = torch.randint(1, 32, (8, 8), generator=g)
+        inputs = {"input_ids": ids, "labels": ids.roll(1, 1)}
+    step = weft.from_torch(m, inputs).train_step(optimizer="sgd", lr=0.1)
+    if name == "vit":
+        plan = weft.plan(step, cluster, num_microbatches=2)
+    else:  # OPT's position ids are a per-sample Constant (a cumsum of ones(batch, seq)): the batch stays whole
+        with pytest.raises(ValueError, match=r"cannot be split into 2 micro-batches: .*batch-sized Constant"):
+            weft.plan(step, cluster, num_microbatches=2)
+        plan = weft.plan(step, cluster)
+        assert "batch-sized Constant" in plan.search_space
+    got = weft.run(plan, step, cluster, steps=3, dtype="f64", inputs={k: v.numpy() for k, v in inputs.items()})
+    tm = copy.deepcopy(m)
+    opt = torch.optim.SGD(tm.parameters(), lr=0.1)
+    losses = []
+    for _ in range(3):
+        opt.zero_grad()
+        out = tm(**inputs)
+        out.loss.backward()
+        opt.step()
+        losses.append(float(out.loss.detach()))
+    np.testing.assert_allclose(got.losses, losses, rtol=RTOL)
+    for n, p in tm.named_parameters():
+        want = p.detach().numpy()
+        np.testing.assert_allclose(got.parameters[n], want, rtol=RTOL, atol=max(ATOL, RTOL * np.max(np.abs(want))),
+                                   err_msg=n)

@@ -1331,23 +1331,11 @@ def _embedding(ctx, node, table, ids, padding_idx=-1, scale_grad_by_freq=False, 
         ctx.fail("embedding with scale_grad_by_freq is not supported")
     table = ctx.tensor(table)
     if padding_idx not in (-1, None):
-        # torch's gradient skips row padding_idx. Exactly: table' = table * keep + onehot * pad_row,
-        # keep / onehot [V, 1] and pad_row [H] (the row's current value) constants: the same
-        # forward, no gradient into the padding row (3 elementwise V x H ops per step).
-        torch = _torch()
-        info = ctx.g.tensor(table.id)
-        if info["role"] != "parameter" or info["name"] not in ctx.values:
-            ctx.fail("padding_idx is supported only on an embedding table that is a parameter")
+        # torch's gradient skips row padding_idx (the lookup's part only: a tied LM head still
+        # updates it): the IR's embedding carries it, its gradient skips that row.
         V = table.shape[0]
         pad = padding_idx + V if padding_idx < 0 else padding_idx
-        w = ctx.values[info["name"]]
-        keep = torch.ones(V, 1, dtype=torch.float64)
-        keep[pad] = 0
-        kept = ctx.binary("mul", table, ctx.const(keep, "keep"), "keep")
-        # named after its parameter and row, so weft.load_values fills it with the table (a meta import)
-        pad_row = _C(w.detach()[pad].to(torch.float64), f"{info['name']}.pad_row[{pad}]")
-        pad_part = ctx.binary("mul", ctx.const(1 - keep, "onehot"), pad_row, "pad_part")
-        table = ctx.binary("add", kept, pad_part, "table")
+        return ctx._t(ctx.g.embedding(table.id, ctx.tensor(ids).id, ctx.name(), int(pad)))
     return ctx._t(ctx.g.embedding(table.id, ctx.tensor(ids).id, ctx.name()))
 
 

@@ -246,8 +246,12 @@ def _embedding_grad(op, x, ctx):
     rows, held = _vocab_rows(op, ids, ctx, shape[0], "id")
     h = shape[1]
     rows, dyf = rows.reshape(-1), dy.reshape(-1, h)
-    if held is not None:
-        keep = held.reshape(-1)
+    ints = op["attrs"].get("ints") or []
+    keep = held.reshape(-1) if held is not None else None
+    if len(ints) > 2:  # padding_idx: its row gets no gradient from the lookup
+        not_pad = ids.reshape(-1) != int(ints[2])
+        keep = not_pad if keep is None else keep & not_pad
+    if keep is not None:
         rows, dyf = rows[keep], dyf[keep]
     out = torch.zeros(shape, dtype=dy.dtype, device=dy.device)
     out.index_add_(0, rows, dyf)
