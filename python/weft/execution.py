@@ -93,7 +93,7 @@ class ExecutionResult:
         worst = ("", 0.0)
         for i, (a, b) in enumerate(zip(self.losses, other.losses)):
             e = rel(a, b)
-            if e > worst[1] or (e == float("inf") and worst[1] != e):
+            if e > worst[1]:
                 worst = (f"loss[{i}]", e)
         for kind in ("parameters", "gradients"):
             mine, theirs = getattr(self, kind), getattr(other, kind)
