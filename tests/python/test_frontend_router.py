@@ -16,23 +16,14 @@ nn = torch.nn
 F = torch.nn.functional
 
 import weft  # noqa: E402
-from test_frontend_torch import check_forward, check_gradients  # noqa: E402
+from test_frontend_gaps import check, f64  # noqa: E402 (forward and gradients against torch)
+from test_frontend_torch import check_forward  # noqa: E402
 from test_module_values import assert_trained_like_torch, data, torch_train  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
-
-
-def f64(*shape):
-    return torch.randn(*shape, dtype=torch.float64)
-
-
-def check(m, inputs, loss_fn=None, targets=()):
-    g, _ = check_forward(m, inputs, loss_fn=loss_fn, targets=targets)
-    check_gradients(m, inputs, loss_fn=loss_fn, targets=targets)
-    return g
 
 
 def kinds(g):

@@ -1985,6 +1985,8 @@ def _record_values(g, leaf_values) -> None:
     """The module's own values become part of the graph: every Parameter, Buffer and Constant leaf
     whose tensor is real (a meta-device import records none: weft.load_values gives them later).
     The parameters are the module's, so the graph's parameters are never seeded."""
+    from ..values import _array
+
     torch = _torch()
     g.seed_parameters = False
     for t in g.tensors:
@@ -1993,11 +1995,9 @@ def _record_values(g, leaf_values) -> None:
         v = leaf_values.get(t["name"])
         if v is None or not isinstance(v, torch.Tensor) or v.device.type == "meta":
             continue
-        v = v.detach().cpu()
-        v = v.double() if (v.is_floating_point() or v.dtype == torch.bool) else v.long()
         if tuple(v.shape) != tuple(t["shape"]):
             continue  # a scalar folded into a broadcast shape: the graph's own, already given
-        g.set_value(t["id"], v.numpy())
+        g.set_value(t["id"], _array(t["name"], v))
 
 
 def from_torch(module, example_inputs: Sequence[Any], *, loss_fn: Optional[Callable] = None,

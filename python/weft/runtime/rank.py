@@ -279,26 +279,21 @@ class ValueFiles:
         from safetensors import safe_open
 
         with safe_open(path, framework="pt") as f:
-            box = self._tile(f, path, key, glob, offset)
-        # a slice is a view of the whole tensor read from the file: keep the tile, let the rest go
-        if box.untyped_storage().nbytes() > box.numel() * box.element_size():
-            box = box.clone(memory_format=torch.contiguous_format)
-        return box
-
-    @staticmethod
-    def _tile(f, path: str, key: str, glob, offset: int) -> torch.Tensor:
-        if not glob:  # a scalar
-            return f.get_tensor(key).reshape(1)
-        sl = f.get_slice(key)
-        if len(sl.get_shape()) != len(glob):
-            raise RankError(f"the value of '{key}' in {path} has shape {sl.get_shape()}, of another rank than the tile's tensor")
-        idx = [np.asarray(g, dtype=np.int64) + (offset if d == 0 else 0) for d, g in enumerate(glob)]
-        lo = [int(i.min()) for i in idx]
-        hi = [int(i.max()) + 1 for i in idx]
-        box = sl[tuple(slice(a, z) for a, z in zip(lo, hi))]
+            if not glob:  # a scalar
+                return f.get_tensor(key).reshape(1)
+            sl = f.get_slice(key)
+            if len(sl.get_shape()) != len(glob):
+                raise RankError(f"the value of '{key}' in {path} has shape {sl.get_shape()}, of another rank than "
+                                "the tile's tensor")
+            idx = [np.asarray(g, dtype=np.int64) + (offset if d == 0 else 0) for d, g in enumerate(glob)]
+            lo = [int(i.min()) for i in idx]
+            box = sl[tuple(slice(a, int(i.max()) + 1) for i, a in zip(idx, lo))]
         for d, (i, a) in enumerate(zip(idx, lo)):
             if len(i) != box.shape[d] or np.any(i - a != np.arange(len(i))):  # strided: pick the rows
                 box = box.index_select(d, torch.from_numpy(i - a))
+        # a slice is a view of the whole tensor read from the file: keep the tile, let the rest go
+        if box.untyped_storage().nbytes() > box.numel() * box.element_size():
+            box = box.clone(memory_format=torch.contiguous_format)
         return box
 
 
