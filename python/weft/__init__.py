@@ -83,6 +83,20 @@ from .values import load_values  # noqa: E402
 from . import values as _values
 _values.install()
 __all__ += ["load_values"]
+# training the user's module in the user's loop (weft.Trainer; torch imported when one is made)
+from . import training  # noqa: E402
+from .training import distributed, launch, optim  # noqa: E402
+__all__ += ["Trainer", "training", "distributed", "launch", "optim"]
+
+
+def __getattr__(name):
+    if name == "Trainer":
+        from .training.trainer import Trainer
+
+        return Trainer
+    raise AttributeError(f"module 'weft' has no attribute {name!r}")
+
+
 # notebook displays (_repr_html_ of Plan, Graph, Cluster, DeviceMesh, ShardingSpec, Program, ExecutionResult)
 from . import display as _display
 _display.install()

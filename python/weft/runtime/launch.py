@@ -321,7 +321,7 @@ def _error_of(tmp: str, r: int) -> Optional[str]:
     return open(path).read() if os.path.exists(path) else None
 
 
-def _wait(procs, tmp: str) -> None:
+def _wait(procs, tmp: str, what: str = "weft.run") -> None:
     """Until every rank exits 0; on the first failure, stop the others and raise its error."""
     while True:
         codes = [p.poll() for p in procs]
@@ -340,7 +340,7 @@ def _wait(procs, tmp: str) -> None:
                 why = f"signal {signal.Signals(-c).name}" if c is not None and c < 0 else f"exit code {c}"
                 log = open(os.path.join(tmp, f"rank-{r}.log")).read().strip().splitlines()[-5:]
                 first = (r, f"the process died ({why})" + (": " + " | ".join(log) if log else ""))
-            raise RuntimeError(f"weft.run: rank {first[0]} failed: {first[1]} (the other ranks were stopped)")
+            raise RuntimeError(f"{what}: rank {first[0]} failed: {first[1]} (the other ranks were stopped)")
         time.sleep(0.05)
 
 

@@ -193,23 +193,35 @@ class RankRuntime:
         return (T.flat_global(tile, self.buffers[b]["shape"]), v, tile["partial_index"])
 
     def step(self, step: int) -> None:
-        # What the last step kept only as its results (gradients, the loss) is gone when the next
-        # one starts, as a framework's gradients are (the CPU executor does the same).
+        self.begin_step(step)
+        self.run_instructions(self.instrs, step)
+        self.finish_step()
+
+    def begin_step(self, step: int, fill_states: Optional[bool] = None) -> None:
+        """Frees what the last step kept only as its results (gradients, the loss: gone when the
+        next one starts, as a framework's gradients are; the CPU executor does the same) and fills
+        the leaves: buffers and constants every step, parameters and optimizer states on the first
+        (``fill_states``: whether to fill them; default: at step 1)."""
         leaves = set(self._leaf_ids)
         for b in [b for b in self.values if b not in leaves]:
             self.free(b)
+        fill_states = step == 1 if fill_states is None else fill_states
         for b in self._leaf_ids:
             role = self.tensors[self.buffers[b]["tensor_id"]]["role"]
-            if role == "input" or (role in ("parameter", "optimizer_state") and step > 1):
+            if role == "input" or (role in ("parameter", "optimizer_state") and not fill_states):
                 continue
             self.fill(b, step)
-        for ins in self.instrs:
+
+    def run_instructions(self, instrs, step: int) -> None:
+        for ins in instrs:
             try:
                 self.execute(ins, step)
             except RankError as e:
                 raise RankError(f"{self.layout.describe(self.rank, ins['pc'])}: {e}") from e
             except Exception as e:  # torch / gloo errors: name where the rank stood
                 raise RankError(f"{self.layout.describe(self.rank, ins['pc'])}: {type(e).__name__}: {e}") from e
+
+    def finish_step(self) -> None:
         for b in list(self.pending):
             self.read(b)
         self.comm.wait_sends()

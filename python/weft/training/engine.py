@@ -1,0 +1,178 @@
+"""One rank of weft.Trainer: the rank's program run once per training step, with the optimizer
+applied by the Trainer (runtime learning rate, weight decay, clipping by the global norm).
+
+A lowered training program updates each parameter as soon as its gradient is final (that is what
+the planner prices). Clipping by the global norm needs every gradient first, so the rank splits its
+instruction list once: the instructions that do not depend on any update (forward, backward,
+gradient synchronisation) run first; then one all-reduce of (Σ squares of the gradients, replicas
+counted once; the rank's share of the loss) over the world; then the updates and what depends on
+them (ZeRO's gathers of updated shards), in program order. Every rank applies the same rule to its
+own list, so the collectives of each group keep one order on all its members.
+"""
+from __future__ import annotations
+
+import math
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+
+from ..runtime.rank import RankError, RankRuntime
+
+UPDATE_KINDS = ("adam_update", "sgd_update")
+_STATE_ROLES = ("parameter", "optimizer_state")
+
+
+def split_at_updates(instrs: Sequence[dict], ops: Sequence[dict], buffers: Sequence[dict],
+                     tensors: Sequence[dict]) -> Tuple[List[dict], List[dict]]:
+    """(before, after): the instructions that depend on no optimizer update, in order, and those that
+    do (the updates themselves, what reads their results, the frees of what they read), in order.
+    Raises RankError when moving the updates after the rest would let an instruction overwrite a
+    buffer an update still has to read (a program that reuses buffers that way cannot be split)."""
+
+    def is_update(ins):
+        return ins["kind"] == "compute" and ops[ins["op"]]["kind"] in UPDATE_KINDS
+
+    def is_updated_state(b):  # a received updated parameter or state (a tied weight's copy)
+        t = buffers[b]["tensor_id"]
+        return t is not None and t >= 0 and tensors[t]["role"] in _STATE_ROLES and tensors[t]["producer"] is not None
+
+    after_bufs = set()
+    late = [False] * len(instrs)
+    for i, ins in enumerate(instrs):
+        if ins["kind"] == "free":
+            continue
+        if (is_update(ins) or any(b in after_bufs for b in ins["inputs"])
+                or (ins["kind"] == "recv" and any(is_updated_state(b) for b in ins["outputs"]))):
+            late[i] = True
+            after_bufs.update(ins["outputs"])
+    used_late = set()
+    for i, ins in enumerate(instrs):
+        if late[i]:
+            used_late.update(ins["inputs"])
+            used_late.update(ins["outputs"])
+    for i, ins in enumerate(instrs):
+        if ins["kind"] == "free" and any(b in used_late for b in ins["inputs"]):
+            late[i] = True
+    # No early instruction after a late one may write what the late one reads (a write-after-read).
+    read_late: set = set()
+    for i, ins in enumerate(instrs):
+        if late[i]:
+            read_late.update(ins["inputs"])
+        elif ins["kind"] != "free" and read_late.intersection(ins["outputs"]):
+            raise RankError(f"instruction {ins['pc']} ({ins['kind']}) overwrites a buffer an optimizer update reads "
+                            "earlier; the program cannot be split at its updates")
+    return ([ins for i, ins in enumerate(instrs) if not late[i]], [ins for i, ins in enumerate(instrs) if late[i]])
+
+
+class TrainingRank(RankRuntime):
+    """RankRuntime with the Trainer's optimizer: ``train_step(step, inputs, ...)`` runs one step."""
+
+    def __init__(self, layout, rank: int, optimizer, *, device="cpu", dtype: Optional[str] = "f32", seed: int = 0,
+                 groups=None):
+        super().__init__(layout, rank, device=device, dtype=dtype, seed=seed, groups=groups)
+        self.optimizer = optimizer
+        self.before, self.after = split_at_updates(self.instrs, self.ops, self.buffers, self.tensors)
+        self.updates = [ins for ins in self.after if ins["kind"] == "compute"
+                        and self.ops[ins["op"]]["kind"] in UPDATE_KINDS]
+        self.world = len(self.program.ranks)
+        self._stage_ranks = [r for r in range(self.world) if self.program.ranks[r]["stage"] == self.info["stage"]]
+        # Each gradient an update reads, with the number of ranks holding the same elements.
+        self.grad_buffers = [(ins["inputs"][1], self._holders(ins["inputs"][1])) for ins in self.updates]
+        self.hyper: Dict[int, dict] = {}
+        for ins in self.updates:
+            p = self.tensors[self.buffers[ins["inputs"][0]]["tensor_id"]]
+            self.hyper[ins["pc"]] = optimizer.group_of(p["name"], tuple(p["shape"]))
+        loss = self.program.loss_id
+        self.loss_share = None
+        if loss is not None and loss >= 0 and self.buffers[loss]["stage"] == self.info["stage"]:
+            self.loss_share = (loss, self._holders(loss))
+        self.states_filled = False
+        self.optimizer_steps = 0  # updates applied (a skipped f16 step is not one)
+        self._lr_factor = 1.0
+        self._clip_coef = 1.0
+
+    def _holders(self, b: int) -> int:
+        """How many ranks hold the same term of the same elements of buffer b as this one."""
+        def key(r):
+            t = self.layout.tile(b, r)
+            return (tuple(tuple(g) for g in t["global"]), t["partial_index"])
+
+        mine = key(self.rank)
+        return sum(1 for r in self._stage_ranks if key(r) == mine)
+
+    def tensor_name(self, b: int) -> str:
+        return self.tensors[self.buffers[b]["tensor_id"]]["name"]
+
+    # -- one step
+
+    def train_step(self, step: int, *, lr_factor: float, grad_clip: Optional[float],
+                   loss_scale: float = 1.0) -> Dict[str, float]:
+        """Runs step ``step`` (1-based; the dropout counter) on the inputs already set in
+        ``self.inputs``. Returns {"loss", "grad_norm", "skipped"} (global values, on every rank)."""
+        self.begin_step(step, fill_states=not self.states_filled)
+        self.states_filled = True
+        self.run_instructions(self.before, step)
+        sq = torch.zeros((), dtype=torch.float64, device=self.device)
+        for b, holders in self.grad_buffers:
+            g = self.read(b).to(torch.float64)
+            sq = sq + g.square().sum() / holders
+        share = torch.zeros((), dtype=torch.float64, device=self.device)
+        if self.loss_share is not None:
+            b, holders = self.loss_share
+            share = self.read(b).to(torch.float64).reshape(()) / holders
+        stats = torch.stack([sq, share])
+        if self.world > 1:
+            dist.all_reduce(stats)
+        sq_total, loss = float(stats[0]), float(stats[1])
+        norm = math.sqrt(sq_total) / loss_scale if math.isfinite(sq_total) else math.inf
+        loss /= loss_scale
+        skipped = not math.isfinite(norm)
+        # clip_grad_norm_: coef = max_norm / (norm + 1e-6), clamped at 1 (the grads are multiplied by it)
+        coef = 1.0 / loss_scale
+        if grad_clip is not None and not skipped:
+            coef *= min(1.0, float(grad_clip) / (norm + 1e-6))
+        self._clip_coef = coef
+        self._lr_factor = float(lr_factor)
+        self._skip = skipped
+        if not skipped:
+            self.optimizer_steps += 1
+        self.run_instructions(self.after, step)
+        self.finish_step()
+        return {"loss": loss, "grad_norm": norm, "skipped": skipped}
+
+    def execute(self, ins: dict, step: int) -> None:
+        if ins["kind"] == "compute" and self.ops[ins["op"]]["kind"] in UPDATE_KINDS:
+            self._update(ins)
+        else:
+            super().execute(ins, step)
+
+    def _update(self, ins: dict) -> None:
+        """The optimizer's rule on this rank's tiles: (p, g[, master], states...) -> (p'[, master'], states'...)."""
+        inp, out = ins["inputs"], ins["outputs"]
+        has_master = len(inp) > 2 and self.tensor_name(inp[2]).startswith("master:")
+        p = self.read(inp[0])
+        w_in = inp[2] if has_master else inp[0]
+        w_out = out[1] if has_master else out[0]
+        state_in = inp[3:] if has_master else inp[2:]
+        state_out = out[2:] if has_master else out[1:]
+        if len(state_in) != len(state_out):
+            raise RankError(f"update '{self.ops[ins['op']]['name']}': {len(state_in)} states in, {len(state_out)} out")
+
+        # New tensors, updated in place by the rule: a buffer's tensor may be shared with another
+        # buffer (a copy instruction aliases its input), which must keep the old value.
+        w = self.read(w_in).clone()
+        states = [self.read(a).clone() for a in state_in]
+        if not self._skip:
+            g = self.read(inp[1]).to(w.dtype)
+            if self._clip_coef != 1.0:
+                g = g * self._clip_coef
+            hp = self.hyper[ins["pc"]]
+            states = self.optimizer.update(w, g, states, hp, hp["lr"] * self._lr_factor, self.optimizer_steps)
+        if has_master:
+            self.write(out[0], w.to(p.dtype))
+            self.write(w_out, w)
+        else:
+            self.write(out[0], w)
+        for b, v in zip(state_out, states):
+            self.write(b, v)

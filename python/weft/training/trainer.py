@@ -1,0 +1,364 @@
+"""weft.Trainer: the user's torch module trained on a weft plan, inside the user's own loop.
+
+    weft.distributed.init()                       # torchrun's environment (or weft.launch)
+    trainer = weft.Trainer(model, example_batch, cluster="p3.8xlarge",
+                           optimizer=weft.optim.AdamW(lr=3e-4, weight_decay=0.1, no_decay=("bias", "norm")),
+                           lr_schedule=weft.optim.warmup_cosine(warmup=100, total=5000), grad_clip=1.0)
+    for batch in loader:
+        metrics = trainer.step(batch)             # loss, grad norm, lr, tokens/s (global, every rank)
+    model.load_state_dict(trainer.full_state_dict())
+
+Every rank imports the module (its own values: weights, buffers, constants), builds the training
+step, gets the plan (``plan=None``: rank 0 plans and broadcasts it; lowering is deterministic, so
+every rank derives the same program) and runs its rank of the program once per ``step`` on the
+batch it is given: the GLOBAL batch, as the module's forward takes it; each rank reads the samples
+its program loads (its micro-batches of its data-parallel share).
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+
+import numpy as np
+
+from .. import _weft
+from .optim import Optimizer, Adam, as_schedule
+
+log = logging.getLogger("weft")
+
+PRECISIONS = ("f32", "f64", "bf16-mixed", "f16-mixed")
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+def _dist():
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():
+        raise ValueError("weft.Trainer needs torch.distributed initialised: call weft.distributed.init() first "
+                         "(under torchrun), or run the function with weft.launch(fn, nproc=N)")
+    return dist
+
+
+def _cluster_of(cluster, world: int):
+    if cluster is None:
+        return None
+    if isinstance(cluster, str):
+        from ..cli import _cluster_arg
+
+        cluster = _cluster_arg(cluster, 1)
+    if not isinstance(cluster, _weft.Cluster):
+        raise TypeError(f"cluster: expected a weft.Cluster or a preset spec string, got {type(cluster).__name__}")
+    return cluster
+
+
+class Trainer:
+    """Trains ``model`` on a weft plan in this process's rank (torch.distributed initialised, one
+    process per device of the plan).
+
+    ``example_inputs``: a batch as ``model.forward`` takes it (a tuple, or a dict of keyword
+    inputs), of the global batch size every ``step`` will get; the model returns the scalar loss
+    (or a Hugging Face output with ``.loss``), or give ``loss_fn`` and ``targets`` as for
+    :func:`weft.from_torch`.
+    ``plan``: a :class:`weft.Plan`, a plan JSON path, a lowered :class:`weft.Program`, or None (rank 0
+    plans with :func:`weft.plan` on ``cluster`` and ``plan_options``, and broadcasts the plan).
+    ``cluster``: a :class:`weft.Cluster` or a preset spec ("p3.8xlarge", "M8:2") with one device
+    per process (needed unless ``plan`` is a Program).
+    ``optimizer``: :class:`weft.optim.SGD` / ``Adam`` / ``AdamW`` (default AdamW(lr=1e-3), torch's
+    defaults). ``lr_schedule``: a factor per step (``weft.optim.warmup_cosine(...)``, any callable
+    step -> factor as LambdaLR's lambda, or a torch LRScheduler). ``grad_clip``: the max global norm
+    (None: no clipping; the norm is reported either way).
+    ``precision``: "f32", "f64" (proofs), "bf16-mixed", "f16-mixed" (see docs/modules/training.md).
+    ``device``: this rank's torch device (default: cuda:<local rank> under NCCL, else cpu).
+    ``callbacks``: functions called with each step's metrics dict. ``progress``: a tqdm bar on rank 0
+    (default: when stderr is a terminal)."""
+
+    def __init__(self, model, example_inputs, *, plan=None, cluster=None, optimizer: Optional[Optimizer] = None,
+                 lr_schedule=None, grad_clip: Optional[float] = None, precision: str = "f32",
+                 loss_fn: Optional[Callable] = None, targets: Sequence[Any] = (), plan_options: Optional[dict] = None,
+                 device=None, seed: int = 0, callbacks: Sequence[Callable[[dict], Any]] = (),
+                 progress: Optional[bool] = None, total_steps: Optional[int] = None):
+        torch = _torch()
+        dist = _dist()
+        from .optim import AdamW
+
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+        if optimizer is None:
+            optimizer = AdamW()
+        if not isinstance(optimizer, Optimizer):
+            raise TypeError(f"optimizer: expected a weft.optim optimizer (SGD, Adam, AdamW), got "
+                            f"{type(optimizer).__name__} (torch optimizers act on whole tensors; weft's act on shards)")
+        if grad_clip is not None and not (isinstance(grad_clip, (int, float)) and grad_clip > 0):
+            raise ValueError(f"grad_clip must be a positive number or None, got {grad_clip!r}")
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+        self.model = model
+        self.optimizer = optimizer
+        self.schedule = as_schedule(lr_schedule)
+        self.grad_clip = None if grad_clip is None else float(grad_clip)
+        self.precision = precision
+        self.callbacks = list(callbacks)
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.seed = int(seed)
+        self.loss_fn, self.targets = loss_fn, tuple(targets)
+        self._keys = list(example_inputs) if isinstance(example_inputs, Mapping) else None
+        self._example = self._flatten(example_inputs, self.targets)
+
+        self.step_graph = self._training_graph(model, example_inputs)
+        self.input_names = self._input_names(model, example_inputs)
+        self.cluster = _cluster_of(cluster, self.world)
+        self.plan, self.program = self._program(plan, plan_options or {})
+        if self.program.num_ranks != self.world:
+            raise ValueError(f"the plan has {self.program.num_ranks} ranks, this job {self.world} processes "
+                             "(one process per device of the plan)")
+        from ..runtime.launch import check_values
+
+        check_values(self.program, None, None)  # a leaf without a value: ValueError naming it, on every rank
+        self.device = torch.device(device) if device is not None else self._default_device()
+        from ..runtime.comm import ProcessGroups
+        from .engine import TrainingRank
+
+        self.layout = _weft.ProgramLayout(self.program)
+        self.engine = TrainingRank(self.layout, self.rank, optimizer, device=self.device,
+                                   dtype=self._storage_dtype(), seed=self.seed,
+                                   groups=ProcessGroups(self.layout.collective_groups()))
+        self.steps_done = 0
+        self.total_steps = total_steps
+        self.history: List[dict] = []
+        self._bar = None
+        self._progress = progress
+        self.tokens_per_step, self.samples_per_step = self._sizes()
+        log.info("weft.Trainer: rank %d of %d, %s, %d instructions per step", self.rank, self.world,
+                 self.plan.strategy if self.plan is not None else "a given program", len(self.engine.instrs))
+
+    # ---- set-up
+
+    @staticmethod
+    def _flatten(inputs, targets) -> list:
+        vals = list(inputs.values()) if isinstance(inputs, Mapping) else (
+            [inputs] if _torch().is_tensor(inputs) else list(inputs))
+        return vals + list(targets)
+
+    def _training_graph(self, model, example_inputs):
+        from ..frontend import from_torch
+
+        dtype = {"bf16-mixed": "bf16", "f16-mixed": "f16"}.get(self.precision)
+        g = from_torch(model, example_inputs, loss_fn=self.loss_fn, targets=self.targets, dtype=dtype)
+        return g.train_step(**self.optimizer.train_step_options(), master_weights=True if dtype else None)
+
+    def _input_names(self, model, example_inputs) -> List[str]:
+        from ..frontend.torch import _signature_names
+
+        n = len(self._example) - len(self.targets)
+        names = self._keys if self._keys is not None else _signature_names(model.forward, n, 0, "input")
+        if self.targets:
+            names = names + _signature_names(self.loss_fn, len(self.targets), 1, "target")
+        leaves = {t["name"]: t for t in self.step_graph.tensors if t["role"] == "input" and t["producer"] is None}
+        unknown = [k for k in leaves if k not in names]
+        if unknown:  # the importer named them otherwise: never guess which batch entry feeds them
+            raise ValueError(f"weft.Trainer: the graph's inputs {unknown} match no argument of the model's forward "
+                             f"({names})")
+        return names
+
+    def _program(self, plan, plan_options):
+        from ..execution import lower
+        from ..planning import plan as make_plan
+
+        if isinstance(plan, _weft.Program):
+            return None, plan
+        if self.cluster is None:
+            raise ValueError("weft.Trainer: give cluster= (a weft.Cluster or a preset spec with one device per "
+                             "process) to plan and lower on")
+        if self.cluster.num_devices < self.world:
+            raise ValueError(f"the cluster has {self.cluster.num_devices} devices, this job {self.world} processes")
+        if isinstance(plan, str):
+            plan = _weft.Plan.from_json(open(plan).read())
+        if plan is None:
+            dist = _dist()
+            text = [None]
+            if self.rank == 0:
+                try:
+                    text = [make_plan(self.step_graph, self.cluster, **plan_options).to_json()]
+                except Exception as e:  # noqa: BLE001 - every rank raises the same error, none hangs
+                    text = [e]
+            dist.broadcast_object_list(text, src=0)
+            if isinstance(text[0], Exception):
+                raise text[0]
+            plan = _weft.Plan.from_json(text[0])
+        if not isinstance(plan, _weft.Plan):
+            raise TypeError(f"plan: expected a weft.Plan, a plan JSON path, a weft.Program or None, got "
+                            f"{type(plan).__name__}")
+        return plan, lower(plan, self.step_graph, self.cluster)
+
+    def _storage_dtype(self):
+        return {"f32": "f32", "f64": "f64"}.get(self.precision)  # mixed: the graph's own dtypes
+
+    def _default_device(self):
+        torch = _torch()
+        import torch.distributed as dist
+
+        if dist.get_backend() == "nccl":
+            import os
+
+            idx = int(os.environ.get("LOCAL_RANK", self.rank)) % torch.cuda.device_count()
+            torch.cuda.set_device(idx)
+            return torch.device("cuda", idx)
+        return torch.device("cpu")
+
+    def _sizes(self):
+        """(tokens, samples) of a global batch: an integer input's elements (token ids), the first
+        input's leading dim."""
+        torch = _torch()
+        first = self._example[0]
+        ints = [x for x in self._example if not torch.is_floating_point(x)]
+        samples = int(first.shape[0]) if first.dim() else 1
+        return (int(ints[0].numel()) if ints else samples), samples
+
+    # ---- the batch
+
+    def _inputs(self, batch, targets=()) -> Dict[str, np.ndarray]:
+        torch = _torch()
+        if self._keys is not None:
+            if not isinstance(batch, Mapping):
+                raise TypeError(f"step: the model takes keyword inputs {self._keys}; give the batch as a dict")
+            missing = [k for k in self._keys if k not in batch]
+            if missing:
+                raise ValueError(f"step: the batch lacks {missing} (the example had {self._keys})")
+            vals = [batch[k] for k in self._keys]
+        elif torch.is_tensor(batch):
+            vals = [batch]
+        elif isinstance(batch, (tuple, list)):
+            vals = list(batch)
+        else:
+            raise TypeError(f"step: expected the batch as the model's forward takes it (a tuple of tensors, or a "
+                            f"dict), got {type(batch).__name__}")
+        vals += list(targets)
+        if len(vals) != len(self._example):
+            raise ValueError(f"step: the batch has {len(vals)} tensors, the example had {len(self._example)} "
+                             f"({', '.join(self.input_names)})")
+        out = {}
+        for name, v, ex in zip(self.input_names, vals, self._example):
+            if not torch.is_tensor(v):
+                v = torch.as_tensor(np.asarray(v))
+            if tuple(v.shape) != tuple(ex.shape):
+                raise ValueError(f"step: '{name}' has shape {tuple(v.shape)}, the plan is for {tuple(ex.shape)} (the "
+                                 f"global batch is fixed by the plan: drop an incomplete last batch, "
+                                 f"DataLoader(drop_last=True))")
+            if torch.is_floating_point(v) != torch.is_floating_point(ex):
+                raise ValueError(f"step: '{name}' is {v.dtype}, the example was {ex.dtype}")
+            a = v.detach().to("cpu")
+            out[name] = a.numpy() if torch.is_floating_point(a) else a.to(torch.int64).numpy()
+        return out
+
+    # ---- training
+
+    def lr(self, step: Optional[int] = None) -> Dict[str, float]:
+        """The learning rate of each parameter group at ``step`` (from 0; default: the next step)."""
+        i = self.steps_done if step is None else int(step)
+        f = float(self.schedule(i))
+        return {"lr": self.optimizer.lr * f}
+
+    def step(self, batch, targets: Sequence[Any] = ()) -> Dict[str, float]:
+        """One training step on the global ``batch``: forward, backward, gradient synchronisation,
+        clipping and the optimizer's update. Returns this step's metrics, equal on every rank:
+        step, loss, grad_norm, lr, step_seconds, tokens_per_s, samples_per_s, mfu (the model's
+        FLOPs over the step time and the cluster's peak), predicted_step_seconds (the plan's)."""
+        self.engine.inputs = self._inputs(batch, targets)
+        factor = float(self.schedule(self.steps_done))
+        if not math.isfinite(factor) or factor < 0:
+            raise ValueError(f"lr_schedule({self.steps_done}) = {factor}: not a finite factor >= 0")
+        torch = _torch()
+        t0 = time.perf_counter()
+        got = self.engine.train_step(self.steps_done + 1, lr_factor=factor, grad_clip=self.grad_clip)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        dt = time.perf_counter() - t0
+        self.steps_done += 1
+        m = {"step": self.steps_done, "loss": got["loss"], "grad_norm": got["grad_norm"],
+             "lr": self.optimizer.lr * factor, "step_seconds": dt, "tokens_per_s": self.tokens_per_step / dt,
+             "samples_per_s": self.samples_per_step / dt}
+        if self.plan is not None:
+            m["predicted_step_seconds"] = float(self.plan.step_time)
+            peak = float(self.plan.cluster_peak_flops)
+            if peak > 0:
+                m["mfu"] = float(self.plan.model_flops) / (dt * peak)
+        self.history.append(m)
+        self._report(m)
+        return m
+
+    def _report(self, m: dict) -> None:
+        for cb in self.callbacks:
+            cb(m)
+        if m["step"] == 1 or m["step"] % 10 == 0:
+            log.info("step %d: loss %.5g, grad norm %.4g, lr %.3g, %.1f tokens/s", m["step"], m["loss"],
+                     m["grad_norm"], m["lr"], m["tokens_per_s"])
+        if self.rank != 0:
+            return
+        if self._bar is None and self._progress is not False:
+            import sys
+
+            if self._progress or sys.stderr.isatty():
+                from tqdm.auto import tqdm
+
+                self._bar = tqdm(total=self.total_steps, desc="weft", unit="step")
+        if self._bar is not None:
+            post = {"loss": f"{m['loss']:.4f}", "tok/s": f"{m['tokens_per_s']:.0f}"}
+            if "mfu" in m:
+                post["mfu"] = f"{100 * m['mfu']:.1f}%"
+            self._bar.set_postfix(post)
+            self._bar.update(1)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+    # ---- the weights
+
+    def _pieces(self, ids: Mapping[str, int]) -> Dict[str, tuple]:
+        out = {}
+        for n, b in ids.items():
+            p = self.engine.piece(b)
+            if p is not None:
+                out[n] = p
+        return out
+
+    def full_state_dict(self, rank0_only: bool = False) -> Dict[str, Any]:
+        """The module's state_dict with the trained parameters (the module's own keys, tied names
+        included, its dtypes, on the CPU): gathered from every rank's tiles (a collective: call it on
+        every rank). ``rank0_only``: other ranks get {} (the full model held once)."""
+        torch = _torch()
+        dist = _dist()
+        from ..runtime import tiles as T
+
+        mine = self._pieces(self.program.parameter_ids)
+        gathered = [None] * self.world
+        if rank0_only:
+            dist.gather_object(mine, gathered if self.rank == 0 else None, dst=0)
+            if self.rank != 0:
+                return {}
+        else:
+            dist.all_gather_object(gathered, mine)
+        values = {}
+        for n, b in self.program.parameter_ids.items():
+            pieces = [g[n] for g in gathered if g and n in g]
+            values[n] = T.assemble(self.program.buffers[b]["shape"], pieces)
+        own = self.model.state_dict(keep_vars=True)
+        names = {}
+        for n, p in self.model.named_parameters(remove_duplicate=False):
+            names.setdefault(id(p), n)
+        out = {}
+        for k, v in own.items():
+            canon = names.get(id(v), k)
+            if canon in values:
+                out[k] = torch.from_numpy(values[canon]).to(v.dtype).reshape(v.shape)
+            else:
+                out[k] = v.detach().to("cpu").clone()
+        return out
