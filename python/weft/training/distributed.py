@@ -114,9 +114,10 @@ def _fn_process(tmp: str, rank: int, world: int, port: int, env: dict, backend: 
         code = 0
     except BaseException as e:  # noqa: BLE001 - every failure is reported to the launcher
         msg = str(e) if isinstance(e, (ValueError, RuntimeError, TypeError)) else f"{type(e).__name__}: {e}"
-        tb = traceback.format_exc().strip().splitlines()
+        frames = traceback.extract_tb(e.__traceback__)
+        where = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
         with open(os.path.join(tmp, f"error-{rank}.txt"), "w") as f:
-            f.write(f"{msg}\n  (at {tb[-3].strip() if len(tb) >= 3 else ''})" if msg else "\n".join(tb))
+            f.write(msg + where if msg else traceback.format_exc())
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -134,11 +134,24 @@ class Trainer:
         self.history: List[dict] = []
         self._bar = None
         self._progress = progress
+        self._local: Optional[List[int]] = None
         self.tokens_per_step, self.samples_per_step = self._sizes()
         log.info("weft.Trainer: rank %d of %d, %s, %d instructions per step", self.rank, self.world,
                  self.plan.strategy if self.plan is not None else "a given program", len(self.engine.instrs))
 
     # ---- set-up
+
+    @staticmethod
+    def training_graph(model, example_inputs, optimizer: Optional[Optimizer] = None, precision: str = "f32",
+                       loss_fn: Optional[Callable] = None, targets: Sequence[Any] = ()):
+        """The training graph a Trainer with these arguments builds (to plan on before making it)."""
+        from ..frontend import from_torch
+        from .optim import AdamW
+
+        optimizer = optimizer if optimizer is not None else AdamW()
+        dtype = {"bf16-mixed": "bf16", "f16-mixed": "f16"}.get(precision)
+        g = from_torch(model, example_inputs, loss_fn=loss_fn, targets=tuple(targets), dtype=dtype)
+        return g.train_step(**optimizer.train_step_options(), master_weights=True if dtype else None)
 
     @staticmethod
     def _flatten(inputs, targets) -> list:
@@ -147,11 +160,7 @@ class Trainer:
         return vals + list(targets)
 
     def _training_graph(self, model, example_inputs):
-        from ..frontend import from_torch
-
-        dtype = {"bf16-mixed": "bf16", "f16-mixed": "f16"}.get(self.precision)
-        g = from_torch(model, example_inputs, loss_fn=self.loss_fn, targets=self.targets, dtype=dtype)
-        return g.train_step(**self.optimizer.train_step_options(), master_weights=True if dtype else None)
+        return Trainer.training_graph(model, example_inputs, self.optimizer, self.precision, self.loss_fn, self.targets)
 
     def _input_names(self, model, example_inputs) -> List[str]:
         from ..frontend.torch import _signature_names
@@ -180,12 +189,18 @@ class Trainer:
             raise ValueError(f"the cluster has {self.cluster.num_devices} devices, this job {self.world} processes")
         if isinstance(plan, str):
             plan = _weft.Plan.from_json(open(plan).read())
-        if plan is None:
+        if plan is None or (callable(plan) and not isinstance(plan, _weft.Plan)):
+            # planned once, on rank 0, and broadcast (lowering is deterministic: every rank derives
+            # the same program from it)
+            how = plan if plan is not None else (lambda g, c: make_plan(g, c, **plan_options))
             dist = _dist()
             text = [None]
             if self.rank == 0:
                 try:
-                    text = [make_plan(self.step_graph, self.cluster, **plan_options).to_json()]
+                    made = how(self.step_graph, self.cluster)
+                    if not isinstance(made, _weft.Plan):
+                        raise TypeError(f"plan: the callable returned {type(made).__name__}, not a weft.Plan")
+                    text = [made.to_json()]
                 except Exception as e:  # noqa: BLE001 - every rank raises the same error, none hangs
                     text = [e]
             dist.broadcast_object_list(text, src=0)
@@ -193,9 +208,14 @@ class Trainer:
                 raise text[0]
             plan = _weft.Plan.from_json(text[0])
         if not isinstance(plan, _weft.Plan):
-            raise TypeError(f"plan: expected a weft.Plan, a plan JSON path, a weft.Program or None, got "
-                            f"{type(plan).__name__}")
-        return plan, lower(plan, self.step_graph, self.cluster)
+            raise TypeError(f"plan: expected a weft.Plan, a plan JSON path, a callable (graph, cluster) -> Plan, a "
+                            f"weft.Program or None, got {type(plan).__name__}")
+        try:
+            return plan, lower(plan, self.step_graph, self.cluster)
+        except ValueError as e:
+            raise ValueError(f"{e} (a plan for the Trainer is made on its training graph, which depends on the "
+                             "optimizer: pass plan=lambda graph, cluster: weft.megatron_plan(graph, cluster, ...), or "
+                             "make it on trainer.training_graph(model, example, optimizer))") from None
 
     def _storage_dtype(self):
         return {"f32": "f32", "f64": "f64"}.get(self.precision)  # mixed: the graph's own dtypes
@@ -256,6 +276,64 @@ class Trainer:
             a = v.detach().to("cpu")
             out[name] = a.numpy() if torch.is_floating_point(a) else a.to(torch.int64).numpy()
         return out
+
+    # ---- reading only this rank's samples
+
+    def local_indices(self) -> List[int]:
+        """The positions in the global batch (0 .. batch-1) whose samples this rank's program reads
+        (its micro-batches of its data-parallel share; every position on a rank that holds the batch
+        whole, and none on a pipeline stage that reads no input)."""
+        if self._local is None:
+            batch = self._example[0].shape[0] if self._example[0].dim() else 1
+            rows = set()
+            for ins in self.engine.instrs:
+                if ins["kind"] != "load-input":
+                    continue
+                b = ins["outputs"][0]
+                shape = self.layout.global_input_shape(self.program.buffers[b]["tensor_id"])
+                glob = self.layout.tile(b, self.rank)["global"]
+                if not glob or int(shape[0]) != batch:  # not a per-sample input: no saving
+                    rows.update(range(batch))
+                else:
+                    rows.update(int(i) + int(ins["offset"]) for i in glob[0])
+            self._local = sorted(rows)
+        return list(self._local)
+
+    def sampler(self, dataset, *, shuffle: bool = True, seed: int = 0, drop_last: bool = True):
+        """A batch sampler for ``torch.utils.data.DataLoader(dataset, batch_sampler=...)`` that yields,
+        per step, the dataset indices of the samples THIS rank reads (the global batch is a
+        permutation of the dataset, the same on every rank: ``seed`` and the epoch; ``set_epoch``
+        as DistributedSampler); turn each loaded batch into the step's input with
+        :meth:`local_batch`. Only complete global batches are drawn."""
+        if not drop_last:
+            raise ValueError("sampler: the plan's global batch is fixed; drop_last must be True")
+        return _RankSampler(len(dataset), self._example[0].shape[0], self.local_indices(), shuffle, int(seed))
+
+    def local_batch(self, rows):
+        """The global batch for :meth:`step` from this rank's rows only (a tuple / dict like the
+        module's input, each tensor holding the samples of :meth:`local_indices`, in that order):
+        the rows placed at their positions, zeros elsewhere (rows this rank never reads)."""
+        torch = _torch()
+        local = self.local_indices()
+        if not local:  # this rank reads no sample: any rows (the sampler's placeholder) give zeros
+            zeros = [torch.zeros(ex.shape, dtype=ex.dtype) for ex in self._example]
+            return dict(zip(self._keys, zeros)) if self._keys is not None else tuple(zeros)
+        if self._keys is not None:
+            vals = [rows[k] for k in self._keys]
+        else:
+            vals = [rows] if torch.is_tensor(rows) else list(rows)
+        out = []
+        for v, ex in zip(vals, self._example):
+            v = torch.as_tensor(v)
+            if v.dim() == 0 or v.shape[0] != len(local) or tuple(v.shape[1:]) != tuple(ex.shape[1:]):
+                raise ValueError(f"local_batch: a tensor of shape {tuple(v.shape)}, expected "
+                                 f"{(len(local),) + tuple(ex.shape[1:])} (this rank's {len(local)} samples)")
+            full = torch.zeros(ex.shape, dtype=v.dtype)
+            full[torch.as_tensor(local, dtype=torch.int64)] = v
+            out.append(full)
+        if self._keys is not None:
+            return dict(zip(self._keys, out))
+        return tuple(out)
 
     # ---- training
 
@@ -362,3 +440,29 @@ class Trainer:
             else:
                 out[k] = v.detach().to("cpu").clone()
         return out
+
+
+class _RankSampler:
+    """Per step, the dataset indices of a rank's samples of the global batch (see Trainer.sampler)."""
+
+    def __init__(self, n: int, batch: int, local: List[int], shuffle: bool, seed: int):
+        if n < batch:
+            raise ValueError(f"sampler: the dataset has {n} samples, fewer than one global batch of {batch}")
+        self.n, self.batch, self.local, self.shuffle, self.seed = n, batch, list(local), shuffle, seed
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def __len__(self) -> int:
+        return self.n // self.batch
+
+    def __iter__(self):
+        order = np.arange(self.n)
+        if self.shuffle:
+            order = np.random.default_rng([self.seed, self.epoch]).permutation(self.n)
+        for s in range(len(self)):
+            glob = order[s * self.batch:(s + 1) * self.batch]
+            # a rank that reads no sample (a middle pipeline stage) still gets one, so that a
+            # DataLoader has a batch to give; local_batch ignores it
+            yield [int(glob[i]) for i in self.local] if self.local else [int(glob[0])]
