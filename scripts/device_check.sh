@@ -15,6 +15,8 @@ echo "== pytest: torch runtime on NCCL" >>$L
 timeout 120 python3 -m pytest -q -p no:cacheprovider tests/python/test_runtime.py -k "nccl" >>$L 2>&1; echo "rc=$?" >>$L
 echo "== pytest: a module's own values on NCCL (in the program's value file, and from the user's file)" >>$L
 timeout 120 python3 -m pytest -q -p no:cacheprovider tests/python/test_module_values.py -k "nccl" >>$L 2>&1; echo "rc=$?" >>$L
+echo "== pytest: weft.Trainer on NCCL (one GPU, f64, equal to torch AdamW + clipping + LambdaLR)" >>$L
+timeout 120 python3 -m pytest -q -p no:cacheprovider tests/python/test_trainer.py -k "nccl" >>$L 2>&1; echo "rc=$?" >>$L
 echo "== calibrate (cuda, 1 GPU)" >>$L
 timeout 150 python3 -m weft.cli calibrate --device cuda --nproc 1 --out $OUT/h200_calibration.json --report $OUT/h200_report.json >$OUT/calibrate.txt 2>&1; echo "rc=$?" >>$L
 tail -25 $OUT/calibrate.txt >>$L

@@ -106,8 +106,10 @@ def train(plan_kinds, opt_kind="adamw", steps=STEPS, clip=1.0, sched="cosine", l
         if sched == "steplr":  # a torch LRScheduler, bound to any optimizer
             dummy = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=make_optimizer(opt_kind).lr)
             lr_schedule = torch.optim.lr_scheduler.StepLR(dummy, step_size=2, gamma=0.5)
+        seen = []
         tr = weft.Trainer(m, data[0], plan=_plan(kind, graph, cluster), cluster=cluster,
-                          optimizer=make_optimizer(opt_kind), lr_schedule=lr_schedule, grad_clip=clip, precision="f64")
+                          optimizer=make_optimizer(opt_kind), lr_schedule=lr_schedule, grad_clip=clip, precision="f64",
+                          callbacks=[seen.append])
         metrics = []
         if local:  # read only this rank's samples: a DataLoader over the batches' samples
             flat = [(b[0][i], b[1][i]) for b in data for i in range(b[0].shape[0])]
@@ -124,7 +126,8 @@ def train(plan_kinds, opt_kind="adamw", steps=STEPS, clip=1.0, sched="cosine", l
         out.append(dict(plan=tr.plan.strategy if tr.plan is not None else "", losses=[x["loss"] for x in metrics],
                         norms=[x["grad_norm"] for x in metrics], lrs=[x["lr"] for x in metrics],
                         state={k: v.numpy() for k, v in sd.items()}, strict=str(strict), read=read,
-                        stages=tr.plan.num_stages if tr.plan is not None else 0))
+                        stages=tr.plan.num_stages if tr.plan is not None else 0,
+                        callback_keys=sorted(seen[-1]) if seen else [], calls=len(seen)))
     return out
 
 
@@ -171,6 +174,8 @@ def test_trains_like_torch_under_three_plans(adamw_reference):
 def test_optimizers_and_schedules_like_torch(opt_kind, sched):
     got = weft.launch(train, ["dp2"], opt_kind, 8, 0.5, sched, nproc=2)[0][0]
     assert_equal(got, reference(opt_kind, steps=8, clip=0.5, sched=sched))
+    assert got["calls"] == 8  # the metrics callback, once per step
+    assert {"step", "loss", "grad_norm", "lr", "tokens_per_s", "mfu", "predicted_step_seconds"} <= set(got["callback_keys"])
 
 
 def test_only_the_ranks_samples_are_read(adamw_reference):
@@ -259,3 +264,26 @@ def failing_rank():
 def test_a_failing_rank_names_itself_and_the_instruction():
     with pytest.raises(RuntimeError, match=r"weft.launch: rank \d failed: .*(embedding|id 99).*the other ranks were stopped"):
         weft.launch(failing_rank, nproc=4, timeout_s=60)
+
+
+def _one_device():
+    return weft.Cluster.from_json(weft.Cluster.preset("p3.8xlarge").to_json().replace('"num_devices":4',
+                                                                                       '"num_devices":1'))
+
+
+def train_on_gpu(steps):
+    m = model()
+    data = batches(steps)
+    tr = weft.Trainer(m, data[0], cluster=_one_device(), optimizer=make_optimizer("adamw"),
+                      lr_schedule=schedule(steps), grad_clip=1.0, precision="f64")
+    assert tr.device.type == "cuda"
+    metrics = [tr.step(b) for b in data]
+    return dict(losses=[x["loss"] for x in metrics], norms=[x["grad_norm"] for x in metrics],
+                state={k: v.numpy() for k, v in tr.full_state_dict().items()})
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (NCCL)")
+def test_trainer_on_nccl_trains_like_torch(adamw_reference):
+    # One GPU: the Trainer's program runs on CUDA tensors under NCCL; equal to torch on the CPU in f64.
+    got = weft.launch(train_on_gpu, STEPS, nproc=1, backend="nccl")[0]
+    assert_equal(got, adamw_reference)
