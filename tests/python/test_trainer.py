@@ -230,6 +230,9 @@ def bad_inputs():
     catch("batch count", lambda: tr.step((data[0][0],)))
     catch("batch dtype", lambda: tr.step((data[0][0].double(), data[0][1])))
     catch("schedule", lambda: weft.Trainer(m, data[0], cluster=cluster, lr_schedule=3))
+    # each rank drew its own random batch: caught on every rank (one small all-reduce), before any step
+    catch("different batches", lambda: tr.step(batches(1, seed=100 + torch.distributed.get_rank())[0]))
+    catch("same batch", lambda: tr.step(data[0]))
     return msgs
 
 
@@ -246,6 +249,8 @@ def test_bad_input_is_a_clear_error():
     assert "the batch has 1 tensors, the example had 2" in msgs["batch count"]
     assert "'tokens' is torch.float64" in msgs["batch dtype"]
     assert msgs["schedule"].startswith("TypeError") and "lr_schedule" in msgs["schedule"]
+    assert "step 1: the ranks were given different batches" in msgs["different batches"]
+    assert msgs["same batch"] is None
     with pytest.raises(ValueError, match="torch.distributed initialised"):
         weft.Trainer(model(), batches(1)[0], cluster=weft.Cluster.preset("p3.8xlarge"))
 

@@ -77,13 +77,14 @@ class Trainer:
     ``precision``: "f32", "f64" (proofs), "bf16-mixed", "f16-mixed" (see docs/modules/training.md).
     ``device``: this rank's torch device (default: cuda:<local rank> under NCCL, else cpu).
     ``callbacks``: functions called with each step's metrics dict. ``progress``: a tqdm bar on rank 0
-    (default: when stderr is a terminal)."""
+    (default: when stderr is a terminal). ``check_batch``: every step, check (one small all-reduce)
+    that every rank was given the same global batch — a ValueError otherwise."""
 
     def __init__(self, model, example_inputs, *, plan=None, cluster=None, optimizer: Optional[Optimizer] = None,
                  lr_schedule=None, grad_clip: Optional[float] = None, precision: str = "f32",
                  loss_fn: Optional[Callable] = None, targets: Sequence[Any] = (), plan_options: Optional[dict] = None,
                  device=None, seed: int = 0, callbacks: Sequence[Callable[[dict], Any]] = (),
-                 progress: Optional[bool] = None, total_steps: Optional[int] = None):
+                 progress: Optional[bool] = None, total_steps: Optional[int] = None, check_batch: bool = True):
         torch = _torch()
         dist = _dist()
         from .optim import AdamW
@@ -105,6 +106,7 @@ class Trainer:
         self.grad_clip = None if grad_clip is None else float(grad_clip)
         self.precision = precision
         self.callbacks = list(callbacks)
+        self.check_batch = bool(check_batch)
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.seed = int(seed)
         self.loss_fn, self.targets = loss_fn, tuple(targets)
@@ -317,7 +319,7 @@ class Trainer:
         local = self.local_indices()
         if not local:  # this rank reads no sample: any rows (the sampler's placeholder) give zeros
             zeros = [torch.zeros(ex.shape, dtype=ex.dtype) for ex in self._example]
-            return dict(zip(self._keys, zeros)) if self._keys is not None else tuple(zeros)
+            return _LocalDict(zip(self._keys, zeros)) if self._keys is not None else _LocalTuple(zeros)
         if self._keys is not None:
             vals = [rows[k] for k in self._keys]
         else:
@@ -332,8 +334,8 @@ class Trainer:
             full[torch.as_tensor(local, dtype=torch.int64)] = v
             out.append(full)
         if self._keys is not None:
-            return dict(zip(self._keys, out))
-        return tuple(out)
+            return _LocalDict(zip(self._keys, out))
+        return _LocalTuple(out)
 
     # ---- training
 
@@ -348,7 +350,10 @@ class Trainer:
         clipping and the optimizer's update. Returns this step's metrics, equal on every rank:
         step, loss, grad_norm, lr, step_seconds, tokens_per_s, samples_per_s, mfu (the model's
         FLOPs over the step time and the cluster's peak), predicted_step_seconds (the plan's)."""
-        self.engine.inputs = self._inputs(batch, targets)
+        inputs = self._inputs(batch, targets)
+        if self.check_batch and self.world > 1 and not isinstance(batch, (_LocalTuple, _LocalDict)):
+            self._check_same_batch(inputs)
+        self.engine.inputs = inputs
         factor = float(self.schedule(self.steps_done))
         if not math.isfinite(factor) or factor < 0:
             raise ValueError(f"lr_schedule({self.steps_done}) = {factor}: not a finite factor >= 0")
@@ -370,6 +375,22 @@ class Trainer:
         self.history.append(m)
         self._report(m)
         return m
+
+    def _check_same_batch(self, inputs: Dict[str, np.ndarray]) -> None:
+        """Every rank must be given the same global batch (each reads its rows of it): a CRC of the
+        batch's bytes, max-reduced with its negation — one small all-reduce — tells them apart."""
+        import zlib
+
+        torch = _torch()
+        crc = 0
+        for name in self.input_names:
+            crc = zlib.crc32(np.ascontiguousarray(inputs[name]).tobytes(), crc)
+        t = torch.tensor([float(crc), -float(crc)], dtype=torch.float64, device=self.device)
+        _dist().all_reduce(t, op=_dist().ReduceOp.MAX)
+        if float(t[0]) != -float(t[1]):
+            raise ValueError(f"step {self.steps_done + 1}: the ranks were given different batches; trainer.step takes "
+                             "the same GLOBAL batch on every rank (seed the data order the same way everywhere), or "
+                             "each rank's own samples through trainer.sampler(dataset) + trainer.local_batch(rows)")
 
     def _report(self, m: dict) -> None:
         for cb in self.callbacks:
@@ -440,6 +461,14 @@ class Trainer:
             else:
                 out[k] = v.detach().to("cpu").clone()
         return out
+
+
+class _LocalTuple(tuple):
+    """A batch made by Trainer.local_batch: this rank's rows only (the ranks' batches differ)."""
+
+
+class _LocalDict(dict):
+    """A keyword batch made by Trainer.local_batch."""
 
 
 class _RankSampler:
