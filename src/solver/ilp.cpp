@@ -23,14 +23,35 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <cstdio>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "weft/core/error.hpp"
 
+// CBC's command-line driver keeps its parse state in globals (CbcOrClpParam.cpp: the argv index
+// CbcOrClpRead_mode, the static strings afterEquals / line, the FILE* it falls back to). Two
+// CbcMain1 calls at once corrupt each other's argv index: one ran past its "-quit" into reading
+// commands from stdin ("Coin:" prompt, a hang with stdin open), or a data race on a std::string.
+extern FILE* CbcOrClpReadCommand;  // defined in libCbcSolver (a global, not in a namespace)
+
 namespace weft::solver {
 
 namespace {
+// One CbcMain1 at a time in the process, and its command stream never stdin: an empty file, so a
+// parse that ever reaches it reads end-of-input and stops instead of prompting.
+std::mutex& cbc_driver_mutex() {
+  static std::mutex m;
+  return m;
+}
+void never_read_stdin() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    if (FILE* empty = std::fopen("/dev/null", "r")) CbcOrClpReadCommand = empty;
+  });
+}
+
 constexpr double kInf = std::numeric_limits<double>::max();  // CBC treats DBL_MAX as infinity
 bool finite(double v) { return std::isfinite(v); }
 bool is_int(VarType t) { return t != VarType::Continuous; }
@@ -351,6 +372,10 @@ IlpResult solve(const Ilp& model, const IlpOptions& opt) {
   CbcModel cbc(lp);  // clones the solver, its CLP event handler included
   const CbcStop cbc_stop(&st);
   cbc.passInEventHandler(&cbc_stop);
+  // (the driver's globals: see cbc_driver_mutex; the budget is what is left once it is ours)
+  const std::lock_guard<std::mutex> driver(cbc_driver_mutex());
+  never_read_stdin();
+  if (st.token.stop_requested()) return stopped_without_cbc();
   CbcSolverUsefulData data;
   CbcMain0(cbc, data);
   data.noPrinting_ = opt.log_level == 0;
@@ -359,7 +384,7 @@ IlpResult solve(const Ilp& model, const IlpOptions& opt) {
   cbc.messageHandler()->setLogLevel(opt.log_level);
   cbc.solver()->messageHandler()->setLogLevel(opt.log_level);
   // CBC's own limit as well: its heuristics and cut loops look at it between LPs.
-  cbc.setMaximumSeconds(std::max(budget, 1e-3));
+  cbc.setMaximumSeconds(std::max(std::min(budget, st.token.remaining_s()), 1e-3));
   if (opt.relative_gap > 0) cbc.setAllowableFractionGap(opt.relative_gap);
   // MIP start: integer columns only (CBC fixes them and solves the LP for the rest; handing it
   // continuous values too makes CBC 2.10 report some feasible models infeasible).
