@@ -10,9 +10,8 @@
   CPU autocast keeps the residual stream in f32), so their losses differ by about one bf16
   rounding: measured max relative difference per step 1.9e-3 (tensor parallel) and 1.7e-3 (data
   parallel), while torch autocast vs torch f32 is 1.6e-3 and weft f32 vs torch f32 is 1.9e-7.
-  1e-2 leaves a factor 5 and is still ~50x the f32 agreement; a bf16 run that drifted (a gradient
-  reduced or accumulated in bf16 where f32 is promised, a master weight lost) leaves it within tens
-  of steps.
+  1e-2 leaves a factor 5 and is still 5e4 times the f32 agreement. The storage dtypes (f32
+  gradients, masters, moments, loss) are checked directly, not inferred from the tolerance.
 - grad_reduce_dtype="bf16": the gradients' all-reduces send half the bytes; the loss stays within
   BF16_RTOL of the f32 reductions.
 - "f16-mixed": dynamic loss scaling as torch.amp.GradScaler (an overflow skips the step on every

@@ -215,9 +215,11 @@ class LossScaler:
             self.growth_tracker = 0
 
     def state_dict(self) -> dict:
+        """The scaler's running state: {"scale", "growth_tracker"} (to checkpoint with the model)."""
         return {"scale": self.scale, "growth_tracker": self.growth_tracker}
 
     def load_state_dict(self, state: dict) -> None:
+        """Restores a state_dict() (a resumed run continues with the same scale)."""
         self.scale, self.growth_tracker = float(state["scale"]), int(state["growth_tracker"])
 
 
