@@ -282,3 +282,17 @@ def test_options_checked():
     assert s.scale == 16.0
     s.update(True)
     assert s.scale == 8.0 and s.growth_tracker == 0
+
+
+def make_bad(kw):
+    torch.manual_seed(11)
+    model = TinyLlama().float()
+    weft.Trainer(model, batches(1)[0], cluster=CLUSTER, **kw)
+
+
+@pytest.mark.parametrize("kw,match", [(dict(precision="f32", grad_reduce_dtype="bf16"), "grad_reduce_dtype"),
+                                      (dict(precision="bf16-mixed", grad_reduce_dtype="f16"), "grad_reduce_dtype"),
+                                      (dict(precision="f16-mixed", loss_scaler=2.0), "LossScaler")])
+def test_trainer_options_checked(kw, match):
+    with pytest.raises(RuntimeError, match=match):
+        weft.launch(make_bad, kw, nproc=1)
