@@ -8,6 +8,14 @@ gradient synchronisation) run first; then one all-reduce of (Σ squares of the g
 counted once; the rank's share of the loss) over the world; then the updates and what depends on
 them (ZeRO's gathers of updated shards), in program order. Every rank applies the same rule to its
 own list, so the collectives of each group keep one order on all its members.
+
+Mixed precision (a bf16 / f16 graph with f32 master weights, ``grad_dtype="f32"``): parameters and
+activations keep the graph's half dtype; the gradients of the parameters (the tensors the updates
+read, the terms summed into them, every buffer of theirs: micro-batch accumulations, all-reduces,
+reduce-scatters) and the loss are stored in f32. ``grad_reduce_dtype`` ("bf16" / "f16"): the
+gradient collectives send and reduce in that dtype, their results kept in f32. Loss scaling
+multiplies the backward's seed (the Constant leaf "d:<loss>", 1.0) by the scale, so every gradient
+is scaled and the forward's loss is not.
 """
 from __future__ import annotations
 
@@ -17,10 +25,11 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 
-from ..runtime.rank import RankError, RankRuntime
+from ..runtime.rank import TORCH_DTYPES, RankError, RankRuntime
 
 UPDATE_KINDS = ("adam_update", "sgd_update")
 _STATE_ROLES = ("parameter", "optimizer_state")
+_REDUCING = ("all-reduce", "reduce-scatter")
 
 
 def split_at_updates(instrs: Sequence[dict], ops: Sequence[dict], buffers: Sequence[dict],
@@ -65,11 +74,43 @@ def split_at_updates(instrs: Sequence[dict], ops: Sequence[dict], buffers: Seque
     return ([ins for i, ins in enumerate(instrs) if not late[i]], [ins for i, ins in enumerate(instrs) if late[i]])
 
 
+def parameter_gradient_tensors(graph) -> set:
+    """The ids of the tensors holding parameters' gradients: those the updates read, and the terms
+    added into them (a tied weight's gradient is the sum of its uses' gradients)."""
+    producer = {}
+    for o in graph.ops:
+        for t in o["outputs"]:
+            producer[t] = o
+    tensors = graph.tensors
+    out = set()
+    todo = [o["inputs"][1] for o in graph.ops if o["kind"] in UPDATE_KINDS and len(o["inputs"]) > 1]
+    while todo:
+        t = todo.pop()
+        if t in out:
+            continue
+        out.add(t)
+        o = producer.get(t)
+        if o is not None and o["kind"] == "binary" and o["attrs"].get("binary", "add") == "add":
+            todo.extend(i for i in o["inputs"] if tensors[i]["role"] == "gradient")
+    return out
+
+
 class TrainingRank(RankRuntime):
     """RankRuntime with the Trainer's optimizer: ``train_step(step, inputs, ...)`` runs one step."""
 
     def __init__(self, layout, rank: int, optimizer, *, device="cpu", dtype: Optional[str] = "f32", seed: int = 0,
-                 groups=None):
+                 groups=None, grad_dtype: Optional[str] = None, grad_reduce_dtype: Optional[str] = None):
+        # Set before the base class fills anything (dtype_of reads them).
+        graph = layout.program.graph
+        self._grad_dtype = TORCH_DTYPES[grad_dtype] if grad_dtype else None
+        self._reduce_dtype = TORCH_DTYPES[grad_reduce_dtype] if grad_reduce_dtype else None
+        self.grad_tensors = parameter_gradient_tensors(graph)
+        loss = layout.program.loss_id
+        self.loss_tensor = layout.program.buffers[loss]["tensor_id"] if loss is not None and loss >= 0 else None
+        seed_name = None if self.loss_tensor is None else "d:" + graph.tensors[self.loss_tensor]["name"]
+        self.seed_tensor = next((t["id"] for t in graph.tensors if t["name"] == seed_name and t["producer"] is None),
+                                None)
+        self._loss_scale = 1.0
         super().__init__(layout, rank, device=device, dtype=dtype, seed=seed, groups=groups)
         self.optimizer = optimizer
         self.before, self.after = split_at_updates(self.instrs, self.ops, self.buffers, self.tensors)
@@ -104,12 +145,34 @@ class TrainingRank(RankRuntime):
     def tensor_name(self, b: int) -> str:
         return self.tensors[self.buffers[b]["tensor_id"]]["name"]
 
+    # -- mixed precision
+
+    def is_gradient_buffer(self, b: int) -> bool:
+        """Whether buffer b holds (a term of) a parameter's gradient."""
+        return self.buffers[b]["tensor_id"] in self.grad_tensors
+
+    def _dtype_of(self, b: int) -> torch.dtype:
+        dt = super()._dtype_of(b)
+        if self._grad_dtype is not None and dt.is_floating_point:
+            t = self.buffers[b]["tensor_id"]
+            if t is not None and t >= 0 and (t in self.grad_tensors or t == self.loss_tensor):
+                return self._grad_dtype  # gradients and the loss: f32 under mixed precision
+        return dt
+
+    def fill(self, b: int, step: int, offset: int = 0) -> None:
+        super().fill(b, step, offset)
+        if self._loss_scale != 1.0 and self.buffers[b]["tensor_id"] == self.seed_tensor:
+            self.write(b, self.read(b) * self._loss_scale)  # the backward's seed: every gradient × scale
+
     # -- one step
 
     def train_step(self, step: int, *, lr_factor: float, grad_clip: Optional[float],
                    loss_scale: float = 1.0) -> Dict[str, float]:
         """Runs step ``step`` (1-based; the dropout counter) on the inputs already set in
         ``self.inputs``. Returns {"loss", "grad_norm", "skipped"} (global values, on every rank)."""
+        self._loss_scale = float(loss_scale)
+        if self._loss_scale != 1.0 and self.seed_tensor is None:
+            raise RankError("loss scaling needs the backward's seed 'd:<loss>' (a Constant leaf); the graph has none")
         self.begin_step(step, fill_states=not self.states_filled)
         self.states_filled = True
         self.run_instructions(self.before, step)
@@ -125,9 +188,9 @@ class TrainingRank(RankRuntime):
         if self.world > 1:
             dist.all_reduce(stats)
         sq_total, loss = float(stats[0]), float(stats[1])
+        # The gradients are scaled (through the seed), the forward's loss is not.
         norm = math.sqrt(sq_total) / loss_scale if math.isfinite(sq_total) else math.inf
-        loss /= loss_scale
-        skipped = not math.isfinite(norm)
+        skipped = not math.isfinite(norm)  # an inf / nan gradient on any rank: every rank skips
         # clip_grad_norm_: coef = max_norm / (norm + 1e-6), clamped at 1 (the grads are multiplied by it)
         coef = 1.0 / loss_scale
         if grad_clip is not None and not skipped:
@@ -142,8 +205,15 @@ class TrainingRank(RankRuntime):
         return {"loss": loss, "grad_norm": norm, "skipped": skipped}
 
     def execute(self, ins: dict, step: int) -> None:
-        if ins["kind"] == "compute" and self.ops[ins["op"]]["kind"] in UPDATE_KINDS:
+        kind = ins["kind"]
+        if kind == "compute" and self.ops[ins["op"]]["kind"] in UPDATE_KINDS:
             self._update(ins)
+        elif (self._reduce_dtype is not None and kind in _REDUCING and ins["reduce"] != "max"
+              and self.is_gradient_buffer(ins["inputs"][0])):
+            # A gradient reduced in the half dtype (half the bytes sent); the result is stored in f32.
+            b = ins["outputs"][0]
+            x = self.read(ins["inputs"][0]).to(self._reduce_dtype)
+            self.pending[b] = self.comm.collective(ins, x, self.local_shape(b))
         else:
             super().execute(ins, step)
 

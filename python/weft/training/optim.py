@@ -21,8 +21,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-__all__ = ["SGD", "Adam", "AdamW", "Optimizer", "constant", "linear_warmup", "warmup_cosine", "warmup_linear",
-           "as_schedule"]
+__all__ = ["SGD", "Adam", "AdamW", "Optimizer", "LossScaler", "constant", "linear_warmup", "warmup_cosine",
+           "warmup_linear", "as_schedule"]
 
 # What a parameter group selects: a predicate on (name, shape), or name substrings / regular expressions.
 Selector = Union[Callable[[str, Tuple[int, ...]], bool], str, Sequence[str]]
@@ -172,6 +172,55 @@ class AdamW(Adam):
 
     weight_decay: float = 1e-2
     decoupled = True
+
+
+@dataclass
+class LossScaler:
+    """Dynamic loss scaling with torch.amp.GradScaler's semantics (the f16-mixed default): the
+    backward starts from ``scale`` instead of 1, so every gradient is multiplied by it; a step whose
+    gradients hold an inf or nan anywhere is skipped on every rank (no update, no optimizer step
+    counted) and the scale is multiplied by ``backoff_factor``; after ``growth_interval``
+    consecutive finite steps it is multiplied by ``growth_factor``. ``dynamic=False``: a constant
+    scale (never changed; a non-finite step is still skipped)."""
+
+    init_scale: float = 2.0 ** 16
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
+    growth_interval: int = 2000
+    dynamic: bool = True
+
+    def __post_init__(self):
+        if not (math.isfinite(self.init_scale) and self.init_scale > 0):
+            raise ValueError(f"LossScaler: init_scale must be a finite number > 0, got {self.init_scale!r}")
+        if not self.growth_factor > 1.0:
+            raise ValueError(f"LossScaler: growth_factor must be > 1, got {self.growth_factor!r}")
+        if not 0.0 < self.backoff_factor < 1.0:
+            raise ValueError(f"LossScaler: backoff_factor must be in (0, 1), got {self.backoff_factor!r}")
+        if not (isinstance(self.growth_interval, int) and self.growth_interval >= 1):
+            raise ValueError(f"LossScaler: growth_interval must be an integer >= 1, got {self.growth_interval!r}")
+        self.scale = float(self.init_scale)
+        self.growth_tracker = 0  # consecutive finite steps since the last change
+
+    def update(self, found_inf: bool) -> None:
+        """After a step: back off on a non-finite gradient, grow after growth_interval finite steps."""
+        if not self.dynamic:
+            return
+        if found_inf:
+            self.scale *= self.backoff_factor
+            self.growth_tracker = 0
+            return
+        self.growth_tracker += 1
+        if self.growth_tracker == self.growth_interval:
+            self.scale *= self.growth_factor
+            self.growth_tracker = 0
+
+    def state_dict(self) -> dict:
+        """The scaler's running state: {"scale", "growth_tracker"} (to checkpoint with the model)."""
+        return {"scale": self.scale, "growth_tracker": self.growth_tracker}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restores a state_dict() (a resumed run continues with the same scale)."""
+        self.scale, self.growth_tracker = float(state["scale"]), int(state["growth_tracker"])
 
 
 # ---- schedules: step (from 0) -> factor of the base learning rate (LambdaLR's lr_lambda)

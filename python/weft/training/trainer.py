@@ -24,11 +24,12 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 import numpy as np
 
 from .. import _weft
-from .optim import Optimizer, Adam, as_schedule
+from .optim import LossScaler, Optimizer, Adam, as_schedule
 
 log = logging.getLogger("weft")
 
 PRECISIONS = ("f32", "f64", "bf16-mixed", "f16-mixed")
+_HALF_OF = {"bf16-mixed": "bf16", "f16-mixed": "f16"}
 
 
 def _torch():
@@ -74,7 +75,14 @@ class Trainer:
     defaults). ``lr_schedule``: a factor per step (``weft.optim.warmup_cosine(...)``, any callable
     step -> factor as LambdaLR's lambda, or a torch LRScheduler). ``grad_clip``: the max global norm
     (None: no clipping; the norm is reported either way).
-    ``precision``: "f32", "f64" (proofs), "bf16-mixed", "f16-mixed" (see docs/modules/training.md).
+    ``precision``: "f32", "f64" (proofs), "bf16-mixed", "f16-mixed" (docs/modules/training_precision.md):
+    mixed runs the graph in bf16 / f16 (parameters, activations) with f32 master weights and Adam
+    moments, parameters' gradients and the loss in f32, the sensitive kernels in f32 inside.
+    ``grad_reduce_dtype`` (mixed only): "f32" (default) or the half dtype ("bf16" / "f16"): the
+    gradients' all-reduces / reduce-scatters send and sum in it, the results kept in f32.
+    ``loss_scaler``: a :class:`weft.optim.LossScaler` (default for "f16-mixed": GradScaler's dynamic
+    scaling, init 2**16; None otherwise); ``False``: none. A step with a non-finite gradient is
+    skipped on every rank (metrics "skipped"; "loss_scale" is the scale the step ran with).
     ``device``: this rank's torch device (default: cuda:<local rank> under NCCL, else cpu).
     ``callbacks``: functions called with each step's metrics dict. ``progress``: a tqdm bar on rank 0
     (default: when stderr is a terminal). ``check_batch``: every step, check (one small all-reduce)
@@ -84,7 +92,8 @@ class Trainer:
                  lr_schedule=None, grad_clip: Optional[float] = None, precision: str = "f32",
                  loss_fn: Optional[Callable] = None, targets: Sequence[Any] = (), plan_options: Optional[dict] = None,
                  device=None, seed: int = 0, callbacks: Sequence[Callable[[dict], Any]] = (),
-                 progress: Optional[bool] = None, total_steps: Optional[int] = None, check_batch: bool = True):
+                 progress: Optional[bool] = None, total_steps: Optional[int] = None, check_batch: bool = True,
+                 grad_reduce_dtype: Optional[str] = None, loss_scaler=None):
         torch = _torch()
         dist = _dist()
         from .optim import AdamW
@@ -100,6 +109,17 @@ class Trainer:
             raise ValueError(f"grad_clip must be a positive number or None, got {grad_clip!r}")
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+        half = _HALF_OF.get(precision)
+        if grad_reduce_dtype not in (None, "f32") and grad_reduce_dtype != half:
+            raise ValueError(f"grad_reduce_dtype: 'f32' or, under {precision!r}, "
+                             f"{repr(half) if half else 'nothing else'}; got {grad_reduce_dtype!r}")
+        if loss_scaler is None:
+            loss_scaler = LossScaler() if precision == "f16-mixed" else False
+        if loss_scaler is not False and not isinstance(loss_scaler, LossScaler):
+            raise TypeError(f"loss_scaler: expected a weft.optim.LossScaler, None or False, got "
+                            f"{type(loss_scaler).__name__}")
+        self.scaler: Optional[LossScaler] = loss_scaler or None
+        self.grad_reduce_dtype = grad_reduce_dtype if grad_reduce_dtype not in (None, "f32") else None
         self.model = model
         self.optimizer = optimizer
         self.schedule = as_schedule(lr_schedule)
@@ -130,7 +150,8 @@ class Trainer:
         self.layout = _weft.ProgramLayout(self.program)
         self.engine = TrainingRank(self.layout, self.rank, optimizer, device=self.device,
                                    dtype=self._storage_dtype(), seed=self.seed,
-                                   groups=ProcessGroups(self.layout.collective_groups()))
+                                   groups=ProcessGroups(self.layout.collective_groups()),
+                                   grad_dtype="f32" if half else None, grad_reduce_dtype=self.grad_reduce_dtype)
         self.steps_done = 0
         self.total_steps = total_steps
         self.history: List[dict] = []
@@ -151,7 +172,7 @@ class Trainer:
         from .optim import AdamW
 
         optimizer = optimizer if optimizer is not None else AdamW()
-        dtype = {"bf16-mixed": "bf16", "f16-mixed": "f16"}.get(precision)
+        dtype = _HALF_OF.get(precision)
         g = from_torch(model, example_inputs, loss_fn=loss_fn, targets=tuple(targets), dtype=dtype)
         return g.train_step(**optimizer.train_step_options(), master_weights=True if dtype else None)
 
@@ -349,7 +370,8 @@ class Trainer:
         """One training step on the global ``batch``: forward, backward, gradient synchronisation,
         clipping and the optimizer's update. Returns this step's metrics, equal on every rank:
         step, loss, grad_norm, lr, step_seconds, tokens_per_s, samples_per_s, mfu (the model's
-        FLOPs over the step time and the cluster's peak), predicted_step_seconds (the plan's)."""
+        FLOPs over the step time and the cluster's peak), predicted_step_seconds (the plan's),
+        skipped (a non-finite gradient: no update), loss_scale (with a loss scaler: this step's)."""
         inputs = self._inputs(batch, targets)
         if self.check_batch and self.world > 1 and not isinstance(batch, (_LocalTuple, _LocalDict)):
             self._check_same_batch(inputs)
@@ -359,14 +381,20 @@ class Trainer:
             raise ValueError(f"lr_schedule({self.steps_done}) = {factor}: not a finite factor >= 0")
         torch = _torch()
         t0 = time.perf_counter()
-        got = self.engine.train_step(self.steps_done + 1, lr_factor=factor, grad_clip=self.grad_clip)
+        scale = self.scaler.scale if self.scaler is not None else 1.0
+        got = self.engine.train_step(self.steps_done + 1, lr_factor=factor, grad_clip=self.grad_clip,
+                                     loss_scale=scale)
+        if self.scaler is not None:
+            self.scaler.update(got["skipped"])  # the same on every rank: "skipped" is global
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         dt = time.perf_counter() - t0
         self.steps_done += 1
         m = {"step": self.steps_done, "loss": got["loss"], "grad_norm": got["grad_norm"],
              "lr": self.optimizer.lr * factor, "step_seconds": dt, "tokens_per_s": self.tokens_per_step / dt,
-             "samples_per_s": self.samples_per_step / dt}
+             "samples_per_s": self.samples_per_step / dt, "skipped": got["skipped"]}
+        if self.scaler is not None:
+            m["loss_scale"] = scale
         if self.plan is not None:
             m["predicted_step_seconds"] = float(self.plan.step_time)
             peak = float(self.plan.cluster_peak_flops)
