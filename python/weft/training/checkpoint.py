@@ -119,7 +119,18 @@ class SavePlanner(DefaultSavePlanner):
 
 
 class LoadPlanner(DefaultLoadPlanner):
-    """DCP's default planner, reading into :class:`TileChunks` values (views of the tiles)."""
+    """DCP's default planner, reading into :class:`TileChunks` values (views of the tiles).
+    (DCP's set-up maps values it does not know to None: they are set aside meanwhile; the
+    values are top-level keys of a flat dict, the same keys after DCP's flattening.)"""
+
+    def set_up_planner(self, state_dict, metadata=None, is_coordinator: bool = False) -> None:
+        held = {k: v for k, v in state_dict.items() if isinstance(v, TileChunks)}
+        for k, v in held.items():
+            state_dict[k] = v.local
+        super().set_up_planner(state_dict, metadata, is_coordinator)
+        for k, v in held.items():
+            state_dict[k] = v
+            self.state_dict[k] = v
 
     def lookup_tensor(self, index: MetadataIndex) -> torch.Tensor:
         obj = self.state_dict.get(index.fqn)
