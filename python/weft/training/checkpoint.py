@@ -380,7 +380,8 @@ def load(trainer, path: str) -> dict:
     """Reads ``path`` into the trainer's tiles (any plan, any world size; a collective). Returns
     the ``extra`` dict given to save."""
     _check(trainer, path)
-    sd = _state_dict(trainer, for_load=True)
+    stats: dict = {}
+    sd = _state_dict(trainer, for_load=True, stats=stats)
     tiles = sd.pop("_tiles")
     # Buffers of the module are constants of the graph: not read back.
     sd["weft.extra"] = b""
@@ -392,6 +393,7 @@ def load(trainer, path: str) -> dict:
         for b in bs:
             eng.write(b, v.clone() if len(bs) > 1 else v)
     eng.states_filled = True
+    trainer._checkpoint_stats = stats
     eng.optimizer_steps = int(sd["weft.optimizer_steps"])
     trainer.steps_done = int(sd["weft.steps_done"])
     return pickle.loads(sd["weft.extra"])
