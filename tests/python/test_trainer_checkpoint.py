@@ -87,7 +87,8 @@ def run_load(path, layout, start, total, save_to=None):
     losses = [tr.step(b)["loss"] for b in batches(total)[start:]]
     if save_to:
         tr.save(save_to, extra={"batch": total})
-    return {"objects": dict(getattr(tr, "_checkpoint_stats", {})), "strided": strided_tiles(tr), "extra": extra, "loaded": loaded, "at": at, "losses": losses, "state": _numpy(tr.full_state_dict()),
+    return {"objects": dict(getattr(tr, "_checkpoint_stats", {})), "strided": strided_tiles(tr), "extra": extra,
+            "loaded": loaded, "at": at, "losses": losses, "state": _numpy(tr.full_state_dict()),
             "load_s": load_s}
 
 
@@ -200,9 +201,16 @@ def test_zero3_save_load_under_tp2_pp2(tmp_path):
           f"load {max(r['load_s'] for r in res):.3f} s")
 
 
-def run_bad_loads(path):
-    """Each wrong model / optimizer: the ValueError's text."""
+def run_bad_loads(path, step0):
+    """Each wrong model / optimizer: the ValueError's text. And a save before the first step (the
+    module's values), loaded into a trainer of another initialisation: its first loss."""
     out = {}
+    make_trainer(("dp", 1), 20).save(step0, extra={"batch": 0})
+    torch.manual_seed(5)
+    tr = make_trainer(("dp", 1), 20, model=TinyLlama().double())
+    out["step0 extra"] = tr.load(step0)
+    out["step0 state"] = _numpy(tr.full_state_dict())
+    out["step0 loss"] = tr.step(batches(1)[0])["loss"]
     for label, kw in (("vocab", dict(vocab=40)), ("fewer layers", dict(layers=1)), ("more layers", dict(layers=3))):
         torch.manual_seed(0)
         tr = make_trainer(("dp", 1), 20, model=TinyLlama(**kw).double())
@@ -220,9 +228,14 @@ def run_bad_loads(path):
     return out
 
 
-def test_another_models_checkpoint_is_refused(ckpt_t2p2):
+def test_another_models_checkpoint_is_refused(ckpt_t2p2, tmp_path):
     path, _ = ckpt_t2p2
-    (out,) = weft.launch(run_bad_loads, path, nproc=1)
+    (out,) = weft.launch(run_bad_loads, path, str(tmp_path / "step-0"), nproc=1)
+    ref0, _, _ = torch_reference(0, 20)
+    _, _, ref_losses = torch_reference(1, 20)
+    assert out["step0 extra"] == {"batch": 0}
+    assert_state(out["step0 state"], ref0, "saved before the first step")
+    assert_close([out["step0 loss"]], ref_losses, "first loss after loading the step-0 checkpoint")
     assert "'model.emb.weight' has shape [48, 16]" in out["vocab"] and "[40, 16]" in out["vocab"], out["vocab"]
     assert "has 'model.blocks.1." in out["fewer layers"], out["fewer layers"]
     assert "lacks 'model.blocks.2." in out["more layers"], out["more layers"]
@@ -294,4 +307,5 @@ def test_strided_layout_loads_resumes_and_saves(ckpt_t2p2, tmp_path):
     sd = model.state_dict()
     dcp.load({"model": sd}, checkpoint_id=out, no_dist=True)
     assert_state({k: v.numpy() for k, v in sd.items()}, ref20, "plain torch load of strided chunks")
-    print(f"\nrandom layout: strided tiles {[r['strided'] for r in res]}, objects per rank {[r['objects'] for r in res]}, load {max(r['load_s'] for r in res):.3f} s")
+    print(f"\nrandom layout: strided tiles {[r['strided'] for r in res]}, objects per rank "
+          f"{[r['objects'] for r in res]}, load {max(r['load_s'] for r in res):.3f} s")

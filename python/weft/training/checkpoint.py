@@ -35,7 +35,6 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
-import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
 from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, ChunkStorageMetadata, MetadataIndex,
@@ -173,8 +172,8 @@ def state_keys(trainer) -> Dict[str, dict]:
     out: Dict[str, dict] = {}
     names = {}
     for b in prog.leaf_buffer_ids:
-        buf = prog.buffers[b]
-        t = prog.graph.tensors[buf["tensor_id"]]
+        buf = trainer.engine.buffers[b]
+        t = trainer.engine.tensors[buf["tensor_id"]]
         if t["role"] in _ROLES:
             names.setdefault(t["name"], list(buf["shape"]))
     by_param: Dict[str, List[str]] = {}
@@ -241,8 +240,7 @@ def _tile_object(trainer, meshes: _Meshes, b: int, local: torch.Tensor, stats: O
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-    prog = trainer.program
-    buf = prog.buffers[b]
+    buf = trainer.engine.buffers[b]
     shape = [int(n) for n in buf["shape"]]
     glob = [np.asarray(g, dtype=np.int64) for g in trainer.layout.tile(b, trainer.rank)["global"]]
     stage = int(buf["stage"])
@@ -266,13 +264,13 @@ def _tile_object(trainer, meshes: _Meshes, b: int, local: torch.Tensor, stats: O
 def _my_buffers(trainer) -> Dict[str, List[int]]:
     """weft tensor name -> this rank's leaf buffers of it (parameters and optimizer states)."""
     prog = trainer.program
-    stage = prog.ranks[trainer.rank]["stage"]
+    stage = trainer.engine.info["stage"]
     out: Dict[str, List[int]] = {}
     for b in prog.leaf_buffer_ids:
-        buf = prog.buffers[b]
+        buf = trainer.engine.buffers[b]
         if buf["stage"] != stage:
             continue
-        t = prog.graph.tensors[buf["tensor_id"]]
+        t = trainer.engine.tensors[buf["tensor_id"]]
         if t["role"] in _ROLES:
             out.setdefault(t["name"], []).append(b)
     return out
@@ -284,8 +282,8 @@ def _primary(trainer) -> Dict[str, int]:
     prog = trainer.program
     out: Dict[str, int] = {}
     for b in sorted(prog.leaf_buffer_ids):
-        buf = prog.buffers[b]
-        t = prog.graph.tensors[buf["tensor_id"]]
+        buf = trainer.engine.buffers[b]
+        t = trainer.engine.tensors[buf["tensor_id"]]
         if t["role"] in _ROLES:
             out.setdefault(t["name"], b)
     out.update(prog.parameter_ids)
@@ -302,6 +300,10 @@ def _state_dict(trainer, for_load: bool, stats: Optional[dict] = None) -> Dict[s
     primary = _primary(trainer)
     sd: Dict[str, Any] = {}
     tiles: Dict[str, torch.Tensor] = {}
+    keys_of: Dict[str, List[str]] = {}
+    for k, info in keys.items():
+        if info["name"] is not None:
+            keys_of.setdefault(info["name"], []).append(k)
     for n, bs in mine.items():
         b = primary[n] if primary.get(n) in bs else bs[0]
         if not for_load and primary.get(n) not in bs:
@@ -312,17 +314,17 @@ def _state_dict(trainer, for_load: bool, stats: Optional[dict] = None) -> Dict[s
             local = eng.read(b).detach().to("cpu")
         tiles[n] = local
         obj = _tile_object(trainer, meshes, b, local, stats)
-        for k, info in keys.items():
-            if info["name"] == n:
-                sd[k] = obj
+        for k in keys_of.get(n, ()):
+            sd[k] = obj
     steps = eng.optimizer_steps
+    own = trainer.model.state_dict() if not for_load else {}
     for k, info in keys.items():
         if info["kind"] == "step" and (not for_load):
             param = k[len("optim.state."):-len(".step")]
             if f"adam_m:{param}" in tiles:
                 sd[k] = torch.tensor(float(steps), dtype=torch.float32)
         elif info["kind"] == "buffer" and not for_load:
-            sd[k] = trainer.model.state_dict()[k[len("model."):]].detach().to("cpu")
+            sd[k] = own[k[len("model."):]].detach().to("cpu")
     sd["weft.steps_done"] = torch.tensor(trainer.steps_done if not for_load else 0, dtype=torch.int64)
     sd["weft.optimizer_steps"] = torch.tensor(steps if not for_load else 0, dtype=torch.int64)
     sd["_tiles"] = tiles
@@ -333,9 +335,10 @@ def save(trainer, path: str, extra: Optional[dict] = None) -> None:
     """Writes the trainer's state to directory ``path`` (a collective: every rank calls it)."""
     if extra is not None and not isinstance(extra, dict):
         raise TypeError(f"save: extra must be a dict or None, got {type(extra).__name__}")
-    if not trainer.engine.states_filled:
-        raise ValueError("save: the trainer has not run a step yet (its parameters are filled at the first step; "
-                         "save the module's own state_dict instead)")
+    eng = trainer.engine
+    if not eng.states_filled:  # before the first step: its leaves as that step fills them (the module's values)
+        eng.begin_step(trainer.steps_done + 1, fill_states=True)
+        eng.states_filled = True
     stats: dict = {}
     sd = _state_dict(trainer, for_load=False, stats=stats)
     sd.pop("_tiles")
