@@ -333,7 +333,7 @@ def run_mixed(path):
     c.load(path)
     resumed = [c.step(x)["loss"] for x in batches(6)[3:]]
     sa, sc = a.full_state_dict(), c.full_state_dict()
-    return {"losses": losses[3:], "resumed": resumed, "diff": max(float((sa[k] - sc[k]).abs().max()) for k in sa),
+    return {"losses": losses[3:], "resumed": resumed, "diff": max(float((sa[k].double() - sc[k].double()).abs().max()) for k in sa),
             "dtypes": {k: str(m.properties.dtype) for k, m in md.items() if "blocks.0.qkv" in k}}
 
 
