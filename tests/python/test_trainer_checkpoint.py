@@ -242,20 +242,23 @@ def test_another_models_checkpoint_is_refused(ckpt_t2p2, tmp_path):
     assert "momentum_buffer" in out["sgd"], out["sgd"]
 
 
-def test_tile_chunks_strided(tmp_path):
-    """A strided (cyclic) tile is several DCP chunks: saved by 2 ranks, read back into block tiles
-    and into a plain tensor."""
+def test_tile_chunks_strided_and_uneven(tmp_path):
+    """TileChunks alone: a strided tile is one DCP chunk per run; saved by 2 ranks, read back into
+    block tiles and into a plain tensor. An uneven split DTensor cannot express (5 + 7 rows) saved,
+    read back into strided tiles."""
     path = str(tmp_path / "strided")
     res = weft.launch(run_strided, path, nproc=2)
     full = torch.arange(12 * 5, dtype=torch.float64).reshape(12, 5)
     for r, got in enumerate(res):
         assert_close(got["block"], full[6 * r:6 * r + 6].numpy(), "block tile read from strided chunks")
+        assert_close(got["strided"], full[torch.from_numpy(got["rows"])].numpy(), "strided tile from uneven blocks")
         assert got["chunks"] == 3
     import torch.distributed.checkpoint as dcp
 
-    plain = {"w": torch.zeros(12, 5, dtype=torch.float64)}
+    plain = {"w": torch.zeros(12, 5, dtype=torch.float64), "u": torch.zeros(12, 5, dtype=torch.float64)}
     dcp.load(plain, checkpoint_id=path, no_dist=True)
     assert_close(plain["w"].numpy(), full.numpy(), "plain load of strided chunks")
+    assert_close(plain["u"].numpy(), full.numpy(), "plain load of uneven chunks")
 
 
 def run_strided(path):
@@ -266,14 +269,19 @@ def run_strided(path):
 
     r = dist.get_rank()
     full = torch.arange(12 * 5, dtype=torch.float64).reshape(12, 5)
-    # rank r holds rows {2k + r} of dim 0 (cyclic: 6 runs of 1 row) -> use S(0,2)-like blocks of 2 rows
+    cols = np.arange(5)
     rows = np.array([i for i in range(12) if (i // 2) % 2 == r])  # runs [0,1],[4,5],[8,9] / [2,3],[6,7],[10,11]
-    obj = TileChunks(full[torch.from_numpy(rows)].clone(), [rows, np.arange(5)], (12, 5))
-    dcp.save({"w": obj}, checkpoint_id=path, planner=SavePlanner())
+    uneven = np.arange(0, 5) if r == 0 else np.arange(5, 12)
+    w = TileChunks(full[torch.from_numpy(rows)].clone(), [rows, cols], (12, 5))
+    u = TileChunks(full[torch.from_numpy(uneven)].clone(), [uneven, cols], (12, 5))
+    dcp.save({"w": w, "u": u}, checkpoint_id=path, planner=SavePlanner())
     block = torch.zeros(6, 5, dtype=torch.float64)
-    dest = TileChunks(block, [np.arange(6 * r, 6 * r + 6), np.arange(5)], (12, 5))
-    dcp.load({"w": dest}, checkpoint_id=path, planner=LoadPlanner())
-    return {"block": block.numpy(), "chunks": len(obj.__create_chunk_list__())}
+    strided = torch.zeros(6, 5, dtype=torch.float64)
+    dest = {"w": TileChunks(block, [np.arange(6 * r, 6 * r + 6), cols], (12, 5)),
+            "u": TileChunks(strided, [rows, cols], (12, 5))}
+    dcp.load(dest, checkpoint_id=path, planner=LoadPlanner())
+    return {"block": block.numpy(), "strided": strided.numpy(), "rows": rows,
+            "chunks": len(w.__create_chunk_list__())}
 
 
 def strided_tiles(tr):
