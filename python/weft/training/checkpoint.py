@@ -76,10 +76,9 @@ class TileChunks:
         for combo in itertools.product(*per_dim):
             offsets = tuple(r[1] for r in combo)
             self.boxes[offsets] = (tuple(r[0] for r in combo), tuple(r[2] for r in combo))
-        if not per_dim:  # a scalar
-            self.boxes[()] = ((), ())
 
     def size(self) -> torch.Size:
+        """The global shape (DCP's load planner checks it against the checkpoint's)."""
         return self.shape
 
     def _view(self, offsets) -> torch.Tensor:
@@ -111,6 +110,7 @@ class SavePlanner(DefaultSavePlanner):
     """DCP's default planner, with :class:`TileChunks` values (their chunks written contiguous)."""
 
     def lookup_object(self, index: MetadataIndex) -> Any:
+        """The data of one write item: a TileChunks chunk (contiguous), else DCP's lookup."""
         obj = self.state_dict.get(index.fqn)
         if isinstance(obj, TileChunks):
             return obj.__get_tensor_shard__(index).contiguous()
@@ -123,6 +123,7 @@ class LoadPlanner(DefaultLoadPlanner):
     values are top-level keys of a flat dict, the same keys after DCP's flattening.)"""
 
     def set_up_planner(self, state_dict, metadata=None, is_coordinator: bool = False) -> None:
+        """DCP's set-up, TileChunks values kept."""
         held = {k: v for k, v in state_dict.items() if isinstance(v, TileChunks)}
         for k, v in held.items():
             state_dict[k] = v.local
@@ -132,6 +133,7 @@ class LoadPlanner(DefaultLoadPlanner):
             self.state_dict[k] = v
 
     def lookup_tensor(self, index: MetadataIndex) -> torch.Tensor:
+        """Where one read item goes: a view of a TileChunks tile, else DCP's lookup."""
         obj = self.state_dict.get(index.fqn)
         if isinstance(obj, TileChunks):
             return obj.__get_tensor_shard__(index)
@@ -217,8 +219,11 @@ class _Meshes:
             for c, r in members:
                 grid[c] = r
             self.shapes[s] = shape
-            if int((grid >= 0).sum()) == len(members) == grid.numel():
-                self.meshes[s] = DeviceMesh("cpu", grid, _init_backend=False)
+            if shape and int((grid >= 0).sum()) == len(members) == grid.numel():
+                try:
+                    self.meshes[s] = DeviceMesh("cpu", grid, _init_backend=False)
+                except Exception:  # noqa: BLE001 - no mesh: the stage's tiles are written as TileChunks
+                    pass
 
 
 def _placements(spec_text: str, shape, mesh_shape):
