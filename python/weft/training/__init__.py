@@ -2,6 +2,8 @@
 
 - :class:`Trainer` — rank-local (torchrun or :func:`launch`): ``step(batch)`` with the global batch,
   the optimizer applied to each rank's shards, ``full_state_dict()`` back into the module;
+  ``save(path)`` / ``load(path)``: torch.distributed.checkpoint in torch's key layout, loadable
+  under another plan or world size (:mod:`weft.training.checkpoint`);
 - :mod:`weft.optim` — SGD, Adam, AdamW with parameter groups; LambdaLR-style schedules;
 - :mod:`weft.distributed` — ``init()`` from torchrun's environment, ``launch(fn, nproc)``.
 

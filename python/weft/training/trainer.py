@@ -447,6 +447,25 @@ class Trainer:
             self._bar.close()
             self._bar = None
 
+    # ---- checkpoints (weft/training/checkpoint.py; docs/modules/training_checkpoints.md)
+
+    def save(self, path: str, extra: Optional[dict] = None) -> None:
+        """Saves the parameters, optimizer states, the step and ``extra`` (a picklable dict, e.g. the
+        data position) to the directory ``path`` with torch.distributed.checkpoint, each rank
+        writing the shards it owns (a collective: call it on every rank). Keys: ``model.<name>``,
+        ``optim.state.<name>.exp_avg`` ... (torch's layout: plain torch loads it with DCP)."""
+        from .checkpoint import save
+
+        save(self, str(path), extra)
+
+    def load(self, path: str) -> dict:
+        """Loads a checkpoint written by :meth:`save` under any plan and world size (DCP reads
+        the overlaps into this rank's tiles); training resumes at its step. Returns its ``extra``.
+        ValueError naming the tensor when it is another model's (missing, unexpected, shape)."""
+        from .checkpoint import load
+
+        return load(self, str(path))
+
     # ---- the weights
 
     def _pieces(self, ids: Mapping[str, int]) -> Dict[str, tuple]:
