@@ -24,18 +24,21 @@ __all__ = ["init", "launch", "is_initialized", "rank", "world_size"]
 
 
 def is_initialized() -> bool:
+    """Whether torch.distributed is initialised in this process."""
     import torch.distributed as dist
 
     return dist.is_available() and dist.is_initialized()
 
 
 def rank() -> int:
+    """This process's rank (0 when torch.distributed is not initialised)."""
     import torch.distributed as dist
 
     return dist.get_rank() if is_initialized() else 0
 
 
 def world_size() -> int:
+    """The number of processes (1 when torch.distributed is not initialised)."""
     import torch.distributed as dist
 
     return dist.get_world_size() if is_initialized() else 1

@@ -83,6 +83,8 @@ class Optimizer:
         return list(out.values())
 
     def train_step_options(self) -> dict:
+        """The keyword arguments of Graph.train_step that give the program this optimizer's states
+        (Adam's two moments, SGD's momentum buffer) for the planner to place."""
         raise NotImplementedError
 
     def update(self, w, g, states: list, hp: Dict[str, float], lr: float, step: int) -> list:
@@ -109,9 +111,11 @@ class SGD(Optimizer):
             raise ValueError("SGD: nesterov needs momentum > 0 and zero dampening (as torch.optim.SGD)")
 
     def train_step_options(self) -> dict:
+        """Graph.train_step's arguments: SGD, with a momentum buffer when momentum > 0."""
         return dict(optimizer="sgd", lr=float(self.lr), momentum=float(self.momentum))
 
     def update(self, w, g, states, hp, lr, step):
+        """torch.optim.SGD's step on a tile (see Optimizer.update)."""
         wd = hp["weight_decay"]
         if wd != 0:
             g = g.add(w, alpha=wd)
@@ -145,10 +149,12 @@ class Adam(Optimizer):
             raise ValueError(f"{type(self).__name__}: eps must be >= 0, got {self.eps}")
 
     def train_step_options(self) -> dict:
+        """Graph.train_step's arguments: Adam's update (two moments per parameter)."""
         return dict(optimizer="adam", lr=float(self.lr), beta1=float(self.betas[0]), beta2=float(self.betas[1]),
                     eps=float(self.eps))
 
     def update(self, w, g, states, hp, lr, step):
+        """torch.optim.Adam's (AdamW's: decoupled decay) step on a tile (see Optimizer.update)."""
         m, v = states
         b1, b2 = self.betas
         wd = hp["weight_decay"]

@@ -443,6 +443,7 @@ class Trainer:
             self._bar.update(1)
 
     def close(self) -> None:
+        """Closes the progress bar (rank 0)."""
         if self._bar is not None:
             self._bar.close()
             self._bar = None
