@@ -372,3 +372,37 @@ def test_mixed_precision_resume_is_bitwise(tmp_path):
     assert r["dtypes"] == {"model.blocks.0.qkv.weight": "torch.bfloat16", q + "exp_avg": "torch.float32",
                            q + "exp_avg_sq": "torch.float32", q + "master": "torch.float32",
                            q + "step": "torch.float32"}, r["dtypes"]
+
+
+def _f16_trainer(total):
+    torch.manual_seed(11)
+    return weft.Trainer(TinyLlama().float(), batches(1)[0], cluster=cluster(1), optimizer=weft.optim.AdamW(**OPT),
+                        lr_schedule=weft.optim.warmup_cosine(warmup=3, total=total), grad_clip=1.0,
+                        precision="f16-mixed", loss_scaler=weft.optim.LossScaler(init_scale=2.0 ** 16,
+                                                                                growth_interval=2))
+
+
+def run_f16(path):
+    a = _f16_trainer(8)
+    ma = [a.step(b) for b in batches(8)]
+    b = _f16_trainer(8)
+    for x in batches(4):
+        b.step(x)
+    b.save(path)
+    c = _f16_trainer(8)
+    c.load(path)
+    at_load = c.scaler.scale
+    mc = [c.step(x) for x in batches(8)[4:]]
+    return {"scales": [m["loss_scale"] for m in ma], "resumed_scales": [m["loss_scale"] for m in mc],
+            "losses": [m["loss"] for m in ma[4:]], "resumed": [m["loss"] for m in mc],
+            "skipped": [m["skipped"] for m in ma], "at_load": at_load, "saved": b.scaler.scale}
+
+
+def test_f16_loss_scale_resumes(tmp_path):
+    """f16-mixed: the dynamic loss scale and its growth count are part of the checkpoint: a resumed run
+    takes the same scales, skips the same steps and gives the same losses as one without a break."""
+    (r,) = weft.launch(run_f16, str(tmp_path / "f16"), nproc=1)
+    assert any(r["skipped"]) and len(set(r["scales"])) > 1, r  # the scale moved (overflow backoff / growth)
+    assert r["at_load"] == r["saved"] and r["at_load"] != 2.0 ** 16
+    assert r["resumed_scales"] == r["scales"][4:]
+    assert r["resumed"] == r["losses"]

@@ -347,7 +347,9 @@ def save(trainer, path: str, extra: Optional[dict] = None) -> None:
     stats: dict = {}
     sd = _state_dict(trainer, for_load=False, stats=stats)
     sd.pop("_tiles")
-    sd["weft.extra"] = pickle.dumps(dict(extra or {}))  # bytes: a leaf of DCP's flattening (a dict is not)
+    # bytes (a leaf of DCP's flattening; a dict is not): the user's dict and the f16 loss scaler's state
+    scaler = trainer.scaler.state_dict() if getattr(trainer, "scaler", None) is not None else None
+    sd["weft.extra"] = pickle.dumps({"extra": dict(extra or {}), "loss_scaler": scaler})
     os.makedirs(path, exist_ok=True)
     dcp.save(sd, checkpoint_id=path, planner=SavePlanner())
     trainer._checkpoint_stats = stats
@@ -404,4 +406,7 @@ def load(trainer, path: str) -> dict:
     trainer._checkpoint_stats = stats
     eng.optimizer_steps = int(sd["weft.optimizer_steps"])
     trainer.steps_done = int(sd["weft.steps_done"])
-    return pickle.loads(sd["weft.extra"])
+    saved = pickle.loads(sd["weft.extra"])
+    if getattr(trainer, "scaler", None) is not None and saved.get("loss_scaler"):
+        trainer.scaler.load_state_dict(saved["loss_scaler"])  # the scale and its growth count resume
+    return saved["extra"]
