@@ -222,10 +222,60 @@ def _name_process(name: str) -> None:
         pass
 
 
-def _rank_process(tmp: str, rank: int, world: int, port: int, env: dict) -> None:
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie — killed, not yet reaped by its parent — does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    except OSError:  # no /proc: the signal check
+        try:
+            os.kill(pid, 0)
+            return True
+        except OSError:
+            return False
+
+
+def die_with(caller: int, tmp: Optional[str] = None) -> None:
+    """Makes this forked process end when the process that started the run ends, however it ends
+    (SIGKILL included), removing the run's temporary folder, which a killed caller cannot: a
+    watchdog thread checks the caller every 0.2 s (it runs while the main thread waits in a
+    collective), and the kernel sends SIGTERM when this process's parent dies (PR_SET_PDEATHSIG:
+    the forkserver, which exits when the caller goes, or is killed)."""
+    import threading
+
+    def leave(*_):
+        if tmp is not None and not _alive(caller):
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
+        os._exit(1)
+
+    parent = os.getppid()
+    signal.signal(signal.SIGTERM, leave)
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:  # the parent died before the line above: nobody to wait for
+        leave()
+
+    def watch():
+        while _alive(caller):
+            time.sleep(0.2)
+        leave()
+
+    threading.Thread(target=watch, name="weft-watchdog", daemon=True).start()
+
+
+def _rank_process(tmp: str, rank: int, world: int, port: int, env: dict, caller: int) -> None:
     """One rank of ``run``, forked from the forkserver: its output to rank-<r>.log, the launcher's
     environment, then worker_main; leaves at once (tearing down a process group whose peers
-    failed can block)."""
+    failed can block) and with the caller (die_with)."""
+    die_with(caller, tmp)
     log = os.open(os.path.join(tmp, f"rank-{rank}.log"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(log, 1)
     os.dup2(log, 2)
@@ -306,7 +356,8 @@ def run(program, *, steps: int = 3, backend: str = "gloo", seed: int = 0, dtype:
         procs = []
         try:
             for r in range(world):
-                p = ctx.Process(target=_rank_process, args=(tmp, r, world, port, env), name=f"weft-rank-{r}")
+                p = ctx.Process(target=_rank_process, args=(tmp, r, world, port, env, os.getpid()),
+                                name=f"weft-rank-{r}")
                 _start_without_main(p)
                 procs.append(_RankProc(p))
             _wait(procs, tmp)

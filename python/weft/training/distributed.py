@@ -86,10 +86,12 @@ def _importable(fn) -> bool:
 
 
 def _fn_process(tmp: str, rank: int, world: int, port: int, env: dict, backend: str, timeout_s: float,
-                payload: Optional[bytes]) -> None:
+                payload: Optional[bytes], caller: int) -> None:
     """One process of ``launch``: its output to rank-<r>.log, torchrun's environment, torch.distributed
-    initialised, then fn; its result (or error) written to ``tmp``."""
-    from ..runtime.launch import _name_process
+    initialised, then fn; its result (or error) written to ``tmp``; it ends with the caller."""
+    from ..runtime.launch import _name_process, die_with
+
+    die_with(caller, tmp)
 
     logf = os.open(os.path.join(tmp, f"rank-{rank}.log"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(logf, 1)
@@ -169,8 +171,8 @@ def launch(fn: Callable, *args, nproc: int = 2, backend: str = "gloo", timeout_s
         procs = []
         try:
             for r in range(nproc):
-                p = ctx.Process(target=_fn_process, args=(tmp, r, nproc, port, env, backend, float(timeout_s), payload),
-                                name=f"weft-rank-{r}")
+                p = ctx.Process(target=_fn_process, args=(tmp, r, nproc, port, env, backend, float(timeout_s), payload,
+                                                          os.getpid()), name=f"weft-rank-{r}")
                 if by_name:
                     _start_without_main(p)
                 else:
