@@ -14,7 +14,9 @@ Every step gets the same global batch. Figures: the median step time of the time
 warm-up, tokens/s (global tokens per step / median step), the ratio weft / DDP (throughput) in the
 same run, the loss of the last step of each, and the largest difference of a parameter tensor
 from DDP's after the last step (relative to the tensor's largest entry): all three train the same
-model on the same data with the same optimizer, so they agree up to f32 rounding.
+model on the same data with the same optimizer, so they agree up to rounding (in f32, Adam turns
+the rounding of gradients near its eps into differences of about 1e-4 of a tensor's largest entry
+from the first step on; ``--precision f64`` shows them agreeing to about 1e-12).
 
     PYTHONPATH=python:build/<dir>/python python3 benchmarks/training/bench_trainer.py [--steps 20]
         [--warmup 3] [--nproc 4] [--batch 64] [--seq 64] [--save benchmarks/data/bench_trainer.txt] [--json]
@@ -56,6 +58,8 @@ def run(args):
     data = ex.Chars()
     margs = argparse.Namespace(seed=0, hidden=args.hidden, heads=args.heads, layers=args.layers, seq=args.seq)
     model = ex.make_model(margs, data.vocab)
+    if args.precision == "f64":
+        model = model.double()
     example = data.batch(0, args.batch, args.seq)
     cluster = weft.Cluster.preset("p3.8xlarge")
     opt = weft.optim.AdamW(lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1, no_decay=("bias", "ln", "norm"))
@@ -65,7 +69,8 @@ def run(args):
         "weft tp2 x pp2": weft.megatron_plan(step_graph, cluster, t=2, p=2, d=1),
     }
     trainers = {case: weft.Trainer(copy.deepcopy(model), example, plan=plan, cluster=cluster, optimizer=opt,
-                                   grad_clip=1.0, progress=False) for case, plan in plans.items()}
+                                   grad_clip=1.0, precision=args.precision, progress=False)
+                for case, plan in plans.items()}
 
     ddp_model = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(model))
     ddp_opt = torch.optim.AdamW(opt.torch_param_groups(ddp_model.module.named_parameters()), lr=args.lr,
@@ -101,7 +106,7 @@ def run(args):
     diff = {}
     for c, t in trainers.items():  # full_state_dict is a collective: every rank calls it
         full = t.full_state_dict()
-        diff[c] = max(float((full[k].double() - v.double()).abs().max() / v.double().abs().max().clamp_min(1e-30))
+        diff[c] = max((float((full[k].double() - v.double()).abs().max() / v.double().abs().max().clamp_min(1e-30)), k)
                       for k, v in ref.items() if v.is_floating_point())
     return {"times": times, "losses": losses, "instrs": instrs, "diff": diff,
             "params": sum(p.numel() for p in model.parameters())} if rank == 0 else None
@@ -118,6 +123,8 @@ def main():
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--precision", choices=["f32", "f64"], default="f32",
+                    help="f64: the module in float64 (a check that the three train alike to f64 rounding)")
     ap.add_argument("--save", default=None, help="also write the figures (with a header) to this file")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
@@ -128,7 +135,7 @@ def main():
     res = weft.launch(run, args, nproc=args.nproc)[0]
     wall = time.perf_counter() - t0
     tokens = args.batch * args.seq
-    model = f"char GPT {res['params'] / 1e3:.0f}k, batch {args.batch}x{args.seq}, {args.nproc} gloo procs"
+    model = f"char GPT {res['params'] / 1e3:.0f}k, batch {args.batch}x{args.seq}, {args.nproc} gloo procs, {args.precision}"
     lines = []
 
     def emit(case, metric, value, unit, baseline=None):
@@ -151,7 +158,7 @@ def main():
             emit(c, "runtime instructions per step", res["instrs"][c], "")
         emit(c, f"loss after {args.warmup + args.steps} steps", res["losses"][c], "")
         if c != "torch DDP":
-            emit(c, "params rel. diff vs torch DDP", res["diff"][c], "")
+            emit(c, "params rel. diff vs torch DDP", res["diff"][c][0], f"({res['diff'][c][1]})")
     if args.save:
         head = [f"# benchmarks/training/bench_trainer.py, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
                 f"# {model}; {args.warmup} warm-up + {args.steps} timed steps of each, alternating; medians",
