@@ -8,7 +8,8 @@ forward returns the cross-entropy loss, as weft.Trainer expects. Every rank buil
 
 * ``--plan tp-pp`` (default): 2 pipeline stages x 2-way tensor parallelism (``weft.megatron_plan``
   with t=2, p=2, d=1) on a p3.8xlarge-shaped cluster (4 devices; here 4 gloo processes on the CPU);
-* ``--plan auto``: weft.plan's own choice on the same cluster.
+* ``--plan auto``: weft.plan's own choice on the same cluster (``--nproc`` other than 4: see
+  ``cluster_of``).
 
 It prints the loss every ``--every`` steps, saves the loss curve (``--plot loss.png``), then loads
 ``trainer.full_state_dict()`` into the module and, on rank 0 with plain torch, reports the loss on
@@ -141,6 +142,16 @@ def make_model(args, vocab: int) -> CharGPT:
     return CharGPT(vocab, d=args.hidden, heads=args.heads, layers=args.layers, seq=args.seq)
 
 
+def cluster_of(nproc: int):
+    """The cluster the plan is for, one device per process: a p3.8xlarge (4 V100s on NVLink) for 4
+    processes, an M8 node (8 V100s) for 8, else ``nproc`` single-V100 nodes (preset S1)."""
+    if nproc == 4:
+        return weft.Cluster.preset("p3.8xlarge")
+    if nproc == 8:
+        return weft.Cluster.preset("M8")
+    return weft.Cluster.preset("S1", nodes=nproc)
+
+
 def make_plan(args, model, example, cluster):
     """The plan of ``--plan``: Megatron's t=2 x p=2 layout, or None (weft.Trainer asks weft.plan)."""
     if args.plan == "auto":
@@ -168,7 +179,7 @@ def train(args, out_fd: int | None = None) -> dict | None:
     data = Chars()
     model = make_model(args, data.vocab)
     example = data.batch(0, args.batch, args.seq, seed=args.seed)
-    cluster = weft.Cluster.preset("p3.8xlarge")
+    cluster = cluster_of(args.nproc)
     t0 = time.perf_counter()
     plan = make_plan(args, model, example, cluster)
     trainer = weft.Trainer(model, example, plan=plan, cluster=cluster, optimizer=optimizer_of(args),
