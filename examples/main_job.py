@@ -52,6 +52,7 @@ def main() -> None:
         assert weft.Plan.from_json(open(args.json).read()) == plan
         print(f"plan written to {args.json}")
     run_a_plan(plan, step, cluster)
+    train_a_model()
     print(f"\ntotal {time.perf_counter() - t0:.1f} s")
 
 
@@ -102,6 +103,24 @@ def run_on_processes(small, ref):
           f"{len(got.step_seconds)} processes on torch.distributed (gloo): losses {[round(x, 6) for x in got.losses]}; "
           f"largest relative difference to one device {got.max_relative_error(ref):.1e}; "
           f"{max(step_ms):.0f} ms per step after the first, {wall:.1f} s in all with process start-up")
+
+
+def train_a_model():
+    """Training for real: examples/train_char_lm.py's short version — a character-level GPT written as
+    a plain torch module, trained by weft.Trainer on The Devil's Dictionary with 4 gloo processes
+    under a 2-stage x 2-way tensor-parallel plan: the loss falls, then the trained module writes."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        print("  (torch is not installed: skipping the training run)")
+        return
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    print("\nTraining a model on its plan (weft.Trainer, 4 local processes):", flush=True)
+    example = Path(__file__).resolve().parent / "train_char_lm.py"
+    subprocess.run([sys.executable, str(example), "--quick", "--every", "10"], check=True)
 
 
 if __name__ == "__main__":
