@@ -271,10 +271,10 @@ def die_with(caller: int, tmp: Optional[str] = None) -> None:
     threading.Thread(target=watch, name="weft-watchdog", daemon=True).start()
 
 
-def _rank_process(tmp: str, rank: int, world: int, port: int, env: dict, caller: int) -> None:
-    """One rank of ``run``, forked from the forkserver: its output to rank-<r>.log, the launcher's
-    environment, then worker_main; leaves at once (tearing down a process group whose peers
-    failed can block) and with the caller (die_with)."""
+def enter_rank_process(tmp: str, rank: int, env: dict, caller: int) -> None:
+    """The start of a forked rank process (weft.run's and weft.launch's): it ends with the caller
+    (die_with), writes its output to rank-<r>.log in ``tmp``, is named weft-rank-<r>, and takes the
+    launcher's environment."""
     die_with(caller, tmp)
     log = os.open(os.path.join(tmp, f"rank-{rank}.log"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(log, 1)
@@ -283,6 +283,12 @@ def _rank_process(tmp: str, rank: int, world: int, port: int, env: dict, caller:
     _name_process(f"weft-rank-{rank}")
     os.environ.clear()
     os.environ.update(env)
+
+
+def _rank_process(tmp: str, rank: int, world: int, port: int, env: dict, caller: int) -> None:
+    """One rank of ``run``, forked from the forkserver (enter_rank_process), then worker_main;
+    leaves at once (tearing down a process group whose peers failed can block)."""
+    enter_rank_process(tmp, rank, env, caller)
     import torch
 
     torch.set_num_threads(max(1, int(env.get("OMP_NUM_THREADS", "1"))))

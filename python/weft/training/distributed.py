@@ -89,17 +89,9 @@ def _fn_process(tmp: str, rank: int, world: int, port: int, env: dict, backend: 
                 payload: Optional[bytes], caller: int) -> None:
     """One process of ``launch``: its output to rank-<r>.log, torchrun's environment, torch.distributed
     initialised, then fn; its result (or error) written to ``tmp``; it ends with the caller."""
-    from ..runtime.launch import _name_process, die_with
+    from ..runtime.launch import enter_rank_process
 
-    die_with(caller, tmp)
-
-    logf = os.open(os.path.join(tmp, f"rank-{rank}.log"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    os.dup2(logf, 1)
-    os.dup2(logf, 2)
-    os.close(logf)
-    _name_process(f"weft-rank-{rank}")
-    os.environ.clear()
-    os.environ.update(env)
+    enter_rank_process(tmp, rank, env, caller)
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     code = 1
