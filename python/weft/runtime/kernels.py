@@ -23,18 +23,20 @@ import torch.nn.functional as F
 _GELU_C = math.sqrt(2.0 / math.pi)
 _GELU_A = 0.044715
 
-# Mixed precision (weft.Trainer's "bf16-mixed" / "f16-mixed"): the numerically sensitive kernels
-# (softmax, layer norm, reductions and means, cross-entropy's steps, exp / log / rsqrt, the
-# embedding's and scatter_add's sums) compute on f16 / bf16 operands in f32, as torch autocast's
-# fp32 ops do; the runtime stores their result in the buffer's dtype. Matmuls run in the operands'
+# Mixed precision (weft.Trainer's "bf16-mixed" / "f16-mixed": the instruction context's
+# "f32_inside", set by the Trainer): the numerically sensitive kernels (softmax, layer norm,
+# reductions and means, cross-entropy's steps, exp / log / rsqrt, the embedding's and
+# scatter_add's sums) compute on f16 / bf16 operands in f32, as torch autocast's fp32 ops do; the
+# runtime stores their result in the buffer's dtype. Without it (weft.run's dtype="bf16": a model
+# held in bf16, as `module.to(torch.bfloat16)`) they run torch's own half-precision kernels. Matmuls run in the operands'
 # dtype (torch accumulates them in f32). A kernel given operands of several float dtypes computes
 # in their promoted dtype (run_kernel). On f32 / f64 operands every kernel is unchanged.
 _HALF = (torch.float16, torch.bfloat16)
 
 
-def _hi(x: torch.Tensor) -> torch.Tensor:
-    """x in f32 when it is f16 / bf16 (a kernel's internal precision), else x itself."""
-    return x.float() if x.dtype in _HALF else x
+def _hi(ctx: Optional[dict], x: torch.Tensor) -> torch.Tensor:
+    """x in f32 when it is f16 / bf16 and the context asks for f32 inside (mixed precision), else x."""
+    return x.float() if x.dtype in _HALF and ctx and ctx.get("f32_inside") else x
 
 
 def _promoted(xs: Sequence[torch.Tensor]) -> List[torch.Tensor]:
@@ -162,7 +164,7 @@ def ce_row_max(logits: torch.Tensor) -> torch.Tensor:
 
 def ce_row_sum_target(op: dict, logits: torch.Tensor, labels: torch.Tensor, row_max: torch.Tensor,
                       ctx: dict) -> torch.Tensor:
-    logits, row_max = _hi(logits), _hi(row_max)
+    logits, row_max = _hi(ctx, logits), _hi(ctx, row_max)
     s = torch.exp(logits - row_max.unsqueeze(-1)).sum(dim=-1)
     rows, held = _vocab_rows(op, labels, ctx, logits.shape[-1], "label")
     z = torch.gather(logits, -1, rows.clamp(min=0).unsqueeze(-1)).squeeze(-1)
@@ -171,10 +173,11 @@ def ce_row_sum_target(op: dict, logits: torch.Tensor, labels: torch.Tensor, row_
     return torch.stack([s, z], dim=-1)
 
 
-def ce_loss(row_max: torch.Tensor, sum_target: torch.Tensor, tokens: float, contribute: bool) -> torch.Tensor:
+def ce_loss(row_max: torch.Tensor, sum_target: torch.Tensor, tokens: float, contribute: bool,
+            ctx: Optional[dict] = None) -> torch.Tensor:
     if not contribute:
-        return torch.zeros((), dtype=_hi(row_max).dtype, device=row_max.device)
-    row_max, sum_target = _hi(row_max), _hi(sum_target)
+        return torch.zeros((), dtype=_hi(ctx, row_max).dtype, device=row_max.device)
+    row_max, sum_target = _hi(ctx, row_max), _hi(ctx, sum_target)
     per = row_max + torch.log(sum_target[..., 0]) - sum_target[..., 1]
     return per.sum() / tokens
 
@@ -182,7 +185,7 @@ def ce_loss(row_max: torch.Tensor, sum_target: torch.Tensor, tokens: float, cont
 def ce_grad(op: dict, logits: torch.Tensor, labels: torch.Tensor, dloss: torch.Tensor, row_max: torch.Tensor,
             sum_target: torch.Tensor, ctx: dict) -> torch.Tensor:
     tokens = ctx.get("tokens") or float(row_max.numel())
-    logits, row_max, sum_target = _hi(logits), _hi(row_max), _hi(sum_target)
+    logits, row_max, sum_target = _hi(ctx, logits), _hi(ctx, row_max), _hi(ctx, sum_target)
     scale = dloss.reshape(()).to(logits.dtype) / tokens
     p = torch.sub(logits, row_max.unsqueeze(-1)).exp_().div_(sum_target[..., 0].unsqueeze(-1))
     rows, held = _vocab_rows(op, labels, ctx, logits.shape[-1], "label")
@@ -200,7 +203,7 @@ def _einsum(op, x, ctx):
 def _unary_op(op, x, ctx):
     a = op["attrs"]
     fn = a.get("unary", "identity")
-    return [_unary(fn, _hi(x[0]) if fn in _F32_UNARY else x[0], a.get("scalar", 0.0))]
+    return [_unary(fn, _hi(ctx, x[0]) if fn in _F32_UNARY else x[0], a.get("scalar", 0.0))]
 
 
 _BINARY = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "max": torch.maximum}
@@ -218,7 +221,7 @@ def _reduce(op, x, ctx):
     if fn == "max":
         y = torch.amax(x[0], dim=dims) if dims else x[0]
     else:
-        xv = _hi(x[0])  # sums and means of f16 / bf16 in f32
+        xv = _hi(ctx, x[0])  # sums and means of f16 / bf16 in f32
         y = torch.sum(xv, dim=dims) if dims else xv
         if fn == "mean":
             count = ctx.get("mean_count") or math.prod(x[0].shape[d] for d in dims)
@@ -227,18 +230,18 @@ def _reduce(op, x, ctx):
 
 
 def _softmax(op, x, ctx):
-    return [torch.softmax(_hi(x[0]), dim=_axis(op["attrs"]["axes"][0], x[0].dim()))]
+    return [torch.softmax(_hi(ctx, x[0]), dim=_axis(op["attrs"]["axes"][0], x[0].dim()))]
 
 
 def _softmax_grad(op, x, ctx):
-    y, dy = _hi(x[0]), _hi(x[1])
+    y, dy = _hi(ctx, x[0]), _hi(ctx, x[1])
     ax = _axis(op["attrs"]["axes"][0], y.dim())
     return [torch._softmax_backward_data(dy, y, ax, y.dtype)]  # y·(dy − Σ dy·y)
 
 
 def _layer_norm(op, x, ctx):
     eps = op["attrs"].get("scalar", 0.0)
-    return [F.layer_norm(_hi(x[0]), [x[0].shape[-1]], _hi(x[1]), _hi(x[2]), eps)]
+    return [F.layer_norm(_hi(ctx, x[0]), [x[0].shape[-1]], _hi(ctx, x[1]), _hi(ctx, x[2]), eps)]
 
 
 def _ln_backward(xv, gamma, dy, eps, mask):
@@ -252,13 +255,13 @@ def _ln_backward(xv, gamma, dy, eps, mask):
 
 def _layer_norm_grad(op, x, ctx):
     # dx = rstd·(g − mean(g) − x̂·mean(g·x̂)), g = dy·γ
-    xv, gamma, dy = (_hi(v) for v in x)
+    xv, gamma, dy = (_hi(ctx, v) for v in x)
     return [_ln_backward(xv, gamma, dy, op["attrs"].get("scalar", 0.0), [True, False, False])[0]]
 
 
 def _layer_norm_param_grad(op, x, ctx):
     # dγ = Σ dy·x̂, dβ = Σ dy over the leading dims
-    xv, dy = _hi(x[0]), _hi(x[1])
+    xv, dy = _hi(ctx, x[0]), _hi(ctx, x[1])
     _, dg, db = _ln_backward(xv, None, dy, op["attrs"].get("scalar", 0.0), [False, True, True])
     return [dg, db]
 
@@ -277,7 +280,7 @@ def _embedding_grad(op, x, ctx):
     shape = _out_shape(ctx)
     rows, held = _vocab_rows(op, ids, ctx, shape[0], "id")
     h = shape[1]
-    rows, dyf = rows.reshape(-1), _hi(dy).reshape(-1, h)
+    rows, dyf = rows.reshape(-1), _hi(ctx, dy).reshape(-1, h)
     ints = op["attrs"].get("ints") or []
     keep = held.reshape(-1) if held is not None else None
     if len(ints) > 2:  # padding_idx: its row gets no gradient from the lookup
@@ -370,7 +373,7 @@ def _unary_grad(op, x, ctx):
     if fn == "scale":
         return [x[1] * a.get("scalar", 0.0)]
     if fn in _F32_UNARY:
-        return [_hi(x[1]) * _unary_derivative(fn, _hi(x[0]), a.get("scalar", 0.0))]
+        return [_hi(ctx, x[1]) * _unary_derivative(fn, _hi(ctx, x[0]), a.get("scalar", 0.0))]
     return [x[1] * _unary_derivative(fn, x[0], a.get("scalar", 0.0))]
 
 
@@ -476,10 +479,10 @@ def _gather(op, x, ctx):
 
 def _scatter_add(op, x, ctx):
     if len(x) == 2:  # a zero base of the result's shape (gather's adjoint)
-        index, src = x[0], _hi(x[1])
+        index, src = x[0], _hi(ctx, x[1])
         base = torch.zeros(_out_shape(ctx), dtype=src.dtype, device=src.device)
     else:
-        base, index, src = _hi(x[0]), x[1], _hi(x[2])
+        base, index, src = _hi(ctx, x[0]), x[1], _hi(ctx, x[2])
     ax = _routed_axis(op, src.dim())
     return [torch.scatter_add(base, ax, _index(op, index, base.shape[ax]), src)]
 

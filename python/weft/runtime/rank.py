@@ -244,7 +244,7 @@ class RankRuntime:
             self.write(out[0], ce_row_sum_target(self.ops[ins["op"]], x[0], x[1], x[2], ins["context"]))
         elif kind == "ce-loss":
             x = [self.read(b) for b in inp]
-            self.write(out[0], ce_loss(x[2], x[3], ins["context"]["tokens"], ins["contribute"]))
+            self.write(out[0], ce_loss(x[2], x[3], ins["context"]["tokens"], ins["contribute"], ins["context"]))
         elif kind == "ce-grad":
             x = [self.read(b) for b in inp]
             self.write(out[0], ce_grad(self.ops[ins["op"]], x[0], x[1], x[2], x[3], x[4], ins["context"]))

@@ -112,6 +112,10 @@ class TrainingRank(RankRuntime):
                                 None)
         self._loss_scale = 1.0
         super().__init__(layout, rank, device=device, dtype=dtype, seed=seed, groups=groups)
+        if self._grad_dtype is not None:  # mixed precision: the sensitive kernels compute in f32 inside
+            for ins in self.instrs:
+                if isinstance(ins.get("context"), dict):
+                    ins["context"]["f32_inside"] = True
         self.optimizer = optimizer
         self.before, self.after = split_at_updates(self.instrs, self.ops, self.buffers, self.tensors)
         self.updates = [ins for ins in self.after if ins["kind"] == "compute"
