@@ -249,8 +249,9 @@ def _write_json(dest, text: str) -> None:
     if dest == "-":
         print(text)
     elif dest:
-        with open(dest, "w") as f:
-            f.write(text)
+        from ._files import write_text
+
+        write_text(dest, text)
         print(f"plan written to {dest}")
 
 
@@ -344,12 +345,12 @@ def _calibrate(args) -> int:
     report = calibrate(device=args.device, nproc=args.nproc, dtypes=dtypes, cluster=cluster, quick=args.quick,
                        threads=args.threads)
     print(report.summary())
-    with open(args.out, "w") as f:  # the Calibration JSON only: weft.Calibration.from_json loads it
-        f.write(report.to_json() + "\n")
+    from ._files import write_text
+
+    write_text(args.out, report.to_json() + "\n")  # the Calibration JSON only: weft.Calibration.from_json loads it
     print(f"calibration written to {args.out}")
     if args.report:
-        with open(args.report, "w") as f:
-            f.write(report.report_json() + "\n")
+        write_text(args.report, report.report_json() + "\n")
         print(f"measurements written to {args.report}")
     return 0
 
@@ -504,11 +505,18 @@ def main(argv: list[str] | None = None) -> int:
     from .log import verbosity
 
     try:
+        from ._files import check_writable
+
+        for opt in ("json", "out", "report"):  # every output checked before the work that fills it
+            check_writable(getattr(args, opt, None), f"--{opt}")
         with verbosity(args.verbose):
             return handler(args)
     except (ValueError, TypeError, ImportError) as e:  # bad input: one line, exit 2
         print(f"weft {args.cmd}: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # a file that cannot be read or written: one line
+        print(f"weft {args.cmd}: {e.strerror or e}" + (f": {e.filename!r}" if e.filename else ""), file=sys.stderr)
+        return 1
     except RuntimeError as e:
         if args.cmd != "run":
             raise

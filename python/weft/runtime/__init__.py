@@ -64,6 +64,8 @@ def load_program(path: str, model: Optional[str] = None, cluster: Optional[str] 
 
     from ..planning import _training_graph
 
+    if not os.path.isfile(path):
+        raise ValueError(f"{path}: no such file" if not os.path.exists(path) else f"{path}: not a file")
     text = open(path).read()
     try:
         head = json.loads(text)
@@ -88,7 +90,10 @@ def save_result(result, path: str) -> None:
     arrays.update({f"grad/{k}": v for k, v in result.gradients.items()})
     if result.step_seconds:
         arrays["step_seconds"] = np.asarray(result.step_seconds)
-    np.savez(path, **arrays)
+    from .._files import write_atomically
+
+    # exactly `path` (np.savez would add ".npz" to a name without it), replaced atomically
+    write_atomically(path, lambda f: np.savez(f, **arrays), binary=True)
 
 
 def describe(result) -> str:
