@@ -356,6 +356,8 @@ def _calibrate(args) -> int:
 
 
 def _run(args) -> int:
+    import numpy as np
+
     import weft
 
     from .runtime import describe, load_program, save_result
@@ -369,6 +371,11 @@ def _run(args) -> int:
                       timeout_s=args.timeout, init=args.init)
     print(describe(result))
     code = 0
+    bad = [i for i, x in enumerate(result.losses) if not np.isfinite(x)]
+    if bad:  # a run that diverged is a failure, not a result
+        hint = " (f16 without loss scaling: weft.Trainer(precision='f16-mixed') scales the loss)" if dtype == "f16" else ""
+        print(f"weft run: the loss is {result.losses[bad[0]]} at step {bad[0] + 1}{hint}", file=sys.stderr)
+        code = 1
     if args.check:
         from .planning import _training_graph
 

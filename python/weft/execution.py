@@ -23,6 +23,7 @@ import numpy as np
 from . import _weft
 from ._weft import Program
 from . import values as _values
+from ._checks import integer, of_type
 from .planning import _training_graph
 
 __all__ = ["ExecutionResult", "Program", "lower", "lower_adaptive", "lower_spmd", "lower_random", "execute", "execute_reference"]
@@ -150,6 +151,8 @@ def lower(plan, step, cluster) -> Program:
     replica shares, the uneven tensor split."""
     if not isinstance(plan, _weft.Plan):
         raise ValueError(f"lower: expected a weft.Plan, got {type(plan).__name__}")
+    of_type("lower: step", step, _weft.Graph, "a weft.Graph (the training step the plan was made for)")
+    of_type("lower: cluster", cluster, _weft.Cluster, "a weft.Cluster")
     return _weft._lower(plan, _training_graph(step), cluster)
 
 
@@ -216,6 +219,7 @@ def execute(program_or_plan, step=None, cluster=None, steps: int = 3, seed: int 
         program = program_or_plan
     else:
         raise ValueError(f"execute: expected a weft.Program or weft.Plan, got {type(program_or_plan).__name__}")
+    steps, seed = integer("execute: steps", steps, 1), integer("execute: seed", seed, 0)
     return _result(_weft._execute_program(program, steps=int(steps), seed=int(seed), dtype=dt, inputs=feeds,
                                           timeout_s=float(timeout_s), seed_all_parameters=seed_all))
 
@@ -227,5 +231,6 @@ def execute_reference(step, steps: int = 3, seed: int = 0, dtype: str = "f64",
     Adam training step first. ``inputs`` and ``init`` as in :func:`execute`."""
     dt = _dtype(dtype)
     seed_all = _values.check_init(init)
+    steps, seed = integer("execute_reference: steps", steps, 1), integer("execute_reference: seed", seed, 0)
     return _result(_weft._execute_reference(_training_graph(step), steps=int(steps), seed=int(seed), dtype=dt,
                                             inputs=_inputs(inputs), seed_all_parameters=seed_all))

@@ -104,8 +104,16 @@ def _logging_progress(inner):
 
 
 def _options(schedule, progress, kwargs):
+    from ._checks import fraction, integer
+
     opts = dict(kwargs)
+    if not isinstance(schedule, str):
+        raise TypeError(f"schedule must be a name (e.g. '1F1B'), got {type(schedule).__name__}")
     opts["schedule"] = _schedule_name(schedule)
+    if opts.get("threads") is not None:
+        opts["threads"] = integer("threads", opts["threads"], 0)  # 0: the machine's cores
+    if opts.get("compute_efficiency") is not None:
+        opts["compute_efficiency"] = fraction("compute_efficiency", opts["compute_efficiency"])
     if opts.get("num_microbatches") is None:
         opts["num_microbatches"] = 0
     for key in [k for k, v in opts.items() if v is None]:

@@ -49,7 +49,10 @@ def run(plan, step=None, cluster=None, *, nproc: Optional[int] = None, steps: in
     value from ``seed``. A leaf that needs a value and has none, or an ``inputs`` name that is not an
     Input, is a ValueError before any process starts. A failing rank stops the others (RuntimeError
     naming the rank and the instruction); every wait is bounded by ``timeout_s``."""
+    from .._checks import integer
     from .launch import run as _run
+
+    seed = integer("run: seed", seed, 0)
 
     return _run(_program_of(plan, step, cluster), steps=steps, backend=backend, seed=seed, dtype=dtype,
                 inputs=inputs, timeout_s=timeout_s, nproc=nproc, init=init)

@@ -50,8 +50,9 @@ def check_options(program, nproc, steps, backend, dtype, timeout_s) -> None:
         raise TypeError(f"expected a weft.Program, got {type(program).__name__}")
     if nproc is not None and int(nproc) != program.num_ranks:
         raise ValueError(f"nproc={nproc}, but the program has {program.num_ranks} ranks (one process per rank)")
-    if int(steps) < 1:
-        raise ValueError(f"steps must be at least 1, got {steps}")
+    from .._checks import integer
+
+    integer("steps", steps, 1)
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if dtype is not None and dtype not in DTYPES:
