@@ -292,3 +292,28 @@ def test_trainer_on_nccl_trains_like_torch(adamw_reference):
     # One GPU: the Trainer's program runs on CUDA tensors under NCCL; equal to torch on the CPU in f64.
     got = weft.launch(train_on_gpu, STEPS, nproc=1, backend="nccl")[0]
     assert_equal(got, adamw_reference)
+
+
+def stream_to_file(path, steps=3):
+    m = model()
+    data = batches(steps)
+    cluster = weft.Cluster.preset("p3.8xlarge")
+    tr = weft.Trainer(m, data[0], cluster=cluster, plan=lambda g, c: weft.megatron_plan(g, c, t=1, p=2, d=2, zero=3),
+                      optimizer=make_optimizer("adamw"), precision="f64")
+    for b in data:
+        tr.step(b)
+    tr.save_full_state_dict(path)
+    return {k: v.numpy() for k, v in tr.full_state_dict().items()}
+
+
+def test_the_trained_module_streams_to_a_safetensors_file(tmp_path):
+    st = pytest.importorskip("safetensors.torch")
+    path = str(tmp_path / "model.safetensors")
+    want = weft.launch(stream_to_file, path, nproc=4)[0]  # ZeRO-3: every parameter in shards on 2 ranks
+    got = st.load_file(path)
+    assert set(got) == set(want)  # every key of the module's state_dict, tied names and buffers included
+    for k, v in want.items():
+        np.testing.assert_array_equal(got[k].numpy(), v, err_msg=k)
+    m = model()
+    m.load_state_dict(got, strict=True)
+    assert [p.name for p in tmp_path.iterdir()] == ["model.safetensors"]  # written atomically

@@ -477,10 +477,75 @@ class Trainer:
                 out[n] = p
         return out
 
+    def _module_keys(self):
+        """(key, canonical parameter name or None, the module's tensor) for every state_dict key."""
+        own = self.model.state_dict(keep_vars=True)
+        names = {}
+        for n, p in self.model.named_parameters(remove_duplicate=False):
+            names.setdefault(id(p), n)
+        trained = self.program.parameter_ids
+        return [(k, names.get(id(v), k) if names.get(id(v), k) in trained else None, v) for k, v in own.items()]
+
+    def save_full_state_dict(self, path: str) -> None:
+        """Streams the module's state_dict with the trained parameters (full_state_dict's keys and
+        dtypes) to a safetensors file written by rank 0, one tensor at a time: rank 0 holds one
+        assembled tensor at once, not the model (a collective: call it on every rank).
+        ``safetensors.torch.load_file(path)`` then ``model.load_state_dict(..., strict=True)``."""
+        import json
+        import struct
+
+        torch = _torch()
+        dist = _dist()
+        from .._files import check_writable, write_atomically
+        from ..runtime import tiles as T
+
+        if self.rank == 0:
+            check_writable(path, "save_full_state_dict")
+        keys = self._module_keys()
+        st_dtype = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+                    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+                    torch.bool: "BOOL"}
+        header, offset = {}, 0
+        for k, _, v in keys:
+            if v.dtype not in st_dtype:
+                raise ValueError(f"save_full_state_dict: '{k}' has dtype {v.dtype}, which safetensors cannot hold")
+            n = v.numel() * v.element_size()
+            header[k] = {"dtype": st_dtype[v.dtype], "shape": list(v.shape), "data_offsets": [offset, offset + n]}
+            offset += n
+        head = json.dumps(header, separators=(",", ":")).encode()
+        head += b" " * (-len(head) % 8)  # safetensors aligns the data to 8 bytes
+
+        def tensors():  # every rank takes part in each gather; rank 0 gets the assembled tensor
+            for k, canon, v in keys:
+                if canon is None:
+                    yield v.detach().to("cpu")
+                    continue
+                b = self.program.parameter_ids[canon]
+                got = [None] * self.world if self.rank == 0 else None
+                dist.gather_object(self.engine.piece(b), got, dst=0)
+                if self.rank == 0:
+                    full = T.assemble(self.program.buffers[b]["shape"], [g for g in got if g is not None])
+                    yield torch.from_numpy(full).to(v.dtype).reshape(v.shape)
+                else:
+                    yield None
+
+        def write(f):
+            f.write(struct.pack("<Q", len(head)))
+            f.write(head)
+            for t in tensors():
+                f.write(t.contiguous().view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+
+        if self.rank == 0:
+            write_atomically(path, write, binary=True)
+        else:
+            for _ in tensors():
+                pass
+
     def full_state_dict(self, rank0_only: bool = False) -> Dict[str, Any]:
         """The module's state_dict with the trained parameters (the module's own keys, tied names
         included, its dtypes, on the CPU): gathered from every rank's tiles (a collective: call it on
-        every rank). ``rank0_only``: other ranks get {} (the full model held once)."""
+        every rank). ``rank0_only``: other ranks get {} (the full model held once). For a model too
+        large to hold: :meth:`save_full_state_dict` streams it to a file."""
         torch = _torch()
         dist = _dist()
         from ..runtime import tiles as T
@@ -497,14 +562,9 @@ class Trainer:
         for n, b in self.program.parameter_ids.items():
             pieces = [g[n] for g in gathered if g and n in g]
             values[n] = T.assemble(self.program.buffers[b]["shape"], pieces)
-        own = self.model.state_dict(keep_vars=True)
-        names = {}
-        for n, p in self.model.named_parameters(remove_duplicate=False):
-            names.setdefault(id(p), n)
         out = {}
-        for k, v in own.items():
-            canon = names.get(id(v), k)
-            if canon in values:
+        for k, canon, v in self._module_keys():
+            if canon is not None:
                 out[k] = torch.from_numpy(values[canon]).to(v.dtype).reshape(v.shape)
             else:
                 out[k] = v.detach().to("cpu").clone()
