@@ -50,6 +50,7 @@ class Block(nn.Module):
         self.ln2 = nn.LayerNorm(d)
         self.fc = nn.Linear(d, 4 * d)
         self.out = nn.Linear(4 * d, d)
+        self.causal: torch.Tensor
         self.register_buffer("causal", torch.tril(torch.ones(seq, seq, dtype=torch.bool)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -292,6 +293,7 @@ def main(argv=None) -> int:
         finally:
             os.close(fd)
     wall = time.perf_counter() - t0
+    assert result is not None  # rank 0's (under torchrun the other ranks returned above)
     (s0, l0), (s1, l1) = result["curve"][0], result["curve"][-1]
     tail = [l for _, l in result["curve"][-10:]]
     print(f"loss: {l0:.4f} at step {s0} -> {l1:.4f} at step {s1} (mean of the last {len(tail)} steps "
