@@ -79,10 +79,10 @@ def load_program(path: str, model: Optional[str] = None, cluster: Optional[str] 
     if model is None or cluster is None:
         raise ValueError(f"{path} is a plan: give --model (the graph JSON or a zoo preset) and --cluster "
                          "(a cluster JSON or a preset spec) to lower it")
-    from ..cli import _cluster_arg, _graph
+    from .._args import cluster_arg, graph_arg
 
     plan = _weft.Plan.from_json(text)
-    return _program_of(plan, _training_graph(_graph(model, 1, "f32")), _cluster_arg(cluster, 1))
+    return _program_of(plan, _training_graph(graph_arg(model, 1, "f32")), cluster_arg(cluster, 1))
 
 
 def save_result(result, path: str) -> None:
@@ -100,7 +100,10 @@ def save_result(result, path: str) -> None:
 
 
 def describe(result) -> str:
+    """The losses, and each rank's step times with a readable unit (ms, s, ...)."""
+    from ..display import _seconds
+
     lines = ["losses " + " ".join(f"{x:.6f}" for x in result.losses)]
     for r, s in enumerate(result.step_seconds):
-        lines.append(f"rank {r}: " + " ".join(f"{1e3 * t:.1f}" for t in s) + " ms per step")
+        lines.append(f"rank {r}: " + ", ".join(_seconds(t) for t in s) + " per step")
     return "\n".join(lines)
