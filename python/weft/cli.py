@@ -286,6 +286,14 @@ def _simulate(args) -> int:
     return 0
 
 
+def _count(n: float) -> str:
+    """A parameter count with its scale: 33 M, 350 M, 1.3 B, 175 B."""
+    for unit, scale in ((" B", 1e9), (" M", 1e6), (" k", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3g}{unit}"
+    return f"{n:.0f}"
+
+
 def _zoo(args) -> int:
     import weft
 
@@ -297,7 +305,7 @@ def _zoo(args) -> int:
     print(f"{'preset':20s} {'family':12s} {'parameters':>12s}  config")
     for r in rows:
         cfg = ", ".join(f"{k}={v}" for k, v in r["config"].items() if k not in ("name", "family"))
-        print(f"{r['name']:20s} {r['family']:12s} {r['named_params'] / 1e9:>10.2f} B  {cfg}")
+        print(f"{r['name']:20s} {r['family']:12s} {_count(r['named_params']):>12s}  {cfg}")
     return 0
 
 
@@ -327,6 +335,8 @@ def _run(args) -> int:
     from .runtime import describe, load_program, save_result
 
     program = load_program(args.plan, args.model, args.cluster)
+    if args.dtype is None:  # f64 under --check: its default bound (1e-9) then holds on any model
+        args.dtype = "f64" if args.check else "f32"
     dtype = None if args.dtype == "graph" else args.dtype
     print(f"running {program!r} on {program.num_ranks} local processes ({args.backend}, {args.dtype})", flush=True)
     if args.check and args.model is None:
@@ -460,8 +470,10 @@ def main(argv: list[str] | None = None) -> int:
     rp.add_argument("--nproc", type=int, default=None, help="processes (default: the program's ranks)")
     rp.add_argument("--steps", type=int, default=3, help="training steps to run (default: 3)")
     rp.add_argument("--backend", default="gloo", choices=["gloo", "nccl"])
-    rp.add_argument("--dtype", default="f32", help="storage dtype of every float tensor: f64, f32, bf16, f16, or "
-                    "'graph' (the graph's own dtypes) (default: f32)")
+    rp.add_argument("--dtype", default=None, help="storage dtype of every float tensor: f64, f32, bf16, f16, or "
+                    "'graph' (the graph's own dtypes) (default: f32; f64 with --check, which then holds to 1e-9: in "
+                    "f32, Adam turns the rounding noise of a gradient that is ~0, such as an attention key's bias, "
+                    "into steps of the learning rate, and the parameters can differ by more than 1e-3)")
     rp.add_argument("--seed", type=int, default=0, help="seed of the synthetic inputs (and of parameters under "
                     "--init seed) (default: 0)")
     rp.add_argument("--timeout", type=float, default=60.0, help="seconds any wait may take")

@@ -96,6 +96,8 @@ def draw_gantt(ax, sim, show_transfers: bool = True, title: Optional[str] = None
     for kind, stage, micro, dev, peer, start, end in tl:
         if (peer >= 0 or kind in collective) and not show_transfers:
             continue
+        if end <= start:  # nothing to see (e.g. a free optimizer step): not drawn, not in the legend
+            continue
         row = row_of_stream[dev] if kind in collective else dev if peer < 0 else row_of_link[(dev, peer)]
         ax.barh(row, (end - start) / scale, left=start / scale, height=0.8, color=_GANTT_COLORS.get(kind, "k"),
                 edgecolor="white", linewidth=0.3)

@@ -190,3 +190,56 @@ def test_every_subcommand_has_help_and_unknown_flags_exit_2():
     proc = subprocess.run([sys.executable, "-m", "weft.cli"] + _RESHARD + ["--no-such-flag"], env=subprocess_env(),
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "unrecognized arguments" in proc.stderr and time.time() - t0 < 10
+
+
+def test_version_subcommand_and_flag_print_the_same_line(capsys):
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    flag = capsys.readouterr().out.strip()
+    assert main(["version"]) == 0
+    assert capsys.readouterr().out.strip() == flag == f"weft {weft.__version__}"
+
+
+def _help(cmd, capsys):
+    with pytest.raises(SystemExit):
+        main([cmd, "--help"])
+    return " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+
+
+def test_help_says_the_defaults_and_hides_the_old_megatron_spelling(capsys):
+    plan = _help("plan", capsys)
+    assert "(default: 1, as Cluster.preset and weft run)" in plan
+    assert "--no-compare-megatron" in plan and "--no-megatron" not in plan
+    run = _help("run", capsys)
+    for flag, words in (("--dtype", "storage dtype"), ("--steps", "training steps"), ("--seed", "seed of the")):
+        assert re.search(re.escape(flag) + r" \w+ " + words, run), (flag, run)
+    show = _help("show", capsys)
+    assert "default: plan.png in the current directory" in show
+
+
+def test_plan_nodes_defaults_to_one_and_no_megatron_is_an_alias(monkeypatch, capsys):
+    seen = {}
+
+    def fake_plan(graph, cluster, **kw):
+        seen.update(cluster=cluster, **kw)
+        raise ValueError("stop")
+
+    monkeypatch.setattr(weft, "plan", fake_plan)
+    assert main(["plan", "--model", "GPT-Medium", "--cluster", "p3.8xlarge", "--no-megatron"]) == 2
+    assert seen["cluster"] == weft.Cluster.preset("p3.8xlarge") and seen["compare_megatron"] is False
+    seen.clear()
+    assert main(["plan", "--model", "GPT-Medium", "--cluster", "M8"]) == 2
+    assert seen["cluster"].num_nodes == 1 and "compare_megatron" not in seen
+    seen.clear()
+    assert main(["plan", "--model", "GPT-Medium", "--cluster", "M8", "--no-compare-megatron"]) == 2
+    assert seen["compare_megatron"] is False
+
+
+def test_show_says_where_it_wrote(tmp_path, capsys, monkeypatch):
+    step = weft.models.gpt(layers=2, hidden=64, heads=4, seq=8, vocab=128, batch=8).train_step()
+    (tmp_path / "p.json").write_text(weft.plan(step, weft.Cluster.preset("p3.8xlarge")).to_json())
+    monkeypatch.chdir(tmp_path)
+    assert main(["show", "p.json"]) == 0
+    out = capsys.readouterr().out
+    assert f"figure written to {tmp_path / 'plan.png'}" in out and (tmp_path / "plan.png").exists()
+    assert re.search(r"step \d+(\.\d+)? µs;", out), out  # an adaptive unit, not "0.000484 s"
