@@ -345,8 +345,10 @@ def reshard_figure(plan, path: Optional[str] = None):
     ax.set_yticklabels([f"host {h} (dev {','.join(map(str, d['hosts'][str(h)]['devices']))})" for h in hosts])
     ax.invert_yaxis()
     ax.set_xlabel("time (s)")
-    ax.set_title(f"{d['strategy']} + {d['balancer_used']}: {d['completion_time']:.4g} s "
-                 f"(lower bound {d['lower_bound']:.4g} s, ratio {d['ratio']:.3f})")
+    from .display import _seconds
+
+    ax.set_title(f"{d['strategy']} + {d['balancer_used']}: {_seconds(d['completion_time'])} "
+                 f"(lower bound {_seconds(d['lower_bound'])}, ratio {d['ratio']:.3f})")
     receivers = sorted({op["recv_hosts"][0] for op in d["ops"] if op["recv_hosts"]})
     ax.legend(handles=[Patch(color=cmap(h % 10), label=f"to host {h}") for h in receivers[:10]], fontsize=7,
               loc="upper right")
