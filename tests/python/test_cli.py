@@ -243,3 +243,30 @@ def test_show_says_where_it_wrote(tmp_path, capsys, monkeypatch):
     out = capsys.readouterr().out
     assert f"figure written to {tmp_path / 'plan.png'}" in out and (tmp_path / "plan.png").exists()
     assert re.search(r"step \d+(\.\d+)? µs;", out), out  # an adaptive unit, not "0.000484 s"
+
+
+def test_no_import_circles_through_the_cli_or_the_figures():
+    """Issue 39: the runtime and the Trainer borrowed the CLI's argument parsing (cli <-> runtime), the
+    simulation imported the figure code (plots <-> simulation). Now weft._args serves them all, and
+    plots installs SimulationResult.plot_gantt."""
+    import ast
+
+    pkg = os.path.dirname(weft.__file__)
+    importers = {}
+    for folder, _, files in os.walk(pkg):
+        for f in files:
+            if not f.endswith(".py"):
+                continue
+            path = os.path.join(folder, f)
+            mod = os.path.relpath(path, pkg)[:-3].replace(os.sep, ".")
+            for node in ast.walk(ast.parse(open(path).read())):
+                if isinstance(node, ast.ImportFrom):
+                    names = [(node.module or "").split(".")[-1]] + [a.name for a in node.names]
+                    for n in names:
+                        importers.setdefault(n, set()).add(mod)
+    assert importers.get("cli", set()) <= {"__main__"}, importers.get("cli")
+    assert "_cluster_arg" not in importers and "_graph" not in importers
+    assert "simulation" not in importers.get("plots", set()) and "simulation" not in importers.get("gantt_figure", set())
+    assert {"cli", "runtime.__init__", "training.trainer"} <= importers["_args"]
+    r = weft.simulate(weft.schedule("1f1b", stages=2, micro_batches=2), weft.StageSpec())
+    assert callable(r.plot_gantt) and r.plot_gantt.__doc__
