@@ -64,6 +64,19 @@ def plan_html(p) -> str:
     return _table("weft.Plan", rows, stages)
 
 
+def plan_repr(p) -> str:
+    """One line, times and sizes in a readable unit (the C++ repr printed 0.001217 s, 0.0013 GB)."""
+    return (f"Plan({p.model} on {p.cluster}: {p.strategy}, {p.num_stages} stage(s), {p.schedule} x{p.num_microbatches} "
+            f"micro-batches of {p.microbatch_size}, step {_seconds(p.step_time)}, {p.throughput:.4g} samples/s, "
+            f"MFU {100 * p.mfu:.1f}%, peak {_bytes(p.peak_memory)}/device)")
+
+
+def stage_repr(s) -> str:
+    return (f"PlanStage({s.index}: blocks {s.first_block}-{s.last_block} on {len(s.devices)} devices, mesh "
+            f"({'x'.join(map(str, s.mesh_shape))}), F {_seconds(s.forward_time)} B {_seconds(s.backward_time)}, "
+            f"peak {_bytes(s.peak_memory)}" + (f", ZeRO-{s.zero} over {s.zero_group}" if s.zero else "") + ")")
+
+
 def graph_html(g) -> str:
     """A forward graph (its forward and training FLOPs) or a training step (its FLOPs per step: a
     training graph has no separate forward count, and training_flops() would raise)."""
@@ -216,6 +229,8 @@ def spmd_html(r) -> str:
 
 def install() -> None:
     _weft.Plan._repr_html_ = plan_html
+    _weft.Plan.__repr__ = plan_repr
+    _weft.PlanStage.__repr__ = stage_repr
     _weft.Graph._repr_html_ = graph_html
     _weft.Cluster._repr_html_ = cluster_html
     _weft.DeviceMesh._repr_html_ = mesh_html

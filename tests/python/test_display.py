@@ -107,3 +107,14 @@ def test_run_describe_prints_adaptive_step_times():
 
     text = describe(SimpleNamespace(losses=[1.0, 0.5], step_seconds=[[1.59, 0.0021]]))
     assert text.splitlines()[1] == "rank 0: 1.59 s, 2.1 ms per step" and "e+" not in text
+
+
+def test_plan_and_stage_reprs_use_readable_units():
+    step = weft.models.gpt(layers=2, hidden=64, heads=4, seq=8, vocab=128, batch=8).train_step()
+    p = weft.megatron_plan(step, weft.Cluster.preset("p3.8xlarge"), t=1, p=2, d=2, zero=3)
+    text = repr(p)
+    assert text.startswith("Plan(gpt.train on Cluster(1x p3.8xlarge[4x V100-SXM2-16GB]): megatron t=1 p=2 d=2, 2 stage(s)")
+    assert " µs, " in text and " kB/device)" in text and "e-0" not in text, text
+    st = repr(p.stages[0])
+    assert st.startswith("PlanStage(0: blocks 0-8 on 2 devices, mesh (2x1), F ") and "ZeRO-3 over 2" in st, st
+    assert "e-0" not in st and " kB" in st, st
