@@ -247,9 +247,11 @@ def plan_figure(plan, param: Optional[str] = None, path: Optional[str] = None):
     act = np.zeros(len(devices))
     for i, d in enumerate(devices):
         st = by_stage.get(stage_of.get(d, -1))
-        if st is not None:
+        if st is not None:  # a device of uneven shares holds more or less than its stage's peak: the
+            # part above the state splits between activations and transient as the stage's does
             state[i] = min(st.static_memory, total[i])
-            act[i] = min(st.in_flight * st.activation_memory, total[i] - state[i])
+            a, t = st.in_flight * st.activation_memory, st.transient_memory
+            act[i] = (total[i] - state[i]) * (a / (a + t) if a + t > 0 else 0.0)
     rest = np.maximum(total - state - act, 0.0)
     limit = float(plan.memory_limit)
     peak = float(total.max()) if len(total) else 0.0
