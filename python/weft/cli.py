@@ -332,7 +332,7 @@ def _run(args) -> int:
 
     import weft
 
-    from .runtime import describe, load_program, save_result
+    from .runtime import describe, load_program, model_step, save_result
 
     program = load_program(args.plan, args.model, args.cluster)
     if args.dtype is None:  # f64 under --check: its default bound (1e-9) then holds on any model
@@ -351,12 +351,17 @@ def _run(args) -> int:
         print(f"weft run: the loss is {result.losses[bad[0]]} at step {bad[0] + 1}{hint}", file=sys.stderr)
         code = 1
     if args.check:
-        from .planning import _training_graph
-
         if args.rtol is None:
             args.rtol = 1e-9 if dtype == "f64" else 1e-3
 
-        ref = weft.execute_reference(_training_graph(_graph(args.model, 1, "f32")), steps=args.steps, seed=args.seed,
+        import json
+
+        with open(args.plan) as f:  # the graph the plan was lowered with (a zoo preset: at the plan's batch)
+            text = f.read()
+        head = json.loads(text)
+        program_file = isinstance(head, dict) and str(head.get("format", "")).startswith("weft.program")
+        step = model_step(args.model, None if program_file else text)
+        ref = weft.execute_reference(step, steps=args.steps, seed=args.seed,
                                      dtype="f64" if dtype == "f64" else "f32", init=args.init)
         print("one device (CPU reference executor): losses " + " ".join(f"{x:.6f}" for x in ref.losses))
         what, err = result.worst(ref, atol=args.atol)

@@ -270,3 +270,15 @@ def test_no_import_circles_through_the_cli_or_the_figures():
     assert {"cli", "runtime.__init__", "training.trainer"} <= importers["_args"]
     r = weft.simulate(weft.schedule("1f1b", stages=2, micro_batches=2), weft.StageSpec())
     assert callable(r.plot_gantt) and r.plot_gantt.__doc__
+
+
+def test_run_lowers_a_zoo_preset_at_the_plans_batch_and_precision(tmp_path, capsys):
+    """weft run --model <zoo name>: the preset is built at the plan's global batch, in f16 when the plan
+    holds master copies (weft plan's default dtype), not at batch 1 in f32 (which no plan fits)."""
+    from weft.runtime import load_program
+
+    assert main(["plan", "--model", "GPT-Medium", "--batch", "4", "--cluster", "p3.8xlarge", "--no-pipeline",
+                 "--num-microbatches", "1", "--json", str(tmp_path / "p.json")]) == 0
+    capsys.readouterr()
+    program = load_program(str(tmp_path / "p.json"), "GPT-Medium", "p3.8xlarge")
+    assert program.num_ranks == len(weft.Plan.from_json((tmp_path / "p.json").read_text()).devices_used)
