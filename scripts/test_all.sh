@@ -8,20 +8,23 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 jobs=$(nproc)
+# Setup and builds are quiet (one line per phase, their output in $WEFT_LOG, its tail on failure;
+# WEFT_VERBOSE=1 shows it all); the tests print their own results.
+source scripts/quiet.sh
 stage() { echo "== [$(date +%T), ${SECONDS}s] $*"; }
 stage "install dependencies"
 bash scripts/install_deps.sh
 
 stage "build the Python package and the C++ tests (Release, -Werror) in build/ci"
-python3 -m pip install -q --disable-pip-version-check . -C build-dir=build/ci \
-  -C cmake.define.WEFT_BUILD_TESTS=ON -C cmake.define.WEFT_WERROR=ON
+phase "pip install . (build/ci)" python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore . \
+  -C build-dir=build/ci -C cmake.define.WEFT_BUILD_TESTS=ON -C cmake.define.WEFT_WERROR=ON
 stage "ctest (Release)"
 ctest --test-dir build/ci --output-on-failure -j "$jobs"
 
 stage "C++ example consumer against the installed package"
 cmake --install build/ci --prefix "$root/build/ci-install" >/dev/null
 cmake -S examples/cpp -B build/ci-consumer -G Ninja -DCMAKE_PREFIX_PATH="$root/build/ci-install" >/dev/null
-cmake --build build/ci-consumer -j "$jobs"
+phase "build the example consumer" cmake --build build/ci-consumer -j "$jobs"
 ./build/ci-consumer/weft_example
 
 stage "pytest (two workers; then the tests that assert wall-clock bounds, alone)"
@@ -35,7 +38,7 @@ cmake -S . -B build/asan -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILE
   -DCMAKE_BUILD_TYPE=Debug -DWEFT_SANITIZE=ON -DWEFT_WERROR=ON -DWEFT_BUILD_FUZZERS=ON \
   -DWEFT_BUILD_BENCHMARKS=OFF -DWEFT_ENABLE_NCCL=OFF -DCMAKE_CXX_FLAGS="-O1" \
   -DCMAKE_CXX_FLAGS_DEBUG="-gline-tables-only" >/dev/null  # line tables for the sanitizers' stacks
-cmake --build build/asan -j "$jobs"
+phase "build under ASan/UBSan (build/asan)" cmake --build build/asan -j "$jobs"
 # lsan.supp: a leak inside CoinUtils' presolve (third-party; see the file), nothing of weft's.
 ASAN_OPTIONS=detect_leaks=1 LSAN_OPTIONS="suppressions=$root/scripts/lsan.supp" UBSAN_OPTIONS=print_stacktrace=1 \
   WEFT_SANITIZED=1 ctest --test-dir build/asan --output-on-failure -j "$jobs"

@@ -8,46 +8,8 @@ import argparse
 import os
 import sys
 
-
-def _cluster(text: str, nodes: int):
-    """"M8" (``nodes`` nodes) or a mixed cluster "M8:1+P100:2" (preset:nodes, joined in order)."""
-    import weft
-
-    parts = [p.strip() for p in text.replace(",", "+").split("+") if p.strip()]
-    if not parts:
-        raise ValueError(f"--cluster: empty cluster {text!r}")
-    cluster = None
-    for part in parts:
-        name, _, count = part.partition(":")
-        try:
-            n = int(count) if count else nodes
-        except ValueError:
-            raise ValueError(f"--cluster: bad node count in {part!r} (expected PRESET:NODES)") from None
-        c = weft.Cluster.preset(name, nodes=n)
-        cluster = c if cluster is None else weft.Cluster.concat(cluster, c)
-    return cluster
-
-
-def _graph(model: str, batch: int, dtype: str):
-    """A zoo preset name, or a graph JSON file (its own batch and dtypes)."""
-    import weft
-
-    if model.endswith(".json") or os.path.sep in model:
-        if not os.path.exists(model):
-            raise ValueError(f"--model: no such file {model!r}")
-        return weft.Graph.load(model)  # its value file (Graph.save) found beside it
-    return weft.models.build(model, batch=batch, dtype=dtype)
-
-
-def _cluster_arg(text: str, nodes: int):
-    """A cluster JSON file, or a preset spec (see _cluster)."""
-    import weft
-
-    if text.endswith(".json") or os.path.sep in text:
-        if not os.path.exists(text):
-            raise ValueError(f"--cluster: no such file {text!r}")
-        return weft.Cluster.from_json(open(text).read())
-    return _cluster(text, nodes)
+# the cluster and model arguments live in _args (the runtime and the Trainer take the same specs)
+from ._args import cluster_arg as _cluster_arg, cluster_spec as _cluster, graph_arg as _graph
 
 
 _SUFFIX = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
@@ -195,8 +157,6 @@ def _plan_options(args) -> dict:
         raise ValueError(f"--recompute must be auto, none, selective or full, got {opts['recompute']!r}")
     if opts.get("zero") not in (None, "auto", "0", "1", "2", "3"):
         raise ValueError(f"--zero must be auto, 0, 1, 2 or 3, got {opts['zero']!r}")
-    if args.no_megatron:
-        opts["compare_megatron"] = False
     if args.fast:
         opts.update(whole_nodes_only=True, power_of_two_nodes=True)
     return opts
@@ -300,8 +260,10 @@ def _show(args) -> int:
         raise ValueError(f"no such file {args.plan!r}")
     _check_writable(args.out)
     plan = weft.Plan.from_json(open(args.plan).read())
+    from .display import _seconds
+
     plan.show(param=args.param, path=args.out)
-    print(f"{plan.strategy}: step {plan.step_time:.4g} s; figure written to {args.out}")
+    print(f"{plan.strategy}: step {_seconds(plan.step_time)}; figure written to {os.path.abspath(args.out)}")
     return 0
 
 
@@ -314,12 +276,22 @@ def _simulate(args) -> int:
     sched = weft.schedule(kind, stages=args.stages, micro_batches=args.microbatches, k=args.k, v=args.v)
     spec = weft.StageSpec(forward_time=args.forward, backward_time=args.backward, weight_time=args.weight)
     r = weft.simulate(sched, spec)
-    print(f"{sched.name}: {args.stages} stages x {args.microbatches} micro-batches: step {r.step_time:.6g} s, "
+    from .display import _seconds
+
+    print(f"{sched.name}: {args.stages} stages x {args.microbatches} micro-batches: step {_seconds(r.step_time)}, "
           f"bubble {100 * r.bubble_fraction:.1f} %, peak in-flight micro-batches {r.peak_in_flight}")
     if args.out:
         r.plot_gantt(args.out)
         print(f"Gantt chart written to {args.out}")
     return 0
+
+
+def _count(n: float) -> str:
+    """A parameter count with its scale: 33 M, 350 M, 1.3 B, 175 B."""
+    for unit, scale in ((" B", 1e9), (" M", 1e6), (" k", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3g}{unit}"
+    return f"{n:.0f}"
 
 
 def _zoo(args) -> int:
@@ -333,7 +305,7 @@ def _zoo(args) -> int:
     print(f"{'preset':20s} {'family':12s} {'parameters':>12s}  config")
     for r in rows:
         cfg = ", ".join(f"{k}={v}" for k, v in r["config"].items() if k not in ("name", "family"))
-        print(f"{r['name']:20s} {r['family']:12s} {r['named_params'] / 1e9:>10.2f} B  {cfg}")
+        print(f"{r['name']:20s} {r['family']:12s} {_count(r['named_params']):>12s}  {cfg}")
     return 0
 
 
@@ -360,9 +332,11 @@ def _run(args) -> int:
 
     import weft
 
-    from .runtime import describe, load_program, save_result
+    from .runtime import describe, load_program, model_step, save_result
 
     program = load_program(args.plan, args.model, args.cluster)
+    if args.dtype is None:  # f64 under --check: its default bound (1e-9) then holds on any model
+        args.dtype = "f64" if args.check else "f32"
     dtype = None if args.dtype == "graph" else args.dtype
     print(f"running {program!r} on {program.num_ranks} local processes ({args.backend}, {args.dtype})", flush=True)
     if args.check and args.model is None:
@@ -377,12 +351,17 @@ def _run(args) -> int:
         print(f"weft run: the loss is {result.losses[bad[0]]} at step {bad[0] + 1}{hint}", file=sys.stderr)
         code = 1
     if args.check:
-        from .planning import _training_graph
-
         if args.rtol is None:
             args.rtol = 1e-9 if dtype == "f64" else 1e-3
 
-        ref = weft.execute_reference(_training_graph(_graph(args.model, 1, "f32")), steps=args.steps, seed=args.seed,
+        import json
+
+        with open(args.plan) as f:  # the graph the plan was lowered with (a zoo preset: at the plan's batch)
+            text = f.read()
+        head = json.loads(text)
+        program_file = isinstance(head, dict) and str(head.get("format", "")).startswith("weft.program")
+        step = model_step(args.model, None if program_file else text)
+        ref = weft.execute_reference(step, steps=args.steps, seed=args.seed,
                                      dtype="f64" if dtype == "f64" else "f32", init=args.init)
         print("one device (CPU reference executor): losses " + " ".join(f"{x:.6f}" for x in ref.losses))
         what, err = result.worst(ref, atol=args.atol)
@@ -403,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     from . import __version__
 
     parser = argparse.ArgumentParser(prog="weft", description=__doc__)
-    parser.add_argument("--version", action="version", version=f"weft {__version__}")
+    parser.add_argument("--version", action="version", version=f"weft {__version__}")  # as `weft version`
     parser.add_argument("-v", "--verbose", action="count", default=0,
                         help="log through the 'weft' logger on stderr (-v INFO, -vv DEBUG: the planner's phases)")
     common = argparse.ArgumentParser(add_help=False)
@@ -416,8 +395,8 @@ def main(argv: list[str] | None = None) -> int:
     sp = sub.add_parser("simulate", parents=[common], help="simulate a pipeline schedule with given stage times")
     sp.add_argument("--schedule", default="1F1B", help="GPipe, 1F1B, kFkB, eager-1F1B, interleaved, ZB-H1, "
                     "zb_interleaved, ZB-V, kfkb_interleaved")
-    sp.add_argument("--stages", type=int, default=4)
-    sp.add_argument("--microbatches", type=int, default=8)
+    sp.add_argument("--stages", type=int, default=4, help="pipeline stages (default: 4)")
+    sp.add_argument("--microbatches", type=int, default=8, help="micro-batches per step (default: 8)")
     sp.add_argument("--k", type=int, default=1, help="kFkB group size")
     sp.add_argument("--v", type=int, default=1, help="virtual stages per device (interleaved schedules)")
     sp.add_argument("--forward", type=float, default=1.0, help="forward seconds per micro-batch and stage")
@@ -427,16 +406,19 @@ def main(argv: list[str] | None = None) -> int:
     shp = sub.add_parser("show", parents=[common],
                          help="draw a saved plan (devices by stage, Gantt, memory, a parameter's sharding)")
     shp.add_argument("plan", help="a plan JSON (weft plan --json)")
-    shp.add_argument("--out", default="plan.png", help="the PNG to write")
+    shp.add_argument("--out", default="plan.png",
+                     help="the PNG to write (default: plan.png in the current directory; the path written is printed)")
     shp.add_argument("--param", default=None, help="the parameter whose sharding is drawn")
     pp = sub.add_parser("plan", parents=[common], help="plan a model on a cluster and print the plan")
     pp.add_argument("--model", default="GPT-2.7B", help="zoo preset name (weft zoo), or a graph JSON file")
     pp.add_argument("--batch", type=int, default=16, help="global batch size")
-    pp.add_argument("--dtype", default="f16")
+    pp.add_argument("--dtype", default="f16", help="a zoo model's dtype: f16, bf16, f32 (default: f16; a graph "
+                    "JSON keeps its own)")
     pp.add_argument("--cluster", default="M8",
                     help="cluster preset name, mixed GPU kinds as PRESET:NODES+PRESET:NODES (e.g. M8:1+P100:1), "
                          "or a cluster JSON file")
-    pp.add_argument("--nodes", type=int, default=2, help="nodes of a preset given without :NODES")
+    pp.add_argument("--nodes", type=int, default=1,
+                    help="nodes of a preset given without :NODES (default: 1, as Cluster.preset and weft run)")
     pp.add_argument("--schedule", default="1F1B", help="1F1B, GPipe, kFkB (--schedule-k), eager-1F1B, "
                     "interleaved (--schedule-v), ZB-H1, zb_interleaved (--schedule-v), ZB-V, kfkb_interleaved, adaptive "
                     "(Ada-Grouper under --trace)")
@@ -451,7 +433,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="a busy network: bandwidth trace JSON of the inter-stage links (or preempted:SEED"
                          "[:DURATION]); the plan reports Ada-Grouper's k per window (with --schedule adaptive)")
     pp.add_argument("--fast", action="store_true", help="whole-node, power-of-two submeshes only")
-    pp.add_argument("--no-megatron", action="store_true", help="skip the Megatron-style baseline")
+    # the old spelling of --no-compare-megatron, kept working and out of the help
+    pp.add_argument("--no-megatron", dest="compare_megatron", action="store_const", const=False, default=None,
+                    help=argparse.SUPPRESS)
     pp.add_argument("--progress", action="store_true", help="show a progress bar")
     pp.add_argument("--json", default=None, help="write the plan as JSON to this file ('-': stdout)")
     xp = sub.add_parser("reshard", parents=[common],
@@ -466,7 +450,7 @@ def main(argv: list[str] | None = None) -> int:
     xp.add_argument("--devices-per-host", type=int, default=None,
                     help="host of device d = d // N (default: each mesh row is a host)")
     xp.add_argument("--cluster", default=None, help="hosts and NIC bandwidths from a cluster preset or JSON")
-    xp.add_argument("--nodes", type=int, default=2, help="nodes of a --cluster preset given without :NODES")
+    xp.add_argument("--nodes", type=int, default=1, help="nodes of a --cluster preset given without :NODES (default: 1)")
     xp.add_argument("--strategy", default="broadcast", help="send_recv, local_allgather, global_allgather, broadcast")
     xp.add_argument("--balancer", default="best", help="naive, largest_first, dfs, random_greedy, best")
     xp.add_argument("--seed", type=int, default=0)
@@ -489,10 +473,14 @@ def main(argv: list[str] | None = None) -> int:
     rp.add_argument("--model", default=None, help="the training graph JSON, or a zoo preset name")
     rp.add_argument("--cluster", default=None, help="a cluster JSON, or a preset spec (PRESET[:NODES])")
     rp.add_argument("--nproc", type=int, default=None, help="processes (default: the program's ranks)")
-    rp.add_argument("--steps", type=int, default=3)
+    rp.add_argument("--steps", type=int, default=3, help="training steps to run (default: 3)")
     rp.add_argument("--backend", default="gloo", choices=["gloo", "nccl"])
-    rp.add_argument("--dtype", default="f32", help="f64, f32, bf16, f16, or 'graph' (the graph's dtypes)")
-    rp.add_argument("--seed", type=int, default=0)
+    rp.add_argument("--dtype", default=None, help="storage dtype of every float tensor: f64, f32, bf16, f16, or "
+                    "'graph' (the graph's own dtypes) (default: f32; f64 with --check, which then holds to 1e-9: in "
+                    "f32, Adam turns the rounding noise of a gradient that is ~0, such as an attention key's bias, "
+                    "into steps of the learning rate, and the parameters can differ by more than 1e-3)")
+    rp.add_argument("--seed", type=int, default=0, help="seed of the synthetic inputs (and of parameters under "
+                    "--init seed) (default: 0)")
     rp.add_argument("--timeout", type=float, default=60.0, help="seconds any wait may take")
     rp.add_argument("--check", action="store_true", help="also run the steps on one device and compare; exits 1 "
                     "when they differ by more than --rtol (NaN fails)")
@@ -504,7 +492,7 @@ def main(argv: list[str] | None = None) -> int:
     rp.add_argument("--out", default=None, help="write the result (.npz: losses, param/..., grad/...)")
     args = parser.parse_args(argv)
     if args.cmd == "version":
-        print(__version__)
+        print(f"weft {__version__}")  # the same line as weft --version
         return 0
     handler = {"simulate": _simulate, "show": _show, "zoo": _zoo, "plan": _plan, "run": _run,
                "calibrate": _calibrate, "reshard": _reshard}[args.cmd]

@@ -31,35 +31,71 @@ def _grid(header: Sequence[str], rows: Iterable[Sequence[object]], limit: int = 
 
 
 def _bytes(n: float) -> str:
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+    """A size in bytes with a readable unit (B, kB, MB, GB, TB; powers of 1000)."""
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if abs(n) >= scale:
             return f"{n / scale:.3g} {unit}"
     return f"{n:.0f} B"
+
+
+def _seconds(t: float) -> str:
+    """A time in s with a readable unit (min, s, ms, µs, ns): 1.59 s, never 1.59e+03 ms."""
+    if t != t or abs(t) == float("inf"):
+        return f"{t} s"
+    if abs(t) >= 60.0:
+        return f"{t / 60.0:.4g} min"
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
+        if abs(t) >= scale:
+            return f"{t / scale:.4g} {unit}"
+    return f"{t / 1e-9:.4g} ns" if t else "0 s"
 
 
 def plan_html(p) -> str:
     rows = [("model", p.model), ("cluster", p.cluster), ("strategy", p.strategy),
             ("schedule", f"{p.schedule}, {p.num_microbatches} micro-batches × {p.microbatch_size} samples, "
                          f"{p.data_parallel} replica(s)"),
-            ("step time", f"{p.step_time:.4g} s (bubble {100 * p.bubble_fraction:.1f} %)"),
+            ("step time", f"{_seconds(p.step_time)} (bubble {100 * p.bubble_fraction:.1f} %)"),
             ("throughput", f"{p.throughput:.4g} samples/s"), ("MFU", f"{100 * p.mfu:.1f} %"),
             ("peak memory", f"{_bytes(p.peak_memory)} per device (limit {_bytes(p.memory_limit)})"),
-            ("planned in", f"{p.plan_seconds:.3g} s")]
+            ("planned in", _seconds(p.plan_seconds))]
     stages = _grid(["stage", "blocks", "devices", "mesh", "parameters"],
                    [(s.index, f"{s.first_block}-{s.last_block}", ",".join(map(str, s.devices)),
                      "x".join(map(str, s.mesh_shape)), len(s.params)) for s in p.stages])
     return _table("weft.Plan", rows, stages)
 
 
+def plan_repr(p) -> str:
+    """One line, times and sizes in a readable unit (the C++ repr printed 0.001217 s, 0.0013 GB)."""
+    return (f"Plan({p.model} on {p.cluster}: {p.strategy}, {p.num_stages} stage(s), {p.schedule} x{p.num_microbatches} "
+            f"micro-batches of {p.microbatch_size}, step {_seconds(p.step_time)}, {p.throughput:.4g} samples/s, "
+            f"MFU {100 * p.mfu:.1f}%, peak {_bytes(p.peak_memory)}/device)")
+
+
+def stage_repr(s) -> str:
+    return (f"PlanStage({s.index}: blocks {s.first_block}-{s.last_block} on {len(s.devices)} devices, mesh "
+            f"({'x'.join(map(str, s.mesh_shape))}), F {_seconds(s.forward_time)} B {_seconds(s.backward_time)}, "
+            f"peak {_bytes(s.peak_memory)}" + (f", ZeRO-{s.zero} over {s.zero_group}" if s.zero else "") + ")")
+
+
 def graph_html(g) -> str:
+    """A forward graph (its forward and training FLOPs) or a training step (its FLOPs per step: a
+    training graph has no separate forward count, and training_flops() would raise)."""
     ops = g.ops
     kinds = {}
     for o in ops:
         kinds[o["kind"]] = kinds.get(o["kind"], 0) + 1
     rows = [("name", g.name), ("tensors", len(g.tensors)), ("ops", len(ops)),
-            ("parameters", f"{g.num_params() / 1e6:.4g} M ({_bytes(g.param_bytes())})"),
-            ("forward FLOPs", f"{g.forward_flops():.4g}"), ("training FLOPs", f"{g.training_flops():.4g}"),
-            ("op kinds", ", ".join(f"{k} {n}" for k, n in sorted(kinds.items(), key=lambda x: -x[1])))]
+            ("parameters", f"{g.num_params() / 1e6:.4g} M ({_bytes(g.param_bytes())})")]
+    if _weft.is_training_graph(g):
+        rows += [("kind", "training step (forward + backward + optimizer)"),
+                 ("FLOPs per step", f"{g.forward_flops():.4g}")]
+    else:
+        rows += [("forward FLOPs", f"{g.forward_flops():.4g}")]
+        try:
+            rows.append(("training FLOPs", f"{g.training_flops():.4g}"))
+        except ValueError:  # no loss: no backward to count
+            pass
+    rows.append(("op kinds", ", ".join(f"{k} {n}" for k, n in sorted(kinds.items(), key=lambda x: -x[1]))))
     return _table("weft.Graph", rows)
 
 
@@ -96,21 +132,13 @@ def program_html(p) -> str:
 
 def result_html(r) -> str:
     rows = [("losses", ", ".join(f"{x:.6g}" for x in r.losses)), ("parameters", len(r.parameters)),
-            ("wall time", f"{r.seconds:.3g} s")]
+            ("wall time", _seconds(r.seconds))]
     if r.peak_bytes:
         rows += [("ranks", len(r.peak_bytes)), ("bytes sent", _bytes(r.total_bytes_sent)),
                  ("peak live bytes", f"max {_bytes(max(r.peak_bytes))} per rank")]
     if r.step_seconds:
-        rows.append(("step time", f"max over ranks {max(max(s) for s in r.step_seconds) * 1e3:.3g} ms"))
+        rows.append(("step time", f"max over ranks {_seconds(max(max(s) for s in r.step_seconds))}"))
     return _table("weft.ExecutionResult", rows)
-
-
-def _seconds(t: float) -> str:
-    """A time in s with a readable unit (s, ms, µs, ns)."""
-    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
-        if abs(t) >= scale:
-            return f"{t / scale:.4g} {unit}"
-    return f"{t / 1e-9:.4g} ns" if t else "0 s"
 
 
 def schedule_html(s) -> str:
@@ -151,7 +179,7 @@ def sim_html(r) -> str:
 
 def sim_repr(r) -> str:
     raw = r.raw
-    return (f"SimulationResult({r.schedule.name}: step {raw.step_time:.4g} s, "
+    return (f"SimulationResult({r.schedule.name}: step {_seconds(raw.step_time)}, "
             f"bubble {100 * raw.bubble_fraction:.1f} %, {raw.num_tasks} tasks"
             + (", DEADLOCK" if raw.deadlock else "") + ")")
 
@@ -180,7 +208,7 @@ def reshard_html(p) -> str:
 
 def reshard_repr(p) -> str:
     return (f"reshard.Plan({len(p._tensors)} tensor(s), {len(p.ops)} transfers, {p.strategy}, "
-            f"{p.completion_time:.4g} s, {p.ratio:.3f}x the lower bound)")
+            f"{_seconds(p.completion_time)}, {p.ratio:.3f}x the lower bound)")
 
 
 def spmd_html(r) -> str:
@@ -191,7 +219,7 @@ def spmd_html(r) -> str:
                               f"communication {_seconds(r.comm_time)})"),
             ("peak memory", f"{_bytes(r.peak_memory)} per device (limit {_bytes(d.get('memory_limit', 0))})"),
             ("search", f"{d.get('status', '?')}, gap {100 * d.get('gap', 0.0):.2g} %, "
-                       f"{d.get('total_seconds', 0.0):.3g} s"),
+                       f"{_seconds(d.get('total_seconds', 0.0))}"),
             ("ILP", f"{d.get('nodes', 0)} nodes, {d.get('strategies', 0)} strategies, "
                     f"{d.get('ilp_variables', 0)} variables, {d.get('ilp_constraints', 0)} constraints")]
     grid = _grid(["parameter", "shape", "spec", "bytes per device"],
@@ -201,6 +229,8 @@ def spmd_html(r) -> str:
 
 def install() -> None:
     _weft.Plan._repr_html_ = plan_html
+    _weft.Plan.__repr__ = plan_repr
+    _weft.PlanStage.__repr__ = stage_repr
     _weft.Graph._repr_html_ = graph_html
     _weft.Cluster._repr_html_ = cluster_html
     _weft.DeviceMesh._repr_html_ = mesh_html

@@ -110,9 +110,11 @@ class ExecutionResult:
         return worst
 
     def __repr__(self) -> str:
+        from .display import _bytes, _seconds
+
         losses = ", ".join(f"{x:.6g}" for x in self.losses)
-        ranks = f", {len(self.peak_bytes)} ranks, {self.total_bytes_sent} bytes sent" if self.peak_bytes else ""
-        return f"ExecutionResult(losses=[{losses}], {len(self.parameters)} parameters{ranks}, {self.seconds:.3g} s)"
+        ranks = f", {len(self.peak_bytes)} ranks, {_bytes(self.total_bytes_sent)} sent" if self.peak_bytes else ""
+        return f"ExecutionResult(losses=[{losses}], {len(self.parameters)} parameters{ranks}, {_seconds(self.seconds)})"
 
 
 def _result(d) -> ExecutionResult:

@@ -206,9 +206,11 @@ def plan(model_graph, cluster, schedule: str = "1F1B", *, num_microbatches: Opti
         finally:
             if bar is not None:
                 bar.close()
-        logger.info("plan: %s, step %.4g s, %.4g samples/s, MFU %.1f %%, peak %.3g GB per device (planned in %.3g s)",
-                    p.strategy, p.step_time, p.throughput, 100 * p.mfu, p.peak_memory / 1e9,
-                    time.perf_counter() - t0)
+        from .display import _bytes, _seconds
+
+        logger.info("plan: %s, step %s, %.4g samples/s, MFU %.1f %%, peak %s per device (planned in %s)",
+                    p.strategy, _seconds(p.step_time), p.throughput, 100 * p.mfu, _bytes(p.peak_memory),
+                    _seconds(time.perf_counter() - t0))
         return p
 
 

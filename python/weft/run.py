@@ -28,10 +28,12 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("plan", help="a program JSON, or a plan JSON (with --model and --cluster)")
     ap.add_argument("--model", default=None, help="the training graph JSON, or a zoo preset name")
     ap.add_argument("--cluster", default=None, help="a cluster JSON, or a preset spec (PRESET[:NODES])")
-    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=3, help="training steps to run (default: 3)")
     ap.add_argument("--backend", default="gloo", choices=["gloo", "nccl"])
-    ap.add_argument("--dtype", default="f32", help="f64, f32, bf16, f16, or 'graph' (the graph's dtypes)")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--dtype", default="f32", help="storage dtype of every float tensor: f64, f32, bf16, f16, or "
+                    "'graph' (the graph's own dtypes) (default: f32)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the synthetic inputs (and of parameters under "
+                    "--init seed) (default: 0)")
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds any wait may take")
     ap.add_argument("--out", default=None, help="rank 0 writes the result here (.npz)")
     ap.add_argument("--init", default=None, choices=["values", "seed"],

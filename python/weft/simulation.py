@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
 from ._weft import BandwidthTrace, PipelineLink, Schedule, SimResult, StageSpec
 from . import _weft
@@ -48,14 +48,9 @@ class SimulationResult:
                 json.dump(doc, f)
         return doc
 
-    def plot_gantt(self, path: Optional[str] = None, *, show_transfers: bool = True, title: Optional[str] = None):
-        """Draw the timeline as a Gantt chart (weft.plots: a matplotlib Figure, no pyplot, the backend
-        untouched); save to ``path`` when given. One row per device (F blue, B green, W orange,
-        optimizer grey, labelled with the micro-batch) and, when ``show_transfers``, one row per
-        directed link with its transfers."""
-        from .plots import gantt_figure
-
-        return gantt_figure(self, path, show_transfers, title)
+    if TYPE_CHECKING:  # defined by weft.plots (the figures depend on the simulation, not the reverse)
+        def plot_gantt(self, path: Optional[str] = None, *, show_transfers: bool = True,
+                       title: Optional[str] = None) -> Any: ...
 
 
 def _as_list(x, cls):

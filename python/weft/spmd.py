@@ -80,8 +80,10 @@ class SpmdResult:
         return spmd_html(self)
 
     def __repr__(self) -> str:
-        return (f"SpmdResult(cost={self.cost:.6g} s, compute={self.compute_time:.6g} s, "
-                f"comm={self.comm_time:.6g} s, peak={self.peak_memory / 1e6:.4g} MB)")
+        from .display import _bytes, _seconds
+
+        return (f"SpmdResult(cost={_seconds(self.cost)}, compute={_seconds(self.compute_time)}, "
+                f"comm={_seconds(self.comm_time)}, peak={_bytes(self.peak_memory)})")
 
 
 def _progress_fn(progress: Union[None, bool, Callable[..., Any]]):

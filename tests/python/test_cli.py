@@ -190,3 +190,95 @@ def test_every_subcommand_has_help_and_unknown_flags_exit_2():
     proc = subprocess.run([sys.executable, "-m", "weft.cli"] + _RESHARD + ["--no-such-flag"], env=subprocess_env(),
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "unrecognized arguments" in proc.stderr and time.time() - t0 < 10
+
+
+def test_version_subcommand_and_flag_print_the_same_line(capsys):
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    flag = capsys.readouterr().out.strip()
+    assert main(["version"]) == 0
+    assert capsys.readouterr().out.strip() == flag == f"weft {weft.__version__}"
+
+
+def _help(cmd, capsys):
+    with pytest.raises(SystemExit):
+        main([cmd, "--help"])
+    return " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+
+
+def test_help_says_the_defaults_and_hides_the_old_megatron_spelling(capsys):
+    plan = _help("plan", capsys)
+    assert "(default: 1, as Cluster.preset and weft run)" in plan
+    assert "--no-compare-megatron" in plan and "--no-megatron" not in plan
+    run = _help("run", capsys)
+    for flag, words in (("--dtype", "storage dtype"), ("--steps", "training steps"), ("--seed", "seed of the")):
+        assert re.search(re.escape(flag) + r" \w+ " + words, run), (flag, run)
+    show = _help("show", capsys)
+    assert "default: plan.png in the current directory" in show
+
+
+def test_plan_nodes_defaults_to_one_and_no_megatron_is_an_alias(monkeypatch, capsys):
+    seen = {}
+
+    def fake_plan(graph, cluster, **kw):
+        seen.update(cluster=cluster, **kw)
+        raise ValueError("stop")
+
+    monkeypatch.setattr(weft, "plan", fake_plan)
+    assert main(["plan", "--model", "GPT-Medium", "--cluster", "p3.8xlarge", "--no-megatron"]) == 2
+    assert seen["cluster"] == weft.Cluster.preset("p3.8xlarge") and seen["compare_megatron"] is False
+    seen.clear()
+    assert main(["plan", "--model", "GPT-Medium", "--cluster", "M8"]) == 2
+    assert seen["cluster"].num_nodes == 1 and "compare_megatron" not in seen
+    seen.clear()
+    assert main(["plan", "--model", "GPT-Medium", "--cluster", "M8", "--no-compare-megatron"]) == 2
+    assert seen["compare_megatron"] is False
+
+
+def test_show_says_where_it_wrote(tmp_path, capsys, monkeypatch):
+    step = weft.models.gpt(layers=2, hidden=64, heads=4, seq=8, vocab=128, batch=8).train_step()
+    (tmp_path / "p.json").write_text(weft.plan(step, weft.Cluster.preset("p3.8xlarge")).to_json())
+    monkeypatch.chdir(tmp_path)
+    assert main(["show", "p.json"]) == 0
+    out = capsys.readouterr().out
+    assert f"figure written to {tmp_path / 'plan.png'}" in out and (tmp_path / "plan.png").exists()
+    assert re.search(r"step \d+(\.\d+)? µs;", out), out  # an adaptive unit, not "0.000484 s"
+
+
+def test_no_import_circles_through_the_cli_or_the_figures():
+    """Issue 39: the runtime and the Trainer borrowed the CLI's argument parsing (cli <-> runtime), the
+    simulation imported the figure code (plots <-> simulation). Now weft._args serves them all, and
+    plots installs SimulationResult.plot_gantt."""
+    import ast
+
+    pkg = os.path.dirname(weft.__file__)
+    importers = {}
+    for folder, _, files in os.walk(pkg):
+        for f in files:
+            if not f.endswith(".py"):
+                continue
+            path = os.path.join(folder, f)
+            mod = os.path.relpath(path, pkg)[:-3].replace(os.sep, ".")
+            for node in ast.walk(ast.parse(open(path).read())):
+                if isinstance(node, ast.ImportFrom):
+                    names = [(node.module or "").split(".")[-1]] + [a.name for a in node.names]
+                    for n in names:
+                        importers.setdefault(n, set()).add(mod)
+    assert importers.get("cli", set()) <= {"__main__"}, importers.get("cli")
+    assert "_cluster_arg" not in importers and "_graph" not in importers
+    assert "simulation" not in importers.get("plots", set()) and "simulation" not in importers.get("gantt_figure", set())
+    assert {"cli", "runtime.__init__", "training.trainer"} <= importers["_args"]
+    r = weft.simulate(weft.schedule("1f1b", stages=2, micro_batches=2), weft.StageSpec())
+    assert callable(r.plot_gantt) and r.plot_gantt.__doc__
+
+
+def test_run_lowers_a_zoo_preset_at_the_plans_batch_and_precision(tmp_path, capsys):
+    """weft run --model <zoo name>: the preset is built at the plan's global batch, in f16 when the plan
+    holds master copies (weft plan's default dtype), not at batch 1 in f32 (which no plan fits)."""
+    from weft.runtime import load_program
+
+    assert main(["plan", "--model", "GPT-Medium", "--batch", "4", "--cluster", "p3.8xlarge", "--no-pipeline",
+                 "--num-microbatches", "1", "--json", str(tmp_path / "p.json")]) == 0
+    capsys.readouterr()
+    program = load_program(str(tmp_path / "p.json"), "GPT-Medium", "p3.8xlarge")
+    assert program.num_ranks == len(weft.Plan.from_json((tmp_path / "p.json").read_text()).devices_used)

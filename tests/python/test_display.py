@@ -40,7 +40,11 @@ def test_every_rich_display_parses_and_shows_the_figures():
     text = {name: parse(obj._repr_html_()) for name, obj in
             [("plan", plan), ("graph", g), ("cluster", c), ("mesh", mesh), ("spec", spec), ("program", prog),
              ("result", res)]}
-    assert f"{plan.step_time:.4g} s" in text["plan"] and "samples/s" in text["plan"]
+    from weft.display import _seconds
+
+    # times in a readable unit (issue 39): "484.2 µs", not "0.0004842 s"
+    assert f"step time {_seconds(plan.step_time)}" in text["plan"] and "samples/s" in text["plan"]
+    assert plan.step_time < 1e-3 and "µs" in _seconds(plan.step_time)
     assert "parameters" in text["graph"] and f"{g.num_params() / 1e6:.4g} M" in text["graph"]
     assert "4× V100-SXM2-16GB" in text["cluster"]
     assert "2x2" in text["mesh"] and "[4, 4]" in text["spec"] and "Shard(0)" in text["spec"]
@@ -79,3 +83,38 @@ def test_time_units_are_readable():
     from weft.display import _seconds
 
     assert [_seconds(x) for x in (33.0, 0.0125, 6.4e-8, 0.0)] == ["33 s", "12.5 ms", "64 ns", "0 s"]
+    # issue 39: a step of 1.59 s is "1.59 s", never "1.59e+03 ms"; minutes past 60 s
+    assert [_seconds(x) for x in (1.59, 5.3e-6, 90.0)] == ["1.59 s", "5.3 µs", "1.5 min"]
+
+
+def test_sizes_are_readable():
+    from weft.display import _bytes
+
+    assert [_bytes(x) for x in (512, 826e3, 1.3e6, 15.5e9, 2e12)] == ["512 B", "826 kB", "1.3 MB", "15.5 GB", "2 TB"]
+
+
+def test_a_training_graph_displays():
+    # issue 39: the training step's _repr_html_ raised (training_flops() of a training graph)
+    step = weft.models.gpt(layers=1, hidden=64, heads=4, seq=8, vocab=128, batch=8).train_step()
+    text = parse(step._repr_html_())
+    assert "training step" in text and "FLOPs per step" in text and f"{step.forward_flops():.4g}" in text
+
+
+def test_run_describe_prints_adaptive_step_times():
+    from types import SimpleNamespace
+
+    from weft.runtime import describe
+
+    text = describe(SimpleNamespace(losses=[1.0, 0.5], step_seconds=[[1.59, 0.0021]]))
+    assert text.splitlines()[1] == "rank 0: 1.59 s, 2.1 ms per step" and "e+" not in text
+
+
+def test_plan_and_stage_reprs_use_readable_units():
+    step = weft.models.gpt(layers=2, hidden=64, heads=4, seq=8, vocab=128, batch=8).train_step()
+    p = weft.megatron_plan(step, weft.Cluster.preset("p3.8xlarge"), t=1, p=2, d=2, zero=3)
+    text = repr(p)
+    assert text.startswith("Plan(gpt.train on Cluster(1x p3.8xlarge[4x V100-SXM2-16GB]): megatron t=1 p=2 d=2, 2 stage(s)")
+    assert " µs, " in text and " kB/device)" in text and "e-0" not in text, text
+    st = repr(p.stages[0])
+    assert st.startswith("PlanStage(0: blocks 0-8 on 2 devices, mesh (2x1), F ") and "ZeRO-3 over 2" in st, st
+    assert "e-0" not in st and " kB" in st, st

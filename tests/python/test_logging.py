@@ -30,6 +30,8 @@ def step():
 
 
 def test_plan_verbose_logs_info_and_debug(step, caplog):
+    from weft.display import _bytes, _seconds  # times and sizes in a readable unit (issue 39)
+
     c = weft.Cluster.preset("p3.8xlarge")
     with caplog.at_level(logging.WARNING):  # an application that shows warnings only
         caplog.handler.setLevel(logging.NOTSET)  # the capture itself drops nothing
@@ -38,7 +40,8 @@ def test_plan_verbose_logs_info_and_debug(step, caplog):
         p = weft.plan(step, c, pipeline=False, compare_megatron=False, verbose=True)
         msgs = [r.getMessage() for r in caplog.records if r.name == "weft"]
         assert all(r.levelno == logging.INFO for r in caplog.records if r.name == "weft")
-        assert msgs[0].startswith("planning gpt.train") and f"step {p.step_time:.4g} s" in msgs[-1], msgs
+        assert msgs[0].startswith("planning gpt.train") and f"step {_seconds(p.step_time)}," in msgs[-1], msgs
+        assert f"peak {_bytes(p.peak_memory)} per device" in msgs[-1] and "e-0" not in msgs[-1], msgs
         caplog.clear()
         weft.plan(step, c, pipeline=False, compare_megatron=False, verbose=2)
         debug = [r.getMessage() for r in caplog.records if r.name == "weft" and r.levelno == logging.DEBUG]

@@ -17,7 +17,7 @@ import numpy as np
 
 from .. import _weft
 
-__all__ = ["run", "load_program", "save_result", "describe"]
+__all__ = ["run", "load_program", "model_step", "save_result", "describe"]
 
 
 def _program_of(plan_or_program, step, cluster):
@@ -58,14 +58,26 @@ def run(plan, step=None, cluster=None, *, nproc: Optional[int] = None, steps: in
                 inputs=inputs, timeout_s=timeout_s, nproc=nproc, init=init)
 
 
+def model_step(model: str, plan_text: Optional[str] = None):
+    """The training graph ``model`` names for a plan: a graph JSON file as saved (its own batch and
+    dtypes), or a zoo preset built at the plan's global batch, in f16 when the plan lays out master
+    copies (mixed precision, as ``weft plan``'s default) and f32 otherwise; batch 1 without a plan."""
+    from .._args import graph_arg
+    from ..planning import _training_graph
+
+    batch, dtype = 1, "f32"
+    if plan_text is not None:
+        batch = int(_weft.Plan.from_json(plan_text).global_batch)
+        dtype = "f16" if '"master:' in plan_text else "f32"
+    return _training_graph(graph_arg(model, batch, dtype))
+
+
 def load_program(path: str, model: Optional[str] = None, cluster: Optional[str] = None):
     """A program from a file: a lowered program's JSON (``Program.to_json``), or a plan's JSON
     (``Plan.to_json``) lowered with the training graph ``model`` (a graph JSON file, or a zoo preset
-    name) and ``cluster`` (a cluster JSON file, or a preset spec as the CLI's --cluster)."""
+    name: :func:`model_step`) and ``cluster`` (a cluster JSON file, or a preset spec as the CLI's --cluster)."""
     import json
     import os
-
-    from ..planning import _training_graph
 
     if not os.path.isfile(path):
         raise ValueError(f"{path}: no such file" if not os.path.exists(path) else f"{path}: not a file")
@@ -79,10 +91,10 @@ def load_program(path: str, model: Optional[str] = None, cluster: Optional[str] 
     if model is None or cluster is None:
         raise ValueError(f"{path} is a plan: give --model (the graph JSON or a zoo preset) and --cluster "
                          "(a cluster JSON or a preset spec) to lower it")
-    from ..cli import _cluster_arg, _graph
+    from .._args import cluster_arg
 
     plan = _weft.Plan.from_json(text)
-    return _program_of(plan, _training_graph(_graph(model, 1, "f32")), _cluster_arg(cluster, 1))
+    return _program_of(plan, model_step(model, text), cluster_arg(cluster, 1))
 
 
 def save_result(result, path: str) -> None:
@@ -100,7 +112,10 @@ def save_result(result, path: str) -> None:
 
 
 def describe(result) -> str:
+    """The losses, and each rank's step times with a readable unit (ms, s, ...)."""
+    from ..display import _seconds
+
     lines = ["losses " + " ".join(f"{x:.6f}" for x in result.losses)]
     for r, s in enumerate(result.step_seconds):
-        lines.append(f"rank {r}: " + " ".join(f"{1e3 * t:.1f}" for t in s) + " ms per step")
+        lines.append(f"rank {r}: " + ", ".join(_seconds(t) for t in s) + " per step")
     return "\n".join(lines)

@@ -51,9 +51,9 @@ def _cluster_of(cluster, world: int):
     if cluster is None:
         return None
     if isinstance(cluster, str):
-        from ..cli import _cluster_arg
+        from .._args import cluster_arg
 
-        cluster = _cluster_arg(cluster, 1)
+        cluster = cluster_arg(cluster, 1)
     if not isinstance(cluster, _weft.Cluster):
         raise TypeError(f"cluster: expected a weft.Cluster or a preset spec string, got {type(cluster).__name__}")
     return cluster
