@@ -239,3 +239,45 @@ def test_plan_for_another_graph(cluster):
     prog = weft.lower(plan, big, cluster)
     with pytest.raises(ValueError, match="fingerprint"):
         prog.verify(small)
+
+
+def test_plan_for_another_graph_through_run_cli_and_torchrun(cluster, tmp_path, capsys):
+    """weft.run, `weft run` and torchrun's `python -m weft.run` lower through weft.lower: refused there,
+    before any process starts, with both fingerprints named."""
+    import subprocess
+    import sys
+
+    big = weft.models.gpt(layers=1, hidden=64, heads=2, seq=4, vocab=32, batch=4)
+    small = weft.models.gpt(layers=1, hidden=32, heads=2, seq=4, vocab=32, batch=4)
+    plan = weft.plan(big, cluster, spmd_time_limit=5)
+    with pytest.raises(ValueError, match="fingerprint"):
+        weft.run(plan, small, cluster, steps=1)
+    plan_path, model_path = tmp_path / "plan.json", tmp_path / "small.json"
+    plan_path.write_text(plan.to_json())
+    model_path.write_text(small.to_json())
+    from weft.runtime import load_program
+
+    with pytest.raises(ValueError, match=plan.graph_fingerprint):
+        load_program(str(plan_path), str(model_path), "p3.8xlarge")
+    from weft.cli import main
+    from weft_env import subprocess_env
+
+    assert main(["run", str(plan_path), "--model", str(model_path), "--cluster", "p3.8xlarge", "--steps", "1"]) == 2
+    assert plan.graph_fingerprint in capsys.readouterr().err
+    env = subprocess_env()
+    env.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    tr = subprocess.run([sys.executable, "-m", "weft.run", str(plan_path), "--model", str(model_path),
+                         "--cluster", "p3.8xlarge", "--steps", "1"], capture_output=True, text=True, timeout=300,
+                        env=env)
+    assert tr.returncode != 0 and plan.graph_fingerprint in tr.stderr, tr.stdout + tr.stderr
+
+
+def test_run_refuses_before_starting_processes(planned):
+    """weft.run checks (verifies) the program before any process starts: a program is either lowered
+    (verified by construction and again here) or loaded (verified by from_json)."""
+    _, prog = planned
+    prog.check()
+    j = json.loads(prog.to_json())
+    j["codes"] = [[] for _ in j["codes"]]
+    with pytest.raises(ValueError, match="run by no rank"):
+        weft.run(weft.Program.from_json(json.dumps(j)), steps=1)
