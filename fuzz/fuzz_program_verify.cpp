@@ -6,10 +6,11 @@
 // of the seed program). Anything else is an edit script over the JSON of a tiny lowered GPT program
 // (two replicas × two micro-batches on a 2×2 mesh: loads, computes, gradient all-reduces,
 // accumulations, scales, resharding collectives): every 4 bytes pick a node of the document and
-// change it (a number set to an edge value or nudged, a kind / reduce / spec string swapped, an
+// change it (at most 64 edits; a number set to an edge value or nudged, a kind / reduce / spec string swapped, an
 // array element dropped or duplicated), so that the mutations are valid JSON that reach the verifier.
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <string>
@@ -40,9 +41,10 @@ const std::string& base_program() {
     weft::lower::StageOptions o;
     o.replicas = 2;
     o.microbatches = 2;
-    return weft::lower::lower_spmd(g, weft::cluster::Cluster::preset("M8", 1),
-                                   weft::cluster::DeviceMesh::iota({2, 2}), l, o)
-        .to_json();
+    const auto p = weft::lower::lower_spmd(g, weft::cluster::Cluster::preset("M8", 1),
+                                           weft::cluster::DeviceMesh::iota({2, 2}), l, o);
+    weft::lower::verify(p);  // the unmutated program must verify (outside run_one: a failure aborts)
+    return p.to_json();
   }();
   return text;
 }
@@ -66,10 +68,18 @@ constexpr std::array<const char*, 18> kKinds{
 constexpr std::array<const char*, 8> kSpecs{"R R", "R S(0)", "S(0) R", "R P(sum)", "P(sum) R", "R S(1)", "P(max) R", "R"};
 
 std::string edited(const std::uint8_t* data, std::size_t size) {
-  json doc = json::parse(base_program());
+  static const json base = json::parse(base_program());
+  json doc = base;
+  std::vector<json*> nodes;
+  int nodes_of = -1;  // which node set `nodes` lists (recollected after an array changed)
+  size = std::min<std::size_t>(size, 4 * 64);  // at most 64 edits (each may walk the document)
   for (std::size_t at = 0; at + 4 <= size; at += 4) {
-    std::vector<json*> nodes;
-    collect(doc, nodes, (data[at] & 0x80) != 0);
+    const int want = (data[at] & 0x80) != 0;
+    if (nodes_of != want) {
+      nodes.clear();
+      collect(doc, nodes, want != 0);
+      nodes_of = want;
+    }
     json& n = *nodes[(static_cast<std::size_t>(data[at + 1]) << 8 | data[at + 2]) % nodes.size()];
     const std::uint8_t how = data[at + 3], what = data[at] & 0x7f;
     if (n.is_number_integer()) {
@@ -97,7 +107,8 @@ std::string edited(const std::uint8_t* data, std::size_t size) {
       if (how % 2)
         n.erase(k);
       else
-        n.push_back(n[k]);
+        n.push_back(json(n[k]));
+      nodes_of = -1;  // pointers into the document may have moved
     }
   }
   return doc.dump();
@@ -106,6 +117,7 @@ std::string edited(const std::uint8_t* data, std::size_t size) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  (void)base_program();  // made (and verified) outside run_one: an error there is a bug, not an input
   return weft::fuzz::run_one(data, size, [&](std::string_view text) {
     const std::string program = !text.empty() && text[0] == '{' ? std::string(text) : edited(data, size);
     const auto p = weft::lower::Program::from_json(program);  // verifies

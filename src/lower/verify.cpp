@@ -58,7 +58,7 @@ class Verifier {
   std::vector<ShardingSpec> norm_;           // the same with every axis of size 1 replicated
   std::map<ir::TensorId, ir::TensorId> state_leaf_;  // updated state -> its leaf
   std::vector<char> written_;                // per buffer: some instruction writes it
-  std::map<std::tuple<ir::OpId, int, std::vector<int>, std::vector<int>>, bool> strategy_ok_;
+  std::map<std::tuple<ir::OpId, int, std::vector<std::string>>, bool> strategy_ok_;
   std::map<std::pair<ir::OpId, int>, std::vector<spmd::OpStrategy>> strategies_;
   std::vector<char> gradient_sums_;  // per op: a gradient sum deferred into the update (computed once needed)
 
@@ -256,7 +256,12 @@ class Verifier {
   // the update (pipeline::gradient_sums_into_update) adds the replicas' partial means: a strategy
   // on the SPMD mesh with P(sum) on the replica axis for every operand and result (sums are linear).
   bool is_strategy(ir::OpId o, int s, const std::vector<int>& ins, const std::vector<int>& outs) {
-    auto key = std::tuple{o, s, ins, outs};
+    // Keyed by the specs (the micro-batches' copies of an op share them), not the buffer ids.
+    std::vector<std::string> key_specs;
+    for (int b : ins) key_specs.push_back(buf(b).spec);
+    key_specs.emplace_back("->");
+    for (int b : outs) key_specs.push_back(buf(b).spec);
+    auto key = std::tuple{o, s, std::move(key_specs)};
     auto it = strategy_ok_.find(key);
     if (it != strategy_ok_.end()) return it->second;
     bool ok = strategy_on(o, s, ins, outs, false);
@@ -295,10 +300,29 @@ class Verifier {
       return ShardingSpec(x.tensor_shape(), mesh_of(s, true),
                           std::vector<Placement>(x.per_axis().begin() + 1, x.per_axis().end()));
     };
+    // Equal but for strides (what a restride can change): the same placement kinds, dims, reductions.
+    auto kinds_match = [&](const spmd::OpStrategy& c) {
+      auto same = [&](const ShardingSpec& x, int b) {
+        const auto& y = norm_[static_cast<std::size_t>(b)];
+        const auto w = normalized(widen(x));
+        for (int a = 0; a < w.mesh_ndim(); ++a) {
+          const auto &p = w.placement(a), &q = y.placement(a);
+          if (p.kind != q.kind || p.dim != q.dim || (p.kind == Placement::Partial && p.reduce != q.reduce))
+            return false;
+        }
+        return true;
+      };
+      for (std::size_t k = 0; k < ins.size(); ++k)
+        if (!same(c.inputs[k], ins[k])) return false;
+      for (std::size_t k = 0; k < outs.size(); ++k)
+        if (!same(c.outputs[k], outs[k])) return false;
+      return true;
+    };
     const ir::Op& op = g_.op(o);
     const auto mesh = mesh_of(s, partial_sum);
     for (const auto& c : strategies(o, s, partial_sum)) {
       if (c.inputs.size() != ins.size() || c.outputs.size() != outs.size()) return false;
+      if (!kinds_match(c)) continue;
       if (matches(c)) return true;
       // A strided variant: restride to one result or operand, then compare all.
       for (std::size_t k = 0; k < outs.size(); ++k) {
