@@ -563,6 +563,13 @@ class Verifier {
           case InstrKind::Scale:
             count(1, 1);
             WEFT_CHECK(std::isfinite(i.scale), "program: {}: scale {} is not finite", what(), i.scale);
+            {  // the mean over micro-batches and replicas (by share: the share is applied at run time)
+              const double want =
+                  1.0 / (static_cast<double>(st.microbatches) * (i.by_share ? 1.0 : static_cast<double>(st.replicas)));
+              WEFT_CHECK(std::abs(i.scale - want) <= 1e-9 * want,
+                         "program: {}: scale {} is not the mean over {} micro-batches{} (1/{})", what(), i.scale,
+                         st.microbatches, i.by_share ? "" : fmt::format(" x {} replicas", st.replicas), 1.0 / want);
+            }
             WEFT_CHECK(buf(i.in[0]).tensor == buf(i.out[0]).tensor && buf(i.in[0]).shape == buf(i.out[0]).shape,
                        "program: {}: a scale between '{}' and '{}' (another tensor)", what(), buf(i.in[0]).name,
                        buf(i.out[0]).name);

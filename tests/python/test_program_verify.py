@@ -192,6 +192,13 @@ def test_leaf_spec_r_to_s0(dp):
     refused(j, "not a strategy", "wrong tiles")
 
 
+def test_scale_changed(dp):
+    j = json.loads(dp.to_json())
+    c, k, i = instrs(j, "scale")[0]
+    i["scale"] *= 2
+    refused(j, f"#{k}", "is not the mean")
+
+
 def test_buffer_shape_differs_from_tile(base):
     j = copy.deepcopy(base)
     b = next(b for b in j["buffers"] if b["tensor"] >= 0 and b["shape"])
