@@ -58,6 +58,7 @@ class Verifier {
   std::vector<ShardingSpec> norm_;           // the same with every axis of size 1 replicated
   std::map<ir::TensorId, ir::TensorId> state_leaf_;  // updated state -> its leaf
   std::vector<char> written_;                // per buffer: some instruction writes it
+  std::map<int, std::string> freed_;         // buffer -> an instruction that frees it
   std::map<std::tuple<ir::OpId, int, std::vector<std::string>>, bool> strategy_ok_;
   std::map<std::pair<ir::OpId, int>, std::vector<spmd::OpStrategy>> strategies_;
   std::vector<char> gradient_sums_;  // per op: a gradient sum deferred into the update (computed once needed)
@@ -360,6 +361,9 @@ class Verifier {
         if (!rp.runs(i)) continue;
         for (int b : i.out)
           if (b >= 0 && b < nb() && i.kind != InstrKind::Free) written_[static_cast<std::size_t>(b)] = 1;
+        if (i.kind == InstrKind::Free)
+          for (int b : i.in)
+            if (b >= 0 && b < nb() && !freed_.count(b)) freed_.emplace(b, p_.describe(r, k));
         if (is_collective(i.kind) && !i.group.empty() && i.axis >= 0 && i.axis < ndim) {
           WEFT_CHECK(std::find(i.group.begin(), i.group.end(), r) != i.group.end(),
                      "program: {}: the rank is not in its own group", p_.describe(r, k));
@@ -411,6 +415,17 @@ class Verifier {
           WEFT_CHECK(buf(b).tensor < 0, "program: {}: buffer '{}' must be a statistics buffer (tensor -1)", what(),
                      buf(b).name);
         };
+        // Fields a kind does not use keep their defaults where the executor would still read them:
+        // an op id (only computes and cross-entropy steps run one) and the one rank that runs an
+        // instruction (only transfers run on one rank; any other runs on every rank of the stage).
+        const bool runs_op = i.kind == InstrKind::Compute || i.kind == InstrKind::CeRowMax ||
+                             i.kind == InstrKind::CeSumTarget || i.kind == InstrKind::CeLoss ||
+                             i.kind == InstrKind::CeGrad;
+        WEFT_CHECK(runs_op || i.op == -1, "program: {}: a {} runs no op, it names op {}", what(),
+                   instr_kind_name(i.kind), i.op);
+        WEFT_CHECK(is_transfer(i.kind) || i.on_rank == -1,
+                   "program: {}: only a transfer runs on one rank, this {} names on_rank {}", what(),
+                   instr_kind_name(i.kind), i.on_rank);
         auto axis_ok = [&](int a) {
           WEFT_CHECK(a >= 0 && a < ndim, "program: {}: mesh axis {} of a {}-axis stage mesh", what(), a, ndim);
         };
@@ -598,6 +613,13 @@ class Verifier {
       WEFT_CHECK(ran[static_cast<std::size_t>(o)], "program: op '{}' of its graph is run by no rank", g_.op(o).name);
   }
 
+  // The step's results and the leaves stay held to the end of the step: never freed.
+  void not_freed(int b, const char* what) const {
+    auto it = freed_.find(b);
+    WEFT_CHECK(it == freed_.end(), "program: {} frees '{}', {} (held to the end of the step)", it->second,
+               buf(b).name, what);
+  }
+
   void results() {
     auto in_range = [&](int b) { return b >= 0 && b < nb(); };
     std::vector<char> leaf(static_cast<std::size_t>(nb()), 0);
@@ -607,6 +629,7 @@ class Verifier {
       WEFT_CHECK(t >= 0 && g_.tensor(t).producer == ir::kNoOp, "program: leaf buffer '{}' is not a leaf tensor's",
                  buf(b).name);
       WEFT_CHECK(!leaf[static_cast<std::size_t>(b)], "program: leaf buffer '{}' is listed twice", buf(b).name);
+      not_freed(b, "a leaf");
       leaf[static_cast<std::size_t>(b)] = 1;
     }
     const auto loss = g_.loss();
@@ -617,6 +640,7 @@ class Verifier {
                  buf(p_.loss).name, g_.tensor(*loss).name);
       WEFT_CHECK(written_[static_cast<std::size_t>(p_.loss)],
                  "program: the loss buffer '{}' is written by no instruction", buf(p_.loss).name);
+      not_freed(p_.loss, "the loss");
     } else {
       WEFT_CHECK(p_.loss == -1, "program: its graph has no loss, the program reports loss buffer {}", p_.loss);
     }
@@ -629,6 +653,7 @@ class Verifier {
                  buf(b).name);
       WEFT_CHECK(leaf[static_cast<std::size_t>(b)] || written_[static_cast<std::size_t>(b)],
                  "program: parameter '{}' reports buffer '{}', which is neither a leaf nor written", name, buf(b).name);
+      not_freed(b, "a parameter's");
     }
     for (const auto& [name, b] : p_.gradients) {
       WEFT_CHECK(in_range(b), "program: the gradient of '{}' has no buffer ({})", name, b);
@@ -639,6 +664,7 @@ class Verifier {
                  buf(b).name);
       WEFT_CHECK(written_[static_cast<std::size_t>(b)], "program: the gradient of '{}' ('{}') is written by no instruction",
                  name, buf(b).name);
+      not_freed(b, "a gradient");
     }
   }
 };

@@ -288,3 +288,71 @@ def test_run_refuses_before_starting_processes(planned):
     j["codes"] = [[] for _ in j["codes"]]
     with pytest.raises(ValueError, match="run by no rank"):
         weft.run(weft.Program.from_json(json.dumps(j)), steps=1)
+
+
+def test_a_non_compute_names_no_op_and_only_transfers_run_on_one_rank(base):
+    j = copy.deepcopy(base)
+    c, k, i = instrs(j, "free")[0]
+    i["op"] = 0
+    refused(j, f"#{k}", "runs no op")
+    j = copy.deepcopy(base)
+    c, k, i = instrs(j, "compute")[0]
+    i["on_rank"] = 0
+    refused(j, f"#{k}", "on_rank")
+
+
+def _leaf_paths(j, path=()):
+    if isinstance(j, dict):
+        for k, v in j.items():
+            if k != "graph":
+                yield from _leaf_paths(v, path + (k,))
+    elif isinstance(j, list):
+        for n, v in enumerate(j):
+            yield from _leaf_paths(v, path + (n,))
+    else:
+        yield path
+
+
+def test_random_single_field_mutations_are_refused_or_change_nothing(planned, dp):
+    """Every field of the JSON (but the graph's) changed at random: the program is refused (ValueError),
+    or it verifies and runs to exactly the numbers of the original (2 steps: losses and parameters).
+    A verified program never runs garbage and never crashes."""
+    import random
+
+    import numpy as np
+
+    rng = random.Random(38)
+    counts = {"refused": 0, "ran": 0}
+    for prog in (planned[1], dp):
+        good = weft.execute(prog, steps=2)
+        src = json.loads(prog.to_json())
+        paths = list(_leaf_paths(src))
+        for _ in range(120):
+            j = copy.deepcopy(src)
+            q = rng.choice(paths)
+            d = j
+            for k in q[:-1]:
+                d = d[k]
+            v = d[q[-1]]
+            if isinstance(v, bool):
+                d[q[-1]] = not v
+            elif isinstance(v, int):
+                d[q[-1]] = rng.choice([v + 1, v - 1, -1, 0, 2, 99])
+            elif isinstance(v, float):
+                d[q[-1]] = v * 2
+            elif isinstance(v, str):
+                d[q[-1]] = rng.choice(["R", "S(0)", "max", "sum", "copy", "R R", "S(0) R", "P(sum) R"])
+            try:
+                p = weft.Program.from_json(json.dumps(j))
+            except ValueError:
+                counts["refused"] += 1
+                continue
+            try:
+                r = weft.execute(p, steps=2)  # a verified program runs (no ValueError either)
+            except ValueError as e:
+                raise AssertionError((q, v, d[q[-1]], str(e)))
+            counts["ran"] += 1
+            assert r.losses == good.losses, (q, v, d[q[-1]])
+            for name, want in good.parameters.items():
+                assert np.array_equal(r.parameters[name], want), (q, v, d[q[-1]], name)
+    assert counts["refused"] > 50 and counts["ran"] > 50, counts
