@@ -66,6 +66,15 @@ def main():
     write("trace_json", "constant", json.dumps({"times": [0], "fractions": [0.5]}))
     prog = weft.lower(dp, step, c4)
     write("program_json", "program_dp", prog.to_json())
+    # program_verify: the program as text (byte mutations), and edit scripts over the target's own tiny
+    # lowered GPT program (4 bytes per edit: node-set and value selector, node index, how; see
+    # fuzz/fuzz_program_verify.cpp). "x": no edit (the valid program verifies and runs).
+    write("program_verify", "program_dp", prog.to_json())
+    for name, script in [("no_edit", b"x"), ("edit_numbers", bytes([1, 0, 40, 0, 2, 1, 17, 1, 9, 0, 200, 3])),
+                         ("edit_strings", bytes([3, 0, 90, 1, 5, 0, 91, 0, 6, 2, 3, 1])),
+                         ("edit_arrays", bytes([2, 0, 12, 1, 4, 0, 33, 0])),
+                         ("edit_graph", bytes([0x81, 0, 50, 0, 0x82, 1, 0, 2]))]:
+        write("program_verify", name, script)
     # spec: 4 header bytes (rank - 1 in the low bits of byte 0, dims in bytes 1..3 as 1 + b % 24,
     # mesh 1 + b % 4 and 1 + (b >> 4) % 4 in byte 3), then the text.
     for name, head, text in [("s0_r", (1, 7, 3, 0x11), "S(0) R"), ("strided", (1, 7, 3, 0x11), "S(0,2) S(1)"),

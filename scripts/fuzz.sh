@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${SECONDS_PER_TARGET:-20}
-targets=(graph_json cluster_json plan_json schedule_json trace_json program_json spec value_file)
+targets=(graph_json cluster_json plan_json schedule_json trace_json program_json spec value_file program_verify)
 build=${FUZZ_BUILD_DIR:-build/fuzz}
 [ -n "${FUZZ_BUILD_DIR:-}" ] || cmake -S . -B build/fuzz -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=Debug \
   -DCMAKE_CXX_FLAGS="-O1" -DCMAKE_CXX_FLAGS_DEBUG="-gline-tables-only" -DWEFT_BUILD_FUZZERS=ON -DWEFT_SANITIZE=ON -DWEFT_BUILD_TESTS=OFF \

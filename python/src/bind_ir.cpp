@@ -404,6 +404,9 @@ void bind_ir(py::module_& m) {
           "updated in f32 with f32 optimizer states (mixed-precision Adam: 16 bytes per parameter); "
           "False updates half-precision parameters in their own dtype. f32/f64 parameters are their "
           "own master either way.")
+      .def("fingerprint", [](const Graph& g) { return graph_fingerprint(g); },
+           "Content hash of the graph's structure (tensors, ops, shapes, dtypes, roles; not its name or "
+           "values): what plans and programs record of the graph they were made for.")
       .def("validate", &Graph::validate)
       .def("dump", &Graph::dump)
       .def(

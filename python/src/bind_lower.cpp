@@ -245,9 +245,27 @@ void bind_lower(py::module_& m) {
           },
           py::arg("rank"), py::arg("index"))
       .def(
-          "check", [](const Program& p) { lower::check(p); },
-          "Static check (buffers, collective groups, no deadlock); raises ValueError naming the rank and "
-          "the instruction.")
+          "check", [](const Program& p) { lower::check(p); }, py::call_guard<py::gil_scoped_release>(),
+          "Verification (Program.verify) and the static check (buffers, collective groups, no deadlock); "
+          "raises ValueError naming the rank, the instruction or the buffer.")
+      .def(
+          "verify",
+          [](const Program& p, const ir::Graph* graph) {
+            py::gil_scoped_release release;
+            if (graph)
+              lower::verify(p, *graph);
+            else
+              lower::verify(p);
+          },
+          py::arg("graph") = nullptr,
+          "The program as a contract (docs/modules/lower.md, Verification): its graph's fingerprint, buffer "
+          "shapes / tiles, compute operands, collective reductions and groups, counts, results; with graph=, "
+          "also that it was lowered for that graph. Raises ValueError naming the rank, the instruction or the "
+          "buffer.")
+      .def_readonly("graph_fingerprint", &Program::graph_fingerprint,
+                    "Fingerprint (Graph.fingerprint) of the program's graph, as lowered.")
+      .def_readonly("step_fingerprint", &Program::step_fingerprint,
+                    "Fingerprint of the training step the plan was made for (empty when not lowered from a plan).")
       .def(py::self == py::self)
       .def("__repr__", [](const Program& p) {
         std::size_t instrs = 0;

@@ -193,6 +193,9 @@ void bind_plan(py::module_& m) {
       "schedule and micro-batching, cross-stage tensors with resharding plans, predicted step time, "
       "throughput, MFU, peak memory, and the alternatives compared.")
       .def_readonly("model", &Plan::model)
+      .def_readonly("graph_fingerprint", &Plan::graph_fingerprint,
+                    "Fingerprint (weft.Graph.fingerprint) of the training graph the plan was made for; "
+                    "lower refuses another graph.")
       .def_readonly("cluster", &Plan::cluster)
       .def_readonly("strategy", &Plan::strategy)
       .def_readonly("schedule", &Plan::schedule)

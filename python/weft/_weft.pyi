@@ -509,6 +509,10 @@ class Graph:
         """
         Elementwise fn: identity, neg, relu, gelu (tanh form), tanh, exp, log, sigmoid, sqrt, rsqrt, square, scale (by scalar).
         """
+    def fingerprint(self) -> str:
+        """
+        Content hash of the graph's structure (tensors, ops, shapes, dtypes, roles; not its name or values): what plans and programs record of the graph they were made for.
+        """
     def validate(self) -> None:
         ...
     @property
@@ -542,7 +546,7 @@ class Program:
         ...
     def check(self) -> None:
         """
-        Static check (buffers, collective groups, no deadlock); raises ValueError naming the rank and the instruction.
+        Verification (Program.verify) and the static check (buffers, collective groups, no deadlock); raises ValueError naming the rank, the instruction or the buffer.
         """
     def describe(self, rank: typing.SupportsInt | typing.SupportsIndex, index: typing.SupportsInt | typing.SupportsIndex) -> str:
         ...
@@ -558,6 +562,20 @@ class Program:
         """
     def to_json(self) -> str:
         ...
+    def verify(self, graph: Graph | None = None) -> None:
+        """
+        The program as a contract (docs/modules/lower.md, Verification): its graph's fingerprint, buffer shapes / tiles, compute operands, collective reductions and groups, counts, results; with graph=, also that it was lowered for that graph. Raises ValueError naming the rank, the instruction or the buffer.
+        """
+    @property
+    def graph_fingerprint(self) -> str:
+        """
+        Fingerprint (Graph.fingerprint) of the program's graph, as lowered.
+        """
+    @property
+    def step_fingerprint(self) -> str:
+        """
+        Fingerprint of the training step the plan was made for (empty when not lowered from a plan).
+        """
     @property
     def buffers(self) -> list:
         """
@@ -993,6 +1011,11 @@ class Plan:
     @property
     def microbatch_size(self) -> int:
         ...
+    @property
+    def graph_fingerprint(self) -> str:
+        """
+        Fingerprint (weft.Graph.fingerprint) of the training graph the plan was made for; lower refuses another graph.
+        """
     @property
     def model(self) -> str:
         ...

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -69,7 +70,9 @@ void for_each_index(const std::vector<std::int64_t>& shape, F&& f) {
   }
 }
 
-// The program after its static check (the layout reads its buffers and stages).
+// The program after its verification and static check (lower::check runs lower::verify): the
+// executor runs only verified programs, so every id it dereferences below was proven in range
+// (the element accesses that depend on a rank's data use .at() or explicit checks as well).
 const Program& checked(const Program& p) {
   lower::check(p);
   return p;
@@ -132,10 +135,15 @@ class Executor {
     res.ranks = stats_;
     for (int s = 0; s < opt_.steps; ++s) {
       double loss = 0;
-      if (p_.loss >= 0)
-        loss = assemble_from(p_.loss, [&](int r) -> const HostTensor* {
-                 return &losses_[static_cast<std::size_t>(r)][static_cast<std::size_t>(s)];
-               }).data.at(0);
+      if (p_.loss >= 0) {
+        const HostTensor l = assemble_from(p_.loss, [&](int r) -> const HostTensor* {
+          const auto& per = losses_[static_cast<std::size_t>(r)];
+          return static_cast<std::size_t>(s) < per.size() ? &per[static_cast<std::size_t>(s)] : nullptr;
+        });
+        WEFT_CHECK(!l.data.empty(), "execute: the loss buffer '{}' holds no value",
+                   p_.buffers[static_cast<std::size_t>(p_.loss)].name);
+        loss = l.data[0];
+      }
       res.losses.push_back(loss);
     }
     for (const auto& [name, b] : p_.parameters) res.parameters[name] = assemble(b);
@@ -161,8 +169,13 @@ class Executor {
     for (int r = 0; r < p_.num_ranks(); ++r) {
       if (p_.ranks[static_cast<std::size_t>(r)].stage != buf.stage) continue;
       const HostTensor* v = get(r);
-      if (!v) continue;
+      if (!v || v->data.empty()) continue;  // not held on this rank
       const TileIndex& t = tile(b, r);
+      std::int64_t n = 1;
+      for (auto d : t.local_shape) n *= d;
+      WEFT_CHECK(static_cast<std::int64_t>(v->data.size()) == n,
+                 "execute: rank {} holds {} elements of '{}', its tile {} has {}", r, v->data.size(), buf.name,
+                 t.local_shape, n);
       auto& s = seen[static_cast<std::size_t>(t.partial_index)];
       for_each_index(t.local_shape, [&](const std::vector<std::int64_t>& idx, std::int64_t k) {
         std::int64_t g = 0;
@@ -175,6 +188,9 @@ class Executor {
         o = t.partial_index == 0 || !is_max ? (is_max ? x : o + x) : std::max(o, x);
       });
     }
+    for (std::size_t q = 0; q < seen.size(); ++q)
+      WEFT_CHECK(std::all_of(seen[q].begin(), seen[q].end(), [](char c) { return c != 0; }),
+                 "execute: no rank holds all of '{}' at the end of the step (partial term {})", buf.name, q);
     return out;
   }
   HostTensor assemble(int b) {
@@ -226,17 +242,14 @@ class Executor {
     stats_[static_cast<std::size_t>(r)].seconds = seconds_since(t0);
   }
 
-  HostTensor& value(int r, int b) {
-    return *values_[static_cast<std::size_t>(r)][static_cast<std::size_t>(b)];
-  }
   const HostTensor& read(int r, int b) {
-    auto& v = values_[static_cast<std::size_t>(r)][static_cast<std::size_t>(b)];
-    WEFT_CHECK(v.has_value(), "buffer '{}' is not held", p_.buffers[static_cast<std::size_t>(b)].name);
+    auto& v = values_.at(static_cast<std::size_t>(r)).at(static_cast<std::size_t>(b));
+    WEFT_CHECK(v.has_value(), "buffer '{}' is not held", p_.buffers.at(static_cast<std::size_t>(b)).name);
     return *v;
   }
   void write(int r, int b, HostTensor v) {
     round_to(v, opt_.dtype);
-    values_[static_cast<std::size_t>(r)][static_cast<std::size_t>(b)] = std::move(v);
+    values_.at(static_cast<std::size_t>(r)).at(static_cast<std::size_t>(b)) = std::move(v);
     std::int64_t live = 0;
     for (const auto& x : values_[static_cast<std::size_t>(r)])
       if (x) live += static_cast<std::int64_t>(x->data.size()) * 8;

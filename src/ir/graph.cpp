@@ -4,6 +4,9 @@
 #include <fmt/ranges.h>
 
 #include <cmath>
+#include <cstdint>
+#include <string_view>
+#include <type_traits>
 #include <queue>
 #include <set>
 #include <unordered_map>
@@ -488,6 +491,70 @@ std::string Graph::dump() const {
                      op.name, fmt::join(ins, ", "), op.index_map.to_string(), op.flops());
   }
   return s;
+}
+
+namespace {
+// FNV-1a 64 over a canonical stream: every field with its length or a separator, so that no two
+// different structures write the same bytes.
+struct Fnv {
+  std::uint64_t h = 0xcbf29ce484222325ULL;
+  void bytes(const void* p, std::size_t n) {
+    const auto* c = static_cast<const unsigned char*>(p);
+    for (std::size_t k = 0; k < n; ++k) h = (h ^ c[k]) * 0x100000001b3ULL;
+  }
+  void i64(std::int64_t v) { bytes(&v, sizeof v); }
+  void f64(double v) {
+    if (v == 0) v = 0;  // -0 == 0
+    bytes(&v, sizeof v);
+  }
+  void str(std::string_view s) {
+    i64(static_cast<std::int64_t>(s.size()));
+    bytes(s.data(), s.size());
+  }
+  template <typename T>
+  void list(const std::vector<T>& v) {
+    i64(static_cast<std::int64_t>(v.size()));
+    for (const auto& x : v) {
+      if constexpr (std::is_floating_point_v<T>)
+        f64(x);
+      else
+        i64(static_cast<std::int64_t>(x));
+    }
+  }
+};
+}  // namespace
+
+std::string graph_fingerprint(const Graph& g) {
+  Fnv f;
+  f.str("weft.graph/fingerprint/1");
+  f.i64(static_cast<std::int64_t>(g.tensors().size()));
+  for (TensorId t = 0; t < static_cast<TensorId>(g.tensors().size()); ++t) {
+    const auto& x = g.tensor(t);
+    f.str(x.name);
+    f.list(x.shape);
+    f.i64(static_cast<std::int64_t>(x.dtype));
+    f.i64(static_cast<std::int64_t>(x.role));
+    f.i64(x.producer);
+    f.i64(g.grad_of(t).value_or(-1));
+  }
+  f.i64(static_cast<std::int64_t>(g.ops().size()));
+  for (const auto& op : g.ops()) {
+    f.i64(static_cast<std::int64_t>(op.kind));
+    f.str(op.name);
+    f.list(op.inputs);
+    f.list(op.outputs);
+    f.str(op.attrs.equation);
+    f.i64(static_cast<std::int64_t>(op.attrs.unary));
+    f.i64(static_cast<std::int64_t>(op.attrs.binary));
+    f.i64(static_cast<std::int64_t>(op.attrs.reduce));
+    f.list(op.attrs.axes);
+    f.list(op.attrs.ints);
+    f.f64(op.attrs.scalar);
+    f.list(op.attrs.scalars);
+  }
+  f.list(g.outputs());
+  f.i64(g.loss().value_or(-1));
+  return fmt::format("{:016x}", f.h);
 }
 
 }  // namespace weft::ir

@@ -1194,7 +1194,9 @@ reshard::PlanOptions default_transfer_options() {
 Program lower_pipeline(const ir::Graph& g, const cluster::Cluster& cluster,
                        const std::vector<PipelineStage>& stages, const std::vector<CrossStageSpec>& cross,
                        const PipelineOptions& options) {
-  return PipelineLowering(g, cluster, stages, cross, options).run();
+  Program p = PipelineLowering(g, cluster, stages, cross, options).run();
+  p.graph_fingerprint = ir::graph_fingerprint(p.graph);
+  return p;
 }
 
 }  // namespace weft::lower

@@ -92,6 +92,23 @@ std::vector<int> grouping_blocks(const ir::Graph& g, int num_blocks) {
 }  // namespace
 
 Program lower(const plan::Plan& plan, const ir::Graph& step, const cluster::Cluster& cluster) {
+  const std::string step_fp = ir::graph_fingerprint(step);
+  if (!plan.graph_fingerprint.empty() && plan.graph_fingerprint != step_fp) {
+    // What differs, where it is cheap to say.
+    std::string why = "its shapes, ops or dtypes differ from the planned graph's";
+    std::int64_t b = -1;
+    try {
+      b = plan::batch_size(step);
+    } catch (const Error&) {
+    }
+    if (plan.model != step.name())
+      why = fmt::format("the plan is for model '{}'", plan.model);
+    else if (b >= 0 && b != plan.global_batch())
+      why = fmt::format("the plan is for a global batch of {}, the step graph has {}", plan.global_batch(), b);
+    fail("lower: the plan was made for another graph: its fingerprint is {}, the step graph '{}' has {} ({}: plan "
+         "this graph)",
+         plan.graph_fingerprint, step.name(), step_fp, why);
+  }
   WEFT_CHECK(!plan.stages.empty(), "lower: the plan has no stages");
   for (const auto& st : plan.stages)
     WEFT_CHECK(
@@ -226,7 +243,9 @@ Program lower(const plan::Plan& plan, const ir::Graph& step, const cluster::Clus
   po.microbatches = plan.num_microbatches;
   po.schedule = plan.num_stages() == 1 ? "1f1b" : plan.schedule;
   po.schedule_k = plan.schedule_k;
-  return lower_pipeline(g, cluster, stages, cross, po);
+  Program prog = lower_pipeline(g, cluster, stages, cross, po);
+  prog.step_fingerprint = step_fp;
+  return prog;
 }
 
 std::vector<AdaptiveProgram> lower_adaptive(const plan::Plan& plan, const ir::Graph& step,

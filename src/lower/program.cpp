@@ -145,7 +145,9 @@ std::string Program::to_json(const ir::JsonValueOptions& values) const {
          {"leaf_buffers", leaf_buffers},
          {"parameters", parameters},
          {"gradients", gradients},
-         {"loss", loss}};
+         {"loss", loss},
+         {"graph_fingerprint", graph_fingerprint.empty() ? ir::graph_fingerprint(graph) : graph_fingerprint},
+         {"step_fingerprint", step_fingerprint}};
   return j.dump();
 }
 
@@ -233,6 +235,9 @@ Program Program::from_json(std::string_view text, const std::string& base_dir) {
   p.parameters = field<std::map<std::string, int>>(j, "parameters", "program");
   p.gradients = field<std::map<std::string, int>>(j, "gradients", "program");
   p.loss = field<int>(j, "loss", "program");
+  p.graph_fingerprint = field<std::string>(j, "graph_fingerprint", "program");
+  WEFT_CHECK(!p.graph_fingerprint.empty(), "Program JSON: program.graph_fingerprint is empty");
+  if (j.contains("step_fingerprint")) p.step_fingerprint = field<std::string>(j, "step_fingerprint", "program");
   check(p);
   return p;
 }
@@ -331,7 +336,10 @@ std::string Program::dump() const {
   return s;
 }
 
-void check(const Program& p) {
+void check(const Program& p) { verify(p); }
+
+// The dataflow / group / deadlock part of the check (after verify's structural checks).
+void check_dataflow(const Program& p) {
   const int nb = static_cast<int>(p.buffers.size()), nr = p.num_ranks();
   for (int r = 0; r < nr; ++r)
     WEFT_CHECK(p.ranks[static_cast<std::size_t>(r)].rank == r, "program: ranks[{}] says it is rank {}", r,

@@ -334,6 +334,7 @@ std::string Plan::to_json() const {
   for (const auto& a : alternatives) alts_j.push_back(to_j(a));
   json j{{"format", "weft.plan/1"},
          {"model", model},
+         {"graph_fingerprint", graph_fingerprint},
          {"cluster", cluster},
          {"strategy", strategy},
          {"schedule", schedule},
@@ -377,6 +378,7 @@ Plan Plan::from_json(std::string_view text) {
   WEFT_CHECK(fmt_tag == "weft.plan/1", "Plan JSON: unknown format '{}' (expected weft.plan/1)", fmt_tag);
   Plan p;
   p.model = field<std::string>(j, "model", root);
+  if (j.contains("graph_fingerprint")) p.graph_fingerprint = field<std::string>(j, "graph_fingerprint", root);
   p.cluster = field<std::string>(j, "cluster", root);
   p.strategy = field<std::string>(j, "strategy", root);
   p.schedule = field<std::string>(j, "schedule", root);

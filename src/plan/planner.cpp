@@ -972,6 +972,7 @@ Built materialise_in_place(Context& ctx, const std::vector<SubmeshOptions>& subs
   Built out;
   Plan& p = out.plan;
   p.model = g.name();
+  p.graph_fingerprint = ir::graph_fingerprint(g);
   p.cluster = c.to_string();
   p.strategy = cand.strategy;
   p.schedule = opt.schedule;

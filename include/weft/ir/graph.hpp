@@ -154,4 +154,13 @@ class Graph {
   void index_grad(TensorId grad, TensorId of);
 };
 
+// A content hash of the graph's structure (16 hex digits, FNV-1a 64): its tensors (name, shape,
+// dtype, role, producer, grad_of), its ops (kind, name, operands, results, attributes), its
+// outputs and loss. The graph's name, the values its leaves carry and the seeding rule are left
+// out: a plan and a program depend on the structure only (the same plan runs whatever weights are
+// loaded, a checkpoint does not invalidate it, and hashing gigabytes of weights — or reading value
+// files — at every load would cost more than the check is worth). Plans and programs record the
+// fingerprint of the graph they were made for (lower::verify).
+std::string graph_fingerprint(const Graph& g);
+
 }  // namespace weft::ir

@@ -153,6 +153,11 @@ struct Program {
   std::map<std::string, int> parameters;  // parameter name -> its leaf buffer (value after a step)
   std::map<std::string, int> gradients;   // parameter name -> its gradient's produced buffer
   int loss = -1;                          // the loss's produced buffer
+  // ir::graph_fingerprint of `graph` as the lowering made it (verify() recomputes and compares: a
+  // graph swapped under the instructions is refused); of the training step the plan was made for
+  // (the global-batch graph, Plan::graph_fingerprint). Empty: not recorded (hand-made programs).
+  std::string graph_fingerprint;
+  std::string step_fingerprint;
 
   int num_ranks() const { return static_cast<int>(ranks.size()); }
   // The ranks of a collective of `rank` (its explicit group, or its group along the axis of its
@@ -181,6 +186,31 @@ struct Program {
 // Send posts its message to each receiver (never blocks), a Recv waits for the Send of its tag from
 // its sender with the same buffers and region; every message is received exactly once by each of
 // its receivers. Throws weft::Error naming the rank and the instruction.
+// The dataflow / group / deadlock part alone (what check() proved before verify existed).
+void check_dataflow(const Program& p);
+// check() runs verify(), which ends with check_dataflow() (so every caller of check — the executors, the runtime's layout,
+// Program.check() in Python — runs only verified programs).
 void check(const Program& p);
+
+// The contract between planning and running, checked independently of how the program was made
+// (docs/modules/lower.md, "Verification"): the graph's fingerprint equals the recorded one; the
+// graph is valid; ranks, stages and meshes agree (counts positive: micro-batches, replicas,
+// micro-batch size = the graph's batch, shares, split fractions); every buffer's tensor exists, its
+// shape is the tensor's, its element size the tensor dtype's and its spec a valid tiling of that
+// shape on its stage's mesh; every instruction reads and writes buffers of its rank's stage, in the
+// right number: a compute's op exists and its operands / results are the buffers of the op's
+// inputs / outputs (tensor ids match), cross-entropy steps read the op's logits / labels and
+// statistics, every collective moves one tensor along an axis of the mesh with an explicit group
+// equal to the mesh's group along that axis, an all-reduce / reduce-scatter reduces with the
+// partial kind of its source spec (sum of P(sum), max of P(max)) into R / S on that axis, an
+// all-gather goes S -> R, a local slice R -> S, a local partial R -> P of its kind; a load reads an
+// Input leaf for a micro-batch in [0, micro-batches); every op of the graph is run by some rank;
+// the leaves, the loss, the parameters and the gradients the result reports are the graph's
+// (tensor ids and names match) and are produced by some instruction (or are leaves). Then the
+// dataflow / deadlock check above. weft::Error naming the rank, the instruction (pc) or the buffer.
+void verify(const Program& p);
+// The same, and the program was made for `graph`: its fingerprint equals the program graph's or
+// the training step's it was lowered from (the plan's); weft::Error naming both otherwise.
+void verify(const Program& p, const ir::Graph& graph);
 
 }  // namespace weft::lower

@@ -142,6 +142,9 @@ struct Alternative {
 
 struct Plan {
   std::string model;     // graph name
+  // ir::graph_fingerprint of the training graph the plan was made for (lower refuses another
+  // graph, naming both); empty in plans written before fingerprints (not checked then).
+  std::string graph_fingerprint;
   std::string cluster;   // Cluster::to_string()
   std::string strategy;  // "spmd" (one stage on the whole cluster), "pipeline", or a baseline name
   std::string schedule;  // schedule kind: "1f1b", "gpipe", "kfkb", "eager_1f1b", "interleaved", "zb_h1"
