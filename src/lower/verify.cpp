@@ -514,7 +514,13 @@ class Verifier {
               break;
             }
             WEFT_CHECK(buf(a).tensor >= 0, "program: {}: a resharding collective of a statistics buffer", what());
-            if (st.shape[static_cast<std::size_t>(i.axis)] == 1) break;  // one tile: any step is a copy
+            if (st.shape[static_cast<std::size_t>(i.axis)] == 1) {  // one position: the step can only copy
+              WEFT_CHECK(norm_[static_cast<std::size_t>(a)] == norm_[static_cast<std::size_t>(b)],
+                         "program: {}: a {} along mesh axis {} (of size 1) moves nothing, but '{}' and '{}' are "
+                         "different layouts",
+                         what(), instr_kind_name(i.kind), i.axis, buf(a).name, buf(b).name);
+              break;
+            }
             auto need = [&](bool ok, const char* rule) {
               WEFT_CHECK(ok, "program: {}: a {} on mesh axis {} goes {}, the buffers go {} -> {} there", what(),
                          instr_kind_name(i.kind), i.axis, rule, placement_text(from, i.axis),

@@ -391,3 +391,11 @@ def test_accumulation_mutations():
     r = next(n for n, i in enumerate(code) if n > k and acc in i["in"] and i["kind"] != "free")
     code.insert(k, code.pop(r))  # the reader before the accumulation
     refused(j, "program")
+
+
+def test_collective_moved_to_an_axis_of_size_one(dp):
+    """dp's mesh is [4, 1]: the gradient all-reduce moved to axis 1 would move nothing."""
+    j = json.loads(dp.to_json())
+    c, k, i = next(x for x in instrs(j, "all-reduce") if not x[2]["internal"])
+    i["axis"] = 1
+    refused(j, f"#{k}", "moves nothing")
