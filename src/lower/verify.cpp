@@ -49,6 +49,7 @@ class Verifier {
     for (auto [out, leaf] : ir::updated_states(g_)) state_leaf_[out] = leaf;
     instructions();
     results();
+    hazards();
   }
 
  private:
@@ -513,7 +514,13 @@ class Verifier {
               break;
             }
             WEFT_CHECK(buf(a).tensor >= 0, "program: {}: a resharding collective of a statistics buffer", what());
-            if (st.shape[static_cast<std::size_t>(i.axis)] == 1) break;  // one tile: any step is a copy
+            if (st.shape[static_cast<std::size_t>(i.axis)] == 1) {  // one position: the step can only copy
+              WEFT_CHECK(norm_[static_cast<std::size_t>(a)] == norm_[static_cast<std::size_t>(b)],
+                         "program: {}: a {} along mesh axis {} (of size 1) moves nothing, but '{}' and '{}' are "
+                         "different layouts",
+                         what(), instr_kind_name(i.kind), i.axis, buf(a).name, buf(b).name);
+              break;
+            }
             auto need = [&](bool ok, const char* rule) {
               WEFT_CHECK(ok, "program: {}: a {} on mesh axis {} goes {}, the buffers go {} -> {} there", what(),
                          instr_kind_name(i.kind), i.axis, rule, placement_text(from, i.axis),
@@ -611,6 +618,97 @@ class Verifier {
     }
     for (ir::OpId o = 0; o < nops; ++o)
       WEFT_CHECK(ran[static_cast<std::size_t>(o)], "program: op '{}' of its graph is run by no rank", g_.op(o).name);
+  }
+
+  // Per rank, in order: what a rank reads is the value the lowering meant. A buffer is written once
+  // in each of its lives (a write while it holds a value — a duplicated instruction — is refused),
+  // but for an accumulator (a copy of the first micro-batch's gradient, then one accumulate per
+  // further micro-batch, each addend once: microbatches − 1 accumulates, all before the
+  // accumulator is read) and receives (several may fill one buffer). A leaf is written at most
+  // once a step besides receives (its update, or the copy / collective that carries the new value
+  // in), and no op reads it after that. An Input leaf holds nothing until a load-input fills it.
+  void hazards() const {
+    std::vector<char> live(static_cast<std::size_t>(nb()), 0), leaf(static_cast<std::size_t>(nb()), 0),
+        rewritten(static_cast<std::size_t>(nb()), 0);
+    std::vector<int> accumulated(static_cast<std::size_t>(nb()), 0);
+    std::vector<char> added(static_cast<std::size_t>(nb()), 0), is_acc(static_cast<std::size_t>(nb()), 0);
+    for (int r = 0; r < p_.num_ranks(); ++r) {
+      const auto& rp = p_.ranks[static_cast<std::size_t>(r)];
+      for (const auto& i : rp.instrs())
+        if (i.kind == InstrKind::Accumulate) is_acc[static_cast<std::size_t>(i.out[0])] = 1;
+    }
+    for (int r = 0; r < p_.num_ranks(); ++r) {
+      const auto& rp = p_.ranks[static_cast<std::size_t>(r)];
+      const auto& st = stage(rp.stage);
+      const auto& ins = rp.instrs();
+      std::fill(live.begin(), live.end(), 0);
+      std::fill(leaf.begin(), leaf.end(), 0);
+      std::fill(rewritten.begin(), rewritten.end(), 0);
+      std::fill(accumulated.begin(), accumulated.end(), 0);
+      std::fill(added.begin(), added.end(), 0);
+      std::vector<char> input(static_cast<std::size_t>(nb()), 0);
+      for (int b : p_.leaf_buffers) {  // an Input leaf is filled (and freed) like any buffer
+        const bool in = g_.tensor(buf(b).tensor).role == ir::Role::Input;
+        input[static_cast<std::size_t>(b)] = in;
+        leaf[static_cast<std::size_t>(b)] = !in;
+        live[static_cast<std::size_t>(b)] = !in;
+      }
+      for (int k = 0; k < static_cast<int>(ins.size()); ++k) {
+        const Instr& i = ins[static_cast<std::size_t>(k)];
+        if (!rp.runs(i)) continue;
+        auto what = [&] { return p_.describe(r, k); };
+        if (i.kind == InstrKind::Free) {
+          for (int b : i.in) live[static_cast<std::size_t>(b)] = 0;
+          continue;
+        }
+        if (i.kind != InstrKind::Recv)
+          for (int b : i.in) {
+            WEFT_CHECK(live[static_cast<std::size_t>(b)] || !input[static_cast<std::size_t>(b)],
+                       "program: {} reads the Input '{}' before a load-input fills it", what(), buf(b).name);
+            const bool op_reads = i.kind == InstrKind::Compute || i.kind == InstrKind::CeRowMax ||
+                                  i.kind == InstrKind::CeSumTarget || i.kind == InstrKind::CeLoss ||
+                                  i.kind == InstrKind::CeGrad;
+            WEFT_CHECK(!(op_reads && rewritten[static_cast<std::size_t>(b)]),
+                       "program: {} reads the leaf '{}' after this step already wrote its new value", what(),
+                       buf(b).name);
+            if (is_acc[static_cast<std::size_t>(b)] && i.kind != InstrKind::Accumulate)
+              WEFT_CHECK(accumulated[static_cast<std::size_t>(b)] == st.microbatches - 1,
+                         "program: {} reads the accumulator '{}' after {} of its {} accumulations", what(),
+                         buf(b).name, accumulated[static_cast<std::size_t>(b)], st.microbatches - 1);
+          }
+        if (i.kind == InstrKind::Send) continue;
+        if (i.kind == InstrKind::Accumulate) {
+          const int acc = i.out[0], add = i.in[1];
+          WEFT_CHECK(!added[static_cast<std::size_t>(add)], "program: {} adds '{}' into '{}' a second time", what(),
+                     buf(add).name, buf(acc).name);
+          added[static_cast<std::size_t>(add)] = 1;
+          WEFT_CHECK(++accumulated[static_cast<std::size_t>(acc)] <= st.microbatches - 1,
+                     "program: {}: more accumulations into '{}' than the {} micro-batches after the first", what(),
+                     buf(acc).name, st.microbatches - 1);
+          continue;
+        }
+        for (int b : i.out) {
+          const auto x = static_cast<std::size_t>(b);
+          if (i.kind == InstrKind::Recv) {
+            live[x] = 1;
+            continue;
+          }
+          if (leaf[x]) {
+            WEFT_CHECK(!rewritten[x], "program: {} writes the leaf '{}' a second time this step", what(), buf(b).name);
+            rewritten[x] = 1;
+          } else {
+            WEFT_CHECK(!live[x], "program: {} writes '{}', which already holds a value (not freed since)", what(),
+                       buf(b).name);
+          }
+          live[x] = 1;
+        }
+      }
+      for (int b = 0; b < nb(); ++b)
+        if (is_acc[static_cast<std::size_t>(b)] && buf(b).stage == rp.stage)
+          WEFT_CHECK(accumulated[static_cast<std::size_t>(b)] == st.microbatches - 1,
+                     "program: rank {} accumulates into '{}' {} times, not {} (micro-batches − 1)", r, buf(b).name,
+                     accumulated[static_cast<std::size_t>(b)], st.microbatches - 1);
+    }
   }
 
   // The step's results and the leaves stay held to the end of the step: never freed.

@@ -356,3 +356,46 @@ def test_random_single_field_mutations_are_refused_or_change_nothing(planned, dp
             for name, want in good.parameters.items():
                 assert np.array_equal(r.parameters[name], want), (q, v, d[q[-1]], name)
     assert counts["refused"] > 50 and counts["ran"] > 50, counts
+
+
+def test_duplicated_or_missing_instructions(base, dp):
+    """A write while the buffer still holds a value (a duplicated instruction), an addend accumulated
+    twice, an Input read before its load-input: refused."""
+    j = copy.deepcopy(base)
+    code = j["codes"][0]
+    k = next(n for n, i in enumerate(code) if i["kind"] == "compute")
+    code.insert(k + 1, copy.deepcopy(code[k]))
+    refused(j, "already holds a value")
+    j = copy.deepcopy(base)
+    for code in j["codes"]:
+        code[:] = [i for i in code if i["kind"] != "load-input"]
+    refused(j, "before a load-input fills it")
+
+
+def test_accumulation_mutations():
+    """Two micro-batches per replica: a gradient accumulated twice, or read before its accumulation."""
+    step = gpt()
+    c = weft.Cluster.preset("p3.8xlarge")
+    prog = weft.lower(weft.data_parallel_plan(step, c, [1, 1, 0, 0], num_microbatches=2), step, c)
+    prog.verify()
+    src = json.loads(prog.to_json())
+    j = copy.deepcopy(src)
+    code = j["codes"][0]
+    k = next(n for n, i in enumerate(code) if i["kind"] == "accumulate")
+    code.insert(k + 1, copy.deepcopy(code[k]))
+    refused(j, "a second time")
+    j = copy.deepcopy(src)
+    code = j["codes"][0]
+    k = next(n for n, i in enumerate(code) if i["kind"] == "accumulate")
+    acc = code[k]["out"][0]
+    r = next(n for n, i in enumerate(code) if n > k and acc in i["in"] and i["kind"] != "free")
+    code.insert(k, code.pop(r))  # the reader before the accumulation
+    refused(j, "program")
+
+
+def test_collective_moved_to_an_axis_of_size_one(dp):
+    """dp's mesh is [4, 1]: the gradient all-reduce moved to axis 1 would move nothing."""
+    j = json.loads(dp.to_json())
+    c, k, i = next(x for x in instrs(j, "all-reduce") if not x[2]["internal"])
+    i["axis"] = 1
+    refused(j, f"#{k}", "moves nothing")
