@@ -157,8 +157,8 @@ def make_plan(args, model, example, cluster):
     """The plan of ``--plan``: Megatron's t=2 x p=2 layout, or None (weft.Trainer asks weft.plan)."""
     if args.plan == "auto":
         return None
-    step = weft.from_torch(model, example).train_step(optimizer="adam")
-    return weft.megatron_plan(step, cluster, t=2, p=2, d=1)
+    # made on the Trainer's own training graph (rank 0 plans, every rank lowers)
+    return lambda graph, cluster: weft.megatron_plan(graph, cluster, t=2, p=2, d=1)
 
 
 def optimizer_of(args):

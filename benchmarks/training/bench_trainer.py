@@ -64,7 +64,7 @@ def run(args):
     example = data.batch(0, args.batch, args.seq)
     cluster = weft.Cluster.preset("p3.8xlarge")
     opt = weft.optim.AdamW(lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1, no_decay=("bias", "ln", "norm"))
-    step_graph = weft.from_torch(model, example).train_step(optimizer="adam")
+    step_graph = weft.Trainer.training_graph(model, example, opt, args.precision)  # the graph the Trainer runs
     plans = {
         "weft data parallel": weft.data_parallel_plan(step_graph, cluster, [args.batch // world] * world),
         "weft tp2 x pp2": weft.megatron_plan(step_graph, cluster, t=2, p=2, d=1),
