@@ -47,7 +47,7 @@ def _dist():
     return dist
 
 
-def _cluster_of(cluster, world: int):
+def _cluster_of(cluster):
     if cluster is None:
         return None
     if isinstance(cluster, str):
@@ -135,7 +135,7 @@ class Trainer:
 
         self.step_graph = self._training_graph(model, example_inputs)
         self.input_names = self._input_names(model, example_inputs)
-        self.cluster = _cluster_of(cluster, self.world)
+        self.cluster = _cluster_of(cluster)
         self.plan, self.program = self._program(plan, plan_options or {})
         if self.program.num_ranks != self.world:
             raise ValueError(f"the plan has {self.program.num_ranks} ranks, this job {self.world} processes "
@@ -361,7 +361,8 @@ class Trainer:
     # ---- training
 
     def lr(self, step: Optional[int] = None) -> Dict[str, float]:
-        """The learning rate of each parameter group at ``step`` (from 0; default: the next step)."""
+        """The base learning rate (``optimizer.lr`` times the schedule's factor; a group with its own
+        lr scales the same way) at ``step`` (from 0; default: the next step), as {"lr": ...}."""
         i = self.steps_done if step is None else int(step)
         f = float(self.schedule(i))
         return {"lr": self.optimizer.lr * f}
