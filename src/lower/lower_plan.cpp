@@ -245,6 +245,7 @@ Program lower(const plan::Plan& plan, const ir::Graph& step, const cluster::Clus
   po.schedule_k = plan.schedule_k;
   Program prog = lower_pipeline(g, cluster, stages, cross, po);
   prog.step_fingerprint = step_fp;
+  check_against_plan(prog, plan);
   return prog;
 }
 

@@ -13,6 +13,7 @@
 #include "weft/core/error.hpp"
 #include "weft/core/json_reader.hpp"
 #include "weft/ir/json.hpp"
+#include "simulate.hpp"
 
 namespace weft::lower {
 
@@ -435,9 +436,25 @@ void check_dataflow(const Program& p) {
     }
   }
 
-  // Simulated execution: every rank runs until it stands at a collective or at a Recv whose
-  // message has not been posted; a Send posts its message to each receiver; a collective completes
-  // when every member of its group stands at a matching one. No progress before the end = a deadlock.
+  simulate_execution(p, {});
+}
+
+// The simulated execution of check_dataflow (simulate.hpp): every rank runs until it stands at a
+// collective or at a Recv whose message has not been posted; a Send posts its message to each
+// receiver; a collective completes when every member of its group stands at a matching one. No
+// progress before the end = a deadlock.
+void simulate_execution(const Program& p, const SimulationHooks& hooks) {
+  const int nr = p.num_ranks();
+  std::vector<std::vector<std::vector<int>>> axis_group(static_cast<std::size_t>(nr));
+  for (int r = 0; r < nr; ++r) {
+    const auto& st = p.stages[static_cast<std::size_t>(p.ranks[static_cast<std::size_t>(r)].stage)];
+    for (int a = 0; a < static_cast<int>(st.shape.size()); ++a)
+      axis_group[static_cast<std::size_t>(r)].push_back(p.group_along(r, a));
+  }
+  auto group = [&](int r, const Instr& i) -> const std::vector<int>& {
+    if (!is_collective(i.kind) || !i.group.empty()) return i.group;
+    return axis_group[static_cast<std::size_t>(r)][static_cast<std::size_t>(i.axis)];
+  };
   std::vector<std::size_t> pc(static_cast<std::size_t>(nr), 0);
   std::map<std::pair<int, int>, std::pair<int, const Instr*>> posted;  // (tag, receiver) -> (sender, send)
   auto advance = [&](int r) {
@@ -463,6 +480,7 @@ void check_dataflow(const Program& p) {
             p.describe(r, static_cast<int>(k)), i.tag, it->second.first);
         posted.erase(it);
       }
+      if (hooks.local) hooks.local(r, k);
     }
   };
   auto at_end = [&](int r) {
@@ -504,6 +522,11 @@ void check_dataflow(const Program& p) {
             p.describe(m, static_cast<int>(mk)));
       }
       if (!ready) continue;
+      if (hooks.collective) {
+        std::vector<std::size_t> ks;
+        for (int m : g) ks.push_back(pc[static_cast<std::size_t>(m)]);
+        hooks.collective(g, ks);
+      }
       for (int m : g) ++pc[static_cast<std::size_t>(m)];
       progress = true;
     }

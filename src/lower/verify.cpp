@@ -11,9 +11,11 @@
 #include <set>
 #include <tuple>
 
+#include "simulate.hpp"
 #include "weft/core/dtype.hpp"
 #include "weft/core/error.hpp"
 #include "weft/ir/autodiff.hpp"
+#include "weft/lower/lower.hpp"
 #include "weft/lower/program.hpp"
 #include "weft/pipeline/grouping.hpp"
 #include "weft/plan/rebatch.hpp"
@@ -772,6 +774,7 @@ class Verifier {
 void verify(const Program& p) {
   Verifier(p).run();
   check_dataflow(p);
+  check_microbatches(p);
 }
 
 void verify(const Program& p, const ir::Graph& graph) {
@@ -782,6 +785,58 @@ void verify(const Program& p, const ir::Graph& graph) {
              p.step_fingerprint.empty() ? std::string() : fmt::format(" (training step {})", p.step_fingerprint),
              graph.name(), fp);
   verify(p);
+}
+
+void check_against_plan(const Program& p, const plan::Plan& plan) {
+  if (!plan.graph_fingerprint.empty()) {
+    const std::string step = p.step_fingerprint.empty() ? p.graph_fingerprint : p.step_fingerprint;
+    WEFT_CHECK(step.empty() || step == plan.graph_fingerprint,
+               "program: it was lowered for a training step with fingerprint {}, the plan was made for {}", step,
+               plan.graph_fingerprint);
+  }
+  WEFT_CHECK(p.stages.size() == plan.stages.size(), "program: {} stages, the plan has {}", p.stages.size(),
+             plan.stages.size());
+  // The replicas that run (uneven shares: a device with no share is left out) and their shares,
+  // empty when every replica runs the plan's micro-batch size (lower records even shares or not).
+  auto uneven = [&](const std::vector<std::int64_t>& all) {
+    std::vector<std::int64_t> v;
+    for (std::int64_t s : all)
+      if (s > 0) v.push_back(s);
+    if (std::all_of(v.begin(), v.end(), [&](std::int64_t s) { return s == plan.microbatch_size; })) v.clear();
+    return v;
+  };
+  const std::vector<std::int64_t> shares = uneven(plan.replica_microbatch);
+  const int replicas = plan.replica_microbatch.empty()
+                           ? plan.data_parallel
+                           : static_cast<int>(std::count_if(plan.replica_microbatch.begin(),
+                                                            plan.replica_microbatch.end(),
+                                                            [](std::int64_t s) { return s > 0; }));
+  for (std::size_t s = 0; s < p.stages.size(); ++s) {
+    const StageMesh& st = p.stages[s];
+    WEFT_CHECK(st.microbatches == plan.num_microbatches, "program: stage {} runs {} micro-batches, the plan {}", s,
+               st.microbatches, plan.num_microbatches);
+    WEFT_CHECK(st.microbatch_size == plan.microbatch_size,
+               "program: stage {} runs micro-batches of {} samples, the plan {}", s, st.microbatch_size,
+               plan.microbatch_size);
+    WEFT_CHECK(st.replicas == replicas, "program: stage {} has {} replicas, the plan {}", s, st.replicas, replicas);
+    WEFT_CHECK(uneven(st.replica_microbatch) == shares, "program: stage {}'s replica shares {} are not the plan's {}", s,
+               st.replica_microbatch, shares);
+    if (plan.stages.size() > 1)
+      WEFT_CHECK(st.schedule == plan.schedule, "program: stage {} follows schedule '{}', the plan '{}'", s,
+                 st.schedule, plan.schedule);
+    std::set<int> have, want;
+    for (int r : st.ranks)
+      if (r >= 0 && r < p.num_ranks()) have.insert(p.ranks[static_cast<std::size_t>(r)].device);
+    for (int d : plan.stages[s].devices) want.insert(d);
+    WEFT_CHECK(std::includes(want.begin(), want.end(), have.begin(), have.end()) &&
+                   (have == want || !plan.replica_microbatch.empty()),
+               "program: stage {} runs on devices {}, the plan's stage {} on {}", s, have, s, want);
+  }
+}
+
+void verify(const Program& p, const ir::Graph& step, const plan::Plan& plan) {
+  verify(p, step);
+  check_against_plan(p, plan);
 }
 
 }  // namespace weft::lower

@@ -393,6 +393,69 @@ def test_accumulation_mutations():
     refused(j, "program")
 
 
+def _two_microbatch_programs():
+    """Two micro-batches: 2 replicas (the accumulation before the replica all-reduce) and a 2-stage
+    1F1B pipeline (values crossing stages by send / recv)."""
+    step = gpt(layers=2)
+    c = weft.Cluster.preset("p3.8xlarge")
+    dp2 = weft.lower(weft.data_parallel_plan(step, c, [1, 1, 0, 0], num_microbatches=2), step, c)
+    pp = weft.lower(weft.megatron_plan(step, c, 1, 2, 2, num_microbatches=2), step, c)
+    assert len(json.loads(pp.to_json())["stages"]) == 2
+    return [json.loads(dp2.to_json()), json.loads(pp.to_json())]
+
+
+def test_accumulation_deleted_or_fed_twice():
+    """The hole the per-instruction checks left: with two micro-batches an accumulator has one
+    accumulate; deleted (from the code every rank of the stage shares), the accumulator is a plain
+    copy of micro-batch 0's gradient and the update would use half the batch. Following which
+    micro-batches each value holds refuses it, by name; so does a micro-batch loaded twice (fed to
+    the accumulation twice) and an accumulation deleted on one replica only."""
+    for src in _two_microbatch_programs():
+        weft.Program.from_json(json.dumps(src)).check()
+        accs = [x for x in instrs(src, "accumulate")]
+        assert accs
+        for c, k, _ in accs[:3] + accs[-2:]:  # the first (loss / last layer) and the last (first layer)
+            j = copy.deepcopy(src)
+            del j["codes"][c][k]
+            refused(j, "from micro-batches {0} of the stage's 2", "an accumulation is missing")
+        j = copy.deepcopy(src)
+        for c, code in enumerate(j["codes"]):  # micro-batch 1's input loads micro-batch 0 again
+            for i in code:
+                if i["kind"] == "load-input" and i["microbatch"] == 1:
+                    i["microbatch"] = 0
+        refused(j, "a micro-batch counted twice")
+    # one replica's own code without the accumulation: its all-reduce meets the other replica's
+    src = _two_microbatch_programs()[0]
+    j = copy.deepcopy(src)
+    ranks = j["ranks"]
+    c0 = ranks[0]["code"]
+    j["codes"].append(copy.deepcopy(j["codes"][c0]))
+    ranks[0]["code"] = len(j["codes"]) - 1
+    k = next(n for n, i in enumerate(j["codes"][-1]) if i["kind"] == "accumulate")
+    del j["codes"][-1][k]
+    msg = refused(j, "program")
+    assert "micro-batches" in msg or "accumulat" in msg, msg
+
+
+def test_program_checked_against_its_plan():
+    """Counts consistent with the plan: a program verified against another plan of the same step
+    (other micro-batches, stages, micro-batch size) or a plan of another step is refused by name."""
+    step = gpt(layers=2)
+    c = weft.Cluster.preset("p3.8xlarge")
+    a = weft.megatron_plan(step, c, 1, 2, 2, num_microbatches=2)
+    prog = weft.lower(a, step, c)
+    prog.verify(step, a)
+    for other, words in [(weft.megatron_plan(step, c, 1, 2, 2, num_microbatches=1), "runs 2 micro-batches, the plan 1"),
+                         (weft.megatron_plan(step, c, 1, 1, 4, num_microbatches=1), "2 stages, the plan has 1"),
+                         (weft.megatron_plan(step, c, 2, 2, 1, num_microbatches=2), "micro-batches of 1 samples, the plan 2"),
+                         (weft.megatron_plan(gpt(hidden=64, layers=2), c, 1, 2, 2, num_microbatches=2),
+                          "the plan was made for")]:
+        with pytest.raises(ValueError, match=words):
+            prog.verify(step, other)
+    with pytest.raises(ValueError, match="plan= needs graph="):
+        prog.verify(plan=a)
+
+
 def test_collective_moved_to_an_axis_of_size_one(dp):
     """dp's mesh is [4, 1]: the gradient all-reduce moved to axis 1 would move nothing."""
     j = json.loads(dp.to_json())

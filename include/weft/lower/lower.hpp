@@ -144,6 +144,14 @@ Program lower_pipeline(const ir::Graph& g, const cluster::Cluster& cluster,
 // the stage layouts (made before lowering existed) throws weft::Error asking to re-plan.
 Program lower(const plan::Plan& plan, const ir::Graph& step, const cluster::Cluster& cluster);
 
+// The program carries out `plan` (issue 38: counts consistent with the plan): the plan's graph
+// fingerprint is the program's training step's; as many stages; per stage the plan's devices, its
+// micro-batches, micro-batch size and replicas (uneven shares: the replicas with a share, each at
+// its share), and the plan's schedule when there are several stages. lower() ends with it;
+// verify(program, step, plan) runs it after verify(program, step). weft::Error naming the field.
+void check_against_plan(const Program& program, const plan::Plan& plan);
+void verify(const Program& program, const ir::Graph& step, const plan::Plan& plan);
+
 // Ada-Grouper at run time: one program per kFkB group size of the plan's adaptive policy
 // (Plan::adaptive; one per frontier point, in frontier order, with the windows that run it; a
 // point no window of this trace picks is lowered too, for when the network changes). Point (k, b) is the

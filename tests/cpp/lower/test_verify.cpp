@@ -10,6 +10,7 @@
 #include "weft/ir/autodiff.hpp"
 #include "weft/lower/lower.hpp"
 #include "weft/models/models.hpp"
+#include "weft/plan/planner.hpp"
 #include "weft/sharding/sharding_spec.hpp"
 
 using namespace weft;
@@ -210,6 +211,23 @@ TEST_CASE("verify: mutations are refused by name") {
     find_instr(p, [](const lower::Instr& x) { return lower::is_collective(x.kind); }).axis = 7;
     refused(p, "axis");
   }
+  SUBCASE("an accumulation deleted, or a micro-batch loaded twice (followed through the step)") {
+    // Two micro-batches: each accumulator has one accumulate. Without it the accumulator is a
+    // plain copy of micro-batch 0's value, which no per-instruction check can tell.
+    auto p = good();
+    auto& ins = p.ranks[0].edit();
+    for (auto& r : p.ranks) r.code = p.ranks[0].code;
+    auto it = std::find_if(ins.begin(), ins.end(), [](const lower::Instr& x) { return x.kind == InstrKind::Accumulate; });
+    REQUIRE(it != ins.end());
+    ins.erase(it);
+    refused(p, "from micro-batches {0} of the stage's 2 (an accumulation is missing)");
+    p = good();
+    auto& loads = p.ranks[0].edit();
+    for (auto& r : p.ranks) r.code = p.ranks[0].code;
+    for (auto& x : loads)
+      if (x.kind == InstrKind::LoadInput) x.microbatch = 0;
+    refused(p, "a micro-batch counted twice");
+  }
   SUBCASE("a gradient reported from a buffer of another tensor") {
     auto p = good();
     REQUIRE(!p.gradients.empty());
@@ -231,4 +249,29 @@ TEST_CASE("verify: a plan made for one graph is not lowered with another") {
     CHECK(m.find(q.graph_fingerprint) != std::string::npos);
     CHECK(m.find(ir::graph_fingerprint(g)) != std::string::npos);
   }
+}
+
+TEST_CASE("verify: a program carries out its plan (stages, devices, counts)") {
+  const auto g = tiny_gpt(2, 16);
+  const auto c = cluster::Cluster::preset("M8", 1);
+  plan::PlanOptions o;
+  o.spmd_time_limit_s = 5;
+  const plan::Plan p = plan::megatron_plan(g, c, plan::MegatronLayout{1, 2, 4}, o);
+  const auto prog = lower::lower(p, g, c);
+  lower::verify(prog, g, p);
+  auto q = p;
+  q.num_microbatches += 1;
+  CHECK_THROWS_WITH_AS(lower::check_against_plan(prog, q), doctest::Contains("micro-batches, the plan"), Error);
+  q = p;
+  q.microbatch_size *= 2;
+  CHECK_THROWS_WITH_AS(lower::check_against_plan(prog, q), doctest::Contains("samples, the plan"), Error);
+  q = p;
+  q.data_parallel = 2;
+  CHECK_THROWS_WITH_AS(lower::check_against_plan(prog, q), doctest::Contains("replicas, the plan"), Error);
+  q = p;
+  std::swap(q.stages[0].devices, q.stages[1].devices);
+  CHECK_THROWS_WITH_AS(lower::check_against_plan(prog, q), doctest::Contains("runs on devices"), Error);
+  q = p;
+  q.stages.pop_back();
+  CHECK_THROWS_WITH_AS(lower::check_against_plan(prog, q), doctest::Contains("stages, the plan has 1"), Error);
 }
