@@ -41,10 +41,10 @@ def main() -> None:
     print(plan.summary())
     megatron = weft.megatron_plan(step, cluster, schedule=args.schedule)
     print("Best Megatron-style layout under the same cost model:")
-    print(f"  {megatron.strategy}: step {megatron.step_time:.4f} s, {megatron.throughput:.2f} samples/s, "
-          f"MFU {100 * megatron.mfu:.1f}%, peak {megatron.peak_memory / 1e9:.2f} GB/device "
+    print(f"  {megatron.strategy}: step {weft.format_seconds(megatron.step_time)}, {megatron.throughput:.2f} samples/s, "
+          f"MFU {100 * megatron.mfu:.1f}%, peak {weft.format_bytes(megatron.peak_memory)}/device "
           f"({megatron.num_microbatches} micro-batches)")
-    print(f"  weft's plan: step {plan.step_time:.4f} s -> {megatron.step_time / plan.step_time:.3f}x the Megatron layout's "
+    print(f"  weft's plan: step {weft.format_seconds(plan.step_time)} -> {megatron.step_time / plan.step_time:.3f}x the Megatron layout's "
           "throughput")
     if args.json:
         with open(args.json, "w") as f:

@@ -12,9 +12,9 @@ except ImportError:  # a development build: _weft on sys.path (PYTHONPATH=python
     import _weft  # type: ignore[no-redef]
 
     _sys.modules[__name__ + "._weft"] = _weft
-from ._weft import dtype_size
+from ._weft import dtype_size, format_bytes, format_flops, format_seconds
 
-__all__ = ["dtype_size"]
+__all__ = ["dtype_size", "format_bytes", "format_flops", "format_seconds"]
 # schedule / sim (pipeline schedules, simulator, Ada-Grouper)
 from ._weft import (BandwidthTrace, Candidate, PipelineLink, ReplicaCollectives, Schedule, StageModel, StageSpec,
                     check_order, links_from_cluster)

@@ -31,23 +31,14 @@ def _grid(header: Sequence[str], rows: Iterable[Sequence[object]], limit: int = 
 
 
 def _bytes(n: float) -> str:
-    """A size in bytes with a readable unit (B, kB, MB, GB, TB; powers of 1000)."""
-    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if abs(n) >= scale:
-            return f"{n / scale:.3g} {unit}"
-    return f"{n:.0f} B"
+    """A size in bytes with a readable unit (B, kB, MB, GB, TB; powers of 1000): the C++ summaries'
+    own formatting (core/units.hpp)."""
+    return _weft.format_bytes(float(n))
 
 
 def _seconds(t: float) -> str:
-    """A time in s with a readable unit (min, s, ms, µs, ns): 1.59 s, never 1.59e+03 ms."""
-    if t != t or abs(t) == float("inf"):
-        return f"{t} s"
-    if abs(t) >= 60.0:
-        return f"{t / 60.0:.4g} min"
-    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
-        if abs(t) >= scale:
-            return f"{t / scale:.4g} {unit}"
-    return f"{t / 1e-9:.4g} ns" if t else "0 s"
+    """A time with a readable unit (ns, µs, ms, s, min): 1.59 s, never 1.59e+03 ms."""
+    return _weft.format_seconds(float(t))
 
 
 def plan_html(p) -> str:

@@ -41,6 +41,7 @@
 #include "weft/pipeline/hetero.hpp"
 #include "weft/schedule/schedule.hpp"
 #include "weft/sim/simulator.hpp"
+#include "weft/core/units.hpp"
 
 namespace weft::pipeline {
 namespace {
@@ -308,8 +309,8 @@ LoadModel ModelProfile::memory_line(std::int64_t b_hi) const {
 }
 
 std::string ModelProfile::to_string() const {
-  return fmt::format("ModelProfile({}: {} ops, {} layers, {:.4g} GB params, {:.4g} TFLOP/sample)", name_,
-                     ops_.size(), num_layers_, param_bytes_ / 1e9, (flops(2) - flops(1)) / 1e12);
+  return fmt::format("ModelProfile({}: {} ops, {} layers, {} params, {}/sample)", name_, ops_.size(), num_layers_,
+                     format_bytes(param_bytes_), format_flops(flops(2) - flops(1)));
 }
 
 double ModelProfile::group_flops(int g, double m) const {

@@ -52,6 +52,7 @@
 #include "planner_detail.hpp"
 #include "weft/pipeline/hetero.hpp"
 #include "weft/sim/simulator.hpp"
+#include "weft/core/units.hpp"
 
 namespace weft::plan::detail {
 
@@ -161,8 +162,9 @@ Built data_parallel_build(Context& ctx, ReplicaModel& rm, int M, const std::vect
     }
     mem[static_cast<std::size_t>(i)] = rc.memory;
     if (over.empty() && rc.memory > ctx.usable_of_device(i) * (1 + 1e-9))
-      over = fmt::format("device {} ({} samples per micro-batch): {:.3g} GB > {:.3g} GB usable", i,
-                         shares[static_cast<std::size_t>(i)], rc.memory / 1e9, ctx.usable_of_device(i) / 1e9);
+      over = fmt::format("device {} ({} samples per micro-batch): {} > {} usable", i,
+                         shares[static_cast<std::size_t>(i)], format_bytes(rc.memory),
+                         format_bytes(ctx.usable_of_device(i)));
   }
   const std::string& kind = c.device(crit).spec.kind;
   const std::int64_t u = std::max<std::int64_t>(1, shares[static_cast<std::size_t>(crit)]);

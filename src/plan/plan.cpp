@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "weft/core/error.hpp"
+#include "weft/core/units.hpp"
 #include "weft/core/json_reader.hpp"
 
 namespace weft::plan {
@@ -309,21 +310,9 @@ Alternative alt_from(const json& j, const std::string& path) {
   return a;
 }
 
-// Figures with a unit that keeps 3-4 significant digits visible (a tiny model's step is µs, not
-// "0.0000 s").
-std::string gb(double b) {
-  if (b >= 1e9 || b == 0) return fmt::format("{:.2f} GB", b / 1e9);
-  if (b >= 1e6) return fmt::format("{:.2f} MB", b / 1e6);
-  if (b >= 1e3) return fmt::format("{:.2f} kB", b / 1e3);
-  return fmt::format("{:.0f} B", b);
-}
-std::string seconds(double s) {
-  if (!std::isfinite(s)) return fmt::format("{} s", s);
-  if (s >= 1 || s == 0) return fmt::format("{:.4f} s", s);
-  if (s >= 1e-3) return fmt::format("{:.3f} ms", s * 1e3);
-  return fmt::format("{:.3f} us", s * 1e6);
-}
-std::string ms(double s) { return s >= 1e-3 || s == 0 ? fmt::format("{:.2f} ms", s * 1e3) : seconds(s); }
+// Figures with a unit that keeps their digits visible (core/units.hpp).
+std::string gb(double b) { return format_bytes(b); }
+std::string seconds(double s) { return format_seconds(s); }
 
 }  // namespace
 
@@ -495,18 +484,18 @@ std::int64_t Plan::global_batch() const {
 
 std::string Plan::to_string() const {
   return fmt::format(
-      "Plan({} on {}: {}, {} stage(s), {} x{} micro-batches of {}, step {:.4g} s, {:.4g} samples/s, "
-      "MFU {:.1f}%, peak {:.3g} GB/device)",
-      model, cluster, strategy, stages.size(), schedule, num_microbatches, microbatch_size, step_time,
-      throughput, mfu * 100, peak_memory / 1e9);
+      "Plan({} on {}: {}, {} stage(s), {} x{} micro-batches of {}, step {}, {:.4g} samples/s, "
+      "MFU {:.1f}%, peak {}/device)",
+      model, cluster, strategy, stages.size(), schedule, num_microbatches, microbatch_size, seconds(step_time),
+      throughput, mfu * 100, gb(peak_memory));
 }
 
 std::string Plan::summary() const {
   std::string s;
   s += fmt::format("Plan for {} on {}\n", model, cluster);
   if (!feasible)
-    s += fmt::format("  INFEASIBLE    does not fit ({:.3g} GB/device over the limit): {}\n",
-                     std::max(0.0, peak_memory - memory_limit) / 1e9, infeasible_reason);
+    s += fmt::format("  INFEASIBLE    does not fit ({}/device over the limit): {}\n",
+                     gb(std::max(0.0, peak_memory - memory_limit)), infeasible_reason);
   s += fmt::format("  strategy      {} ({} stage{}, {} blocks)\n", strategy, stages.size(),
                    stages.size() == 1 ? "" : "s", num_blocks);
   s += fmt::format(
@@ -533,16 +522,17 @@ std::string Plan::summary() const {
     std::vector<std::string> levels;
     bool any = false;
     for (const auto& st : stages) {
-      levels.push_back(st.zero == 0 ? fmt::format("[{}] 0", st.index)
+      const std::string at = stages.size() == 1 ? std::string() : fmt::format("[{}] ", st.index);
+      levels.push_back(st.zero == 0 ? at + "ZeRO-0 (replicated)"
                        : st.zero_group == data_parallel
-                           ? fmt::format("[{}] {} over {} replicas", st.index, st.zero, st.zero_group)
-                           : fmt::format("[{}] {} hybrid: {} groups of {}", st.index, st.zero,
+                           ? fmt::format("{}ZeRO-{} over {} replicas", at, st.zero, st.zero_group)
+                           : fmt::format("{}ZeRO-{} hybrid: {} groups of {}", at, st.zero,
                                          data_parallel / st.zero_group, st.zero_group));
-      if (!st.zero_blocks.empty()) levels.back() += fmt::format(" (3 on {} blocks)", st.zero_blocks.size());
+      if (!st.zero_blocks.empty()) levels.back() += fmt::format(" (ZeRO-3 on {} blocks)", st.zero_blocks.size());
       any = any || st.zero != 0;
     }
     s += fmt::format("  zero          {}\n",
-                     any ? fmt::format("{}", fmt::join(levels, " ")) : std::string("0 (replicated states)"));
+                     any ? fmt::format("{}", fmt::join(levels, "; ")) : std::string("ZeRO-0 (replicated states)"));
   }
   // Runs of equal values: "8 x 60, 8 x 36".
   auto runs = [](const auto& v, auto show) {
@@ -563,8 +553,8 @@ std::string Plan::summary() const {
                      runs(split_fraction, [](double x) { return fmt::format("{:.4f}", x); }));
   s += fmt::format("  step time     {}  (bubble {:.1f}%)\n", seconds(step_time), bubble_fraction * 100);
   s += fmt::format("  throughput    {:.2f} samples/s\n", throughput);
-  s += fmt::format("  MFU           {:.1f}%  ({:.3g} PFLOP per step over {:.3g} PFLOP/s peak)\n", mfu * 100,
-                   model_flops / 1e15, cluster_peak_flops / 1e15);
+  s += fmt::format("  MFU           {:.1f}%  ({} per step over {} peak)\n", mfu * 100, format_flops(model_flops),
+                   format_flops(cluster_peak_flops, true));
   if (replica_microbatch.empty() && split_fraction.empty())
     s += fmt::format("  peak memory   {} per device (usable {})\n", gb(peak_memory), gb(memory_limit));
   else  // mixed GPU kinds: each device is checked against its own kind's memory
@@ -583,8 +573,8 @@ std::string Plan::summary() const {
     s += fmt::format("    [{}] blocks {}-{}, {} ops on devices {} as mesh ({})\n", st.index, st.first_block,
                      st.last_block, st.ops.size(), devs, fmt::join(st.mesh_shape, "x"));
     s += fmt::format("        F {} B {} (W {}) update {}; compute {} comm {} per micro-batch\n",
-                     ms(st.forward_time), ms(st.backward_time), ms(st.weight_time), ms(st.optimizer_time),
-                     ms(st.compute_time), ms(st.comm_time));
+                     seconds(st.forward_time), seconds(st.backward_time), seconds(st.weight_time), seconds(st.optimizer_time),
+                     seconds(st.compute_time), seconds(st.comm_time));
     s += fmt::format("        memory: static {} + {} in flight x {} + transient {} = {}\n",
                      gb(st.static_memory), st.in_flight, gb(st.activation_memory), gb(st.transient_memory),
                      gb(st.peak_memory));
@@ -623,8 +613,8 @@ std::string Plan::summary() const {
     s += "  cross-stage tensors:\n";
     for (const auto& c : cross_tensors)
       s += fmt::format("    {} {}->{} [{}] {}: {} -> {}, {} (bound {}){}\n", c.name, c.from_stage, c.to_stage,
-                       fmt::join(c.shape, ","), c.dtype, c.src_spec, c.dst_spec, ms(c.reshard_time),
-                       ms(c.lower_bound),
+                       fmt::join(c.shape, ","), c.dtype, c.src_spec, c.dst_spec, seconds(c.reshard_time),
+                       seconds(c.lower_bound),
                        c.refresh    ? ", new value once per step"
                        : c.per_step ? ", once per step"
                                     : "");

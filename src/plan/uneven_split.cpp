@@ -45,6 +45,7 @@
 #include "weft/cost/op_cost.hpp"
 #include "weft/pipeline/hetero.hpp"
 #include "weft/sim/simulator.hpp"
+#include "weft/core/units.hpp"
 
 namespace weft::plan::detail {
 
@@ -326,8 +327,8 @@ Built split_build(Context& ctx, const MeshOption& m, int M, const std::vector<do
       for (std::size_t i = 0; i < pk.u.memory.size() && pk.over.empty(); ++i) {
         const int id = m.mesh.device_ids()[i];
         if (pk.u.memory[i] > ctx.usable_of_device(id) * (1 + 1e-9))
-          pk.over = fmt::format("device {} (fraction {:.3f}): {:.3g} GB > {:.3g} GB usable", id,
-                                pk.u.fraction[i], pk.u.memory[i] / 1e9, ctx.usable_of_device(id) / 1e9);
+          pk.over = fmt::format("device {} (fraction {:.3f}): {} > {} usable", id, pk.u.fraction[i],
+                                format_bytes(pk.u.memory[i]), format_bytes(ctx.usable_of_device(id)));
       }
       pk.period = M * (pk.u.fwd + pk.u.bwd) + pk.u.upd;
       if (pk.over.empty()) {

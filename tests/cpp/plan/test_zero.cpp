@@ -128,7 +128,7 @@ TEST_CASE("zero: the planner's stage at each level equals the closed forms and t
   CHECK(s3.transient_memory - s0.transient_memory == doctest::Approx(3 * P * (n - 1.0) / n));
   // Summary and JSON carry the level.
   CHECK(at[3].summary().find("ZeRO-3 across 8 replicas") != std::string::npos);
-  CHECK(at[3].summary().find("zero          [0] 3 over 8 replicas") != std::string::npos);
+  CHECK(at[3].summary().find("zero          ZeRO-3 over 8 replicas") != std::string::npos);
   CHECK(plan::Plan::from_json(at[3].to_json()) == at[3]);
   CHECK(plan::Plan::from_json(at[2].to_json()).stages[0].zero == 2);
 }
