@@ -15,5 +15,6 @@ inline void put_instr_fields(pybind11::dict& d, const weft::lower::Instr& i) {
   d["reduce"] = i.reduce == weft::lower::ReduceOp::Max ? "max" : "sum";
   d["internal"] = i.internal;
   d["tag"] = i.tag;
+  d["bucket"] = i.bucket;
   d["region"] = i.region;
 }

@@ -38,7 +38,8 @@ class ExecutionResult:
     ``losses``: one per step. ``parameters`` / ``gradients``: name -> global float64 array (after
     the last step / of the last step). Per rank (empty for the reference): ``bytes_sent`` and
     ``bytes_received`` (collective kind -> bytes, resharding edges; "send": cross-stage transfers), ``internal_bytes_sent``
-    (collectives inside an op, e.g. vocab-parallel statistics), ``peak_bytes`` (largest live
+    (collectives inside an op, e.g. vocab-parallel statistics), ``collective_calls`` (weft.run: collective
+    kind -> launches over the run; a gradient bucket is one), ``peak_bytes`` (largest live
     buffer bytes in f64 storage; weft.run: in the run's dtype), ``rank_seconds``, ``step_seconds`` (weft.run:
     per rank, the wall time of each step). ``seconds``: wall time of the run.
     """
@@ -49,6 +50,7 @@ class ExecutionResult:
     bytes_sent: List[Dict[str, int]] = field(default_factory=list)
     bytes_received: List[Dict[str, int]] = field(default_factory=list)
     internal_bytes_sent: List[int] = field(default_factory=list)
+    collective_calls: List[Dict[str, int]] = field(default_factory=list)
     peak_bytes: List[int] = field(default_factory=list)
     seconds: float = 0.0
     rank_seconds: List[float] = field(default_factory=list)

@@ -241,6 +241,7 @@ Program lower(const plan::Plan& plan, const ir::Graph& step, const cluster::Clus
     st.mesh = cluster::DeviceMesh(shape, devs);
   }
   po.microbatches = plan.num_microbatches;
+  po.grad_bucket_bytes = plan.grad_bucket_bytes;
   po.schedule = plan.num_stages() == 1 ? "1f1b" : plan.schedule;
   po.schedule_k = plan.schedule_k;
   Program prog = lower_pipeline(g, cluster, stages, cross, po);

@@ -30,6 +30,7 @@ Program lower_spmd(const ir::Graph& g, const cluster::Cluster& cluster, const cl
   PipelineOptions po;
   po.replicas = options.replicas;
   po.microbatches = options.microbatches;
+  po.grad_bucket_bytes = options.grad_bucket_bytes;
   return lower_pipeline(g, cluster, {stage}, {}, po);
 }
 

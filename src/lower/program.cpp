@@ -128,6 +128,7 @@ std::string Program::to_json(const ir::JsonValueOptions& values) const {
                            {"scale", i.scale},
                            {"by_share", i.by_share},
                            {"tag", i.tag},
+                           {"bucket", i.bucket},
                            {"region", i.region}});
       codes.push_back(std::move(ins));
     }
@@ -213,6 +214,7 @@ Program Program::from_json(std::string_view text, const std::string& base_dir) {
       in.scale = field<double>(x, "scale", ip);
       in.by_share = field<bool>(x, "by_share", ip);
       in.tag = field<int>(x, "tag", ip);
+      in.bucket = kReader.field_or<int>(x, "bucket", ip, -1);  // absent in programs from before buckets
       in.region = field<std::vector<std::vector<std::int64_t>>>(x, "region", ip);
       list.push_back(std::move(in));
     }
@@ -309,6 +311,7 @@ std::string Program::describe(int rank, int index) const {
   }
   if (i.kind == InstrKind::AllReduce || i.kind == InstrKind::ReduceScatter)
     head += i.reduce == ReduceOp::Sum ? " (sum)" : " (max)";
+  if (i.bucket >= 0) head += fmt::format(" bucket {}", i.bucket);
   if (i.kind == InstrKind::Free) return head + " " + names(i.in);
   if (i.kind == InstrKind::LoadInput) head += fmt::format(" micro-batch {}", i.microbatch);
   if (i.kind == InstrKind::Scale)

@@ -50,6 +50,7 @@ class Verifier {
     buffers();
     for (auto [out, leaf] : ir::updated_states(g_)) state_leaf_[out] = leaf;
     instructions();
+    buckets();
     results();
     hazards();
   }
@@ -710,6 +711,36 @@ class Verifier {
           WEFT_CHECK(accumulated[static_cast<std::size_t>(b)] == st.microbatches - 1,
                      "program: rank {} accumulates into '{}' {} times, not {} (micro-batches − 1)", r, buf(b).name,
                      accumulated[static_cast<std::size_t>(b)], st.microbatches - 1);
+    }
+  }
+
+  // A gradient bucket is one collective at run time: its all-reduces are adjacent in a list (a
+  // bucket id is one run), on one axis and group with one reduce op, and resharding edges (not a
+  // statistic inside an op).
+  void buckets() const {
+    std::set<const std::vector<Instr>*> seen;
+    for (int r = 0; r < p_.num_ranks(); ++r) {
+      const auto& ins = p_.ranks[static_cast<std::size_t>(r)].instrs();
+      if (!seen.insert(&ins).second) continue;
+      std::set<int> closed;
+      for (int k = 0; k < static_cast<int>(ins.size()); ++k) {
+        const Instr& i = ins[static_cast<std::size_t>(k)];
+        if (i.bucket < 0) continue;
+        auto what = [&] { return p_.describe(r, k); };
+        WEFT_CHECK(i.kind == InstrKind::AllReduce && !i.internal,
+                   "program: {}: only resharding all-reduces are bucketed", what());
+        WEFT_CHECK(!closed.count(i.bucket), "program: {}: bucket {} is split (its all-reduces must be adjacent)",
+                   what(), i.bucket);
+        const bool opens = k == 0 || ins[static_cast<std::size_t>(k - 1)].bucket != i.bucket;
+        if (!opens) {
+          const Instr& first = ins[static_cast<std::size_t>(k - 1)];
+          WEFT_CHECK(first.axis == i.axis && first.group == i.group && first.reduce == i.reduce,
+                     "program: {}: another axis, group or reduce op than the rest of bucket {}", what(), i.bucket);
+        }
+        const bool closes =
+            k + 1 == static_cast<int>(ins.size()) || ins[static_cast<std::size_t>(k + 1)].bucket != i.bucket;
+        if (closes) closed.insert(i.bucket);
+      }
     }
   }
 

@@ -335,6 +335,7 @@ std::string Plan::to_json() const {
          {"replica_microbatch", replica_microbatch},
          {"split_fraction", split_fraction},
          {"num_blocks", num_blocks},
+         {"grad_bucket_bytes", grad_bucket_bytes},
          {"stages", stages_j},
          {"cross_tensors", cross_j},
          {"send_time", send_time},
@@ -381,6 +382,8 @@ Plan Plan::from_json(std::string_view text) {
   if (j.contains("split_fraction"))  // absent in plans written before the uneven tensor split
     p.split_fraction = field<std::vector<double>>(j, "split_fraction", root);
   p.num_blocks = field<int>(j, "num_blocks", root);
+  p.grad_bucket_bytes = kReader.field_or<double>(j, "grad_bucket_bytes", root, 25e6);  // absent before buckets
+  WEFT_CHECK(p.grad_bucket_bytes >= 0, "Plan JSON: grad_bucket_bytes must be >= 0, got {}", p.grad_bucket_bytes);
   const auto& st = array_field(j, "stages", root);
   for (std::size_t i = 0; i < st.size(); ++i)
     p.stages.push_back(stage_from(st[i], fmt::format("plan.stages[{}]", i)));

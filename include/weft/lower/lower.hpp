@@ -53,6 +53,7 @@ SpmdLayout random_layout(const ir::Graph& g, const std::vector<std::int64_t>& me
 struct StageOptions {
   int replicas = 1;
   int microbatches = 1;
+  double grad_bucket_bytes = 25e6;  // PipelineOptions::grad_bucket_bytes
 };
 
 // Lowers one SPMD stage. Throws weft::Error naming the op for an assignment that is not a valid
@@ -117,6 +118,13 @@ struct PipelineOptions {
   // (Program StageMesh::split_fraction). Empty: even tiles.
   std::vector<double> split_fraction;
   reshard::PlanOptions transfers = default_transfer_options();  // cross-stage transfer plans
+  // Gradient buckets (DDP's flat buckets; plan::PlanOptions prices the same): the replicas'
+  // gradient all-reduces of a stage are grouped, in the order their gradients become final, into
+  // buckets of at least this many bytes of local tile (the last one smaller), and each bucket is
+  // issued right after the last of its gradients is final — inside the last micro-batch's
+  // backward — so it overlaps the rest of the backward. 1: a bucket per gradient; 0: no buckets
+  // (each all-reduce where the update needs it).
+  double grad_bucket_bytes = 25e6;
 };
 
 // Lowers a pipeline: every rank runs its stage's ops in the schedule's order — F / B (/ W under

@@ -14,6 +14,9 @@ reads the output buffer (so compute between the two overlaps the communication).
   its terms of member j's output tile;
 - all-to-all: ``all_to_all_single`` with split sizes: member m sends member j the elements of j's
   output tile that m is the first holder of;
+- a gradient bucket (all-reduces of one ``bucket``, adjacent in the list): one ``all_reduce`` of
+  their tiles laid end to end when each is the in-place case (DDP's flat bucket), each output a
+  slice of it; else one by one;
 - reduce-exchange (the general fallback for a reducing collective whose tiles differ):
   ``all_to_all_single`` of every held term, summed (maxed) by the receiver;
 - send / recv: ``batch_isend_irecv`` of the region's elements to each receiver (non-blocking) and
@@ -75,6 +78,7 @@ class Comm:
         self._prep: Dict[int, tuple] = {}
         self._flat_cache: Dict[Tuple[int, int], np.ndarray] = {}
         self.bytes_sent: Dict[str, int] = {}
+        self.calls: Dict[str, int] = {}  # collective kind -> launches (a bucket is one)
         self.sends: List[object] = []  # in-flight send works (waited at the end of a step)
         # Messages a rank sends to itself (two stages of one device group, ZB-V): no process group
         # sends to its own rank, so they are handed over here, by tag.
@@ -104,11 +108,37 @@ class Comm:
         if len(group) == 1:  # a group of one: the tiles are the same
             out = x.clone()
             return lambda: out
+        prep = self._prepared(ins)
+        pg = self.groups.of(group)
+        self.calls[ins["kind"]] = self.calls.get(ins["kind"], 0) + 1
+        return prep[0](ins, x, local_shape, pg, *prep[1:])
+
+    def _prepared(self, ins: dict) -> tuple:
         prep = self._prep.get(ins["pc"])
         if prep is None:
             prep = self._prep[ins["pc"]] = self._prepare(ins)
-        pg = self.groups.of(group)
-        return prep[0](ins, x, local_shape, pg, *prep[1:])
+        return prep
+
+    def bucket(self, instrs: Sequence[dict], xs: Sequence[torch.Tensor],
+               local_shapes: Sequence[Sequence[int]]) -> List[Finish]:
+        """The all-reduces of one gradient bucket as one collective over their tiles laid end to end
+        (each the in-place case, one dtype), the outputs slices of the result; else one by one."""
+        group = instrs[0]["group"]
+        flat_ok = (len(group) > 1 and len({x.dtype for x in xs}) == 1 and
+                   all(self._prepared(i)[0] == self._all_reduce for i in instrs))
+        if not flat_ok:
+            return [self.collective(i, x, s) for i, x, s in zip(instrs, xs, local_shapes)]
+        flat = torch.cat([x.reshape(-1) for x in xs])
+        work = dist.all_reduce(flat, op=reduce_op(instrs[0]["reduce"]), group=self.groups.of(group), async_op=True)
+        self.calls["all-reduce"] = self.calls.get("all-reduce", 0) + 1
+        k = len(group)
+        self._count("all-reduce", 2 * (k - 1) * flat.numel() // k, flat)
+        fins, at = [], 0
+        for x, shape in zip(xs, local_shapes):
+            n = x.numel()
+            fins.append(_finisher(work, lambda a=at, n=n, shape=shape: flat[a:a + n].reshape(shape)))
+            at += n
+        return fins
 
     def _prepare(self, ins: dict) -> tuple:
         kind, group, me = ins["kind"], ins["group"], self.rank

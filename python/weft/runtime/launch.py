@@ -158,6 +158,7 @@ def assemble_result(program, results: List, seconds: float):
     grads = {n: value(b, [r.gradients.get(n) for r in results]) for n, b in program.gradient_ids.items()}
     return ExecutionResult(losses=losses, parameters=params, gradients=grads,
                            bytes_sent=[dict(r.bytes_sent) for r in results],
+                           collective_calls=[dict(r.collective_calls) for r in results],
                            peak_bytes=[int(r.peak_bytes) for r in results], seconds=seconds,
                            rank_seconds=[float(sum(r.step_seconds)) for r in results],
                            step_seconds=[list(r.step_seconds) for r in results])

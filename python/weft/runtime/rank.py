@@ -40,6 +40,7 @@ class RankResult:
     gradients: Dict[str, tuple] = field(default_factory=dict)
     step_seconds: List[float] = field(default_factory=list)
     bytes_sent: Dict[str, int] = field(default_factory=dict)
+    collective_calls: Dict[str, int] = field(default_factory=dict)
     peak_bytes: int = 0
 
 
@@ -179,6 +180,7 @@ class RankRuntime:
         res.parameters = {k: v for k, v in res.parameters.items() if v is not None}
         res.gradients = {k: v for k, v in res.gradients.items() if v is not None}
         res.bytes_sent = dict(self.comm.bytes_sent)
+        res.collective_calls = dict(self.comm.calls)
         res.peak_bytes = self.peak_bytes
         return res
 
@@ -213,13 +215,33 @@ class RankRuntime:
             self.fill(b, step)
 
     def run_instructions(self, instrs, step: int) -> None:
-        for ins in instrs:
+        k, n = 0, len(instrs)
+        while k < n:
+            ins = instrs[k]
+            run = 1
+            if ins.get("bucket", -1) >= 0:  # a gradient bucket: its adjacent all-reduces at once
+                while k + run < n and instrs[k + run].get("bucket", -1) == ins["bucket"]:
+                    run += 1
             try:
-                self.execute(ins, step)
+                if run > 1:
+                    self.execute_bucket(instrs[k:k + run])
+                else:
+                    self.execute(ins, step)
             except RankError as e:
                 raise RankError(f"{self.layout.describe(self.rank, ins['pc'])}: {e}") from e
             except Exception as e:  # torch / gloo errors: name where the rank stood
                 raise RankError(f"{self.layout.describe(self.rank, ins['pc'])}: {type(e).__name__}: {e}") from e
+            k += run
+
+    def collective_input(self, ins: dict) -> torch.Tensor:
+        """What this rank contributes to a collective (its input tile; a subclass may cast it)."""
+        return self.read(ins["inputs"][0])
+
+    def execute_bucket(self, instrs) -> None:
+        xs = [self.collective_input(i) for i in instrs]
+        shapes = [self.local_shape(i["outputs"][0]) for i in instrs]
+        for i, fin in zip(instrs, self.comm.bucket(instrs, xs, shapes)):
+            self.pending[i["outputs"][0]] = fin
 
     def finish_step(self) -> None:
         for b in list(self.pending):
@@ -274,8 +296,7 @@ class RankRuntime:
                                              self.local_shape(b), self.dtype_of(b))
         elif kind in ("all-reduce", "all-gather", "reduce-scatter", "all-to-all"):
             b = out[0]
-            fin = self.comm.collective(ins, self.read(inp[0]), self.local_shape(b))
-            self.pending[b] = fin
+            self.pending[b] = self.comm.collective(ins, self.collective_input(ins), self.local_shape(b))
         else:
             raise RankError(f"unknown instruction kind {kind!r}")
 

@@ -212,14 +212,16 @@ class TrainingRank(RankRuntime):
         kind = ins["kind"]
         if kind == "compute" and self.ops[ins["op"]]["kind"] in UPDATE_KINDS:
             self._update(ins)
-        elif (self._reduce_dtype is not None and kind in _REDUCING and ins["reduce"] != "max"
-              and self.is_gradient_buffer(ins["inputs"][0])):
-            # A gradient reduced in the half dtype (half the bytes sent); the result is stored in f32.
-            b = ins["outputs"][0]
-            x = self.read(ins["inputs"][0]).to(self._reduce_dtype)
-            self.pending[b] = self.comm.collective(ins, x, self.local_shape(b))
         else:
             super().execute(ins, step)
+
+    def collective_input(self, ins: dict) -> torch.Tensor:
+        x = super().collective_input(ins)
+        if (self._reduce_dtype is not None and ins["kind"] in _REDUCING and ins["reduce"] != "max"
+                and self.is_gradient_buffer(ins["inputs"][0])):
+            # A gradient reduced in the half dtype (half the bytes sent); the result is stored in f32.
+            x = x.to(self._reduce_dtype)
+        return x
 
     def _update(self, ins: dict) -> None:
         """The optimizer's rule on this rank's tiles: (p, g[, master], states...) -> (p'[, master'], states'...)."""
