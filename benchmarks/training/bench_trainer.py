@@ -1,13 +1,15 @@
 """weft.Trainer against torch DDP on the char-level GPT of examples/train_char_lm.py.
 
 In the same launched processes (4 gloo processes on the CPU by default), the same module (same
-initial weights) is trained three ways, alternating step by step so that each sees the same load
+initial weights) is trained four ways, alternating step by step so that each sees the same load
 on the machine:
 
 * torch DDP: ``DistributedDataParallel`` over the processes, each process a quarter of the global
   batch, ``torch.optim.AdamW`` with the same parameter groups, clipping at the same global norm;
 * weft.Trainer on the data-parallel plan (``weft.data_parallel_plan``, a quarter of the batch per
-  process, one micro-batch);
+  process, one micro-batch; its gradient all-reduces in 25 MB buckets, issued in the backward), and
+  the same plan without buckets (``grad_bucket_bytes = 0``: one all-reduce per gradient, each where
+  the update needs it);
 * weft.Trainer on the tensor x pipeline plan (``weft.megatron_plan`` t=2, p=2, d=1).
 
 Every step gets the same global batch. Figures: the median step time of the timed steps after the
@@ -65,8 +67,12 @@ def run(args):
     cluster = weft.Cluster.preset("p3.8xlarge")
     opt = weft.optim.AdamW(lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1, no_decay=("bias", "ln", "norm"))
     step_graph = weft.Trainer.training_graph(model, example, opt, args.precision)  # the graph the Trainer runs
+    dp = weft.data_parallel_plan(step_graph, cluster, [args.batch // world] * world)
+    unbucketed = weft.Plan.from_json(dp.to_json())
+    unbucketed.grad_bucket_bytes = 0  # one all-reduce per gradient, in the update phase (before buckets)
     plans = {
-        "weft data parallel": weft.data_parallel_plan(step_graph, cluster, [args.batch // world] * world),
+        "weft data parallel": dp,
+        "weft dp, no buckets": unbucketed,
         "weft tp2 x pp2": weft.megatron_plan(step_graph, cluster, t=2, p=2, d=1),
     }
     trainers = {case: weft.Trainer(copy.deepcopy(model), example, plan=plan, cluster=cluster, optimizer=opt,
