@@ -1,7 +1,10 @@
 #pragma once
-// Internals of the planner shared by its translation units (planner.cpp: the homogeneous
-// search, the Megatron baseline and materialisation; hetero_planner.cpp: heterogeneous clusters).
-// Not installed: the public API is weft/plan/planner.hpp.
+// Internals of the planner shared by its translation units: the homogeneous search (planner.cpp
+// its driver, planner_context.cpp the per-block costs, stage_dp.cpp the stage search,
+// materialise.cpp plans from candidates, megatron.cpp the Megatron baselines and layout_plan,
+// planner_report.cpp the text), heterogeneous clusters (hetero_planner.cpp, uneven_split.cpp),
+// recomputation (recompute.cpp) and ZeRO (zero.cpp). Not installed: the public API is
+// weft/plan/planner.hpp.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -596,6 +599,9 @@ std::vector<std::int64_t> canonical_logical(std::vector<std::int64_t> s);
 // The logical meshes of a submesh on the given devices (1-D, and 2-D with the minor axis inside a
 // node when PlanOptions::two_d_meshes), in the order the search tries them.
 std::vector<MeshOption> meshes_on(Context& ctx, const pipeline::SubmeshShape& s, const std::vector<int>& ids);
+// Up to this many nodes every whole-node count is a submesh; beyond, the counts that are a power
+// of two or divide the node count (PlanOptions::all_node_counts).
+inline constexpr int kAllNodeCountsUpTo = 8;
 std::vector<SubmeshOptions> make_mesh_options(Context& ctx);
 StageAgg aggregate(Context& ctx, int first, int last, std::int64_t bs, const MeshOption& m, int variant,
                    int forced_dp);
@@ -644,6 +650,24 @@ Candidate candidate_of(const StageDpPath& path, std::string strategy, int M, int
 std::vector<std::pair<int, int>> balanced_split(const pipeline::LayerGrouping& gr, int p);
 Built materialise(Context& ctx, const std::vector<SubmeshOptions>& subs, const Candidate& cand,
                   reshard::Balancer balancer);
+// Applies a block order for the lifetime of the scope (restored on exit, exceptions included).
+class BlockOrderScope {
+ public:
+  BlockOrderScope(Context& ctx, const std::vector<int>& order) : ctx_(ctx), inverse_(order.size()) {
+    for (std::size_t i = 0; i < order.size(); ++i)
+      inverse_[static_cast<std::size_t>(order[i])] = static_cast<int>(i);
+    if (!order.empty()) ctx_.reorder_blocks(order);
+  }
+  ~BlockOrderScope() {
+    if (!inverse_.empty()) ctx_.reorder_blocks(inverse_);
+  }
+  BlockOrderScope(const BlockOrderScope&) = delete;
+  BlockOrderScope& operator=(const BlockOrderScope&) = delete;
+
+ private:
+  Context& ctx_;
+  std::vector<int> inverse_;
+};
 // Block orders from Rhino's stage ILP (pipeline::partition_dag_ilp on the DAG of the blocks' forward
 // activations, one solve per stage count 2..max_stages): blocks sorted by (ILP stage,
 // index), the orders that differ from the grouping's. Empty for a chain of blocks.
@@ -677,6 +701,20 @@ std::vector<ReplicaConfig> replica_configs(Context& ctx, const std::vector<int>&
 // full / devices).
 // kept = true: the bound without recomputation (every saved activation kept).
 bool replica_may_fit(Context& ctx, std::int64_t bs, int D, bool kept = false);
+// Every block's SPMD search the stage DPs of make_plan will read for these pairs, run on every
+// core first (Context::prefetch_block_costs).
+void prefetch_stage_costs(Context& ctx, const std::vector<SubmeshOptions>& subs,
+                          const std::vector<ReplicaConfig>& configs);
+// The stage DP's best partition per stage count of one (M, dp); relaxed: a lower bound instead
+// (the prefetched unconstrained layouts, memory by the state + activation bound only).
+std::vector<Candidate> partition_candidates(Context& ctx, const std::vector<SubmeshOptions>& subs, int M,
+                                            int dp, bool relaxed = false);
+// Every Megatron layout × micro-batch count the options allow (megatron.cpp): the best that fits
+// and a row per layout tried.
+std::pair<std::optional<Built>, std::vector<Alternative>> megatron_all(Context& ctx);
+// The search space of a homogeneous make_plan, rule by rule, for Plan::search_space.
+std::string search_space_text(const Context& ctx, const std::vector<SubmeshOptions>& subs,
+                              const std::vector<int>& Ms, std::size_t configs, int pruned, int bounded);
 
 // Heterogeneous clusters (hetero_planner.cpp).
 Plan make_hetero_plan(Context& ctx);

@@ -1,5 +1,7 @@
 // Sharded data parallelism across a stage's replicas (include/weft/plan/zero.hpp): the closed
-// forms of ZeRO's memory and traffic, and the stage's costs with its replicas (planner_detail.hpp).
+// forms of ZeRO's memory and traffic, and the stage's costs with its replicas (planner_detail.hpp):
+// their links, the ZeRO levels and shard groups tried, and how much of a collective overlaps
+// the compute it serves (exposed_overlap, exposed_grad_sync).
 #include "weft/plan/zero.hpp"
 
 #include <algorithm>
@@ -79,6 +81,15 @@ std::vector<int> zero_levels(const PlanOptions& o, int replicas) {
   if (replicas <= 1) return {0};
   if (o.zero >= 0) return {o.zero};
   return {0, 1, 2, 3};
+}
+
+double exposed_overlap(const PlanOptions& o, double comm, double window, double unit) {
+  if (!o.overlap_grad_sync || comm <= 0) return comm;
+  return std::max(comm * std::clamp(unit, 0.0, 1.0), comm - window);
+}
+
+double exposed_grad_sync(const PlanOptions& o, double sync, double grad_bytes, double backward) {
+  return exposed_overlap(o, sync, backward, grad_bytes > 0 ? o.grad_bucket_bytes / grad_bytes : 1.0);
 }
 
 namespace {
