@@ -445,23 +445,18 @@ class PipelineLowering {
       const auto& c = crossings_[static_cast<std::size_t>(k)];
       groups[{c.from, c.to, c.send_phase, c.recv_phase}].push_back(k);
     }
+    // Replica r's devices of stage s (its mesh is replica-major) as a mesh of the SPMD shape.
+    auto replica_mesh = [&](int s, int r) {
+      const auto& st = st_[static_cast<std::size_t>(s)];
+      const auto& ids = st.mesh.device_ids();
+      const auto n = static_cast<std::ptrdiff_t>(ids.size() / static_cast<std::size_t>(dp_));
+      return cluster::DeviceMesh(st.spmd_shape,
+                                 std::vector<int>(ids.begin() + r * n, ids.begin() + (r + 1) * n));
+    };
     for (const auto& [key, list] : groups) {
       const int a = std::get<0>(key), b = std::get<1>(key);
-      const auto& ma = st_[static_cast<std::size_t>(a)].mesh;
-      const auto& mb = st_[static_cast<std::size_t>(b)].mesh;
-      const auto& shape_a = st_[static_cast<std::size_t>(a)].spmd_shape;
-      const auto& shape_b = st_[static_cast<std::size_t>(b)].spmd_shape;
-      const std::size_t na = ma.device_ids().size() / static_cast<std::size_t>(dp_);
-      const std::size_t nb = mb.device_ids().size() / static_cast<std::size_t>(dp_);
       for (int r = 0; r < dp_; ++r) {
-        const auto& ia = ma.device_ids();
-        const auto& ib = mb.device_ids();
-        cluster::DeviceMesh ra(shape_a,
-                               std::vector<int>(ia.begin() + static_cast<std::ptrdiff_t>(r * na),
-                                                ia.begin() + static_cast<std::ptrdiff_t>((r + 1) * na)));
-        cluster::DeviceMesh rb(shape_b,
-                               std::vector<int>(ib.begin() + static_cast<std::ptrdiff_t>(r * nb),
-                                                ib.begin() + static_cast<std::ptrdiff_t>((r + 1) * nb)));
+        const cluster::DeviceMesh ra = replica_mesh(a, r), rb = replica_mesh(b, r);
         std::vector<reshard::TensorReshard> trs;
         for (int k : list) {
           const auto& c = crossings_[static_cast<std::size_t>(k)];
