@@ -153,3 +153,17 @@ def test_runtime_one_collective_per_bucket(setup):
         assert calls == {2 * (len(buckets) + others)}, (calls, len(buckets), others)
         counts[cap] = len(buckets)
     assert counts[1e12] == 1 and counts[1] == len(json.loads(prog.to_json())["parameters"])
+
+
+def test_plan_records_the_buckets_it_priced(setup):
+    """The plan carries the bucket size its gradient sync was priced with (0 without overlap: every
+    all-reduce exposed, none hoisted), through its JSON, and lowering follows it."""
+    step, c, _ = setup
+    for kw, want in [({}, 25e6), ({"overlap_grad_sync": False}, 0.0), ({"grad_bucket_bytes": 1e5}, 1e5)]:
+        for p in (weft.data_parallel_plan(step, c, [1, 1, 1, 1], num_microbatches=2, **kw), weft.plan(step, c, **kw)):
+            assert p.grad_bucket_bytes == want
+            assert weft.Plan.from_json(p.to_json()).grad_bucket_bytes == want
+    p = weft.data_parallel_plan(step, c, [1, 1, 1, 1], num_microbatches=2, overlap_grad_sync=False)
+    assert analyse(weft.lower(p, step, c))[2] == []
+    with pytest.raises(ValueError, match="grad_bucket_bytes"):
+        weft.Plan.from_json(p.to_json().replace('"grad_bucket_bytes": 0.0', '"grad_bucket_bytes": -1.0'))
