@@ -251,7 +251,8 @@ void bind_lower(py::module_& m) {
       .def(
           "verify",
           [](const Program& p, const ir::Graph* graph, const plan::Plan* plan) {
-            WEFT_CHECK(!plan || graph, "Program.verify: plan= needs graph= (the training step the plan was made for)");
+            WEFT_CHECK(!plan || graph,
+                       "Program.verify: plan= needs graph= (the training step the plan was made for)");
             py::gil_scoped_release release;
             if (plan)
               lower::verify(p, *graph, *plan);
@@ -264,12 +265,14 @@ void bind_lower(py::module_& m) {
           "The program as a contract (docs/modules/lower.md, Verification): its graph's fingerprint, buffer "
           "shapes / tiles, compute operands, collective reductions and groups, counts, which micro-batches "
           "each value holds, results; with graph=, also that it was lowered for that graph; with plan= (and "
-          "graph=), that it carries out that plan (stages, devices, micro-batches, micro-batch size, replicas, "
+          "graph=), that it carries out that plan (stages, devices, micro-batches, micro-batch size, "
+          "replicas, "
           "schedule). Raises ValueError naming the rank, the instruction or the buffer.")
       .def_readonly("graph_fingerprint", &Program::graph_fingerprint,
                     "Fingerprint (Graph.fingerprint) of the program's graph, as lowered.")
-      .def_readonly("step_fingerprint", &Program::step_fingerprint,
-                    "Fingerprint of the training step the plan was made for (empty when not lowered from a plan).")
+      .def_readonly(
+          "step_fingerprint", &Program::step_fingerprint,
+          "Fingerprint of the training step the plan was made for (empty when not lowered from a plan).")
       .def(py::self == py::self)
       .def("__repr__", [](const Program& p) {
         std::size_t instrs = 0;

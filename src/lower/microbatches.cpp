@@ -76,7 +76,9 @@ class MicrobatchFlow {
   void run() {
     SimulationHooks hooks;
     hooks.local = [this](int r, std::size_t k) { local(r, k); };
-    hooks.collective = [this](const std::vector<int>& g, const std::vector<std::size_t>& ks) { collective(g, ks); };
+    hooks.collective = [this](const std::vector<int>& g, const std::vector<std::size_t>& ks) {
+      collective(g, ks);
+    };
     simulate_execution(p_, hooks);
     at_end();
   }
@@ -88,7 +90,9 @@ class MicrobatchFlow {
   std::map<std::pair<int, int>, MicrobatchSet> messages_;  // (tag, receiver) -> what was sent
 
   const Instr& instr(int r, std::size_t k) const { return p_.ranks[static_cast<std::size_t>(r)].instrs()[k]; }
-  MicrobatchSet& held(int r, int b) { return held_[static_cast<std::size_t>(r)][static_cast<std::size_t>(b)]; }
+  MicrobatchSet& held(int r, int b) {
+    return held_[static_cast<std::size_t>(r)][static_cast<std::size_t>(b)];
+  }
   const std::string& name(int b) const { return p_.buffers[static_cast<std::size_t>(b)].name; }
   int microbatches(int r) const {
     return p_.stages[static_cast<std::size_t>(p_.ranks[static_cast<std::size_t>(r)].stage)].microbatches;
@@ -109,9 +113,7 @@ class MicrobatchFlow {
           writer_[static_cast<std::size_t>(r)][static_cast<std::size_t>(b)] = -1;
         }
         return;
-      case InstrKind::LoadInput:
-        write(r, k, i.out[0], MicrobatchSet::of(i.microbatch));
-        return;
+      case InstrKind::LoadInput: write(r, k, i.out[0], MicrobatchSet::of(i.microbatch)); return;
       case InstrKind::Send:
         for (int q : i.group) messages_[{i.tag, q}] = held(r, i.in[0]);
         return;
@@ -128,10 +130,11 @@ class MicrobatchFlow {
       case InstrKind::Accumulate: {
         const MicrobatchSet& acc = held(r, i.in[0]);
         const MicrobatchSet& add = held(r, i.in[1]);
-        WEFT_CHECK(!acc.intersects(add),
-                   "program: {} adds micro-batches {} of '{}' into '{}', which already holds {} (a micro-batch "
-                   "counted twice)",
-                   what(), add.text(), name(i.in[1]), name(i.in[0]), acc.text());
+        WEFT_CHECK(
+            !acc.intersects(add),
+            "program: {} adds micro-batches {} of '{}' into '{}', which already holds {} (a micro-batch "
+            "counted twice)",
+            what(), add.text(), name(i.in[1]), name(i.in[0]), acc.text());
         MicrobatchSet s = acc;
         s.unite(add);
         write(r, k, i.out[0], std::move(s));
@@ -172,8 +175,8 @@ class MicrobatchFlow {
       const Instr& i = instr(g[j], ks[j]);
       const MicrobatchSet& h = held(g[j], i.in[0]);
       WEFT_CHECK(h == s, "program: {} meets {} on micro-batches {} against {} of '{}'",
-                 p_.describe(g[j], static_cast<int>(ks[j])), p_.describe(g[0], static_cast<int>(ks[0])), h.text(),
-                 s.text(), name(i.in[0]));
+                 p_.describe(g[j], static_cast<int>(ks[j])), p_.describe(g[0], static_cast<int>(ks[0])),
+                 h.text(), s.text(), name(i.in[0]));
     }
     for (std::size_t j = 0; j < g.size(); ++j) write(g[j], ks[j], instr(g[j], ks[j]).out[0], s);
   }
@@ -184,7 +187,8 @@ class MicrobatchFlow {
     std::vector<std::pair<int, const char*>> results;
     for (int b : p_.leaf_buffers) {
       const auto t = p_.buffers[static_cast<std::size_t>(b)].tensor;
-      if (t >= 0 && p_.graph.tensor(t).role != ir::Role::Input) results.emplace_back(b, "the new value of the leaf");
+      if (t >= 0 && p_.graph.tensor(t).role != ir::Role::Input)
+        results.emplace_back(b, "the new value of the leaf");
     }
     for (const auto& [param, b] : p_.gradients) results.emplace_back(b, "the gradient");
     if (p_.loss >= 0) results.emplace_back(p_.loss, "the loss");
@@ -194,8 +198,9 @@ class MicrobatchFlow {
         const MicrobatchSet& h = held(r, b);
         const int k = writer_[static_cast<std::size_t>(r)][static_cast<std::size_t>(b)];
         if (k < 0 || h.empty() || h.full(M)) continue;
-        fail("program: {} writes {} '{}' from micro-batches {} of the stage's {} (an accumulation is missing)",
-             p_.describe(r, k), what, name(b), h.text(), M);
+        fail(
+            "program: {} writes {} '{}' from micro-batches {} of the stage's {} (an accumulation is missing)",
+            p_.describe(r, k), what, name(b), h.text(), M);
       }
     }
   }

@@ -10,10 +10,10 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "simulate.hpp"
 #include "weft/core/error.hpp"
 #include "weft/core/json_reader.hpp"
 #include "weft/ir/json.hpp"
-#include "simulate.hpp"
 
 namespace weft::lower {
 

@@ -729,13 +729,14 @@ class Verifier {
         auto what = [&] { return p_.describe(r, k); };
         WEFT_CHECK(i.kind == InstrKind::AllReduce && !i.internal,
                    "program: {}: only resharding all-reduces are bucketed", what());
-        WEFT_CHECK(!closed.count(i.bucket), "program: {}: bucket {} is split (its all-reduces must be adjacent)",
-                   what(), i.bucket);
+        WEFT_CHECK(!closed.count(i.bucket),
+                   "program: {}: bucket {} is split (its all-reduces must be adjacent)", what(), i.bucket);
         const bool opens = k == 0 || ins[static_cast<std::size_t>(k - 1)].bucket != i.bucket;
         if (!opens) {
           const Instr& first = ins[static_cast<std::size_t>(k - 1)];
           WEFT_CHECK(first.axis == i.axis && first.group == i.group && first.reduce == i.reduce,
-                     "program: {}: another axis, group or reduce op than the rest of bucket {}", what(), i.bucket);
+                     "program: {}: another axis, group or reduce op than the rest of bucket {}", what(),
+                     i.bucket);
         }
         const bool closes =
             k + 1 == static_cast<int>(ins.size()) || ins[static_cast<std::size_t>(k + 1)].bucket != i.bucket;
@@ -822,8 +823,8 @@ void check_against_plan(const Program& p, const plan::Plan& plan) {
   if (!plan.graph_fingerprint.empty()) {
     const std::string step = p.step_fingerprint.empty() ? p.graph_fingerprint : p.step_fingerprint;
     WEFT_CHECK(step.empty() || step == plan.graph_fingerprint,
-               "program: it was lowered for a training step with fingerprint {}, the plan was made for {}", step,
-               plan.graph_fingerprint);
+               "program: it was lowered for a training step with fingerprint {}, the plan was made for {}",
+               step, plan.graph_fingerprint);
   }
   WEFT_CHECK(p.stages.size() == plan.stages.size(), "program: {} stages, the plan has {}", p.stages.size(),
              plan.stages.size());
@@ -837,21 +838,24 @@ void check_against_plan(const Program& p, const plan::Plan& plan) {
     return v;
   };
   const std::vector<std::int64_t> shares = uneven(plan.replica_microbatch);
-  const int replicas = plan.replica_microbatch.empty()
-                           ? plan.data_parallel
-                           : static_cast<int>(std::count_if(plan.replica_microbatch.begin(),
-                                                            plan.replica_microbatch.end(),
-                                                            [](std::int64_t s) { return s > 0; }));
+  const int replicas =
+      plan.replica_microbatch.empty()
+          ? plan.data_parallel
+          : static_cast<int>(std::count_if(plan.replica_microbatch.begin(), plan.replica_microbatch.end(),
+                                           [](std::int64_t s) { return s > 0; }));
   for (std::size_t s = 0; s < p.stages.size(); ++s) {
     const StageMesh& st = p.stages[s];
-    WEFT_CHECK(st.microbatches == plan.num_microbatches, "program: stage {} runs {} micro-batches, the plan {}", s,
-               st.microbatches, plan.num_microbatches);
+    WEFT_CHECK(st.microbatches == plan.num_microbatches,
+               "program: stage {} runs {} micro-batches, the plan {}", s, st.microbatches,
+               plan.num_microbatches);
     WEFT_CHECK(st.microbatch_size == plan.microbatch_size,
                "program: stage {} runs micro-batches of {} samples, the plan {}", s, st.microbatch_size,
                plan.microbatch_size);
-    WEFT_CHECK(st.replicas == replicas, "program: stage {} has {} replicas, the plan {}", s, st.replicas, replicas);
-    WEFT_CHECK(uneven(st.replica_microbatch) == shares, "program: stage {}'s replica shares {} are not the plan's {}", s,
-               st.replica_microbatch, shares);
+    WEFT_CHECK(st.replicas == replicas, "program: stage {} has {} replicas, the plan {}", s, st.replicas,
+               replicas);
+    WEFT_CHECK(uneven(st.replica_microbatch) == shares,
+               "program: stage {}'s replica shares {} are not the plan's {}", s, st.replica_microbatch,
+               shares);
     if (plan.stages.size() > 1)
       WEFT_CHECK(st.schedule == plan.schedule, "program: stage {} follows schedule '{}', the plan '{}'", s,
                  st.schedule, plan.schedule);

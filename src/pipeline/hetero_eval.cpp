@@ -32,6 +32,7 @@
 #include "weft/cluster/alpha_beta.hpp"
 #include "weft/cluster/device_mesh.hpp"
 #include "weft/core/error.hpp"
+#include "weft/core/units.hpp"
 #include "weft/cost/collectives.hpp"
 #include "weft/cost/gemm_shape.hpp"
 #include "weft/cost/memory.hpp"
@@ -41,7 +42,6 @@
 #include "weft/pipeline/hetero.hpp"
 #include "weft/schedule/schedule.hpp"
 #include "weft/sim/simulator.hpp"
-#include "weft/core/units.hpp"
 
 namespace weft::pipeline {
 namespace {
@@ -309,8 +309,8 @@ LoadModel ModelProfile::memory_line(std::int64_t b_hi) const {
 }
 
 std::string ModelProfile::to_string() const {
-  return fmt::format("ModelProfile({}: {} ops, {} layers, {} params, {}/sample)", name_, ops_.size(), num_layers_,
-                     format_bytes(param_bytes_), format_flops(flops(2) - flops(1)));
+  return fmt::format("ModelProfile({}: {} ops, {} layers, {} params, {}/sample)", name_, ops_.size(),
+                     num_layers_, format_bytes(param_bytes_), format_flops(flops(2) - flops(1)));
 }
 
 double ModelProfile::group_flops(int g, double m) const {

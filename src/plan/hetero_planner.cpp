@@ -50,9 +50,9 @@
 #include <vector>
 
 #include "planner_detail.hpp"
+#include "weft/core/units.hpp"
 #include "weft/pipeline/hetero.hpp"
 #include "weft/sim/simulator.hpp"
-#include "weft/core/units.hpp"
 
 namespace weft::plan::detail {
 

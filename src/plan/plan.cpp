@@ -10,8 +10,8 @@
 #include <nlohmann/json.hpp>
 
 #include "weft/core/error.hpp"
-#include "weft/core/units.hpp"
 #include "weft/core/json_reader.hpp"
+#include "weft/core/units.hpp"
 
 namespace weft::plan {
 
@@ -382,8 +382,10 @@ Plan Plan::from_json(std::string_view text) {
   if (j.contains("split_fraction"))  // absent in plans written before the uneven tensor split
     p.split_fraction = field<std::vector<double>>(j, "split_fraction", root);
   p.num_blocks = field<int>(j, "num_blocks", root);
-  p.grad_bucket_bytes = kReader.field_or<double>(j, "grad_bucket_bytes", root, 25e6);  // absent before buckets
-  WEFT_CHECK(p.grad_bucket_bytes >= 0, "Plan JSON: grad_bucket_bytes must be >= 0, got {}", p.grad_bucket_bytes);
+  p.grad_bucket_bytes =
+      kReader.field_or<double>(j, "grad_bucket_bytes", root, 25e6);  // absent before buckets
+  WEFT_CHECK(p.grad_bucket_bytes >= 0, "Plan JSON: grad_bucket_bytes must be >= 0, got {}",
+             p.grad_bucket_bytes);
   const auto& st = array_field(j, "stages", root);
   for (std::size_t i = 0; i < st.size(); ++i)
     p.stages.push_back(stage_from(st[i], fmt::format("plan.stages[{}]", i)));
@@ -489,8 +491,8 @@ std::string Plan::to_string() const {
   return fmt::format(
       "Plan({} on {}: {}, {} stage(s), {} x{} micro-batches of {}, step {}, {:.4g} samples/s, "
       "MFU {:.1f}%, peak {}/device)",
-      model, cluster, strategy, stages.size(), schedule, num_microbatches, microbatch_size, seconds(step_time),
-      throughput, mfu * 100, gb(peak_memory));
+      model, cluster, strategy, stages.size(), schedule, num_microbatches, microbatch_size,
+      seconds(step_time), throughput, mfu * 100, gb(peak_memory));
 }
 
 std::string Plan::summary() const {
@@ -531,11 +533,12 @@ std::string Plan::summary() const {
                            ? fmt::format("{}ZeRO-{} over {} replicas", at, st.zero, st.zero_group)
                            : fmt::format("{}ZeRO-{} hybrid: {} groups of {}", at, st.zero,
                                          data_parallel / st.zero_group, st.zero_group));
-      if (!st.zero_blocks.empty()) levels.back() += fmt::format(" (ZeRO-3 on {} blocks)", st.zero_blocks.size());
+      if (!st.zero_blocks.empty())
+        levels.back() += fmt::format(" (ZeRO-3 on {} blocks)", st.zero_blocks.size());
       any = any || st.zero != 0;
     }
-    s += fmt::format("  zero          {}\n",
-                     any ? fmt::format("{}", fmt::join(levels, "; ")) : std::string("ZeRO-0 (replicated states)"));
+    s += fmt::format("  zero          {}\n", any ? fmt::format("{}", fmt::join(levels, "; "))
+                                                 : std::string("ZeRO-0 (replicated states)"));
   }
   // Runs of equal values: "8 x 60, 8 x 36".
   auto runs = [](const auto& v, auto show) {
@@ -556,8 +559,8 @@ std::string Plan::summary() const {
                      runs(split_fraction, [](double x) { return fmt::format("{:.4f}", x); }));
   s += fmt::format("  step time     {}  (bubble {:.1f}%)\n", seconds(step_time), bubble_fraction * 100);
   s += fmt::format("  throughput    {:.2f} samples/s\n", throughput);
-  s += fmt::format("  MFU           {:.1f}%  ({} per step over {} peak)\n", mfu * 100, format_flops(model_flops),
-                   format_flops(cluster_peak_flops, true));
+  s += fmt::format("  MFU           {:.1f}%  ({} per step over {} peak)\n", mfu * 100,
+                   format_flops(model_flops), format_flops(cluster_peak_flops, true));
   if (replica_microbatch.empty() && split_fraction.empty())
     s += fmt::format("  peak memory   {} per device (usable {})\n", gb(peak_memory), gb(memory_limit));
   else  // mixed GPU kinds: each device is checked against its own kind's memory
@@ -576,8 +579,8 @@ std::string Plan::summary() const {
     s += fmt::format("    [{}] blocks {}-{}, {} ops on devices {} as mesh ({})\n", st.index, st.first_block,
                      st.last_block, st.ops.size(), devs, fmt::join(st.mesh_shape, "x"));
     s += fmt::format("        F {} B {} (W {}) update {}; compute {} comm {} per micro-batch\n",
-                     seconds(st.forward_time), seconds(st.backward_time), seconds(st.weight_time), seconds(st.optimizer_time),
-                     seconds(st.compute_time), seconds(st.comm_time));
+                     seconds(st.forward_time), seconds(st.backward_time), seconds(st.weight_time),
+                     seconds(st.optimizer_time), seconds(st.compute_time), seconds(st.comm_time));
     s += fmt::format("        memory: static {} + {} in flight x {} + transient {} = {}\n",
                      gb(st.static_memory), st.in_flight, gb(st.activation_memory), gb(st.transient_memory),
                      gb(st.peak_memory));

@@ -42,10 +42,10 @@
 #include <vector>
 
 #include "planner_detail.hpp"
+#include "weft/core/units.hpp"
 #include "weft/cost/op_cost.hpp"
 #include "weft/pipeline/hetero.hpp"
 #include "weft/sim/simulator.hpp"
-#include "weft/core/units.hpp"
 
 namespace weft::plan::detail {
 

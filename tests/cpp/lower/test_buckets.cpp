@@ -44,8 +44,7 @@ Buckets buckets_of(const lower::Program& p) {
     const auto& i = ins[static_cast<std::size_t>(k)];
     if (i.kind == InstrKind::AllReduce && i.axis == 0 && !i.internal) ++b.syncs;
     if (i.bucket >= 0) b.members[i.bucket].push_back(k);
-    if (b.first_update < 0 && i.kind == InstrKind::Compute &&
-        p.graph.op(i.op).kind == ir::OpKind::AdamUpdate)
+    if (b.first_update < 0 && i.kind == InstrKind::Compute && p.graph.op(i.op).kind == ir::OpKind::AdamUpdate)
       b.first_update = k;
   }
   return b;

@@ -217,7 +217,8 @@ TEST_CASE("verify: mutations are refused by name") {
     auto p = good();
     auto& ins = p.ranks[0].edit();
     for (auto& r : p.ranks) r.code = p.ranks[0].code;
-    auto it = std::find_if(ins.begin(), ins.end(), [](const lower::Instr& x) { return x.kind == InstrKind::Accumulate; });
+    auto it = std::find_if(ins.begin(), ins.end(),
+                           [](const lower::Instr& x) { return x.kind == InstrKind::Accumulate; });
     REQUIRE(it != ins.end());
     ins.erase(it);
     refused(p, "from micro-batches {0} of the stage's 2 (an accumulation is missing)");
@@ -261,7 +262,8 @@ TEST_CASE("verify: a program carries out its plan (stages, devices, counts)") {
   lower::verify(prog, g, p);
   auto q = p;
   q.num_microbatches += 1;
-  CHECK_THROWS_WITH_AS(lower::check_against_plan(prog, q), doctest::Contains("micro-batches, the plan"), Error);
+  CHECK_THROWS_WITH_AS(lower::check_against_plan(prog, q), doctest::Contains("micro-batches, the plan"),
+                       Error);
   q = p;
   q.microbatch_size *= 2;
   CHECK_THROWS_WITH_AS(lower::check_against_plan(prog, q), doctest::Contains("samples, the plan"), Error);
@@ -273,5 +275,6 @@ TEST_CASE("verify: a program carries out its plan (stages, devices, counts)") {
   CHECK_THROWS_WITH_AS(lower::check_against_plan(prog, q), doctest::Contains("runs on devices"), Error);
   q = p;
   q.stages.pop_back();
-  CHECK_THROWS_WITH_AS(lower::check_against_plan(prog, q), doctest::Contains("stages, the plan has 1"), Error);
+  CHECK_THROWS_WITH_AS(lower::check_against_plan(prog, q), doctest::Contains("stages, the plan has 1"),
+                       Error);
 }
