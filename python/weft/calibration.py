@@ -30,7 +30,7 @@ import statistics
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Iterable, Optional, Sequence
+from typing import Callable, Iterable, Optional, Sequence, Tuple
 
 from .runtime.launch import free_port
 
@@ -179,8 +179,11 @@ def fit_alpha_beta(timings: Sequence[CollectiveTiming]) -> AlphaBetaFit:
 class MatmulCurveFit:
     """The matmul efficiency curve of one dtype (cluster::MatmulEfficiency, docs/modules/cost.md):
     efficiency(m·n, k) = ceiling × min(1, m·n / fill_elements) × k / (k + half_k), fitted to the
-    timings by least squares on log time; ``rms_log_error`` of the curve and, for comparison, of
-    one constant efficiency (the median, what ``compute_efficiency`` would say)."""
+    timings by least squares on log time, never below ``floor``: the curve's value at the smallest
+    fitted shape (``smallest``: (m·n, k) of that shape), so a GEMM smaller than any timed one is
+    priced at the smallest timed efficiency rather than extrapolated towards 0; ``rms_log_error`` of
+    the curve and, for comparison, of one constant efficiency (the median, what
+    ``compute_efficiency`` would say)."""
     dtype: str
     ceiling: float
     fill_elements: float
@@ -188,6 +191,8 @@ class MatmulCurveFit:
     rms_log_error: float
     constant_rms_log_error: float
     shapes: int
+    floor: float = 0.0
+    smallest: Tuple[float, float] = (0.0, 0.0)
 
     def efficiency(self, m: float, k: float, n: float) -> float:
         e = self.ceiling
@@ -195,11 +200,14 @@ class MatmulCurveFit:
             e *= m * n / self.fill_elements
         if self.half_k > 0:
             e *= k / (k + self.half_k)
-        return e
+        return max(e, self.floor)
 
     def curve(self) -> dict:
         """The Calibration JSON's ``matmul_efficiency.<kind>.<dtype>`` object."""
-        return {"ceiling": _sig(self.ceiling), "fill_elements": _sig(self.fill_elements), "half_k": _sig(self.half_k)}
+        out = {"ceiling": _sig(self.ceiling), "fill_elements": _sig(self.fill_elements), "half_k": _sig(self.half_k)}
+        if self.floor > 0:
+            out["floor"] = min(_sig(self.floor), out["ceiling"])
+        return out
 
 
 def fit_matmul_efficiency(timings: Sequence[MatmulTiming], peak_flops: float) -> MatmulCurveFit:
@@ -248,8 +256,16 @@ def fit_matmul_efficiency(timings: Sequence[MatmulTiming], peak_flops: float) ->
     fine_h = [0.0] if h == 0 else list(np.geomspace(h / step_h, h * step_h, 25))
     rms, c, f, h = min((rms, c, f, h), search(fine_f, fine_h))
     const = log_eff - float(np.median(log_eff))
+    # The floor: the curve at the fitted shape where it is lowest (the smallest one: the curve is
+    # monotone), below which nothing was measured.
+    curve_at = np.full_like(mn, c)
+    if f > 0:
+        curve_at *= np.minimum(1.0, mn / f)
+    if h > 0:
+        curve_at *= k / (k + h)
+    low = int(np.argmin(curve_at))
     return MatmulCurveFit(timings[0].dtype, c, float(f), float(h), rms, float(np.sqrt(np.mean(const * const))),
-                          len(timings))
+                          len(timings), float(curve_at[low]), (float(mn[low]), float(k[low])))
 
 
 @dataclass
@@ -408,7 +424,9 @@ class CalibrationReport:
         for t, f in self.matmul_curves.items():
             lines.append(f"  matmul_efficiency   {t}: ceiling {f.ceiling:.3f}, fill_elements {f.fill_elements:.4g}, "
                          f"half_k {f.half_k:.4g} (RMS log error {f.rms_log_error:.3f} vs "
-                         f"{f.constant_rms_log_error:.3f} for one constant, {f.shapes} shapes)")
+                         f"{f.constant_rms_log_error:.3f} for one constant, {f.shapes} shapes); floor "
+                         f"{f.floor:.3f}: below the smallest timed shape (m·n {f.smallest[0]:.4g}, k "
+                         f"{f.smallest[1]:.4g}) a GEMM is priced at it, not extrapolated")
         lines.append(f"  memory_efficiency   {self.memory_efficiency:.3f}")
         lines.append(f"  kernel_overhead_s   {self.kernel_overhead_s:.3g}")
         lines.append(f"  alpha_scale {self.alpha_scale:.4g}, beta_scale {self.beta_scale:.4g}")

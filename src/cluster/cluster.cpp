@@ -52,8 +52,8 @@ void set_efficiency(DeviceSpec& d, const EfficiencyDefaults& e) {
   for (const auto& [t, peak] : d.peak_flops) {
     (void)peak;
     const bool tensor = t == DType::F16 || t == DType::BF16;
-    d.matmul_efficiency[t] = tensor ? MatmulEfficiency{e.tensor_ceiling, 2.30e6 * scale, 197}
-                                    : MatmulEfficiency{e.vector_ceiling, 0.48e6 * scale, 36};
+    d.matmul_efficiency[t] = tensor ? MatmulEfficiency{e.tensor_ceiling, 2.30e6 * scale, 197, 0}
+                                    : MatmulEfficiency{e.vector_ceiling, 0.48e6 * scale, 36, 0};
   }
   d.memory_efficiency = e.memory_efficiency;
   d.kernel_overhead = 2e-6;
@@ -184,10 +184,10 @@ Cluster::Cluster(std::vector<NodeSpec> nodes) : nodes_(std::move(nodes)) {
                "{}: memory efficiency must be in (0, 1] (got {})", what, n.device.memory_efficiency);
     for (const auto& [t, e] : n.device.matmul_efficiency)
       WEFT_CHECK(e.ceiling > 0 && e.ceiling <= 1 && std::isfinite(e.fill_elements) && e.fill_elements >= 0 &&
-                     std::isfinite(e.half_k) && e.half_k >= 0,
-                 "{}: matmul efficiency for {} needs 0 < ceiling <= 1, fill_elements >= 0, half_k >= 0 "
-                 "(got {}, {}, {})",
-                 what, dtype_name(t), e.ceiling, e.fill_elements, e.half_k);
+                     std::isfinite(e.half_k) && e.half_k >= 0 && e.floor >= 0 && e.floor <= e.ceiling,
+                 "{}: matmul efficiency for {} needs 0 < ceiling <= 1, fill_elements >= 0, half_k >= 0, "
+                 "0 <= floor <= ceiling (got {}, {}, {}, {})",
+                 what, dtype_name(t), e.ceiling, e.fill_elements, e.half_k, e.floor);
     for (auto& [t, f] : n.device.peak_flops)
       WEFT_CHECK(std::isfinite(f) && f > 0, "{}: peak FLOP/s for {} must be finite and > 0 (got {})", what,
                  dtype_name(t), f);
@@ -306,6 +306,7 @@ Cluster Cluster::from_json(std::string_view text) {
           e.ceiling = r.positive(jt, "ceiling", pt);
           e.fill_elements = r.field_or<double>(jt, "fill_elements", pt, 0.0);
           e.half_k = r.field_or<double>(jt, "half_k", pt, 0.0);
+          e.floor = r.field_or<double>(jt, "floor", pt, 0.0);
           try {
             n.device.matmul_efficiency[parse_dtype(it.key())] = e;
           } catch (const Error& err) {
@@ -345,9 +346,11 @@ std::string Cluster::to_json() const {
     if (n.device.memory_efficiency != 1.0) jn["device"]["memory_efficiency"] = n.device.memory_efficiency;
     if (!n.device.matmul_efficiency.empty()) {
       nlohmann::json me = nlohmann::json::object();
-      for (const auto& [t, e] : n.device.matmul_efficiency)
-        me[std::string(dtype_name(t))] = {
-            {"ceiling", e.ceiling}, {"fill_elements", e.fill_elements}, {"half_k", e.half_k}};
+      for (const auto& [t, e] : n.device.matmul_efficiency) {
+        auto& jt = me[std::string(dtype_name(t))];
+        jt = {{"ceiling", e.ceiling}, {"fill_elements", e.fill_elements}, {"half_k", e.half_k}};
+        if (e.floor > 0) jt["floor"] = e.floor;
+      }
       jn["device"]["matmul_efficiency"] = me;
     }
     jn["intra"] = {{"bandwidth", n.intra.bandwidth}, {"latency", n.intra.latency}};

@@ -96,11 +96,15 @@ Calibration Calibration::from_json(std::string_view text) {
               e.fill_elements = ft.value().get<double>();
             else if (ft.key() == "half_k")
               e.half_k = ft.value().get<double>();
+            else if (ft.key() == "floor")
+              e.floor = ft.value().get<double>();
             else
               fail("calibration: unknown key '{}' in {}", ft.key(), at);
           }
           WEFT_CHECK(dt.value().contains("ceiling"), "calibration: {} needs 'ceiling'", at);
           WEFT_CHECK(e.ceiling <= 1, "calibration: {}.ceiling must be <= 1 (got {})", at, e.ceiling);
+          WEFT_CHECK(e.floor <= e.ceiling, "calibration: {}.floor must be <= its ceiling (got {} > {})", at, e.floor,
+                     e.ceiling);
           c.matmul_efficiency[kt.key()][parse_dtype(dt.key())] = e;
         }
       }
@@ -144,9 +148,11 @@ std::string Calibration::to_json() const {
     for (const auto& [t, e] : m) ce[kind][std::string(dtype_name(t))] = e;
   nlohmann::json mm = nlohmann::json::object();
   for (const auto& [kind, m] : matmul_efficiency)
-    for (const auto& [t, e] : m)
-      mm[kind][std::string(dtype_name(t))] = {
-          {"ceiling", e.ceiling}, {"fill_elements", e.fill_elements}, {"half_k", e.half_k}};
+    for (const auto& [t, e] : m) {
+      auto& jt = mm[kind][std::string(dtype_name(t))];
+      jt = {{"ceiling", e.ceiling}, {"fill_elements", e.fill_elements}, {"half_k", e.half_k}};
+      if (e.floor > 0) jt["floor"] = e.floor;
+    }
   nlohmann::json me = nlohmann::json::object();
   if (default_memory_efficiency) me["default"] = *default_memory_efficiency;
   for (const auto& [kind, e] : memory_efficiency) me[kind] = e;

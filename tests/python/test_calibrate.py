@@ -185,6 +185,39 @@ def test_fit_matmul_efficiency_recovers_a_known_curve(ceiling, fill, half_k):
         fit_matmul_efficiency(rows, 0.0)
 
 
+def test_the_fitted_curve_has_a_floor_at_its_smallest_shape():
+    """Issue 36: a curve fitted on 256^3 and up is not extrapolated to shapes far smaller (the tiny
+    GEMMs of a pipeline's micro-batches): below the smallest timed shape it stays at the curve's
+    value there, through the JSON and the planner's cluster."""
+    peak = 1e12
+    truth = weft.MatmulEfficiency(0.8, 4e6, 64.0)
+    shapes = [(256, 256, 256), (512, 512, 512), (1024, 1024, 1024), (2048, 2048, 2048), (1024, 256, 1024),
+              (2048, 256, 1024), (1024, 1024, 256)]
+    rows = []
+    for m, k, n in shapes:
+        flops = 2.0 * m * k * n
+        s = flops / (peak * truth.at(m, k, n))
+        rows.append(MatmulTiming(m, k, n, "f32", s, flops, flops / s))
+    fit = fit_matmul_efficiency(rows, peak)
+    at_smallest = min(fit.efficiency(m, k, n) for m, k, n in shapes)
+    assert fit.floor == pytest.approx(at_smallest, rel=1e-9) and fit.floor > 0
+    assert fit.smallest == (256.0 * 256, 256.0)
+    # far below the timed shapes: the floor, where the unfloored curve would say ~1000x less
+    tiny = (8, 16, 8)
+    unfloored = fit.ceiling * (8 * 8 / fit.fill_elements) * (16 / (16 + fit.half_k))
+    assert unfloored < fit.floor / 100
+    assert fit.efficiency(*tiny) == fit.floor
+    curve = weft.Calibration.from_json(json.dumps({"matmul_efficiency": {"cpu": {"f32": fit.curve()}}}))
+    got = curve.matmul_efficiency["cpu"]["f32"]
+    assert got.floor == pytest.approx(fit.floor, rel=1e-3)
+    assert got.at(*tiny) == pytest.approx(fit.floor, rel=1e-3)
+    assert got.at(2048, 2048, 2048) == pytest.approx(fit.efficiency(2048, 2048, 2048), rel=1e-3)
+    with pytest.raises(ValueError, match="floor"):
+        weft.Calibration.from_json(json.dumps({"matmul_efficiency": {"cpu": {"f32": {"ceiling": 0.5, "floor": 0.6}}}}))
+    with pytest.raises(ValueError, match="floor"):
+        weft.MatmulEfficiency(0.5, 0.0, 0.0, 0.7)
+
+
 def test_a_fitted_curve_reaches_the_planner_through_the_calibration_json():
     rows = []
     truth = weft.MatmulEfficiency(0.4, 4e6, 400.0)  # below the A100 preset's curve at every shape

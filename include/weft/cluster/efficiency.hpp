@@ -10,14 +10,18 @@
 //   SM; fewer leave SMs idle (tile/wave quantization, smoothed to stay monotone);
 // - half_k: the contraction length at which the k-loop's fixed prologue/epilogue costs half the
 //   time (short contractions such as attention's head dim run far below the ceiling).
+// - floor: the efficiency the curve never goes below — a calibration sets it to the curve's value
+//   at the smallest shapes it was fitted on, so a GEMM far smaller than any measured one is priced
+//   at the smallest measured efficiency, not at an extrapolation towards 0 (0: no floor).
 // Monotone non-decreasing in every dimension and never above the ceiling. All-default values
-// (1, 0, 0) are the datasheet: every op at 100% of peak.
+// (1, 0, 0, 0) are the datasheet: every op at 100% of peak.
 namespace weft::cluster {
 
 struct MatmulEfficiency {
   double ceiling = 1.0;
   double fill_elements = 0;  // 0 = no fill penalty
   double half_k = 0;         // 0 = no contraction penalty
+  double floor = 0;          // 0 = extrapolated down to any shape
 
   // Efficiency of a GEMM with `parallel` output elements per device (batch × m × n) and
   // contraction length `k` (both > 0); `ceiling` alone for ops that are not GEMMs.
@@ -25,7 +29,7 @@ struct MatmulEfficiency {
     double e = ceiling;
     if (fill_elements > 0 && parallel < fill_elements) e *= parallel / fill_elements;
     if (half_k > 0) e *= k / (k + half_k);
-    return e;
+    return e < floor ? floor : e;
   }
   bool operator==(const MatmulEfficiency&) const = default;
 };
