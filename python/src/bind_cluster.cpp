@@ -24,17 +24,20 @@ py::dict peak_dict(const DeviceSpec& d) {
 }  // namespace
 
 void bind_cluster(py::module_& m) {
-  py::class_<MatmulEfficiency>(m, "MatmulEfficiency",
-                               "Matmul efficiency against GEMM shape: ceiling x min(1, b*m*n / fill_elements) "
-                               "x k / (k + half_k) of the datasheet peak, never below floor (a calibration's "
-                               "smallest fitted shapes).")
+  py::class_<MatmulEfficiency>(
+      m, "MatmulEfficiency",
+      "Matmul efficiency against GEMM shape: ceiling x min(1, b*m*n / fill_elements) "
+      "x k / (k + half_k) of the datasheet peak, never below floor (a calibration's "
+      "smallest fitted shapes).")
       .def(py::init([](double ceiling, double fill, double half_k, double floor) {
              if (!(ceiling > 0 && ceiling <= 1)) throw py::value_error("ceiling must be in (0, 1]");
-             if (!(fill >= 0) || !(half_k >= 0)) throw py::value_error("fill_elements and half_k must be >= 0");
+             if (!(fill >= 0) || !(half_k >= 0))
+               throw py::value_error("fill_elements and half_k must be >= 0");
              if (!(floor >= 0 && floor <= ceiling)) throw py::value_error("floor must be in [0, ceiling]");
              return MatmulEfficiency{ceiling, fill, half_k, floor};
            }),
-           py::arg("ceiling") = 1.0, py::arg("fill_elements") = 0.0, py::arg("half_k") = 0.0, py::arg("floor") = 0.0)
+           py::arg("ceiling") = 1.0, py::arg("fill_elements") = 0.0, py::arg("half_k") = 0.0,
+           py::arg("floor") = 0.0)
       .def_readonly("ceiling", &MatmulEfficiency::ceiling)
       .def_readonly("fill_elements", &MatmulEfficiency::fill_elements)
       .def_readonly("half_k", &MatmulEfficiency::half_k)
@@ -49,8 +52,9 @@ void bind_cluster(py::module_& m) {
           "Fraction of the datasheet peak a (batch x) m x k @ k x n GEMM reaches.")
       .def("__eq__", [](const MatmulEfficiency& a, const MatmulEfficiency& b) { return a == b; })
       .def("__repr__", [](const MatmulEfficiency& e) {
-        return fmt::format("MatmulEfficiency(ceiling={}, fill_elements={}, half_k={}{})", e.ceiling, e.fill_elements,
-                           e.half_k, e.floor > 0 ? fmt::format(", floor={}", e.floor) : std::string());
+        return fmt::format("MatmulEfficiency(ceiling={}, fill_elements={}, half_k={}{})", e.ceiling,
+                           e.fill_elements, e.half_k,
+                           e.floor > 0 ? fmt::format(", floor={}", e.floor) : std::string());
       });
 
   py::class_<DeviceSpec>(m, "DeviceSpec",

@@ -103,8 +103,8 @@ Calibration Calibration::from_json(std::string_view text) {
           }
           WEFT_CHECK(dt.value().contains("ceiling"), "calibration: {} needs 'ceiling'", at);
           WEFT_CHECK(e.ceiling <= 1, "calibration: {}.ceiling must be <= 1 (got {})", at, e.ceiling);
-          WEFT_CHECK(e.floor <= e.ceiling, "calibration: {}.floor must be <= its ceiling (got {} > {})", at, e.floor,
-                     e.ceiling);
+          WEFT_CHECK(e.floor <= e.ceiling, "calibration: {}.floor must be <= its ceiling (got {} > {})", at,
+                     e.floor, e.ceiling);
           c.matmul_efficiency[kt.key()][parse_dtype(dt.key())] = e;
         }
       }

@@ -1,13 +1,13 @@
 // Closed-form checks of the IR-independent cost model: roofline, collectives, calibration.
 #include <doctest/doctest.h>
 
+#include <nlohmann/json.hpp>
+
 #include "weft/cluster/cluster.hpp"
 #include "weft/core/error.hpp"
 #include "weft/cost/calibration.hpp"
 #include "weft/cost/collectives.hpp"
 #include "weft/cost/roofline.hpp"
-
-#include <nlohmann/json.hpp>
 
 using namespace weft::cost;
 using weft::DType;
@@ -83,19 +83,21 @@ TEST_CASE("calibration JSON round trip and errors") {
 TEST_CASE("matmul efficiency: the floor holds below the fitted shapes, through both JSONs") {
   weft::cluster::MatmulEfficiency e{0.8, 4e6, 64, 0.05};
   const weft::cluster::MatmulEfficiency free{0.8, 4e6, 64, 0};
-  CHECK(free.at(64, 16) < 0.001);         // extrapolated towards 0
-  CHECK(e.at(64, 16) == 0.05);            // held at the floor
+  CHECK(free.at(64, 16) < 0.001);                // extrapolated towards 0
+  CHECK(e.at(64, 16) == 0.05);                   // held at the floor
   CHECK(e.at(1e7, 4096) == free.at(1e7, 4096));  // above it, the curve
   auto c = Calibration::from_json(
       R"({"matmul_efficiency": {"cpu": {"f32": {"ceiling": 0.8, "fill_elements": 4e6, "half_k": 64, "floor": 0.05}}}})");
   CHECK(c.matmul_efficiency.at("cpu").at(DType::F32) == e);
   CHECK(Calibration::from_json(c.to_json()) == c);
-  CHECK_THROWS_AS(Calibration::from_json(R"({"matmul_efficiency": {"cpu": {"f32": {"ceiling": 0.5, "floor": 0.6}}}})"),
-                  weft::Error);
+  CHECK_THROWS_AS(
+      Calibration::from_json(R"({"matmul_efficiency": {"cpu": {"f32": {"ceiling": 0.5, "floor": 0.6}}}})"),
+      weft::Error);
   auto cl = weft::cluster::Cluster::preset("M8", 1);
   auto j = nlohmann::json::parse(cl.to_json());
   j["nodes"][0]["device"]["matmul_efficiency"]["f32"]["floor"] = 0.05;
   const auto back = weft::cluster::Cluster::from_json(j.dump());
   CHECK(back.device(0).spec.matmul_efficiency.at(DType::F32).floor == 0.05);
-  CHECK(nlohmann::json::parse(back.to_json())["nodes"][0]["device"]["matmul_efficiency"]["f32"]["floor"] == 0.05);
+  CHECK(nlohmann::json::parse(back.to_json())["nodes"][0]["device"]["matmul_efficiency"]["f32"]["floor"] ==
+        0.05);
 }
