@@ -13,15 +13,15 @@ hetero: _types.ModuleType
 models: _types.ModuleType
 pipeline: _types.ModuleType
 spmd: _types.ModuleType
-__all__: list[str] = ['AdaptivePolicy', 'AdaptiveWindow', 'AxisLink', 'BandwidthTrace', 'Calibration', 'Candidate', 'Cluster', 'CrossMeshOp', 'CrossMeshPlan', 'CrossMeshUnitTask', 'Device', 'DeviceMesh', 'DeviceSpec', 'DriverResult', 'Graph', 'LeafValues', 'MatmulEfficiency', 'MegatronLayout', 'NodeSpec', 'OrderCheck', 'PipelineLink', 'Placement', 'Plan', 'PlanAlternative', 'PlanCrossTensor', 'PlanOpLayout', 'PlanParamSpec', 'PlanStage', 'Program', 'ProgramLayout', 'ReplicaCollectives', 'ReshardPlan', 'ReshardPlanner', 'ReshardStep', 'Schedule', 'ScheduleOp', 'ShardingSpec', 'SimResult', 'StageModel', 'StageSpec', 'TuneResult', 'ZeroMemory', 'ZeroTraffic', 'adagrouper_drive', 'adagrouper_frontier', 'adagrouper_tune', 'adaptive_policy', 'axis_links', 'batch_size', 'best_megatron_plan', 'calibrated_cluster', 'candidate_step_time', 'check_dependencies', 'check_order', 'check_pairing', 'collective_time', 'compute_time', 'data_parallel_plan', 'dtype_size', 'eager_1f1b', 'enumerate_specs', 'gpipe', 'hetero', 'interleaved_1f1b', 'interpret', 'is_training_graph', 'kfkb', 'kfkb_interleaved', 'layout_plan', 'links_from_cluster', 'loop_placement', 'make_plan', 'make_schedule', 'megatron_layouts', 'megatron_plan', 'model_state_bytes', 'models', 'one_f_one_b', 'pipeline', 'propagate_reshape', 'rebatch', 'roofline', 'split_plan', 'spmd', 'v_placement', 'zb_h1', 'zb_interleaved', 'zbv', 'zero_memory', 'zero_traffic']
+__all__: list[str] = ['AdaptivePolicy', 'AdaptiveWindow', 'AxisLink', 'BandwidthTrace', 'Calibration', 'Candidate', 'Cluster', 'CrossMeshOp', 'CrossMeshPlan', 'CrossMeshUnitTask', 'Device', 'DeviceMesh', 'DeviceSpec', 'DriverResult', 'Graph', 'LeafValues', 'MatmulEfficiency', 'MegatronLayout', 'NodeSpec', 'OrderCheck', 'PipelineLink', 'Placement', 'Plan', 'PlanAlternative', 'PlanCrossTensor', 'PlanOpLayout', 'PlanParamSpec', 'PlanStage', 'Program', 'ProgramLayout', 'ReplicaCollectives', 'ReshardPlan', 'ReshardPlanner', 'ReshardStep', 'Schedule', 'ScheduleOp', 'ShardingSpec', 'SimResult', 'StageModel', 'StageSpec', 'TuneResult', 'ZeroMemory', 'ZeroTraffic', 'adagrouper_drive', 'adagrouper_frontier', 'adagrouper_tune', 'adaptive_policy', 'axis_links', 'batch_size', 'best_megatron_plan', 'calibrated_cluster', 'candidate_step_time', 'check_dependencies', 'check_order', 'check_pairing', 'collective_time', 'compute_time', 'data_parallel_plan', 'dtype_size', 'eager_1f1b', 'enumerate_specs', 'format_bytes', 'format_flops', 'format_seconds', 'gpipe', 'hetero', 'interleaved_1f1b', 'interpret', 'is_training_graph', 'kfkb', 'kfkb_interleaved', 'layout_plan', 'links_from_cluster', 'loop_placement', 'make_plan', 'make_schedule', 'megatron_layouts', 'megatron_plan', 'model_state_bytes', 'models', 'one_f_one_b', 'pipeline', 'propagate_reshape', 'rebatch', 'roofline', 'split_plan', 'spmd', 'v_placement', 'zb_h1', 'zb_interleaved', 'zbv', 'zero_memory', 'zero_traffic']
 class MatmulEfficiency:
     """
-    Matmul efficiency against GEMM shape: ceiling x min(1, b*m*n / fill_elements) x k / (k + half_k) of the datasheet peak.
+    Matmul efficiency against GEMM shape: ceiling x min(1, b*m*n / fill_elements) x k / (k + half_k) of the datasheet peak, never below floor (a calibration's smallest fitted shapes).
     """
     __hash__: typing.ClassVar[None] = None  # type: ignore[assignment]
     def __eq__(self, arg0: object) -> bool:
         ...
-    def __init__(self, ceiling: typing.SupportsFloat | typing.SupportsIndex = 1.0, fill_elements: typing.SupportsFloat | typing.SupportsIndex = 0.0, half_k: typing.SupportsFloat | typing.SupportsIndex = 0.0) -> None:
+    def __init__(self, ceiling: typing.SupportsFloat | typing.SupportsIndex = 1.0, fill_elements: typing.SupportsFloat | typing.SupportsIndex = 0.0, half_k: typing.SupportsFloat | typing.SupportsIndex = 0.0, floor: typing.SupportsFloat | typing.SupportsIndex = 0.0) -> None:
         ...
     def __repr__(self) -> str:
         ...
@@ -34,6 +34,9 @@ class MatmulEfficiency:
         ...
     @property
     def fill_elements(self) -> float:
+        ...
+    @property
+    def floor(self) -> float:
         ...
     @property
     def half_k(self) -> float:
@@ -341,9 +344,9 @@ class Graph:
     __hash__: typing.ClassVar[None] = None  # type: ignore[assignment]
     name: str
     @staticmethod
-    def from_json(text: str) -> Graph:
+    def from_json(text: str, base_dir: str = '') -> Graph:
         """
-        Loads and validates a graph (ValueError on bad input).
+        Loads and validates a graph (ValueError on bad input); `base_dir` resolves relative value-file paths.
         """
     def __eq__(self, arg0: object) -> bool:
         ...
@@ -361,11 +364,17 @@ class Graph:
         """
         x copied to `shape`, inserting the dims in `axes` and widening its size-1 dims (an expand); its gradient sums over them.
         """
+    def buffer(self, name: str, shape: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], dtype: str = 'f32') -> int:
+        """
+        A buffer leaf: state that is not trained (running statistics, position tables); give its value with set_value.
+        """
+    def clear_value(self, t: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
     def concat(self, xs: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], axis: typing.SupportsInt | typing.SupportsIndex, name: str = '') -> int:
         ...
     def constant(self, name: str, shape: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], dtype: str = 'f32') -> int:
         """
-        A constant leaf (its value is fed).
+        A constant leaf: a value known when the graph is made (give it with set_value).
         """
     def conv2d(self, x: typing.SupportsInt | typing.SupportsIndex, w: typing.SupportsInt | typing.SupportsIndex, stride: typing.SupportsInt | typing.SupportsIndex = 1, pad: typing.SupportsInt | typing.SupportsIndex = 0, name: str = '') -> int:
         """
@@ -389,13 +398,19 @@ class Graph:
         """
         Einsum over any equation, e.g. 'bsh,hf->bsf'.
         """
-    def embedding(self, table: typing.SupportsInt | typing.SupportsIndex, ids: typing.SupportsInt | typing.SupportsIndex, name: str = '') -> int:
-        ...
+    def embedding(self, table: typing.SupportsInt | typing.SupportsIndex, ids: typing.SupportsInt | typing.SupportsIndex, name: str = '', padding_idx: typing.SupportsInt | typing.SupportsIndex | None = None) -> int:
+        """
+        Rows of table at ids. padding_idx (torch's): that row gets no gradient from this lookup.
+        """
     def exp(self, x: typing.SupportsInt | typing.SupportsIndex, name: str = '') -> int:
         ...
     def find(self, name: str) -> int | None:
         """
         The id of the first tensor with this name, or None.
+        """
+    def fingerprint(self) -> str:
+        """
+        Content hash of the graph's structure (tensors, ops, shapes, dtypes, roles; not its name or values): what plans and programs record of the graph they were made for.
         """
     def flops(self) -> float:
         """
@@ -473,6 +488,14 @@ class Graph:
         """
     def set_loss(self, t: typing.SupportsInt | typing.SupportsIndex) -> None:
         ...
+    def set_value(self, t: typing.SupportsInt | typing.SupportsIndex, value: typing.Any) -> None:
+        """
+        Sets the value of a Parameter, Buffer or Constant leaf (a numeric array of its shape; stored as float64, integral for integer tensors). ValueError naming the tensor otherwise.
+        """
+    def set_value_file(self, t: typing.SupportsInt | typing.SupportsIndex, file: str, key: str) -> None:
+        """
+        Names the value of a leaf as tensor `key` of the safetensors file `file` (read when an executor needs it; a rank reads what its tiles need).
+        """
     def sigmoid(self, x: typing.SupportsInt | typing.SupportsIndex, name: str = '') -> int:
         ...
     def slice(self, x: typing.SupportsInt | typing.SupportsIndex, axis: typing.SupportsInt | typing.SupportsIndex, begin: typing.SupportsInt | typing.SupportsIndex, end: typing.SupportsInt | typing.SupportsIndex, name: str = '') -> int:
@@ -489,12 +512,14 @@ class Graph:
         ...
     def tensor(self, t: typing.SupportsInt | typing.SupportsIndex) -> dict:
         ...
+    def to_json(self, indent: typing.SupportsInt | typing.SupportsIndex | None = None, sidecar: str = '', sidecar_ref: str = '', inline_limit: typing.SupportsInt | typing.SupportsIndex = 4096) -> str:
+        """
+        The graph as JSON, with its values: inline, or, given `sidecar` (a .safetensors path), those of more than `inline_limit` elements in that file, named in the JSON as `sidecar_ref` (default: the path). See Graph.save.
+        """
     def topk(self, x: typing.SupportsInt | typing.SupportsIndex, k: typing.SupportsInt | typing.SupportsIndex, axis: typing.SupportsInt | typing.SupportsIndex = -1, largest: bool = True, name: str = '') -> tuple[int, int]:
         """
         (values, indices) of the k largest (or smallest) along axis, best first; ties: lower index first.
         """
-    def to_json(self, indent: typing.SupportsInt | typing.SupportsIndex | None = None) -> str:
-        ...
     def train_step(self, optimizer: typing.Any = 'adam', lr: typing.SupportsFloat | typing.SupportsIndex = 0.001, beta1: typing.SupportsFloat | typing.SupportsIndex = 0.9, beta2: typing.SupportsFloat | typing.SupportsIndex = 0.999, eps: typing.SupportsFloat | typing.SupportsIndex = 1e-08, step: typing.SupportsInt | typing.SupportsIndex = 1, momentum: typing.SupportsFloat | typing.SupportsIndex = 0.0, master_weights: typing.Any = None) -> Graph:
         """
         The training-step graph: forward + backward + optimizer ('adam', 'sgd' or None: gradients only). momentum: SGD's heavy-ball momentum (0: none; > 0 adds one state per parameter). master_weights: None (auto) or True keeps an f32 master copy of every f16/bf16 parameter, updated in f32 with f32 optimizer states (mixed-precision Adam: 16 bytes per parameter); False updates half-precision parameters in their own dtype. f32/f64 parameters are their own master either way.
@@ -509,12 +534,16 @@ class Graph:
         """
         Elementwise fn: identity, neg, relu, gelu (tanh form), tanh, exp, log, sigmoid, sqrt, rsqrt, square, scale (by scalar).
         """
-    def fingerprint(self) -> str:
-        """
-        Content hash of the graph's structure (tensors, ops, shapes, dtypes, roles; not its name or values): what plans and programs record of the graph they were made for.
-        """
     def validate(self) -> None:
         ...
+    def value(self, t: typing.SupportsInt | typing.SupportsIndex) -> typing.Any:
+        """
+        The value of leaf t as a float64 array (read from its file when file-backed), or None.
+        """
+    def value_source(self, t: typing.SupportsInt | typing.SupportsIndex) -> typing.Any:
+        """
+        None, 'memory', or (file, key) for a file-backed value.
+        """
     @property
     def loss(self) -> int | None:
         ...
@@ -527,9 +556,22 @@ class Graph:
     def outputs(self) -> list[int]:
         ...
     @property
+    def seed_parameters(self) -> bool:
+        """
+        Whether Parameters without a value may be initialised from the seed (graphs built in code: True; an imported module: False, its weights are its own).
+        """
+    @seed_parameters.setter
+    def seed_parameters(self, arg1: bool) -> None:
+        ...
+    @property
     def tensors(self) -> list:
         """
         Dicts with id, name, shape, dtype, role, producer (op name or None), grad_of.
+        """
+    @property
+    def value_names(self) -> list[str]:
+        """
+        Names of the leaves that carry a value.
         """
 class Program:
     """
@@ -538,8 +580,10 @@ class Program:
     def _repr_html_(self) -> str: ...
     __hash__: typing.ClassVar[None] = None  # type: ignore[assignment]
     @staticmethod
-    def from_json(text: str) -> Program:
-        ...
+    def from_json(text: str, base_dir: str = '') -> Program:
+        """
+        A program from its JSON; `base_dir` resolves relative value-file paths.
+        """
     def __eq__(self, arg0: object) -> bool:
         ...
     def __repr__(self) -> str:
@@ -560,21 +604,13 @@ class Program:
         """
         Rank's instructions in order, each a dict {kind, op (name or None), inputs, outputs (buffer names), axis, group (ranks: a collective's group, a send's receivers, a recv's sender), reduce, axes, internal, microbatch (load-input), tag and region (send / recv: per dim [begin, end, ...])}.
         """
-    def to_json(self) -> str:
-        ...
-    def verify(self, graph: Graph | None = None) -> None:
+    def to_json(self, sidecar: str = '', sidecar_ref: str = '', inline_limit: typing.SupportsInt | typing.SupportsIndex = 4096) -> str:
         """
-        The program as a contract (docs/modules/lower.md, Verification): its graph's fingerprint, buffer shapes / tiles, compute operands, collective reductions and groups, counts, results; with graph=, also that it was lowered for that graph. Raises ValueError naming the rank, the instruction or the buffer.
+        The program as JSON. The graph's values are inline, or, with `sidecar` (a .safetensors path), those of more than `inline_limit` elements go to that file, named in the JSON as `sidecar_ref` (default: the path).
         """
-    @property
-    def graph_fingerprint(self) -> str:
+    def verify(self, graph: Graph = None, plan: ... = None) -> None:
         """
-        Fingerprint (Graph.fingerprint) of the program's graph, as lowered.
-        """
-    @property
-    def step_fingerprint(self) -> str:
-        """
-        Fingerprint of the training step the plan was made for (empty when not lowered from a plan).
+        The program as a contract (docs/modules/lower.md, Verification): its graph's fingerprint, buffer shapes / tiles, compute operands, collective reductions and groups, counts, which micro-batches each value holds, results; with graph=, also that it was lowered for that graph; with plan= (and graph=), that it carries out that plan (stages, devices, micro-batches, micro-batch size, replicas, schedule). Raises ValueError naming the rank, the instruction or the buffer.
         """
     @property
     def buffers(self) -> list:
@@ -595,6 +631,11 @@ class Program:
     def graph(self) -> Graph:
         """
         The (per-micro-batch) training graph it computes.
+        """
+    @property
+    def graph_fingerprint(self) -> str:
+        """
+        Fingerprint (Graph.fingerprint) of the program's graph, as lowered.
         """
     @property
     def leaf_buffer_ids(self) -> list[int]:
@@ -628,6 +669,11 @@ class Program:
     def ranks(self) -> list:
         """
         Per rank: rank, cluster device id, stage, coordinate on the stage mesh, instruction count.
+        """
+    @property
+    def step_fingerprint(self) -> str:
+        """
+        Fingerprint of the training step the plan was made for (empty when not lowered from a plan).
         """
 class PlanParamSpec:
     """
@@ -993,6 +1039,19 @@ class Plan:
     def global_batch(self) -> int:
         ...
     @property
+    def grad_bucket_bytes(self) -> float:
+        """
+        Bytes per gradient bucket of the replicas' all-reduces, each issued in the last micro-batch's backward (0: no buckets); lower() lays them out so.
+        """
+    @grad_bucket_bytes.setter
+    def grad_bucket_bytes(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def graph_fingerprint(self) -> str:
+        """
+        Fingerprint (weft.Graph.fingerprint) of the training graph the plan was made for; lower refuses another graph.
+        """
+    @property
     def infeasible_reason(self) -> str:
         """
         Why an allow_infeasible layout does not fit (empty when it fits).
@@ -1011,11 +1070,6 @@ class Plan:
     @property
     def microbatch_size(self) -> int:
         ...
-    @property
-    def graph_fingerprint(self) -> str:
-        """
-        Fingerprint (weft.Graph.fingerprint) of the training graph the plan was made for; lower refuses another graph.
-        """
     @property
     def model(self) -> str:
         ...
@@ -1294,9 +1348,9 @@ class ProgramLayout:
         ...
 class LeafValues:
     """
-    The counter-based values of a step's leaves: a pure function of (seed, tensor, step, global element index), as the CPU executor initialises them.
+    The values of a step's leaves as every executor reads them: the values the graph carries (in memory or in a value file, read for the call), else the seeded ones (a pure function of (seed, tensor, step, global element index)). ValueError naming every leaf that needs a value and has none.
     """
-    def __init__(self, graph: Graph, seed: typing.SupportsInt | typing.SupportsIndex) -> None:
+    def __init__(self, graph: Graph, seed: typing.SupportsInt | typing.SupportsIndex, seed_all_parameters: bool = False) -> None:
         ...
     def values(self, tensor: typing.SupportsInt | typing.SupportsIndex, step: typing.SupportsInt | typing.SupportsIndex, index: typing.Annotated[numpy.typing.ArrayLike, numpy.int64]) -> numpy.typing.NDArray[numpy.float64]:
         """
@@ -1824,9 +1878,9 @@ def _cross_mesh_rows_hosts(meshes: collections.abc.Sequence[DeviceMesh]) -> dict
     """
     device -> host with each mesh row (all axes but the last) a host.
     """
-def _execute_program(program: Program, steps: typing.SupportsInt | typing.SupportsIndex = 3, seed: typing.SupportsInt | typing.SupportsIndex = 0, dtype: str = 'f64', inputs: dict = {}, timeout_s: typing.SupportsFloat | typing.SupportsIndex = 30.0) -> dict:
+def _execute_program(program: Program, steps: typing.SupportsInt | typing.SupportsIndex = 3, seed: typing.SupportsInt | typing.SupportsIndex = 0, dtype: str = 'f64', inputs: dict = {}, timeout_s: typing.SupportsFloat | typing.SupportsIndex = 30.0, seed_all_parameters: bool = False) -> dict:
     ...
-def _execute_reference(step: Graph, steps: typing.SupportsInt | typing.SupportsIndex = 3, seed: typing.SupportsInt | typing.SupportsIndex = 0, dtype: str = 'f64', inputs: dict = {}) -> dict:
+def _execute_reference(step: Graph, steps: typing.SupportsInt | typing.SupportsIndex = 3, seed: typing.SupportsInt | typing.SupportsIndex = 0, dtype: str = 'f64', inputs: dict = {}, seed_all_parameters: bool = False) -> dict:
     ...
 def _lower(plan: typing.Any, step: Graph, cluster: Cluster) -> Program:
     """
@@ -1846,6 +1900,10 @@ def _lower_spmd(graph: Graph, cluster: Cluster, mesh: DeviceMesh, spmd_plan: typ
     """
 def _simulate(schedule: Schedule, stages: collections.abc.Sequence[StageSpec], links: collections.abc.Sequence[PipelineLink], trace_offset: typing.SupportsFloat | typing.SupportsIndex = 0.0, check_pairing: bool = True, record_timeline: bool = True, replica_trace: BandwidthTrace = ...) -> SimResult:
     ...
+def _value_file_header(path: str) -> dict:
+    """
+    The tensors of a safetensors file: key -> {dtype, shape} (its header only).
+    """
 def adagrouper_drive(candidates: collections.abc.Sequence[Candidate], stages: collections.abc.Sequence[StageModel], links: collections.abc.Sequence[PipelineLink], start: typing.SupportsFloat | typing.SupportsIndex = 0.0, until: typing.SupportsFloat | typing.SupportsIndex = 600.0, max_iterations: typing.SupportsInt | typing.SupportsIndex = 100000, retune_every: typing.SupportsInt | typing.SupportsIndex = 1, estimate: str = 'lookahead', window: typing.SupportsFloat | typing.SupportsIndex = 10.0, fixed: typing.SupportsInt | typing.SupportsIndex = -1, replica_trace: BandwidthTrace = ...) -> DriverResult:
     ...
 def adagrouper_frontier(stages: collections.abc.Sequence[StageModel], global_batch: typing.SupportsInt | typing.SupportsIndex, memory_limit: typing.SupportsFloat | typing.SupportsIndex, k_max: typing.SupportsInt | typing.SupportsIndex = 8) -> list[Candidate]:
@@ -1894,6 +1952,18 @@ def eager_1f1b(stages: typing.SupportsInt | typing.SupportsIndex, micro_batches:
     ...
 def enumerate_specs(tensor_shape: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], mesh_shape: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], strided: bool = True, partial: bool = True, allow_padding: bool = False, max_specs: typing.SupportsInt | typing.SupportsIndex = 1000000) -> list[ShardingSpec]:
     ...
+def format_bytes(bytes: typing.SupportsFloat | typing.SupportsIndex) -> str:
+    """
+    A size in decimal units, 3 significant digits: '497 kB', '30.9 GB' (the C++ summaries' own).
+    """
+def format_flops(flops: typing.SupportsFloat | typing.SupportsIndex, per_second: bool = False) -> str:
+    """
+    An amount of work, 3 significant digits: '41.6 MFLOP', '126 TFLOP/s' with per_second.
+    """
+def format_seconds(seconds: typing.SupportsFloat | typing.SupportsIndex) -> str:
+    """
+    A time, 4 significant digits: '478.3 µs', '1.59 ms', '2.5 min' (never '1.59e+03 ms').
+    """
 def gpipe(stages: typing.SupportsInt | typing.SupportsIndex, micro_batches: typing.SupportsInt | typing.SupportsIndex) -> Schedule:
     ...
 def interleaved_1f1b(devices: typing.SupportsInt | typing.SupportsIndex, virtual_stages: typing.SupportsInt | typing.SupportsIndex, micro_batches: typing.SupportsInt | typing.SupportsIndex) -> Schedule:
