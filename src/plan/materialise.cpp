@@ -22,6 +22,7 @@
 #include "weft/reshard/plan.hpp"
 #include "weft/sharding/reshard.hpp"
 #include "weft/sharding/sharding_spec.hpp"
+#include "weft/core/units.hpp"
 
 namespace weft::plan::detail {
 
@@ -348,8 +349,8 @@ Built materialise_in_place(Context& ctx, const std::vector<SubmeshOptions>& subs
     double usable = kInf;
     for (int d : st.devices) usable = std::min(usable, ctx.usable_of_device(d));
     if (over.empty() && st.peak_memory > usable * (1 + 1e-9))
-      over = fmt::format("stage {}: peak {:.3g} GB/device > {:.3g} GB usable", s, st.peak_memory / 1e9,
-                         usable / 1e9);
+      over = fmt::format("stage {}: peak {}/device > {} usable", s, format_bytes(st.peak_memory),
+                         format_bytes(usable));
     for (int d : st.devices) {
       p.devices_used.push_back(d);
       p.device_memory.push_back(st.peak_memory);

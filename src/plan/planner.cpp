@@ -54,6 +54,7 @@
 #include "weft/pipeline/grouping.hpp"
 #include "weft/plan/adaptive.hpp"
 #include "weft/plan/rebatch.hpp"
+#include "weft/core/units.hpp"
 
 namespace weft::plan {
 
@@ -105,9 +106,10 @@ void check_total_memory(const Context& ctx) {
   for (const auto& d : c.devices()) have += ctx.usable_of_device(d.id);
   if (need > have)
     fail(
-        "make_plan: the model cannot fit: its parameters, gradients and optimizer states need {:.4g} GB, "
-        "the cluster has {:.4g} GB usable ({} devices, {:.4g} GB on the smallest): {:.4g} GB missing",
-        need / 1e9, have / 1e9, c.num_devices(), ctx.usable_memory / 1e9, (need - have) / 1e9);
+        "make_plan: the model cannot fit: its parameters, gradients and optimizer states need {}, "
+        "the cluster has {} usable ({} devices, {} on the smallest): {} missing",
+        format_bytes(need), format_bytes(have), c.num_devices(), format_bytes(ctx.usable_memory),
+        format_bytes(need - have));
 }
 
 // Micro-batch counts to try: the given one, or the powers of two dividing the batch (auto).
@@ -238,10 +240,10 @@ Plan make_plan_fixed(const ir::Graph& g, const cluster::Cluster& c, const PlanOp
     const auto& ab = ctx.blocks_at(bs);
     const double state = ctx.min_bytes(ab, 0, ctx.L() - 1, 0), act = ctx.min_bytes(ab, 0, ctx.L() - 1, 1) - state;
     fail("make_plan: the model cannot fit: with {} micro-batches of {} samples and one replica over all {} "
-         "devices, parameter state {:.4g} GB plus one micro-batch of saved activations {:.4g} GB need "
-         ">= {:.4g} GB per device, {:.4g} GB usable",
-         ctx.global_batch / bs, bs, c.num_devices(), state / 1e9, act / 1e9,
-         (state + act) / c.num_devices() / 1e9, ctx.usable_memory / 1e9);
+         "devices, parameter state {} plus one micro-batch of saved activations {} need "
+         ">= {} per device, {} usable",
+         ctx.global_batch / bs, bs, c.num_devices(), format_bytes(state), format_bytes(act),
+         format_bytes((state + act) / c.num_devices()), format_bytes(ctx.usable_memory));
   }
   prefetch_stage_costs(ctx, subs, configs);
   // Branch and bound over the (M, replicas) pairs: each pair's relaxed stage DP (unconstrained
@@ -375,8 +377,8 @@ Plan make_plan_fixed(const ir::Graph& g, const cluster::Cluster& c, const PlanOp
           "the search: num_blocks, whole_nodes_only, power_of_two_nodes, max_logical_shapes, "
           "num_microbatches); candidates so far:{}",
           o.time_limit_s, g.name(), c.to_string(), why.empty() ? std::string(" none") : why);
-    fail("make_plan: no plan fits in {:.4g} GB per device for {} on {}; closest candidates:{}",
-         ctx.usable_memory / 1e9, g.name(), c.to_string(), why);
+    fail("make_plan: no plan fits in {} per device for {} on {}; closest candidates:{}",
+         format_bytes(ctx.usable_memory), g.name(), c.to_string(), why);
   }
   // The winner with the best resharding plans (skipped at the deadline: the largest-first plans
   // it was simulated with stand).

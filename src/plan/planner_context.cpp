@@ -26,6 +26,7 @@
 #include "weft/sharding/reshard.hpp"
 #include "weft/sharding/sharding_spec.hpp"
 #include "weft/spmd/search.hpp"
+#include "weft/core/units.hpp"
 
 namespace weft::plan::detail {
 
@@ -134,9 +135,9 @@ BlockCost Context::search_block(int b, const AtBatch& ab, const MeshOption& m, i
   }
   if (lb > cap && variant != kUnboundedVariant) {
     bc.error = fmt::format(
-        "block {} needs >= {:.3g} GB/device on {} devices (parameter state {:.3g} GB and one micro-batch's "
-        "saved activations {:.3g} GB in all)",
-        b, lb / 1e9, m.mesh.size(), block_state_bytes[b] / 1e9, ab.act_bytes[b] / 1e9);
+        "block {} needs >= {}/device on {} devices (parameter state {} and one micro-batch's "
+        "saved activations {} in all)",
+        b, format_bytes(lb), m.mesh.size(), format_bytes(block_state_bytes[b]), format_bytes(ab.act_bytes[b]));
     return bc;
   }
   spmd::SearchOptions so;

@@ -21,6 +21,7 @@
 #include "weft/pipeline/grouping.hpp"
 #include "weft/pipeline/partition.hpp"
 #include "weft/pipeline/submesh.hpp"
+#include "weft/core/units.hpp"
 
 namespace weft::plan::detail {
 
@@ -97,8 +98,8 @@ std::optional<StageChoice> best_stage(Context& ctx, const std::vector<MeshOption
         sharding.emplace_back(level, &ctx.canonical_replica_links(n, replicas, z));
   if (need > usable) {
     if (why)
-      *why = fmt::format("needs >= {:.3g} GB/device (parameter state and {} micro-batch(es) of activations)",
-                         need / 1e9, inflight);
+      *why = fmt::format("needs >= {}/device (parameter state and {} micro-batch(es) of activations)",
+                         format_bytes(need), inflight);
     return best;
   }
   for (int mi = 0; mi < static_cast<int>(meshes.size()); ++mi) {
@@ -146,7 +147,7 @@ std::optional<StageChoice> best_stage(Context& ctx, const std::vector<MeshOption
           const double mem = stage_memory(a, inflight);
           if (mem > usable) {
             if (why)
-              *why = fmt::format("needs {:.3g} GB/device > {:.3g} GB usable{}{}", mem / 1e9, usable / 1e9,
+              *why = fmt::format("needs {}/device > {} usable{}{}", format_bytes(mem), format_bytes(usable),
                                  modes.size() > 1 || rc.recompute != Recompute::None
                                      ? fmt::format(" (recompute {})", recompute_name(rc.recompute))
                                      : std::string(),

@@ -24,6 +24,7 @@
 #include "weft/cost/memory.hpp"
 #include "weft/spmd/coarsen.hpp"
 #include "weft/spmd/problem.hpp"
+#include "weft/core/units.hpp"
 
 namespace weft::spmd {
 
@@ -213,10 +214,10 @@ std::string SearchReport::to_string() const {
     s += fmt::format("O2 memory pricing: {} row-free solves, price {:.4g} s per GB{}\n", memory_price_probes,
                      memory_price * 1e9, memory_price > 0 ? "" : " (none fitted: memory rows used)");
   if (o2_fallback) s += "O2 found no plan under the memory limit: solved as one ILP (O3)\n";
-  s += fmt::format("predicted step: {:.6g} s = compute {:.6g} s + communication {:.6g} s\n",
-                   compute_time + comm_time, compute_time, comm_time);
-  s += fmt::format("peak memory per device: {:.4g} MB (limit {})\n", peak_memory / 1e6,
-                   memory_limit > 0 ? fmt::format("{:.4g} MB", memory_limit / 1e6) : std::string("none"));
+  s += fmt::format("predicted step: {} = compute {} + communication {}\n", format_seconds(compute_time + comm_time),
+                   format_seconds(compute_time), format_seconds(comm_time));
+  s += fmt::format("peak memory per device: {} (limit {})\n", format_bytes(peak_memory),
+                   memory_limit > 0 ? format_bytes(memory_limit) : std::string("none"));
   if (forced_sharded_params >= 0)
     s += fmt::format("memory loop: {} largest parameters forced sharded\n", forced_sharded_params);
   s += "phases:";
@@ -226,10 +227,10 @@ std::string SearchReport::to_string() const {
   s += "\n";
   std::size_t w = 9;
   for (const auto& r : params) w = std::max(w, r.name.size());
-  s += fmt::format("{:<{}}  {:<18}  {:<24}  {:>12}\n", "parameter", w, "shape", "spec", "MB/device");
+  s += fmt::format("{:<{}}  {:<18}  {:<24}  {:>12}\n", "parameter", w, "shape", "spec", "per device");
   for (const auto& r : params)
-    s += fmt::format("{:<{}}  {:<18}  {:<24}  {:>12.4g}\n", r.name, w,
-                     fmt::format("[{}]", fmt::join(r.shape, ",")), r.spec, r.bytes_per_device / 1e6);
+    s += fmt::format("{:<{}}  {:<18}  {:<24}  {:>12}\n", r.name, w, fmt::format("[{}]", fmt::join(r.shape, ",")),
+                     r.spec, format_bytes(r.bytes_per_device));
   return s;
 }
 
@@ -518,8 +519,8 @@ SpmdPlan spmd_search(const ir::Graph& g, const cluster::Cluster& cl, const clust
   };
   auto no_plan_in_time = [&](const std::string& why) {
     fail("spmd_search: no solution within the time limit of {} s ({}; even the quick greedy plan does "
-         "not fit the memory limit of {:.4g} MB per device)",
-         opt.time_limit_s, why, limit / 1e6);
+         "not fit the memory limit of {} per device)",
+         opt.time_limit_s, why, format_bytes(limit));
   };
 
   if (opt.memory_mode == MemoryMode::Ilp) {
@@ -567,8 +568,8 @@ SpmdPlan spmd_search(const ir::Graph& g, const cluster::Cluster& cl, const clust
     }
     if (!sol.has_solution()) {
       if (sol.status == solver::IlpStatus::Infeasible) {
-        WEFT_CHECK(limit <= 0, "spmd_search: memory limit {:.4g} MB per device cannot be met: {}",
-                   limit / 1e6, explain_memory(m, b));
+        WEFT_CHECK(limit <= 0, "spmd_search: memory limit {} per device cannot be met: {}", format_bytes(limit),
+                   explain_memory(m, b));
       }
       fail("spmd_search: no strategy found ({}) within {} s", rep.status, opt.time_limit_s);
     }
@@ -607,9 +608,9 @@ SpmdPlan spmd_search(const ir::Graph& g, const cluster::Cluster& cl, const clust
       // Out of time before any k fitted: handled below.
     } else {
       WEFT_CHECK(chi.has_value(),
-                 "spmd_search: memory limit {:.4g} MB per device cannot be met even with all {} "
+                 "spmd_search: memory limit {} per device cannot be met even with all {} "
                  "parameters sharded: {}",
-                 limit / 1e6, params.size(), [&] {
+                 format_bytes(limit), params.size(), [&] {
                    Built rows = build_problem(m, rc, limit, opt);
                    return explain_memory(m, rows);
                  }());

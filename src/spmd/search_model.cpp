@@ -21,6 +21,7 @@
 #include "weft/cost/view_ops.hpp"
 #include "weft/ir/autodiff.hpp"
 #include "weft/spmd/coarsen.hpp"
+#include "weft/core/units.hpp"
 
 namespace weft::spmd {
 
@@ -663,17 +664,17 @@ std::string explain_memory(const Model& m, const Built& b) {
   std::sort(big.rbegin(), big.rend());
   std::vector<std::string> names;
   for (std::size_t i = 0; i < std::min<std::size_t>(5, big.size()); ++i)
-    names.push_back(fmt::format("{} ({:.3g} MB full)", m.g.tensor(big[i].second).name, big[i].first / 1e6));
+    names.push_back(fmt::format("{} ({} full)", m.g.tensor(big[i].second).name, format_bytes(big[i].first)));
   if (worst > p.memory_limit)
     return fmt::format(
-        "the live set {} needs at least {:.4g} MB per device under the most sharded layouts "
-        "(limit {:.4g} MB); largest tensors there: {}",
-        p.memory_rows[wr].label, worst / 1e6, p.memory_limit / 1e6, fmt::join(names, ", "));
+        "the live set {} needs at least {} per device under the most sharded layouts "
+        "(limit {}); largest tensors there: {}",
+        p.memory_rows[wr].label, format_bytes(worst), format_bytes(p.memory_limit), fmt::join(names, ", "));
   return fmt::format(
       "every live set fits alone under its most sharded layouts, but no single choice of layouts fits "
-      "them all (the layouts that shrink one live set grow another; tightest: {} at {:.4g} MB of {:.4g} MB); "
+      "them all (the layouts that shrink one live set grow another; tightest: {} at {} of {}); "
       "largest tensors there: {}",
-      p.memory_rows[wr].label, worst / 1e6, p.memory_limit / 1e6, fmt::join(names, ", "));
+      p.memory_rows[wr].label, format_bytes(worst), format_bytes(p.memory_limit), fmt::join(names, ", "));
 }
 
 void check_mesh_usable(const Model& m) {

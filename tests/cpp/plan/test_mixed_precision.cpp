@@ -9,6 +9,7 @@
 
 #include "weft/cluster/cluster.hpp"
 #include "weft/core/error.hpp"
+#include "weft/core/units.hpp"
 #include "weft/ir/autodiff.hpp"
 #include "weft/models/models.hpp"
 #include "weft/plan/planner.hpp"
@@ -194,6 +195,6 @@ TEST_CASE("mixed precision: a model that fitted under the 8-byte count is refuse
   } catch (const Error& e) {
     const std::string m = e.what();
     CHECK(m.find("cannot fit") != std::string::npos);
-    CHECK(m.find(fmt::format("need {:.4g} GB", need / 1e9)) != std::string::npos);
+    CHECK(m.find("need " + format_bytes(need)) != std::string::npos);
   }
 }

@@ -13,6 +13,7 @@
 
 #include "weft/cluster/cluster.hpp"
 #include "weft/core/error.hpp"
+#include "weft/core/units.hpp"
 #include "weft/ir/autodiff.hpp"
 #include "weft/models/models.hpp"
 #include "weft/plan/plan.hpp"
@@ -174,7 +175,7 @@ TEST_CASE("plan: a model that cannot fit fails fast and says how much memory is 
     const std::string m = e.what();
     CHECK(m.find("cannot fit") != std::string::npos);
     CHECK(m.find("missing") != std::string::npos);
-    CHECK(m.find(fmt::format("{:.4g} GB missing", missing / 1e9)) != std::string::npos);
+    CHECK(m.find(format_bytes(missing) + " missing") != std::string::npos);
   }
   // model_state_bytes by hand: Adam keeps param + grad + m + v = 4 x the parameter bytes.
   CHECK(need == doctest::Approx(4.0 * static_cast<double>(ir::build_training_graph(models::gpt([] {
@@ -193,7 +194,7 @@ TEST_CASE("plan: a model that cannot fit fails fast and says how much memory is 
   auto p100 = cluster::Cluster::preset("P100", 1).nodes()[0];
   p100.num_devices = 1;
   const auto mixed = cluster::Cluster::concat(one_node(1), cluster::Cluster({p100}));
-  const std::string expect = fmt::format("{:.4g} GB missing", missing / 1e9);
+  const std::string expect = format_bytes(missing) + " missing";
   CHECK_THROWS_WITH_AS(plan::make_plan(g, mixed, o), doctest::Contains(expect.c_str()), Error);
   // Bad options.
   plan::PlanOptions bad;
