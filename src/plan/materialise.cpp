@@ -16,13 +16,13 @@
 #include "planner_detail.hpp"
 #include "weft/cluster/device_mesh.hpp"
 #include "weft/core/error.hpp"
+#include "weft/core/units.hpp"
 #include "weft/pipeline/grouping.hpp"
 #include "weft/pipeline/submesh.hpp"
 #include "weft/reshard/decompose.hpp"
 #include "weft/reshard/plan.hpp"
 #include "weft/sharding/reshard.hpp"
 #include "weft/sharding/sharding_spec.hpp"
-#include "weft/core/units.hpp"
 
 namespace weft::plan::detail {
 

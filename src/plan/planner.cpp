@@ -51,10 +51,10 @@
 
 #include "planner_detail.hpp"
 #include "weft/core/error.hpp"
+#include "weft/core/units.hpp"
 #include "weft/pipeline/grouping.hpp"
 #include "weft/plan/adaptive.hpp"
 #include "weft/plan/rebatch.hpp"
-#include "weft/core/units.hpp"
 
 namespace weft::plan {
 
@@ -239,11 +239,12 @@ Plan make_plan_fixed(const ir::Graph& g, const cluster::Cluster& c, const PlanOp
     }
     const auto& ab = ctx.blocks_at(bs);
     const double state = ctx.min_bytes(ab, 0, ctx.L() - 1, 0), act = ctx.min_bytes(ab, 0, ctx.L() - 1, 1) - state;
-    fail("make_plan: the model cannot fit: with {} micro-batches of {} samples and one replica over all {} "
-         "devices, parameter state {} plus one micro-batch of saved activations {} need "
-         ">= {} per device, {} usable",
-         ctx.global_batch / bs, bs, c.num_devices(), format_bytes(state), format_bytes(act),
-         format_bytes((state + act) / c.num_devices()), format_bytes(ctx.usable_memory));
+    fail(
+        "make_plan: the model cannot fit: with {} micro-batches of {} samples and one replica over all {} "
+        "devices, parameter state {} plus one micro-batch of saved activations {} need "
+        ">= {} per device, {} usable",
+        ctx.global_batch / bs, bs, c.num_devices(), format_bytes(state), format_bytes(act),
+        format_bytes((state + act) / c.num_devices()), format_bytes(ctx.usable_memory));
   }
   prefetch_stage_costs(ctx, subs, configs);
   // Branch and bound over the (M, replicas) pairs: each pair's relaxed stage DP (unconstrained

@@ -19,6 +19,7 @@
 #include "planner_detail.hpp"
 #include "weft/cluster/device_mesh.hpp"
 #include "weft/core/error.hpp"
+#include "weft/core/units.hpp"
 #include "weft/cost/memory.hpp"
 #include "weft/cost/op_cost.hpp"
 #include "weft/pipeline/grouping.hpp"
@@ -26,7 +27,6 @@
 #include "weft/sharding/reshard.hpp"
 #include "weft/sharding/sharding_spec.hpp"
 #include "weft/spmd/search.hpp"
-#include "weft/core/units.hpp"
 
 namespace weft::plan::detail {
 
@@ -137,7 +137,8 @@ BlockCost Context::search_block(int b, const AtBatch& ab, const MeshOption& m, i
     bc.error = fmt::format(
         "block {} needs >= {}/device on {} devices (parameter state {} and one micro-batch's "
         "saved activations {} in all)",
-        b, format_bytes(lb), m.mesh.size(), format_bytes(block_state_bytes[b]), format_bytes(ab.act_bytes[b]));
+        b, format_bytes(lb), m.mesh.size(), format_bytes(block_state_bytes[b]),
+        format_bytes(ab.act_bytes[b]));
     return bc;
   }
   spmd::SearchOptions so;

@@ -18,10 +18,10 @@
 
 #include "planner_detail.hpp"
 #include "weft/core/error.hpp"
+#include "weft/core/units.hpp"
 #include "weft/pipeline/grouping.hpp"
 #include "weft/pipeline/partition.hpp"
 #include "weft/pipeline/submesh.hpp"
-#include "weft/core/units.hpp"
 
 namespace weft::plan::detail {
 

@@ -21,10 +21,10 @@
 #include "search_model.hpp"
 #include "weft/cluster/device_mesh.hpp"
 #include "weft/core/error.hpp"
+#include "weft/core/units.hpp"
 #include "weft/cost/memory.hpp"
 #include "weft/spmd/coarsen.hpp"
 #include "weft/spmd/problem.hpp"
-#include "weft/core/units.hpp"
 
 namespace weft::spmd {
 
@@ -214,8 +214,9 @@ std::string SearchReport::to_string() const {
     s += fmt::format("O2 memory pricing: {} row-free solves, price {:.4g} s per GB{}\n", memory_price_probes,
                      memory_price * 1e9, memory_price > 0 ? "" : " (none fitted: memory rows used)");
   if (o2_fallback) s += "O2 found no plan under the memory limit: solved as one ILP (O3)\n";
-  s += fmt::format("predicted step: {} = compute {} + communication {}\n", format_seconds(compute_time + comm_time),
-                   format_seconds(compute_time), format_seconds(comm_time));
+  s += fmt::format("predicted step: {} = compute {} + communication {}\n",
+                   format_seconds(compute_time + comm_time), format_seconds(compute_time),
+                   format_seconds(comm_time));
   s += fmt::format("peak memory per device: {} (limit {})\n", format_bytes(peak_memory),
                    memory_limit > 0 ? format_bytes(memory_limit) : std::string("none"));
   if (forced_sharded_params >= 0)
@@ -229,8 +230,8 @@ std::string SearchReport::to_string() const {
   for (const auto& r : params) w = std::max(w, r.name.size());
   s += fmt::format("{:<{}}  {:<18}  {:<24}  {:>12}\n", "parameter", w, "shape", "spec", "per device");
   for (const auto& r : params)
-    s += fmt::format("{:<{}}  {:<18}  {:<24}  {:>12}\n", r.name, w, fmt::format("[{}]", fmt::join(r.shape, ",")),
-                     r.spec, format_bytes(r.bytes_per_device));
+    s += fmt::format("{:<{}}  {:<18}  {:<24}  {:>12}\n", r.name, w,
+                     fmt::format("[{}]", fmt::join(r.shape, ",")), r.spec, format_bytes(r.bytes_per_device));
   return s;
 }
 
@@ -518,9 +519,10 @@ SpmdPlan spmd_search(const ir::Graph& g, const cluster::Cluster& cl, const clust
     return *h;
   };
   auto no_plan_in_time = [&](const std::string& why) {
-    fail("spmd_search: no solution within the time limit of {} s ({}; even the quick greedy plan does "
-         "not fit the memory limit of {} per device)",
-         opt.time_limit_s, why, format_bytes(limit));
+    fail(
+        "spmd_search: no solution within the time limit of {} s ({}; even the quick greedy plan does "
+        "not fit the memory limit of {} per device)",
+        opt.time_limit_s, why, format_bytes(limit));
   };
 
   if (opt.memory_mode == MemoryMode::Ilp) {
@@ -568,8 +570,8 @@ SpmdPlan spmd_search(const ir::Graph& g, const cluster::Cluster& cl, const clust
     }
     if (!sol.has_solution()) {
       if (sol.status == solver::IlpStatus::Infeasible) {
-        WEFT_CHECK(limit <= 0, "spmd_search: memory limit {} per device cannot be met: {}", format_bytes(limit),
-                   explain_memory(m, b));
+        WEFT_CHECK(limit <= 0, "spmd_search: memory limit {} per device cannot be met: {}",
+                   format_bytes(limit), explain_memory(m, b));
       }
       fail("spmd_search: no strategy found ({}) within {} s", rep.status, opt.time_limit_s);
     }

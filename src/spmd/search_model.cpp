@@ -17,11 +17,11 @@
 #include <unordered_map>
 
 #include "weft/core/error.hpp"
+#include "weft/core/units.hpp"
 #include "weft/cost/op_cost.hpp"
 #include "weft/cost/view_ops.hpp"
 #include "weft/ir/autodiff.hpp"
 #include "weft/spmd/coarsen.hpp"
-#include "weft/core/units.hpp"
 
 namespace weft::spmd {
 
