@@ -59,7 +59,8 @@ def _add_members(text: str) -> str:
 
 def _fix_for_mypy(text: str) -> str:
     """What stubgen writes that mypy rejects: unhashable classes, ``__eq__`` typed narrower than
-    ``object``, and ``...`` standing for a C++ type it could not name (made ``typing.Any``)."""
+    ``object``, ``...`` standing for a C++ type it could not name (made ``typing.Any``), and a
+    ``None`` default on a non-optional type (a pointer argument's nullptr)."""
     text = text.replace("__hash__: typing.ClassVar[None] = None",
                         "__hash__: typing.ClassVar[None] = None  # type: ignore[assignment]")
     text = re.sub(r"def (__eq__|__ne__)\(self, (\w+): [^)]*\) -> bool:", r"def \1(self, \2: object) -> bool:", text)
@@ -70,6 +71,9 @@ def _fix_for_mypy(text: str) -> str:
             line = re.sub(r"(?<=-> )\.\.\.(?=:)", "typing.Any", line)
             line = re.sub(r"(?<=\[)\.\.\.(?=[,\]])", "typing.Any", line)
             line = re.sub(r"(?<=, )\.\.\.(?=, )", "typing.Any", line)
+            line = re.sub(r"(?<=: )\.\.\.(?= = None)", "typing.Any", line)
+            # a C++ pointer argument defaulting to nullptr: stubgen writes `x: T = None`
+            line = re.sub(r"(\w+): ([\w.]+) = None\b", r"\1: \2 | None = None", line)
         out.append(line)
     return "\n".join(out)
 

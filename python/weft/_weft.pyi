@@ -520,7 +520,7 @@ class Graph:
         """
         (values, indices) of the k largest (or smallest) along axis, best first; ties: lower index first.
         """
-    def train_step(self, optimizer: typing.Any = 'adam', lr: typing.SupportsFloat | typing.SupportsIndex = 0.001, beta1: typing.SupportsFloat | typing.SupportsIndex = 0.9, beta2: typing.SupportsFloat | typing.SupportsIndex = 0.999, eps: typing.SupportsFloat | typing.SupportsIndex = 1e-08, step: typing.SupportsInt | typing.SupportsIndex = 1, momentum: typing.SupportsFloat | typing.SupportsIndex = 0.0, master_weights: typing.Any = None) -> Graph:
+    def train_step(self, optimizer: typing.Any = 'adam', lr: typing.SupportsFloat | typing.SupportsIndex = 0.001, beta1: typing.SupportsFloat | typing.SupportsIndex = 0.9, beta2: typing.SupportsFloat | typing.SupportsIndex = 0.999, eps: typing.SupportsFloat | typing.SupportsIndex = 1e-08, step: typing.SupportsInt | typing.SupportsIndex = 1, momentum: typing.SupportsFloat | typing.SupportsIndex = 0.0, master_weights: typing.Any | None = None) -> Graph:
         """
         The training-step graph: forward + backward + optimizer ('adam', 'sgd' or None: gradients only). momentum: SGD's heavy-ball momentum (0: none; > 0 adds one state per parameter). master_weights: None (auto) or True keeps an f32 master copy of every f16/bf16 parameter, updated in f32 with f32 optimizer states (mixed-precision Adam: 16 bytes per parameter); False updates half-precision parameters in their own dtype. f32/f64 parameters are their own master either way.
         """
@@ -608,7 +608,7 @@ class Program:
         """
         The program as JSON. The graph's values are inline, or, with `sidecar` (a .safetensors path), those of more than `inline_limit` elements go to that file, named in the JSON as `sidecar_ref` (default: the path).
         """
-    def verify(self, graph: Graph = None, plan: ... = None) -> None:
+    def verify(self, graph: Graph | None = None, plan: typing.Any | None = None) -> None:
         """
         The program as a contract (docs/modules/lower.md, Verification): its graph's fingerprint, buffer shapes / tiles, compute operands, collective reductions and groups, counts, which micro-batches each value holds, results; with graph=, also that it was lowered for that graph; with plan= (and graph=), that it carries out that plan (stages, devices, micro-batches, micro-batch size, replicas, schedule). Raises ValueError naming the rank, the instruction or the buffer.
         """
@@ -1886,7 +1886,7 @@ def _lower(plan: typing.Any, step: Graph, cluster: Cluster) -> Program:
     """
     Lowers a plan (weft.plan and friends) of the training step on the cluster to a Program: its stages, schedule, micro-batches, replicas and cross-stage transfers.
     """
-def _lower_adaptive(plan: typing.Any, step: Graph, cluster: Cluster, policy: typing.Any = None) -> list:
+def _lower_adaptive(plan: typing.Any, step: Graph, cluster: Cluster, policy: typing.Any | None = None) -> list:
     """
     Lowers an adaptive plan (Plan.adaptive, or policy=) to one Program per kFkB group size of its frontier.
     """
@@ -1910,7 +1910,7 @@ def adagrouper_frontier(stages: collections.abc.Sequence[StageModel], global_bat
     ...
 def adagrouper_tune(candidates: collections.abc.Sequence[Candidate], stages: collections.abc.Sequence[StageModel], links: collections.abc.Sequence[PipelineLink], t0: typing.SupportsFloat | typing.SupportsIndex = 0.0, replica_trace: BandwidthTrace = ...) -> TuneResult:
     ...
-def adaptive_policy(plan: Plan, trace: typing.Any = None, window: typing.SupportsFloat | typing.SupportsIndex = 60.0, k_max: typing.SupportsInt | typing.SupportsIndex = 8, duration: typing.SupportsFloat | typing.SupportsIndex = 0.0, samples_per_window: typing.SupportsInt | typing.SupportsIndex = 16, forward_overhead: typing.SupportsFloat | typing.SupportsIndex = 0.0, backward_overhead: typing.SupportsFloat | typing.SupportsIndex = 0.0) -> AdaptivePolicy:
+def adaptive_policy(plan: Plan, trace: typing.Any | None = None, window: typing.SupportsFloat | typing.SupportsIndex = 60.0, k_max: typing.SupportsInt | typing.SupportsIndex = 8, duration: typing.SupportsFloat | typing.SupportsIndex = 0.0, samples_per_window: typing.SupportsInt | typing.SupportsIndex = 16, forward_overhead: typing.SupportsFloat | typing.SupportsIndex = 0.0, backward_overhead: typing.SupportsFloat | typing.SupportsIndex = 0.0) -> AdaptivePolicy:
     """
     Ada-Grouper's policy for a plan's pipeline under a bandwidth trace (None: constant): the (k, micro-batch) frontier under the plan's memory limit, the point per window (s) of the trace, and the expected step time vs every fixed point and 1F1B.
     """
