@@ -29,6 +29,7 @@ import platform
 import statistics
 import tempfile
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterable, Optional, Sequence, Tuple
 
@@ -963,8 +964,11 @@ def _calibrate(torch, device, nproc, backend, dtypes, device_spec, cluster, quic
     if load is not None and load > 0.5 * cores:
         # Other work on the cores stalls the threads of a parallel kernel (and the collective
         # processes): the timings then measure the machine's load as much as the device.
-        notes.append(f"the machine was busy (load average {load:.1f} on {cores} cores): the timings include "
-                     "contention; calibrate on an idle machine for the planner")
+        busy = (f"the machine was busy (load average {load:.1f} on {cores} cores): the timings include "
+                "contention; calibrate on an idle machine for the planner")
+        notes.append(busy)
+        # Loud, not only in the report: a calibration timed under load mis-prices every plan made with it.
+        warnings.warn(f"weft.calibrate: {busy}", RuntimeWarning, stacklevel=3)
 
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"

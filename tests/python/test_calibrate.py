@@ -5,10 +5,12 @@ measurements, and that the derived numbers reproduce the measured ones.
 """
 import json
 import math
+import os
 import statistics
 import subprocess
 import sys
 import time
+import warnings
 
 import pytest
 
@@ -300,6 +302,22 @@ def test_single_process_skips_collectives():
     assert set(r.compute_efficiency) == {"f32"}
     r2 = weft.calibrate(device="cpu", nproc=2, quick=True, dtypes="f64", collectives=False)
     assert r2.collectives == [] and set(r2.compute_efficiency) == {"f64"}
+
+
+def test_a_busy_machine_is_warned_about(monkeypatch):
+    """Issue 36: timings taken while the host is loaded measure the load as much as the device; the
+    calibration says so loudly (a RuntimeWarning, and a note in the report), not only in the notes."""
+    import weft.calibration as cal
+
+    monkeypatch.setattr(cal, "_load_average", lambda: 4.0 * (os.cpu_count() or 1))
+    with pytest.warns(RuntimeWarning, match="the machine was busy"):
+        r = weft.calibrate(device="cpu", nproc=1, quick=True, dtypes=("f32",), threads=1)
+    assert any("busy" in n for n in r.notes)
+    monkeypatch.setattr(cal, "_load_average", lambda: 0.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        r = weft.calibrate(device="cpu", nproc=1, quick=True, dtypes=("f32",), threads=1)
+    assert not any("busy" in n for n in r.notes)
 
 
 def test_bad_input_raises_clear_errors():
