@@ -160,6 +160,16 @@ def test_fit_alpha_beta_recovers_exact_data():
         collective_coefficients("gossip", 2)
 
 
+def timings_of(truth, shapes, dtype, peak):
+    """The MatmulTiming rows a device whose efficiency is exactly ``truth`` would give."""
+    rows = []
+    for m, k, n in shapes:
+        flops = 2.0 * m * k * n
+        s = flops / (peak * truth.at(m, k, n))
+        rows.append(MatmulTiming(m, k, n, dtype, s, flops, flops / s))
+    return rows
+
+
 @pytest.mark.parametrize("ceiling,fill,half_k", [(0.74, 2.3e6, 197.0), (0.5, 0.0, 36.0), (0.9, 5e4, 0.0)])
 def test_fit_matmul_efficiency_recovers_a_known_curve(ceiling, fill, half_k):
     # Timings made from a known curve (the H100 bf16 default, and curves without one of the
@@ -169,11 +179,7 @@ def test_fit_matmul_efficiency_recovers_a_known_curve(ceiling, fill, half_k):
     shapes = [(2048, 2048, 2048), (4096, 4096, 4096), (8192, 8192, 8192), (8192, 4096, 16384),
               (16384, 4096, 16384), (8192, 16384, 4096), (8192, 4096, 4096), (256, 8192, 8192),
               (8192, 8192, 512), (8192, 128, 8192), (16384, 64, 16384), (64, 4096, 1024), (128, 64, 128)]
-    rows = []
-    for m, k, n in shapes:
-        flops = 2.0 * m * k * n
-        s = flops / (peak * truth.at(m, k, n))
-        rows.append(MatmulTiming(m, k, n, "bf16", s, flops, flops / s))
+    rows = timings_of(truth, shapes, "bf16", peak)
     fit = fit_matmul_efficiency(rows, peak)
     assert fit.rms_log_error < 0.01 < fit.constant_rms_log_error
     assert fit.ceiling == pytest.approx(ceiling, rel=0.02)
@@ -195,12 +201,7 @@ def test_the_fitted_curve_has_a_floor_at_its_smallest_shape():
     truth = weft.MatmulEfficiency(0.8, 4e6, 64.0)
     shapes = [(256, 256, 256), (512, 512, 512), (1024, 1024, 1024), (2048, 2048, 2048), (1024, 256, 1024),
               (2048, 256, 1024), (1024, 1024, 256)]
-    rows = []
-    for m, k, n in shapes:
-        flops = 2.0 * m * k * n
-        s = flops / (peak * truth.at(m, k, n))
-        rows.append(MatmulTiming(m, k, n, "f32", s, flops, flops / s))
-    fit = fit_matmul_efficiency(rows, peak)
+    fit = fit_matmul_efficiency(timings_of(truth, shapes, "f32", peak), peak)
     at_smallest = min(fit.efficiency(m, k, n) for m, k, n in shapes)
     assert fit.floor == pytest.approx(at_smallest, rel=1e-9) and fit.floor > 0
     assert fit.smallest == (256.0 * 256, 256.0)
@@ -221,14 +222,10 @@ def test_the_fitted_curve_has_a_floor_at_its_smallest_shape():
 
 
 def test_a_fitted_curve_reaches_the_planner_through_the_calibration_json():
-    rows = []
     truth = weft.MatmulEfficiency(0.4, 4e6, 400.0)  # below the A100 preset's curve at every shape
-    for m, k, n in [(2048, 2048, 2048), (4096, 4096, 4096), (256, 8192, 8192), (8192, 128, 8192),
-                    (8192, 8192, 512), (16384, 64, 16384)]:
-        flops = 2.0 * m * k * n
-        s = flops / (312e12 * truth.at(m, k, n))
-        rows.append(MatmulTiming(m, k, n, "bf16", s, flops, flops / s))
-    fit = fit_matmul_efficiency(rows, 312e12)
+    shapes = [(2048, 2048, 2048), (4096, 4096, 4096), (256, 8192, 8192), (8192, 128, 8192), (8192, 8192, 512),
+              (16384, 64, 16384)]
+    fit = fit_matmul_efficiency(timings_of(truth, shapes, "bf16", 312e12), 312e12)
     doc = {"matmul_efficiency": {"A100-SXM4-80GB": {"bf16": fit.curve()}}}
     cal = weft.Calibration.from_json(json.dumps(doc))
     got = cal.matmul_efficiency["A100-SXM4-80GB"]["bf16"]
