@@ -65,6 +65,7 @@ class MatmulTiming:
     seconds: float
     flops: float
     flops_per_s: float
+    spread: float = 0.0  # interquartile range of the repeated timings over their median
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -81,6 +82,7 @@ class MemoryOpTiming:
     bytes: float
     seconds: float
     bytes_per_s: float
+    spread: float = 0.0  # interquartile range of the repeated timings over their median
 
 
 @dataclass(frozen=True)
@@ -312,6 +314,9 @@ class CalibrationReport:
     elapsed_s: float = 0.0
     load_average: Optional[float] = None  # 1-minute load average at the start (None where unknown)
     notes: list = field(default_factory=list)
+    cores: int = 1                     # the host's CPU cores (os.cpu_count())
+    # seconds per compute op of weft's runtime around its kernel (instruction dispatch, buffers)
+    runtime_overhead_s: float = 0.0
 
     # -- outputs -------------------------------------------------------------------------------
     def calibration_dict(self) -> dict:
@@ -365,7 +370,9 @@ class CalibrationReport:
                                         {"cluster": self.reference_cluster, "alpha": self.reference_link[0],
                                          "beta": self.reference_link[1]})},
             "run": {"quick": self.quick, "seed": self.seed, "nproc": self.nproc, "backend": self.backend,
-                    "elapsed_s": self.elapsed_s, "load_average": self.load_average},
+                    "cores": self.cores,
+                    "elapsed_s": self.elapsed_s, "load_average": self.load_average,
+                    "runtime_overhead_s": self.runtime_overhead_s},
             "notes": list(self.notes),
         }
         return json.dumps(doc, indent=2)
@@ -378,6 +385,51 @@ class CalibrationReport:
 
         return DeviceSpec(self.device_kind, dict(self.measured_peak_flops), float(self.memory_bytes),
                           float(self.measured_memory_bandwidth))
+
+    def local_cluster(self, nproc: Optional[int] = None):
+        """This host as a ``weft.Cluster`` of ``nproc`` devices, one per local process, priced as
+        measured: the planner given it (and no calibration) predicts what a run of ``nproc``
+        processes here takes.
+
+        Each device is :meth:`measured_device_spec` with the calibration folded in (the matmul
+        curves or constant compute efficiencies, the memory efficiency, the per-op overhead); the
+        per-op cost is weft's runtime's (``runtime_overhead_s``: the Python around each kernel,
+        which a torch op's own dispatch, ``kernel_overhead_s``, leaves out) where larger; the
+        link between them is the fitted α (s) and 1/β (bytes/s) of the collectives, which the
+        cost model's ring formulas reproduce (:func:`collective_coefficients`). On a CPU the
+        processes share the host: each device gets ``memory_bytes / nproc`` of memory, and when
+        ``nproc`` × the measured threads exceeds the cores, each its share of them (peaks and
+        memory bandwidth times cores / (nproc × threads)). nproc defaults to the processes the
+        collectives were measured with; it must be run with the same torch threads per process as
+        the calibration (``threads=``) for the prediction to hold.
+
+        Raises ValueError when no collective was measured (``nproc=1`` or ``collectives=False``):
+        a cluster of several devices needs its link.
+        """
+        from ._weft import Cluster, DeviceSpec, MatmulEfficiency, NodeSpec
+
+        n = self.nproc if nproc is None else nproc
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"local_cluster: nproc must be an int >= 1 (got {nproc!r})")
+        if self.link_fit is None and n > 1:
+            raise ValueError("local_cluster: this calibration measured no collectives (nproc=1, collectives=False, "
+                             "or they failed: see its notes); calibrate with nproc >= 2 to get the link between "
+                             "processes")
+        share = 1.0
+        if self.device == "cpu":
+            share = min(1.0, self.cores / float(n * max(1, self.threads)))
+        curves = {t: MatmulEfficiency(f.ceiling, f.fill_elements, f.half_k, f.floor)
+                  for t, f in self.matmul_curves.items()}
+        for t, e in self.compute_efficiency.items():  # a constant efficiency: the curve's ceiling alone
+            curves.setdefault(t, MatmulEfficiency(e))
+        memory = self.memory_bytes / n if self.device == "cpu" else self.memory_bytes
+        device = DeviceSpec(self.device_kind, {t: p * share for t, p in self.reference_peak_flops.items()},
+                            float(memory), float(self.reference_memory_bandwidth * share),
+                            float(max(self.kernel_overhead_s, self.runtime_overhead_s)), curves,
+                            float(self.memory_efficiency))
+        alpha, beta = (self.link_fit.alpha, self.link_fit.beta) if self.link_fit else (1e-6, 1e-9)
+        name = "local-" + ("cpu" if self.device == "cpu" else "gpu")
+        return Cluster([NodeSpec(name, n, device, 1.0 / beta, alpha, 1.0 / beta, alpha)])
 
     def summary(self) -> str:
         """A readable multi-line report: efficiencies per dtype, overheads (s), link α (s) and β (s/byte)."""
@@ -430,6 +482,9 @@ class CalibrationReport:
                          f"{f.smallest[1]:.4g}) a GEMM is priced at it, not extrapolated")
         lines.append(f"  memory_efficiency   {self.memory_efficiency:.3f}")
         lines.append(f"  kernel_overhead_s   {self.kernel_overhead_s:.3g}")
+        if self.runtime_overhead_s:
+            lines.append(f"  weft runtime: {_fmt_s(self.runtime_overhead_s)} per op around the kernel "
+                         "(the per-op cost of local_cluster())")
         lines.append(f"  alpha_scale {self.alpha_scale:.4g}, beta_scale {self.beta_scale:.4g}")
         for n in self.notes:
             lines.append(f"note: {n}")
@@ -481,6 +536,22 @@ _FULL = _Budget(per_measurement_s=0.4, sample_s=0.005, min_samples=5, max_sample
 
 def _median_seconds(fn: Callable[[], object], sync: Callable[[], None], budget: _Budget) -> float:
     """Median seconds per call of ``fn`` after a warm-up (allocations, kernel selection, caches)."""
+    return _timed(fn, sync, budget)[0]
+
+
+def timing_spread(samples: Sequence[float]) -> float:
+    """The interquartile range of repeated timings of one call over their median: a few per cent
+    on an idle machine; other work on the cores (which the load average may not show yet, or
+    shows for work that has just ended) makes it tens of per cent or more."""
+    if len(samples) < 2:
+        return 0.0
+    q = statistics.quantiles(samples, n=4, method="inclusive")
+    med = statistics.median(samples)
+    return (q[2] - q[0]) / med if med > 0 else 0.0
+
+
+def _timed(fn: Callable[[], object], sync: Callable[[], None], budget: _Budget) -> Tuple[float, float]:
+    """(median seconds per call of ``fn`` after a warm-up, :func:`timing_spread` of the samples)."""
     fn()
     sync()
     t0 = time.perf_counter()
@@ -496,7 +567,7 @@ def _median_seconds(fn: Callable[[], object], sync: Callable[[], None], budget: 
             fn()
         sync()
         times.append((time.perf_counter() - t0) / inner)
-    return statistics.median(times)
+    return statistics.median(times), timing_spread(times)
 
 
 def _matmul_shapes(device: str, quick: bool) -> list[tuple[int, int, int]]:
@@ -546,9 +617,9 @@ def _measure_matmuls(torch, dev, dtypes, shapes, sync, budget, gen) -> list[Matm
             a = torch.randn(m, k, generator=gen).to(device=dev, dtype=td)
             b = torch.randn(k, n, generator=gen).to(device=dev, dtype=td)
             c = torch.empty(m, n, device=dev, dtype=td)  # out=: no allocation inside the timing
-            s = _median_seconds(lambda: torch.matmul(a, b, out=c), sync, budget)
+            s, spread = _timed(lambda: torch.matmul(a, b, out=c), sync, budget)
             flops = 2.0 * m * k * n
-            out.append(MatmulTiming(m, k, n, t, s, flops, flops / s))
+            out.append(MatmulTiming(m, k, n, t, s, flops, flops / s, spread))
             del a, b, c
     return out
 
@@ -592,10 +663,30 @@ def _measure_memory_ops(torch, dev, numel, sync, budget, gen) -> list[MemoryOpTi
     size = x.element_size()
     out = []
     for op, (call, tensors) in _memory_op_calls(torch, x, y, z).items():
-        s = _median_seconds(call, sync, budget)
+        s, spread = _timed(call, sync, budget)
         nbytes = float(tensors * numel * size)
-        out.append(MemoryOpTiming(op, _MEMORY_DTYPE, numel, nbytes, s, nbytes / s))
+        out.append(MemoryOpTiming(op, _MEMORY_DTYPE, numel, nbytes, s, nbytes / s, spread))
     return out
+
+
+def _measure_runtime_overhead(torch, dev, sync, budget) -> float:
+    """Seconds per compute op of weft's own runtime (weft.runtime's RankRuntime, one rank) on a
+    training step of a GPT so small that its kernels cost nothing: the Python around each op (its
+    instruction, buffer reads and writes, frees), which the planner must count per op when it
+    predicts a run of weft's runtime here (:meth:`CalibrationReport.local_cluster`)."""
+    from . import lower_spmd, models, spmd_search
+    from ._weft import Cluster, DeviceMesh, ProgramLayout
+    from .runtime.comm import ProcessGroups
+    from .runtime.rank import RankRuntime
+
+    step = models.gpt(layers=2, hidden=8, heads=2, seq=4, vocab=16, batch=2).train_step()
+    cluster, mesh = Cluster.preset("M8"), DeviceMesh([1], [0])
+    program = lower_spmd(step, cluster, mesh, spmd_search(step, cluster, mesh))
+    rt = RankRuntime(ProgramLayout(program), 0, device=dev, dtype="f32", seed=0, groups=ProcessGroups([]))
+    ops = sum(1 for i in program.instructions(0) if i["kind"] == "compute")
+    counter = iter(range(1, 1 << 30))
+    seconds = _median_seconds(lambda: rt.step(next(counter)), sync, budget)
+    return seconds / max(1, ops)
 
 
 def _measure_overheads(torch, dev, sync, budget, gen) -> list[OverheadTiming]:
@@ -905,6 +996,17 @@ def _check_args(device, nproc, backend, dtypes, device_spec, cluster, seed, coll
     return dtypes
 
 
+# The median interquartile spread of repeated timings above which a calibration is called busy.
+SPREAD_LIMIT = 0.2
+
+
+def _warn_busy(notes: list, why: str) -> None:
+    busy = f"the machine was busy ({why}): the timings include contention; calibrate on an idle machine for the planner"
+    notes.append(busy)
+    # Loud, not only in the report: a calibration timed under load mis-prices every plan made with it.
+    warnings.warn(f"weft.calibrate: {busy}", RuntimeWarning, stacklevel=4)
+
+
 def _import_torch():
     try:
         import torch
@@ -964,11 +1066,7 @@ def _calibrate(torch, device, nproc, backend, dtypes, device_spec, cluster, quic
     if load is not None and load > 0.5 * cores:
         # Other work on the cores stalls the threads of a parallel kernel (and the collective
         # processes): the timings then measure the machine's load as much as the device.
-        busy = (f"the machine was busy (load average {load:.1f} on {cores} cores): the timings include "
-                "contention; calibrate on an idle machine for the planner")
-        notes.append(busy)
-        # Loud, not only in the report: a calibration timed under load mis-prices every plan made with it.
-        warnings.warn(f"weft.calibrate: {busy}", RuntimeWarning, stacklevel=3)
+        _warn_busy(notes, f"load average {load:.1f} on {cores} cores")
 
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -1000,8 +1098,16 @@ def _calibrate(torch, device, nproc, backend, dtypes, device_spec, cluster, quic
     matmuls = _measure_matmuls(torch, dev, dtypes, _matmul_shapes(device, quick), sync, budget, gen)
     memory_ops = _measure_memory_ops(torch, dev, _memory_numel(device, quick), sync, budget, gen)
     overheads = _measure_overheads(torch, dev, sync, budget, gen)
+    runtime_overhead = _measure_runtime_overhead(torch, dev, sync, budget)
     if device == "cuda":
         torch.cuda.empty_cache()
+
+    # The load average lags (a minute's mean) and misses short bursts: repeated timings that
+    # scatter say the same from inside the measurement.
+    spread = statistics.median(x.spread for x in [*matmuls, *memory_ops])
+    if spread > SPREAD_LIMIT and not any("busy" in n for n in notes):
+        _warn_busy(notes, f"repeated timings scattered by {spread:.0%} of their median (interquartile range; "
+                          f"an idle machine stays under {SPREAD_LIMIT:.0%})")
 
     measured_peak = {t: max(x.flops_per_s for x in matmuls if x.dtype == t) for t in dtypes}
     measured_bw = max(x.bytes_per_s for x in memory_ops)
@@ -1052,7 +1158,8 @@ def _calibrate(torch, device, nproc, backend, dtypes, device_spec, cluster, quic
         threads=threads, torch_version=torch.__version__.split("+")[0], quick=quick, seed=seed,
         matmuls=matmuls, memory_ops=memory_ops, overheads=overheads, compute_efficiency=compute_eff,
         default_compute_efficiency=default_compute_eff, matmul_curves=curves, memory_efficiency=memory_eff,
-        kernel_overhead_s=kernel_overhead, load_average=load, notes=notes)
+        kernel_overhead_s=kernel_overhead, load_average=load, notes=notes, cores=cores,
+        runtime_overhead_s=runtime_overhead)
 
     # -- collectives ---------------------------------------------------------------------------
     if collectives and nproc > 1:

@@ -324,6 +324,10 @@ def _calibrate(args) -> int:
     if args.report:
         write_text(args.report, report.report_json() + "\n")
         print(f"measurements written to {args.report}")
+    if args.local_cluster:
+        # This host as a cluster of --nproc devices priced as measured: `weft plan --cluster FILE`.
+        write_text(args.local_cluster, report.local_cluster().to_json() + "\n")
+        print(f"local cluster ({report.nproc} processes on this host) written to {args.local_cluster}")
     return 0
 
 
@@ -467,6 +471,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="preset whose link α/β the measured ones are scaled against (alpha_scale, beta_scale)")
     cp.add_argument("--dtypes", default=None, help="matmul dtypes, e.g. f32,bf16 (default: per device)")
     cp.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    cp.add_argument("--local-cluster", default=None,
+                    help="also write this host as a cluster JSON of --nproc devices priced as measured "
+                         "(for `weft plan --cluster FILE`)")
     rp = sub.add_parser("run", parents=[common],
                          help="run a plan (or a lowered program) on local processes with torch.distributed")
     rp.add_argument("plan", help="a program JSON, or a plan JSON (with --model and --cluster)")

@@ -242,7 +242,7 @@ def test_cli_writes_a_loadable_calibration(tmp_path):
     out, rep = tmp_path / "tmp.json", tmp_path / "report.json"
     env = subprocess_env()
     proc = subprocess.run([sys.executable, "-m", "weft.cli", "calibrate", "--quick", "--device", "cpu",
-                           "--out", str(out), "--report", str(rep)],
+                           "--out", str(out), "--report", str(rep), "--local-cluster", str(tmp_path / "local.json")],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "compute_efficiency" in proc.stdout and f"calibration written to {out}" in proc.stdout
@@ -259,6 +259,12 @@ def test_cli_writes_a_loadable_calibration(tmp_path):
     report = json.loads(rep.read_text())
     assert report["calibration"] == doc and report["measurements"]["matmul"]
     assert report["fits"]["link"]["alpha"] > 0
+    # --local-cluster: this host as 2 devices (--nproc's default) linked by the fitted α, β.
+    local = weft.Cluster.from_json((tmp_path / "local.json").read_text())
+    link = weft.DeviceMesh.iota([2]).axis_links(local)[0]
+    assert local.num_devices == 2
+    assert (link.alpha, link.beta) == pytest.approx((report["fits"]["link"]["alpha"], report["fits"]["link"]["beta"]),
+                                                    rel=1e-9)
 
 
 def test_cli_rejects_bad_input(tmp_path):
@@ -311,10 +317,83 @@ def test_a_busy_machine_is_warned_about(monkeypatch):
         r = weft.calibrate(device="cpu", nproc=1, quick=True, dtypes=("f32",), threads=1)
     assert any("busy" in n for n in r.notes)
     monkeypatch.setattr(cal, "_load_average", lambda: 0.0)
+    monkeypatch.setattr(cal, "SPREAD_LIMIT", math.inf)  # this test is the load average's (the spread's: below)
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
         r = weft.calibrate(device="cpu", nproc=1, quick=True, dtypes=("f32",), threads=1)
     assert not any("busy" in n for n in r.notes)
+
+
+def test_timing_spread_by_hand():
+    from weft.calibration import timing_spread
+
+    # quartiles (inclusive) of 1, 2, 3, 4, 5: 2 and 4; median 3 -> (4 - 2) / 3
+    assert timing_spread([5.0, 1.0, 3.0, 2.0, 4.0]) == pytest.approx(2.0 / 3.0, rel=1e-12)
+    assert timing_spread([2.0] * 7) == 0.0
+    assert timing_spread([1.0]) == 0.0
+
+
+def test_scattered_timings_are_warned_about(monkeypatch):
+    """Issue 36: the load average lags a minute behind; repeated timings that scatter (a median
+    interquartile spread above SPREAD_LIMIT over the matmuls and memory ops) say the host is loaded
+    from inside the measurement."""
+    import weft.calibration as cal
+
+    monkeypatch.setattr(cal, "_load_average", lambda: 0.0)
+    monkeypatch.setattr(cal, "timing_spread", lambda samples: 2 * cal.SPREAD_LIMIT)
+    with pytest.warns(RuntimeWarning, match="scattered by"):
+        r = weft.calibrate(device="cpu", nproc=1, quick=True, dtypes=("f32",), threads=1)
+    assert any("busy" in n and "scattered" in n for n in r.notes)
+    assert all(x.spread == 2 * cal.SPREAD_LIMIT for x in [*r.matmuls, *r.memory_ops])
+    monkeypatch.setattr(cal, "timing_spread", lambda samples: 0.5 * cal.SPREAD_LIMIT)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        r = weft.calibrate(device="cpu", nproc=1, quick=True, dtypes=("f32",), threads=1)
+    assert not any("busy" in n for n in r.notes)
+
+
+def test_local_cluster_is_this_host_as_measured(quick_cpu):
+    """Issue 36: ``local_cluster()`` is N processes on this host as a weft.Cluster: the devices price
+    ops with the measured peaks and curves (and weft's runtime's per-op cost), the link is the fitted
+    α, β, and N processes share the cores and the host's memory."""
+    r, _ = quick_cpu
+    assert r.cores == (os.cpu_count() or 1) and r.threads == 1
+    assert r.runtime_overhead_s > 0
+    c = r.local_cluster()
+    assert c.num_devices == r.nproc == 2 and c.homogeneous
+    node = c.nodes[0]
+    share = min(1.0, r.cores / (2 * r.threads))
+    for t, p in r.reference_peak_flops.items():
+        assert node.device.peak_flops[t] == pytest.approx(p * share, rel=1e-12)
+    assert node.device.memory_bytes == pytest.approx(r.memory_bytes / 2, rel=1e-12)
+    assert node.device.memory_bandwidth == pytest.approx(r.reference_memory_bandwidth * share, rel=1e-12)
+    assert node.device.kernel_overhead == pytest.approx(max(r.kernel_overhead_s, r.runtime_overhead_s), rel=1e-12)
+    link = weft.DeviceMesh.iota([2]).axis_links(c)[0]
+    assert (link.alpha, link.beta) == pytest.approx((r.link_fit.alpha, r.link_fit.beta), rel=1e-12)
+    # The cost model's all-reduce on that link is the fit's prediction of the measured one.
+    for nbytes in (1 << 12, 1 << 20):
+        assert weft.collective_time("all-reduce", link, nbytes) == pytest.approx(
+            r.link_fit.predict("all_reduce", nbytes, 2), rel=1e-9)
+    # Compute on a local device: the shared peak times the measured ceiling (the curve's, or the
+    # constant efficiency), plus the per-op cost.
+    ceiling = r.matmul_curves["f32"].ceiling if "f32" in r.matmul_curves else r.compute_efficiency["f32"]
+    expected = 1e9 / (r.reference_peak_flops["f32"] * share * ceiling) + node.device.kernel_overhead
+    assert weft.compute_time(1e9, 0, "f32", c.device(0)) == pytest.approx(expected, rel=1e-5)
+    # Four processes: each a quarter of the memory (and of the cores, on a host with fewer than 4).
+    c4 = r.local_cluster(4)
+    assert c4.num_devices == 4
+    assert c4.nodes[0].device.memory_bytes == pytest.approx(r.memory_bytes / 4, rel=1e-12)
+    assert c4.nodes[0].device.peak_flops["f32"] == pytest.approx(
+        r.reference_peak_flops["f32"] * min(1.0, r.cores / 4), rel=1e-12)
+    with pytest.raises(ValueError, match="nproc must be an int >= 1"):
+        r.local_cluster(0)
+
+
+def test_local_cluster_needs_the_link():
+    r = weft.calibrate(device="cpu", nproc=1, quick=True, dtypes=("f32",), threads=1)
+    assert r.local_cluster().num_devices == 1  # one process: no link needed
+    with pytest.raises(ValueError, match="measured no collectives"):
+        r.local_cluster(2)
 
 
 def test_bad_input_raises_clear_errors():
