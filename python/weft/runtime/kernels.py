@@ -41,6 +41,11 @@ def _hi(ctx: Optional[dict], x: torch.Tensor) -> torch.Tensor:
 
 def _promoted(xs: Sequence[torch.Tensor]) -> List[torch.Tensor]:
     """The float operands in their promoted dtype when they differ (integer operands unchanged)."""
+    if len(xs) < 2:
+        return list(xs)
+    d0 = xs[0].dtype
+    if all(x.dtype == d0 for x in xs):  # the common case, decided without a set
+        return list(xs)
     floats = {x.dtype for x in xs if x.is_floating_point()}
     if len(floats) < 2:
         return list(xs)

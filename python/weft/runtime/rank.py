@@ -77,6 +77,7 @@ class RankRuntime:
                                 key=lambda b: -int(np.prod(self.buffers[b]["shape"] or [1])))
         self._local_shape: Dict[int, List[int]] = {}
         self._dtype: Dict[int, torch.dtype] = {}
+        self._meta: Dict[int, tuple] = {}
         self._sources: Dict[int, object] = {}
         self._files = ValueFiles()
         self._file_tiles: Dict[tuple, torch.Tensor] = {}
@@ -102,37 +103,47 @@ class RankRuntime:
         return self._local_shape[b]
 
     def read(self, b: int) -> torch.Tensor:
-        fin = self.pending.pop(b, None)
-        if fin is not None:
-            self.write(b, fin())
+        if self.pending:
+            fin = self.pending.pop(b, None)
+            if fin is not None:
+                self.write(b, fin())
         v = self.values.get(b)
         if v is None:
             raise RankError(f"buffer '{self.buffers[b]['name']}' is not held")
         return v
 
+    def _meta_of(self, b: int) -> tuple:
+        """(tile shape, storage dtype, bytes) of buffer b, worked out once: write() runs per result."""
+        m = self._meta.get(b)
+        if m is None:
+            shape, dt = self.local_shape(b), self.dtype_of(b)
+            m = self._meta[b] = (shape, dt, shape.numel() * torch.empty((), dtype=dt).element_size())
+        return m
+
     def write(self, b: int, v: torch.Tensor) -> None:
-        want = self.local_shape(b)
+        want, dt, nbytes = self._meta_of(b)
         if v.shape != want:
-            raise RankError(f"result shape {list(v.shape)} differs from the tile {want} of '{self.buffers[b]['name']}'")
-        old = self.values.get(b)
-        if old is not None:
-            self.live_bytes -= old.numel() * old.element_size()
-        dt = self.dtype_of(b)
-        v = v.to(dt) if v.dtype != dt else v
+            raise RankError(f"result shape {list(v.shape)} differs from the tile {list(want)} of "
+                            f"'{self.buffers[b]['name']}'")
+        if v.dtype != dt:
+            v = v.to(dt)
         # Row-major storage, as the tiles are laid out: a kernel may return a transposed or expanded
         # view (torch.einsum does for some shapes), and collectives and index maps read raw memory.
-        v = v.contiguous()
+        if not v.is_contiguous():
+            v = v.contiguous()
+        if b not in self.values:
+            self.live_bytes += nbytes
+            if self.live_bytes > self.peak_bytes:
+                self.peak_bytes = self.live_bytes
         self.values[b] = v
-        self.live_bytes += v.numel() * v.element_size()
-        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
 
     def free(self, b: int) -> None:
-        fin = self.pending.pop(b, None)
-        if fin is not None:
-            fin()  # the communication completes; its value is not needed
-        old = self.values.pop(b, None)
-        if old is not None:
-            self.live_bytes -= old.numel() * old.element_size()
+        if self.pending:
+            fin = self.pending.pop(b, None)
+            if fin is not None:
+                fin()  # the communication completes; its value is not needed
+        if self.values.pop(b, None) is not None:
+            self.live_bytes -= self._meta_of(b)[2]
 
     def fill(self, b: int, step: int, offset: int = 0) -> None:
         """Rank's tile of leaf buffer b: the global values at its elements (dim 0 shifted by offset)."""
