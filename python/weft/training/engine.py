@@ -120,6 +120,7 @@ class TrainingRank(RankRuntime):
         self.before, self.after = split_at_updates(self.instrs, self.ops, self.buffers, self.tensors)
         self.updates = [ins for ins in self.after if ins["kind"] == "compute"
                         and self.ops[ins["op"]]["kind"] in UPDATE_KINDS]
+        self.after = batch_updates(self.after, self.updates)
         self.world = len(self.program.ranks)
         self._stage_ranks = [r for r in range(self.world) if self.program.ranks[r]["stage"] == self.info["stage"]]
         # Each gradient an update reads, with the number of ranks holding the same elements.
@@ -210,8 +211,10 @@ class TrainingRank(RankRuntime):
 
     def execute(self, ins: dict, step: int) -> None:
         kind = ins["kind"]
-        if kind == "compute" and self.ops[ins["op"]]["kind"] in UPDATE_KINDS:
-            self._update(ins)
+        if kind == _UPDATES:
+            self._update_all(ins["updates"])
+        elif kind == "compute" and self.ops[ins["op"]]["kind"] in UPDATE_KINDS:
+            self._update_all([ins])
         else:
             super().execute(ins, step)
 
@@ -223,32 +226,67 @@ class TrainingRank(RankRuntime):
             x = x.to(self._reduce_dtype)
         return x
 
-    def _update(self, ins: dict) -> None:
-        """The optimizer's rule on this rank's tiles: (p, g[, master], states...) -> (p'[, master'], states'...)."""
-        inp, out = ins["inputs"], ins["outputs"]
-        has_master = len(inp) > 2 and self.tensor_name(inp[2]).startswith("master:")
-        p = self.read(inp[0])
-        w_in = inp[2] if has_master else inp[0]
-        w_out = out[1] if has_master else out[0]
-        state_in = inp[3:] if has_master else inp[2:]
-        state_out = out[2:] if has_master else out[1:]
-        if len(state_in) != len(state_out):
-            raise RankError(f"update '{self.ops[ins['op']]['name']}': {len(state_in)} states in, {len(state_out)} out")
-
-        # New tensors, updated in place by the rule: a buffer's tensor may be shared with another
-        # buffer (a copy instruction aliases its input), which must keep the old value.
-        w = self.read(w_in).clone()
-        states = [self.read(a).clone() for a in state_in]
-        if not self._skip:
-            g = self.read(inp[1]).to(w.dtype)
-            if self._clip_coef != 1.0:
-                g = g * self._clip_coef
+    def _update_all(self, updates: Sequence[dict]) -> None:
+        """The optimizer's rule on this rank's tiles of every update in ``updates`` at once
+        (``Optimizer.update_many``): (p, g[, master], states...) -> (p'[, master'], states'...)."""
+        ws, gs, states, hps, lrs, outs = [], [], [], [], [], []
+        for ins in updates:
+            inp, out = ins["inputs"], ins["outputs"]
+            has_master = len(inp) > 2 and self.tensor_name(inp[2]).startswith("master:")
+            state_in = inp[3:] if has_master else inp[2:]
+            state_out = out[2:] if has_master else out[1:]
+            if len(state_in) != len(state_out):
+                raise RankError(f"update '{self.ops[ins['op']]['name']}': {len(state_in)} states in, "
+                                f"{len(state_out)} out")
+            # New tensors, updated in place by the rule: a buffer's tensor may be shared with another
+            # buffer (a copy instruction aliases its input), which must keep the old value.
+            w = self.read(inp[2] if has_master else inp[0]).clone()
+            ws.append(w)
+            states.append([self.read(a).clone() for a in state_in])
+            gs.append(self.read(inp[1]).to(w.dtype))
             hp = self.hyper[ins["pc"]]
-            states = self.optimizer.update(w, g, states, hp, hp["lr"] * self._lr_factor, self.optimizer_steps)
-        if has_master:
-            self.write(out[0], w.to(p.dtype))
-            self.write(w_out, w)
-        else:
-            self.write(out[0], w)
-        for b, v in zip(state_out, states):
-            self.write(b, v)
+            hps.append(hp)
+            lrs.append(hp["lr"] * self._lr_factor)
+            outs.append((out[0], out[1] if has_master else None, state_out, self.read(inp[0]).dtype))
+        if not self._skip and ws:
+            if self._clip_coef != 1.0:
+                gs = [g * self._clip_coef for g in gs]
+            states = self.optimizer.update_many(ws, gs, states, hps, lrs, self.optimizer_steps)
+        for w, st, (p_out, master_out, state_out, p_dtype) in zip(ws, states, outs):
+            if master_out is not None:
+                self.write(p_out, w.to(p_dtype))
+                self.write(master_out, w)
+            else:
+                self.write(p_out, w)
+            for b, v in zip(state_out, st):
+                self.write(b, v)
+
+
+_UPDATES = "optimizer-updates"  # the updates of a step run at once (batch_updates)
+
+
+def batch_updates(after: Sequence[dict], updates: Sequence[dict]) -> List[dict]:
+    """``after`` with its optimizer updates run at once where the first one stands (one
+    ``optimizer-updates`` instruction), so the optimizer can take them in multi-tensor ops — when
+    that changes nothing: no other instruction between the first and the last update writes a
+    buffer a later update reads, or reads (other than to free it) a buffer a later update writes.
+    Otherwise ``after`` as it is."""
+    pos = [i for i, ins in enumerate(after) if any(ins is u for u in updates)]
+    if len(pos) < 2:
+        return list(after)
+    later_reads: set = set()
+    later_writes: set = set()
+    for i in range(pos[-1], pos[0] - 1, -1):
+        ins = after[i]
+        if i in pos:
+            later_reads.update(ins["inputs"])
+            later_writes.update(ins["outputs"])
+            continue
+        reads = set(ins["inputs"]) if ins["kind"] != "free" else set()
+        if set(ins["outputs"]) & later_reads or reads & later_writes:
+            return list(after)
+    first = after[pos[0]]
+    merged = {"kind": _UPDATES, "pc": first["pc"], "inputs": [], "outputs": [],
+              "updates": [after[i] for i in pos]}
+    chosen = set(pos)
+    return [merged if i == pos[0] else ins for i, ins in enumerate(after) if i == pos[0] or i not in chosen]

@@ -92,6 +92,12 @@ class Optimizer:
         precision), in place, with gradient ``g`` and the states (in place, in the program's order)."""
         raise NotImplementedError
 
+    def update_many(self, ws: list, gs: list, states: list, hps: list, lrs: list, step: int) -> list:
+        """:meth:`update` of every tile of a step at once (``states[i]``, ``hps[i]``, ``lrs[i]`` those
+        of ``ws[i]``): the same arithmetic, element by element, as one update per tile; an optimizer
+        may do it with torch's multi-tensor (``_foreach``) ops, as torch.optim's ``foreach=True``."""
+        return [self.update(w, g, st, hp, lr, step) for w, g, st, hp, lr in zip(ws, gs, states, hps, lrs)]
+
 
 @dataclass
 class SGD(Optimizer):
@@ -170,6 +176,34 @@ class Adam(Optimizer):
         denom = (v.sqrt() / math.sqrt(c2)).add_(self.eps)
         w.addcdiv_(m, denom, value=-(lr / c1))
         return [m, v]
+
+    def update_many(self, ws, gs, states, hps, lrs, step):
+        """Every tile's :meth:`update` in torch's multi-tensor ops (torch.optim.Adam's ``foreach``
+        path): the same operations in the same order per element, a handful of calls per step
+        instead of seven per tile."""
+        import torch
+
+        b1, b2 = self.betas
+        gs = list(gs)
+        if self.decoupled:
+            decayed = [(w, 1 - lr * hp["weight_decay"]) for w, hp, lr in zip(ws, hps, lrs) if hp["weight_decay"] != 0]
+            if decayed:
+                torch._foreach_mul_([w for w, _ in decayed], [f for _, f in decayed])
+        else:
+            for i, (w, hp) in enumerate(zip(ws, hps)):
+                if hp["weight_decay"] != 0:
+                    gs[i] = gs[i].add(w, alpha=hp["weight_decay"])
+        ms, vs = [st[0] for st in states], [st[1] for st in states]
+        torch._foreach_lerp_(ms, gs, 1 - b1)
+        torch._foreach_mul_(vs, b2)
+        torch._foreach_addcmul_(vs, gs, gs, value=1 - b2)
+        c1 = 1 - b1 ** step
+        c2 = 1 - b2 ** step
+        denom = torch._foreach_sqrt(vs)
+        torch._foreach_div_(denom, math.sqrt(c2))
+        torch._foreach_add_(denom, self.eps)
+        torch._foreach_addcdiv_(ws, ms, denom, [-(lr / c1) for lr in lrs])
+        return [[m, v] for m, v in zip(ms, vs)]
 
 
 @dataclass
