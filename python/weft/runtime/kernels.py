@@ -300,6 +300,18 @@ def _embedding_grad(op, x, ctx):
 
 def _cross_entropy(op, x, ctx):
     lg, lab = x[0], x[1]
+    if ctx.get("vocab_index") is None and not (lg.dtype in _HALF and ctx.get("f32_inside")) and lg.shape[-1]:
+        # The whole vocabulary here: torch's fused kernels, one pass each way (logsumexp; softmax),
+        # where the steps below take three over the logits (the backward recomputed the forward's
+        # max and sum). The same formulas: log Σ exp(x - max) + max, and exp(x - max) / Σ.
+        rows, _ = _vocab_rows(op, lab, ctx, lg.shape[-1], "label")
+        tokens = ctx.get("tokens") or float(lg[..., 0].numel())
+        if op["kind"] == "cross_entropy":
+            z = torch.gather(lg, -1, rows.unsqueeze(-1)).squeeze(-1)
+            return [(torch.logsumexp(lg, dim=-1) - z).sum() / tokens]
+        p = torch.softmax(lg, dim=-1)
+        p.scatter_add_(-1, rows.unsqueeze(-1), torch.full_like(rows, -1, dtype=p.dtype).unsqueeze(-1))
+        return [p.mul_(x[2].reshape(()).to(p.dtype) / tokens)]
     m = ce_row_max(lg)
     st = ce_row_sum_target(op, lg, lab, m, ctx)
     tokens = ctx.get("tokens") or float(m.numel())
