@@ -28,9 +28,11 @@ torch's runs of every case, in an order rotated by one each step, each between t
 step is the slowest rank's). Figures per case: the median step seconds of weft and of torch over
 the timed steps, the ratio weft / torch with the issue's target as the baseline (1.05 for dp and
 zero3, 1.10 for tp and the pipelines, 1.0 for one device), the global loss of both at the last
-step and their relative difference (the largest over all steps too), and weft's collective
-launches per step (its program's collectives, a gradient bucket counted once, plus the Trainer's
-one all-reduce of the global gradient norm and loss). The torch side's step is what a torch user
+step and their relative difference (the largest over all steps too), weft's collective launches
+per step (its program's collectives, a gradient bucket counted once, plus the Trainer's one
+all-reduce of the global gradient norm and loss; a pipeline's sends and receives are not counted)
+and torch's (the gloo collectives torch.profiler sees in one more step; DDP's include the broadcast
+of the module's buffers before every forward). The torch side's step is what a torch user
 writes (forward, backward, ``opt.step()``); its global loss is gathered outside the timed region.
 weft's Trainer runs with ``check_batch=False`` (its per-step check that every rank was given the
 same batch is one more small all-reduce that torch does not do) and no clipping (it still reduces
@@ -313,8 +315,26 @@ def weft_plan(case, graph, cluster, cfg, world):
 
 def weft_calls(trainer):
     """weft's collective launches per step: the program's (a bucket once) + the norm/loss all-reduce."""
-    calls = sum(trainer.engine.comm.calls.values())
-    return calls / max(1, trainer.steps_done) + (1 if trainer.world > 1 else 0)
+    n = max(1, trainer.steps_done)
+    kinds = {k: v / n for k, v in sorted(trainer.engine.comm.calls.items())}
+    if trainer.world > 1:
+        kinds["norm+loss all-reduce"] = 1
+    return sum(kinds.values()), ", ".join(f"{k} {v:g}" for k, v in kinds.items())
+
+
+def torch_collectives(step, batch):
+    """The torch side's collective launches in one more step (torch.profiler's gloo events): (count, by kind)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return 0, ""
+    from torch.profiler import profile
+
+    with profile() as prof:
+        step(batch)
+    kinds = defaultdict(int)
+    for e in prof.events():
+        if e.name.startswith("gloo:"):
+            kinds[e.name[5:]] += 1
+    return sum(kinds.values()), ", ".join(f"{k} {v}" for k, v in sorted(kinds.items()))
 
 
 def profile_weft(trainer, cfg, steps):
@@ -421,8 +441,10 @@ def run(args, cases):
             if i >= args.warmup:
                 times[key].append(time.perf_counter() - t0)
             losses[key].append(out if key[1] == "weft" else loss_of[key[0]](out))  # outside the timed region
+    torch_calls = {}
     for case, tr in trainers.items():
         calls[case] = weft_calls(tr)
+        torch_calls[case] = torch_collectives(runners[(case, "torch")], batch_of(args.warmup + args.steps, cfg))
     prof = None
     if args.profile in trainers:
         tr = trainers[args.profile]
@@ -434,6 +456,7 @@ def run(args, cases):
     if rank != 0:
         return None
     return {"times": times, "losses": losses, "skipped": skipped, "calls": calls, "notes": notes,
+            "torch_calls": torch_calls,
             "instrs": {c: len(t.engine.instrs) for c, t in trainers.items()},
             "strategy": {c: t.plan.strategy for c, t in trainers.items()}, "profile": prof,
             "params": sum(p.numel() for p in model.parameters())}
@@ -482,7 +505,8 @@ def main():
         ap.error("--profile must name one of --cases")
     t0 = time.perf_counter()
     load = os.getloadavg()[0]
-    res = {"times": {}, "losses": {}, "skipped": {}, "calls": {}, "notes": {}, "instrs": {}, "strategy": {},
+    res = {"times": {}, "losses": {}, "skipped": {}, "calls": {}, "torch_calls": {}, "notes": {}, "instrs": {},
+           "strategy": {},
            "profile": None}
     multi = [c for c in cases if c in MULTI]
     launches = [(multi, nproc)] if multi else []
@@ -531,7 +555,11 @@ def main():
         emit(case, "torch loss, last step", lt[-1], "")
         emit(case, "loss rel. diff, last step", rel(lw[-1], lt[-1]), "", 1e-6)
         emit(case, "loss rel. diff, largest of all steps", max(rel(a, b) for a, b in zip(lw, lt)), "")
-        emit(case, "weft collective launches per step", res["calls"][case], "")
+        emit(case, "weft collective launches per step", res["calls"][case][0], f"({res['calls'][case][1]})")
+        if procs > 1:
+            emit(case, "torch collective launches per step", res["torch_calls"][case][0],
+                 f"({res['torch_calls'][case][1]}"
+                 + ("; gloo runs a reduce-scatter as an all_reduce)" if case == "zero3" else ")"))
         emit(case, "weft instructions per step (rank 0)", res["instrs"][case], "")
     if res["profile"]:
         print(res["profile"], flush=True)
