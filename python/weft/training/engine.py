@@ -230,6 +230,18 @@ class TrainingRank(RankRuntime):
         """The optimizer's rule on this rank's tiles of every update in ``updates`` at once
         (``Optimizer.update_many``): (p, g[, master], states...) -> (p'[, master'], states'...)."""
         ws, gs, states, hps, lrs, outs = [], [], [], [], [], []
+        # A tensor is updated in place only when the update writes it back into the buffer it came
+        # from and no other held buffer shares its storage (a copy instruction aliases its input, a
+        # reshape is a view): else the rule gets a copy, and the other holders keep the old value.
+        storages: Dict[int, int] = {}
+        for v in self.values.values():
+            key = v.untyped_storage().data_ptr()
+            storages[key] = storages.get(key, 0) + 1
+
+        def own(b_in: int, b_out: int) -> torch.Tensor:
+            v = self.read(b_in)
+            return v if b_in == b_out and storages.get(v.untyped_storage().data_ptr(), 0) == 1 else v.clone()
+
         for ins in updates:
             inp, out = ins["inputs"], ins["outputs"]
             has_master = len(inp) > 2 and self.tensor_name(inp[2]).startswith("master:")
@@ -238,11 +250,9 @@ class TrainingRank(RankRuntime):
             if len(state_in) != len(state_out):
                 raise RankError(f"update '{self.ops[ins['op']]['name']}': {len(state_in)} states in, "
                                 f"{len(state_out)} out")
-            # New tensors, updated in place by the rule: a buffer's tensor may be shared with another
-            # buffer (a copy instruction aliases its input), which must keep the old value.
-            w = self.read(inp[2] if has_master else inp[0]).clone()
+            w = own(inp[2], out[1]) if has_master else own(inp[0], out[0])
             ws.append(w)
-            states.append([self.read(a).clone() for a in state_in])
+            states.append([own(a, b) for a, b in zip(state_in, state_out)])
             gs.append(self.read(inp[1]).to(w.dtype))
             hp = self.hyper[ins["pc"]]
             hps.append(hp)
