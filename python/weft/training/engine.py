@@ -125,6 +125,8 @@ class TrainingRank(RankRuntime):
         self._stage_ranks = [r for r in range(self.world) if self.program.ranks[r]["stage"] == self.info["stage"]]
         # Each gradient an update reads, with the number of ranks holding the same elements.
         self.grad_buffers = [(ins["inputs"][1], self._holders(ins["inputs"][1])) for ins in self.updates]
+        self._grad_holders = torch.tensor([float(h) for _, h in self.grad_buffers], dtype=torch.float64,
+                                          device=self.device)
         self.hyper: Dict[int, dict] = {}
         for ins in self.updates:
             p = self.tensors[self.buffers[ins["inputs"][0]]["tensor_id"]]
@@ -182,9 +184,10 @@ class TrainingRank(RankRuntime):
         self.states_filled = True
         self.run_instructions(self.before, step)
         sq = torch.zeros((), dtype=torch.float64, device=self.device)
-        for b, holders in self.grad_buffers:
-            g = self.read(b).to(torch.float64)
-            sq = sq + g.square().sum() / holders
+        if self.grad_buffers:
+            # Each tile's 2-norm accumulated in f64 in one multi-tensor call (no f64 copy of a gradient).
+            norms = torch._foreach_norm([self.read(b) for b, _ in self.grad_buffers], 2, dtype=torch.float64)
+            sq = (torch.stack(norms).square() / self._grad_holders).sum()
         share = torch.zeros((), dtype=torch.float64, device=self.device)
         if self.loss_share is not None:
             b, holders = self.loss_share
