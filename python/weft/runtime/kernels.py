@@ -298,9 +298,21 @@ def _embedding_grad(op, x, ctx):
     return [out]
 
 
+def _whole_vocabulary(ctx: dict, n_local: int) -> bool:
+    """Whether this tile holds every class in order (no vocab_index, or the identity one), cached in
+    the instruction's context."""
+    whole = ctx.get("_vocab_whole")
+    if whole is None:
+        index = ctx.get("vocab_index")
+        whole = index is None or (len(index) == n_local == int(ctx.get("vocab_size") or n_local)
+                                  and all(int(i) == k for k, i in enumerate(index)))
+        ctx["_vocab_whole"] = whole
+    return whole
+
+
 def _cross_entropy(op, x, ctx):
     lg, lab = x[0], x[1]
-    if ctx.get("vocab_index") is None and not (lg.dtype in _HALF and ctx.get("f32_inside")) and lg.shape[-1]:
+    if _whole_vocabulary(ctx, lg.shape[-1]) and not (lg.dtype in _HALF and ctx.get("f32_inside")) and lg.shape[-1]:
         # The whole vocabulary here: torch's fused kernels, one pass each way (logsumexp; softmax),
         # where the steps below take three over the logits (the backward recomputed the forward's
         # max and sum). The same formulas: log Σ exp(x - max) + max, and exp(x - max) / Σ.
