@@ -24,7 +24,8 @@ void bucket_gradient_syncs(std::vector<Instr>& list, double bucket_bytes, const 
 // ZeRO-2/3's per-micro-batch gradient reduce-scatters (each with its scale and its copy /
 // accumulate into the sharded accumulator) grouped by bytes of gradient in the order the
 // gradients are made, each bucket right after the op that makes its last gradient.
-void bucket_zero_reduce_scatters(std::vector<Instr>& list, double bucket_bytes,
+// `segment` as for bucket_zero3_gathers: a bucket stays in one run of a phase (one micro-batch).
+void bucket_zero_reduce_scatters(std::vector<Instr>& list, const std::vector<int>& segment, double bucket_bytes,
                                  const std::vector<sharding::ShardingSpec>& specs,
                                  const std::vector<Buffer>& buffers, int& next_bucket);
 // ZeRO-1/2's end-of-step all-gathers of the new parameters into their leaves (`leaves`: the leaf

@@ -1077,17 +1077,18 @@ class PipelineLowering {
         WEFT_ASSERT(!left || moved, "lowering: the update phases of a device group wait on each other");
       }
       mark();
-      // Buckets (PipelineOptions::grad_bucket_bytes): ZeRO-3's gathers per unit, the replicas'
-      // gradient syncs (all-reduces; ZeRO-1's reduce-scatters), ZeRO-2/3's per-micro-batch
-      // reduce-scatters, ZeRO-1/2's end-of-step gathers; ids unique in the list.
+      // Buckets (PipelineOptions::grad_bucket_bytes): ZeRO-3's gathers per unit, ZeRO-2/3's
+      // per-micro-batch reduce-scatters, the replicas' gradient syncs (all-reduces; ZeRO-1's
+      // reduce-scatters), ZeRO-1/2's end-of-step gathers; ids unique in the list.
       int next_bucket = 0;
       if (opt_.grad_bucket_bytes > 0) {
         std::set<int> sharded;
         for (auto [st, t] : zero_param_) sharded.insert(st_[static_cast<std::size_t>(st)].leaves.at(t));
         bucket_zero3_gathers(list, seg, sharded, [this](ir::OpId o) { return unit_of(o); }, next_bucket);
       }
+      // (Both move instructions inside a run only, so `seg` still holds for the reduce-scatters.)
+      bucket_zero_reduce_scatters(list, seg, opt_.grad_bucket_bytes, specs_, p_.buffers, next_bucket);
       bucket_gradient_syncs(list, opt_.grad_bucket_bytes, grad_means_, specs_, p_.buffers, next_bucket);
-      bucket_zero_reduce_scatters(list, opt_.grad_bucket_bytes, specs_, p_.buffers, next_bucket);
       bucket_zero_step_gathers(list, opt_.grad_bucket_bytes, std::set<int>(p_.leaf_buffers.begin(), p_.leaf_buffers.end()),
                                specs_, p_.buffers, next_bucket);
       add_frees(list, keep);

@@ -71,10 +71,11 @@ struct Chain {
   int collective = -1;
   int ready = -1;
   double bytes = 0;
+  int run = -1;  // the run of one phase it is in (a bucket stays in one)
 };
 
 // Greedy buckets of chains in the order they are ready: a bucket closes once it holds `cap` bytes
-// or when the next chain cannot join (another micro-batch's accumulator in between, a dependency);
+// or when the next chain cannot join (another run of a phase — another micro-batch —, a dependency);
 // each bucket's chains go right after its last chain's ready point, step by step (every chain's
 // first instruction, then every chain's second, ...), the collectives marked with a fresh id.
 void regroup(std::vector<Instr>& list, std::vector<Chain> chains, double cap, int& next_bucket) {
@@ -99,7 +100,7 @@ void regroup(std::vector<Instr>& list, std::vector<Chain> chains, double cap, in
       for (int x : chains[b].at)
         for (int y : pos)
           apart = apart && independent(list[static_cast<std::size_t>(x)], list[static_cast<std::size_t>(y)]);
-      if (!apart || next.kind != first.kind || next.reduce != first.reduce || !can_move(list, with, chains[b].ready))
+      if (!apart || chains[b].run != chains[a].run || next.kind != first.kind || next.reduce != first.reduce || !can_move(list, with, chains[b].ready))
         break;
       pos = std::move(with);
       bytes += chains[b].bytes;
@@ -141,7 +142,7 @@ void regroup(std::vector<Instr>& list, std::vector<Chain> chains, double cap, in
 // scattered into the update's shard and copied / accumulated into the sharded accumulator, right
 // after the op that makes G. Those three move, with their bucket's others, right after the op that
 // makes the bucket's last gradient (so a bucket's whole gradients live until then: one bucket held).
-void bucket_zero_reduce_scatters(std::vector<Instr>& list, double bucket_bytes,
+void bucket_zero_reduce_scatters(std::vector<Instr>& list, const std::vector<int>& segment, double bucket_bytes,
                                  const std::vector<sharding::ShardingSpec>& specs,
                                  const std::vector<Buffer>& buffers, int& next_bucket) {
   if (bucket_bytes <= 0) return;
@@ -164,7 +165,8 @@ void bucket_zero_reduce_scatters(std::vector<Instr>& list, double bucket_bytes,
     const int g = list[static_cast<std::size_t>(sc)].in[0];
     const int ready = last_write(list, g, sc);
     if (ready < 0) continue;
-    chains.push_back({{sc, k, rd[0]}, k, ready, tile_bytes(rs.in[0], specs, buffers)});
+    const int run = ready < static_cast<int>(segment.size()) ? segment[static_cast<std::size_t>(ready)] : -1;
+    chains.push_back({{sc, k, rd[0]}, k, ready, tile_bytes(rs.in[0], specs, buffers), run});
   }
   regroup(list, std::move(chains), bucket_bytes, next_bucket);
 }
@@ -183,7 +185,7 @@ void bucket_zero_step_gathers(std::vector<Instr>& list, double bucket_bytes, con
       continue;
     const int ready = last_write(list, ag.in[0], k);
     if (ready < 0) continue;
-    chains.push_back({{k}, k, ready, tile_bytes(ag.out[0], specs, buffers)});
+    chains.push_back({{k}, k, ready, tile_bytes(ag.out[0], specs, buffers), -1});
   }
   regroup(list, std::move(chains), bucket_bytes, next_bucket);
 }

@@ -32,17 +32,21 @@ def reference(setup):
 _plans = {}
 
 
+def cluster_of(setup, devices):
+    return setup[1] if devices == 4 else weft.Cluster.preset("S1", nodes=devices)
+
+
 def plan_of(setup, zero, d=4, p=1):
     key = (zero, d, p)
     if key not in _plans:
-        step, c = setup
+        step, c = setup[0], cluster_of(setup, d * p)
         _plans[key] = weft.megatron_plan(step, c, t=1, p=p, d=d, num_microbatches=2, zero=zero, num_blocks=4,
                                          recompute="none", memory_fraction=1.0)
     return _plans[key]
 
 
 def lowered(setup, zero, cap, d=4, p=1):
-    step, c = setup
+    step, c = setup[0], cluster_of(setup, d * p)
     plan = weft.Plan.from_json(plan_of(setup, zero, d, p).to_json())
     plan.grad_bucket_bytes = cap
     return weft.lower(plan, step, c)
@@ -127,8 +131,12 @@ def test_reduce_scatter_buckets_by_size_issued_after_their_last_gradient(setup, 
             assert pos == list(range(pos[0], pos[0] + len(pos)))  # adjacent
             assert len(pos) == len(members)
             last = max(mine[n]["made"] for n in members)
-            # issued right after its last gradient is made: only the bucket's scales (and frees)
-            assert all(code[q]["kind"] in ("scale", "free") for q in range(last + 1, pos[0]))
+            # issued right after its last gradient is made: only scales, frees and the buckets
+            # issued at the same point before it (an op making two gradients) in between
+            between = [code[q] for q in range(last + 1, pos[0])]
+            assert all(i["kind"] in ("scale", "free", "copy", "accumulate") or
+                       (i["kind"] == "reduce-scatter" and i["bucket"] >= 0) for i in between)
+            assert len([i for i in between if i["kind"] == "scale"]) >= len(members)
     if cap == 1:
         assert len(runs) == len(chains)
     if cap == 1e12:
@@ -137,20 +145,22 @@ def test_reduce_scatter_buckets_by_size_issued_after_their_last_gradient(setup, 
 
 def gather_buckets(j, code):
     """ZeRO-3's forward / backward gathers of sharded parameter leaves, per bucket in list order:
-    (bucket, positions, parameter names, positions of the computes reading the gathered copies)."""
+    (bucket, positions, parameter names, positions of the computes reading the gathered copies, of
+    the first compute reading each)."""
     leaves = {b for b in j["leaf_buffers"]}
     out = []
     for k, i in enumerate(code):
         if i["kind"] != "all-gather" or i["in"][0] not in leaves:
             continue
         readers = [q for q in range(k + 1, len(code)) if code[q]["kind"] == "compute" and i["out"][0] in code[q]["in"]]
-        name = j["graph"]["tensors"][j["buffers"][i["in"][0]]["tensor_id"]]["name"]
+        name = j["graph"]["tensors"][j["buffers"][i["in"][0]]["tensor"]]["name"]
         if out and out[-1]["bucket"] == i["bucket"] and i["bucket"] >= 0:
             out[-1]["pos"].append(k)
             out[-1]["params"].append(name)
             out[-1]["readers"] += readers
+            out[-1]["first"].append(readers[0])
         else:
-            out.append(dict(bucket=i["bucket"], pos=[k], params=[name], readers=readers))
+            out.append(dict(bucket=i["bucket"], pos=[k], params=[name], readers=readers, first=[readers[0]]))
     return out
 
 
@@ -171,13 +181,14 @@ def test_zero3_gathers_per_unit_with_prefetch(setup):
     assert len(buckets) < len(flat)
     for b in buckets:
         assert b["bucket"] >= 0 and b["pos"] == list(range(b["pos"][0], b["pos"][0] + len(b["pos"])))
-        # one unit: every op reading a gathered copy of the bucket is of one block
-        assert len({unit[code[q]["op"]] for q in b["readers"]}) == 1, b
+        # one unit: the op each gathered copy is first read by is of one block (a tied embedding's
+        # copy is then held to its last use, the head, in another block)
+        assert len({unit[code[q]["op"]] for q in b["first"]}) == 1, b
     # Prefetch: inside a phase, unit j+1's bucket is issued before unit j's compute ends (before
     # the last op reading unit j's copies), and after unit j-1's gathers.
     prefetched = 0
     for a, b in zip(buckets, buckets[1:]):
-        if unit[code[a["readers"][0]]["op"]] == unit[code[b["readers"][0]]["op"]]:
+        if unit[code[a["first"][0]]["op"]] == unit[code[b["first"][0]]["op"]]:
             continue  # the next phase's (or micro-batch's) first unit
         if b["pos"][0] < max(a["readers"]):
             prefetched += 1
@@ -245,21 +256,27 @@ def test_verifier_refuses_mixed_zero_buckets(setup):
     refused(j, "split|reads|written|holds")
 
 
-def test_runtime_one_launch_per_bucket(setup, reference):
+@pytest.mark.parametrize("zero,cap", [(1, 1e12), (2, 1e12), (3, 1e12), (3, 1)])
+def test_runtime_one_launch_per_bucket(setup, reference, zero, cap):
     """4 gloo processes: equal to one device, and the all-gathers / reduce-scatters launched per step
-    are the buckets (whole stage per micro-batch; units for ZeRO-3's gathers), not the parameters."""
-    for zero in (2, 3):
-        for cap in (1e12,):
-            prog = lowered(setup, zero, cap)
-            code = json.loads(prog.to_json())["codes"][0]
-            want = {}
-            for kind in ("all-gather", "reduce-scatter"):
-                runs = bucket_runs(code, kind)
-                alone = sum(1 for i in code if i["kind"] == kind and i["bucket"] < 0)
-                want[kind] = len(runs) + alone
-            n_params = len(prog.parameters)
-            assert want["reduce-scatter"] < n_params
-            res = weft.run(prog, nproc=4, steps=2, dtype="f64")
-            assert res.max_relative_error(reference, atol=1e-12) < 1e-10
-            for kind in ("all-gather", "reduce-scatter"):
-                assert {r.get(kind, 0) for r in res.collective_calls} == {2 * want[kind]}, (zero, kind)
+    are the buckets (the whole stage per micro-batch; ZeRO-3's gathers per unit; per gradient with
+    1 B), not the parameters."""
+    prog = lowered(setup, zero, cap)
+    code = json.loads(prog.to_json())["codes"][0]
+    want, instrs = {}, {}
+    for kind in ("all-gather", "reduce-scatter"):
+        runs = bucket_runs(code, kind)
+        alone = sum(1 for i in code if i["kind"] == kind and i["bucket"] < 0)
+        want[kind] = len(runs) + alone
+        instrs[kind] = sum(1 for i in code if i["kind"] == kind)
+    n_params = len(prog.parameters)
+    if cap == 1e12:  # far fewer launches than tensors
+        assert want["reduce-scatter"] == (1 if zero == 1 else 2) and want["all-gather"] < n_params
+    else:  # 1 B: a reduce-scatter per gradient and micro-batch; the gathers still per unit
+        assert want["reduce-scatter"] == instrs["reduce-scatter"] == 2 * n_params
+    if zero == 3:
+        assert want["all-gather"] < instrs["all-gather"]
+    res = weft.run(prog, nproc=4, steps=2, dtype="f64")
+    assert res.max_relative_error(reference, atol=1e-12) < 1e-10
+    for kind in ("all-gather", "reduce-scatter"):
+        assert {r.get(kind, 0) for r in res.collective_calls} == {2 * want[kind]}, (zero, kind)
