@@ -189,8 +189,9 @@ Program lower(const plan::Plan& plan, const ir::Graph& step, const cluster::Clus
       for (int& z : ps.zero_level)
         z = std::find(st.zero_blocks.begin(), st.zero_blocks.end(), z) != st.zero_blocks.end() ? 3 : ps.zero;
     }
-    // FSDP's unit: the planner's blocks (its ZeRO-3 price gathers the largest block and the next).
-    if (ps.zero > 0) ps.zero_unit = grouping_blocks(g, plan.num_blocks);
+    // FSDP's unit: the planner's blocks (its ZeRO-3 price gathers one block at a time, the next
+    // prefetched); a plan without blocks: each op its own unit.
+    if (ps.zero > 0 && plan.num_blocks >= 1) ps.zero_unit = grouping_blocks(g, plan.num_blocks);
     stages.push_back(std::move(ps));
     spmd_shapes.push_back(spmd_shape);
   }

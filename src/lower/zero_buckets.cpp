@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <set>
 
 #include "buckets_and_frees.hpp"
 
@@ -17,30 +18,46 @@ namespace weft::lower {
 
 namespace {
 
-bool touches(const std::vector<int>& v, int b) { return std::find(v.begin(), v.end(), b) != v.end(); }
-
-// Whether instruction `x` may be crossed by instruction `m` (either way): x writes nothing m reads
-// or writes, and reads nothing m writes.
-bool independent(const Instr& x, const Instr& m) {
-  for (int b : x.out)
-    if (touches(m.in, b) || touches(m.out, b)) return false;
-  for (int b : x.in)
-    if (touches(m.out, b)) return false;
-  return true;
-}
-
-// Whether the instructions at `moved` (positions; moved together, in their order) can all go right
-// after position `at` without crossing a dependent instruction that stays.
-bool can_move(const std::vector<Instr>& list, const std::vector<int>& moved, int at) {
-  for (int q : moved) {
-    const int lo = std::min(q, at + 1), hi = std::max(q, at + 1);  // crossed: [lo, hi) less q
-    for (int x = lo; x < hi; ++x) {
-      if (x == q || std::find(moved.begin(), moved.end(), x) != moved.end()) continue;
-      if (!independent(list[static_cast<std::size_t>(x)], list[static_cast<std::size_t>(q)])) return false;
+// Per buffer, the positions that read or write it (ascending), so that whether a move crosses a
+// dependent instruction costs a lookup per buffer of the moved one, not a scan of what it crosses.
+class Accesses {
+ public:
+  explicit Accesses(const std::vector<Instr>& list) : list_(list), moved_(list.size(), 0) {
+    for (int k = 0; k < static_cast<int>(list.size()); ++k) {
+      for (int b : list[static_cast<std::size_t>(k)].in) at_[b].push_back({k, false});
+      for (int b : list[static_cast<std::size_t>(k)].out) at_[b].push_back({k, true});
     }
   }
-  return true;
-}
+  // Whether the instructions at `moved` (positions; moved together, in their order) can all go
+  // right after position `at` without crossing a dependent instruction that stays: none in
+  // between writes what one of them reads or writes, or reads what it writes.
+  bool can_move(const std::vector<int>& moved, int at) {
+    for (int q : moved) moved_[static_cast<std::size_t>(q)] = 1;
+    bool ok = true;
+    for (std::size_t n = 0; ok && n < moved.size(); ++n) {
+      const int q = moved[n];
+      const int lo = std::min(q, at + 1), hi = std::max(q, at + 1);  // crossed: [lo, hi) less q
+      const Instr& i = list_[static_cast<std::size_t>(q)];
+      for (int b : i.out) ok = ok && !crossed(b, lo, hi, false);
+      for (int b : i.in) ok = ok && !crossed(b, lo, hi, true);
+    }
+    for (int q : moved) moved_[static_cast<std::size_t>(q)] = 0;
+    return ok;
+  }
+
+ private:
+  bool crossed(int b, int lo, int hi, bool writes_only) const {
+    auto it = at_.find(b);
+    if (it == at_.end()) return false;
+    const auto& v = it->second;
+    for (auto p = std::lower_bound(v.begin(), v.end(), std::pair{lo, false}); p != v.end() && p->first < hi; ++p)
+      if (!moved_[static_cast<std::size_t>(p->first)] && (p->second || !writes_only)) return true;
+    return false;
+  }
+  const std::vector<Instr>& list_;
+  std::vector<char> moved_;
+  std::map<int, std::vector<std::pair<int, bool>>> at_;
+};
 
 double tile_bytes(int b, const std::vector<sharding::ShardingSpec>& specs, const std::vector<Buffer>& buffers) {
   const auto& spec = specs[static_cast<std::size_t>(b)];
@@ -56,7 +73,7 @@ double tile_bytes(int b, const std::vector<sharding::ShardingSpec>& specs, const
 // The last position before `before` that writes buffer b (-1: none).
 int last_write(const std::vector<Instr>& list, int b, int before) {
   for (int q = before - 1; q >= 0; --q)
-    if (touches(list[static_cast<std::size_t>(q)].out, b)) return q;
+    if (const auto& o = list[static_cast<std::size_t>(q)].out; std::find(o.begin(), o.end(), b) != o.end()) return q;
   return -1;
 }
 
@@ -82,11 +99,20 @@ void regroup(std::vector<Instr>& list, std::vector<Chain> chains, double cap, in
   if (chains.empty()) return;
   std::stable_sort(chains.begin(), chains.end(), [](const Chain& a, const Chain& b) { return a.ready < b.ready; });
   const int n = static_cast<int>(list.size());
+  Accesses acc(list);
   std::map<int, std::vector<Instr>> after;
   std::vector<char> moved(static_cast<std::size_t>(n), 0);
   for (std::size_t a = 0; a < chains.size();) {
     std::vector<int> pos = chains[a].at;
     double bytes = chains[a].bytes;
+    std::set<int> reads, writes;  // by the bucket's chains
+    auto note = [&](const Chain& c) {
+      for (int q : c.at) {
+        reads.insert(list[static_cast<std::size_t>(q)].in.begin(), list[static_cast<std::size_t>(q)].in.end());
+        writes.insert(list[static_cast<std::size_t>(q)].out.begin(), list[static_cast<std::size_t>(q)].out.end());
+      }
+    };
+    note(chains[a]);
     std::size_t b = a + 1;
     for (; b < chains.size() && bytes < cap; ++b) {
       std::vector<int> with = pos;
@@ -97,17 +123,19 @@ void regroup(std::vector<Instr>& list, std::vector<Chain> chains, double cap, in
       // (A chain that touches what the bucket's chains write — the same accumulator, another
       // micro-batch's — starts a new bucket: a bucket never waits for a later micro-batch.)
       bool apart = true;
-      for (int x : chains[b].at)
-        for (int y : pos)
-          apart = apart && independent(list[static_cast<std::size_t>(x)], list[static_cast<std::size_t>(y)]);
-      if (!apart || chains[b].run != chains[a].run || next.kind != first.kind || next.reduce != first.reduce || !can_move(list, with, chains[b].ready))
+      for (int x : chains[b].at) {
+        for (int t : list[static_cast<std::size_t>(x)].out) apart = apart && !reads.count(t) && !writes.count(t);
+        for (int t : list[static_cast<std::size_t>(x)].in) apart = apart && !writes.count(t);
+      }
+      if (!apart || chains[b].run != chains[a].run || next.kind != first.kind || next.reduce != first.reduce || !acc.can_move(with, chains[b].ready))
         break;
       pos = std::move(with);
       bytes += chains[b].bytes;
+      note(chains[b]);
     }
     const int at = chains[b - 1].ready;
     std::sort(pos.begin(), pos.end());
-    if (b == a + 1 && !can_move(list, pos, at)) {  // alone and unmovable: stays, unbucketed
+    if (b == a + 1 && !acc.can_move(pos, at)) {  // alone and unmovable: stays, unbucketed
       a = b;
       continue;
     }
@@ -207,6 +235,7 @@ void bucket_zero3_gathers(std::vector<Instr>& list, const std::vector<int>& segm
   std::map<int, std::vector<int>> before;  // position -> gathers issued right before it
   std::vector<char> moved(static_cast<std::size_t>(n), 0);
   std::map<int, int> bucket_of;  // gather position -> its bucket
+  Accesses acc(list);
   for (int s0 = 0; s0 < n;) {
     int s1 = s0;
     while (s1 < n && segment[static_cast<std::size_t>(s1)] == segment[static_cast<std::size_t>(s0)]) ++s1;
@@ -237,7 +266,7 @@ void bucket_zero3_gathers(std::vector<Instr>& list, const std::vector<int>& segm
       const int at = spans[j < 2 ? 0 : j - 1].start;
       std::vector<int> go;
       for (int q : spans[j].gathers)
-        if (can_move(list, {q}, at - 1)) go.push_back(q);  // (nothing between reads or writes its copy)
+        if (acc.can_move({q}, at - 1)) go.push_back(q);  // (nothing between reads or writes its copy)
       for (int q : go) {
         before[at].push_back(q);
         moved[static_cast<std::size_t>(q)] = 1;

@@ -246,10 +246,13 @@ def test_verifier_refuses_mixed_zero_buckets(setup):
         with pytest.raises(ValueError, match=words):
             weft.Program.from_json(json.dumps(j)).check()
 
-    j = json.loads(json.dumps(src))  # another kind in the bucket
-    j["codes"][0][ag[1]]["bucket"] = code[rs[0]]["bucket"]
-    j["codes"][0][rs[0]]["bucket"] = code[ag[0]]["bucket"]
-    refused(j, "bucket")
+    j = json.loads(json.dumps(src))  # a reduce-scatter joins a bucket of all-gathers
+    c = j["codes"][0]
+    r = c[rs[0]]
+    r["bucket"] = c[ag[0]]["bucket"]
+    del c[rs[0]]
+    c.insert(ag[-1] + (1 if rs[0] > ag[-1] else 0), r)
+    refused(j, "another kind, axis, group or reduce op than the rest of bucket")
     j = json.loads(json.dumps(src))  # a gather of a bucket moved away from it
     c = j["codes"][0]
     c.insert(ag[-1] + 2, c.pop(ag[0]))
