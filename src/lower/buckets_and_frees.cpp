@@ -15,8 +15,8 @@ namespace weft::lower {
 // bucket, right after the last write of the accumulator of the bucket's last gradient — where
 // the lowering put them, the update phase, waits for every micro-batch's backward.
 void bucket_gradient_syncs(std::vector<Instr>& list, double bucket_bytes, const std::set<int>& grad_means,
-                           const std::vector<sharding::ShardingSpec>& specs, const std::vector<Buffer>& buffers,
-                           int& next_bucket) {
+                           const std::vector<sharding::ShardingSpec>& specs,
+                           const std::vector<Buffer>& buffers, int& next_bucket) {
   if (bucket_bytes <= 0 || grad_means.empty()) return;
   const int n = static_cast<int>(list.size());
   std::map<int, int> writer_of_mean, readers;  // mean buffer -> its scale; buffer -> reads
@@ -94,9 +94,9 @@ void bucket_gradient_syncs(std::vector<Instr>& list, double bucket_bytes, const 
 }
 
 // Every buffer but the leaves, the loss and the gradients is freed after its last use (a bucket's
-// members: after the bucket) — the last use of each of its values: a buffer written afresh (not a recv into part of it, nor an
-// accumulation that reads it; a recomputed forward) is freed after its last use before that
-// write, and made again by it.
+// members: after the bucket) — the last use of each of its values: a buffer written afresh (not a recv into
+// part of it, nor an accumulation that reads it; a recomputed forward) is freed after its last use before
+// that write, and made again by it.
 void add_frees(std::vector<Instr>& instrs, const std::set<int>& keep) {
   std::map<int, std::size_t> last;  // buffer -> index of its last use (read or write) so far
   std::vector<std::vector<int>> frees(instrs.size());

@@ -1089,8 +1089,9 @@ class PipelineLowering {
       // (Both move instructions inside a run only, so `seg` still holds for the reduce-scatters.)
       bucket_zero_reduce_scatters(list, seg, opt_.grad_bucket_bytes, specs_, p_.buffers, next_bucket);
       bucket_gradient_syncs(list, opt_.grad_bucket_bytes, grad_means_, specs_, p_.buffers, next_bucket);
-      bucket_zero_step_gathers(list, opt_.grad_bucket_bytes, std::set<int>(p_.leaf_buffers.begin(), p_.leaf_buffers.end()),
-                               specs_, p_.buffers, next_bucket);
+      bucket_zero_step_gathers(list, opt_.grad_bucket_bytes,
+                               std::set<int>(p_.leaf_buffers.begin(), p_.leaf_buffers.end()), specs_,
+                               p_.buffers, next_bucket);
       add_frees(list, keep);
       auto code = std::make_shared<std::vector<Instr>>(std::move(list));
       const auto& mesh = group_mesh_[static_cast<std::size_t>(grp)];

@@ -75,7 +75,8 @@ std::vector<PipelineStage> interleave(const ir::Graph& g, const std::vector<Pipe
         {stages[static_cast<std::size_t>(v_shape ? (k < D ? k : 2 * D - 1 - k) : k % D)].mesh,
          std::move(chunk_ops[static_cast<std::size_t>(k)]), stages[static_cast<std::size_t>(k / v)].layout,
          stages[static_cast<std::size_t>(k / v)].recompute_unit, stages[static_cast<std::size_t>(k / v)].zero,
-         stages[static_cast<std::size_t>(k / v)].zero_level, stages[static_cast<std::size_t>(k / v)].zero_unit});
+         stages[static_cast<std::size_t>(k / v)].zero_level,
+         stages[static_cast<std::size_t>(k / v)].zero_unit});
   return out;
 }
 

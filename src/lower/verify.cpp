@@ -727,17 +727,19 @@ class Verifier {
         const Instr& i = ins[static_cast<std::size_t>(k)];
         if (i.bucket < 0) continue;
         auto what = [&] { return p_.describe(r, k); };
-        WEFT_CHECK((i.kind == InstrKind::AllReduce || i.kind == InstrKind::ReduceScatter ||
-                    i.kind == InstrKind::AllGather) &&
-                       !i.internal,
-                   "program: {}: only resharding all-reduces are bucketed, and reduce-scatters and all-gathers",
-                   what());
+        WEFT_CHECK(
+            (i.kind == InstrKind::AllReduce || i.kind == InstrKind::ReduceScatter ||
+             i.kind == InstrKind::AllGather) &&
+                !i.internal,
+            "program: {}: only resharding all-reduces are bucketed, and reduce-scatters and all-gathers",
+            what());
         WEFT_CHECK(!closed.count(i.bucket),
-                   "program: {}: bucket {} is split (its all-reduces must be adjacent)", what(), i.bucket);
+                   "program: {}: bucket {} is split (its collectives must be adjacent)", what(), i.bucket);
         const bool opens = k == 0 || ins[static_cast<std::size_t>(k - 1)].bucket != i.bucket;
         if (!opens) {
           const Instr& first = ins[static_cast<std::size_t>(k - 1)];
-          WEFT_CHECK(first.kind == i.kind && first.axis == i.axis && first.group == i.group && first.reduce == i.reduce,
+          WEFT_CHECK(first.kind == i.kind && first.axis == i.axis && first.group == i.group &&
+                         first.reduce == i.reduce,
                      "program: {}: another kind, axis, group or reduce op than the rest of bucket {}", what(),
                      i.bucket);
         }

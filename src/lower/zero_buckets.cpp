@@ -50,7 +50,8 @@ class Accesses {
     auto it = at_.find(b);
     if (it == at_.end()) return false;
     const auto& v = it->second;
-    for (auto p = std::lower_bound(v.begin(), v.end(), std::pair{lo, false}); p != v.end() && p->first < hi; ++p)
+    for (auto p = std::lower_bound(v.begin(), v.end(), std::pair{lo, false}); p != v.end() && p->first < hi;
+         ++p)
       if (!moved_[static_cast<std::size_t>(p->first)] && (p->second || !writes_only)) return true;
     return false;
   }
@@ -59,7 +60,8 @@ class Accesses {
   std::map<int, std::vector<std::pair<int, bool>>> at_;
 };
 
-double tile_bytes(int b, const std::vector<sharding::ShardingSpec>& specs, const std::vector<Buffer>& buffers) {
+double tile_bytes(int b, const std::vector<sharding::ShardingSpec>& specs,
+                  const std::vector<Buffer>& buffers) {
   const auto& spec = specs[static_cast<std::size_t>(b)];
   const auto& buf = buffers[static_cast<std::size_t>(b)];
   double bytes = buf.element_bytes;
@@ -73,7 +75,8 @@ double tile_bytes(int b, const std::vector<sharding::ShardingSpec>& specs, const
 // The last position before `before` that writes buffer b (-1: none).
 int last_write(const std::vector<Instr>& list, int b, int before) {
   for (int q = before - 1; q >= 0; --q)
-    if (const auto& o = list[static_cast<std::size_t>(q)].out; std::find(o.begin(), o.end(), b) != o.end()) return q;
+    if (const auto& o = list[static_cast<std::size_t>(q)].out; std::find(o.begin(), o.end(), b) != o.end())
+      return q;
   return -1;
 }
 
@@ -97,7 +100,8 @@ struct Chain {
 // first instruction, then every chain's second, ...), the collectives marked with a fresh id.
 void regroup(std::vector<Instr>& list, std::vector<Chain> chains, double cap, int& next_bucket) {
   if (chains.empty()) return;
-  std::stable_sort(chains.begin(), chains.end(), [](const Chain& a, const Chain& b) { return a.ready < b.ready; });
+  std::stable_sort(chains.begin(), chains.end(),
+                   [](const Chain& a, const Chain& b) { return a.ready < b.ready; });
   const int n = static_cast<int>(list.size());
   Accesses acc(list);
   std::map<int, std::vector<Instr>> after;
@@ -108,8 +112,10 @@ void regroup(std::vector<Instr>& list, std::vector<Chain> chains, double cap, in
     std::set<int> reads, writes;  // by the bucket's chains
     auto note = [&](const Chain& c) {
       for (int q : c.at) {
-        reads.insert(list[static_cast<std::size_t>(q)].in.begin(), list[static_cast<std::size_t>(q)].in.end());
-        writes.insert(list[static_cast<std::size_t>(q)].out.begin(), list[static_cast<std::size_t>(q)].out.end());
+        reads.insert(list[static_cast<std::size_t>(q)].in.begin(),
+                     list[static_cast<std::size_t>(q)].in.end());
+        writes.insert(list[static_cast<std::size_t>(q)].out.begin(),
+                      list[static_cast<std::size_t>(q)].out.end());
       }
     };
     note(chains[a]);
@@ -124,10 +130,12 @@ void regroup(std::vector<Instr>& list, std::vector<Chain> chains, double cap, in
       // micro-batch's — starts a new bucket: a bucket never waits for a later micro-batch.)
       bool apart = true;
       for (int x : chains[b].at) {
-        for (int t : list[static_cast<std::size_t>(x)].out) apart = apart && !reads.count(t) && !writes.count(t);
+        for (int t : list[static_cast<std::size_t>(x)].out)
+          apart = apart && !reads.count(t) && !writes.count(t);
         for (int t : list[static_cast<std::size_t>(x)].in) apart = apart && !writes.count(t);
       }
-      if (!apart || chains[b].run != chains[a].run || next.kind != first.kind || next.reduce != first.reduce || !acc.can_move(with, chains[b].ready))
+      if (!apart || chains[b].run != chains[a].run || next.kind != first.kind ||
+          next.reduce != first.reduce || !acc.can_move(with, chains[b].ready))
         break;
       pos = std::move(with);
       bytes += chains[b].bytes;
@@ -170,8 +178,8 @@ void regroup(std::vector<Instr>& list, std::vector<Chain> chains, double cap, in
 // scattered into the update's shard and copied / accumulated into the sharded accumulator, right
 // after the op that makes G. Those three move, with their bucket's others, right after the op that
 // makes the bucket's last gradient (so a bucket's whole gradients live until then: one bucket held).
-void bucket_zero_reduce_scatters(std::vector<Instr>& list, const std::vector<int>& segment, double bucket_bytes,
-                                 const std::vector<sharding::ShardingSpec>& specs,
+void bucket_zero_reduce_scatters(std::vector<Instr>& list, const std::vector<int>& segment,
+                                 double bucket_bytes, const std::vector<sharding::ShardingSpec>& specs,
                                  const std::vector<Buffer>& buffers, int& next_bucket) {
   if (bucket_bytes <= 0) return;
   const int n = static_cast<int>(list.size());
@@ -183,7 +191,9 @@ void bucket_zero_reduce_scatters(std::vector<Instr>& list, const std::vector<int
     const Instr& rs = list[static_cast<std::size_t>(k)];
     if (!replica_collective(rs, InstrKind::ReduceScatter)) continue;
     const int sc = last_write(list, rs.in[0], k);
-    if (sc < 0 || list[static_cast<std::size_t>(sc)].kind != InstrKind::Scale || readers[rs.in[0]].size() != 1) continue;
+    if (sc < 0 || list[static_cast<std::size_t>(sc)].kind != InstrKind::Scale ||
+        readers[rs.in[0]].size() != 1)
+      continue;
     const auto& rd = readers[rs.out[0]];
     if (rd.size() != 1) continue;
     const Instr& acc = list[static_cast<std::size_t>(rd[0])];
@@ -224,8 +234,8 @@ void bucket_zero_step_gathers(std::vector<Instr>& list, double bucket_bytes, con
 // first two at the start of the first span): the next unit's parameters arrive while this unit
 // computes (prefetch depth 1), as FSDP's forward and backward prefetch.
 void bucket_zero3_gathers(std::vector<Instr>& list, const std::vector<int>& segment,
-                          const std::set<int>& sharded_params, const std::function<long long(ir::OpId)>& unit_of,
-                          int& next_bucket) {
+                          const std::set<int>& sharded_params,
+                          const std::function<long long(ir::OpId)>& unit_of, int& next_bucket) {
   const int n = static_cast<int>(list.size());
   if (sharded_params.empty() || static_cast<int>(segment.size()) != n) return;
   struct Span {

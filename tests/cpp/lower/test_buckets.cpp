@@ -141,7 +141,8 @@ TEST_CASE("lower: ZeRO's reduce-scatters and gathers in buckets, the same collec
     if (zero == 1) CHECK((nrs == 1 && nag == 1));  // once per step: the whole stage's in one bucket each
     if (zero == 2) CHECK((nrs == 2 && nag == 1));  // per micro-batch in its backward; the step's gathers
     // ZeRO-3: per unit (4 blocks), forward and backward of 2 micro-batches; fewer than the tensors.
-    if (zero == 3) CHECK((nrs == 2 && nag >= 2 * 2 * 2 && static_cast<int>(nag) < a.alone[InstrKind::AllGather]));
+    if (zero == 3)
+      CHECK((nrs == 2 && nag >= 2 * 2 * 2 && static_cast<int>(nag) < a.alone[InstrKind::AllGather]));
     MESSAGE(fmt::format("ZeRO-{}: {} reduce-scatters in {} buckets, {} all-gathers in {} buckets", zero,
                         a.alone[InstrKind::ReduceScatter], nrs, a.alone[InstrKind::AllGather], nag));
   }

@@ -47,10 +47,12 @@ plan::PlanOptions exact_options(int zero) {
 
 // One collective per parameter tensor of g: what the lowering issues without buckets (without
 // overlap the plan records none), by hand from the graph's parameters.
-double per_tensor(double (*f)(const cluster::AxisLink&, double), const cluster::AxisLink& l, const ir::Graph& g) {
+double per_tensor(double (*f)(const cluster::AxisLink&, double), const cluster::AxisLink& l,
+                  const ir::Graph& g) {
   double t = 0;
   for (const auto& info : g.tensors())
-    if (info.role == ir::Role::Parameter && info.producer == ir::kNoOp) t += f(l, static_cast<double>(info.bytes()));
+    if (info.role == ir::Role::Parameter && info.producer == ir::kNoOp)
+      t += f(l, static_cast<double>(info.bytes()));
   return t;
 }
 
@@ -121,7 +123,8 @@ TEST_CASE("zero: the planner's stage at each level equals the closed forms and t
   CHECK(ar == doctest::Approx(ag + rs));
   // ZeRO's collectives as the lowering issues them without buckets: one per parameter tensor (the
   // same bytes as one collective of P, a latency term per tensor).
-  const double agt = per_tensor(cluster::all_gather_time, link, g), rst = per_tensor(cluster::reduce_scatter_time, link, g);
+  const double agt = per_tensor(cluster::all_gather_time, link, g),
+               rst = per_tensor(cluster::reduce_scatter_time, link, g);
   CHECK(agt > ag);
   // ZeRO-3 gathers before the forward and before the backward, reduce-scatters in the backward.
   CHECK(s3.forward_time - s0.forward_time == doctest::Approx(agt));
