@@ -95,8 +95,9 @@ def reduce_scatter_chains(j, code):
         if i["kind"] != "reduce-scatter" or i["axis"] != 0:
             continue
         sc = max(q for q in range(k) if i["in"][0] in code[q]["out"])
-        if code[sc]["kind"] != "scale" or not any(
-                code[q]["kind"] in ("copy", "accumulate") and i["out"][0] in code[q]["in"] for q in range(k, len(code))):
+        into_acc = any(code[q]["kind"] in ("copy", "accumulate") and i["out"][0] in code[q]["in"]
+                       for q in range(k, len(code)))
+        if code[sc]["kind"] != "scale" or not into_acc:
             continue  # ZeRO-1's once-per-step reduce-scatter of the mean
         g = code[sc]["in"][0]
         made = max(q for q in range(sc) if g in code[q]["out"])
