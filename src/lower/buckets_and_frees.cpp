@@ -16,7 +16,7 @@ namespace weft::lower {
 // the lowering put them, the update phase, waits for every micro-batch's backward.
 void bucket_gradient_syncs(std::vector<Instr>& list, double bucket_bytes, const std::set<int>& grad_means,
                            const std::vector<sharding::ShardingSpec>& specs,
-                           const std::vector<Buffer>& buffers) {
+                           const std::vector<Buffer>& buffers, int& next_bucket) {
   if (bucket_bytes <= 0 || grad_means.empty()) return;
   const int n = static_cast<int>(list.size());
   std::map<int, int> writer_of_mean, readers;  // mean buffer -> its scale; buffer -> reads
@@ -32,7 +32,10 @@ void bucket_gradient_syncs(std::vector<Instr>& list, double bucket_bytes, const 
   std::vector<Sync> syncs;
   for (int k = 0; k < n; ++k) {
     const Instr& i = list[static_cast<std::size_t>(k)];
-    if (i.kind != InstrKind::AllReduce || i.internal || i.axis != 0 || !i.group.empty()) continue;
+    // (ZeRO-1: the mean is reduce-scattered into the update's shard, once per step.)
+    if ((i.kind != InstrKind::AllReduce && i.kind != InstrKind::ReduceScatter) || i.internal || i.axis != 0 ||
+        !i.group.empty())
+      continue;
     auto w = writer_of_mean.find(i.in[0]);
     if (w == writer_of_mean.end() || readers[i.in[0]] != 1) continue;
     const int acc = list[static_cast<std::size_t>(w->second)].in[0];
@@ -57,14 +60,15 @@ void bucket_gradient_syncs(std::vector<Instr>& list, double bucket_bytes, const 
   // Buckets in the order the gradients become final; each issued after its last one.
   std::map<int, std::vector<Instr>> after;  // position -> the bucket instructions issued after it
   std::vector<char> moved(static_cast<std::size_t>(n), 0);
-  int bucket = 0;
   for (std::size_t a = 0; a < syncs.size();) {
     // (A bucket is issued before any of its scales was: a gradient made in the update phase
     // itself — a deferred gradient sum — after another's scale starts a new bucket.)
     std::size_t b = a;
     double bytes = 0;
     int first_scale = n;
-    while (b < syncs.size() && bytes < bucket_bytes && syncs[b].ready < first_scale) {
+    const InstrKind kind = list[static_cast<std::size_t>(syncs[a].reduce)].kind;  // one kind per bucket
+    while (b < syncs.size() && bytes < bucket_bytes && syncs[b].ready < first_scale &&
+           list[static_cast<std::size_t>(syncs[b].reduce)].kind == kind) {
       first_scale = std::min(first_scale, syncs[b].scale);
       bytes += syncs[b++].bytes;
     }
@@ -72,11 +76,11 @@ void bucket_gradient_syncs(std::vector<Instr>& list, double bucket_bytes, const 
     for (std::size_t q = a; q < b; ++q) out.push_back(list[static_cast<std::size_t>(syncs[q].scale)]);
     for (std::size_t q = a; q < b; ++q) {
       Instr r = list[static_cast<std::size_t>(syncs[q].reduce)];
-      r.bucket = bucket;
+      r.bucket = next_bucket;
       out.push_back(std::move(r));
       moved[static_cast<std::size_t>(syncs[q].scale)] = moved[static_cast<std::size_t>(syncs[q].reduce)] = 1;
     }
-    ++bucket;
+    ++next_bucket;
     a = b;
   }
   std::vector<Instr> out;
@@ -89,10 +93,10 @@ void bucket_gradient_syncs(std::vector<Instr>& list, double bucket_bytes, const 
   list = std::move(out);
 }
 
-// Every buffer but the leaves, the loss and the gradients is freed after its last use — the last
-// use of each of its values: a buffer written afresh (not a recv into part of it, nor an
-// accumulation that reads it; a recomputed forward) is freed after its last use before that
-// write, and made again by it.
+// Every buffer but the leaves, the loss and the gradients is freed after its last use (a bucket's
+// members: after the bucket) — the last use of each of its values: a buffer written afresh (not a recv into
+// part of it, nor an accumulation that reads it; a recomputed forward) is freed after its last use before
+// that write, and made again by it.
 void add_frees(std::vector<Instr>& instrs, const std::set<int>& keep) {
   std::map<int, std::size_t> last;  // buffer -> index of its last use (read or write) so far
   std::vector<std::vector<int>> frees(instrs.size());
@@ -111,6 +115,12 @@ void add_frees(std::vector<Instr>& instrs, const std::set<int>& keep) {
   }
   for (auto [b, k] : last)
     if (!keep.count(b)) frees[k].push_back(b);
+  // A bucket is one collective: what its members read last is freed after the whole run.
+  for (std::size_t k = 0; k + 1 < instrs.size(); ++k)
+    if (instrs[k].bucket >= 0 && instrs[k + 1].bucket == instrs[k].bucket && !frees[k].empty()) {
+      frees[k + 1].insert(frees[k + 1].end(), frees[k].begin(), frees[k].end());
+      frees[k].clear();
+    }
   std::vector<Instr> out;
   out.reserve(instrs.size() * 2);
   for (std::size_t k = 0; k < instrs.size(); ++k) {

@@ -196,6 +196,9 @@ class PipelineLowering {
       WEFT_CHECK(ps.zero_level.empty() || ps.zero_level.size() == g_.ops().size(),
                  "lowering: stage {}'s ZeRO levels list {} ops, the graph has {}", s, ps.zero_level.size(),
                  g_.ops().size());
+      WEFT_CHECK(ps.zero_unit.empty() || ps.zero_unit.size() == g_.ops().size(),
+                 "lowering: stage {}'s ZeRO units list {} ops, the graph has {}", s, ps.zero_unit.size(),
+                 g_.ops().size());
       WEFT_CHECK(ps.recompute_unit.empty() || ps.recompute_unit.size() == g_.ops().size(),
                  "lowering: stage {}'s recompute units list {} ops, the graph has {}", s, ps.recompute_unit.size(),
                  g_.ops().size());
@@ -1013,6 +1016,13 @@ class PipelineLowering {
           into.push_back(std::move(i));
         }
       };
+      // Per instruction of `list`: the run of one phase (or one re-made unit) it is in, for the
+      // ZeRO-3 gathers' units (bucket_zero3_gathers).
+      std::vector<int> seg;
+      int next_seg = 0;
+      auto mark = [&] {
+        if (seg.size() < list.size()) seg.resize(list.size(), next_seg++);
+      };
       for (const auto& op : sched_->device_order(grp)) {
         const Phase ph = op.kind == schedule::OpKind::F   ? kF
                          : op.kind == schedule::OpKind::B ? kB
@@ -1020,8 +1030,10 @@ class PipelineLowering {
         const int s = op.stage, m = op.micro;
         if (ph == kF || in_[static_cast<std::size_t>(s)].recompute_unit.empty()) {
           run_phase(s, ph, m);
+          mark();
           continue;
         }
+        const int bw_seg = next_seg++;
         std::vector<Instr> bw;
         run_phase(s, ph, m, &bw);
         const auto& made = forward_block_of_buffer(s);
@@ -1029,9 +1041,13 @@ class PipelineLowering {
         for (auto& i : bw) {
           for (int b : i.in) {  // b is an instance of micro-batch m (or a per-step buffer)
             auto it = made.find(template_of(b));
-            if (it != made.end() && done.insert(it->second).second) replay_block(s, m, it->second, list);
+            if (it != made.end() && done.insert(it->second).second) {
+              replay_block(s, m, it->second, list);
+              mark();
+            }
           }
           list.push_back(std::move(i));
+          seg.push_back(bw_seg);
         }
       }
       // The group's update phases (its stages: s mod D interleaved, the V for ZB-V), merged so that
@@ -1060,7 +1076,22 @@ class PipelineLowering {
         }
         WEFT_ASSERT(!left || moved, "lowering: the update phases of a device group wait on each other");
       }
-      bucket_gradient_syncs(list, opt_.grad_bucket_bytes, grad_means_, specs_, p_.buffers);
+      mark();
+      // Buckets (PipelineOptions::grad_bucket_bytes): ZeRO-3's gathers per unit, ZeRO-2/3's
+      // per-micro-batch reduce-scatters, the replicas' gradient syncs (all-reduces; ZeRO-1's
+      // reduce-scatters), ZeRO-1/2's end-of-step gathers; ids unique in the list.
+      int next_bucket = 0;
+      if (opt_.grad_bucket_bytes > 0) {
+        std::set<int> sharded;
+        for (auto [st, t] : zero_param_) sharded.insert(st_[static_cast<std::size_t>(st)].leaves.at(t));
+        bucket_zero3_gathers(list, seg, sharded, [this](ir::OpId o) { return unit_of(o); }, next_bucket);
+      }
+      // (Both move instructions inside a run only, so `seg` still holds for the reduce-scatters.)
+      bucket_zero_reduce_scatters(list, seg, opt_.grad_bucket_bytes, specs_, p_.buffers, next_bucket);
+      bucket_gradient_syncs(list, opt_.grad_bucket_bytes, grad_means_, specs_, p_.buffers, next_bucket);
+      bucket_zero_step_gathers(list, opt_.grad_bucket_bytes,
+                               std::set<int>(p_.leaf_buffers.begin(), p_.leaf_buffers.end()), specs_,
+                               p_.buffers, next_bucket);
       add_frees(list, keep);
       auto code = std::make_shared<std::vector<Instr>>(std::move(list));
       const auto& mesh = group_mesh_[static_cast<std::size_t>(grp)];
@@ -1096,6 +1127,13 @@ class PipelineLowering {
     }
     for (int b : checkpoints) it->second.erase(b);
     return it->second;
+  }
+  // The FSDP unit of an op (PipelineStage::zero_unit of its stage; the op itself without units).
+  long long unit_of(ir::OpId o) const {
+    const int s = stage_of_op_[static_cast<std::size_t>(o)];
+    const auto& zu = in_[static_cast<std::size_t>(s)].zero_unit;
+    const long long u = zu.empty() ? o : zu[static_cast<std::size_t>(o)];
+    return (static_cast<long long>(s) << 32) + u;
   }
   // The template buffer of a micro-batch instance (itself for micro-batch 0 and per-step buffers).
   int template_of(int b) const {

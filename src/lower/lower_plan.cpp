@@ -75,7 +75,8 @@ std::vector<PipelineStage> interleave(const ir::Graph& g, const std::vector<Pipe
         {stages[static_cast<std::size_t>(v_shape ? (k < D ? k : 2 * D - 1 - k) : k % D)].mesh,
          std::move(chunk_ops[static_cast<std::size_t>(k)]), stages[static_cast<std::size_t>(k / v)].layout,
          stages[static_cast<std::size_t>(k / v)].recompute_unit, stages[static_cast<std::size_t>(k / v)].zero,
-         stages[static_cast<std::size_t>(k / v)].zero_level});
+         stages[static_cast<std::size_t>(k / v)].zero_level,
+         stages[static_cast<std::size_t>(k / v)].zero_unit});
   return out;
 }
 
@@ -189,6 +190,9 @@ Program lower(const plan::Plan& plan, const ir::Graph& step, const cluster::Clus
       for (int& z : ps.zero_level)
         z = std::find(st.zero_blocks.begin(), st.zero_blocks.end(), z) != st.zero_blocks.end() ? 3 : ps.zero;
     }
+    // FSDP's unit: the planner's blocks (its ZeRO-3 price gathers one block at a time, the next
+    // prefetched); a plan without blocks: each op its own unit.
+    if (ps.zero > 0 && plan.num_blocks >= 1) ps.zero_unit = grouping_blocks(g, plan.num_blocks);
     stages.push_back(std::move(ps));
     spmd_shapes.push_back(spmd_shape);
   }

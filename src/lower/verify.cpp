@@ -714,9 +714,9 @@ class Verifier {
     }
   }
 
-  // A gradient bucket is one collective at run time: its all-reduces are adjacent in a list (a
-  // bucket id is one run), on one axis and group with one reduce op, and resharding edges (not a
-  // statistic inside an op).
+  // A bucket is one collective at run time: its collectives are adjacent in a list (a bucket id is
+  // one run), of one kind — all-reduces (gradient buckets), reduce-scatters or all-gathers (ZeRO's)
+  // —, on one axis and group with one reduce op, and resharding edges (not a statistic inside an op).
   void buckets() const {
     std::set<const std::vector<Instr>*> seen;
     for (int r = 0; r < p_.num_ranks(); ++r) {
@@ -727,15 +727,20 @@ class Verifier {
         const Instr& i = ins[static_cast<std::size_t>(k)];
         if (i.bucket < 0) continue;
         auto what = [&] { return p_.describe(r, k); };
-        WEFT_CHECK(i.kind == InstrKind::AllReduce && !i.internal,
-                   "program: {}: only resharding all-reduces are bucketed", what());
+        WEFT_CHECK(
+            (i.kind == InstrKind::AllReduce || i.kind == InstrKind::ReduceScatter ||
+             i.kind == InstrKind::AllGather) &&
+                !i.internal,
+            "program: {}: only resharding all-reduces are bucketed, and reduce-scatters and all-gathers",
+            what());
         WEFT_CHECK(!closed.count(i.bucket),
-                   "program: {}: bucket {} is split (its all-reduces must be adjacent)", what(), i.bucket);
+                   "program: {}: bucket {} is split (its collectives must be adjacent)", what(), i.bucket);
         const bool opens = k == 0 || ins[static_cast<std::size_t>(k - 1)].bucket != i.bucket;
         if (!opens) {
           const Instr& first = ins[static_cast<std::size_t>(k - 1)];
-          WEFT_CHECK(first.axis == i.axis && first.group == i.group && first.reduce == i.reduce,
-                     "program: {}: another axis, group or reduce op than the rest of bucket {}", what(),
+          WEFT_CHECK(first.kind == i.kind && first.axis == i.axis && first.group == i.group &&
+                         first.reduce == i.reduce,
+                     "program: {}: another kind, axis, group or reduce op than the rest of bucket {}", what(),
                      i.bucket);
         }
         const bool closes =

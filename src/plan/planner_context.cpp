@@ -266,6 +266,7 @@ BlockCost Context::search_block(int b, const AtBatch& ab, const MeshOption& m, i
         bc.mem_class[t] = info.role == ir::Role::Parameter ? BlockCost::kParam : BlockCost::kOptState;
         bc.static_mem += bc.local_bytes[t] * (info.role == ir::Role::Parameter ? 2.0 : 1.0);
         (info.role == ir::Role::Parameter ? bc.param_mem : bc.opt_mem) += bc.local_bytes[t];
+        if (info.role == ir::Role::Parameter) bc.param_tensor_bytes.push_back(bc.local_bytes[t]);
       } else if (saved[t]) {
         bc.mem_class[t] = BlockCost::kActivation;
         bc.act_mem += bc.local_bytes[t];

@@ -80,6 +80,9 @@ struct BlockCost {
   double static_mem = 0, act_mem = 0, transient = 0;
   std::vector<std::string> spec;    // per tensor of the block graph: spec text ("" = none)
   std::vector<double> local_bytes;  // per tensor of the block graph
+  // Per parameter leaf of the block (tensor order): its local bytes — ZeRO's collectives are
+  // bucketed by them as the lowering buckets them (zero.cpp, lower.md step 5).
+  std::vector<double> param_tensor_bytes;
   // Per op of the block graph: the chosen strategy's factor and inner stride per mesh axis (what
   // a Plan's Stage::op_layouts records for lowering).
   std::vector<std::vector<spmd::AxisAssign>> axes;
@@ -555,6 +558,7 @@ struct StageAgg {
   // time (compute part apart) and its transient while it is re-made.
   std::vector<double> blk_act, blk_ckpt, blk_fwd, blk_fwd_compute, blk_remake;
   std::vector<double> blk_param;   // per block: its parameter bytes (ZeRO-3 on some blocks only)
+  std::vector<double> param_tensors;  // the blocks' parameter leaves' bytes (BlockCost::param_tensor_bytes)
   std::vector<int> recompute_set;  // Full on these blocks only (offsets from the first); empty = every block
   std::vector<int> zero3_set;      // ZeRO-3 on these blocks, `zero` on the others (offsets); empty = none
 };

@@ -61,6 +61,7 @@ StageAgg aggregate(Context& ctx, int first, int last, std::int64_t bs, const Mes
     a.blk_fwd_compute.push_back(bc.fwd_compute);
     a.blk_remake.push_back(bc.transient + bc.full_remake);
     a.blk_param.push_back(bc.param_mem);
+    a.param_tensors.insert(a.param_tensors.end(), bc.param_tensor_bytes.begin(), bc.param_tensor_bytes.end());
     a.sel_transient = std::max(a.sel_transient, bc.transient + bc.sel_peak);
   }
   // Tensors passed between the stage's blocks: each block's SPMD plan chose its own layout.

@@ -96,6 +96,27 @@ namespace {
 double ring(double (*f)(const cluster::AxisLink&, double), const cluster::AxisLink& l, double bytes) {
   return l.size > 1 && bytes > 0 ? f(l, bytes) : 0.0;
 }
+
+// The collectives the lowering issues for `total` bytes of tensors of sizes `sizes` (in the order
+// they are ready; scaled to sum to `total`), grouped greedily into buckets of at least `cap` bytes
+// (cap <= 0: one collective per tensor), as the lowering groups them (lower.md step 5): Σ over the
+// buckets of the collective's time, so its latency term counts the buckets. Without sizes: one.
+double bucketed(double (*f)(const cluster::AxisLink&, double), const cluster::AxisLink& l,
+                const std::vector<double>& sizes, double total, double cap) {
+  double sum = 0;
+  for (double x : sizes) sum += x;
+  if (sizes.empty() || sum <= 0) return ring(f, l, total);
+  const double k = total / sum;
+  double t = 0, cur = 0;
+  for (double x : sizes) {
+    cur += x * k;
+    if (cap <= 0 || cur >= cap) {
+      t += ring(f, l, cur);
+      cur = 0;
+    }
+  }
+  return t + ring(f, l, cur);
+}
 }  // namespace
 
 StageAgg with_replicas(const StageAgg& a, int level, const ReplicaLinks& l, double grad_bytes,
@@ -107,7 +128,6 @@ StageAgg with_replicas(const StageAgg& a, int level, const ReplicaLinks& l, doub
   const double block = a.param_mem > 0 ? a.max_block_param / a.param_mem : 1.0;
   const cluster::AxisLink& grp = l.in_group;
   auto AR = [](const cluster::AxisLink& k, double b) { return ring(cluster::all_reduce_time, k, b); };
-  auto RS = [](const cluster::AxisLink& k, double b) { return ring(cluster::reduce_scatter_time, k, b); };
   auto AG = [](const cluster::AxisLink& k, double b) { return ring(cluster::all_gather_time, k, b); };
   // Per step, outside the micro-batches: the update less its compute and the in-mesh gradient
   // synchronisation, which are re-added below.
@@ -145,27 +165,47 @@ StageAgg with_replicas(const StageAgg& a, int level, const ReplicaLinks& l, doub
   r.full_transient = a.full_transient + mem.working;
   r.sel_transient = a.sel_transient + mem.working;
   const double update = a.upd_compute / z;  // each replica updates its shard
+  // ZeRO's collectives as the lowering issues them (lower.md step 5): the gradients' reduce-
+  // scatters in buckets of grad_bucket_bytes in the order the backward makes them (the reverse of
+  // the parameters'), the new parameters' gathers in such buckets in update order, ZeRO-3's
+  // gathers one per block (FSDP's unit); no buckets (one per tensor) without overlap. Each bucket
+  // pays the collective's latency once.
+  const double cap = o.overlap_grad_sync ? o.grad_bucket_bytes : 0.0;
+  const std::vector<double> backward_order(a.param_tensors.rbegin(), a.param_tensors.rend());
+  auto RSb = [&](const cluster::AxisLink& k, double b) {
+    return bucketed(cluster::reduce_scatter_time, k, backward_order, b, cap);
+  };
+  auto AGb = [&](const cluster::AxisLink& k, double b) {
+    return bucketed(cluster::all_gather_time, k, a.param_tensors, b, cap);
+  };
   if (level == 1) {
     // Gradients accumulate whole; once per step reduce-scattered (with the last backward), the
     // shard updated, the new parameters all-gathered (exposed: the next forward reads them).
-    rc.step_gather = AG(grp, P);
-    r.upd = rest + update + step_sync(a.grad_sync + RS(grp, G) + across, G) + rc.step_gather;
+    rc.step_gather = AGb(grp, P);
+    r.upd = rest + update + step_sync(a.grad_sync + RSb(grp, G) + across, G) + rc.step_gather;
     r.replica.in_optimizer += rc.step_gather;
   } else if (level == 2) {
     // Every micro-batch's gradients reduce-scattered bucket by bucket during its backward.
-    const double rs = RS(grp, G);
+    const double rs = RSb(grp, G);
     rc.reduce_backward = rs;
     rc.reduce_unit = unit(bucket);
     r.replica.in_backward = exposed_overlap(o, rs, a.bwd, bucket);
     r.bwd = a.bwd + r.replica.in_backward;
     r.comm = a.comm + rs;
-    rc.step_gather = AG(grp, P);
+    rc.step_gather = AGb(grp, P);
     r.upd = rest + update + step_sync(a.grad_sync + across, G / z) + rc.step_gather;
     r.replica.in_optimizer += rc.step_gather;
   } else {
     // Parameters gathered block by block before the forward and again before the backward (the
     // next block prefetched), gradients reduce-scattered as they are made, every micro-batch.
-    const double ag = AG(grp, P), rs = RS(grp, G);
+    // One gather per block with parameters (per tensor without buckets).
+    double ag = 0, sum = 0;
+    for (double x : a.blk_param) sum += x;
+    if (cap > 0 && sum > 0)
+      for (double x : a.blk_param) ag += AG(grp, P * x / sum);
+    else
+      ag = AGb(grp, P);
+    const double rs = RSb(grp, G);
     rc.gather_forward = rc.gather_backward = ag;
     rc.reduce_backward = rs;
     rc.gather_unit = rc.reduce_unit = unit(block);

@@ -89,6 +89,12 @@ struct PipelineStage {
   // Per-block levels (plan::Stage::zero_blocks): per op of the graph the level its update runs at
   // (an update op's level decides its parameter's, gradient's and states' form); empty = `zero`.
   std::vector<int> zero_level;
+  // FSDP units (plan::Plan::num_blocks' layer-grouping blocks, as lower() passes them): per op of
+  // the graph its unit. Under ZeRO-3 the parameters a phase gathers are gathered per run of one
+  // unit's ops, as one bucket, and the next run's bucket is issued before this run's compute
+  // (prefetch depth 1); empty = each op its own unit. Only with grad_bucket_bytes > 0 (0: every
+  // ZeRO collective one per tensor, where the op needs it).
+  std::vector<int> zero_unit;
 };
 
 // How a tensor made in stage from_stage travels to stage to_stage: it leaves in src_spec (on the
@@ -123,7 +129,11 @@ struct PipelineOptions {
   // buckets of at least this many bytes of local tile (the last one smaller), and each bucket is
   // issued right after the last of its gradients is final — inside the last micro-batch's
   // backward — so it overlaps the rest of the backward. 1: a bucket per gradient; 0: no buckets
-  // (each all-reduce where the update needs it).
+  // (each all-reduce where the update needs it). ZeRO's collectives follow it too: ZeRO-1's
+  // once-per-step reduce-scatters are such buckets; ZeRO-2/3's per-micro-batch reduce-scatters are
+  // grouped the same way in each micro-batch's backward; ZeRO-1/2's end-of-step all-gathers of the
+  // new parameters in buckets of this size, each after its last update; ZeRO-3's gathers per unit
+  // (PipelineStage::zero_unit) with the next unit's prefetched. 0: none of these.
   double grad_bucket_bytes = 25e6;
 };
 

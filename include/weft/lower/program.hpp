@@ -96,10 +96,12 @@ struct Instr {
   bool by_share = false;  // Scale: also times the running replica's share of the samples
                           // (uneven data parallelism: the replicas' means weighted by samples)
   int tag = -1;           // Send / Recv: the message (unique in the program)
-  // All-reduce: the gradient bucket it belongs to (-1: none). The all-reduces of one bucket are
-  // adjacent in a list, on one axis and group with one reduce op: a runtime issues them as one
-  // collective over their tiles laid end to end (DDP's flat buckets); an executor may run them one
-  // by one (the same values).
+  // All-reduce / reduce-scatter / all-gather: the bucket it belongs to (-1: none; ids unique in a
+  // list). The collectives of one bucket are adjacent in a list, of one kind, on one axis and group
+  // with one reduce op: a runtime issues them as one collective over their tiles laid end to end
+  // (DDP's flat gradient buckets; FSDP's flat parameter for ZeRO's reduce-scatters and gathers:
+  // chunk r of the flat buffer = every tensor's r-th shard); an executor may run them one by one
+  // (the same values).
   int bucket = -1;
   // Send / Recv: per dim of the tensor, sorted disjoint [begin, end) intervals of global indices,
   // flattened (begin0, end0, begin1, end1, ...); a union of blocks when a spec is strided.

@@ -17,6 +17,10 @@ reads the output buffer (so compute between the two overlaps the communication).
 - a gradient bucket (all-reduces of one ``bucket``, adjacent in the list): one ``all_reduce`` of
   their tiles laid end to end when each is the in-place case (DDP's flat bucket), each output a
   slice of it; else one by one;
+- a ZeRO bucket of reduce-scatters (gradients) or all-gathers (parameters): one
+  ``reduce_scatter_tensor`` / ``all_gather_into_tensor`` over FSDP's flat layout — chunk r of the
+  flat buffer is the concatenation of every tensor's r-th shard (padded as the single collective
+  pads it) —, each output a slice of (or picked from) the result; else one by one;
 - reduce-exchange (the general fallback for a reducing collective whose tiles differ):
   ``all_to_all_single`` of every held term, summed (maxed) by the receiver;
 - send / recv: ``batch_isend_irecv`` of the region's elements to each receiver (non-blocking) and
@@ -121,13 +125,23 @@ class Comm:
 
     def bucket(self, instrs: Sequence[dict], xs: Sequence[torch.Tensor],
                local_shapes: Sequence[Sequence[int]]) -> List[Finish]:
-        """The all-reduces of one gradient bucket as one collective over their tiles laid end to end
-        (each the in-place case, one dtype), the outputs slices of the result; else one by one."""
+        """The collectives of one bucket (one kind, group and reduce op) as one collective: all-reduces
+        over their tiles laid end to end (each the in-place case), reduce-scatters and all-gathers
+        over FSDP's flat layout (``_bucket_reduce_scatter`` / ``_bucket_all_gather``); one dtype; the
+        outputs slices of the result. Otherwise one by one."""
         group = instrs[0]["group"]
-        flat_ok = (len(group) > 1 and len({x.dtype for x in xs}) == 1 and
-                   all(self._prepared(i)[0] == self._all_reduce for i in instrs))
+        kind = instrs[0]["kind"]
+        simple = {"all-reduce": self._all_reduce, "reduce-scatter": self._reduce_scatter,
+                  "all-gather": self._all_gather}.get(kind)
+        flat_ok = (simple is not None and len(group) > 1 and len({x.dtype for x in xs}) == 1 and
+                   all(i["kind"] == kind and i["group"] == group for i in instrs) and
+                   all(self._prepared(i)[0] == simple for i in instrs))
         if not flat_ok:
             return [self.collective(i, x, s) for i, x, s in zip(instrs, xs, local_shapes)]
+        if kind == "reduce-scatter":
+            return self._bucket_reduce_scatter(instrs, xs, local_shapes)
+        if kind == "all-gather":
+            return self._bucket_all_gather(instrs, xs, local_shapes)
         flat = torch.cat([x.reshape(-1) for x in xs])
         work = dist.all_reduce(flat, op=reduce_op(instrs[0]["reduce"]), group=self.groups.of(group), async_op=True)
         self.calls["all-reduce"] = self.calls.get("all-reduce", 0) + 1
@@ -139,6 +153,64 @@ class Comm:
             fins.append(_finisher(work, lambda a=at, n=n, shape=shape: flat[a:a + n].reshape(shape)))
             at += n
         return fins
+
+    def _bucket_reduce_scatter(self, instrs, xs, local_shapes) -> List[Finish]:
+        """One ``reduce_scatter_tensor`` for the bucket: each tensor's input laid out as its single
+        reduce-scatter does ([members, chunk]: row j = its terms of member j's output tile), the
+        rows concatenated across the tensors, so the flat input is rank-major — chunk r = every
+        tensor's r-th shard, as FSDP's flat parameter — and member r receives the concatenation of
+        its output tiles."""
+        group = instrs[0]["group"]
+        k = len(group)
+        rows, sizes = [], []
+        for i, x in zip(instrs, xs):
+            _, maxn, chunks, pad, n_out = self._prepared(i)
+            inp = x.reshape(-1)[chunks]
+            if pad.numel():
+                inp[pad] = -torch.inf if i["reduce"] == "max" else 0
+            rows.append(inp.reshape(k, maxn))
+            sizes.append((maxn, n_out))
+        flat = torch.cat(rows, dim=1).reshape(-1).contiguous()
+        total = sum(m for m, _ in sizes)
+        out = flat.new_empty(total)
+        work = _reduce_scatter_flat(out, flat, op=reduce_op(instrs[0]["reduce"]), group=self.groups.of(group),
+                                    async_op=True)
+        self.calls["reduce-scatter"] = self.calls.get("reduce-scatter", 0) + 1
+        self._count("reduce-scatter", (k - 1) * sum(n for _, n in sizes), flat)
+        fins, at = [], 0
+        for (maxn, n_out), shape in zip(sizes, local_shapes):
+            fins.append(_finisher(work, lambda a=at, n=n_out, shape=shape: out[a:a + n].reshape(shape)))
+            at += maxn
+        return fins
+
+    def _bucket_all_gather(self, instrs, xs, local_shapes) -> List[Finish]:
+        """One ``all_gather_into_tensor`` for the bucket: this rank's padded tiles laid end to end
+        (its shard of the flat parameter); member r's block of the result holds member r's tiles at
+        the same offsets, from which each output tile picks its elements."""
+        group = instrs[0]["group"]
+        pcs = tuple(i["pc"] for i in instrs)
+        prep = self._prep.get(("bucket",) + pcs)
+        if prep is None:
+            offs, at = [], 0
+            for i in instrs:
+                maxn = self._prepared(i)[1]
+                offs.append(at)
+                at += maxn
+            sels = []
+            for i, off in zip(instrs, offs):
+                _, maxn, sel = self._prepared(i)
+                sels.append(torch.div(sel, maxn, rounding_mode="floor") * at + off + sel % maxn)
+            prep = self._prep[("bucket",) + pcs] = (at, offs, sels)
+        total, offs, sels = prep
+        flat = xs[0].new_zeros(total)
+        for x, off in zip(xs, offs):
+            flat[off:off + x.numel()] = x.reshape(-1)
+        gathered = flat.new_empty(total * len(group))
+        work = _all_gather_flat(gathered, flat, group=self.groups.of(group), async_op=True)
+        self.calls["all-gather"] = self.calls.get("all-gather", 0) + 1
+        self._count("all-gather", (len(group) - 1) * sum(x.numel() for x in xs), flat)
+        return [_finisher(work, lambda sel=sel, shape=shape: gathered[sel].reshape(shape))
+                for sel, shape in zip(sels, local_shapes)]
 
     def _prepare(self, ins: dict) -> tuple:
         kind, group, me = ins["kind"], ins["group"], self.rank

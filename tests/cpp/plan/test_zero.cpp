@@ -13,6 +13,7 @@
 #include "weft/core/error.hpp"
 #include "weft/ir/autodiff.hpp"
 #include "weft/models/models.hpp"
+#include "weft/pipeline/grouping.hpp"
 #include "weft/plan/plan.hpp"
 #include "weft/plan/planner.hpp"
 #include "weft/plan/zero.hpp"
@@ -42,6 +43,17 @@ plan::PlanOptions exact_options(int zero) {
   o.recompute = plan::Recompute::None;
   o.memory_fraction = 1.0;
   return o;
+}
+
+// One collective per parameter tensor of g: what the lowering issues without buckets (without
+// overlap the plan records none), by hand from the graph's parameters.
+double per_tensor(double (*f)(const cluster::AxisLink&, double), const cluster::AxisLink& l,
+                  const ir::Graph& g) {
+  double t = 0;
+  for (const auto& info : g.tensors())
+    if (info.role == ir::Role::Parameter && info.producer == ir::kNoOp)
+      t += f(l, static_cast<double>(info.bytes()));
+  return t;
 }
 
 }  // namespace
@@ -109,12 +121,17 @@ TEST_CASE("zero: the planner's stage at each level equals the closed forms and t
   const double ag = cluster::all_gather_time(link, P), rs = cluster::reduce_scatter_time(link, P);
   const double ar = cluster::all_reduce_time(link, P);
   CHECK(ar == doctest::Approx(ag + rs));
+  // ZeRO's collectives as the lowering issues them without buckets: one per parameter tensor (the
+  // same bytes as one collective of P, a latency term per tensor).
+  const double agt = per_tensor(cluster::all_gather_time, link, g),
+               rst = per_tensor(cluster::reduce_scatter_time, link, g);
+  CHECK(agt > ag);
   // ZeRO-3 gathers before the forward and before the backward, reduce-scatters in the backward.
-  CHECK(s3.forward_time - s0.forward_time == doctest::Approx(ag));
-  CHECK(s3.backward_time - s0.backward_time == doctest::Approx(ag + rs));
+  CHECK(s3.forward_time - s0.forward_time == doctest::Approx(agt));
+  CHECK(s3.backward_time - s0.backward_time == doctest::Approx(agt + rst));
   // ZeRO-2 reduce-scatters in the backward; its update all-gathers as ZeRO-1's does.
   CHECK(s2.forward_time == doctest::Approx(s0.forward_time));
-  CHECK(s2.backward_time - s0.backward_time == doctest::Approx(rs));
+  CHECK(s2.backward_time - s0.backward_time == doctest::Approx(rst));
   // Update: DDP = the whole update (as on one device) + all-reduce; ZeRO-3 = the own shard's
   // update alone (its collectives ran in the micro-batches); ZeRO-1 = the shard's update +
   // reduce-scatter + all-gather.
@@ -122,8 +139,8 @@ TEST_CASE("zero: the planner's stage at each level equals the closed forms and t
   const double update = plan::layout_plan(g, c, {{0, 0, {0}, {}}}, 1, o1).stages[0].optimizer_time;
   CHECK(s0.optimizer_time == doctest::Approx(update + ar));
   CHECK(s3.optimizer_time == doctest::Approx(update / n));
-  CHECK(s1.optimizer_time - s3.optimizer_time == doctest::Approx(ar));
-  CHECK(s2.optimizer_time == doctest::Approx(s3.optimizer_time + ag));
+  CHECK(s1.optimizer_time - s3.optimizer_time == doctest::Approx(agt + rst));
+  CHECK(s2.optimizer_time == doctest::Approx(s3.optimizer_time + agt));
   // Working set: one block, gathered, prefetched (none next) and its whole gradients.
   CHECK(s3.transient_memory - s0.transient_memory == doctest::Approx(3 * P * (n - 1.0) / n));
   // Summary and JSON carry the level.
@@ -142,13 +159,25 @@ TEST_CASE(
   const int n = 8, M = 4;
   auto o = exact_options(3);
   o.overlap_grad_sync = true;
-  o.num_blocks = 0;  // several blocks: ZeRO-3 gathers one block ahead of its compute
+  o.num_blocks = 4;  // several blocks: ZeRO-3 gathers one block ahead of its compute
   o.num_microbatches = M;
   const auto p = plan::megatron_plan(g, c, {1, 1, n}, o);
   REQUIRE(p.stages.size() == 1);
   const auto& st = p.stages[0];
   const auto link = cluster::axis_links(c, cluster::DeviceMesh::iota({n}))[0];
-  const double ag = cluster::all_gather_time(link, P), rs = cluster::reduce_scatter_time(link, P);
+  const double rs = cluster::reduce_scatter_time(link, P);  // P < 25 MB: one bucket
+  // ZeRO-3 gathers one block at a time (FSDP's unit, as the lowering does): the bytes of one
+  // gather of P, the latency once per block with parameters (one node: (n − 1)·α each).
+  int blocks = 0;
+  for (const auto& b : pipeline::group_layers(g, p.num_blocks).blocks) {
+    bool reads = false;
+    for (ir::OpId o : b.ops)
+      for (ir::TensorId t : g.op(o).inputs)
+        reads = reads || (g.tensor(t).role == ir::Role::Parameter && g.tensor(t).producer == ir::kNoOp);
+    blocks += reads;
+  }
+  REQUIRE(blocks > 1);
+  const double ag = cluster::all_gather_time(link, P) + (blocks - 1) * (n - 1) * link.intra_alpha;
   // The stage's collectives, by hand: a gather before each forward and backward, a reduce-scatter
   // after each backward; nothing left for the step (one device per replica: no in-mesh sync).
   const sim::ReplicaCollectives& rc = st.replica.collectives;
