@@ -236,14 +236,17 @@ class TrainingRank(RankRuntime):
         # A tensor is updated in place only when the update writes it back into the buffer it came
         # from and no other held buffer shares its storage (a copy instruction aliases its input, a
         # reshape is a view): else the rule gets a copy, and the other holders keep the old value.
+        # (A view's _base is the tensor owning its storage: one attribute read where untyped_storage()
+        # makes a Python object per call.)
         storages: Dict[int, int] = {}
         for v in self.values.values():
-            key = v.untyped_storage().data_ptr()
+            key = id(v if v._base is None else v._base)
             storages[key] = storages.get(key, 0) + 1
 
         def own(b_in: int, b_out: int) -> torch.Tensor:
             v = self.read(b_in)
-            return v if b_in == b_out and storages.get(v.untyped_storage().data_ptr(), 0) == 1 else v.clone()
+            base = v if v._base is None else v._base
+            return v if b_in == b_out and base is v and storages.get(id(v), 0) == 1 else v.clone()
 
         for ins in updates:
             inp, out = ins["inputs"], ins["outputs"]
