@@ -98,24 +98,34 @@ double ring(double (*f)(const cluster::AxisLink&, double), const cluster::AxisLi
 }
 
 // The collectives the lowering issues for `total` bytes of tensors of sizes `sizes` (in the order
-// they are ready; scaled to sum to `total`), grouped greedily into buckets of at least `cap` bytes
-// (cap <= 0: one collective per tensor), as the lowering groups them (lower.md step 5): Σ over the
-// buckets of the collective's time, so its latency term counts the buckets. Without sizes: one.
+// they are ready, or its reverse; scaled to sum to `total`), grouped greedily into buckets of at
+// least `cap` bytes (cap <= 0: one collective per tensor), as the lowering groups them (lower.md
+// step 5): Σ over the buckets of the collective's time, so its latency term counts the buckets.
+// Without sizes: one. A ring collective's time is affine in its bytes (α-β), so the Σ over n
+// buckets is one collective of them all plus n − 1 latency terms (the time of 0 bytes): the
+// buckets are counted, not priced one by one (the planner prices this for every candidate stage).
 double bucketed(double (*f)(const cluster::AxisLink&, double), const cluster::AxisLink& l,
-                const std::vector<double>& sizes, double total, double cap) {
+                const std::vector<double>& sizes, double total, double cap, bool reverse = false) {
+  if (l.size <= 1 || total <= 0) return 0.0;
   double sum = 0;
   for (double x : sizes) sum += x;
-  if (sizes.empty() || sum <= 0) return ring(f, l, total);
+  if (sizes.empty() || sum <= 0) return f(l, total);
   const double k = total / sum;
-  double t = 0, cur = 0;
-  for (double x : sizes) {
+  double cur = 0;
+  int n = 0;
+  auto add = [&](double x) {
     cur += x * k;
     if (cap <= 0 || cur >= cap) {
-      t += ring(f, l, cur);
+      n += cur > 0 ? 1 : 0;
       cur = 0;
     }
-  }
-  return t + ring(f, l, cur);
+  };
+  if (reverse)
+    std::for_each(sizes.rbegin(), sizes.rend(), add);
+  else
+    std::for_each(sizes.begin(), sizes.end(), add);
+  n += cur > 0 ? 1 : 0;
+  return f(l, total) + std::max(0, n - 1) * f(l, 0.0);
 }
 }  // namespace
 
@@ -144,11 +154,16 @@ StageAgg with_replicas(const StageAgg& a, int level, const ReplicaLinks& l, doub
     r.replica.in_optimizer = exposed_grad_sync(o, sync, grads, a.bwd);
     return r.replica.in_optimizer;
   };
+  // The buckets the lowering makes (lower.md step 5): of grad_bucket_bytes, gradients in the order
+  // the backward makes them (the reverse of the parameters'); none (one collective per tensor)
+  // without overlap. Each bucket pays the collective's latency once.
+  const double cap = o.overlap_grad_sync ? o.grad_bucket_bytes : 0.0;
   if (level == 0 || l.replicas == 1) {
     // The in-mesh synchronisation and the all-reduce across every replica (one group of all of
-    // them), bucketed with the last micro-batch's backward.
+    // them) in the gradient buckets, with the last micro-batch's backward.
     WEFT_ASSERT(l.group == l.replicas, "plain data parallelism over a hybrid replica grouping");
-    r.upd = rest + a.upd_compute + step_sync(a.grad_sync + AR(grp, G), G);
+    const double sync = bucketed(cluster::all_reduce_time, grp, a.param_tensors, G, cap, true);
+    r.upd = rest + a.upd_compute + step_sync(a.grad_sync + sync, G);
     r.zero = 0;
     r.zero_group = 1;
     return r;
@@ -170,10 +185,8 @@ StageAgg with_replicas(const StageAgg& a, int level, const ReplicaLinks& l, doub
   // the parameters'), the new parameters' gathers in such buckets in update order, ZeRO-3's
   // gathers one per block (FSDP's unit); no buckets (one per tensor) without overlap. Each bucket
   // pays the collective's latency once.
-  const double cap = o.overlap_grad_sync ? o.grad_bucket_bytes : 0.0;
-  const std::vector<double> backward_order(a.param_tensors.rbegin(), a.param_tensors.rend());
   auto RSb = [&](const cluster::AxisLink& k, double b) {
-    return bucketed(cluster::reduce_scatter_time, k, backward_order, b, cap);
+    return bucketed(cluster::reduce_scatter_time, k, a.param_tensors, b, cap, true);
   };
   auto AGb = [&](const cluster::AxisLink& k, double b) {
     return bucketed(cluster::all_gather_time, k, a.param_tensors, b, cap);

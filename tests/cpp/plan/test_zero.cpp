@@ -124,7 +124,8 @@ TEST_CASE("zero: the planner's stage at each level equals the closed forms and t
   // ZeRO's collectives as the lowering issues them without buckets: one per parameter tensor (the
   // same bytes as one collective of P, a latency term per tensor).
   const double agt = per_tensor(cluster::all_gather_time, link, g),
-               rst = per_tensor(cluster::reduce_scatter_time, link, g);
+               rst = per_tensor(cluster::reduce_scatter_time, link, g),
+               art = per_tensor(cluster::all_reduce_time, link, g);
   CHECK(agt > ag);
   // ZeRO-3 gathers before the forward and before the backward, reduce-scatters in the backward.
   CHECK(s3.forward_time - s0.forward_time == doctest::Approx(agt));
@@ -132,12 +133,14 @@ TEST_CASE("zero: the planner's stage at each level equals the closed forms and t
   // ZeRO-2 reduce-scatters in the backward; its update all-gathers as ZeRO-1's does.
   CHECK(s2.forward_time == doctest::Approx(s0.forward_time));
   CHECK(s2.backward_time - s0.backward_time == doctest::Approx(rst));
-  // Update: DDP = the whole update (as on one device) + all-reduce; ZeRO-3 = the own shard's
+  // Update: DDP = the whole update (as on one device) + the gradients' all-reduces, one per tensor
+  // as the lowering issues them without buckets; ZeRO-3 = the own shard's
   // update alone (its collectives ran in the micro-batches); ZeRO-1 = the shard's update +
   // reduce-scatter + all-gather.
   auto o1 = exact_options(0);
   const double update = plan::layout_plan(g, c, {{0, 0, {0}, {}}}, 1, o1).stages[0].optimizer_time;
-  CHECK(s0.optimizer_time == doctest::Approx(update + ar));
+  CHECK(art > ar);
+  CHECK(s0.optimizer_time == doctest::Approx(update + art));
   CHECK(s3.optimizer_time == doctest::Approx(update / n));
   CHECK(s1.optimizer_time - s3.optimizer_time == doctest::Approx(agt + rst));
   CHECK(s2.optimizer_time == doctest::Approx(s3.optimizer_time + agt));
