@@ -528,6 +528,8 @@ void bind_plan(py::module_& m) {
         out["t"] = ms.t;
         out["params"] = params;
         out["fixed"] = ms.fixed;
+        out["results"] = ms.results;
+        out["boundaries"] = ms.boundaries;
         out["recognised"] = ms.recognised;
         out["summary"] = ms.summary();
         return out;
@@ -535,8 +537,10 @@ void bind_plan(py::module_& m) {
       py::arg("graph"), py::arg("t"),
       "Megatron's tensor-parallel roles of the graph's parameters, recognised from its structure, and "
       "their fixed specs on a 1-D mesh of t devices: {'t', 'params': {name: {'role', 'dim', 'stride', "
-      "'spec', 'note'}}, 'fixed': {tensor: spec} (parameters and their optimizer states), 'recognised', "
-      "'summary'} (weft.megatron_specs).");
+      "'spec', 'note'}}, 'fixed': {tensor: spec} (parameters, their optimizer states, the results below), "
+      "'results': {tensor: spec} (what the split matmuls, the embedding and the activations between a column "
+      "and its row make; the gradients the updates read), 'boundaries': {tensor: spec} (what a block boundary "
+      "carries), 'recognised', 'summary'} (weft.megatron_specs).");
   m.def("model_state_bytes", &model_state_bytes, py::arg("training_graph"));
   py::class_<weft::plan::ZeroMemory>(
       m, "ZeroMemory", "Bytes per device a ZeRO level keeps of a stage's state (weft.zero_memory).")

@@ -14,6 +14,7 @@
 #include "weft/ir/autodiff.hpp"
 #include "weft/pipeline/grouping.hpp"
 #include "weft/sharding/sharding_spec.hpp"
+#include "weft/spmd/strategy.hpp"
 
 namespace weft::plan {
 
@@ -186,6 +187,10 @@ std::string spec_text(const ir::TensorInfo& t, int dim, std::int64_t stride, int
   if (dim < 0 || tp <= 1) return "R";
   const auto s = sharding::ShardingSpec::try_make(t.shape, {tp}, {sharding::Placement::shard(dim, stride)});
   return s ? s->to_string() : std::string();
+}
+
+std::string partial_text(const ir::TensorInfo& t, int tp) {
+  return sharding::ShardingSpec(t.shape, {tp}, {sharding::Placement::partial()}).to_string();
 }
 
 }  // namespace
@@ -391,8 +396,131 @@ MegatronSpecs megatron_specs(const ir::Graph& g, int t) {
     out.params.emplace(info.name, std::move(p));
   }
 
-  // 5. The fixed specs: the parameters and the optimizer states kept beside them (an update op's
-  //    state leaves of the parameter's shape).
+  // 5. The results of the split matmuls and of the vocabulary-parallel embedding.
+  if (t > 1) {
+    for (int i = 0; i < n; ++i) {
+      const auto& w = mms[static_cast<std::size_t>(i)];
+      const auto& p = out.params.at(g.tensor(w.weight).name);
+      if (p.dim < 0 || w.result_dim < 0) continue;
+      const auto& y = g.tensor(w.y);
+      std::string spec;
+      if (p.dim == w.in_dim)
+        spec = partial_text(y, t);  // row-parallel: partial sums
+      else if (p.dim == w.out_dim)
+        spec = spec_text(y, w.result_dim, p.stride, t);  // column-parallel or the LM head
+      if (!spec.empty()) out.results.emplace(y.name, spec);
+    }
+    for (OpId o = 0; o < static_cast<OpId>(g.ops().size()); ++o) {
+      const auto& op = g.op(o);
+      if (an.phase[static_cast<std::size_t>(o)] != pipeline::OpPhase::Forward ||
+          op.kind != ir::OpKind::Embedding || op.inputs[0] != table || out.params.at(g.tensor(table).name).dim != 0)
+        continue;
+      out.results.emplace(g.tensor(op.outputs[0]).name, partial_text(g.tensor(op.outputs[0]), t));
+    }
+  }
+
+  // 6. The activations between a split column and its row: the column's split carried forward op
+  //    by op (an op reading split operands takes its first strategy that reads them as they are,
+  //    its parameters at their specs and anything else replicated), then their gradients.
+  if (t > 1) {
+    std::vector<char> inside(tensors.size(), 0);
+    for (std::size_t x = 0; x < tensors.size(); ++x)
+      for (int u : open[x])
+        if (status[static_cast<std::size_t>(u)] == Status::Column && split[static_cast<std::size_t>(u)]) inside[x] = 1;
+    const std::vector<std::int64_t> mesh{t};
+    std::map<TensorId, sharding::ShardingSpec> known;
+    for (int i = 0; i < n; ++i) {
+      const auto& w = mms[static_cast<std::size_t>(i)];
+      auto it = out.results.find(g.tensor(w.y).name);
+      if (status[static_cast<std::size_t>(i)] == Status::Column && it != out.results.end())
+        known.emplace(w.y, sharding::ShardingSpec::parse(it->second, g.tensor(w.y).shape, mesh));
+    }
+    auto wanted = [&](TensorId in) -> std::optional<sharding::ShardingSpec> {
+      if (auto k = known.find(in); k != known.end()) return k->second;
+      const auto& info = g.tensor(in);
+      if (is_param_leaf(info))
+        return sharding::ShardingSpec::parse(out.params.at(info.name).spec, info.shape, mesh);
+      return sharding::ShardingSpec::replicated(info.shape, mesh);
+    };
+    for (OpId o : g.topo_order()) {
+      const auto& op = g.op(o);
+      if (an.phase[static_cast<std::size_t>(o)] != pipeline::OpPhase::Forward || weight_matmul(g, o)) continue;
+      bool reads_split = false, makes_inside = false;
+      for (TensorId in : op.inputs) reads_split = reads_split || known.count(in);
+      for (TensorId r : op.outputs) makes_inside = makes_inside || inside[static_cast<std::size_t>(r)];
+      if (!reads_split || !makes_inside) continue;
+      std::vector<sharding::ShardingSpec> want;
+      for (TensorId in : op.inputs) want.push_back(*wanted(in));
+      auto matches = [&](const spmd::OpStrategy& st) {
+        for (std::size_t i = 0; i < want.size(); ++i)
+          if (!(st.inputs[i] == want[i])) return false;
+        return true;
+      };
+      std::optional<spmd::OpStrategy> pick;
+      for (const auto& st : spmd::enumerate_strategies(g, op, mesh)) {
+        if (matches(st)) {
+          pick = st;
+          break;
+        }
+        // a strided operand (a fused projection's parts): the same split with its inner stride
+        for (std::size_t i = 0; i < want.size() && !pick; ++i)
+          if (!want[i].is_block())
+            if (auto v = spmd::restride_to(g, op, mesh, st, false, static_cast<int>(i), want[i]); v && matches(*v))
+              pick = v;
+        if (pick) break;
+      }
+      if (!pick) continue;  // the split stops here: the search decides the rest
+      for (std::size_t k = 0; k < op.outputs.size(); ++k) {
+        const auto& spec = pick->outputs[k];
+        if (!inside[static_cast<std::size_t>(op.outputs[k])] || spec.has_partial() || spec.is_replicated()) continue;
+        known.emplace(op.outputs[k], spec);
+      }
+    }
+    for (const auto& [x, spec] : known) out.results.emplace(tensors[static_cast<std::size_t>(x)].name, spec.to_string());
+    // The boundaries: split (not partial) results, their gradients, split parameters' gradients.
+    std::map<TensorId, std::string> split_at;
+    for (TensorId x = 0; x < static_cast<TensorId>(tensors.size()); ++x) {
+      const auto& info = tensors[static_cast<std::size_t>(x)];
+      if (auto it = out.results.find(info.name); it != out.results.end() && it->second.find("P(") == std::string::npos)
+        split_at.emplace(x, it->second);
+      else if (is_param_leaf(info) && out.params.at(info.name).dim >= 0)
+        split_at.emplace(x, out.params.at(info.name).spec);
+    }
+    for (TensorId x = 0; x < static_cast<TensorId>(tensors.size()); ++x) {
+      const auto& info = tensors[static_cast<std::size_t>(x)];
+      auto it = split_at.find(x);
+      if (it != split_at.end() && !is_param_leaf(info)) {
+        out.boundaries.emplace(info.name, it->second);
+        continue;
+      }
+      const auto of = g.grad_of(x);
+      if (!of || info.producer == ir::kNoOp || info.role != ir::Role::Gradient ||
+          info.shape != tensors[static_cast<std::size_t>(*of)].shape)
+        continue;
+      if (auto jt = split_at.find(*of); jt != split_at.end()) out.boundaries.emplace(info.name, jt->second);
+    }
+    // A gradient summed from contributions (a tied embedding's, an activation read twice): its
+    // terms carry its split too.
+    const auto order = g.topo_order();
+    for (auto it = order.rbegin(); it != order.rend(); ++it) {
+      const auto& op = g.op(*it);
+      if (an.phase[static_cast<std::size_t>(*it)] != pipeline::OpPhase::Backward ||
+          op.kind != ir::OpKind::Binary || op.attrs.binary != ir::BinaryFn::Add || op.outputs.size() != 1)
+        continue;
+      auto b = out.boundaries.find(g.tensor(op.outputs[0]).name);
+      if (b == out.boundaries.end()) continue;
+      const std::string spec = b->second;
+      for (TensorId in : op.inputs) {
+        const auto& info = g.tensor(in);
+        if (info.role == ir::Role::Gradient && info.producer != ir::kNoOp &&
+            info.shape == g.tensor(op.outputs[0]).shape)
+          out.boundaries.emplace(info.name, spec);
+      }
+    }
+  }
+
+  // 7. The fixed specs: the parameters, the optimizer states kept beside them (an update op's state
+  //    leaves of the parameter's shape), the gradients the updates read, the results above.
   for (const auto& [name, p] : out.params) out.fixed.emplace(name, p.spec);
   for (const auto& op : g.ops()) {
     if (op.kind != ir::OpKind::AdamUpdate && op.kind != ir::OpKind::SgdUpdate) continue;
@@ -403,7 +531,11 @@ MegatronSpecs megatron_specs(const ir::Graph& g, int t) {
       const auto& s = g.tensor(op.inputs[i]);
       if (ir::is_state_leaf(s) && s.shape == param.shape) out.fixed.emplace(s.name, it->second.spec);
     }
+    const auto& grad = g.tensor(op.inputs[1]);
+    if (t > 1 && it->second.dim >= 0 && grad.producer != ir::kNoOp && grad.shape == param.shape)
+      out.results.emplace(grad.name, it->second.spec);
   }
+  for (const auto& [name, spec] : out.results) out.fixed.emplace(name, spec);
   return out;
 }
 

@@ -171,15 +171,25 @@ BlockCost Context::search_block(int b, const AtBatch& ab, const MeshOption& m, i
     // blocks resharded to it inside the block (so consecutive blocks agree and pass tensors
     // without resharding between them).
     const bool two_d = m.mesh.ndim() == 2;
-    auto canonical = [&](const ir::TensorInfo& t) -> std::string {
-      if (forced_dp > 1 && t.shape[0] % forced_dp == 0) return two_d ? "S(0) R" : "S(0)";
+    // Under Megatron's layout a boundary tensor it splits (inside the attention or the MLP, the
+    // logits, a tied embedding's gradient contribution) has that split, not the replicated one.
+    const std::map<std::string, std::string>* between =
+        forced_dp == kMegatronTp ? &megatron.at(static_cast<int>(m.mesh.size())).boundaries : nullptr;
+    auto canonical_at = [&](ir::TensorId t) -> std::string {
+      const auto& info = bg.tensor(t);
+      if (between) {
+        auto it = between->find(g_.tensor(sg.original_tensor[static_cast<std::size_t>(t)]).name);
+        if (it != between->end()) return it->second;
+      }
+      if (forced_dp > 1 && info.shape[0] % forced_dp == 0) return two_d ? "S(0) R" : "S(0)";
       return two_d ? "R R" : "R";
     };
     for (const auto& t : bg.tensors()) {
       if (t.producer != ir::kNoOp || is_state_leaf(t) || t.rank() < 1 || so.fixed_specs.count(t.name)) continue;
       if (t.role == ir::Role::Constant || t.role == ir::Role::Buffer) continue;
-      if (bg.consumers(bg.find_tensor(t.name).value()).empty()) continue;
-      so.fixed_specs[t.name] = canonical(t);
+      const ir::TensorId id = bg.find_tensor(t.name).value();
+      if (bg.consumers(id).empty()) continue;
+      so.fixed_specs[t.name] = canonical_at(id);
     }
     for (ir::TensorId t : bg.outputs()) {
       const auto& info = bg.tensor(t);
@@ -188,7 +198,7 @@ BlockCost Context::search_block(int b, const AtBatch& ab, const MeshOption& m, i
       bool read_elsewhere = false;
       for (ir::OpId c : g_.consumers(orig))
         read_elsewhere = read_elsewhere || (grouping.block_of_op[c] >= 0 && grouping.block_of_op[c] != b);
-      if (read_elsewhere) so.output_specs[info.name] = canonical(info);
+      if (read_elsewhere) so.output_specs[info.name] = canonical_at(t);
     }
   }
   try {
@@ -324,7 +334,10 @@ std::map<std::string, std::string> Context::megatron_fixed(const pipeline::Stage
   const auto readers = bg.consumer_index();
   for (ir::TensorId t = 0; t < static_cast<ir::TensorId>(bg.tensors().size()); ++t) {
     const auto& info = bg.tensor(t);
-    if (info.producer != ir::kNoOp || readers[static_cast<std::size_t>(t)].empty()) continue;
+    // A leaf: a parameter or optimizer state the block reads (its boundary activations keep the
+    // replicated boundary); a result: one the block makes.
+    const bool leaf = info.producer == ir::kNoOp;
+    if (leaf && (!is_state_leaf(info) || readers[static_cast<std::size_t>(t)].empty())) continue;
     // By the tensor of the training graph (a block graph's leaf may stand for another tensor).
     auto it = ms.fixed.find(g_.tensor(sg.original_tensor[static_cast<std::size_t>(t)]).name);
     if (it != ms.fixed.end()) out.emplace(info.name, it->second);

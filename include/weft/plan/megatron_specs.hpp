@@ -56,10 +56,24 @@ struct MegatronParam {
 struct MegatronSpecs {
   int t = 1;
   std::map<std::string, MegatronParam> params;  // every Parameter leaf, by name
-  // The fixed specs of a search (spmd::SearchOptions::fixed_specs): every parameter at its spec
-  // and the optimizer states an update op keeps beside it (master copy, moments) at the same one,
-  // so that the states and the loop-carried updates follow the parameter's layout.
+  // The results Megatron's layout determines, by tensor name, spec on t devices: a split weight
+  // matmul's result (column: split as its output features; row: the partial sums its all-reduce
+  // resolves, "P(sum)"; LM head: split along the vocabulary), the vocabulary-parallel embedding's
+  // result (partial sums), and the gradient an update reads for a split parameter (its spec).
+  std::map<std::string, std::string> results;
+  // The fixed specs of a search (spmd::SearchOptions::fixed_specs): every parameter at its spec,
+  // the optimizer states an update op keeps beside it (master copy, moments) at the same one, so
+  // that the states and the loop-carried updates follow the parameter's layout, and `results`, so
+  // that the ops run Megatron's strategies (no weight gathered for a batch-split op instead).
   std::map<std::string, std::string> fixed;
+  // The activations between a split column-parallel matmul and its row-parallel one (attention's
+  // heads, the MLP's hidden features) get the spec Megatron's layout gives them — the column's
+  // split carried op by op through the index maps (the first strategy of each op that reads the
+  // split operands as they are and everything else replicated) — in `results`.
+  // boundaries: the spec a planner block boundary carries for a tensor Megatron's layout splits
+  // (by name): the split results above, their gradients, and a split parameter's gradient
+  // contributions (a tied embedding's two), instead of the replicated one of the residual stream.
+  std::map<std::string, std::string> boundaries;
   // Some parameter is split by a Megatron role (column, row or vocabulary). False: nothing
   // GPT-like was found (a conv net), and megatron_plan keeps the free search, saying so.
   bool recognised = false;
