@@ -80,6 +80,35 @@ def test_zoo_gpt_megatron_plan_carries_the_specs_and_equals_one_device(cluster):
         assert_same(weft.execute(plan, step, cluster), ref, 1e-10)
 
 
+def reduced_partials(prog):
+    """{tensor: collective kind} of rank 0's collectives that resolve partial sums, and the leaves
+    (parameters, optimizer states) any collective of rank 0 moves."""
+    reduced, moved = {}, set()
+    for i in prog.instructions(0):
+        if i["kind"] in ("all-reduce", "reduce-scatter", "all-gather", "all-to-all"):
+            name, spec = i["inputs"][0].split("@", 1)
+            if spec.startswith("P("):
+                reduced[name] = i["kind"]
+            moved.add(name)
+    return reduced, moved
+
+
+def test_zoo_gpt_megatron_program_communicates_as_megatron(cluster):
+    """Megatron's collectives and no other: per layer one reduction of partial sums after the
+    attention and one after the MLP (forward), one per column-parallel input gradient (backward);
+    the vocabulary-parallel embedding's and the LM head's input gradient; no weight moves."""
+    step = zoo_step()
+    plan = weft.megatron_plan(step, cluster, t=4, p=1, d=1, num_microbatches=1)
+    reduced, moved = reduced_partials(weft.lower(plan, step, cluster))
+    want = {"embed.tokens", "d:logits/in0"}
+    for l in range(2):
+        want |= {f"h{l}.attn.proj.matmul", f"h{l}.mlp.fc2.matmul",  # row-parallel outputs
+                 f"d:h{l}.attn.qkv.matmul/in0", f"d:h{l}.mlp.fc1.matmul/in0"}  # column-parallel dX
+    assert set(reduced) == want
+    leaves = {t["name"] for t in step.tensors if t["producer"] is None and t["role"] in ("parameter", "optimizer_state")}
+    assert not moved & leaves, moved & leaves
+
+
 torch = pytest.importorskip("torch")
 from test_frontend_torch import Gpt, LlamaBlock, gpt_inputs, mse  # noqa: E402
 
@@ -142,6 +171,12 @@ def test_imported_gpt_megatron_plan_carries_the_specs_and_equals_one_device(clus
         plan = weft.megatron_plan(step, cluster, t=t, p=p, d=d, num_microbatches=2)
         assert stage_specs(plan) == want
         assert_same(weft.execute(plan, step, cluster), ref, 1e-10)
+    # Megatron's collectives, as on the zoo GPT: 2 forward + 2 backward reductions per layer, the
+    # embedding's and the LM head's input gradient; no weight moves.
+    plan = weft.megatron_plan(step, cluster, t=4, p=1, d=1, num_microbatches=1)
+    reduced, moved = reduced_partials(weft.lower(plan, step, cluster))
+    assert len(reduced) == 2 + 4 * 2, reduced
+    assert not moved & {t["name"] for t in step.tensors if t["producer"] is None and t["role"] == "parameter"}
 
 
 def test_a_conv_net_plans_freely_and_says_so(cluster):
