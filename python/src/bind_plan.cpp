@@ -539,8 +539,8 @@ void bind_plan(py::module_& m) {
       "their fixed specs on a 1-D mesh of t devices: {'t', 'params': {name: {'role', 'dim', 'stride', "
       "'spec', 'note'}}, 'fixed': {tensor: spec} (parameters, their optimizer states, the results below), "
       "'results': {tensor: spec} (what the split matmuls, the embedding and the activations between a column "
-      "and its row make; the gradients the updates read), 'boundaries': {tensor: spec} (what a block boundary "
-      "carries), 'recognised', 'summary'} (weft.megatron_specs).");
+      "and its row make; the gradients the updates read), 'boundaries': {tensor: spec} (what a block "
+      "boundary carries), 'recognised', 'summary'} (weft.megatron_specs).");
   m.def("model_state_bytes", &model_state_bytes, py::arg("training_graph"));
   py::class_<weft::plan::ZeroMemory>(
       m, "ZeroMemory", "Bytes per device a ZeRO level keeps of a stage's state (weft.zero_memory).")

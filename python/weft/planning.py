@@ -245,9 +245,13 @@ def megatron_specs(model_graph, t: int, *, detail: bool = False):
     table, tied LM head included), ``"vocab_head"`` / ``"vocab_head_bias"`` (an untied LM head),
     ``"replicated"`` (norms, position embeddings, the rest). ``detail=True``: the whole answer, a
     dict with per parameter its role, split dim, stride, spec and a note (why a split stays
-    replicated), the fixed specs of the search (optimizer states included), ``recognised`` (False
-    for a graph with none of the roles, e.g. a conv net: :func:`megatron_plan` then searches freely
-    and says so in ``Plan.strategy``) and a one-line ``summary``."""
+    replicated), ``results`` (the specs of what the split matmuls, the vocabulary-parallel embedding
+    and the activations between a column and its row make, "P(sum)" for partial sums, and of the
+    gradients the updates read), ``boundaries`` (the spec a planner block boundary carries where
+    Megatron splits a tensor), ``fixed`` (everything the block searches are given: parameters,
+    optimizer states, results), ``recognised`` (False for a graph with none of the roles, e.g. a
+    conv net: :func:`megatron_plan` then searches freely and says so in ``Plan.strategy``) and a
+    one-line ``summary``."""
     if isinstance(t, bool) or not isinstance(t, int):
         raise TypeError(f"megatron_specs: t must be an int, got {type(t).__name__}")
     if not isinstance(model_graph, _weft.Graph):

@@ -70,7 +70,8 @@ Built megatron_build(Context& ctx, const MegatronLayout& lay, int M) {
   // Megatron's column / row / vocabulary splits as fixed specs (megatron_specs.hpp); a graph with
   // none of its roles (a conv net) keeps the free search of its t-device stages, and says so.
   const int mode = ctx.megatron_mode(lay.t);
-  if (lay.t > 1 && mode != kMegatronTp) b.plan.strategy += " (no Megatron roles recognised: free tensor-parallel search)";
+  if (lay.t > 1 && mode != kMegatronTp)
+    b.plan.strategy += " (no Megatron roles recognised: free tensor-parallel search)";
   WEFT_CHECK(lay.t >= 1 && lay.p >= 1 && lay.d >= 1 && lay.t * lay.p * lay.d == N,
              "megatron layout {}: t·p·d must equal the {} devices", lay.to_string(), N);
   if (lay.p > ctx.L()) {

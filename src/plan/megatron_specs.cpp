@@ -23,7 +23,9 @@ namespace {
 using ir::OpId;
 using ir::TensorId;
 
-bool is_param_leaf(const ir::TensorInfo& t) { return t.role == ir::Role::Parameter && t.producer == ir::kNoOp; }
+bool is_param_leaf(const ir::TensorInfo& t) {
+  return t.role == ir::Role::Parameter && t.producer == ir::kNoOp;
+}
 bool is_leaf(const ir::TensorInfo& t) { return t.producer == ir::kNoOp; }
 
 // A forward einsum reading a 2-D Parameter leaf (the weight) and an activation: the weight's dim
@@ -106,7 +108,8 @@ struct Analysis {
     if (result_dim < 0 || result_dim != g.tensor(y).rank() - 1) return std::nullopt;
     for (OpId c : forward_readers(y)) {
       const auto& op = g.op(c);
-      if (op.kind != ir::OpKind::Binary || op.attrs.binary != ir::BinaryFn::Add || op.inputs.size() != 2) continue;
+      if (op.kind != ir::OpKind::Binary || op.attrs.binary != ir::BinaryFn::Add || op.inputs.size() != 2)
+        continue;
       const TensorId other = op.inputs[0] == y ? op.inputs[1] : op.inputs[0];
       const auto& b = g.tensor(other);
       if (is_param_leaf(b) && b.rank() == 1 && b.shape[0] == n) return std::make_pair(c, other);
@@ -131,7 +134,8 @@ struct Analysis {
         if (static_cast<int>(s.size()) <= r || !std::equal(s.begin(), s.begin() + (r - 1), yi.shape.begin()))
           continue;
         const std::int64_t k = s[static_cast<std::size_t>(r - 1)];
-        const std::int64_t rest = std::accumulate(s.begin() + r, s.end(), std::int64_t{1}, std::multiplies<>());
+        const std::int64_t rest =
+            std::accumulate(s.begin() + r, s.end(), std::int64_t{1}, std::multiplies<>());
         if (k < 2 || k * rest != F) continue;
         for (OpId sc : forward_readers(op.outputs[0]))
           if (g.op(sc).kind == ir::OpKind::Slice && !g.op(sc).attrs.axes.empty() &&
@@ -147,7 +151,8 @@ struct Analysis {
     const std::int64_t c = slices[0].second - slices[0].first;
     if (c <= 0 || F % c != 0 || static_cast<std::int64_t>(slices.size()) != F / c) return 1;
     for (std::size_t i = 0; i < slices.size(); ++i)
-      if (slices[i].first != static_cast<std::int64_t>(i) * c || slices[i].second != slices[i].first + c) return 1;
+      if (slices[i].first != static_cast<std::int64_t>(i) * c || slices[i].second != slices[i].first + c)
+        return 1;
     return F / c;
   }
   // The LM head: y reaches the loss's logits through shape-only ops (reshapes keeping the last
@@ -165,13 +170,12 @@ struct Analysis {
       if (op.outputs.size() != 1) return false;
       bool shape_only = false;
       switch (op.kind) {
-        case ir::OpKind::Reshape:
-          shape_only = g.tensor(op.outputs[0]).shape.back() == w.out_size;
-          break;
+        case ir::OpKind::Reshape: shape_only = g.tensor(op.outputs[0]).shape.back() == w.out_size; break;
         case ir::OpKind::Unary:
         case ir::OpKind::Dropout: shape_only = true; break;
         case ir::OpKind::Binary:
-          shape_only = op.inputs.size() == 2 && is_leaf(g.tensor(op.inputs[0] == t ? op.inputs[1] : op.inputs[0])) &&
+          shape_only = op.inputs.size() == 2 &&
+                       is_leaf(g.tensor(op.inputs[0] == t ? op.inputs[1] : op.inputs[0])) &&
                        g.tensor(op.outputs[0]).shape == g.tensor(t).shape;
           break;
         default: break;
@@ -218,14 +222,15 @@ int MegatronSpecs::count(MegatronRole r) const {
 std::string MegatronSpecs::summary() const {
   if (!recognised) return fmt::format("no Megatron roles recognised ({} parameters)", params.size());
   std::vector<std::string> parts;
-  for (MegatronRole r : {MegatronRole::Column, MegatronRole::ColumnBias, MegatronRole::Row, MegatronRole::RowBias,
-                         MegatronRole::VocabEmbedding, MegatronRole::VocabHead, MegatronRole::VocabHeadBias,
-                         MegatronRole::Replicated})
+  for (MegatronRole r : {MegatronRole::Column, MegatronRole::ColumnBias, MegatronRole::Row,
+                         MegatronRole::RowBias, MegatronRole::VocabEmbedding, MegatronRole::VocabHead,
+                         MegatronRole::VocabHeadBias, MegatronRole::Replicated})
     if (const int n = count(r)) parts.push_back(fmt::format("{} {}", n, megatron_role_name(r)));
   int kept = 0;
   for (const auto& [name, p] : params) kept += p.note.empty() ? 0 : 1;
-  return fmt::format("Megatron roles (t={}): {}{}", t, fmt::join(parts, ", "),
-                     kept ? fmt::format("; {} kept replicated (t does not divide them)", kept) : std::string());
+  return fmt::format(
+      "Megatron roles (t={}): {}{}", t, fmt::join(parts, ", "),
+      kept ? fmt::format("; {} kept replicated (t does not divide them)", kept) : std::string());
 }
 
 MegatronSpecs megatron_specs(const ir::Graph& g, int t) {
@@ -292,7 +297,8 @@ MegatronSpecs megatron_specs(const ir::Graph& g, int t) {
         if (!split[static_cast<std::size_t>(u)]) split[static_cast<std::size_t>(i)] = 0, changed = true;
     }
     for (int i = 0; i < n; ++i) {
-      if (status[static_cast<std::size_t>(i)] != Status::Column || !split[static_cast<std::size_t>(i)]) continue;
+      if (status[static_cast<std::size_t>(i)] != Status::Column || !split[static_cast<std::size_t>(i)])
+        continue;
       bool partner = false;
       for (int r = 0; r < n; ++r)
         if (status[static_cast<std::size_t>(r)] == Status::Row && split[static_cast<std::size_t>(r)]) {
@@ -319,7 +325,8 @@ MegatronSpecs megatron_specs(const ir::Graph& g, int t) {
   TensorId table = -1;
   for (OpId o = 0; o < static_cast<OpId>(g.ops().size()); ++o) {
     const auto& op = g.op(o);
-    if (an.phase[static_cast<std::size_t>(o)] != pipeline::OpPhase::Forward || op.kind != ir::OpKind::Embedding)
+    if (an.phase[static_cast<std::size_t>(o)] != pipeline::OpPhase::Forward ||
+        op.kind != ir::OpKind::Embedding)
       continue;
     const auto& tb = g.tensor(op.inputs[0]);
     if (is_param_leaf(tb) && tb.rank() == 2 && (table < 0 || tb.shape[0] > g.tensor(table).shape[0]))
@@ -369,7 +376,8 @@ MegatronSpecs megatron_specs(const ir::Graph& g, int t) {
       const Proposal& first = ps.front();
       p.role = first.role;
       bool agree = true;
-      for (const auto& q : ps) agree = agree && q.dim == first.dim && q.stride == first.stride && q.ok == first.ok;
+      for (const auto& q : ps)
+        agree = agree && q.dim == first.dim && q.stride == first.stride && q.ok == first.ok;
       // A tied embedding read as the LM head too: the embedding's role names it.
       for (const auto& q : ps)
         if (q.role == MegatronRole::VocabEmbedding) p.role = q.role;
@@ -413,7 +421,8 @@ MegatronSpecs megatron_specs(const ir::Graph& g, int t) {
     for (OpId o = 0; o < static_cast<OpId>(g.ops().size()); ++o) {
       const auto& op = g.op(o);
       if (an.phase[static_cast<std::size_t>(o)] != pipeline::OpPhase::Forward ||
-          op.kind != ir::OpKind::Embedding || op.inputs[0] != table || out.params.at(g.tensor(table).name).dim != 0)
+          op.kind != ir::OpKind::Embedding || op.inputs[0] != table ||
+          out.params.at(g.tensor(table).name).dim != 0)
         continue;
       out.results.emplace(g.tensor(op.outputs[0]).name, partial_text(g.tensor(op.outputs[0]), t));
     }
@@ -426,7 +435,8 @@ MegatronSpecs megatron_specs(const ir::Graph& g, int t) {
     std::vector<char> inside(tensors.size(), 0);
     for (std::size_t x = 0; x < tensors.size(); ++x)
       for (int u : open[x])
-        if (status[static_cast<std::size_t>(u)] == Status::Column && split[static_cast<std::size_t>(u)]) inside[x] = 1;
+        if (status[static_cast<std::size_t>(u)] == Status::Column && split[static_cast<std::size_t>(u)])
+          inside[x] = 1;
     const std::vector<std::int64_t> mesh{t};
     std::map<TensorId, sharding::ShardingSpec> known;
     for (int i = 0; i < n; ++i) {
@@ -444,7 +454,8 @@ MegatronSpecs megatron_specs(const ir::Graph& g, int t) {
     };
     for (OpId o : g.topo_order()) {
       const auto& op = g.op(o);
-      if (an.phase[static_cast<std::size_t>(o)] != pipeline::OpPhase::Forward || weight_matmul(g, o)) continue;
+      if (an.phase[static_cast<std::size_t>(o)] != pipeline::OpPhase::Forward || weight_matmul(g, o))
+        continue;
       bool reads_split = false, makes_inside = false;
       for (TensorId in : op.inputs) reads_split = reads_split || known.count(in);
       for (TensorId r : op.outputs) makes_inside = makes_inside || inside[static_cast<std::size_t>(r)];
@@ -465,23 +476,27 @@ MegatronSpecs megatron_specs(const ir::Graph& g, int t) {
         // a strided operand (a fused projection's parts): the same split with its inner stride
         for (std::size_t i = 0; i < want.size() && !pick; ++i)
           if (!want[i].is_block())
-            if (auto v = spmd::restride_to(g, op, mesh, st, false, static_cast<int>(i), want[i]); v && matches(*v))
+            if (auto v = spmd::restride_to(g, op, mesh, st, false, static_cast<int>(i), want[i]);
+                v && matches(*v))
               pick = v;
         if (pick) break;
       }
       if (!pick) continue;  // the split stops here: the search decides the rest
       for (std::size_t k = 0; k < op.outputs.size(); ++k) {
         const auto& spec = pick->outputs[k];
-        if (!inside[static_cast<std::size_t>(op.outputs[k])] || spec.has_partial() || spec.is_replicated()) continue;
+        if (!inside[static_cast<std::size_t>(op.outputs[k])] || spec.has_partial() || spec.is_replicated())
+          continue;
         known.emplace(op.outputs[k], spec);
       }
     }
-    for (const auto& [x, spec] : known) out.results.emplace(tensors[static_cast<std::size_t>(x)].name, spec.to_string());
+    for (const auto& [x, spec] : known)
+      out.results.emplace(tensors[static_cast<std::size_t>(x)].name, spec.to_string());
     // The boundaries: split (not partial) results, their gradients, split parameters' gradients.
     std::map<TensorId, std::string> split_at;
     for (TensorId x = 0; x < static_cast<TensorId>(tensors.size()); ++x) {
       const auto& info = tensors[static_cast<std::size_t>(x)];
-      if (auto it = out.results.find(info.name); it != out.results.end() && it->second.find("P(") == std::string::npos)
+      if (auto it = out.results.find(info.name);
+          it != out.results.end() && it->second.find("P(") == std::string::npos)
         split_at.emplace(x, it->second);
       else if (is_param_leaf(info) && out.params.at(info.name).dim >= 0)
         split_at.emplace(x, out.params.at(info.name).spec);

@@ -163,7 +163,8 @@ BlockCost Context::search_block(int b, const AtBatch& ab, const MeshOption& m, i
     // carry that split to the matmul and through the reshape to the heads).
     so.fixed_specs = megatron_fixed(sg, m);
     for (const auto& [name, text] : so.fixed_specs)
-      if (!sharding::ShardingSpec::parse(text, bg.tensor(*bg.find_tensor(name)).shape, m.mesh.shape()).is_block())
+      if (!sharding::ShardingSpec::parse(text, bg.tensor(*bg.find_tensor(name)).shape, m.mesh.shape())
+               .is_block())
         so.strided_candidates = true;
   }
   if (forced_dp > 0 || forced_dp == kMegatronTp) {
@@ -185,7 +186,8 @@ BlockCost Context::search_block(int b, const AtBatch& ab, const MeshOption& m, i
       return two_d ? "R R" : "R";
     };
     for (const auto& t : bg.tensors()) {
-      if (t.producer != ir::kNoOp || is_state_leaf(t) || t.rank() < 1 || so.fixed_specs.count(t.name)) continue;
+      if (t.producer != ir::kNoOp || is_state_leaf(t) || t.rank() < 1 || so.fixed_specs.count(t.name))
+        continue;
       if (t.role == ir::Role::Constant || t.role == ir::Role::Buffer) continue;
       const ir::TensorId id = bg.find_tensor(t.name).value();
       if (bg.consumers(id).empty()) continue;
@@ -420,14 +422,9 @@ double Context::crossing_time(const Crossing& x, std::int64_t bs, const MeshOpti
   const auto ip = pg.find_tensor(name), ic = cg.find_tensor(name);
   WEFT_ASSERT(ip && ic, "a tensor crossing blocks is missing from their graphs");
   // Keyed by structure (identical layers share it): blocks, tensor slots, mesh, variant.
-  const std::vector<std::int64_t> key{bs,
-                                      m.key,
-                                      variant,
-                                      forced_dp,
-                                      block_key(ab, bp, m, forced_dp),
-                                      block_key(ab, bc, m, forced_dp),
-                                      *ip,
-                                      *ic};
+  const std::vector<std::int64_t> key{
+      bs,  m.key, variant, forced_dp, block_key(ab, bp, m, forced_dp), block_key(ab, bc, m, forced_dp),
+      *ip, *ic};
   auto it = crossing_cost.find(key);
   if (it != crossing_cost.end()) return it->second;
   const auto& info = pg.tensor(*ip);

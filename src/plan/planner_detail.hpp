@@ -289,7 +289,8 @@ class Context {
   // roles and t > 1, else replicated boundaries with a free search (1).
   int megatron_mode(int t) { return t > 1 && megatron_for(t).recognised ? kMegatronTp : 1; }
   // The fixed specs of block b's graph (its tensors' names) under kMegatronTp on m.
-  std::map<std::string, std::string> megatron_fixed(const pipeline::StageGraph& sg, const MeshOption& m) const;
+  std::map<std::string, std::string> megatron_fixed(const pipeline::StageGraph& sg,
+                                                    const MeshOption& m) const;
   // The structure part of the block-cost cache key: the block's interned structure, or under
   // kMegatronTp its structure with its fixed specs (identical layers may be forced differently).
   int block_key(const AtBatch& ab, int b, const MeshOption& m, int forced_dp) {

@@ -47,10 +47,10 @@ std::string_view megatron_role_name(MegatronRole r);  // "column", "row_bias", "
 
 struct MegatronParam {
   MegatronRole role = MegatronRole::Replicated;
-  int dim = -1;              // the split dim of the parameter (-1: replicated)
-  std::int64_t stride = 0;   // 0: block split; else strided (a fused projection split part by part)
-  std::string spec = "R";    // sharding::ShardingSpec text on a 1-D mesh of t devices
-  std::string note;          // why a parameter its role would split stays replicated
+  int dim = -1;             // the split dim of the parameter (-1: replicated)
+  std::int64_t stride = 0;  // 0: block split; else strided (a fused projection split part by part)
+  std::string spec = "R";   // sharding::ShardingSpec text on a 1-D mesh of t devices
+  std::string note;         // why a parameter its role would split stays replicated
 };
 
 struct MegatronSpecs {

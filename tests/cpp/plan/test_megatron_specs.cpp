@@ -114,6 +114,38 @@ TEST_CASE("megatron_specs: the zoo GPT's column, row and vocabulary splits, by h
     }
     CHECK(ms.count(MegatronRole::Column) == 4);
     CHECK(ms.count(MegatronRole::Row) == 4);
+    // What the ops make in Megatron's layout: the column results split as their output features
+    // (QKV part by part), the heads through the attention, partial sums out of the rows and the
+    // vocabulary-parallel embedding, the logits split along the vocabulary.
+    auto result = [&](const std::string& n) { return ms.results.at(n); };
+    CHECK(result("h0.attn.qkv.matmul") == (t == 2 ? "S(2,32)" : "S(2,16)"));  // [b, s, 3h]
+    CHECK(result("h0.attn.qkv_heads") == "S(3)");                             // [b, s, 3, heads, d]
+    CHECK(result("h0.attn.scores") == "S(1)");                                // [b, heads, s, s]
+    CHECK(result("h0.attn.context_merged") == "S(2)");                        // [b, s, h]: the heads
+    CHECK(result("h0.attn.proj.matmul") == "P(sum)");
+    CHECK(result("h0.mlp.gelu") == "S(2)");
+    CHECK(result("h0.mlp.fc2.matmul") == "P(sum)");
+    CHECK(result("embed.tokens") == "P(sum)");
+    CHECK(result("logits") == "S(2)");
+    CHECK(ms.results.count("h0.res1") == 0);  // the residual stream is the search's (replicated)
+    CHECK(ms.results.count("h0.ln1") == 0);
+    // The gradients the updates read are at their parameters' specs; a block boundary in the
+    // attention or at the logits carries the split, and the tied embedding's two contributions too.
+    for (const auto& op : g.ops())
+      if (op.kind == ir::OpKind::AdamUpdate && ms.params.at(g.tensor(op.inputs[0]).name).dim >= 0)
+        CHECK(ms.results.at(g.tensor(op.inputs[1]).name) == ms.params.at(g.tensor(op.inputs[0]).name).spec);
+    CHECK(ms.boundaries.at("h0.attn.scores") == "S(1)");
+    CHECK(ms.boundaries.at("logits") == "S(2)");
+    CHECK(ms.boundaries.count("h0.res1") == 0);
+    int wte_terms = 0;
+    for (const auto& [name, spec] : ms.boundaries)
+      if (const auto id = g.find_tensor(name);
+          id && g.tensor(*id).shape == std::vector<std::int64_t>{128, 64}) {
+        CHECK(spec == "S(0)");
+        ++wte_terms;
+      }
+    CHECK(wte_terms >= 3);  // the sum and its two terms
+    for (const auto& [name, spec] : ms.results) CHECK(ms.fixed.at(name) == spec);
   }
   // t = 1: the roles, no split.
   const auto one = plan::megatron_specs(g, 1);
@@ -161,8 +193,8 @@ TEST_CASE("megatron_plan: the stages carry Megatron's specs; a conv net says it 
   plan::PlanOptions o;
   o.num_microbatches = 2;
   o.num_blocks = 4;
-  for (const plan::MegatronLayout lay : {plan::MegatronLayout{2, 2, 1}, plan::MegatronLayout{4, 1, 1},
-                                         plan::MegatronLayout{2, 1, 2}}) {
+  for (const plan::MegatronLayout lay :
+       {plan::MegatronLayout{2, 2, 1}, plan::MegatronLayout{4, 1, 1}, plan::MegatronLayout{2, 1, 2}}) {
     CAPTURE(lay.to_string());
     const auto p = plan::megatron_plan(g, c, lay, o);
     CHECK(p.strategy == "megatron " + lay.to_string());
