@@ -14,6 +14,7 @@
 #include "weft/cluster/cluster.hpp"
 #include "weft/core/error.hpp"
 #include "weft/ir/graph.hpp"
+#include "weft/plan/megatron_specs.hpp"
 #include "weft/plan/plan.hpp"
 #include "weft/plan/planner.hpp"
 #include "weft/plan/rebatch.hpp"
@@ -509,6 +510,37 @@ void bind_plan(py::module_& m) {
       },
       py::arg("training_graph"), py::arg("cluster"), py::arg("stages"), py::arg("num_microbatches") = 1);
   m.def("megatron_layouts", &megatron_layouts, py::arg("cluster"), py::arg("max_p") = 0);
+  m.def(
+      "megatron_specs",
+      [](const weft::ir::Graph& g, int t) {
+        const auto ms = weft::plan::megatron_specs(g, t);
+        py::dict params;
+        for (const auto& [name, p] : ms.params) {
+          py::dict d;
+          d["role"] = std::string(weft::plan::megatron_role_name(p.role));
+          d["dim"] = p.dim;
+          d["stride"] = p.stride;
+          d["spec"] = p.spec;
+          d["note"] = p.note;
+          params[py::str(name)] = d;
+        }
+        py::dict out;
+        out["t"] = ms.t;
+        out["params"] = params;
+        out["fixed"] = ms.fixed;
+        out["results"] = ms.results;
+        out["boundaries"] = ms.boundaries;
+        out["recognised"] = ms.recognised;
+        out["summary"] = ms.summary();
+        return out;
+      },
+      py::arg("graph"), py::arg("t"),
+      "Megatron's tensor-parallel roles of the graph's parameters, recognised from its structure, and "
+      "their fixed specs on a 1-D mesh of t devices: {'t', 'params': {name: {'role', 'dim', 'stride', "
+      "'spec', 'note'}}, 'fixed': {tensor: spec} (parameters, their optimizer states, the results below), "
+      "'results': {tensor: spec} (what the split matmuls, the embedding and the activations between a column "
+      "and its row make; the gradients the updates read), 'boundaries': {tensor: spec} (what a block "
+      "boundary carries), 'recognised', 'summary'} (weft.megatron_specs).");
   m.def("model_state_bytes", &model_state_bytes, py::arg("training_graph"));
   py::class_<weft::plan::ZeroMemory>(
       m, "ZeroMemory", "Bytes per device a ZeRO level keeps of a stage's state (weft.zero_memory).")

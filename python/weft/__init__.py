@@ -54,10 +54,10 @@ from .spmd import SpmdResult, spmd_search
 __all__ += ["spmd", "SpmdResult", "spmd_search"]
 # plan (the planner: weft.plan(model, cluster) -> Plan; Megatron-style baseline)
 from .planning import (Plan, adaptive_policy, calibrated_cluster, data_parallel_plan, layout_plan,
-                       load_calibration, megatron_plan, plan, split_plan)
+                       load_calibration, megatron_plan, megatron_specs, plan, split_plan)
 from ._weft import AdaptivePolicy, AdaptiveWindow  # noqa: E402 (Plan.adaptive: Ada-Grouper under a trace)
 from ._weft import ZeroMemory, ZeroTraffic, zero_memory, zero_traffic  # noqa: E402 (ZeRO's closed forms)
-__all__ += ["Plan", "plan", "megatron_plan", "data_parallel_plan", "split_plan", "layout_plan", "calibrated_cluster",
+__all__ += ["Plan", "plan", "megatron_plan", "megatron_specs", "data_parallel_plan", "split_plan", "layout_plan", "calibrated_cluster",
             "load_calibration", "adaptive_policy", "AdaptivePolicy", "AdaptiveWindow", "ZeroMemory", "ZeroTraffic",
             "zero_memory", "zero_traffic"]
 # reshard / exec (cross-mesh resharding planner and the CPU reference executor)

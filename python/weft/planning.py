@@ -235,6 +235,33 @@ def megatron_plan(model_graph, cluster, t: Optional[int] = None, p: Optional[int
     return _weft.best_megatron_plan(g, cluster, **opts)
 
 
+def megatron_specs(model_graph, t: int, *, detail: bool = False):
+    """Megatron's tensor-parallel layout of a model's parameters on ``t`` devices, as
+    :func:`megatron_plan` forces it: ``{parameter: (role, spec)}``, the spec on a 1-D mesh of ``t``
+    devices. Roles are recognised from the graph's structure, never from names (docs/modules/plan.md,
+    "Megatron's layouts"): ``"column"`` (QKV, MLP-1, a SwiGLU gate: split along the output features;
+    a fused QKV part by part, a strided spec), ``"column_bias"``, ``"row"`` (attention-out, MLP-2:
+    split along the input features), ``"row_bias"`` (replicated), ``"vocab_embedding"`` (the token
+    table, tied LM head included), ``"vocab_head"`` / ``"vocab_head_bias"`` (an untied LM head),
+    ``"replicated"`` (norms, position embeddings, the rest). ``detail=True``: the whole answer, a
+    dict with per parameter its role, split dim, stride, spec and a note (why a split stays
+    replicated), ``results`` (the specs of what the split matmuls, the vocabulary-parallel embedding
+    and the activations between a column and its row make, "P(sum)" for partial sums, and of the
+    gradients the updates read), ``boundaries`` (the spec a planner block boundary carries where
+    Megatron splits a tensor), ``fixed`` (everything the block searches are given: parameters,
+    optimizer states, results), ``recognised`` (False for a graph with none of the roles, e.g. a
+    conv net: :func:`megatron_plan` then searches freely and says so in ``Plan.strategy``) and a
+    one-line ``summary``."""
+    if isinstance(t, bool) or not isinstance(t, int):
+        raise TypeError(f"megatron_specs: t must be an int, got {type(t).__name__}")
+    if not isinstance(model_graph, _weft.Graph):
+        raise TypeError(f"megatron_specs: expected a weft.Graph, got {type(model_graph).__name__}")
+    out = _weft.megatron_specs(model_graph, t)
+    if detail:
+        return out
+    return {name: (p["role"], p["spec"]) for name, p in out["params"].items()}
+
+
 def data_parallel_plan(model_graph, cluster, shares, num_microbatches: int = 1, schedule: str = "1F1B",
                        **options) -> Plan:
     """Data parallelism with the given samples per micro-batch on every device (device id order;
@@ -280,7 +307,7 @@ def layout_plan(model_graph, cluster, stages, num_microbatches: int = 1, schedul
     return _weft.layout_plan(g, cluster, norm, int(num_microbatches), **opts)
 
 
-__all__ = ["plan", "megatron_plan", "data_parallel_plan", "split_plan", "layout_plan", "load_calibration",
+__all__ = ["plan", "megatron_plan", "megatron_specs", "data_parallel_plan", "split_plan", "layout_plan", "load_calibration",
            "calibrated_cluster", "Plan"]
 
 

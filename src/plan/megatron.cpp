@@ -67,6 +67,11 @@ Built megatron_build(Context& ctx, const MegatronLayout& lay, int M) {
   const int N = c.num_devices();
   Built b;
   b.plan.strategy = "megatron " + lay.to_string();
+  // Megatron's column / row / vocabulary splits as fixed specs (megatron_specs.hpp); a graph with
+  // none of its roles (a conv net) keeps the free search of its t-device stages, and says so.
+  const int mode = ctx.megatron_mode(lay.t);
+  if (lay.t > 1 && mode != kMegatronTp)
+    b.plan.strategy += " (no Megatron roles recognised: free tensor-parallel search)";
   WEFT_CHECK(lay.t >= 1 && lay.p >= 1 && lay.d >= 1 && lay.t * lay.p * lay.d == N,
              "megatron layout {}: t·p·d must equal the {} devices", lay.to_string(), N);
   if (lay.p > ctx.L()) {
@@ -96,13 +101,14 @@ Built megatron_build(Context& ctx, const MegatronLayout& lay, int M) {
     cluster::DeviceMesh mesh({lay.t}, rep0);
     cand.meshes.push_back({pipeline::SubmeshShape(1, lay.t), {lay.t}, mesh, ctx.mesh_key(mesh)});
     cand.devices.push_back(ids);
-    // The tensor-parallel group's inputs are replicated (Megatron): forced_dp = 1.
+    // The tensor-parallel group's inputs are replicated (Megatron): forced_dp = 1, or
+    // kMegatronTp with Megatron's fixed specs.
     const int inf = in_flight(ctx.opt_.schedule, lay.p - s, M, ctx.opt_.schedule_k);
     std::string why;
-    auto sc = best_stage(ctx, {cand.meshes.back()}, split[s].first, split[s].second, 0, cand.bs, M, inf, 1,
+    auto sc = best_stage(ctx, {cand.meshes.back()}, split[s].first, split[s].second, 0, cand.bs, M, inf, mode,
                          &why, lay.d);
     if (!sc && ctx.opt_.allow_infeasible)
-      sc = unconstrained_stage(ctx, cand.meshes.back(), split[s].first, split[s].second, cand.bs, inf, 1,
+      sc = unconstrained_stage(ctx, cand.meshes.back(), split[s].first, split[s].second, cand.bs, inf, mode,
                                lay.d);
     if (!sc) {
       b.note = fmt::format("stage {}: {}", s, why);
@@ -173,7 +179,8 @@ std::pair<std::optional<Built>, std::vector<Alternative>> megatron_all(Context& 
         if (!allowed(lay) || lay.p > ctx.L() || ctx.global_batch % per ||
             !ctx.rebatch_note(ctx.global_batch / per).empty() || !may_fit(lay, M))
           continue;
-        for (int b = 0; b < ctx.L(); ++b) reqs.push_back({b, ctx.global_batch / per, &meshes[li], 0, 1});
+        const int mode = ctx.megatron_mode(lay.t);
+        for (int b = 0; b < ctx.L(); ++b) reqs.push_back({b, ctx.global_batch / per, &meshes[li], 0, mode});
       }
     if (!ctx.out_of_time()) ctx.prefetch_block_costs(reqs);
   }

@@ -41,7 +41,7 @@ DType graph_compute_dtype(const ir::Graph& g) {
 const BlockCost& Context::block_cost(int b, std::int64_t bs, const MeshOption& m, int variant,
                                      int forced_dp) {
   const AtBatch& ab = blocks_at(bs);
-  const auto key = std::make_tuple(ab.keys[b], m.key, variant, forced_dp);
+  const auto key = std::make_tuple(block_key(ab, b, m, forced_dp), m.key, variant, forced_dp);
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
   if (out_of_time()) {
@@ -68,7 +68,7 @@ void Context::prefetch_block_costs(const std::vector<BlockRequest>& requests) {
   std::set<Key> seen;
   for (const auto& r : requests) {
     const AtBatch& ab = blocks_at(r.bs);  // built here, on the planning thread
-    const Key key{ab.keys[r.block], r.mesh->key, r.variant, r.forced_dp};
+    const Key key{block_key(ab, r.block, *r.mesh, r.forced_dp), r.mesh->key, r.variant, r.forced_dp};
     if (cache.count(key) || !seen.insert(key).second) continue;
     todo.emplace_back(key, &r);
   }
@@ -157,20 +157,41 @@ BlockCost Context::search_block(int b, const AtBatch& ab, const MeshOption& m, i
   so.reshard_cache = sc.reshard_cache;
   so.stop = stop;
   if (mixed(m.mesh)) so.device = mesh_spec(m.mesh);  // an uneven split: re-priced per device later
-  if (forced_dp > 0) {
+  if (forced_dp == kMegatronTp) {
+    // Megatron's layout: its parameters and their optimizer states at fixed specs, a fused
+    // projection split part by part (strided: the search then needs the strided candidates that
+    // carry that split to the matmul and through the reshape to the heads).
+    so.fixed_specs = megatron_fixed(sg, m);
+    for (const auto& [name, text] : so.fixed_specs)
+      if (!sharding::ShardingSpec::parse(text, bg.tensor(*bg.find_tensor(name)).shape, m.mesh.shape())
+               .is_block())
+        so.strided_candidates = true;
+  }
+  if (forced_dp > 0 || forced_dp == kMegatronTp) {
     // The block's boundary in one layout: its inputs fixed to it, its results read by other
     // blocks resharded to it inside the block (so consecutive blocks agree and pass tensors
     // without resharding between them).
     const bool two_d = m.mesh.ndim() == 2;
-    auto canonical = [&](const ir::TensorInfo& t) -> std::string {
-      if (forced_dp > 1 && t.shape[0] % forced_dp == 0) return two_d ? "S(0) R" : "S(0)";
+    // Under Megatron's layout a boundary tensor it splits (inside the attention or the MLP, the
+    // logits, a tied embedding's gradient contribution) has that split, not the replicated one.
+    const std::map<std::string, std::string>* between =
+        forced_dp == kMegatronTp ? &megatron.at(static_cast<int>(m.mesh.size())).boundaries : nullptr;
+    auto canonical_at = [&](ir::TensorId t) -> std::string {
+      const auto& info = bg.tensor(t);
+      if (between) {
+        auto it = between->find(g_.tensor(sg.original_tensor[static_cast<std::size_t>(t)]).name);
+        if (it != between->end()) return it->second;
+      }
+      if (forced_dp > 1 && info.shape[0] % forced_dp == 0) return two_d ? "S(0) R" : "S(0)";
       return two_d ? "R R" : "R";
     };
     for (const auto& t : bg.tensors()) {
-      if (t.producer != ir::kNoOp || is_state_leaf(t) || t.rank() < 1) continue;
+      if (t.producer != ir::kNoOp || is_state_leaf(t) || t.rank() < 1 || so.fixed_specs.count(t.name))
+        continue;
       if (t.role == ir::Role::Constant || t.role == ir::Role::Buffer) continue;
-      if (bg.consumers(bg.find_tensor(t.name).value()).empty()) continue;
-      so.fixed_specs[t.name] = canonical(t);
+      const ir::TensorId id = bg.find_tensor(t.name).value();
+      if (bg.consumers(id).empty()) continue;
+      so.fixed_specs[t.name] = canonical_at(id);
     }
     for (ir::TensorId t : bg.outputs()) {
       const auto& info = bg.tensor(t);
@@ -179,7 +200,7 @@ BlockCost Context::search_block(int b, const AtBatch& ab, const MeshOption& m, i
       bool read_elsewhere = false;
       for (ir::OpId c : g_.consumers(orig))
         read_elsewhere = read_elsewhere || (grouping.block_of_op[c] >= 0 && grouping.block_of_op[c] != b);
-      if (read_elsewhere) so.output_specs[info.name] = canonical(info);
+      if (read_elsewhere) so.output_specs[info.name] = canonical_at(t);
     }
   }
   try {
@@ -307,6 +328,26 @@ BlockCost Context::search_block(int b, const AtBatch& ab, const MeshOption& m, i
   return bc;
 }
 
+std::map<std::string, std::string> Context::megatron_fixed(const pipeline::StageGraph& sg,
+                                                           const MeshOption& m) const {
+  WEFT_ASSERT(m.mesh.ndim() == 1, "Megatron's tensor-parallel stages are 1-D meshes");
+  const MegatronSpecs& ms = megatron.at(static_cast<int>(m.mesh.size()));
+  std::map<std::string, std::string> out;
+  const ir::Graph& bg = sg.graph;
+  const auto readers = bg.consumer_index();
+  for (ir::TensorId t = 0; t < static_cast<ir::TensorId>(bg.tensors().size()); ++t) {
+    const auto& info = bg.tensor(t);
+    // A leaf: a parameter or optimizer state the block reads (its boundary activations keep the
+    // replicated boundary); a result: one the block makes.
+    const bool leaf = info.producer == ir::kNoOp;
+    if (leaf && (!is_state_leaf(info) || readers[static_cast<std::size_t>(t)].empty())) continue;
+    // By the tensor of the training graph (a block graph's leaf may stand for another tensor).
+    auto it = ms.fixed.find(g_.tensor(sg.original_tensor[static_cast<std::size_t>(t)]).name);
+    if (it != ms.fixed.end()) out.emplace(info.name, it->second);
+  }
+  return out;
+}
+
 // ---------------------------------------------------------------- mesh options
 
 std::vector<std::int64_t> canonical_logical(std::vector<std::int64_t> s) {
@@ -382,7 +423,9 @@ double Context::crossing_time(const Crossing& x, std::int64_t bs, const MeshOpti
   const auto ip = pg.find_tensor(name), ic = cg.find_tensor(name);
   WEFT_ASSERT(ip && ic, "a tensor crossing blocks is missing from their graphs");
   // Keyed by structure (identical layers share it): blocks, tensor slots, mesh, variant.
-  const std::vector<std::int64_t> key{bs, m.key, variant, forced_dp, ab.keys[bp], ab.keys[bc], *ip, *ic};
+  const std::vector<std::int64_t> key{
+      bs,  m.key, variant, forced_dp, block_key(ab, bp, m, forced_dp), block_key(ab, bc, m, forced_dp),
+      *ip, *ic};
   auto it = crossing_cost.find(key);
   if (it != crossing_cost.end()) return it->second;
   const auto& info = pg.tensor(*ip);

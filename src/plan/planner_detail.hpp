@@ -30,6 +30,7 @@
 #include "weft/ir/graph.hpp"
 #include "weft/pipeline/grouping.hpp"
 #include "weft/pipeline/submesh.hpp"
+#include "weft/plan/megatron_specs.hpp"
 #include "weft/plan/plan.hpp"
 #include "weft/plan/planner.hpp"
 #include "weft/plan/rebatch.hpp"
@@ -70,6 +71,13 @@ inline int in_flight(const std::string& schedule, int s, int M, int k) {
 // and activations cannot fit the mesh is rejected before searching), 1 a lean one (memory limit
 // the block's share of usable memory), kUnboundedVariant the fastest without the rejection (allow_infeasible layouts).
 constexpr int kUnboundedVariant = 2;
+
+// The boundary mode of a block search (block_cost's forced_dp, StageChoice::forced_dp): 0 free
+// boundaries; d >= 1 agreed ones (inputs and passed-on results batch-split over d on mesh axis 0,
+// replicated for d = 1); kMegatronTp Megatron's tensor parallelism on a 1-D mesh of t devices:
+// replicated boundaries and every parameter (and its optimizer states) at Megatron's fixed spec
+// (megatron_specs.hpp) instead of a free search.
+constexpr int kMegatronTp = -1;
 
 struct BlockCost {
   bool ok = false;
@@ -195,6 +203,9 @@ class Context {
     // Per block, for the relaxed stage bound: the saved bytes under selective / full
     // recomputation, and the FLOPs each re-runs (the attention cores; the whole forward).
     std::vector<double> act_bytes_sel, act_bytes_ckpt, sel_flops, fwd_flops;
+    // block_key under kMegatronTp per (the block's first original op, mesh key): stable when
+    // reorder_blocks renumbers the blocks.
+    mutable std::map<std::pair<ir::OpId, int>, int> megatron_keys;
   };
   std::map<std::int64_t, AtBatch> at_batch;  // per micro-batch size (per replica)
   // Why the graph cannot run at a micro-batch size (plan::rebatch_obstacle; empty: it can). A
@@ -210,7 +221,8 @@ class Context {
   std::vector<double> block_state_bytes;     // Σ full bytes of params (×2 for grads) + states
   std::vector<double> block_param_bytes;     // Σ full bytes of params
   std::vector<int> original_block;           // per block: its index in the grouping's own order
-  std::map<std::tuple<int, int, int, int>, BlockCost> cache;  // (structure, mesh, variant, forced)
+  // (block_key, mesh, variant, forced)
+  std::map<std::tuple<int, int, int, int>, BlockCost> cache;
   std::unordered_map<std::string, int> interned;
   int intern(const std::string& k) {
     return interned.emplace(k, static_cast<int>(interned.size())).first->second;
@@ -267,6 +279,35 @@ class Context {
                                                const cluster::DeviceMesh& mesh, int elem) const;
 
   int L() const { return static_cast<int>(grouping.blocks.size()); }
+
+  // Megatron's roles and fixed specs of the graph on t devices (megatron_specs), made on the
+  // planning thread (megatron_for) before any search of the parallel prefetch reads them.
+  std::map<int, MegatronSpecs> megatron;
+  const MegatronSpecs& megatron_for(int t) {
+    auto it = megatron.find(t);
+    if (it == megatron.end()) it = megatron.emplace(t, megatron_specs(g_, t)).first;
+    return it->second;
+  }
+  // The boundary mode of Megatron's t-device stages: kMegatronTp where the graph has Megatron
+  // roles and t > 1, else replicated boundaries with a free search (1).
+  int megatron_mode(int t) { return t > 1 && megatron_for(t).recognised ? kMegatronTp : 1; }
+  // The fixed specs of block b's graph (its tensors' names) under kMegatronTp on m.
+  std::map<std::string, std::string> megatron_fixed(const pipeline::StageGraph& sg,
+                                                    const MeshOption& m) const;
+  // The structure part of the block-cost cache key: the block's interned structure, or under
+  // kMegatronTp its structure with its fixed specs (identical layers may be forced differently).
+  int block_key(const AtBatch& ab, int b, const MeshOption& m, int forced_dp) {
+    if (forced_dp != kMegatronTp) return ab.keys[b];
+    (void)megatron_for(static_cast<int>(m.mesh.size()));
+    const auto& sg = ab.blocks[b];
+    const auto memo = std::make_pair(sg.original_op.empty() ? -1 : sg.original_op.front(), m.key);
+    auto it = ab.megatron_keys.find(memo);
+    if (it != ab.megatron_keys.end()) return it->second;
+    std::string k = fmt::format("megatron|{}|", ab.keys[b]);
+    for (const auto& [name, spec] : megatron_fixed(sg, m))
+      k += fmt::format("{}={};", *sg.graph.find_tensor(name), spec);
+    return ab.megatron_keys.emplace(memo, intern(k)).first->second;
+  }
 
   // Renumbers the blocks: new block i is old block order[i] (a permutation that keeps every
   // forward edge from a lower to a higher block; the stage ILP's orders do). Block costs are

@@ -278,6 +278,27 @@ SpmdPlan spmd_search(const ir::Graph& g, const cluster::Cluster& cl, const clust
   check_mesh_usable(m);
   phase("strategies");
   if (opt.strided_candidates) {
+    // A fixed leaf spec the enumeration lacks (a strided one) joins its leaf's list first, so that
+    // the candidates give its readers the strategies that read it as it is.
+    // Leaves of one class seeded with one spec share the grown list and its new class.
+    std::map<std::pair<int, std::string>, std::pair<int, SharedList<ShardingSpec>>> seeded;
+    for (const auto& [name, text] : opt.fixed_specs) {
+      const auto t = g.find_tensor(name);
+      if (!t || m.node_of_tensor[*t] < m.n_ops) continue;  // build_problem reports a bad name
+      const int v = m.node_of_tensor[*t];
+      const auto want = ShardingSpec::parse(text, g.tensor(*t).shape, m.mesh);
+      auto& list = m.leaf_specs[v - m.n_ops];
+      if (std::find(list.begin(), list.end(), want) != list.end()) continue;
+      const auto key = std::make_pair(m.list_class[v], want.to_string());
+      if (auto it = seeded.find(key); it != seeded.end()) {
+        m.list_class[v] = it->second.first;
+        list = it->second.second;
+        continue;
+      }
+      list.push_back(want);
+      m.list_class[v] = m.next_class++;  // its own list now
+      seeded.emplace(key, std::make_pair(m.list_class[v], list));
+    }
     generate_strided_candidates(m, stop);
     phase("strided candidates");
   }
