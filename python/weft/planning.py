@@ -216,8 +216,12 @@ def plan(model_graph, cluster, schedule: str = "1F1B", *, num_microbatches: Opti
 
 def megatron_plan(model_graph, cluster, t: Optional[int] = None, p: Optional[int] = None, d: Optional[int] = None,
                   schedule: str = "1F1B", *, num_microbatches: Optional[int] = None, **options) -> Plan:
-    """The best Megatron-style layout (tensor parallel t inside a node x pipeline p x data parallel
-    d), or the given one when t, p, d are all set, under the same cost model as :func:`plan`.
+    """The given Megatron layout when t, p, d are all set — tensor parallel t inside a node x pipeline
+    p x data parallel d, with Megatron's column / row / vocabulary splits fixed in the tensor-parallel
+    stages (:func:`megatron_specs`; a graph with none of its roles keeps a searched layout and says
+    so in ``Plan.strategy``) — or, with none set, the best Megatron-style (t, p, d) layout of the
+    sweep :func:`plan` compares against (each block's layout searched on its t-device mesh), under
+    the same cost model as :func:`plan`.
     ``allow_infeasible=True`` (with t, p, d given): a layout that does not fit is returned anyway,
     ``Plan.feasible`` False, priced at each stage's unconstrained layouts (the micro-batch count
     with the least peak memory), ``Plan.infeasible_reason`` saying what does not fit; otherwise

@@ -62,15 +62,18 @@ Plan evaluated(Built b, const Context& ctx, double start, const std::string& wha
   return std::move(b.plan);
 }
 
-Built megatron_build(Context& ctx, const MegatronLayout& lay, int M) {
+// `splits`: Megatron's column / row / vocabulary splits fixed in the tensor-parallel stages
+// (megatron_plan); without, each block's layout is searched on the stage's t-device mesh with its
+// inputs replicated (the (t, p, d) sweep make_plan's candidates compete with, best_megatron_plan).
+Built megatron_build(Context& ctx, const MegatronLayout& lay, int M, bool splits) {
   const auto& c = ctx.c_;
   const int N = c.num_devices();
   Built b;
   b.plan.strategy = "megatron " + lay.to_string();
   // Megatron's column / row / vocabulary splits as fixed specs (megatron_specs.hpp); a graph with
   // none of its roles (a conv net) keeps the free search of its t-device stages, and says so.
-  const int mode = ctx.megatron_mode(lay.t);
-  if (lay.t > 1 && mode != kMegatronTp)
+  const int mode = splits ? ctx.megatron_mode(lay.t) : 1;
+  if (splits && lay.t > 1 && mode != kMegatronTp)
     b.plan.strategy += " (no Megatron roles recognised: free tensor-parallel search)";
   WEFT_CHECK(lay.t >= 1 && lay.p >= 1 && lay.d >= 1 && lay.t * lay.p * lay.d == N,
              "megatron layout {}: t·p·d must equal the {} devices", lay.to_string(), N);
@@ -179,8 +182,7 @@ std::pair<std::optional<Built>, std::vector<Alternative>> megatron_all(Context& 
         if (!allowed(lay) || lay.p > ctx.L() || ctx.global_batch % per ||
             !ctx.rebatch_note(ctx.global_batch / per).empty() || !may_fit(lay, M))
           continue;
-        const int mode = ctx.megatron_mode(lay.t);
-        for (int b = 0; b < ctx.L(); ++b) reqs.push_back({b, ctx.global_batch / per, &meshes[li], 0, mode});
+        for (int b = 0; b < ctx.L(); ++b) reqs.push_back({b, ctx.global_batch / per, &meshes[li], 0, 1});
       }
     if (!ctx.out_of_time()) ctx.prefetch_block_costs(reqs);
   }
@@ -195,7 +197,7 @@ std::pair<std::optional<Built>, std::vector<Alternative>> megatron_all(Context& 
       if (lay.p == 1 && M > 1 && Ms.size() > 1 && M != Ms.front()) {
         // a 1-stage layout gains nothing from more micro-batches except memory: still tried
       }
-      Built b = megatron_build(ctx, lay, M);
+      Built b = megatron_build(ctx, lay, M, false);
       if (b.plan.stages.empty() && !b.note.empty() && b.note.find("divisible") != std::string::npos) continue;
       alts.push_back(alternative_of(b));
       if (b.feasible && (!best || b.plan.step_time < best->plan.step_time)) best = std::move(b);
@@ -233,7 +235,7 @@ Plan megatron_plan(const ir::Graph& g, const cluster::Cluster& c, const Megatron
   std::optional<Built> best, closest;  // closest: the infeasible one with the least peak memory
   std::string why;
   for (int M : Ms) {
-    Built b = megatron_build(ctx, layout, M);
+    Built b = megatron_build(ctx, layout, M, true);
     if (b.feasible && (!best || b.plan.step_time < best->plan.step_time)) {
       best = std::move(b);
     } else if (!b.feasible) {

@@ -170,8 +170,10 @@ def test_bf16_mixed_follows_torch_autocast(plan_kw, bf16_reference):
 
 
 def test_bf16_gradient_reductions_in_bf16():
-    # Two micro-batches (f32 accumulations) and all-reduces of the gradients over d = 2 (no ZeRO).
-    kw = dict(t=2, p=1, d=2, num_microbatches=2, zero=0)
+    # Two micro-batches (f32 accumulations) and all-reduces of the gradients over d = 2 (no ZeRO), on
+    # 2 pipeline stages: every all-reduce is a gradient's (Megatron's tensor parallelism would add
+    # its activations' all-reduces, which stay f32).
+    kw = dict(t=1, p=2, d=2, num_microbatches=2, zero=0)
     f32 = weft.launch(run_bf16, 10, kw, nproc=4)[0]
     half = weft.launch(run_bf16, 10, kw, "bf16", nproc=4)[0]
     assert f32["kinds"].get("accumulate", 0) > 0 and f32["kinds"].get("all-reduce", 0) > 0

@@ -212,17 +212,8 @@ TEST_CASE("megatron_plan: the stages carry Megatron's specs; a conv net says it 
     }
     CHECK(seen >= static_cast<int>(ms.params.size()));
   }
-  // The baseline make_plan compares against is that layout: its alternative prices as megatron_plan.
-  o.max_alternatives = 0;
-  const auto best = plan::make_plan(g, c, o);
-  const auto m = plan::megatron_plan(g, c, {2, 2, 1}, o);
-  bool found = false;
-  for (const auto& a : best.alternatives)
-    if (a.strategy.find("megatron t=2 p=2 d=1") == 0) {
-      found = true;
-      CHECK(a.step_time == doctest::Approx(m.step_time).epsilon(1e-9));
-    }
-  CHECK(found);
+  // (make_plan's (t, p, d) baseline sweep and best_megatron_plan keep the searched layouts per
+  // block: Megatron's fixed splits are megatron_plan's; see plan.md, Megatron baselines.)
   // No role in a conv net: the free search, said in the strategy.
   models::UNetConfig u;
   u.base_channels = 4;
