@@ -174,8 +174,8 @@ def test_bf16_gradient_reductions_in_bf16():
     # 2 pipeline stages: every all-reduce is a gradient's (Megatron's tensor parallelism would add
     # its activations' all-reduces, which stay f32).
     kw = dict(t=1, p=2, d=2, num_microbatches=2, zero=0)
-    f32 = weft.launch(run_bf16, 10, kw, nproc=4)[0]
-    half = weft.launch(run_bf16, 10, kw, "bf16", nproc=4)[0]
+    f32 = weft.launch(run_bf16, 10, kw, nproc=4)[-1]  # the last stage's rank: it holds the loss too
+    half = weft.launch(run_bf16, 10, kw, "bf16", nproc=4)[-1]
     assert f32["kinds"].get("accumulate", 0) > 0 and f32["kinds"].get("all-reduce", 0) > 0
     check_bf16_dtypes(half["dtypes"])  # the buffers stay f32: only the collectives' payload is bf16
     assert half["bytes"]["all-reduce"] < 0.6 * f32["bytes"]["all-reduce"]  # half the bytes (measured exactly half)
