@@ -183,6 +183,20 @@ def batch_of(step, cfg):
 
 # ---- the torch peers: each a (step(batch) -> local loss or None, global_loss(local) -> float)
 
+def plain_step(m, adam):
+    """One eager training step of ``m`` with torch.optim.Adam: the loss (detached)."""
+    opt = torch.optim.Adam(m.parameters(), **adam)
+
+    def step(batch):
+        opt.zero_grad(set_to_none=True)
+        loss = m(*batch)
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    return step
+
+
 def torch_peer(case, model, cfg, args, rank, world):
     """The torch side of ``case`` on a deep copy of ``model``: (step, loss) where step(batch) runs one
     training step and returns what loss(value) turns into the global batch's loss (a collective)."""
@@ -196,16 +210,7 @@ def torch_peer(case, model, cfg, args, rank, world):
         return float(t) / world
 
     if case == "single":
-        opt = torch.optim.Adam(m.parameters(), **adam)
-
-        def step(batch):
-            opt.zero_grad(set_to_none=True)
-            loss = m(*batch)
-            loss.backward()
-            opt.step()
-            return loss.detach()
-
-        return step, float
+        return plain_step(m, adam), float
     if case in ("dp", "zero3"):
         if case == "dp":
             m = torch.nn.parallel.DistributedDataParallel(m)
@@ -242,16 +247,7 @@ def torch_peer(case, model, cfg, args, rank, world):
             for n in ("attn.proj", "mlp.fc2"):
                 tp[f"blocks.{i}.{n}"] = RowwiseParallel()
         parallelize_module(m, mesh, tp)
-        opt = torch.optim.Adam(m.parameters(), **adam)
-
-        def step(batch):
-            opt.zero_grad(set_to_none=True)
-            loss = m(*batch)
-            loss.backward()
-            opt.step()
-            return loss.detach()
-
-        return step, float  # the loss is replicated: every process computes it on the whole batch
+        return plain_step(m, adam), float  # the loss is replicated: every process computes it on the whole batch
     if case in ("pp2", "pp4"):
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 

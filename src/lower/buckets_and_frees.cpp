@@ -10,6 +10,18 @@
 
 namespace weft::lower {
 
+void splice_moved(std::vector<Instr>& list, const std::vector<char>& moved,
+                  std::map<int, std::vector<Instr>>& after) {
+  std::vector<Instr> out;
+  out.reserve(list.size());
+  for (std::size_t k = 0; k < list.size(); ++k) {
+    if (!moved[k]) out.push_back(std::move(list[k]));
+    if (auto it = after.find(static_cast<int>(k)); it != after.end())
+      for (auto& i : it->second) out.push_back(std::move(i));
+  }
+  list = std::move(out);
+}
+
 // Gradient buckets (PipelineOptions::grad_bucket_bytes). A replica all-reduce of a gradient's
 // mean (its only reader) and the scale that makes the mean are moved, with the rest of their
 // bucket, right after the last write of the accumulator of the bucket's last gradient — where
@@ -83,14 +95,7 @@ void bucket_gradient_syncs(std::vector<Instr>& list, double bucket_bytes, const 
     ++next_bucket;
     a = b;
   }
-  std::vector<Instr> out;
-  out.reserve(list.size());
-  for (int k = 0; k < n; ++k) {
-    if (!moved[static_cast<std::size_t>(k)]) out.push_back(std::move(list[static_cast<std::size_t>(k)]));
-    if (auto it = after.find(k); it != after.end())
-      for (auto& i : it->second) out.push_back(std::move(i));
-  }
-  list = std::move(out);
+  splice_moved(list, moved, after);
 }
 
 // Every buffer but the leaves, the loss and the gradients is freed after its last use (a bucket's

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <set>
 #include <vector>
 
@@ -10,6 +11,11 @@
 #include "weft/sharding/sharding_spec.hpp"
 
 namespace weft::lower {
+
+// `list` without the instructions marked in `moved` (one flag per position), each `after[k]`
+// (instructions moved there) inserted right after position k: how the bucket passes re-lay a list.
+void splice_moved(std::vector<Instr>& list, const std::vector<char>& moved,
+                  std::map<int, std::vector<Instr>>& after);
 
 // Gradient buckets of bucket_bytes (PipelineOptions::grad_bucket_bytes; <= 0: none): the replica
 // all-reduces of the gradient means in grad_means (buffers; specs and buffers describe every

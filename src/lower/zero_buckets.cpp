@@ -162,14 +162,7 @@ void regroup(std::vector<Instr>& list, std::vector<Chain> chains, double cap, in
     ++next_bucket;
     a = b;
   }
-  std::vector<Instr> out;
-  out.reserve(list.size());
-  for (int k = 0; k < n; ++k) {
-    if (!moved[static_cast<std::size_t>(k)]) out.push_back(std::move(list[static_cast<std::size_t>(k)]));
-    if (auto it = after.find(k); it != after.end())
-      for (auto& i : it->second) out.push_back(std::move(i));
-  }
-  list = std::move(out);
+  splice_moved(list, moved, after);
 }
 
 }  // namespace
