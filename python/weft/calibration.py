@@ -317,6 +317,9 @@ class CalibrationReport:
     cores: int = 1                     # the host's CPU cores (os.cpu_count())
     # seconds per compute op of weft's runtime around its kernel (instruction dispatch, buffers)
     runtime_overhead_s: float = 0.0
+    # seconds a small all-reduce adds between two pieces of compute (as a step issues it; 0: none
+    # measured): the per-collective latency of local_cluster()
+    collective_latency_s: float = 0.0
 
     # -- outputs -------------------------------------------------------------------------------
     def calibration_dict(self) -> dict:
@@ -372,7 +375,8 @@ class CalibrationReport:
             "run": {"quick": self.quick, "seed": self.seed, "nproc": self.nproc, "backend": self.backend,
                     "cores": self.cores,
                     "elapsed_s": self.elapsed_s, "load_average": self.load_average,
-                    "runtime_overhead_s": self.runtime_overhead_s},
+                    "runtime_overhead_s": self.runtime_overhead_s,
+                    "collective_latency_s": self.collective_latency_s},
             "notes": list(self.notes),
         }
         return json.dumps(doc, indent=2)
@@ -395,7 +399,8 @@ class CalibrationReport:
         curves or constant compute efficiencies, the memory efficiency, the per-op overhead); the
         per-op cost is weft's runtime's (``runtime_overhead_s``: the Python around each kernel,
         which a torch op's own dispatch, ``kernel_overhead_s``, leaves out) where larger; the
-        link between them is the fitted α (s) and 1/β (bytes/s) of the collectives, which the
+        link between them is the fitted α (s) — at least what makes a small all-reduce cost
+        ``collective_latency_s``, its cost between compute — and 1/β (bytes/s) of the collectives, which the
         cost model's ring formulas reproduce (:func:`collective_coefficients`). On a CPU the
         processes share the host: each device gets ``memory_bytes / nproc`` of memory, and when
         ``nproc`` × the measured threads exceeds the cores, each its share of them (peaks and
@@ -428,6 +433,11 @@ class CalibrationReport:
                             float(max(self.kernel_overhead_s, self.runtime_overhead_s)), curves,
                             float(self.memory_efficiency))
         alpha, beta = (self.link_fit.alpha, self.link_fit.beta) if self.link_fit else (1e-6, 1e-9)
+        if self.collective_latency_s > 0 and self.nproc > 1:
+            # A step's collectives pay the latency measured between compute (collective_latency_s,
+            # a small all-reduce's), which a loop of back-to-back collectives does not show: α such
+            # that the ring all-reduce's latency term 2(n − 1)α is that.
+            alpha = max(alpha, self.collective_latency_s / collective_coefficients("all_reduce", self.nproc)[0])
         name = "local-" + ("cpu" if self.device == "cpu" else "gpu")
         return Cluster([NodeSpec(name, n, device, 1.0 / beta, alpha, 1.0 / beta, alpha)])
 
@@ -482,6 +492,9 @@ class CalibrationReport:
                          f"{f.smallest[1]:.4g}) a GEMM is priced at it, not extrapolated")
         lines.append(f"  memory_efficiency   {self.memory_efficiency:.3f}")
         lines.append(f"  kernel_overhead_s   {self.kernel_overhead_s:.3g}")
+        if self.collective_latency_s:
+            lines.append(f"  a small all-reduce between compute adds {_fmt_s(self.collective_latency_s)} (the "
+                         "per-collective latency of local_cluster())")
         if self.runtime_overhead_s:
             lines.append(f"  weft runtime: {_fmt_s(self.runtime_overhead_s)} per op around the kernel "
                          "(the per-op cost of local_cluster())")
@@ -821,15 +834,45 @@ def _collective_worker(rank: int, nproc: int, backend: str, init_method: str, de
                     seconds /= 2  # a round trip is two one-way messages
                 rows.append({"collective": name, "impl": impl, "bytes": _collective_numel(nbytes, nproc) * 4,
                              "seconds": seconds, "nproc": 2 if name == "send_recv" else nproc})
+        in_step = _in_step_latency(torch, dist, dev, sync, barrier, agree_max, budget)
         if rank == 0:
             with open(result_path, "w") as f:
-                json.dump({"rows": rows, "skipped": skipped}, f)
+                json.dump({"rows": rows, "skipped": skipped, "in_step_latency": in_step}, f)
     finally:
         dist.destroy_process_group()
 
 
+def _in_step_latency(torch, dist, dev, sync, barrier, agree_max, budget: _Budget) -> float:
+    """Seconds a small all-reduce adds between two pieces of compute, as a training step issues its
+    collectives (the processes arrive as their compute ends, not in lock step as in a loop of
+    collectives): the median over samples of (k × (compute + all-reduce) − k × compute) / k, the
+    slowest rank's. On a CPU the collective also runs on the cores that compute."""
+    a = torch.randn(192, 192, device=dev)
+    x = torch.zeros(64, device=dev)
+
+    def compute():
+        for _ in range(2):
+            torch.mm(a, a)
+
+    k = 20 if budget is _QUICK else 100
+    extra = []
+    for _ in range(max(3, budget.min_samples)):
+        times = []
+        for with_collective in (False, True):
+            barrier()
+            t0 = time.perf_counter()
+            for _ in range(k):
+                compute()
+                if with_collective:
+                    dist.all_reduce(x)
+            sync()
+            times.append((time.perf_counter() - t0) / k)
+        extra.append(times[1] - times[0])
+    return agree_max(max(0.0, statistics.median(extra)))
+
+
 def _run_collectives(device: str, nproc: int, backend: str, sizes: list, budget: _Budget,
-                     timeout_s: float) -> tuple[list[CollectiveTiming], list[str]]:
+                     timeout_s: float) -> tuple[list[CollectiveTiming], list[str], float]:
     """Spawns ``nproc`` processes, runs the collective benchmark in them, and returns the rows and
     notes. Never hangs: the processes get ``timeout_s`` in all (their process group the same
     timeout), after which they are killed and the collectives reported as missing."""
@@ -860,13 +903,13 @@ def _run_collectives(device: str, nproc: int, backend: str, sizes: list, budget:
         if not os.path.exists(result_path):
             if not notes:
                 notes.append("collectives produced no result: skipped")
-            return [], notes
+            return [], notes, 0.0
         with open(result_path) as f:
             doc = json.load(f)
     rows = [CollectiveTiming(**r) for r in doc["rows"]]
     for name, why in doc["skipped"].items():
         notes.append(f"{name} not measured: the {backend} backend refused it ({why})")
-    return rows, notes
+    return rows, notes, float(doc.get("in_step_latency", 0.0))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1196,9 +1239,11 @@ def _calibrate_collectives(report: CalibrationReport, torch, device, nproc, back
         return
     if timeout_s is None:
         timeout_s = 60.0 if quick else 600.0
-    rows, more = _run_collectives(device, nproc, backend, _collective_sizes(device, quick), budget, timeout_s)
+    rows, more, in_step = _run_collectives(device, nproc, backend, _collective_sizes(device, quick), budget,
+                                           timeout_s)
     notes += more
     report.nproc, report.backend, report.collectives = nproc, backend, rows
+    report.collective_latency_s = in_step
     if not rows:
         return
     for name in _COLLECTIVES:

@@ -52,8 +52,9 @@ Built materialise_in_place(Context& ctx, const std::vector<SubmeshOptions>& subs
   p.microbatch_size = cand.bs;
   p.data_parallel = cand.dp;
   p.num_blocks = ctx.L();
-  // The buckets the replicas' gradient sync was priced in (the lowering lays them out so).
-  p.grad_bucket_bytes = opt.overlap_grad_sync ? opt.grad_bucket_bytes : 0;
+  // The buckets the replicas' collectives were priced in (the lowering lays them out so; without
+  // overlap_grad_sync they are priced exposed, not one per tensor).
+  p.grad_bucket_bytes = opt.grad_bucket_bytes;
   p.memory_limit = ctx.usable_memory;
   const int S = static_cast<int>(cand.stages.size());
   const int dp = cand.dp;

@@ -155,9 +155,9 @@ StageAgg with_replicas(const StageAgg& a, int level, const ReplicaLinks& l, doub
     return r.replica.in_optimizer;
   };
   // The buckets the lowering makes (lower.md step 5): of grad_bucket_bytes, gradients in the order
-  // the backward makes them (the reverse of the parameters'); none (one collective per tensor)
-  // without overlap. Each bucket pays the collective's latency once.
-  const double cap = o.overlap_grad_sync ? o.grad_bucket_bytes : 0.0;
+  // the backward makes them (the reverse of the parameters'), with or without overlap (which only
+  // says whether the compute hides them). Each bucket pays the collective's latency once.
+  const double cap = o.grad_bucket_bytes;
   if (level == 0 || l.replicas == 1) {
     // The in-mesh synchronisation and the all-reduce across every replica (one group of all of
     // them) in the gradient buckets, with the last micro-batch's backward.
@@ -183,8 +183,7 @@ StageAgg with_replicas(const StageAgg& a, int level, const ReplicaLinks& l, doub
   // ZeRO's collectives as the lowering issues them (lower.md step 5): the gradients' reduce-
   // scatters in buckets of grad_bucket_bytes in the order the backward makes them (the reverse of
   // the parameters'), the new parameters' gathers in such buckets in update order, ZeRO-3's
-  // gathers one per block (FSDP's unit); no buckets (one per tensor) without overlap. Each bucket
-  // pays the collective's latency once.
+  // gathers one per block (FSDP's unit). Each bucket pays the collective's latency once.
   auto RSb = [&](const cluster::AxisLink& k, double b) {
     return bucketed(cluster::reduce_scatter_time, k, a.param_tensors, b, cap, true);
   };
@@ -211,7 +210,7 @@ StageAgg with_replicas(const StageAgg& a, int level, const ReplicaLinks& l, doub
   } else {
     // Parameters gathered block by block before the forward and again before the backward (the
     // next block prefetched), gradients reduce-scattered as they are made, every micro-batch.
-    // One gather per block with parameters (per tensor without buckets).
+    // One gather per block with parameters (per tensor where the plan has no buckets).
     double ag = 0, sum = 0;
     for (double x : a.blk_param) sum += x;
     if (cap > 0 && sum > 0)

@@ -156,14 +156,19 @@ def test_runtime_one_collective_per_bucket(setup):
 
 
 def test_plan_records_the_buckets_it_priced(setup):
-    """The plan carries the bucket size its gradient sync was priced with (0 without overlap: every
-    all-reduce exposed, none hoisted), through its JSON, and lowering follows it."""
+    """The plan carries the bucket size its collectives were priced with — with or without overlap
+    (``overlap_grad_sync=False`` prices them exposed; the buckets are the same) — through its JSON,
+    and lowering follows it; a plan whose size is 0 has no bucket."""
     step, c, _ = setup
-    for kw, want in [({}, 25e6), ({"overlap_grad_sync": False}, 0.0), ({"grad_bucket_bytes": 1e5}, 1e5)]:
+    for kw, want in [({}, 25e6), ({"overlap_grad_sync": False}, 25e6), ({"grad_bucket_bytes": 1e5}, 1e5),
+                     ({"overlap_grad_sync": False, "grad_bucket_bytes": 1e5}, 1e5)]:
         for p in (weft.data_parallel_plan(step, c, [1, 1, 1, 1], num_microbatches=2, **kw), weft.plan(step, c, **kw)):
             assert p.grad_bucket_bytes == want
             assert weft.Plan.from_json(p.to_json()).grad_bucket_bytes == want
     p = weft.data_parallel_plan(step, c, [1, 1, 1, 1], num_microbatches=2, overlap_grad_sync=False)
+    assert analyse(weft.lower(p, step, c))[2] != []
+    p.grad_bucket_bytes = 0
     assert analyse(weft.lower(p, step, c))[2] == []
+    assert '"grad_bucket_bytes": 0.0' in p.to_json()
     with pytest.raises(ValueError, match="grad_bucket_bytes"):
         weft.Plan.from_json(p.to_json().replace('"grad_bucket_bytes": 0.0', '"grad_bucket_bytes": -1.0'))

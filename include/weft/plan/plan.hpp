@@ -164,9 +164,10 @@ struct Plan {
   // per op.
   std::vector<double> split_fraction;
   int num_blocks = 0;  // layer-grouping blocks
-  // Gradient buckets the replicas' gradient all-reduces are grouped in, each issued in the last
-  // micro-batch's backward (PlanOptions::grad_bucket_bytes when overlap_grad_sync, else 0: no
-  // buckets); lower() lays them out so (lower::PipelineOptions::grad_bucket_bytes).
+  // Gradient buckets the replicas' gradient all-reduces (and ZeRO's collectives) are grouped in,
+  // each issued as soon as its last gradient is made (PlanOptions::grad_bucket_bytes, with or
+  // without overlap_grad_sync, which says only whether the compute hides them; 0: no buckets, one
+  // collective per tensor); lower() lays them out so (lower::PipelineOptions::grad_bucket_bytes).
   double grad_bucket_bytes = 25e6;
   std::vector<Stage> stages;
   std::vector<CrossTensor> cross_tensors;

@@ -45,8 +45,8 @@ plan::PlanOptions exact_options(int zero) {
   return o;
 }
 
-// One collective per parameter tensor of g: what the lowering issues without buckets (without
-// overlap the plan records none), by hand from the graph's parameters.
+// One collective per parameter tensor of g: what the lowering issues with buckets of 1 byte, by
+// hand from the graph's parameters.
 double per_tensor(double (*f)(const cluster::AxisLink&, double), const cluster::AxisLink& l,
                   const ir::Graph& g) {
   double t = 0;
@@ -105,7 +105,9 @@ TEST_CASE("zero: the planner's stage at each level equals the closed forms and t
   // t=1 p=1 d=8: each replica is one device, so the SPMD layout keeps every tensor whole.
   std::vector<plan::Plan> at;
   for (int level = 0; level <= 3; ++level) {
-    at.push_back(plan::megatron_plan(g, c, {1, 1, n}, exact_options(level)));
+    auto o = exact_options(level);
+    o.grad_bucket_bytes = 1;  // a bucket per tensor: each collective's latency counted per tensor
+    at.push_back(plan::megatron_plan(g, c, {1, 1, n}, o));
     REQUIRE(at.back().stages.size() == 1);
     CHECK(at.back().stages[0].zero == level);
     CHECK(at.back().stages[0].zero_group == (level ? n : 1));
@@ -121,23 +123,25 @@ TEST_CASE("zero: the planner's stage at each level equals the closed forms and t
   const double ag = cluster::all_gather_time(link, P), rs = cluster::reduce_scatter_time(link, P);
   const double ar = cluster::all_reduce_time(link, P);
   CHECK(ar == doctest::Approx(ag + rs));
-  // ZeRO's collectives as the lowering issues them without buckets: one per parameter tensor (the
-  // same bytes as one collective of P, a latency term per tensor).
+  // ZeRO's collectives as the lowering issues them with 1-byte buckets: one per parameter tensor
+  // (the same bytes as one collective of P, a latency term per tensor), except ZeRO-3's gathers:
+  // one per block (its unit), here the stage's one block: one gather of P.
   const double agt = per_tensor(cluster::all_gather_time, link, g),
                rst = per_tensor(cluster::reduce_scatter_time, link, g),
                art = per_tensor(cluster::all_reduce_time, link, g);
   CHECK(agt > ag);
   // ZeRO-3 gathers before the forward and before the backward, reduce-scatters in the backward.
-  CHECK(s3.forward_time - s0.forward_time == doctest::Approx(agt));
-  CHECK(s3.backward_time - s0.backward_time == doctest::Approx(agt + rst));
+  CHECK(s3.forward_time - s0.forward_time == doctest::Approx(ag));
+  CHECK(s3.backward_time - s0.backward_time == doctest::Approx(ag + rst));
   // ZeRO-2 reduce-scatters in the backward; its update all-gathers as ZeRO-1's does.
   CHECK(s2.forward_time == doctest::Approx(s0.forward_time));
   CHECK(s2.backward_time - s0.backward_time == doctest::Approx(rst));
   // Update: DDP = the whole update (as on one device) + the gradients' all-reduces, one per tensor
-  // as the lowering issues them without buckets; ZeRO-3 = the own shard's
+  // as the lowering issues them in 1-byte buckets; ZeRO-3 = the own shard's
   // update alone (its collectives ran in the micro-batches); ZeRO-1 = the shard's update +
   // reduce-scatter + all-gather.
   auto o1 = exact_options(0);
+  o1.grad_bucket_bytes = 1;
   const double update = plan::layout_plan(g, c, {{0, 0, {0}, {}}}, 1, o1).stages[0].optimizer_time;
   CHECK(art > ar);
   CHECK(s0.optimizer_time == doctest::Approx(update + art));
