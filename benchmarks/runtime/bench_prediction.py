@@ -9,6 +9,7 @@ of a GPT on the local cluster the calibration describes, run each, and compare.
    global batch 8) is planned five ways, each by ``weft.megatron_plan`` (a layout evaluation priced
    with the planner's cost model): data parallel (d=N), ZeRO-3 (d=N, zero=3), tensor parallel
    (t=N), 1F1B pipelines (p=N) with 2 and 4 micro-batches; and ``weft.plan`` picks its own.
+   Planned with ``overlap_grad_sync=False``: on a CPU the collectives run on the cores that compute.
 3. The same N processes train the module with ``weft.Trainer`` on every plan (Adam, the same batches),
    alternating plan by plan each step, a barrier before and after each step (the slowest rank's
    time); the figure is the median over the timed steps.
@@ -77,17 +78,21 @@ def layout_kwargs(kw, n):
     return {k: (n if v is None else v) for k, v in kw.items()}
 
 
+# On a CPU host the collectives run on the cores that compute: nothing hides them.
+PLAN_OPTIONS = dict(overlap_grad_sync=False)
+
+
 def plans_for(cluster, cfg, n):
     """(name, plan) for the five layouts and weft.plan's pick, planned in this process."""
     step = weft.Trainer.training_graph(make_model(cfg), batch_of(0, cfg), optimizer())
     out = []
     for name, kw in LAYOUTS:
         try:
-            out.append((name, weft.megatron_plan(step, cluster, **layout_kwargs(kw, n))))
+            out.append((name, weft.megatron_plan(step, cluster, **layout_kwargs(kw, n), **PLAN_OPTIONS)))
         except ValueError as e:
             print(f"prediction  {name}: not planned: {e}", flush=True)
     t0 = time.perf_counter()
-    pick = weft.plan(step, cluster)
+    pick = weft.plan(step, cluster, **PLAN_OPTIONS)
     return out, pick, time.perf_counter() - t0
 
 
@@ -202,7 +207,8 @@ def main():
                 f"# char-LM GPT {cfg}; {n} gloo processes, 1 thread each; {args.warmup} warm-up + {args.steps} timed "
                 f"steps of each layout, alternating; medians",
                 f"# calibration: {'full' if args.full_calibration else 'quick'}, {calib_s:.0f} s; "
-                f"link α {report.link_fit.alpha:.3g} s, β {report.link_fit.beta:.3g} s/B; "
+                f"link α {report.link_fit.alpha:.3g} s, β {report.link_fit.beta:.3g} s/B; a small all-reduce between "
+                f"compute {report.collective_latency_s:.3g} s; runtime per op {report.runtime_overhead_s:.3g} s; "
                 f"kernel overhead {report.kernel_overhead_s:.3g} s",
                 f"# machine: {platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__}; load average "
                 f"{load:.1f} before the run; {wall:.0f} s in all" + (f"; WARNING: {busy[0]}" if busy else "")]

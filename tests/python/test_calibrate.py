@@ -259,12 +259,13 @@ def test_cli_writes_a_loadable_calibration(tmp_path):
     report = json.loads(rep.read_text())
     assert report["calibration"] == doc and report["measurements"]["matmul"]
     assert report["fits"]["link"]["alpha"] > 0
-    # --local-cluster: this host as 2 devices (--nproc's default) linked by the fitted α, β.
+    # --local-cluster: this host as 2 devices (--nproc's default) linked by the fitted β and α (at
+    # least the small all-reduce's cost between compute over 2(n - 1)).
     local = weft.Cluster.from_json((tmp_path / "local.json").read_text())
     link = weft.DeviceMesh.iota([2]).axis_links(local)[0]
     assert local.num_devices == 2
-    assert (link.alpha, link.beta) == pytest.approx((report["fits"]["link"]["alpha"], report["fits"]["link"]["beta"]),
-                                                    rel=1e-9)
+    alpha = max(report["fits"]["link"]["alpha"], report["run"]["collective_latency_s"] / 2)
+    assert (link.alpha, link.beta) == pytest.approx((alpha, report["fits"]["link"]["beta"]), rel=1e-9)
 
 
 def test_cli_rejects_bad_input(tmp_path):
@@ -368,12 +369,15 @@ def test_local_cluster_is_this_host_as_measured(quick_cpu):
     assert node.device.memory_bytes == pytest.approx(r.memory_bytes / 2, rel=1e-12)
     assert node.device.memory_bandwidth == pytest.approx(r.reference_memory_bandwidth * share, rel=1e-12)
     assert node.device.kernel_overhead == pytest.approx(max(r.kernel_overhead_s, r.runtime_overhead_s), rel=1e-12)
+    # The link: the fitted β, and α at least what makes a small all-reduce cost what it adds between
+    # two pieces of compute (2(n - 1)α = collective_latency_s for n = 2).
+    assert r.collective_latency_s > 0
+    alpha = max(r.link_fit.alpha, r.collective_latency_s / 2)
     link = weft.DeviceMesh.iota([2]).axis_links(c)[0]
-    assert (link.alpha, link.beta) == pytest.approx((r.link_fit.alpha, r.link_fit.beta), rel=1e-12)
-    # The cost model's all-reduce on that link is the fit's prediction of the measured one.
-    for nbytes in (1 << 12, 1 << 20):
+    assert (link.alpha, link.beta) == pytest.approx((alpha, r.link_fit.beta), rel=1e-12)
+    for nbytes in (1 << 12, 1 << 20):  # the ring all-reduce on 2 devices: 2α + B·β
         assert weft.collective_time("all-reduce", link, nbytes) == pytest.approx(
-            r.link_fit.predict("all_reduce", nbytes, 2), rel=1e-9)
+            2 * alpha + nbytes * r.link_fit.beta, rel=1e-9)
     # Compute on a local device: the shared peak times the measured ceiling (the curve's, or the
     # constant efficiency), plus the per-op cost.
     ceiling = r.matmul_curves["f32"].ceiling if "f32" in r.matmul_curves else r.compute_efficiency["f32"]
