@@ -108,10 +108,11 @@ std::set<int> stages_computed(const lower::Program& prog, const Cut& cut, int r)
   return out;
 }
 
-std::int64_t count(const lower::Program& p, lower::InstrKind k) {
+// Instructions of kind k the ranks run (on mesh axis `axis` only, when >= 0).
+std::int64_t count(const lower::Program& p, lower::InstrKind k, int axis = -1) {
   std::int64_t n = 0;
   for (const auto& r : p.ranks)
-    for (const auto& i : r.instrs()) n += r.runs(i) && i.kind == k;
+    for (const auto& i : r.instrs()) n += r.runs(i) && i.kind == k && (axis < 0 || i.axis == axis);
   return n;
 }
 
@@ -627,7 +628,9 @@ TEST_CASE("exec pipeline: ZeRO across replicas shards the optimizer states and e
       const PlanRun run = run_plan(p, step, eight, eo, ref);
       const auto& prog = run.program;
       // The moments' leaves: split along the replica axis (mesh axis 0) exactly when ZeRO is on.
-      int moments = 0, sharded = 0;
+      // (Megatron's fused QKV is split strided along the tensor-parallel axis, 1: its moments keep
+      // that split and stay whole along the replicas — no factor of the update splits both.)
+      int moments = 0, sharded = 0, strided_tp = 0;
       for (int b : prog.leaf_buffers) {
         const auto& buf = prog.buffers[static_cast<std::size_t>(b)];
         if (step.tensor(buf.tensor).name.rfind("adam_m:", 0) != 0) continue;
@@ -635,11 +638,17 @@ TEST_CASE("exec pipeline: ZeRO across replicas shards the optimizer states and e
         const auto spec = sharding::ShardingSpec::parse(
             buf.spec, buf.shape, p.stages[static_cast<std::size_t>(buf.stage)].mesh_shape);
         sharded += spec.per_axis()[0].kind == sharding::Placement::Shard;
+        strided_tp += lay.t > 1 && spec.per_axis()[1].kind == sharding::Placement::Shard &&
+                      buf.spec.find(',') != std::string::npos;
       }
       CHECK(moments > 0);
+      CHECK(strided_tp == (lay.t > 1 ? 4 : 0));  // QKV's weight and bias, in each of the 2 layers
       if (zero == 0) CHECK(sharded == 0);
-      if (zero > 0) CHECK(sharded == moments);  // every moment's update splits along the replica axis here
-      CHECK((count(prog, lower::InstrKind::ReduceScatter) > 0) == (zero > 0));
+      // every other moment's update splits along the replica axis here
+      if (zero > 0) CHECK(sharded == moments - strided_tp);
+      // Reduce-scatters across the replicas (axis 0) exactly with ZeRO (Megatron's tensor
+      // parallelism reduce-scatters activations on axis 1 at any level).
+      CHECK((count(prog, lower::InstrKind::ReduceScatter, 0) > 0) == (zero > 0));
       MESSAGE(fmt::format(
           "ZeRO-{} {}: {} of {} moment leaves sharded on the replica axis, {} reduce-scatters, "
           "diff {:.1e}",
