@@ -320,6 +320,9 @@ class CalibrationReport:
     # seconds a small all-reduce adds between two pieces of compute (as a step issues it; 0: none
     # measured): the per-collective latency of local_cluster()
     collective_latency_s: float = 0.0
+    # compute run by the nproc collective processes at once over one process alone (CPU: they share
+    # the host's memory bandwidth and caches; 1 on GPUs and where not measured)
+    concurrent_slowdown: float = 1.0
 
     # -- outputs -------------------------------------------------------------------------------
     def calibration_dict(self) -> dict:
@@ -376,7 +379,8 @@ class CalibrationReport:
                     "cores": self.cores,
                     "elapsed_s": self.elapsed_s, "load_average": self.load_average,
                     "runtime_overhead_s": self.runtime_overhead_s,
-                    "collective_latency_s": self.collective_latency_s},
+                    "collective_latency_s": self.collective_latency_s,
+                    "concurrent_slowdown": self.concurrent_slowdown},
             "notes": list(self.notes),
         }
         return json.dumps(doc, indent=2)
@@ -400,13 +404,15 @@ class CalibrationReport:
         per-op cost is weft's runtime's (``runtime_overhead_s``: the Python around each kernel,
         which a torch op's own dispatch, ``kernel_overhead_s``, leaves out) where larger; the
         link between them is the fitted α (s) — at least what makes a small all-reduce cost
-        ``collective_latency_s``, its cost between compute — and 1/β (bytes/s) of the collectives, which the
-        cost model's ring formulas reproduce (:func:`collective_coefficients`). On a CPU the
-        processes share the host: each device gets ``memory_bytes / nproc`` of memory, and when
-        ``nproc`` × the measured threads exceeds the cores, each its share of them (peaks and
-        memory bandwidth times cores / (nproc × threads)). nproc defaults to the processes the
-        collectives were measured with; it must be run with the same torch threads per process as
-        the calibration (``threads=``) for the prediction to hold.
+        ``collective_latency_s``, its cost between compute — and 1/β (bytes/s) of the
+        collectives, which the cost model's ring formulas reproduce
+        (:func:`collective_coefficients`). On a CPU the processes share the host: each device
+        gets ``memory_bytes / nproc`` of memory, and its peaks and memory bandwidth divided by
+        ``concurrent_slowdown`` (the measured ``nproc`` processes computing at once share the
+        cores, memory bandwidth and caches), or for another ``nproc`` times its share of the
+        cores, cores / (nproc × threads). nproc defaults to the processes the collectives were
+        measured with; it must be run with the same torch threads per process as the calibration
+        (``threads=``) for the prediction to hold.
 
         Raises ValueError when no collective was measured (``nproc=1`` or ``collectives=False``):
         a cluster of several devices needs its link.
@@ -422,7 +428,10 @@ class CalibrationReport:
                              "processes")
         share = 1.0
         if self.device == "cpu":
-            share = min(1.0, self.cores / float(n * max(1, self.threads)))
+            # Measured for this many processes: what sharing the host (cores included) costs them;
+            # else each process's share of the cores.
+            share = (1.0 / self.concurrent_slowdown if n == self.nproc and self.collectives else
+                     min(1.0, self.cores / float(n * max(1, self.threads))))
         curves = {t: MatmulEfficiency(f.ceiling, f.fill_elements, f.half_k, f.floor)
                   for t, f in self.matmul_curves.items()}
         for t, e in self.compute_efficiency.items():  # a constant efficiency: the curve's ceiling alone
@@ -492,6 +501,9 @@ class CalibrationReport:
                          f"{f.smallest[1]:.4g}) a GEMM is priced at it, not extrapolated")
         lines.append(f"  memory_efficiency   {self.memory_efficiency:.3f}")
         lines.append(f"  kernel_overhead_s   {self.kernel_overhead_s:.3g}")
+        if self.concurrent_slowdown != 1.0:
+            lines.append(f"  compute run by the {self.nproc} processes at once: {self.concurrent_slowdown:.2f}x one "
+                         "process alone (the local cluster's devices are that much slower)")
         if self.collective_latency_s:
             lines.append(f"  a small all-reduce between compute adds {_fmt_s(self.collective_latency_s)} (the "
                          "per-collective latency of local_cluster())")
@@ -834,25 +846,32 @@ def _collective_worker(rank: int, nproc: int, backend: str, init_method: str, de
                     seconds /= 2  # a round trip is two one-way messages
                 rows.append({"collective": name, "impl": impl, "bytes": _collective_numel(nbytes, nproc) * 4,
                              "seconds": seconds, "nproc": 2 if name == "send_recv" else nproc})
-        in_step = _in_step_latency(torch, dist, dev, sync, barrier, agree_max, budget)
+        in_step, slowdown = _in_step_latency(torch, dist, dev, sync, barrier, agree_max, budget)
         if rank == 0:
             with open(result_path, "w") as f:
-                json.dump({"rows": rows, "skipped": skipped, "in_step_latency": in_step}, f)
+                json.dump({"rows": rows, "skipped": skipped, "in_step_latency": in_step,
+                           "concurrent_slowdown": slowdown}, f)
     finally:
         dist.destroy_process_group()
 
 
-def _in_step_latency(torch, dist, dev, sync, barrier, agree_max, budget: _Budget) -> float:
-    """Seconds a small all-reduce adds between two pieces of compute, as a training step issues its
+def _in_step_latency(torch, dist, dev, sync, barrier, agree_max, budget: _Budget) -> tuple[float, float]:
+    """(seconds a small all-reduce adds between two pieces of compute, the slowdown of compute run by
+    every process at once against rank 0 alone). The first as a training step issues its
     collectives (the processes arrive as their compute ends, not in lock step as in a loop of
     collectives): the median over samples of (k × (compute + all-reduce) − k × compute) / k, the
-    slowest rank's. On a CPU the collective also runs on the cores that compute."""
-    a = torch.randn(192, 192, device=dev)
+    slowest rank's; on a CPU the collective also runs on the cores that compute. The second: the
+    processes of one host share its memory bandwidth and caches (and cores, when more than it has),
+    which one process timed alone does not see."""
+    # A step's mix in small: a matmul and a memory-bound op over more than a core's caches hold.
+    a = torch.randn(256, 256, device=dev)
+    big = torch.randn(1 << 21, device=dev)
+    out = torch.empty_like(big)
     x = torch.zeros(64, device=dev)
 
     def compute():
-        for _ in range(2):
-            torch.mm(a, a)
+        torch.mm(a, a)
+        torch.add(big, big, out=out)
 
     k = 20 if budget is _QUICK else 100
     extra = []
@@ -868,11 +887,23 @@ def _in_step_latency(torch, dist, dev, sync, barrier, agree_max, budget: _Budget
             sync()
             times.append((time.perf_counter() - t0) / k)
         extra.append(times[1] - times[0])
-    return agree_max(max(0.0, statistics.median(extra)))
+    alone, together = [], []
+    rank = dist.get_rank()
+    for _ in range(max(3, budget.min_samples)):
+        for everyone in (False, True):
+            barrier()
+            if everyone or rank == 0:
+                t0 = time.perf_counter()
+                for _ in range(k):
+                    compute()
+                sync()
+                (together if everyone else alone).append((time.perf_counter() - t0) / k)
+    slowdown = statistics.median(together) / statistics.median(alone) if rank == 0 else 0.0
+    return agree_max(max(0.0, statistics.median(extra))), max(1.0, agree_max(slowdown))
 
 
 def _run_collectives(device: str, nproc: int, backend: str, sizes: list, budget: _Budget,
-                     timeout_s: float) -> tuple[list[CollectiveTiming], list[str], float]:
+                     timeout_s: float) -> tuple[list[CollectiveTiming], list[str], float, float]:
     """Spawns ``nproc`` processes, runs the collective benchmark in them, and returns the rows and
     notes. Never hangs: the processes get ``timeout_s`` in all (their process group the same
     timeout), after which they are killed and the collectives reported as missing."""
@@ -903,13 +934,13 @@ def _run_collectives(device: str, nproc: int, backend: str, sizes: list, budget:
         if not os.path.exists(result_path):
             if not notes:
                 notes.append("collectives produced no result: skipped")
-            return [], notes, 0.0
+            return [], notes, 0.0, 1.0
         with open(result_path) as f:
             doc = json.load(f)
     rows = [CollectiveTiming(**r) for r in doc["rows"]]
     for name, why in doc["skipped"].items():
         notes.append(f"{name} not measured: the {backend} backend refused it ({why})")
-    return rows, notes, float(doc.get("in_step_latency", 0.0))
+    return rows, notes, float(doc.get("in_step_latency", 0.0)), float(doc.get("concurrent_slowdown", 1.0))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1239,11 +1270,12 @@ def _calibrate_collectives(report: CalibrationReport, torch, device, nproc, back
         return
     if timeout_s is None:
         timeout_s = 60.0 if quick else 600.0
-    rows, more, in_step = _run_collectives(device, nproc, backend, _collective_sizes(device, quick), budget,
-                                           timeout_s)
+    rows, more, in_step, slowdown = _run_collectives(device, nproc, backend, _collective_sizes(device, quick),
+                                                     budget, timeout_s)
     notes += more
     report.nproc, report.backend, report.collectives = nproc, backend, rows
     report.collective_latency_s = in_step
+    report.concurrent_slowdown = slowdown if device == "cpu" else 1.0  # one GPU per process: its own
     if not rows:
         return
     for name in _COLLECTIVES:
