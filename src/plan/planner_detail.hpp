@@ -577,6 +577,25 @@ struct Candidate {
   std::vector<int> block_order;  // blocks renumbered by a stage-ILP order (empty: the grouping's)
 };
 
+// A stage's parameter tensors in the order of the parameters (their bytes), with the greedy bucket
+// counts the ZeRO / data-parallel pricing asks for (zero.cpp's bucketed): the same few questions
+// are asked for every level and placement of the stage, so each answer is kept (the object lives
+// in one search thread: the aggregate that made it and its copies).
+struct ParamTensors {
+  std::vector<double> bytes;
+  double sum = 0;
+  // Greedy buckets of at least `cap` bytes over the tensors scaled by k, in order or reversed.
+  int buckets(double k, double cap, bool reverse) const;
+
+ private:
+  struct Count {
+    double k, cap;
+    bool reverse;
+    int n;
+  };
+  mutable std::vector<Count> counts_;
+};
+
 struct StageAgg {
   bool ok = false;
   std::string error;
@@ -599,7 +618,9 @@ struct StageAgg {
   // time (compute part apart) and its transient while it is re-made.
   std::vector<double> blk_act, blk_ckpt, blk_fwd, blk_fwd_compute, blk_remake;
   std::vector<double> blk_param;   // per block: its parameter bytes (ZeRO-3 on some blocks only)
-  std::vector<double> param_tensors;  // the blocks' parameter leaves' bytes (BlockCost::param_tensor_bytes)
+  // The blocks' parameter leaves' bytes (BlockCost::param_tensor_bytes), shared: with_replicas
+  // copies a stage's aggregate for every level and placement it prices.
+  std::shared_ptr<const ParamTensors> param_tensors;
   std::vector<int> recompute_set;  // Full on these blocks only (offsets from the first); empty = every block
   std::vector<int> zero3_set;      // ZeRO-3 on these blocks, `zero` on the others (offsets); empty = none
 };

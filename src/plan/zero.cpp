@@ -97,20 +97,25 @@ double ring(double (*f)(const cluster::AxisLink&, double), const cluster::AxisLi
   return l.size > 1 && bytes > 0 ? f(l, bytes) : 0.0;
 }
 
-// The collectives the lowering issues for `total` bytes of tensors of sizes `sizes` (in the order
-// they are ready, or its reverse; scaled to sum to `total`), grouped greedily into buckets of at
-// least `cap` bytes (cap <= 0: one collective per tensor), as the lowering groups them (lower.md
-// step 5): Σ over the buckets of the collective's time, so its latency term counts the buckets.
-// Without sizes: one. A ring collective's time is affine in its bytes (α-β), so the Σ over n
-// buckets is one collective of them all plus n − 1 latency terms (the time of 0 bytes): the
-// buckets are counted, not priced one by one (the planner prices this for every candidate stage).
-double bucketed(double (*f)(const cluster::AxisLink&, double), const cluster::AxisLink& l,
-                const std::vector<double>& sizes, double total, double cap, bool reverse = false) {
+// The collectives the lowering issues for `total` bytes of the tensors `p` (in the order they
+// are ready, or its reverse; scaled to sum to `total`), grouped greedily into buckets of at least
+// `cap` bytes (cap <= 0: one collective per tensor), as the lowering groups them (lower.md step 5):
+// Σ over the buckets of the collective's time, so its latency term counts the buckets. Without
+// tensors: one. A ring collective's time is affine in its bytes (α-β), so the Σ over n buckets is
+// one collective of them all plus n − 1 latency terms (the time of 0 bytes): the buckets are
+// counted, not priced one by one, and counted once per stage (ParamTensors::buckets).
+double bucketed(double (*f)(const cluster::AxisLink&, double), const cluster::AxisLink& l, const ParamTensors* p,
+                double total, double cap, bool reverse = false) {
   if (l.size <= 1 || total <= 0) return 0.0;
-  double sum = 0;
-  for (double x : sizes) sum += x;
-  if (sizes.empty() || sum <= 0) return f(l, total);
-  const double k = total / sum;
+  if (p == nullptr || p->bytes.empty() || p->sum <= 0) return f(l, total);
+  const int n = p->buckets(total / p->sum, cap, reverse);
+  return f(l, total) + std::max(0, n - 1) * f(l, 0.0);
+}
+}  // namespace
+
+int ParamTensors::buckets(double k, double cap, bool reverse) const {
+  for (const Count& c : counts_)
+    if (c.k == k && c.cap == cap && c.reverse == reverse) return c.n;
   double cur = 0;
   int n = 0;
   auto add = [&](double x) {
@@ -121,13 +126,13 @@ double bucketed(double (*f)(const cluster::AxisLink&, double), const cluster::Ax
     }
   };
   if (reverse)
-    std::for_each(sizes.rbegin(), sizes.rend(), add);
+    std::for_each(bytes.rbegin(), bytes.rend(), add);
   else
-    std::for_each(sizes.begin(), sizes.end(), add);
+    std::for_each(bytes.begin(), bytes.end(), add);
   n += cur > 0 ? 1 : 0;
-  return f(l, total) + std::max(0, n - 1) * f(l, 0.0);
+  counts_.push_back({k, cap, reverse, n});
+  return n;
 }
-}  // namespace
 
 StageAgg with_replicas(const StageAgg& a, int level, const ReplicaLinks& l, double grad_bytes,
                        const PlanOptions& o) {
@@ -158,11 +163,12 @@ StageAgg with_replicas(const StageAgg& a, int level, const ReplicaLinks& l, doub
   // the backward makes them (the reverse of the parameters'), with or without overlap (which only
   // says whether the compute hides them). Each bucket pays the collective's latency once.
   const double cap = o.grad_bucket_bytes;
+  const ParamTensors* tensors = a.param_tensors.get();
   if (level == 0 || l.replicas == 1) {
     // The in-mesh synchronisation and the all-reduce across every replica (one group of all of
     // them) in the gradient buckets, with the last micro-batch's backward.
     WEFT_ASSERT(l.group == l.replicas, "plain data parallelism over a hybrid replica grouping");
-    const double sync = bucketed(cluster::all_reduce_time, grp, a.param_tensors, G, cap, true);
+    const double sync = bucketed(cluster::all_reduce_time, grp, tensors, G, cap, true);
     r.upd = rest + a.upd_compute + step_sync(a.grad_sync + sync, G);
     r.zero = 0;
     r.zero_group = 1;
@@ -185,10 +191,10 @@ StageAgg with_replicas(const StageAgg& a, int level, const ReplicaLinks& l, doub
   // the parameters'), the new parameters' gathers in such buckets in update order, ZeRO-3's
   // gathers one per block (FSDP's unit). Each bucket pays the collective's latency once.
   auto RSb = [&](const cluster::AxisLink& k, double b) {
-    return bucketed(cluster::reduce_scatter_time, k, a.param_tensors, b, cap, true);
+    return bucketed(cluster::reduce_scatter_time, k, tensors, b, cap, true);
   };
   auto AGb = [&](const cluster::AxisLink& k, double b) {
-    return bucketed(cluster::all_gather_time, k, a.param_tensors, b, cap);
+    return bucketed(cluster::all_gather_time, k, tensors, b, cap);
   };
   if (level == 1) {
     // Gradients accumulate whole; once per step reduce-scattered (with the last backward), the
