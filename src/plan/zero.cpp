@@ -104,8 +104,8 @@ double ring(double (*f)(const cluster::AxisLink&, double), const cluster::AxisLi
 // tensors: one. A ring collective's time is affine in its bytes (α-β), so the Σ over n buckets is
 // one collective of them all plus n − 1 latency terms (the time of 0 bytes): the buckets are
 // counted, not priced one by one, and counted once per stage (ParamTensors::buckets).
-double bucketed(double (*f)(const cluster::AxisLink&, double), const cluster::AxisLink& l, const ParamTensors* p,
-                double total, double cap, bool reverse = false) {
+double bucketed(double (*f)(const cluster::AxisLink&, double), const cluster::AxisLink& l,
+                const ParamTensors* p, double total, double cap, bool reverse = false) {
   if (l.size <= 1 || total <= 0) return 0.0;
   if (p == nullptr || p->bytes.empty() || p->sum <= 0) return f(l, total);
   const int n = p->buckets(total / p->sum, cap, reverse);
