@@ -729,7 +729,7 @@ def _measure_memory_ops(torch, dev, numel, sync, budget, gen) -> list[MemoryOpTi
     return out
 
 
-def _measure_runtime_overhead(torch, dev, sync, budget) -> float:
+def _measure_runtime_overhead(dev, sync, budget) -> float:
     """Seconds per compute op of weft's own runtime (weft.runtime's RankRuntime, one rank) on a
     training step of a GPT so small that its kernels cost nothing: the Python around each op (its
     instruction, buffer reads and writes, frees), which the planner must count per op when it
@@ -909,30 +909,30 @@ def _in_step_latency(torch, dist, dev, sync, barrier, agree_max, budget: _Budget
         torch.add(big, big, out=out)
 
     k = 20 if budget is _QUICK else 100
-    extra = []
-    for _ in range(max(3, budget.min_samples)):
-        times = []
-        for with_collective in (False, True):
-            barrier()
-            t0 = time.perf_counter()
-            for _ in range(k):
-                compute()
-                if with_collective:
-                    dist.all_reduce(x)
-            sync()
-            times.append((time.perf_counter() - t0) / k)
-        extra.append(times[1] - times[0])
-    alone, together = [], []
+    samples = max(3, budget.min_samples)
     rank = dist.get_rank()
-    for _ in range(max(3, budget.min_samples)):
-        for everyone in (False, True):
-            barrier()
-            if everyone or rank == 0:
-                t0 = time.perf_counter()
-                for _ in range(k):
-                    compute()
-                sync()
-                (together if everyone else alone).append((time.perf_counter() - t0) / k)
+
+    def per_iteration(with_collective: bool, runs: bool = True) -> float:
+        """Seconds per iteration of k after a barrier (0 on a rank that only waits)."""
+        barrier()
+        if not runs:
+            return 0.0
+        t0 = time.perf_counter()
+        for _ in range(k):
+            compute()
+            if with_collective:
+                dist.all_reduce(x)
+        sync()
+        return (time.perf_counter() - t0) / k
+
+    extra = []
+    for _ in range(samples):
+        plain = per_iteration(False)
+        extra.append(per_iteration(True) - plain)
+    alone, together = [], []
+    for _ in range(samples):
+        alone.append(per_iteration(False, runs=rank == 0))
+        together.append(per_iteration(False))
     slowdown = statistics.median(together) / statistics.median(alone) if rank == 0 else 0.0
     return agree_max(max(0.0, statistics.median(extra))), max(1.0, agree_max(slowdown))
 
@@ -1172,7 +1172,8 @@ def _calibrate(torch, device, nproc, backend, dtypes, device_spec, cluster, quic
     notes: list[str] = []
     load = _load_average()
     cores = os.cpu_count() or 1
-    if load is not None and load > 0.5 * cores:
+    busy = load is not None and load > 0.5 * cores
+    if busy:
         # Other work on the cores stalls the threads of a parallel kernel (and the collective
         # processes): the timings then measure the machine's load as much as the device.
         _warn_busy(notes, f"load average {load:.1f} on {cores} cores")
@@ -1207,14 +1208,14 @@ def _calibrate(torch, device, nproc, backend, dtypes, device_spec, cluster, quic
     matmuls = _measure_matmuls(torch, dev, dtypes, _matmul_shapes(device, quick), sync, budget, gen)
     memory_ops = _measure_memory_ops(torch, dev, _memory_numel(device, quick), sync, budget, gen)
     overheads = _measure_overheads(torch, dev, sync, budget, gen)
-    runtime_overhead = _measure_runtime_overhead(torch, dev, sync, budget)
+    runtime_overhead = _measure_runtime_overhead(dev, sync, budget)
     if device == "cuda":
         torch.cuda.empty_cache()
 
     # The load average lags (a minute's mean) and misses short bursts: repeated timings that
     # scatter say the same from inside the measurement.
     spread = statistics.median(x.spread for x in [*matmuls, *memory_ops])
-    if spread > SPREAD_LIMIT and not any("busy" in n for n in notes):
+    if spread > SPREAD_LIMIT and not busy:
         _warn_busy(notes, f"repeated timings scattered by {spread:.0%} of their median (interquartile range; "
                           f"an idle machine stays under {SPREAD_LIMIT:.0%})")
 

@@ -28,7 +28,7 @@ namespace weft::plan::detail {
 StageAgg aggregate(Context& ctx, int first, int last, std::int64_t bs, const MeshOption& m, int variant,
                    int forced_dp) {
   StageAgg a;
-  std::vector<double> param_tensors;
+  auto tensors = std::make_shared<ParamTensors>();
   for (int b = first; b <= last; ++b) {
     const BlockCost& bc = ctx.block_cost(b, bs, m, variant, forced_dp);
     if (!bc.ok) {
@@ -62,7 +62,7 @@ StageAgg aggregate(Context& ctx, int first, int last, std::int64_t bs, const Mes
     a.blk_fwd_compute.push_back(bc.fwd_compute);
     a.blk_remake.push_back(bc.transient + bc.full_remake);
     a.blk_param.push_back(bc.param_mem);
-    param_tensors.insert(param_tensors.end(), bc.param_tensor_bytes.begin(), bc.param_tensor_bytes.end());
+    tensors->bytes.insert(tensors->bytes.end(), bc.param_tensor_bytes.begin(), bc.param_tensor_bytes.end());
     a.sel_transient = std::max(a.sel_transient, bc.transient + bc.sel_peak);
   }
   // Tensors passed between the stage's blocks: each block's SPMD plan chose its own layout.
@@ -72,9 +72,7 @@ StageAgg aggregate(Context& ctx, int first, int last, std::int64_t bs, const Mes
   a.upd += r.upd;
   a.comm += r.fwd + r.bwd;
   a.between_blocks = r.fwd + r.bwd + r.upd;
-  auto tensors = std::make_shared<ParamTensors>();
-  for (double x : param_tensors) tensors->sum += x;
-  tensors->bytes = std::move(param_tensors);
+  tensors->sum = std::accumulate(tensors->bytes.begin(), tensors->bytes.end(), 0.0);
   a.param_tensors = std::move(tensors);
   a.ok = true;
   return a;

@@ -117,7 +117,7 @@ class RankRuntime:
         m = self._meta.get(b)
         if m is None:
             shape, dt = self.local_shape(b), self.dtype_of(b)
-            m = self._meta[b] = (shape, dt, shape.numel() * torch.empty((), dtype=dt).element_size())
+            m = self._meta[b] = (shape, dt, shape.numel() * dt.itemsize)
         return m
 
     def write(self, b: int, v: torch.Tensor) -> None:

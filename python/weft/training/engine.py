@@ -287,22 +287,20 @@ def batch_updates(after: Sequence[dict], updates: Sequence[dict]) -> List[dict]:
     that changes nothing: no other instruction between the first and the last update writes a
     buffer a later update reads, or reads (other than to free it) a buffer a later update writes.
     Otherwise ``after`` as it is."""
-    pos = [i for i, ins in enumerate(after) if any(ins is u for u in updates)]
+    ids = {id(u) for u in updates}
+    pos = [i for i, ins in enumerate(after) if id(ins) in ids]
     if len(pos) < 2:
         return list(after)
     later_reads: set = set()
     later_writes: set = set()
-    for i in range(pos[-1], pos[0] - 1, -1):
-        ins = after[i]
-        if i in pos:
+    for ins in reversed(after[pos[0]:pos[-1] + 1]):
+        if id(ins) in ids:
             later_reads.update(ins["inputs"])
             later_writes.update(ins["outputs"])
             continue
         reads = set(ins["inputs"]) if ins["kind"] != "free" else set()
         if set(ins["outputs"]) & later_reads or reads & later_writes:
             return list(after)
-    first = after[pos[0]]
-    merged = {"kind": _UPDATES, "pc": first["pc"], "inputs": [], "outputs": [],
+    merged = {"kind": _UPDATES, "pc": after[pos[0]]["pc"], "inputs": [], "outputs": [],
               "updates": [after[i] for i in pos]}
-    chosen = set(pos)
-    return [merged if i == pos[0] else ins for i, ins in enumerate(after) if i == pos[0] or i not in chosen]
+    return [merged if i == pos[0] else ins for i, ins in enumerate(after) if i == pos[0] or id(ins) not in ids]
