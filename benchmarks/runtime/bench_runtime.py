@@ -7,7 +7,9 @@ parameters (weft's counter-based initial values) and see the same tokens, so the
 checks that the two train identically (largest relative parameter difference after the steps).
 
 Figures: step time of each (median of the timed steps after a warm-up), throughput ratio
-weft / PyTorch (goal on a GPU: >= 0.9), and the per-instruction overhead of the runtime.
+weft / PyTorch against two baselines: the module op for op as weft's graph (softmax attention,
+foreach Adam) and torch's fastest eager form (scaled_dot_product_attention, fused Adam; issue 36's
+goal on a GPU: >= 0.95), and the per-instruction overhead of the runtime.
 
     PYTHONPATH=python:build/<dir>/python python3 benchmarks/runtime/bench_runtime.py [--device cuda]
         [--preset small|medium|1.3B] [--dtype f32|bf16] [--steps 5] [--json]
@@ -52,7 +54,7 @@ def sync(device):
         torch.cuda.synchronize(device)
 
 
-def run_torch(args, step, device, dtype, layers, heads):
+def run_torch(args, step, device, dtype, layers, heads, fastest=False):
     times, losses = [], []
 
     def timed(s, fn):
@@ -64,7 +66,7 @@ def run_torch(args, step, device, dtype, layers, heads):
         losses.append(loss)
 
     final = train_plain_pytorch(step, layers, heads, args.steps, seed=args.seed, device=device, dtype=dtype,
-                                around_step=timed)
+                                around_step=timed, sdpa=fastest, fused=fastest)
     return times, losses, final
 
 
@@ -115,16 +117,20 @@ def main():
     case = f"GPT {preset} {args.dtype} {args.device}"
     tw, lw, pw, n_instr = run_weft(args, step, cluster, device, args.dtype)
     tt, lt, pt = run_torch(args, step, device, dtype, layers, heads)
-    w, t = statistics.median(tw[1:] or tw), statistics.median(tt[1:] or tt)
+    tf, lf, pf = run_torch(args, step, device, dtype, layers, heads, fastest=True)
+    w, t, f = (statistics.median(x[1:] or x) for x in (tw, tt, tf))
     emit(args, case, "weft runtime step", w, "s")
     emit(args, case, "PyTorch eager step", t, "s")
+    emit(args, case, "PyTorch eager SDPA+fused Adam step", f, "s")
     emit(args, case, "throughput weft / PyTorch", t / w, "x", 1.0)
+    emit(args, case, "throughput weft / SDPA+fused", f / w, "x", 0.95)
     emit(args, case, "runtime instructions per step", n_instr, "")
     emit(args, case, "step time per instruction", 1e6 * w / n_instr, "us")
     worst = max(float((pw[n].double() - pt[n].double()).abs().max() / pt[n].double().abs().max()) for n in pt)
     emit(args, case, f"params rel. diff after {args.steps} steps", worst, "")
     emit(args, case, "last loss weft", lw[-1], "")
     emit(args, case, "last loss PyTorch", lt[-1], "")
+    emit(args, case, "last loss SDPA+fused", lf[-1], "")
     dist.destroy_process_group()
 
 

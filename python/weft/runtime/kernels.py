@@ -137,16 +137,50 @@ def _unary_derivative(fn: str, x: torch.Tensor, scalar: float) -> torch.Tensor:
     raise KernelError(f"unknown unary function {fn!r}")
 
 
+# ---- integer ids checked against their range
+
+def check_ids(op: dict, ids: torch.Tensor, n: int, ctx: dict, message: str) -> torch.Tensor:
+    """``ids`` (int64) when every one is in [0, n), else a KernelError naming the op and the first bad
+    id (``message`` formats it). On the CPU, at once. On a GPU the check is not read back here (a host
+    sync per embedding and loss would drain the launch queue every time): the ids go on clamped into
+    range (so no kernel reads out of bounds) and ``ctx["deferred_checks"]`` (the runtime's list)
+    gets them, to be checked by :func:`check_deferred` when the step finishes, one sync for all."""
+    if not ids.numel():
+        return ids
+    deferred = ctx.get("deferred_checks") if ids.device.type != "cpu" else None
+    if deferred is None:
+        if int(ids.min()) < 0 or int(ids.max()) >= n:
+            _raise_bad_id(op["name"], ids, n, message)
+        return ids
+    deferred.append((op["name"], ids, n, message))
+    return ids.clamp(0, n - 1)
+
+
+def _raise_bad_id(name: str, ids: torch.Tensor, n: int, message: str):
+    bad = ids[(ids < 0) | (ids >= n)][0].item()
+    raise KernelError(f"op '{name}': " + message.format(bad))
+
+
+def check_deferred(checks: list) -> None:
+    """The range checks :func:`check_ids` deferred on a GPU during a step, read back at once (one
+    host sync); empties the list. Raises the first failure's KernelError."""
+    if not checks:
+        return
+    pending = list(checks)
+    checks.clear()
+    flags = torch.stack([((ids < 0) | (ids >= n)).any() for _, ids, n, _ in pending]).cpu()
+    for (name, ids, n, message), bad in zip(pending, flags.tolist()):
+        if bad:
+            _raise_bad_id(name, ids, n, message)
+
+
 # ---- vocabulary rows of a sharded dim
 
 def _vocab_rows(op: dict, ids: torch.Tensor, ctx: dict, n_local: int, what: str):
     """(local row of each id or -1, mask of the ids held here); ids checked against the global vocabulary."""
     index = ctx.get("vocab_index")
     n_global = int(ctx.get("vocab_size") or 0) or n_local
-    ids = ids.to(torch.int64)
-    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= n_global):
-        bad = ids[(ids < 0) | (ids >= n_global)][0].item()
-        raise KernelError(f"op '{op['name']}': {what} {bad} is not an integer in [0, {n_global})")
+    ids = check_ids(op, ids.to(torch.int64), n_global, ctx, f"{what} {{}} is not an integer in [0, {n_global})")
     if index is None:
         return ids, None
     lookup = ctx.get("_vocab_lookup")  # cached per instruction by the runtime
@@ -312,10 +346,12 @@ def _whole_vocabulary(ctx: dict, n_local: int) -> bool:
 
 def _cross_entropy(op, x, ctx):
     lg, lab = x[0], x[1]
-    if _whole_vocabulary(ctx, lg.shape[-1]) and not (lg.dtype in _HALF and ctx.get("f32_inside")) and lg.shape[-1]:
+    if _whole_vocabulary(ctx, lg.shape[-1]) and lg.shape[-1]:
         # The whole vocabulary here: torch's fused kernels, one pass each way (logsumexp; softmax),
         # where the steps below take three over the logits (the backward recomputed the forward's
-        # max and sum). The same formulas: log Σ exp(x - max) + max, and exp(x - max) / Σ.
+        # max and sum). The same formulas: log Σ exp(x - max) + max, and exp(x - max) / Σ; under
+        # mixed precision on the logits in f32, as autocast's cross entropy.
+        lg = _hi(ctx, lg)
         rows, _ = _vocab_rows(op, lab, ctx, lg.shape[-1], "label")
         tokens = ctx.get("tokens") or float(lg[..., 0].numel())
         if op["kind"] == "cross_entropy":
@@ -490,20 +526,16 @@ def _routed_axis(op, rank: int) -> int:
     return _axis(int(op["attrs"]["axes"][0]), rank)
 
 
-def _index(op, index: torch.Tensor, n: int) -> torch.Tensor:
+def _index(op, index: torch.Tensor, n: int, ctx: dict) -> torch.Tensor:
     """The index tile as int64, checked against the axis size (as the C++ kernel does)."""
-    index = index.to(torch.int64)
-    if index.numel() and (int(index.min()) < 0 or int(index.max()) >= n):
-        bad = index[(index < 0) | (index >= n)][0].item()
-        raise KernelError(f"op '{op['name']}': index {bad} is not an integer in [0, {n}) (the size of the "
-                          f"{op['kind']} axis)")
-    return index
+    return check_ids(op, index.to(torch.int64), n, ctx,
+                     f"index {{}} is not an integer in [0, {n}) (the size of the {op['kind']} axis)")
 
 
 def _gather(op, x, ctx):
     xv, index = x
     ax = _routed_axis(op, xv.dim())
-    return [torch.gather(xv, ax, _index(op, index, xv.shape[ax]))]
+    return [torch.gather(xv, ax, _index(op, index, xv.shape[ax], ctx))]
 
 
 def _scatter_add(op, x, ctx):
@@ -513,7 +545,7 @@ def _scatter_add(op, x, ctx):
     else:
         base, index, src = _hi(ctx, x[0]), x[1], _hi(ctx, x[2])
     ax = _routed_axis(op, src.dim())
-    return [torch.scatter_add(base, ax, _index(op, index, base.shape[ax]), src)]
+    return [torch.scatter_add(base, ax, _index(op, index, base.shape[ax], ctx), src)]
 
 
 def _topk(op, x, ctx):

@@ -19,7 +19,7 @@ import torch
 from .. import _weft
 from . import tiles as T
 from .comm import Comm, ProcessGroups
-from .kernels import ce_grad, ce_loss, ce_row_max, ce_row_sum_target, run_kernel
+from .kernels import ce_grad, ce_loss, ce_row_max, ce_row_sum_target, check_deferred, run_kernel
 
 # Storage dtypes: the runtime's float policy, and the graph's dtype names.
 TORCH_DTYPES = {"f64": torch.float64, "f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
@@ -80,7 +80,15 @@ class RankRuntime:
         self._meta: Dict[int, tuple] = {}
         self._sources: Dict[int, object] = {}
         self._files = ValueFiles()
-        self._file_tiles: Dict[tuple, torch.Tensor] = {}
+        self._file_tiles: Dict[tuple, torch.Tensor] = {}  # (buffer, offset) -> a steady leaf's tile
+        # Id and label range checks of the kernels (kernels.check_ids): on a GPU they are not read back
+        # where they run (a host sync per embedding / loss stalls the launch queue), but once at the
+        # end of the step (check_deferred); the CPU checks at once.
+        self.deferred_checks: List[tuple] = []
+        if self.device.type != "cpu":
+            for ins in self.instrs:
+                if isinstance(ins.get("context"), dict):
+                    ins["context"]["deferred_checks"] = self.deferred_checks
 
     # -- buffers
 
@@ -159,15 +167,27 @@ class RankRuntime:
                     self._file_tiles[key] = v  # refilled every step: read once
             self.write(b, v)
             return
+        role = self.tensors[t]["role"]
+        # A buffer or constant with its value in the graph (a causal mask, a position table) is the
+        # same every step: its tile is worked out once (index math and a host-to-device copy per
+        # step cost as much as many kernels); a seeded leaf's value may depend on the step.
+        steady = role == "constant" or (role == "buffer" and source == "memory")
+        key = (b, offset)
+        if steady and key in self._file_tiles:
+            self.write(b, self._file_tiles[key])
+            return
         shape = self.layout.global_input_shape(t)
         flat = T.flat_global(self.layout.tile(b, self.rank), shape, offset)
         name = self.tensors[t]["name"]
-        if name in self.inputs and self.tensors[t]["role"] == "input":
+        if name in self.inputs and role == "input":
             vals = self.inputs[name].reshape(-1)[flat]
         else:
             vals = self.leaves.values(t, step, flat)
         v = torch.from_numpy(np.ascontiguousarray(vals, dtype=np.float64)).reshape(self.local_shape(b))
-        self.write(b, v.to(device=self.device, dtype=self.dtype_of(b)))
+        v = v.to(device=self.device, dtype=self.dtype_of(b))
+        if steady:
+            self._file_tiles[key] = v
+        self.write(b, v)
 
     def _source(self, t: int):
         """None / 'memory' / (file, key): where leaf t's value is (cached per tensor)."""
@@ -258,6 +278,7 @@ class RankRuntime:
         for b in list(self.pending):
             self.read(b)
         self.comm.wait_sends()
+        check_deferred(self.deferred_checks)
 
     def execute(self, ins: dict, step: int) -> None:
         kind = ins["kind"]

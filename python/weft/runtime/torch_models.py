@@ -21,13 +21,16 @@ class TorchGPT(torch.nn.Module):
     """weft.models.gpt as a PyTorch module: learned positions, pre-LN blocks, fused QKV, softmax
     attention without a mask (as weft's graph), tanh-GeLU MLP, final LN, logits tied to wte.
     ``dropout`` > 0: GPT-2's dropouts (embeddings, attention probabilities, both residual branches)
-    in training mode (weft.from_torch imports them as the IR's dropout op)."""
+    in training mode (weft.from_torch imports them as the IR's dropout op). ``sdpa``: attention
+    through ``F.scaled_dot_product_attention`` (the same function; torch's fused flash / memory-
+    efficient kernels, the baseline a torch user would run on a GPU)."""
 
-    def __init__(self, params: Dict[str, torch.Tensor], layers: int, heads: int, dropout: float = 0.0):
+    def __init__(self, params: Dict[str, torch.Tensor], layers: int, heads: int, dropout: float = 0.0,
+                 sdpa: bool = False):
         super().__init__()
         self.names = {k.replace(".", "_"): k for k in params}
         self.p = torch.nn.ParameterDict({k.replace(".", "_"): torch.nn.Parameter(v) for k, v in params.items()})
-        self.layers, self.heads, self.dropout = layers, heads, float(dropout)
+        self.layers, self.heads, self.dropout, self.sdpa = layers, heads, float(dropout), bool(sdpa)
 
     def drop(self, x: torch.Tensor) -> torch.Tensor:
         return F.dropout(x, self.dropout, self.training) if self.dropout else x
@@ -47,9 +50,14 @@ class TorchGPT(torch.nn.Module):
             p = f"h{i}"
             y = F.layer_norm(x, [h], self.w(p + ".ln1.gamma"), self.w(p + ".ln1.beta"), 1e-5)
             qkv = (y @ self.w(p + ".attn.qkv.w") + self.w(p + ".attn.qkv.b")).reshape(b, s, 3, self.heads, d)
-            q, k, v = qkv[:, :, 0] * (1.0 / d ** 0.5), qkv[:, :, 1], qkv[:, :, 2]
-            probs = self.drop(torch.softmax(torch.einsum("bsnd,btnd->bnst", q, k), dim=-1))
-            ctx = torch.einsum("bnst,btnd->bsnd", probs, v).reshape(b, s, h)
+            if self.sdpa:
+                q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
+                p_drop = self.dropout if self.training else 0.0
+                ctx = F.scaled_dot_product_attention(q, k, v, dropout_p=p_drop).transpose(1, 2).reshape(b, s, h)
+            else:
+                q, k, v = qkv[:, :, 0] * (1.0 / d ** 0.5), qkv[:, :, 1], qkv[:, :, 2]
+                probs = self.drop(torch.softmax(torch.einsum("bsnd,btnd->bnst", q, k), dim=-1))
+                ctx = torch.einsum("bnst,btnd->bsnd", probs, v).reshape(b, s, h)
             x = x + self.drop(ctx @ self.w(p + ".attn.proj.w") + self.w(p + ".attn.proj.b"))
             y = F.layer_norm(x, [h], self.w(p + ".ln2.gamma"), self.w(p + ".ln2.beta"), 1e-5)
             y = F.gelu(y @ self.w(p + ".mlp.fc1.w") + self.w(p + ".mlp.fc1.b"), approximate="tanh")
@@ -72,29 +80,32 @@ def leaf_value(values, graph, name: str, step: int, device, dtype) -> torch.Tens
 
 
 def train_plain_pytorch(step, layers: int, heads: int, steps: int, *, seed: int = 0, device="cpu",
-                        dtype=torch.float64, around_step: Optional[Callable] = None) -> Dict[str, torch.Tensor]:
+                        dtype=torch.float64, around_step: Optional[Callable] = None, sdpa: bool = False,
+                        fused: bool = False) -> Dict[str, torch.Tensor]:
     """Trains TorchGPT (weft.models.gpt's structure, its parameter names) with torch autograd and
     torch.optim for ``steps`` steps from ``step``'s initial parameters and data; returns the
     parameters by name. ``around_step(s, fn)`` (optional) wraps each step (fn runs it and returns
-    the loss), e.g. to time it."""
+    the loss), e.g. to time it. ``sdpa`` / ``fused``: torch's fastest eager form (attention through
+    scaled_dot_product_attention, the fused Adam kernel) instead of the op-for-op twin of weft's graph."""
     values = _weft.LeafValues(step, int(seed))
     params = {t["name"]: leaf_value(values, step, t["name"], 1, device, dtype) for t in step.tensors
               if t["role"] == "parameter" and t["producer"] is None}
-    model = TorchGPT(params, layers, heads)
+    model = TorchGPT(params, layers, heads, sdpa=sdpa)
     trained = train_module(model, step, steps, seed=seed, device=device, around_step=around_step,
-                           load_initial=False)
+                           load_initial=False, fused=fused)
     return {model.names[k.split(".", 1)[1]]: v for k, v in trained.items()}
 
 
 def train_module(module: torch.nn.Module, step, steps: int, *, seed: int = 0, device="cpu",
                  inputs=("tokens", "labels"), around_step: Optional[Callable] = None,
-                 load_initial: Optional[bool] = None) -> Dict[str, torch.Tensor]:
+                 load_initial: Optional[bool] = None, fused: bool = False) -> Dict[str, torch.Tensor]:
     """Trains ``module`` (its forward returns the scalar loss of ``inputs``) with torch autograd and
     torch.optim, as weft's training step ``step`` would: each step's data from weft's counter-based
     values of ``step``, the optimizer and its hyper-parameters from ``step``'s update ops. The
     initial parameters are the module's own when ``step`` is its import (weft.from_torch records
     them; ``load_initial=None`` decides by ``step.seed_parameters``), else weft's seeded values
-    (matched by name). Returns the parameters (state_dict names) after ``steps`` steps."""
+    (matched by name). ``fused``: torch's fused Adam kernel instead of the foreach one. Returns the
+    parameters (state_dict names) after ``steps`` steps."""
     if load_initial is None:
         load_initial = bool(step.seed_parameters)
     values = _weft.LeafValues(step, int(seed), bool(load_initial))
@@ -112,7 +123,8 @@ def train_module(module: torch.nn.Module, step, steps: int, *, seed: int = 0, de
         raise ValueError("the graph has no optimizer update (give a training step)")
     a = update["attrs"]["scalars"]
     if update["kind"] == "adam_update":
-        opt = torch.optim.Adam(module.parameters(), lr=a[0], betas=(a[1], a[2]), eps=a[3], foreach=True)
+        kind = {"fused": True} if fused else {"foreach": True}
+        opt = torch.optim.Adam(module.parameters(), lr=a[0], betas=(a[1], a[2]), eps=a[3], **kind)
     else:
         opt = torch.optim.SGD(module.parameters(), lr=a[0], momentum=a[1] if len(a) > 1 else 0.0)
     for s in range(1, steps + 1):
