@@ -25,6 +25,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 
+from ..runtime.kernels import check_deferred
 from ..runtime.rank import TORCH_DTYPES, RankError, RankRuntime
 
 UPDATE_KINDS = ("adam_update", "sgd_update")
@@ -196,6 +197,9 @@ class TrainingRank(RankRuntime):
         if self.world > 1:
             dist.all_reduce(stats)
         sq_total, loss = float(stats[0]), float(stats[1])
+        # The forward's and backward's deferred id / label checks (a GPU's; the sync above already
+        # drained the queue): a bad id stops the step before any parameter changes.
+        check_deferred(self.deferred_checks)
         # The gradients are scaled (through the seed), the forward's loss is not.
         norm = math.sqrt(sq_total) / loss_scale if math.isfinite(sq_total) else math.inf
         skipped = not math.isfinite(norm)  # an inf / nan gradient on any rank: every rank skips
