@@ -4,9 +4,9 @@ of a GPT on the local cluster the calibration describes, run each, and compare.
 1. ``weft.calibrate(device="cpu", nproc=N, threads=1)`` times matmuls, memory-bound ops, per-op
    overheads and gloo collectives between N processes here; ``report.local_cluster()`` is this host
    as a cluster of N devices priced with what was measured (one device per process).
-2. On that cluster, the training graph of the GPT (a user-written torch module: the char-LM GPT of
-   examples/train_char_lm.py at the issue's small config, 4 layers x 128 hidden, seq 64, vocab 2048,
-   global batch 8) is planned five ways, each by ``weft.megatron_plan`` (a layout evaluation priced
+2. On that cluster, the training graph of the GPT (bench_vs_torch.py's plain torch module, at its
+   ``--config``: medium, 4 layers x 256 hidden, seq 128, vocab 4096, batch 16, on 2 processes by
+   default; small, 4 x 128, seq 64, vocab 2048, batch 8, on 4) is planned five ways, each by ``weft.megatron_plan`` (a layout evaluation priced
    with the planner's cost model): data parallel (d=N), ZeRO-3 (d=N, zero=3), tensor parallel
    (t=N), 1F1B pipelines (p=N) with 2 and 4 micro-batches; and ``weft.plan`` picks its own.
    Planned with ``overlap_grad_sync=False``: on a CPU the collectives run on the cores that compute.
@@ -19,7 +19,7 @@ Printed: per layout the predicted step (``Plan.step_time``), the measured median
 5 % of each other measured count as tied); and ``weft.plan``'s pick, its measured step against the
 fastest measured layout (target within 5 %; the pick is timed too when it is none of the five).
 
-    PYTHONPATH=python:build/<dir>/python python3 benchmarks/runtime/bench_prediction.py [--nproc 4]
+    PYTHONPATH=python:build/<dir>/python python3 benchmarks/runtime/bench_prediction.py [--config medium|small] [--nproc N]
         [--steps 10] [--warmup 3] [--full-calibration] [--save FILE] [--json]
 
 A calibration taken while the machine is busy is warned about (RuntimeWarning) and mis-prices every
@@ -28,7 +28,6 @@ layout: run this on an idle machine.
 import argparse
 import copy
 import datetime
-import importlib.util
 import json
 import os
 import platform
@@ -43,34 +42,25 @@ import torch.distributed as dist
 
 import weft
 
-ROOT = Path(__file__).resolve().parents[2]
-CONFIG = dict(layers=4, hidden=128, heads=4, seq=64, vocab=2048, batch=8)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_vs_torch as bvt  # noqa: E402  (the GPT of the side-by-side and its configs)
+
 LAYOUTS = [("data parallel", dict(t=1, p=1, d=None, zero=0)), ("ZeRO-3", dict(t=1, p=1, d=None, zero=3)),
            ("tensor parallel", dict(t=None, p=1, d=1)), ("1F1B M=2", dict(t=1, p=None, d=1, num_microbatches=2)),
            ("1F1B M=4", dict(t=1, p=None, d=1, num_microbatches=4))]
 
 
-def example_module():
-    spec = importlib.util.spec_from_file_location("train_char_lm", ROOT / "examples" / "train_char_lm.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def make_model(cfg):
     torch.manual_seed(0)
-    return example_module().CharGPT(cfg["vocab"], d=cfg["hidden"], heads=cfg["heads"], layers=cfg["layers"],
-                                    seq=cfg["seq"])
+    return bvt.GPT(cfg["layers"], cfg["hidden"], cfg["heads"], cfg["seq"], cfg["vocab"])
 
 
 def batch_of(step, cfg):
-    g = torch.Generator().manual_seed(1000 + step)
-    tokens = torch.randint(0, cfg["vocab"], (cfg["batch"], cfg["seq"] + 1), generator=g)
-    return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+    return bvt.batch_of(step, cfg)
 
 
 def optimizer():
-    return weft.optim.Adam(lr=1e-3)
+    return weft.optim.Adam(lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
 
 
 def layout_kwargs(kw, n):
@@ -140,17 +130,18 @@ def orders_agree(pred, meas, tie=0.05):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--nproc", type=int, default=2,
-                    help="processes (default 2: one per core of a 2-core host; more processes than cores time the "
-                         "operating system's scheduler as much as weft)")
+    ap.add_argument("--config", choices=sorted(bvt.CONFIGS), default="medium")
+    ap.add_argument("--nproc", type=int, default=None,
+                    help="processes (default: the config's, 2 for medium -- one per core of a 2-core host; more "
+                         "processes than cores time the operating system's scheduler as much as weft)")
     ap.add_argument("--steps", type=int, default=10, help="timed steps of each layout")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--full-calibration", action="store_true", help="the full calibration (default: quick)")
     ap.add_argument("--save", default=None, help="also write the figures (with a header) to this file")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    cfg = dict(CONFIG)
-    n = args.nproc
+    cfg = {k: v for k, v in bvt.CONFIGS[args.config].items() if k != "nproc"}
+    n = args.nproc or bvt.CONFIGS[args.config]["nproc"]
     if cfg["batch"] % n:
         ap.error(f"--nproc must divide the batch {cfg['batch']}")
     load = os.getloadavg()[0]
@@ -204,7 +195,7 @@ def main():
     emit("all", "weft.plan seconds", pick_s, "s")
     if args.save:
         head = [f"# benchmarks/runtime/bench_prediction.py, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
-                f"# char-LM GPT {cfg}; {n} gloo processes, 1 thread each; {args.warmup} warm-up + {args.steps} timed "
+                f"# bench_vs_torch's GPT, {args.config} {cfg}; {n} gloo processes, 1 thread each; {args.warmup} warm-up + {args.steps} timed "
                 f"steps of each layout, alternating; medians",
                 f"# calibration: {'full' if args.full_calibration else 'quick'}, {calib_s:.0f} s; "
                 f"link α {report.link_fit.alpha:.3g} s, β {report.link_fit.beta:.3g} s/B; a small all-reduce between "

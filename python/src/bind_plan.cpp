@@ -343,6 +343,8 @@ void bind_plan(py::module_& m) {
         o.overlap_grad_sync = py::cast<bool>(v);
       else if (key == "grad_bucket_bytes")
         o.grad_bucket_bytes = py::cast<double>(v);
+      else if (key == "step_allreduce_bytes")
+        o.step_allreduce_bytes = py::cast<double>(v);
       else if (key == "whole_nodes_only")
         o.whole_nodes_only = py::cast<bool>(v);
       else if (key == "power_of_two_nodes")

@@ -183,7 +183,9 @@ def plan(model_graph, cluster, schedule: str = "1F1B", *, num_microbatches: Opti
     the limit the best plan found so far is returned with ``search_status == "timeout"``, within
     1.5 x the limit + 0.5 s; ValueError only when nothing was found), threads (SPMD searches in
     parallel; default 0 = every core; the plan is the same for any count), memory_limit (bytes per device), memory_fraction, overlap_grad_sync (default True:
-    gradient synchronisation overlapped with the last backward in buckets), grad_bucket_bytes, whole_nodes_only,
+    gradient synchronisation overlapped with the last backward in buckets), grad_bucket_bytes,
+    step_allreduce_bytes (default 16: the Trainer's per-step all-reduce of the gradient norm and loss over
+    every device, priced before the updates; 0 for weft.run's bare programs), whole_nodes_only,
     power_of_two_nodes, all_node_counts, bound_search, max_logical_shapes, two_d_meshes, pipeline, max_data_parallel, stage_ilp,
     compare_megatron, uneven_split (mixed GPUs: Whale's uneven tensor split), max_alternatives. Raises ValueError for bad input and when the model cannot
     fit (the message says how much memory is missing).

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "planner_detail.hpp"
+#include "weft/cluster/alpha_beta.hpp"
 #include "weft/cluster/device_mesh.hpp"
 #include "weft/core/error.hpp"
 #include "weft/core/units.hpp"
@@ -25,6 +26,14 @@
 #include "weft/sharding/sharding_spec.hpp"
 
 namespace weft::plan::detail {
+
+double step_allreduce_time(const cluster::Cluster& c, const PlanOptions& o, std::vector<int> devices) {
+  std::sort(devices.begin(), devices.end());
+  devices.erase(std::unique(devices.begin(), devices.end()), devices.end());
+  if (o.step_allreduce_bytes <= 0 || devices.size() < 2) return 0;
+  const cluster::DeviceMesh all({static_cast<std::int64_t>(devices.size())}, devices);
+  return cluster::all_reduce_time(cluster::axis_links(c, all)[0], o.step_allreduce_bytes);
+}
 
 sharding::ShardingSpec parse_spec_or_replicated(const std::string& text,
                                                 const std::vector<std::int64_t>& shape,
@@ -357,6 +366,9 @@ Built materialise_in_place(Context& ctx, const std::vector<SubmeshOptions>& subs
       p.device_memory.push_back(st.peak_memory);
     }
   }
+  // The training loop's per-step all-reduce, after the last backward and before the updates.
+  const double step_sync = step_allreduce_time(c, opt, p.devices_used);
+  for (auto& st : p.stages) st.optimizer_time += step_sync;
   const sim::SimResult r = resimulate(p);
   p.step_time = r.step_time;
   p.bubble_fraction = r.bubble_fraction;

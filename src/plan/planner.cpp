@@ -81,6 +81,8 @@ void validate_options(const PlanOptions& o, const cluster::Cluster& c) {
              o.zero);
   WEFT_CHECK(o.grad_bucket_bytes > 0, "make_plan: grad_bucket_bytes must be > 0 (got {})",
              o.grad_bucket_bytes);
+  WEFT_CHECK(o.step_allreduce_bytes >= 0, "make_plan: step_allreduce_bytes must be >= 0 (got {})",
+             o.step_allreduce_bytes);
   WEFT_CHECK(c.num_devices() >= 1, "make_plan: the cluster has no device");
 }
 

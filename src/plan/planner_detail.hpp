@@ -792,6 +792,9 @@ double exposed_overlap(const PlanOptions& o, double comm, double window, double 
 // The gradient synchronisation a stage exposes after its last backward: exposed_overlap in
 // grad_bucket_bytes pieces.
 double exposed_grad_sync(const PlanOptions& o, double sync, double grad_bytes, double backward);
+// The training loop's per-step all-reduce of PlanOptions::step_allreduce_bytes over every device
+// in `devices` (a ring over them; 0 for one device or 0 bytes), charged to each stage's update.
+double step_allreduce_time(const cluster::Cluster& c, const PlanOptions& o, std::vector<int> devices);
 
 // Whale's `split` over mixed GPUs (uneven_split.cpp has the model): blocks first..last as one SPMD
 // stage on the 1-D mesh m, device i holding the fraction fraction[i] of every split factor.

@@ -368,7 +368,8 @@ Built split_build(Context& ctx, const MeshOption& m, int M, const std::vector<do
   st.comm_time = u.comm;
   double grad_bytes = 0;
   for (const auto& pr : st.params) grad_bytes += pr.bytes_per_device;
-  st.optimizer_time = u.upd - u.grad_sync + exposed_grad_sync(ctx.opt_, u.grad_sync, grad_bytes, u.bwd);
+  st.optimizer_time = u.upd - u.grad_sync + exposed_grad_sync(ctx.opt_, u.grad_sync, grad_bytes, u.bwd) +
+                      step_allreduce_time(ctx.c_, ctx.opt_, p.devices_used);
   p.device_memory = u.memory;
   // The stage's memory line: the fullest device's parts.
   const auto full =

@@ -87,6 +87,11 @@ struct PlanOptions {
   // overlap_grad_reduce): exposed = max(one bucket's share, sync − backward). false: all exposed.
   bool overlap_grad_sync = true;
   double grad_bucket_bytes = 25e6;  // DDP's default bucket
+  // The training loop's one small all-reduce per step over every device of the plan, between the
+  // last backward and the updates: weft.Trainer's global gradient norm and loss (two f64; torch's
+  // clip_grad_norm_ plus a logged loss cost the same). Priced in every stage's optimizer_time;
+  // 0 = none (weft.run's bare programs).
+  double step_allreduce_bytes = 16;
   // Search space limits (the fast path for huge models / clusters):
   bool whole_nodes_only = false;    // submeshes of whole nodes only (no slices of a node)
   bool power_of_two_nodes = false;  // submeshes of 1, 2, 4, ... nodes only
