@@ -3,6 +3,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <map>
 #include <string>
 
 #include "weft/cluster/alpha_beta.hpp"
@@ -115,11 +116,28 @@ void bind_cluster(py::module_& m) {
   py::class_<NodeSpec>(m, "NodeSpec",
                        "A node: GPUs of one kind, intra-node link, NIC shared by the node's GPUs.")
       .def(py::init([](const std::string& name, int n, const DeviceSpec& d, double intra_bw, double intra_lat,
-                       double nic_bw, double nic_lat) {
-             return NodeSpec{name, n, d, {intra_bw, intra_lat}, {nic_bw, nic_lat}};
+                       double nic_bw, double nic_lat, const std::map<std::string, double>& factors) {
+             NodeSpec s{name, n, d, {intra_bw, intra_lat}, {nic_bw, nic_lat}, {}};
+             auto& f = s.collective_factors;
+             for (const auto& [k, v] : factors) {
+               double* slot = k == "all_reduce"       ? &f.all_reduce
+                              : k == "all_gather"     ? &f.all_gather
+                              : k == "reduce_scatter" ? &f.reduce_scatter
+                              : k == "all_to_all"     ? &f.all_to_all
+                              : k == "p2p"            ? &f.p2p
+                                                      : nullptr;
+               if (!slot)
+                 throw py::value_error(
+                     fmt::format("collective_factors: unknown collective '{}' (all_reduce, "
+                                 "all_gather, reduce_scatter, all_to_all, p2p)",
+                                 k));
+               *slot = v;
+             }
+             return s;
            }),
            py::arg("name"), py::arg("num_devices"), py::arg("device"), py::arg("intra_bandwidth"),
-           py::arg("intra_latency"), py::arg("nic_bandwidth"), py::arg("nic_latency"))
+           py::arg("intra_latency"), py::arg("nic_bandwidth"), py::arg("nic_latency"),
+           py::arg("collective_factors") = std::map<std::string, double>{})
       .def_readonly("name", &NodeSpec::name)
       .def_readonly("num_devices", &NodeSpec::num_devices)
       .def_readonly("device", &NodeSpec::device)
@@ -127,6 +145,15 @@ void bind_cluster(py::module_& m) {
       .def_property_readonly("intra_latency", [](const NodeSpec& n) { return n.intra.latency; })
       .def_property_readonly("nic_bandwidth", [](const NodeSpec& n) { return n.nic.bandwidth; })
       .def_property_readonly("nic_latency", [](const NodeSpec& n) { return n.nic.latency; })
+      .def_property_readonly("collective_factors",
+                             [](const NodeSpec& n) {
+                               const auto& f = n.collective_factors;
+                               return std::map<std::string, double>{{"all_reduce", f.all_reduce},
+                                                                    {"all_gather", f.all_gather},
+                                                                    {"reduce_scatter", f.reduce_scatter},
+                                                                    {"all_to_all", f.all_to_all},
+                                                                    {"p2p", f.p2p}};
+                             })
       .def("__eq__", [](const NodeSpec& a, const NodeSpec& b) { return a == b; })
       .def("__repr__", [](const NodeSpec& n) {
         return fmt::format("NodeSpec('{}', {}x {})", n.name, n.num_devices, n.device.kind);

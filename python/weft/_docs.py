@@ -74,7 +74,10 @@ DOCS: Dict[str, Dict[str, str]] = {
     "NodeSpec": {"name": "Preset name.", "num_devices": "Devices per node.", "device": "The devices' DeviceSpec.",
                  "intra_bandwidth": "Device-to-device bandwidth inside the node (bytes/s).",
                  "intra_latency": "Intra-node latency (s).", "nic_bandwidth": "NIC bandwidth of the node (bytes/s).",
-                 "nic_latency": "Inter-node latency (s)."},
+                 "nic_latency": "Inter-node latency (s).",
+                 "collective_factors": "Per collective (all_reduce, all_gather, reduce_scatter, all_to_all, p2p), "
+                                       "the multiplier of its bandwidth term on the intra-node link (1: the ring; "
+                                       "weft calibrate measures a backend's)."},
     "Placement": {"kind": "'shard', 'replicate' or 'partial'.", "dim": "The tensor dimension sharded (shard).",
                   "stride": "Stride of a strided shard (elements; 0 = block shard).",
                   "reduce": "The reduction of a partial placement ('sum', 'max')."},

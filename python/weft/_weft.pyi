@@ -112,9 +112,12 @@ class NodeSpec:
     __hash__: typing.ClassVar[None] = None  # type: ignore[assignment]
     def __eq__(self, arg0: object) -> bool:
         ...
-    def __init__(self, name: str, num_devices: typing.SupportsInt | typing.SupportsIndex, device: DeviceSpec, intra_bandwidth: typing.SupportsFloat | typing.SupportsIndex, intra_latency: typing.SupportsFloat | typing.SupportsIndex, nic_bandwidth: typing.SupportsFloat | typing.SupportsIndex, nic_latency: typing.SupportsFloat | typing.SupportsIndex) -> None:
+    def __init__(self, name: str, num_devices: typing.SupportsInt | typing.SupportsIndex, device: DeviceSpec, intra_bandwidth: typing.SupportsFloat | typing.SupportsIndex, intra_latency: typing.SupportsFloat | typing.SupportsIndex, nic_bandwidth: typing.SupportsFloat | typing.SupportsIndex, nic_latency: typing.SupportsFloat | typing.SupportsIndex, collective_factors: collections.abc.Mapping[str, typing.SupportsFloat | typing.SupportsIndex] = {}) -> None:
         ...
     def __repr__(self) -> str:
+        ...
+    @property
+    def collective_factors(self) -> dict[str, float]:
         ...
     @property
     def device(self) -> DeviceSpec:

@@ -483,7 +483,24 @@ class CalibrationReport:
             # that the ring all-reduce's latency term 2(n − 1)α is that.
             alpha = max(alpha, self.collective_latency_s / collective_coefficients("all_reduce", self.nproc)[0])
         name = "local-" + ("cpu" if self.device == "cpu" else "gpu")
-        return Cluster([NodeSpec(name, n, device, 1.0 / beta, alpha, 1.0 / beta, alpha)])
+        return Cluster([NodeSpec(name, n, device, 1.0 / beta, alpha, 1.0 / beta, alpha,
+                                 collective_factors=self.collective_factors())])
+
+    def collective_factors(self) -> dict:
+        """Per collective, its fitted β over the joint link's (``collective_fits`` against ``link_fit``):
+        how much more (or less) than the ring's bytes this backend's implementation of it costs here,
+        the factor the cost model applies to its bandwidth term (``weft.NodeSpec.collective_factors``).
+        gloo's reduce-scatter, for one, runs over an all-reduce. Clamped to [1/4, 8] (a fit on few
+        sizes can be far off); {} without a joint fit."""
+        if not self.link_fit or self.link_fit.beta <= 0:
+            return {}
+        out = {}
+        for name, key in (("all_reduce", "all_reduce"), ("all_gather", "all_gather"),
+                          ("reduce_scatter", "reduce_scatter"), ("send_recv", "p2p")):
+            f = self.collective_fits.get(name)
+            if f is not None and f.beta > 0:
+                out[key] = float(min(8.0, max(0.25, f.beta / self.link_fit.beta)))
+        return out
 
     def summary(self) -> str:
         """A readable multi-line report: efficiencies per dtype, overheads (s), link α (s) and β (s/byte)."""

@@ -24,29 +24,35 @@ P parts(const AxisLink& l, double bytes) {
 double all_reduce_time(const AxisLink& l, double B) {
   auto [n, m, g] = parts(l, B);
   if (n <= 1) return 0;
-  return 2 * (m - 1) / m * B * l.intra_beta + 2 * (m - 1) * l.intra_alpha +
+  return 2 * (m - 1) / m * B * l.intra_beta * l.factors.all_reduce + 2 * (m - 1) * l.intra_alpha +
          2 * (g - 1) / g * B * l.inter_beta + 2 * (g - 1) * l.inter_alpha;
 }
 
-double all_gather_time(const AxisLink& l, double B) {
+namespace {
+// All-gather and reduce-scatter: the same ring, each with its own intra-node factor.
+double ring_half(const AxisLink& l, double B, double factor) {
   auto [n, m, g] = parts(l, B);
   if (n <= 1) return 0;
-  return (m - 1) / m * B * l.intra_beta + (m - 1) * l.intra_alpha + (g - 1) / g * B * l.inter_beta +
+  return (m - 1) / m * B * l.intra_beta * factor + (m - 1) * l.intra_alpha + (g - 1) / g * B * l.inter_beta +
          (g - 1) * l.inter_alpha;
 }
+}  // namespace
 
-double reduce_scatter_time(const AxisLink& l, double B) { return all_gather_time(l, B); }
+double all_gather_time(const AxisLink& l, double B) { return ring_half(l, B, l.factors.all_gather); }
+
+double reduce_scatter_time(const AxisLink& l, double B) { return ring_half(l, B, l.factors.reduce_scatter); }
 
 double all_to_all_time(const AxisLink& l, double B) {
   auto [n, m, g] = parts(l, B);
   if (n <= 1) return 0;
-  return (m - 1) / n * B * l.intra_beta + m * (n - m) / n * B * l.inter_beta +
+  return (m - 1) / n * B * l.intra_beta * l.factors.all_to_all + m * (n - m) / n * B * l.inter_beta +
          (n - 1) * std::max(l.intra_alpha, l.inter_alpha);
 }
 
 double p2p_time(const AxisLink& l, double B) {
   parts(l, B);
-  return l.alpha + B * l.beta;
+  // The bottleneck hop: the factor applies when it is the intra-node one.
+  return l.alpha + B * l.beta * (l.crosses_nodes ? 1.0 : l.factors.p2p);
 }
 
 AxisLink flat_link(int n, double alpha, double beta) {

@@ -193,6 +193,10 @@ Cluster::Cluster(std::vector<NodeSpec> nodes) : nodes_(std::move(nodes)) {
                  dtype_name(t), f);
     check_link(n.intra, what + " intra-node link");
     check_link(n.nic, what + " NIC");
+    const auto& f = n.collective_factors;
+    for (double x : {f.all_reduce, f.all_gather, f.reduce_scatter, f.all_to_all, f.p2p})
+      WEFT_CHECK(std::isfinite(x) && x > 0, "{}: collective factors must be finite and > 0 (got {})", what,
+                 x);
     for (int d = 0; d < n.num_devices; ++d) devices_.push_back(Device{id++, static_cast<int>(i), n.device});
   }
 }
@@ -321,6 +325,16 @@ Cluster Cluster::from_json(std::string_view text) {
       };
       n.intra = link("intra");
       n.nic = link("nic");
+      if (jn.contains("collective_factors")) {  // absent: the ring (1 each)
+        const std::string pf = p + ".collective_factors";
+        const auto& jf = r.object(r.at(jn, "collective_factors", p), pf);
+        auto& f = n.collective_factors;
+        f.all_reduce = r.field_or<double>(jf, "all_reduce", pf, 1.0);
+        f.all_gather = r.field_or<double>(jf, "all_gather", pf, 1.0);
+        f.reduce_scatter = r.field_or<double>(jf, "reduce_scatter", pf, 1.0);
+        f.all_to_all = r.field_or<double>(jf, "all_to_all", pf, 1.0);
+        f.p2p = r.field_or<double>(jf, "p2p", pf, 1.0);
+      }
     }
     total += static_cast<std::int64_t>(count) * n.num_devices;
     check_device_count(total, "cluster JSON");
@@ -355,6 +369,12 @@ std::string Cluster::to_json() const {
     }
     jn["intra"] = {{"bandwidth", n.intra.bandwidth}, {"latency", n.intra.latency}};
     jn["nic"] = {{"bandwidth", n.nic.bandwidth}, {"latency", n.nic.latency}};
+    if (const auto& f = n.collective_factors; !f.is_unit())
+      jn["collective_factors"] = {{"all_reduce", f.all_reduce},
+                                  {"all_gather", f.all_gather},
+                                  {"reduce_scatter", f.reduce_scatter},
+                                  {"all_to_all", f.all_to_all},
+                                  {"p2p", f.p2p}};
     j["nodes"].push_back(jn);
   }
   return j.dump();

@@ -195,6 +195,7 @@ std::vector<AxisLink> axis_links(const Cluster& cluster, const DeviceMesh& mesh)
       }
     }
     std::map<int, int> flows;  // node -> groups touching it that span several nodes
+    bool intra_seen = false;
     for (const auto& g : groups) {
       std::map<int, int> per_node;
       for (int d : g) per_node[cluster.node_of(d)]++;
@@ -205,6 +206,16 @@ std::vector<AxisLink> axis_links(const Cluster& cluster, const DeviceMesh& mesh)
           const LinkSpec& l = cluster.intra_link(node);
           L.intra_alpha = std::max(L.intra_alpha, l.latency);
           L.intra_beta = std::max(L.intra_beta, 1.0 / l.bandwidth);
+          // The slowest node's factors (a ring waits for its slowest hop).
+          const CollectiveFactors& f = cluster.nodes()[static_cast<std::size_t>(node)].collective_factors;
+          CollectiveFactors& a = L.factors;
+          if (!intra_seen) a = f;
+          intra_seen = true;
+          a.all_reduce = std::max(a.all_reduce, f.all_reduce);
+          a.all_gather = std::max(a.all_gather, f.all_gather);
+          a.reduce_scatter = std::max(a.reduce_scatter, f.reduce_scatter);
+          a.all_to_all = std::max(a.all_to_all, f.all_to_all);
+          a.p2p = std::max(a.p2p, f.p2p);
         }
         if (per_node.size() > 1) flows[node]++;
       }

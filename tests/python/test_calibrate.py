@@ -377,9 +377,19 @@ def test_local_cluster_is_this_host_as_measured(quick_cpu):
     alpha = max(r.link_fit.alpha, r.collective_latency_s / 2)
     link = weft.DeviceMesh.iota([2]).axis_links(c)[0]
     assert (link.alpha, link.beta) == pytest.approx((alpha, r.link_fit.beta), rel=1e-12)
-    for nbytes in (1 << 12, 1 << 20):  # the ring all-reduce on 2 devices: 2α + B·β
+    # Each collective's bandwidth term scaled by its own fitted β over the joint one (gloo's
+    # implementations differ), clamped to [1/4, 8].
+    fac = node.collective_factors
+    for name, key in (("all_reduce", "all_reduce"), ("all_gather", "all_gather"),
+                      ("reduce_scatter", "reduce_scatter"), ("send_recv", "p2p")):
+        want = min(8.0, max(0.25, r.collective_fits[name].beta / r.link_fit.beta))
+        assert fac[key] == pytest.approx(want, rel=1e-12)
+    assert fac["all_to_all"] == 1.0  # not measured: the ring's
+    for nbytes in (1 << 12, 1 << 20):  # the ring all-reduce on 2 devices: 2α + B·β (× its factor)
         assert weft.collective_time("all-reduce", link, nbytes) == pytest.approx(
-            2 * alpha + nbytes * r.link_fit.beta, rel=1e-9)
+            2 * alpha + nbytes * r.link_fit.beta * fac["all_reduce"], rel=1e-9)
+        assert weft.collective_time("reduce-scatter", link, nbytes) == pytest.approx(
+            alpha + nbytes / 2 * r.link_fit.beta * fac["reduce_scatter"], rel=1e-9)
     # Compute on a local device: the shared peak times the measured ceiling (the curve's, or the
     # constant efficiency), plus the per-op cost.
     ceiling = r.matmul_curves["f32"].ceiling if "f32" in r.matmul_curves else r.compute_efficiency["f32"]

@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "weft/cluster/collective_factors.hpp"
 #include "weft/cluster/efficiency.hpp"
 #include "weft/core/dtype.hpp"
 
@@ -53,6 +54,7 @@ struct NodeSpec {
   DeviceSpec device;
   LinkSpec intra;
   LinkSpec nic;
+  CollectiveFactors collective_factors;  // of the intra-node link
   bool operator==(const NodeSpec&) const = default;
 };
 

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "weft/cluster/collective_factors.hpp"
+
 namespace weft::cluster {
 
 class Cluster;
@@ -67,6 +69,7 @@ struct AxisLink {
   double intra_alpha = 0, intra_beta = 0;  // hop inside a node (0 when m == 1)
   double inter_alpha = 0, inter_beta = 0;  // hop between nodes, NIC sharing included (0 when g == 1)
   int size = 1;                            // n: devices in one group
+  CollectiveFactors factors;               // of the intra-node hop (largest over the axis' nodes)
   bool operator==(const AxisLink&) const = default;
 };
 
