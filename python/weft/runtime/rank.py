@@ -68,6 +68,7 @@ class RankRuntime:
         self.comm = Comm(rank, layout, self.buffers, self.groups, self.device)
         self.values: Dict[int, torch.Tensor] = {}
         self.ce_fraction: Dict[int, float] = {}  # op id -> the step's valid fraction (set_ce_fractions)
+        self.ce_inputs: Optional[Mapping[str, np.ndarray]] = None  # the global inputs it reads, when not self.inputs
         self.pending: Dict[int, callable] = {}
         self.live_bytes = 0
         self.peak_bytes = 0
@@ -216,10 +217,11 @@ class RankRuntime:
 
     def set_ce_fractions(self, step: int, inputs: Optional[Mapping[str, np.ndarray]] = None) -> None:
         """The step's weighted valid fraction of each cross entropy (exec::CeValidFractions): from the
-        step's global inputs (``inputs``, else the run's), the graph's values or the seeded data — the
-        same on every rank, so no communication."""
-        self.ce_fraction = self.layout.ce_valid_fractions(self.leaves.leaf_values,
-                                                          self.inputs if inputs is None else inputs, int(step))
+        step's global inputs (``inputs``, else ``ce_inputs``, else the run's), the graph's values or the
+        seeded data — the same on every rank, so no communication."""
+        if inputs is None:
+            inputs = self.ce_inputs if self.ce_inputs is not None else self.inputs
+        self.ce_fraction = self.layout.ce_valid_fractions(self.leaves.leaf_values, inputs, int(step))
 
     def step(self, step: int) -> None:
         self.begin_step(step)
