@@ -310,9 +310,10 @@ void bind_ir(py::module_& m) {
           py::arg("ignore_index") = -100, py::arg("label_smoothing") = 0.0, py::arg("normalize") = "valid",
           "torch's F.cross_entropy of logits [..., C] (class last) and integer labels [...]: a scalar. "
           "Labels equal to ignore_index contribute 0; weight: class weights [C] (a constant, buffer or "
-          "input: not differentiated); label_smoothing ε as torch. normalize='valid' (torch's mean): divided by the "
-          "weighted count of valid labels of the whole training step, micro-batches and replicas included; "
-          "'tokens': by the token count (reduction='sum' is that times the step's tokens).")
+          "input: not differentiated); label_smoothing ε as torch. normalize='valid' (torch's mean): "
+          "divided by the weighted count of valid labels of the whole training step, micro-batches and "
+          "replicas included; 'tokens': by the token count (reduction='sum' is that times the step's "
+          "tokens).")
       .def("transpose", &Graph::transpose, py::arg("x"), py::arg("perm"), py::arg("name") = "")
       .def("reshape", &Graph::reshape, py::arg("x"), py::arg("shape"), py::arg("name") = "")
       .def("concat", &Graph::concat, py::arg("xs"), py::arg("axis"), py::arg("name") = "")

@@ -16,8 +16,8 @@
 
 #include "instr_fields.hpp"
 #include "weft/core/error.hpp"
-#include "weft/exec/init.hpp"
 #include "weft/exec/ce_fractions.hpp"
+#include "weft/exec/init.hpp"
 #include "weft/exec/program_layout.hpp"
 #include "weft/ir/graph.hpp"
 #include "weft/lower/program.hpp"

@@ -127,7 +127,12 @@ TEST_CASE("kernels: cross entropy with ignore_index, class weights and label smo
       // D = w[1] = 2: loss = 2·(ln 4 − ln 2)/2; dlogits row 0 = 2·(p − e1)/2, row 1 ignored
       {"ignored, weighted", {1, -100}, plain, true, l2, {0.25, -0.5, 0.25, 0, 0, 0}},
       // D = w[1] + w[0] = 3: (2 ln 2 + ln 3)/3; rows 2(p0 − e1)/3 and 1·(p1 − e0)/3
-      {"weighted", {1, 0}, plain, true, (2 * l2 + l3) / 3, {1. / 6, -1. / 3, 1. / 6, -2. / 9, 1. / 9, 1. / 9}},
+      {"weighted",
+       {1, 0},
+       plain,
+       true,
+       (2 * l2 + l3) / 3,
+       {1. / 6, -1. / 3, 1. / 6, -2. / 9, 1. / 9, 1. / 9}},
       // ε = 0.3, D = 1: 0.7·ln 2 + 0.1·Σ_c (ln 4 − x_c) = 0.7 ln 2 + 0.1·5 ln 2; p − 0.7·e1 − 0.1
       {"smoothed", {1, -100}, smooth, false, 1.2 * l2, {0.15, -0.3, 0.15, 0, 0, 0}},
       // an in-range ignore_index: label 0 of row 1 is skipped
