@@ -197,8 +197,8 @@ void bind_runtime(py::module_& m) {
             std::map<ir::TensorId, const ir::HostTensor*> by_id;
             for (const auto& [name, a] : inputs) {
               auto t = h.program.graph.find_tensor(name);
-              if (!t || h.program.graph.tensor(*t).role != ir::Role::Input)
-                continue;  // not this graph's input
+              if (!t || h.program.graph.tensor(*t).role != ir::Role::Input || !h.ce_fractions->reads(*t))
+                continue;  // not an input the labels or class weights are made from
               auto f = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(a);
               WEFT_CHECK(f, "inputs['{}'] is not numeric", name);
               ir::HostTensor v;

@@ -93,6 +93,12 @@ CeValidFractions::CeValidFractions(const ProgramLayout& layout) : layout_(layout
   }
 }
 
+bool CeValidFractions::reads(ir::TensorId t) const {
+  for (const auto& grp : groups_)
+    if (std::find(grp.leaves.begin(), grp.leaves.end(), t) != grp.leaves.end()) return true;
+  return false;
+}
+
 std::map<ir::OpId, double> CeValidFractions::compute(
     const LeafValues& leaves, const std::map<ir::TensorId, const ir::HostTensor*>& inputs, int step) const {
   const auto& p = layout_.program();

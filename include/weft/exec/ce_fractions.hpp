@@ -31,6 +31,8 @@ class CeValidFractions {
   // their labels or weights depend on a parameter or an optimizer state.
   explicit CeValidFractions(const ProgramLayout& layout);
   bool empty() const { return groups_.empty(); }
+  // Whether compute() reads leaf t (an Input it needs from `inputs`).
+  bool reads(ir::TensorId t) const;
   // ρ of each such op id at `step`: Input leaves from `inputs` (the global batch) where given, else
   // from `leaves` (seeded synthetic data, constants, buffers). weft::Error for a label that is
   // neither the ignore_index nor a class.
