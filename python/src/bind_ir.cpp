@@ -294,8 +294,26 @@ void bind_ir(py::module_& m) {
           },
           py::arg("table"), py::arg("ids"), py::arg("name") = "", py::arg("padding_idx") = py::none(),
           "Rows of table at ids. padding_idx (torch's): that row gets no gradient from this lookup.")
-      .def("cross_entropy", &Graph::cross_entropy, py::arg("logits"), py::arg("labels"), py::arg("name") = "",
-           "Mean over tokens of logsumexp(logits) - logits[label]: a scalar.")
+      .def(
+          "cross_entropy",
+          [](Graph& g, TensorId logits, TensorId labels, std::string name, std::optional<TensorId> weight,
+             std::int64_t ignore_index, double label_smoothing, const std::string& normalize) {
+            WEFT_CHECK(normalize == "valid" || normalize == "tokens",
+                       "cross_entropy: normalize must be 'valid' or 'tokens', got '{}'", normalize);
+            CrossEntropyAttrs a;
+            a.ignore_index = ignore_index;
+            a.label_smoothing = label_smoothing;
+            a.token_mean = normalize == "tokens";
+            return g.cross_entropy(logits, labels, a, weight.value_or(-1), std::move(name));
+          },
+          py::arg("logits"), py::arg("labels"), py::arg("name") = "", py::arg("weight") = py::none(),
+          py::arg("ignore_index") = -100, py::arg("label_smoothing") = 0.0, py::arg("normalize") = "valid",
+          "torch's F.cross_entropy of logits [..., C] (class last) and integer labels [...]: a scalar. "
+          "Labels equal to ignore_index contribute 0; weight: class weights [C] (a constant, buffer or "
+          "input: not differentiated); label_smoothing ε as torch. normalize='valid' (torch's mean): "
+          "divided by the weighted count of valid labels of the whole training step, micro-batches and "
+          "replicas included; 'tokens': by the token count (reduction='sum' is that times the step's "
+          "tokens).")
       .def("transpose", &Graph::transpose, py::arg("x"), py::arg("perm"), py::arg("name") = "")
       .def("reshape", &Graph::reshape, py::arg("x"), py::arg("shape"), py::arg("name") = "")
       .def("concat", &Graph::concat, py::arg("xs"), py::arg("axis"), py::arg("name") = "")

@@ -2,6 +2,7 @@
 // each buffer's tile on each rank, the rank's graph, the per-instruction numbers of the global op)
 // and the counter-based leaf values (exec::LeafValues), so the processes of a real run read the
 // same tile math and initial values as the CPU reference executor.
+#include <fmt/ranges.h>
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -15,6 +16,7 @@
 
 #include "instr_fields.hpp"
 #include "weft/core/error.hpp"
+#include "weft/exec/ce_fractions.hpp"
 #include "weft/exec/init.hpp"
 #include "weft/exec/program_layout.hpp"
 #include "weft/ir/graph.hpp"
@@ -36,6 +38,7 @@ py::array_t<std::int64_t> int_array(const std::vector<std::int64_t>& v) {
 struct LayoutHolder {
   lower::Program program;
   std::unique_ptr<exec::ProgramLayout> layout;
+  std::unique_ptr<exec::CeValidFractions> ce_fractions;  // made on first use
   explicit LayoutHolder(lower::Program p) : program(std::move(p)) {
     lower::check(program);
     layout = std::make_unique<exec::ProgramLayout>(program);
@@ -182,6 +185,38 @@ void bind_runtime(py::module_& m) {
             return h.layout->global_input_shape(t);
           },
           py::arg("tensor"), "The global-batch shape of an Input leaf.")
+      .def(
+          "ce_valid_fractions",
+          [](LayoutHolder& h, const exec::LeafValues& leaves, const std::map<std::string, py::array>& inputs,
+             int step) {
+            if (!h.ce_fractions) h.ce_fractions = std::make_unique<exec::CeValidFractions>(*h.layout);
+            std::map<ir::OpId, double> out;
+            if (h.ce_fractions->empty()) return out;
+            std::vector<ir::HostTensor> held;
+            held.reserve(inputs.size());
+            std::map<ir::TensorId, const ir::HostTensor*> by_id;
+            for (const auto& [name, a] : inputs) {
+              auto t = h.program.graph.find_tensor(name);
+              if (!t || h.program.graph.tensor(*t).role != ir::Role::Input || !h.ce_fractions->reads(*t))
+                continue;  // not an input the labels or class weights are made from
+              auto f = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(a);
+              WEFT_CHECK(f, "inputs['{}'] is not numeric", name);
+              ir::HostTensor v;
+              for (py::ssize_t d = 0; d < f.ndim(); ++d) v.shape.push_back(f.shape(d));
+              WEFT_CHECK(v.shape == h.layout->global_input_shape(*t),
+                         "inputs['{}'] has shape {}, the input has {} (the global batch)", name, v.shape,
+                         h.layout->global_input_shape(*t));
+              v.data.assign(f.data(), f.data() + f.size());
+              held.push_back(std::move(v));
+              by_id[*t] = &held.back();
+            }
+            return h.ce_fractions->compute(leaves, by_id, step);
+          },
+          py::arg("leaf_values"), py::arg("inputs"), py::arg("step"),
+          "Per cross-entropy op id (those dividing by a weighted count): the step's weighted valid fraction "
+          "ρ = Σ w[y]·[y != ignore_index] / tokens over every label of the step (exec::CeValidFractions), "
+          "from the global inputs (name -> array) and the leaf values; empty when the program has no such "
+          "op.")
       .def(
           "describe",
           [](const LayoutHolder& h, int rank, int pc) {

@@ -385,9 +385,9 @@ class Graph:
         """
     def copy(self) -> Graph:
         ...
-    def cross_entropy(self, logits: typing.SupportsInt | typing.SupportsIndex, labels: typing.SupportsInt | typing.SupportsIndex, name: str = '') -> int:
+    def cross_entropy(self, logits: typing.SupportsInt | typing.SupportsIndex, labels: typing.SupportsInt | typing.SupportsIndex, name: str = '', weight: typing.SupportsInt | typing.SupportsIndex | None = None, ignore_index: typing.SupportsInt | typing.SupportsIndex = -100, label_smoothing: typing.SupportsFloat | typing.SupportsIndex = 0.0, normalize: str = 'valid') -> int:
         """
-        Mean over tokens of logsumexp(logits) - logits[label]: a scalar.
+        torch's F.cross_entropy of logits [..., C] (class last) and integer labels [...]: a scalar. Labels equal to ignore_index contribute 0; weight: class weights [C] (a constant, buffer or input: not differentiated); label_smoothing ε as torch. normalize='valid' (torch's mean): divided by the weighted count of valid labels of the whole training step, micro-batches and replicas included; 'tokens': by the token count (reduction='sum' is that times the step's tokens).
         """
     def div(self, a: typing.SupportsInt | typing.SupportsIndex, b: typing.SupportsInt | typing.SupportsIndex, name: str = '') -> int:
         ...
@@ -1323,6 +1323,10 @@ class ProgramLayout:
     def __init__(self, program: Program) -> None:
         """
         Checks the program (ValueError naming the rank and instruction) and wraps it.
+        """
+    def ce_valid_fractions(self, leaf_values: typing.Any, inputs: collections.abc.Mapping[str, numpy.ndarray], step: typing.SupportsInt | typing.SupportsIndex) -> dict[int, float]:
+        """
+        Per cross-entropy op id (those dividing by a weighted count): the step's weighted valid fraction ρ = Σ w[y]·[y != ignore_index] / tokens over every label of the step (exec::CeValidFractions), from the global inputs (name -> array) and the leaf values; empty when the program has no such op.
         """
     def collective_groups(self) -> list[list[int]]:
         """

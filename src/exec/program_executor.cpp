@@ -17,6 +17,7 @@
 #include <tuple>
 
 #include "weft/core/error.hpp"
+#include "weft/exec/ce_fractions.hpp"
 #include "weft/exec/init.hpp"
 #include "weft/exec/program_layout.hpp"
 #include "weft/ir/kernels.hpp"
@@ -108,6 +109,12 @@ class Executor {
       for (int a = 0; a < static_cast<int>(st.shape.size()); ++a)
         axis_groups_[static_cast<std::size_t>(r)].push_back(p.group_along(r, a));
     }
+    // torch's mean cross entropy divides by the step's weighted count of valid labels: each step's
+    // fraction, from the labels of every micro-batch and replica, before any rank runs.
+    CeValidFractions fractions(layout_);
+    if (!fractions.empty())
+      for (int step = 1; step <= opt.steps; ++step)
+        ce_fraction_.push_back(fractions.compute(init_, inputs_, step));
     stats_.assign(static_cast<std::size_t>(nr), RankStats{});
     recv_from_.assign(static_cast<std::size_t>(nr), {});
     losses_.assign(static_cast<std::size_t>(nr), {});
@@ -298,7 +305,12 @@ class Executor {
   }
 
   ir::KernelContext context(int r, const Instr& i, int step) const {
-    return layout_.kernel_context(r, i, step);
+    ir::KernelContext ctx = layout_.kernel_context(r, i, step);
+    if (!ce_fraction_.empty()) {
+      const auto& f = ce_fraction_.at(static_cast<std::size_t>(step - 1));
+      if (auto it = f.find(i.op); it != f.end()) ctx.ce_valid_fraction = it->second;
+    }
+    return ctx;
   }
 
   void run_instr(int r, int pc, const Instr& i, int step) {
@@ -321,15 +333,23 @@ class Executor {
       }
       case InstrKind::CeRowMax: write(r, i.out[0], ir::ce_row_max(*in[0])); return;
       case InstrKind::CeSumTarget:
-        write(r, i.out[0], ir::ce_row_sum_target(*op, *in[0], *in[1], *in[2], context(r, i, step)));
-        return;
-      case InstrKind::CeLoss:
         write(r, i.out[0],
-              ir::ce_loss(*in[2], *in[3], context(r, i, step).tokens, layout_.contributes(r, i)));
+              ir::ce_row_sum_target(*op, *in[0], *in[1], *in[2], in.size() > 3 ? in[3] : nullptr,
+                                    context(r, i, step)));
         return;
-      case InstrKind::CeGrad:
-        write(r, i.out[0], ir::ce_grad(*op, *in[0], *in[1], *in[2], *in[3], *in[4], context(r, i, step)));
+      case InstrKind::CeLoss: {
+        const std::size_t n = op->inputs.size();  // the op's operands, then the two statistics
+        write(r, i.out[0],
+              ir::ce_loss(*op, *in[1], *in[n], *in[n + 1], context(r, i, step), layout_.contributes(r, i)));
         return;
+      }
+      case InstrKind::CeGrad: {
+        const std::size_t n = op->inputs.size();
+        const HostTensor* weight = ir::cross_entropy_weighted(*op) ? in[3] : nullptr;
+        write(r, i.out[0],
+              ir::ce_grad(*op, *in[0], *in[1], *in[2], weight, *in[n], *in[n + 1], context(r, i, step)));
+        return;
+      }
       case InstrKind::Copy: {
         HostTensor v = *in[0];
         write(r, i.out[0], std::move(v));
@@ -566,6 +586,7 @@ class Executor {
   ProgramLayout layout_;
   std::map<ir::TensorId, const HostTensor*> inputs_;
   std::vector<std::vector<std::optional<HostTensor>>> values_;
+  std::vector<std::map<ir::OpId, double>> ce_fraction_;  // per step: op -> CeValidFractions' ρ
   std::vector<RankStats> stats_;
   std::vector<std::vector<std::vector<int>>> axis_groups_;  // per rank and stage-mesh axis
   std::vector<std::map<std::tuple<int, std::string, bool>, std::int64_t>> recv_from_;

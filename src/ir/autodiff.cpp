@@ -310,9 +310,19 @@ class Backward {
         add(in[0], emit1(OpKind::EmbeddingGrad, {in[1], dy}, std::move(a), "in0"));
         return;
       }
-      case OpKind::CrossEntropy:
-        add(in[0], emit1(OpKind::CrossEntropyGrad, {in[0], in[1], dy}, {}, "in0"));
+      case OpKind::CrossEntropy: {
+        // torch does not differentiate the class weights (nll_loss: "the derivative for 'weight' is
+        // not implemented"): a weight a parameter reaches would silently get no gradient here.
+        WEFT_CHECK(
+            in.size() < 3 || !need(2),
+            "cross entropy '{}': its class weights '{}' depend on a parameter; they must be a constant, "
+            "buffer or input (torch does not differentiate them)",
+            op.name, T(in[2]).name);
+        std::vector<TensorId> gin{in[0], in[1], dy};
+        if (in.size() > 2) gin.push_back(in[2]);
+        if (need(0)) add(in[0], emit1(OpKind::CrossEntropyGrad, std::move(gin), at, "in0"));
         return;
+      }
       case OpKind::Transpose: {
         OpAttrs a;
         a.axes.resize(at.axes.size());

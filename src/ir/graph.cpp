@@ -213,6 +213,13 @@ TensorId Graph::cross_entropy(TensorId logits, TensorId labels, std::string name
   return add_op(OpKind::CrossEntropy, {logits, labels}, {}, std::move(name))[0];
 }
 
+TensorId Graph::cross_entropy(TensorId logits, TensorId labels, const CrossEntropyAttrs& attrs,
+                              TensorId weight, std::string name) {
+  std::vector<TensorId> in{logits, labels};
+  if (weight >= 0) in.push_back(weight);
+  return add_op(OpKind::CrossEntropy, std::move(in), encode_cross_entropy_attrs(attrs), std::move(name))[0];
+}
+
 TensorId Graph::transpose(TensorId x, std::vector<int> perm, std::string name) {
   OpAttrs a;
   a.axes = std::move(perm);

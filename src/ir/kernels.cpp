@@ -494,10 +494,13 @@ std::vector<HostTensor> run_op(const Graph& g, const Op& op, const std::vector<c
     case OpKind::CrossEntropy:
     case OpKind::CrossEntropyGrad: {
       const HostTensor &lg = *in[0], &lab = *in[1];
-      HostTensor m = ce_row_max(lg), st = ce_row_sum_target(op, lg, lab, m, ctx);
-      double tokens = ctx.tokens > 0 ? ctx.tokens : static_cast<double>(numel_of(lead_shape(lg)));
-      if (op.kind == OpKind::CrossEntropy) return {ce_loss(m, st, tokens, true)};
-      return {ce_grad(op, lg, lab, *in[2], m, st, ctx)};
+      const bool grad = op.kind == OpKind::CrossEntropyGrad;
+      const HostTensor* w = cross_entropy_weighted(op) ? in[grad ? 3 : 2] : nullptr;
+      KernelContext c = ctx;  // the class count C of label smoothing, on whole tensors
+      if (c.vocab_size <= 0) c.vocab_size = lg.shape.back();
+      HostTensor m = ce_row_max(lg), st = ce_row_sum_target(op, lg, lab, m, w, c);
+      if (!grad) return {ce_loss(op, lab, m, st, c, true)};
+      return {ce_grad(op, lg, lab, *in[2], w, m, st, c)};
     }
     case OpKind::Transpose: {
       const HostTensor& x = *in[0];
@@ -689,45 +692,143 @@ HostTensor ce_row_max(const HostTensor& logits) {
   return m;
 }
 
+std::int64_t ce_stat_width(const Op& op) {
+  return cross_entropy_weighted(op) || cross_entropy_attrs(op).label_smoothing != 0 ? 5 : 2;
+}
+
+namespace {
+
+// Whether token t's label counts (it is not the ignore_index); a counted label must be a class.
+bool ce_counted(const Op& op, const CrossEntropyAttrs& c, double label, std::int64_t classes) {
+  if (label == static_cast<double>(c.ignore_index)) return false;
+  as_index(label, classes, op, "label");
+  return true;
+}
+
+// D, what the summed loss is divided by (CrossEntropyAttrs): the token count with token_mean, else
+// the weighted valid count — the step's share from the executor (tokens · ce_valid_fraction), or,
+// on whole tensors, `local_weighted` (Σ w[y]·[y ≠ ii] of these labels).
+double ce_denominator(const Op& op, const CrossEntropyAttrs& c, double local_tokens, double local_weighted,
+                      const KernelContext& ctx) {
+  const double tokens = ctx.tokens > 0 ? ctx.tokens : local_tokens;
+  if (c.token_mean) return tokens;
+  if (ctx.ce_valid_fraction >= 0) return tokens * ctx.ce_valid_fraction;
+  WEFT_CHECK(ctx.tokens <= 0 || ctx.tokens == local_tokens,
+             "cross entropy '{}': a tile of {} of the op's {} tokens needs the step's valid fraction "
+             "(KernelContext::ce_valid_fraction) to divide by the weighted count of valid labels",
+             op.name, local_tokens, ctx.tokens);
+  return local_weighted;
+}
+
+// Σ w[y]·[y ≠ ii] over the tokens, from the statistics (their column 2 is w_y, 0 for an ignored
+// label) or, for the plain form, from the labels.
+double ce_local_weighted(const CrossEntropyAttrs& c, const HostTensor& labels, const HostTensor& stats) {
+  const std::int64_t width = stats.shape.back();
+  double n = 0;
+  for (std::int64_t t = 0; t < labels.numel(); ++t)
+    if (width == 2)
+      n += labels.data[t] == static_cast<double>(c.ignore_index) ? 0.0 : 1.0;
+    else
+      n += stats.data[t * width + 2];
+  return n;
+}
+
+}  // namespace
+
 HostTensor ce_row_sum_target(const Op& op, const HostTensor& logits, const HostTensor& labels,
-                             const HostTensor& row_max, const KernelContext& ctx) {
-  std::int64_t v = logits.shape.back();
+                             const HostTensor& row_max, const HostTensor* weight, const KernelContext& ctx) {
+  const CrossEntropyAttrs c = cross_entropy_attrs(op);
+  const std::int64_t v = logits.shape.back(), width = ce_stat_width(op);
   VocabRows rows(ctx.vocab_index, v, ctx.vocab_size);
+  WEFT_CHECK(!weight || weight->numel() == v, "cross entropy '{}': {} class weights for {} local classes",
+             op.name, weight ? weight->numel() : 0, v);
   Shape s = lead_shape(logits);
-  s.push_back(2);
+  s.push_back(width);
   HostTensor out = zeros(s);
+  // Σ_c w_c over the local classes (the same for every token)
+  double w_sum = 0;
+  for (std::int64_t k = 0; k < v; ++k) w_sum += weight ? weight->data[k] : 1.0;
   for (std::int64_t t = 0; t < row_max.numel(); ++t) {
     const double* row = logits.data.data() + t * v;
+    double* o = out.data.data() + t * width;
     double sum = 0;
-    for (std::int64_t c = 0; c < v; ++c) sum += std::exp(row[c] - row_max.data[t]);
-    std::int64_t r = rows.row(as_index(labels.data[t], rows.global, op, "label"));
-    out.data[2 * t] = sum;
-    out.data[2 * t + 1] = r >= 0 ? row[r] : 0.0;
+    for (std::int64_t k = 0; k < v; ++k) sum += std::exp(row[k] - row_max.data[t]);
+    o[0] = sum;
+    const bool counted = ce_counted(op, c, labels.data[t], rows.global);
+    const std::int64_t r = counted ? rows.row(static_cast<std::int64_t>(labels.data[t])) : -1;
+    if (width == 2) {
+      o[1] = r >= 0 ? row[r] : 0.0;
+      continue;
+    }
+    const double wy = r >= 0 ? (weight ? weight->data[r] : 1.0) : 0.0;
+    o[1] = r >= 0 ? wy * row[r] : 0.0;
+    o[2] = wy;
+    double wx = 0;
+    for (std::int64_t k = 0; k < v; ++k) wx += (weight ? weight->data[k] : 1.0) * row[k];
+    o[3] = wx;
+    o[4] = w_sum;
   }
   return out;
 }
 
-HostTensor ce_loss(const HostTensor& row_max, const HostTensor& sum_target, double tokens, bool contribute) {
+HostTensor ce_loss(const Op& op, const HostTensor& labels, const HostTensor& row_max, const HostTensor& stats,
+                   const KernelContext& ctx, bool contribute) {
+  if (!contribute) return HostTensor{{}, {0.0}};
+  const CrossEntropyAttrs c = cross_entropy_attrs(op);
+  const std::int64_t width = stats.shape.back();
+  WEFT_CHECK(ctx.vocab_size > 0 || c.label_smoothing == 0,
+             "cross entropy '{}': label smoothing needs the class count", op.name);
+  const double n_classes = static_cast<double>(ctx.vocab_size);
+  const double eps = c.label_smoothing;
   double loss = 0;
-  if (contribute)
-    for (std::int64_t t = 0; t < row_max.numel(); ++t)
-      loss += row_max.data[t] + std::log(sum_target.data[2 * t]) - sum_target.data[2 * t + 1];
-  return HostTensor{{}, {contribute ? loss / tokens : 0.0}};
+  for (std::int64_t t = 0; t < row_max.numel(); ++t) {
+    if (labels.data[t] == static_cast<double>(c.ignore_index)) continue;
+    const double* o = stats.data.data() + t * width;
+    const double lse = row_max.data[t] + std::log(o[0]);
+    if (width == 2) {
+      loss += lse - o[1];
+      continue;
+    }
+    // (1 − ε)·w_y·(lse − z) + ε/C·Σ_c w_c·(lse − x_c)
+    double l = (1 - eps) * (o[2] * lse - o[1]);
+    if (eps != 0) l += eps / n_classes * (o[4] * lse - o[3]);
+    loss += l;
+  }
+  const double d =
+      ce_denominator(op, c, static_cast<double>(row_max.numel()), ce_local_weighted(c, labels, stats), ctx);
+  return HostTensor{{}, {loss / d}};
 }
 
 HostTensor ce_grad(const Op& op, const HostTensor& logits, const HostTensor& labels, const HostTensor& dloss,
-                   const HostTensor& row_max, const HostTensor& sum_target, const KernelContext& ctx) {
-  std::int64_t v = logits.shape.back();
+                   const HostTensor* weight, const HostTensor& row_max, const HostTensor& stats,
+                   const KernelContext& ctx) {
+  const CrossEntropyAttrs c = cross_entropy_attrs(op);
+  const std::int64_t v = logits.shape.back(), width = stats.shape.back();
   VocabRows rows(ctx.vocab_index, v, ctx.vocab_size);
-  double tokens = ctx.tokens > 0 ? ctx.tokens : static_cast<double>(row_max.numel());
-  double scale = dloss.data[0] / tokens;
+  const double d =
+      ce_denominator(op, c, static_cast<double>(row_max.numel()), ce_local_weighted(c, labels, stats), ctx);
+  const double scale = dloss.data[0] / d;
+  const double eps = c.label_smoothing;
+  const double n_classes = static_cast<double>(rows.global);
   HostTensor out = zeros(logits.shape);
   for (std::int64_t t = 0; t < row_max.numel(); ++t) {
     const double* row = logits.data.data() + t * v;
-    std::int64_t r = rows.row(as_index(labels.data[t], rows.global, op, "label"));
-    for (std::int64_t c = 0; c < v; ++c)
-      out.data[t * v + c] =
-          scale * (std::exp(row[c] - row_max.data[t]) / sum_target.data[2 * t] - (c == r ? 1.0 : 0.0));
+    if (!ce_counted(op, c, labels.data[t], rows.global)) continue;  // an ignored label: no gradient
+    const double* o = stats.data.data() + t * width;
+    const std::int64_t r = rows.row(static_cast<std::int64_t>(labels.data[t]));
+    double* g = out.data.data() + t * v;
+    if (width == 2) {
+      for (std::int64_t k = 0; k < v; ++k)
+        g[k] = scale * (std::exp(row[k] - row_max.data[t]) / o[0] - (k == r ? 1.0 : 0.0));
+      continue;
+    }
+    // (1 − ε)·w_y·(p_c − [c = y]) + ε/C·(W·p_c − w_c), W = Σ_c w_c
+    const double a = (1 - eps) * o[2], b = eps / n_classes;
+    for (std::int64_t k = 0; k < v; ++k) {
+      const double p = std::exp(row[k] - row_max.data[t]) / o[0];
+      const double wk = weight ? weight->data[k] : 1.0;
+      g[k] = scale * (a * (p - (k == r ? 1.0 : 0.0)) + b * (o[4] * p - wk));
+    }
   }
   return out;
 }

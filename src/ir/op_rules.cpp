@@ -499,7 +499,14 @@ OpSignature derive_unchecked(OpKind kind, const OpAttrs& a, const std::vector<Sh
     case OpKind::CrossEntropy:
     case OpKind::CrossEntropyGrad: {
       bool grad = kind == OpKind::CrossEntropyGrad;
-      check_arity(in, grad ? 3 : 2, op, kname);
+      const std::size_t plain = grad ? 3 : 2;  // operands without class weights
+      WEFT_CHECK(in.size() == plain || in.size() == plain + 1,
+                 "op '{}' ({}): expected {} operands (or {} with class weights), got {}", op, kname, plain,
+                 plain + 1, in.size());
+      Op probe;
+      probe.name = std::string(op);
+      probe.attrs = a;
+      (void)cross_entropy_attrs(probe);  // the attributes are well formed
       const Shape& lg = in[0];
       WEFT_CHECK(!lg.empty(), "op '{}': logits must have a class dim", op);
       Shape lead(lg.begin(), lg.end() - 1);
@@ -508,9 +515,18 @@ OpSignature derive_unchecked(OpKind kind, const OpAttrs& a, const std::vector<Sh
       WEFT_CHECK(is_int(dt[1]), "op '{}': labels must be i32 or i64, got {}", op, dtype_name(dt[1]));
       if (grad) WEFT_CHECK(in[2].empty(), "op '{}': dloss must be a scalar, got {}", op, in[2]);
       MapBuilder b;
+      const bool weighted = in.size() == plain + 1;
+      if (weighted) {
+        WEFT_CHECK(in[plain] == Shape{lg.back()},
+                   "op '{}': class weights must have shape [{}] (the classes), got {}", op, lg.back(),
+                   in[plain]);
+        WEFT_CHECK(!is_int(dt[plain]), "op '{}': class weights must be floating point, got {}", op,
+                   dtype_name(dt[plain]));
+      }
       // Forward: every factor is reduced into the scalar mean loss (the class dim through a
       // max and a sum: a vocab-parallel loss exchanges per-token statistics only). Backward:
-      // every factor is parallel in dlogits; sharding v needs the same small statistics.
+      // every factor is parallel in dlogits; sharding v needs the same small statistics. The
+      // class weights share the class factor: a vocab-parallel loss holds its classes' weights.
       FactorKind k = grad ? FactorKind::Parallel : FactorKind::Reduction;
       ReduceKind r = grad ? ReduceKind::None : ReduceKind::Sum;
       std::vector<DimFactors> dl;
@@ -524,9 +540,11 @@ OpSignature derive_unchecked(OpKind kind, const OpAttrs& a, const std::vector<Sh
       if (grad) {
         b.input({});
         b.output(dlog);
+        if (weighted) b.input({{fv}});
         return {{lg}, {dt[0]}, b.done_all(5)};
       }
       b.output({});
+      if (weighted) b.input({{fv}});
       return {{Shape{}}, {DType::F32}, b.done_all(4)};
     }
     case OpKind::Transpose: {

@@ -19,6 +19,7 @@
 #include "buckets_and_frees.hpp"
 #include "weft/core/error.hpp"
 #include "weft/ir/autodiff.hpp"
+#include "weft/ir/kernels.hpp"
 #include "weft/lower/lower.hpp"
 #include "weft/pipeline/grouping.hpp"
 #include "weft/reshard/decompose.hpp"
@@ -902,7 +903,9 @@ class PipelineLowering {
       return b;
     };
     int row_max = stat_step(InstrKind::CeRowMax, {in[0]}, stats_spec(lg, 0), ReduceOp::Max, "row_max");
-    int sum_target = stat_step(InstrKind::CeSumTarget, {in[0], in[1], row_max}, stats_spec(lg, 2),
+    std::vector<int> st_in{in[0], in[1], row_max};
+    if (ir::cross_entropy_weighted(op)) st_in.push_back(in.back());  // the class weights
+    int sum_target = stat_step(InstrKind::CeSumTarget, st_in, stats_spec(lg, ir::ce_stat_width(op)),
                                ReduceOp::Sum, "sum_target");
     Instr i;
     i.kind = op.kind == ir::OpKind::CrossEntropy ? InstrKind::CeLoss : InstrKind::CeGrad;

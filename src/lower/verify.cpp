@@ -15,6 +15,7 @@
 #include "weft/core/dtype.hpp"
 #include "weft/core/error.hpp"
 #include "weft/ir/autodiff.hpp"
+#include "weft/ir/kernels.hpp"
 #include "weft/lower/lower.hpp"
 #include "weft/lower/program.hpp"
 #include "weft/pipeline/grouping.hpp"
@@ -461,11 +462,17 @@ class Verifier {
           case InstrKind::CeSumTarget: {
             const ir::Op& op = op_of({ir::OpKind::CrossEntropy, ir::OpKind::CrossEntropyGrad});
             WEFT_CHECK(op.inputs.size() >= 2, "program: {}: op '{}' has no labels", what(), op.name);
-            count(3, 1);
+            const bool weighted = ir::cross_entropy_weighted(op);
+            count(weighted ? 4 : 3, 1);
             operand(i.in[0], op.inputs[0], op, "operand", 0);
             operand(i.in[1], op.inputs[1], op, "operand", 1);
             stat(i.in[2]);
+            if (weighted) operand(i.in[3], op.inputs.back(), op, "operand", op.inputs.size() - 1);
             stat(i.out[0]);
+            const std::int64_t width = ir::ce_stat_width(op);
+            WEFT_CHECK(!buf(i.out[0]).shape.empty() && buf(i.out[0]).shape.back() == width,
+                       "program: {}: the statistics '{}' of op '{}' have shape {}, {} per token expected",
+                       what(), buf(i.out[0]).name, op.name, buf(i.out[0]).shape, width);
             stat_reduce[i.out[0]] = ReduceOp::Sum;
             break;
           }

@@ -56,7 +56,8 @@ class ProgramLayout {
   // Samples of one micro-batch over all replicas of a stage.
   static std::int64_t samples_per_microbatch(const lower::StageMesh& st);
 
-  // Compute / Ce* instructions: the kernel context of the op on rank r's tiles at `step`.
+  // Compute / Ce* instructions: the kernel context of the op on rank r's tiles at `step` (a cross
+  // entropy's ce_valid_fraction is the step's data, left unset: exec::CeValidFractions computes it).
   ir::KernelContext kernel_context(int rank, const lower::Instr& i, int step) const;
   // LoadInput: how many samples of the global batch come before rank r's tile's dim 0 (0 for a
   // leaf without a batch dim).

@@ -54,6 +54,11 @@ class Graph {
   TensorId layer_norm(TensorId x, TensorId gamma, TensorId beta, double eps = 1e-5, std::string name = {});
   TensorId embedding(TensorId table, TensorId ids, std::string name = {});
   TensorId cross_entropy(TensorId logits, TensorId labels, std::string name = {});
+  // torch's F.cross_entropy with ignore_index, label smoothing, the normaliser (CrossEntropyAttrs)
+  // and class weights `weight` [v] (-1: none; a tensor no parameter reaches: torch does not
+  // differentiate the weights).
+  TensorId cross_entropy(TensorId logits, TensorId labels, const CrossEntropyAttrs& attrs,
+                         TensorId weight = -1, std::string name = {});
   TensorId transpose(TensorId x, std::vector<int> perm, std::string name = {});
   TensorId reshape(TensorId x, Shape shape, std::string name = {});
   TensorId concat(const std::vector<TensorId>& xs, int axis, std::string name = {});

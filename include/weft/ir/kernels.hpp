@@ -24,6 +24,13 @@ struct KernelContext {
   std::vector<Shape> out_shapes;  // local result shapes; empty = the graph's (whole tensors)
   double mean_count = 0;          // Reduce Mean: elements averaged (0 = the local count)
   double tokens = 0;              // CrossEntropy / CrossEntropyGrad: global token count N (0 = local)
+  // CrossEntropy / CrossEntropyGrad (torch's mean, not token_mean): the step's weighted valid
+  // fraction ρ = Σ w[y]·[y ≠ ignore_index] / (tokens) over EVERY label of the training step (all
+  // micro-batches and replicas), so this op divides by tokens·ρ — its share of the step's weighted
+  // count, which the lowering's 1/(micro-batches × replicas) scale (by samples) turns into the
+  // whole step's. < 0: not given; whole tensors then divide by their own weighted count (the
+  // interpreter), a batch-split tile is an error. exec::CeValidFractions computes it.
+  double ce_valid_fraction = -1;
   // Global index of each local row of the vocabulary dim (Embedding's table dim 0, EmbeddingGrad's
   // result dim 0, the class dim of the cross-entropy steps); empty = 0..n-1 (whole tensor).
   std::vector<std::int64_t> vocab_index;
@@ -47,18 +54,28 @@ bool dropout_keep(std::int64_t seed, std::int64_t step, std::int64_t index, doub
 std::vector<HostTensor> run_kernel(const Graph& g, const Op& op, const std::vector<const HostTensor*>& in,
                                    const KernelContext& ctx = {});
 
-// Cross-entropy in steps, over logits [..., v_local] (tokens = Π leading dims):
-//   1. ce_row_max: per token, the max over the local classes;             (all-reduce max)
-//   2. ce_row_sum_target(M): per token Σ exp(x − M) over the local classes, and the logit of the
-//      label when this device holds its class (else 0) → result [..., 2];  (all-reduce sum)
-//   3. ce_loss: (1/N)·Σ_tokens (M + log S − z) when `contribute`, else 0 (the other devices of a
-//      vocab group hold the same statistics; one of them contributes to the partial sum);
-//   4. ce_grad: dlogits = dloss·(exp(x − M)/S − [class = label]) / N on the local classes.
+// Cross-entropy in steps, over logits [..., v_local] (tokens = Π leading dims; semantics in
+// ir::CrossEntropyAttrs: ignored labels, class weights w, label smoothing ε, the normaliser D):
+//   1. ce_row_max: per token, the max M over the local classes;            (all-reduce max)
+//   2. ce_row_sum_target(M): per token over the local classes, ce_stat_width(op) statistics:
+//      plain (no weights, ε = 0): [S = Σ exp(x − M), z = the label's logit where held, else 0];
+//      otherwise [S, w_y·z, w_y, Σ_c w_c·x_c, Σ_c w_c] (w_y: the label's weight where held, else
+//      0; w ≡ 1 without weights) — sums over the vocabulary;         (all-reduce sum)
+//   3. ce_loss: (1/D)·Σ_counted tokens ((1 − ε)·w_y·(M + log S − z) + ε/C·(W·(M + log S) − Σ w x))
+//      when `contribute`, else 0 (the other devices of a vocab group hold the same statistics; one
+//      of them contributes to the partial sum);
+//   4. ce_grad: dlogits = dloss/D · ((1 − ε)·w_y·(p − [class = label]) + ε/C·(W·p − w_c)) on the
+//      local classes of counted tokens (p = exp(x − M)/S), 0 for ignored ones.
+// D = tokens · ctx.ce_valid_fraction, or the tokens with token_mean; C = ctx.vocab_size.
+// `weight`: the local classes' weights (null: none).
+std::int64_t ce_stat_width(const Op& op);
 HostTensor ce_row_max(const HostTensor& logits);
 HostTensor ce_row_sum_target(const Op& op, const HostTensor& logits, const HostTensor& labels,
-                             const HostTensor& row_max, const KernelContext& ctx);
-HostTensor ce_loss(const HostTensor& row_max, const HostTensor& sum_target, double tokens, bool contribute);
+                             const HostTensor& row_max, const HostTensor* weight, const KernelContext& ctx);
+HostTensor ce_loss(const Op& op, const HostTensor& labels, const HostTensor& row_max, const HostTensor& stats,
+                   const KernelContext& ctx, bool contribute);
 HostTensor ce_grad(const Op& op, const HostTensor& logits, const HostTensor& labels, const HostTensor& dloss,
-                   const HostTensor& row_max, const HostTensor& sum_target, const KernelContext& ctx);
+                   const HostTensor* weight, const HostTensor& row_max, const HostTensor& stats,
+                   const KernelContext& ctx);
 
 }  // namespace weft::ir

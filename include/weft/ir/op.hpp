@@ -20,7 +20,8 @@ enum class OpKind : std::uint8_t {
   Softmax,       // over attrs.axes[0]
   LayerNorm,     // (x, gamma, beta) over the last dim, eps = attrs.scalar
   Embedding,     // (table[v,h], ids[...]) -> [..., h]
-  CrossEntropy,  // (logits[..., v], labels[...] int) -> scalar mean loss
+  CrossEntropy,  // (logits[..., v], labels[...] int[, weight[v]]) -> scalar mean loss; attributes in
+                 // CrossEntropyAttrs below (ignore_index, label smoothing, the normaliser)
   Transpose,     // attrs.axes = permutation: out dim i = in dim perm[i]
   Reshape,       // row-major reshape to attrs.ints
   Concat,        // along attrs.axes[0]
@@ -50,7 +51,7 @@ enum class OpKind : std::uint8_t {
   LayerNormGrad,       // (x, gamma, dy) -> dx, eps = attrs.scalar
   LayerNormParamGrad,  // (x, dy) -> (dgamma, dbeta), eps = attrs.scalar
   EmbeddingGrad,       // (ids, dy) -> dtable, table shape in attrs.ints
-  CrossEntropyGrad,    // (logits, labels, dloss) -> dlogits
+  CrossEntropyGrad,    // (logits, labels, dloss[, weight]) -> dlogits, the forward's attrs
   Pad,                 // inverse of Slice along attrs.axes[0]: attrs.ints = {begin, end, full size}
   Conv2dGradInput,     // (dy, w) -> dx, attrs.ints = {stride, pad, H, W}
   Conv2dGradWeight,    // (x, dy) -> dw, attrs.ints = {stride, pad, r, t}
@@ -104,6 +105,21 @@ struct OpAttrs {
   bool operator==(const OpAttrs&) const = default;
 };
 
+// CrossEntropy's attributes, torch's F.cross_entropy: labels equal to ignore_index contribute 0;
+// the loss is Σ_t [y_t ≠ ii]·ℓ_t / D with ℓ_t = (1 − ε)·w[y_t]·nll_t + ε/C·Σ_c w_c·(lse_t − x_tc)
+// (w ≡ 1 without the weight operand). D, the normaliser: by default the weighted valid count
+// Σ_t w[y_t]·[y_t ≠ ii] of the WHOLE step (torch's mean; the executors give each micro-batch its
+// share of it, KernelContext::ce_valid_fraction); with token_mean the token count (reduction='sum'
+// is that times the step's tokens, a literal). Stored as attrs.ints = {ignore_index, token_mean},
+// attrs.scalar = ε; the defaults are stored as no attribute at all (graphs made before keep their
+// fingerprint).
+struct CrossEntropyAttrs {
+  std::int64_t ignore_index = -100;
+  double label_smoothing = 0;
+  bool token_mean = false;
+  bool operator==(const CrossEntropyAttrs&) const = default;
+};
+
 struct Op {
   OpKind kind = OpKind::Opaque;
   std::string name;
@@ -115,5 +131,11 @@ struct Op {
   double flops() const { return index_map.flops(); }
   bool operator==(const Op&) const = default;
 };
+
+// The attributes of a CrossEntropy / CrossEntropyGrad op, and their encoding.
+CrossEntropyAttrs cross_entropy_attrs(const Op& op);
+OpAttrs encode_cross_entropy_attrs(const CrossEntropyAttrs& a);
+// Whether the op has class weights (the forward's operand 2, the gradient's operand 3).
+bool cross_entropy_weighted(const Op& op);
 
 }  // namespace weft::ir

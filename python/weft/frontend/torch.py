@@ -1190,25 +1190,24 @@ def _log_softmax(ctx, node, x, dim, *args):
 
 
 def _check_ce(ctx, logits, target, weight, reduction, ignore_index, label_smoothing=0.0, class_dim=-1):
-    if weight is not None:
-        ctx.fail("class weights (weight=) are not supported: the weighted mean divides by Σ weight[label] "
-                 "over the whole batch, a data-dependent normaliser the IR's cross entropy does not compute")
+    """The class weights as a weft tensor (or None) after checking the arguments torch's cross entropy took."""
     if reduction not in (1, 2):
         ctx.fail("reduction='none' is not supported (the IR's cross entropy is a scalar): use 'mean' or 'sum'")
     if not 0 <= label_smoothing <= 1:
         ctx.fail(f"label_smoothing={label_smoothing} is not in [0, 1]")
     if not isinstance(target, _T) or _is_float_weft(ctx.g, target.id):
         ctx.fail("targets must be integer class indices (class probabilities are not supported)")
+    if not isinstance(ignore_index, int):
+        ctx.fail(f"ignore_index={ignore_index!r} is not an integer")
+    if weight is None:
+        return None
+    w = ctx.tensor(weight)
     n_classes = logits.shape[class_dim]
-    if ignore_index is not None and 0 <= ignore_index < n_classes:
-        # A label equal to an in-range ignore_index is a valid class for the IR's op: torch would
-        # skip it, weft would count it (silently different), so refuse.
-        ctx.fail(f"ignore_index={ignore_index} is a class index in [0, {n_classes}): tokens with that label "
-                 "would be counted by weft's cross entropy and skipped by torch; not supported (use an "
-                 "out-of-range ignore_index such as the default -100, and no such labels)")
-    # An out-of-range ignore_index (torch's default -100): weft's cross entropy averages over every
-    # token, and a label out of [0, C) -- such as -100 -- is an error when the graph runs, never
-    # silently ignored.
+    if list(w.shape) != [n_classes]:
+        ctx.fail(f"class weights of shape {list(w.shape)}, expected [{n_classes}] (one per class)")
+    if not _is_float_weft(ctx.g, w.id):
+        ctx.fail("class weights must be floating point")
+    return w
 
 
 def _ce_tokens(ctx, target) -> int:
@@ -1218,26 +1217,17 @@ def _ce_tokens(ctx, target) -> int:
     return n
 
 
-def _ce_smoothed(ctx, logits, ce, label_smoothing, reduction, tokens):
-    """torch's cross entropy with label smoothing ε (no class weights, no ignored labels) and the
-    reduction: (1 − ε)·CE + ε·mean_t(lse_t − mean_c x_tc) -- the smoothing term is the mean over
-    classes of −log_softmax, torch's ε/C·Σ_c −log p_tc. 'sum' = the mean times the token count."""
-    loss = ce
-    if label_smoothing:
-        x = ctx.tensor(logits)  # class-last [..., C]
-        d = len(x.shape) - 1
-        kd = _keepdim_shape(x.shape, d)
-        m = ctx.reduce("max", x, [d], "smooth.max")
-        sh = ctx.binary("sub", x, ctx.reshape(m, kd, "smooth.max.keepdim"), "smooth.shifted")
-        lse = ctx.binary("add", ctx.unary("log", ctx.reduce("sum", ctx.unary("exp", sh, "smooth.exp"), [d],
-                                                             "smooth.sum"), "smooth.log"), m, "smooth.lse")
-        per = ctx.binary("sub", lse, ctx.reduce("mean", x, [d], "smooth.mean_logit"), "smooth.per_token")
-        smooth = ctx.reduce("mean", per, list(range(d)), "smooth.mean") if d > 0 else per
-        loss = ctx.binary("add", _scale(ctx, ce, 1.0 - label_smoothing, "nll.scale"),
-                          _scale(ctx, smooth, float(label_smoothing), "smooth.scale"), "smoothed")
-    if reduction == 2:
-        loss = _scale(ctx, loss, float(tokens), "sum")
-    return loss
+def _ce_op(ctx, logits_id, target, weight, reduction, ignore_index, label_smoothing=0.0):
+    """torch's cross entropy as the IR's one op (ignored labels, class weights, label smoothing inside:
+    ir::CrossEntropyAttrs). 'mean' divides by the weighted count of valid labels of the whole training
+    step (the executors give each micro-batch its share); 'sum' is the op divided by the token count
+    times the tokens of the import (a literal, which micro-batches keep: the lowering's mean over them
+    weighs each by its samples)."""
+    plain = reduction == 1
+    ce = ctx._t(ctx.g.cross_entropy(logits_id, target.id, ctx.name("" if plain else "nll"),
+                                    weight=None if weight is None else weight.id, ignore_index=int(ignore_index),
+                                    label_smoothing=float(label_smoothing), normalize="valid" if plain else "tokens"))
+    return ce if plain else _scale(ctx, ce, float(_ce_tokens(ctx, target)), "sum")
 
 
 def _class_last(ctx, logits):
@@ -1256,10 +1246,8 @@ def _cross_entropy(ctx, node, logits, target, weight=None, reduction=1, ignore_i
     logits, target, unflattened = _unflatten_pair(ctx, logits, target)
     if not unflattened:  # unflattened logits [..., C] are already class-last
         logits = _class_last(ctx, logits)
-    _check_ce(ctx, logits, target, weight, reduction, ignore_index, label_smoothing)
-    plain = not label_smoothing and reduction == 1
-    ce = ctx._t(ctx.g.cross_entropy(logits.id, target.id, ctx.name("" if plain else "nll")))
-    return ce if plain else _ce_smoothed(ctx, logits, ce, label_smoothing, reduction, _ce_tokens(ctx, target))
+    w = _check_ce(ctx, logits, target, weight, reduction, ignore_index, label_smoothing)
+    return _ce_op(ctx, logits.id, target, w, reduction, ignore_index, label_smoothing)
 
 
 @_reg("nll_loss.default", "nll_loss_nd.default", "nll_loss2d.default")
@@ -1268,19 +1256,16 @@ def _nll_loss(ctx, node, x, target, weight=None, reduction=1, ignore_index=-100)
         # log_softmax(logits, -1).view(-1, C) with labels.view(-1): the unflattened cross entropy
         logits, target, ok = _unflatten_pair(ctx, x, target)
         if ok:
-            _check_ce(ctx, logits, target, weight, reduction, ignore_index)
-            ce = ctx._t(ctx.g.cross_entropy(logits.src, target.id, ctx.name("" if reduction == 1 else "nll")))
-            return ce if reduction == 1 else _scale(ctx, ce, float(_ce_tokens(ctx, target)), "sum")
+            w = _check_ce(ctx, logits, target, weight, reduction, ignore_index)
+            return _ce_op(ctx, logits.src, target, w, reduction, ignore_index)
         x = ctx.tensor(x)
     target = ctx.tensor(target)
-    _check_ce(ctx, x, target, weight, reduction, ignore_index, class_dim=1 if len(x.shape) >= 2 else 0)
+    w = _check_ce(ctx, x, target, weight, reduction, ignore_index, class_dim=1 if len(x.shape) >= 2 else 0)
     if not isinstance(x, _LogSoftmax) or x.dim != (1 if len(x.shape) >= 2 else 0):
         ctx.fail("nll_loss is supported only on log_softmax over the class dim (plain cross entropy)")
     if len(x.shape) < 2:
         ctx.fail("unbatched nll_loss is not supported")
-    ce = ctx._t(ctx.g.cross_entropy(_class_last(ctx, ctx._t(x.src)).id, target.id,
-                                    ctx.name("" if reduction == 1 else "nll")))
-    return ce if reduction == 1 else _scale(ctx, ce, float(_ce_tokens(ctx, target)), "sum")
+    return _ce_op(ctx, _class_last(ctx, ctx._t(x.src)).id, target, w, reduction, ignore_index)
 
 
 # -- normalisation

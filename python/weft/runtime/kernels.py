@@ -201,36 +201,112 @@ def ce_row_max(logits: torch.Tensor) -> torch.Tensor:
     return torch.amax(logits, dim=-1)
 
 
+def _ce_attrs(op: dict) -> tuple:
+    """(ignore_index, label smoothing ε, token_mean, weighted) of a cross-entropy op (ir::CrossEntropyAttrs),
+    cached in the op's dict."""
+    a = op.get("_ce")
+    if a is None:
+        ints = op["attrs"].get("ints") or [-100, 0]
+        weighted = len(op["inputs"]) == (4 if op["kind"] == "cross_entropy_grad" else 3)
+        a = op["_ce"] = (int(ints[0]), float(op["attrs"].get("scalar", 0.0)), bool(ints[1]), weighted)
+    return a
+
+
+def ce_stat_width(op: dict) -> int:
+    """Statistics per token (ir::ce_stat_width): 2 for a plain op, 5 with class weights or label smoothing."""
+    _, eps, _, weighted = _ce_attrs(op)
+    return 5 if weighted or eps else 2
+
+
+def _ce_labels(op: dict, labels: torch.Tensor, ctx: dict, n_local: int):
+    """(counted: label != ignore_index, local row of each counted label, mask of the counted labels held here)."""
+    labels = labels.to(torch.int64)
+    counted = labels != _ce_attrs(op)[0]
+    rows, held = _vocab_rows(op, torch.where(counted, labels, torch.zeros_like(labels)), ctx, n_local, "label")
+    return counted, rows, counted if held is None else held & counted
+
+
+def _ce_denominator(op: dict, ctx: dict, local_tokens: int, local_weighted: Callable[[], torch.Tensor]):
+    """D (ir::CrossEntropyAttrs): the tokens with token_mean, else tokens · the step's valid fraction
+    (ctx["ce_valid_fraction"], exec::CeValidFractions), or on whole tensors their own weighted count."""
+    tokens = ctx.get("tokens") or float(local_tokens)
+    if _ce_attrs(op)[2]:
+        return tokens
+    rho = ctx.get("ce_valid_fraction")
+    if rho is not None and rho >= 0:
+        return tokens * rho
+    if ctx.get("tokens") and float(ctx["tokens"]) != float(local_tokens):
+        raise KernelError(f"cross entropy '{op['name']}': a tile of {local_tokens} of the op's {ctx['tokens']} "
+                          "tokens needs the step's valid fraction (ce_valid_fraction) to divide by the weighted "
+                          "count of valid labels")
+    return local_weighted()
+
+
 def ce_row_sum_target(op: dict, logits: torch.Tensor, labels: torch.Tensor, row_max: torch.Tensor,
-                      ctx: dict) -> torch.Tensor:
+                      ctx: dict, weight: Optional[torch.Tensor] = None) -> torch.Tensor:
     logits, row_max = _hi(ctx, logits), _hi(ctx, row_max)
     s = torch.exp(logits - row_max.unsqueeze(-1)).sum(dim=-1)
-    rows, held = _vocab_rows(op, labels, ctx, logits.shape[-1], "label")
+    _, rows, hit = _ce_labels(op, labels, ctx, logits.shape[-1])
     z = torch.gather(logits, -1, rows.clamp(min=0).unsqueeze(-1)).squeeze(-1)
-    if held is not None:
-        z = torch.where(held, z, torch.zeros_like(z))
-    return torch.stack([s, z], dim=-1)
+    z = torch.where(hit, z, torch.zeros_like(z))
+    if ce_stat_width(op) == 2:
+        return torch.stack([s, z], dim=-1)
+    # [S, w_y·z, w_y, Σ_c w_c·x_c, Σ_c w_c] over the local classes (w ≡ 1 without weights)
+    if weight is None:
+        wy = hit.to(logits.dtype)
+        wx = logits.sum(dim=-1)
+        wsum = torch.full_like(s, float(logits.shape[-1]))
+    else:
+        w = weight.to(logits.dtype)
+        wy = torch.where(hit, w[rows.clamp(min=0)], torch.zeros_like(s))
+        wx = (logits * w).sum(dim=-1)
+        wsum = w.sum().expand_as(s)
+    return torch.stack([s, wy * z, wy, wx, wsum], dim=-1)
 
 
-def ce_loss(row_max: torch.Tensor, sum_target: torch.Tensor, tokens: float, contribute: bool,
-            ctx: Optional[dict] = None) -> torch.Tensor:
+def ce_loss(op: dict, labels: torch.Tensor, row_max: torch.Tensor, stats: torch.Tensor, ctx: dict,
+            contribute: bool) -> torch.Tensor:
     if not contribute:
         return torch.zeros((), dtype=_hi(ctx, row_max).dtype, device=row_max.device)
-    row_max, sum_target = _hi(ctx, row_max), _hi(ctx, sum_target)
-    per = row_max + torch.log(sum_target[..., 0]) - sum_target[..., 1]
-    return per.sum() / tokens
+    row_max, stats = _hi(ctx, row_max), _hi(ctx, stats)
+    counted = labels.to(torch.int64) != _ce_attrs(op)[0]
+    lse = row_max + torch.log(stats[..., 0])
+    eps = _ce_attrs(op)[1]
+    if stats.shape[-1] == 2:
+        per = lse - stats[..., 1]
+    else:
+        per = (1 - eps) * (stats[..., 2] * lse - stats[..., 1])
+        if eps:
+            per = per + eps / float(ctx.get("vocab_size") or 0) * (stats[..., 4] * lse - stats[..., 3])
+    per = torch.where(counted, per, torch.zeros_like(per))
+    d = _ce_denominator(op, ctx, row_max.numel(),
+                        lambda: counted.sum() if stats.shape[-1] == 2 else stats[..., 2].sum())
+    return per.sum() / d
 
 
 def ce_grad(op: dict, logits: torch.Tensor, labels: torch.Tensor, dloss: torch.Tensor, row_max: torch.Tensor,
-            sum_target: torch.Tensor, ctx: dict) -> torch.Tensor:
-    tokens = ctx.get("tokens") or float(row_max.numel())
-    logits, row_max, sum_target = _hi(ctx, logits), _hi(ctx, row_max), _hi(ctx, sum_target)
-    scale = dloss.reshape(()).to(logits.dtype) / tokens
-    p = torch.sub(logits, row_max.unsqueeze(-1)).exp_().div_(sum_target[..., 0].unsqueeze(-1))
-    rows, held = _vocab_rows(op, labels, ctx, logits.shape[-1], "label")
-    minus = -torch.ones_like(rows, dtype=p.dtype) if held is None else -held.to(p.dtype)
-    p.scatter_add_(-1, rows.clamp(min=0).unsqueeze(-1), minus.unsqueeze(-1))  # − [class = label]
-    return p.mul_(scale)
+            stats: torch.Tensor, ctx: dict, weight: Optional[torch.Tensor] = None) -> torch.Tensor:
+    logits, row_max, stats = _hi(ctx, logits), _hi(ctx, row_max), _hi(ctx, stats)
+    counted, rows, hit = _ce_labels(op, labels, ctx, logits.shape[-1])
+    d = _ce_denominator(op, ctx, row_max.numel(),
+                        lambda: counted.sum() if stats.shape[-1] == 2 else stats[..., 2].sum())
+    scale = dloss.reshape(()).to(logits.dtype) / d
+    p = torch.sub(logits, row_max.unsqueeze(-1)).exp_().div_(stats[..., 0].unsqueeze(-1))
+    if stats.shape[-1] == 2:
+        p.scatter_add_(-1, rows.clamp(min=0).unsqueeze(-1), -hit.to(p.dtype).unsqueeze(-1))  # − [class = label]
+    else:  # (1 − ε)·w_y·(p − [class = label]) + ε/C·(W·p − w_c)
+        eps = _ce_attrs(op)[1]
+        a = (1 - eps) * stats[..., 2]
+        g = p * a.unsqueeze(-1)
+        g.scatter_add_(-1, rows.clamp(min=0).unsqueeze(-1), -(a * hit.to(p.dtype)).unsqueeze(-1))
+        if eps:
+            n_classes = float(ctx.get("vocab_size") or logits.shape[-1])
+            w = 1.0 if weight is None else weight.to(p.dtype)
+            g.add_(eps / n_classes * (stats[..., 4].unsqueeze(-1) * p - w))
+        p = g
+    # ignored labels get no gradient (torch's zeros, also where D = 0)
+    factor = torch.where(counted, scale.expand(counted.shape), torch.zeros((), dtype=p.dtype, device=p.device))
+    return p.mul_(factor.unsqueeze(-1))
 
 
 # ---- one function per op kind: (op, inputs, ctx) -> list of outputs
@@ -346,26 +422,33 @@ def _whole_vocabulary(ctx: dict, n_local: int) -> bool:
 
 def _cross_entropy(op, x, ctx):
     lg, lab = x[0], x[1]
-    if _whole_vocabulary(ctx, lg.shape[-1]) and lg.shape[-1]:
+    grad = op["kind"] == "cross_entropy_grad"
+    _, _, _, weighted = _ce_attrs(op)
+    weight = x[3 if grad else 2] if weighted else None
+    if "vocab_size" not in ctx or not ctx.get("vocab_size"):
+        ctx["vocab_size"] = lg.shape[-1]  # C of label smoothing, on whole tensors
+    if ce_stat_width(op) == 2 and _whole_vocabulary(ctx, lg.shape[-1]) and lg.shape[-1]:
         # The whole vocabulary here: torch's fused kernels, one pass each way (logsumexp; softmax),
         # where the steps below take three over the logits (the backward recomputed the forward's
         # max and sum). The same formulas: log Σ exp(x - max) + max, and exp(x - max) / Σ; under
         # mixed precision on the logits in f32, as autocast's cross entropy.
         lg = _hi(ctx, lg)
-        rows, _ = _vocab_rows(op, lab, ctx, lg.shape[-1], "label")
-        tokens = ctx.get("tokens") or float(lg[..., 0].numel())
-        if op["kind"] == "cross_entropy":
+        counted, rows, _ = _ce_labels(op, lab, ctx, lg.shape[-1])
+        d = _ce_denominator(op, ctx, lab.numel(), counted.sum)
+        if not grad:
             z = torch.gather(lg, -1, rows.unsqueeze(-1)).squeeze(-1)
-            return [(torch.logsumexp(lg, dim=-1) - z).sum() / tokens]
+            per = torch.logsumexp(lg, dim=-1) - z
+            return [torch.where(counted, per, torch.zeros_like(per)).sum() / d]
         p = torch.softmax(lg, dim=-1)
-        p.scatter_add_(-1, rows.unsqueeze(-1), torch.full_like(rows, -1, dtype=p.dtype).unsqueeze(-1))
-        return [p.mul_(x[2].reshape(()).to(p.dtype) / tokens)]
+        p.scatter_add_(-1, rows.unsqueeze(-1), -counted.to(p.dtype).unsqueeze(-1))
+        scale = x[2].reshape(()).to(p.dtype) / d
+        factor = torch.where(counted, scale.expand(counted.shape), torch.zeros((), dtype=p.dtype, device=p.device))
+        return [p.mul_(factor.unsqueeze(-1))]
     m = ce_row_max(lg)
-    st = ce_row_sum_target(op, lg, lab, m, ctx)
-    tokens = ctx.get("tokens") or float(m.numel())
-    if op["kind"] == "cross_entropy":
-        return [ce_loss(m, st, tokens, True)]
-    return [ce_grad(op, lg, lab, x[2], m, st, ctx)]
+    st = ce_row_sum_target(op, lg, lab, m, ctx, weight)
+    if not grad:
+        return [ce_loss(op, lab, m, st, ctx, True)]
+    return [ce_grad(op, lg, lab, x[2], m, st, ctx, weight)]
 
 
 def _transpose(op, x, ctx):

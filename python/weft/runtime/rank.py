@@ -67,6 +67,8 @@ class RankRuntime:
         self.groups = groups if groups is not None else ProcessGroups(layout.collective_groups())
         self.comm = Comm(rank, layout, self.buffers, self.groups, self.device)
         self.values: Dict[int, torch.Tensor] = {}
+        self.ce_fraction: Dict[int, float] = {}  # op id -> the step's valid fraction (set_ce_fractions)
+        self.ce_inputs: Optional[Mapping[str, np.ndarray]] = None  # the global inputs it reads, when not self.inputs
         self.pending: Dict[int, callable] = {}
         self.live_bytes = 0
         self.peak_bytes = 0
@@ -225,6 +227,22 @@ class RankRuntime:
         v = self.read(b).detach().to("cpu", torch.float64).numpy().reshape(-1)
         return (T.flat_global(tile, self.buffers[b]["shape"]), v, tile["partial_index"])
 
+    def ce_context(self, ins: dict) -> dict:
+        """A cross entropy's kernel context with the step's valid fraction (set_ce_fractions)."""
+        ctx = ins["context"]
+        rho = self.ce_fraction.get(ins["op"])
+        if rho is not None:
+            ctx["ce_valid_fraction"] = rho
+        return ctx
+
+    def set_ce_fractions(self, step: int, inputs: Optional[Mapping[str, np.ndarray]] = None) -> None:
+        """The step's weighted valid fraction of each cross entropy (exec::CeValidFractions): from the
+        step's global inputs (``inputs``, else ``ce_inputs``, else the run's), the graph's values or the
+        seeded data — the same on every rank, so no communication."""
+        if inputs is None:
+            inputs = self.ce_inputs if self.ce_inputs is not None else self.inputs
+        self.ce_fraction = self.layout.ce_valid_fractions(self.leaves.leaf_values, inputs, int(step))
+
     def step(self, step: int) -> None:
         self.begin_step(step)
         self.run_instructions(self.instrs, step)
@@ -238,6 +256,7 @@ class RankRuntime:
         leaves = set(self._leaf_ids)
         for b in [b for b in self.values if b not in leaves]:
             self.free(b)
+        self.set_ce_fractions(step)
         fill_states = step == 1 if fill_states is None else fill_states
         for b in self._leaf_ids:
             role = self.tensors[self.buffers[b]["tensor_id"]]["role"]
@@ -284,7 +303,7 @@ class RankRuntime:
         kind = ins["kind"]
         inp, out = ins["inputs"], ins["outputs"]
         if kind == "compute":
-            ctx = ins["context"]
+            ctx = ins["context"] if ins["op"] not in self.ce_fraction else self.ce_context(ins)
             ctx["step"] = step
             outs = run_kernel(self.ops[ins["op"]], [self.read(b) for b in inp], ctx)
             if len(outs) != len(out):
@@ -293,15 +312,21 @@ class RankRuntime:
                 self.write(b, v)
         elif kind == "ce-row-max":
             self.write(out[0], ce_row_max(self.read(inp[0])))
-        elif kind == "ce-sum-target":
+        elif kind == "ce-sum-target":  # (logits, labels, row max[, class weights])
             x = [self.read(b) for b in inp]
-            self.write(out[0], ce_row_sum_target(self.ops[ins["op"]], x[0], x[1], x[2], ins["context"]))
-        elif kind == "ce-loss":
+            self.write(out[0], ce_row_sum_target(self.ops[ins["op"]], x[0], x[1], x[2], ins["context"],
+                                                 x[3] if len(x) > 3 else None))
+        elif kind == "ce-loss":  # the op's operands, then the two statistics
+            op = self.ops[ins["op"]]
             x = [self.read(b) for b in inp]
-            self.write(out[0], ce_loss(x[2], x[3], ins["context"]["tokens"], ins["contribute"], ins["context"]))
+            n = len(op["inputs"])
+            self.write(out[0], ce_loss(op, x[1], x[n], x[n + 1], self.ce_context(ins), ins["contribute"]))
         elif kind == "ce-grad":
+            op = self.ops[ins["op"]]
             x = [self.read(b) for b in inp]
-            self.write(out[0], ce_grad(self.ops[ins["op"]], x[0], x[1], x[2], x[3], x[4], ins["context"]))
+            n = len(op["inputs"])
+            self.write(out[0], ce_grad(op, x[0], x[1], x[2], x[n], x[n + 1], self.ce_context(ins),
+                                       x[3] if n == 4 else None))
         elif kind == "copy":
             self.write(out[0], self.read(inp[0]))
         elif kind == "load-input":
@@ -368,6 +393,11 @@ class LeafInit:
 
     def __init__(self, graph, seed: int, seed_all_parameters: bool = False):
         self._values = _weft.LeafValues(graph, int(seed), bool(seed_all_parameters))  # keeps the graph alive
+
+    @property
+    def leaf_values(self):
+        """The underlying _weft.LeafValues."""
+        return self._values
 
     def values(self, tensor: int, step: int, flat: np.ndarray) -> np.ndarray:
         return self._values.values(int(tensor), int(step), np.ascontiguousarray(flat, dtype=np.int64))

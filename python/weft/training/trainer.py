@@ -158,6 +158,7 @@ class Trainer:
         self._bar = None
         self._progress = progress
         self._local: Optional[List[int]] = None
+        self._ce_needed: Optional[bool] = None
         self.tokens_per_step, self.samples_per_step = self._sizes()
         log.info("weft.Trainer: rank %d of %d, %s, %d instructions per step", self.rank, self.world,
                  self.plan.strategy if self.plan is not None else "a given program", len(self.engine.instrs))
@@ -377,6 +378,9 @@ class Trainer:
         if self.check_batch and self.world > 1 and not isinstance(batch, (_LocalTuple, _LocalDict)):
             self._check_same_batch(inputs)
         self.engine.inputs = inputs
+        self.engine.ce_inputs = None
+        if isinstance(batch, (_LocalTuple, _LocalDict)) and self.world > 1 and self._needs_ce_labels():
+            self.engine.ce_inputs = self._global_ints(inputs)
         factor = float(self.schedule(self.steps_done))
         if not math.isfinite(factor) or factor < 0:
             raise ValueError(f"lr_schedule({self.steps_done}) = {factor}: not a finite factor >= 0")
@@ -404,6 +408,32 @@ class Trainer:
         self.history.append(m)
         self._report(m)
         return m
+
+    def _needs_ce_labels(self) -> bool:
+        """Whether the program has a cross entropy that divides by the step's weighted count of valid
+        labels (torch's mean with ignore_index / class weights: exec::CeValidFractions)."""
+        if self._ce_needed is None:
+            self._ce_needed = bool(self.layout.ce_valid_fractions(self.engine.leaves.leaf_values, {}, 1))
+        return self._ce_needed
+
+    def _global_ints(self, inputs: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+        """The global batch's integer inputs (labels, ids) from local batches: every rank holds only its
+        rows (zeros elsewhere), but the loss divides by the count of valid labels of the WHOLE step, so
+        each rank's rows are max-reduced over a floor below any label (rows several ranks read are equal)."""
+        torch = _torch()
+        local = self.local_indices()
+        out = {}
+        for name, v in inputs.items():
+            if np.issubdtype(v.dtype, np.floating):
+                continue
+            t = torch.full(v.shape, -2.0 ** 62, dtype=torch.float64, device=self.device)
+            if local:
+                idx = torch.as_tensor(local, dtype=torch.int64)
+                t[idx] = torch.from_numpy(v[local].astype(np.float64)).to(self.device)
+            _dist().all_reduce(t, op=_dist().ReduceOp.MAX)
+            t[t == -2.0 ** 62] = 0  # rows no rank reads (no loss reads them either)
+            out[name] = t.to("cpu").numpy().astype(np.int64)
+        return out
 
     def _check_same_batch(self, inputs: Dict[str, np.ndarray]) -> None:
         """Every rank must be given the same global batch (each reads its rows of it): a CRC of the

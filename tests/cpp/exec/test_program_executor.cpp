@@ -11,6 +11,7 @@
 
 #include "equivalence.hpp"
 #include "weft/core/error.hpp"
+#include "weft/exec/ce_fractions.hpp"
 #include "weft/plan/planner.hpp"
 #include "weft/plan/rebatch.hpp"
 #include "weft/sharding/reshard.hpp"
@@ -521,4 +522,43 @@ TEST_CASE("exec program: a partial sum two ops read is reduced once, as shared r
   CHECK(sent[1] == sent[0]);
   MESSAGE(fmt::format("reduction bytes sent, one reader {} / two readers {}", fmt::join(sent[0], ", "),
                       fmt::join(sent[1], ", ")));
+}
+
+TEST_CASE("exec program: torch's mean cross entropy over ignored labels and class weights across parts") {
+  // logits = x·W over 5 classes, class weights w = [1..5], labels of 8 samples with -100 padding; the
+  // 4 parts (2 replicas x 2 micro-batches of 2 samples) hold 1, 2, 0 and 2 valid labels.
+  ir::Graph g("ce");
+  auto x = g.input("x", {8, 4});
+  auto W = g.parameter("W", {4, 5});
+  auto y = g.input("y", {8}, DType::I64);
+  auto w = g.constant("w", {5});
+  g.set_value(w, ir::HostTensor{{5}, {1, 2, 3, 4, 5}});
+  ir::CrossEntropyAttrs a;
+  a.label_smoothing = 0.1;
+  g.set_loss(g.cross_entropy(g.matmul(x, W), y, a, w));
+  const auto step = ir::build_training_graph(g, {});
+  exec::ExecuteOptions eo;
+  ir::HostTensor X{{8, 4}, {}};
+  for (int k = 0; k < 32; ++k) X.data.push_back(std::sin(1.7 * k));
+  eo.inputs = {{"x", X}, {"y", ir::HostTensor{{8}, {0, -100, 2, 3, -100, -100, 1, 4}}}};
+  const auto ref = exec::execute_reference(step, eo);  // the whole batch: torch's own D
+  const auto mb = plan::rebatch(step, 2);
+  auto prog = lower::lower_spmd(mb, m8(), cluster::DeviceMesh::iota({2, 2}), test::random_layout(mb, {2}, 7),
+                                {2, 2});
+  // ρ = Σ w[y] over the valid labels / all labels = (1 + 3 + 4 + 2 + 5) / 8, for the loss and its gradient
+  exec::ProgramLayout layout(prog);
+  exec::CeValidFractions fractions(layout);
+  exec::LeafValues leaves(prog.graph, 0);
+  std::map<ir::TensorId, const ir::HostTensor*> in;
+  for (const auto& [name, v] : eo.inputs) in[*prog.graph.find_tensor(name)] = &v;
+  const auto rho = fractions.compute(leaves, in, 1);
+  REQUIRE(rho.size() == 2);
+  for (const auto& [op, r] : rho) CHECK(r == 15.0 / 8);
+  std::string worst;
+  CHECK(max_rel_diff(exec::execute_program(prog, eo), ref, &worst) < 1e-10);
+  CAPTURE(worst);
+  // a label that is neither a class nor the ignore_index is named before any rank runs
+  auto bad = eo;
+  bad.inputs["y"].data[1] = -1;
+  CHECK_THROWS_WITH_AS(exec::execute_program(prog, bad), doctest::Contains("label -1"), Error);
 }

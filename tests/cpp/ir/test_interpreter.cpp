@@ -106,6 +106,93 @@ TEST_CASE("interpreter: softmax, layer norm and cross entropy closed forms") {
   CHECK(v[ce].data[0] == doctest::Approx(expect));
 }
 
+// torch's F.cross_entropy by hand on 2 tokens x 3 classes: row 0 = [0, ln 2, 0] (p = [1/4, 1/2, 1/4],
+// lse = ln 4), row 1 = [0, 0, 0] (p = 1/3 each, lse = ln 3); class weights w = [1, 2, 3].
+TEST_CASE("kernels: cross entropy with ignore_index, class weights and label smoothing by hand") {
+  const double l2 = std::log(2.0), l3 = std::log(3.0);
+  HostTensor X{{2, 3}, {0, l2, 0, 0, 0, 0}}, W{{3}, {1, 2, 3}}, dy{{}, {1}};
+  struct Case {
+    const char* what;
+    std::vector<double> labels;
+    CrossEntropyAttrs attrs;
+    bool weighted;
+    double loss;
+    std::vector<double> grad;
+  };
+  CrossEntropyAttrs plain, smooth, pad0, tokens;
+  smooth.label_smoothing = 0.3;
+  pad0.ignore_index = 0;
+  tokens.token_mean = true;
+  const std::vector<Case> cases{
+      // D = w[1] = 2: loss = 2·(ln 4 − ln 2)/2; dlogits row 0 = 2·(p − e1)/2, row 1 ignored
+      {"ignored, weighted", {1, -100}, plain, true, l2, {0.25, -0.5, 0.25, 0, 0, 0}},
+      // D = w[1] + w[0] = 3: (2 ln 2 + ln 3)/3; rows 2(p0 − e1)/3 and 1·(p1 − e0)/3
+      {"weighted",
+       {1, 0},
+       plain,
+       true,
+       (2 * l2 + l3) / 3,
+       {1. / 6, -1. / 3, 1. / 6, -2. / 9, 1. / 9, 1. / 9}},
+      // ε = 0.3, D = 1: 0.7·ln 2 + 0.1·Σ_c (ln 4 − x_c) = 0.7 ln 2 + 0.1·5 ln 2; p − 0.7·e1 − 0.1
+      {"smoothed", {1, -100}, smooth, false, 1.2 * l2, {0.15, -0.3, 0.15, 0, 0, 0}},
+      // an in-range ignore_index: label 0 of row 1 is skipped
+      {"ignore_index 0", {1, 0}, pad0, false, l2, {0.25, -0.5, 0.25, 0, 0, 0}},
+      // the token mean (the importer's reduction='sum' is it times N): (2·ln 2 + 3·ln 3) over 2
+      // tokens, not over D = 5; rows 2(p0 − e1)/2 and 3(p1 − e2)/2
+      {"token mean", {1, 2}, tokens, true, (2 * l2 + 3 * l3) / 2, {0.25, -0.5, 0.25, 0.5, 0.5, -1}},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.what);
+    Graph g;
+    auto x = g.input("x", {2, 3});
+    auto lab = g.input("lab", {2}, weft::DType::I64);
+    auto w = g.constant("w", {3});
+    auto ce = g.cross_entropy(x, lab, c.attrs, c.weighted ? w : -1);
+    HostTensor L{{2}, c.labels};
+    auto v = interpret(g, {{x, X}, {lab, L}, {w, W}});
+    CHECK(v[ce].data[0] == doctest::Approx(c.loss).epsilon(1e-14));
+    // the gradient op, and the four vocab-parallel steps over the classes split as {0, 1} | {2}
+    const Op& fwd = g.op(g.tensor(ce).producer);
+    Op grad = fwd;
+    grad.kind = OpKind::CrossEntropyGrad;
+    grad.inputs = {x, lab, x, x};  // only the count matters here (weights are operand 3)
+    if (!c.weighted) grad.inputs.pop_back();
+    std::vector<const HostTensor*> gin{&X, &L, &dy};
+    if (c.weighted) gin.push_back(&W);
+    const auto dx = run_kernel(g, grad, gin)[0];
+    for (std::size_t k = 0; k < 6; ++k) CHECK(dx.data[k] == doctest::Approx(c.grad[k]).epsilon(1e-14));
+    HostTensor xa{{2, 2}, {0, l2, 0, 0}}, xb{{2, 1}, {0, 0}}, wa{{2}, {1, 2}}, wb{{1}, {3}};
+    KernelContext ca, cb;
+    ca.vocab_index = {0, 1};
+    cb.vocab_index = {2};
+    ca.vocab_size = cb.vocab_size = 3;
+    auto m = ce_row_max(X);  // the all-reduced max
+    auto sa = ce_row_sum_target(fwd, xa, L, m, c.weighted ? &wa : nullptr, ca);
+    auto sb = ce_row_sum_target(fwd, xb, L, m, c.weighted ? &wb : nullptr, cb);
+    REQUIRE(sa.shape == Shape{2, ce_stat_width(fwd)});
+    for (std::size_t k = 0; k < sa.data.size(); ++k) sa.data[k] += sb.data[k];  // all-reduce(sum)
+    CHECK(ce_loss(fwd, L, m, sa, ca, true).data[0] == doctest::Approx(c.loss).epsilon(1e-14));
+    CHECK(ce_loss(fwd, L, m, sa, cb, false).data[0] == 0.0);
+    auto ga = ce_grad(grad, xa, L, dy, c.weighted ? &wa : nullptr, m, sa, ca);
+    auto gb = ce_grad(grad, xb, L, dy, c.weighted ? &wb : nullptr, m, sa, cb);
+    for (std::size_t t = 0; t < 2; ++t) {
+      CHECK(ga.data[2 * t] == doctest::Approx(c.grad[3 * t]).epsilon(1e-14));
+      CHECK(ga.data[2 * t + 1] == doctest::Approx(c.grad[3 * t + 1]).epsilon(1e-14));
+      CHECK(gb.data[t] == doctest::Approx(c.grad[3 * t + 2]).epsilon(1e-14));
+    }
+  }
+  // every label ignored: torch's 0/0 = nan loss, and no gradient
+  Graph g;
+  auto x = g.input("x", {2, 3});
+  auto lab = g.input("lab", {2}, weft::DType::I64);
+  auto ce = g.cross_entropy(x, lab);
+  auto v = interpret(g, {{x, X}, {lab, {{2}, {-100, -100}}}});
+  CHECK(std::isnan(v[ce].data[0]));
+  // a label that is neither a class nor the ignore_index is an error naming the op
+  CHECK_THROWS_WITH_AS(interpret(g, {{x, X}, {lab, {{2}, {-1, 0}}}}), doctest::Contains("label -1"),
+                       weft::Error);
+}
+
 TEST_CASE("interpreter: conv2d with stride and padding, pools, embedding") {
   std::mt19937 gen(7);
   Graph g;
