@@ -40,7 +40,7 @@ constexpr std::array<std::pair<FactorKind, std::string_view>, 3> kFactorKinds{
      {FactorKind::NeedReplication, "need_replication"}}};
 constexpr std::array<std::pair<ReduceKind, std::string_view>, 3> kReduceKinds{
     {{ReduceKind::None, "none"}, {ReduceKind::Sum, "sum"}, {ReduceKind::Max, "max"}}};
-constexpr std::array<std::pair<OpKind, std::string_view>, 32> kOpKinds{{
+constexpr std::array<std::pair<OpKind, std::string_view>, 34> kOpKinds{{
     {OpKind::Einsum, "einsum"},
     {OpKind::Unary, "unary"},
     {OpKind::Binary, "binary"},
@@ -60,6 +60,7 @@ constexpr std::array<std::pair<OpKind, std::string_view>, 32> kOpKinds{{
     {OpKind::Gather, "gather"},
     {OpKind::ScatterAdd, "scatter_add"},
     {OpKind::TopK, "topk"},
+    {OpKind::Attention, "attention"},
     {OpKind::UnaryGrad, "unary_grad"},
     {OpKind::BroadcastTo, "broadcast_to"},
     {OpKind::SoftmaxGrad, "softmax_grad"},
@@ -71,6 +72,7 @@ constexpr std::array<std::pair<OpKind, std::string_view>, 32> kOpKinds{{
     {OpKind::Conv2dGradInput, "conv2d_grad_input"},
     {OpKind::Conv2dGradWeight, "conv2d_grad_weight"},
     {OpKind::Pool2dGrad, "pool2d_grad"},
+    {OpKind::AttentionGrad, "attention_grad"},
     {OpKind::SgdUpdate, "sgd_update"},
     {OpKind::AdamUpdate, "adam_update"},
 }};
