@@ -15,6 +15,7 @@ nn = torch.nn
 F = torch.nn.functional
 
 import weft  # noqa: E402
+from weft import _weft  # noqa: E402
 from test_frontend_gaps import check  # noqa: E402 (forward and gradients against torch)
 from test_module_values import assert_trained_like_torch, torch_train  # noqa: E402
 from weft.runtime.kernels import run_kernel  # noqa: E402
@@ -60,7 +61,8 @@ def op_graph(b, h, s, t, d, e, scale, causal):
 def test_forward_and_gradients_equal_torch_autograd(shape, causal):
     b, h, s, t, d, e = shape
     g = op_graph(b, h, s, t, d, e, 0.4, causal)
-    q, k, v, r = (torch.randn(*x, dtype=torch.float64) for x in ([b, h, s, d], [b, h, t, d], [b, h, t, e], [b, h, s, e]))
+    shapes = ([b, h, s, d], [b, h, t, d], [b, h, t, e], [b, h, s, e])
+    q, k, v, r = (torch.randn(*x, dtype=torch.float64) for x in shapes)
     feeds = {"q": q.numpy(), "k": k.numpy(), "v": v.numpy(), "r": r.numpy()}
     step = g.train_step(optimizer=None)
     vals = weft.interpret(step, feeds)
@@ -349,3 +351,39 @@ def test_imported_sdpa_weft_run_on_2_processes_trains_like_torch(imported, clust
     result = weft.spmd_search(step, cluster, mesh, level="O2", time_limit=10, fixed_specs=fixed)
     got = weft.run(weft.lower_spmd(step, cluster, mesh, result), steps=3, dtype="f64")
     assert_trained_like_torch(got, *torch_train(module, step, ex))
+
+
+# ---- random layouts: every strategy of the index maps, the causal queries split 2 and 4 ways
+
+def query_rows(step, program):
+    """Per rank, the global query positions of its attention tile (the causal mask's element index)."""
+    layout = _weft.ProgramLayout(program)
+    kinds_of = {i: o["kind"] for i, o in enumerate(step.ops)}
+    return [[int(x) for x in ins["context"]["element_index"][2]] for r in range(program.num_ranks)
+            for ins in layout.instructions(r) if ins["kind"] == "compute" and kinds_of[ins["op"]] == "attention"]
+
+
+@pytest.fixture(scope="module")
+def imported_sgd():
+    torch.manual_seed(3)
+    return weft.from_torch(CausalLM().double(), lm_example()).train_step(optimizer="sgd", lr=0.1)
+
+
+@pytest.mark.parametrize("dims", [[2, 2], [4], [2]])
+def test_random_layouts_equal_one_device(dims, imported_sgd, cluster):
+    ref = weft.execute_reference(imported_sgd, steps=2)
+    mesh = weft.DeviceMesh(dims, range(int(np.prod(dims))))
+    split = 0
+    for seed in range(8):
+        program = weft.lower_random(imported_sgd, cluster, mesh, seed)
+        split += any(rows != list(range(8)) for rows in query_rows(imported_sgd, program))
+        assert weft.execute(program, steps=2).max_relative_error(ref) < 1e-13, seed
+    assert split >= 1  # some layouts split the causal query sequence (tiles starting past 0)
+
+
+def test_weft_run_random_layout_with_split_queries(imported_sgd, cluster):
+    mesh = weft.DeviceMesh([2], range(2))
+    program = next(p for p in (weft.lower_random(imported_sgd, cluster, mesh, s) for s in range(16))
+                   if [4, 5, 6, 7] in query_rows(imported_sgd, p))
+    got = weft.run(program, steps=2, dtype="f64")
+    assert got.max_relative_error(weft.execute_reference(imported_sgd, steps=2)) < 1e-12
