@@ -30,12 +30,12 @@ TensorId Net::attention(TensorId x, std::int64_t b, std::int64_t s, std::int64_t
   TensorId q = part(0, "q"), k = part(1, "k"), v = part(2, "v");
   if (fused) {
     // [b,s,n,d] -> [b,n,s,d] (torch's SDPA layout), one op for the core, and back.
-    auto heads_first = [&](TensorId t, const char* which) {
-      return g_.transpose(t, {0, 2, 1, 3}, name + "." + which + "_heads");
-    };
-    auto [core, lse] = g_.attention(heads_first(q, "q"), heads_first(k, "k"), heads_first(v, "v"),
-                                    1.0 / std::sqrt(static_cast<double>(d)), false, name + ".core");
-    (void)lse;
+    // (one statement each: the ops' order must not depend on the order a call evaluates its arguments)
+    const TensorId qh = g_.transpose(q, {0, 2, 1, 3}, name + ".q_heads");
+    const TensorId kh = g_.transpose(k, {0, 2, 1, 3}, name + ".k_heads");
+    const TensorId vh = g_.transpose(v, {0, 2, 1, 3}, name + ".v_heads");
+    const TensorId core =  // (its log-sum-exp is for the backward)
+        g_.attention(qh, kh, vh, 1.0 / std::sqrt(static_cast<double>(d)), false, name + ".core").first;
     TensorId ctx = g_.transpose(core, {0, 2, 1, 3}, name + ".context");
     ctx = g_.reshape(ctx, {b, s, h}, name + ".context_merged");
     return linear(ctx, h, h, name + ".proj");
