@@ -43,13 +43,6 @@ enum class OpKind : std::uint8_t {
                // base (gather's adjoint). index and src share one shape; off the axis, base's.
   TopK,        // x -> (values, indices int) of the attrs.ints[0] largest (attrs.ints[1] = 1) or
                // smallest (0) along attrs.axes[0], sorted best first; ties: the lower index first
-  // Fused (flash) attention: (q[..., s, d], k[..., t, d], v[..., t, e]) -> (out[..., s, e],
-  // lse[..., s] f32) with out = softmax(scale·q·kᵀ)·v and lse the log-sum-exp of each score row;
-  // scale = attrs.scalar, attrs.ints = {causal}: causal keeps key j <= query i (torch's is_causal,
-  // top-left aligned). What it saves for the backward is O(s): out and lse, never the s x t
-  // probabilities. Leading dims (batch, heads) and the query sequence are parallel; the key/value
-  // sequence and the head dims need replication (attention.hpp).
-  Attention,
   // ops made by autodiff and the optimizer
   UnaryGrad,           // (x, dy) -> dx for attrs.unary
   BroadcastTo,         // x -> attrs.ints shape, inserting the dims in attrs.axes (reduce/binary grads)
@@ -62,14 +55,23 @@ enum class OpKind : std::uint8_t {
   Conv2dGradInput,     // (dy, w) -> dx, attrs.ints = {stride, pad, H, W}
   Conv2dGradWeight,    // (x, dy) -> dw, attrs.ints = {stride, pad, r, t}
   Pool2dGrad,          // (x, y, dy) -> dx, same attrs as Pool2d
-  AttentionGrad,       // (q, k, v, out, lse, dout) -> (dq, dk, dv), Attention's attrs: the
-                       // probabilities recomputed from q, k and lse (flash attention's backward)
   // Optimizer updates; with master weights the f32 master copy follows the gradient and the
   // new parameter is its cast (outputs in the order of the state inputs).
   SgdUpdate,   // (param, grad[, master][, buf]) -> (param'[, master'][, buf']), attrs.scalars =
                // {lr} or {lr, momentum} (the momentum form reads and writes buf)
   AdamUpdate,  // (param, grad[, master], m, v) -> (param'[, master'], m', v'),
                // attrs.scalars = {lr, b1, b2, eps, step}
+  // Kinds added later go last: a graph's fingerprint (plans and programs record it) hashes a kind's
+  // number, so inserting one above would change the fingerprint of every graph saved before.
+  // Fused (flash) attention: (q[..., s, d], k[..., t, d], v[..., t, e]) -> (out[..., s, e],
+  // lse[..., s] f32) with out = softmax(scale·q·kᵀ)·v and lse the log-sum-exp of each score row;
+  // scale = attrs.scalar, attrs.ints = {causal}: causal keeps key j <= query i (torch's is_causal,
+  // top-left aligned). What it saves for the backward is O(s): out and lse, never the s x t
+  // probabilities. Leading dims (batch, heads) and the query sequence are parallel; the key/value
+  // sequence and the head dims need replication (attention.hpp).
+  Attention,
+  AttentionGrad,  // (q, k, v, out, lse, dout) -> (dq, dk, dv), Attention's attrs: the
+                  // probabilities recomputed from q, k and lse (flash attention's backward)
 };
 
 enum class UnaryFn : std::uint8_t {
