@@ -283,11 +283,12 @@ void bind_ir(py::module_& m) {
            py::arg("eps") = 1e-5, py::arg("name") = "", "Layer norm over the last dim.")
       .def(
           "embedding",
-          [](Graph& g, TensorId table, TensorId ids, std::string name, std::optional<std::int64_t> padding_idx) {
+          [](Graph& g, TensorId table, TensorId ids, std::string name,
+             std::optional<std::int64_t> padding_idx) {
             if (!padding_idx) return g.embedding(table, ids, std::move(name));
             const std::int64_t v = g.tensor(table).shape.at(0);
-            WEFT_CHECK(*padding_idx >= 0 && *padding_idx < v, "embedding: padding_idx {} is not a row of the {}-row table",
-                       *padding_idx, v);
+            WEFT_CHECK(*padding_idx >= 0 && *padding_idx < v,
+                       "embedding: padding_idx {} is not a row of the {}-row table", *padding_idx, v);
             OpAttrs a;
             a.ints = {*padding_idx};
             return g.add_op(OpKind::Embedding, {table, ids}, std::move(a), std::move(name))[0];
@@ -353,6 +354,19 @@ void bind_ir(py::module_& m) {
           },
           py::arg("x"), py::arg("k"), py::arg("axis") = -1, py::arg("largest") = true, py::arg("name") = "",
           "(values, indices) of the k largest (or smallest) along axis, best first; ties: lower index first.")
+      .def(
+          "attention",
+          [](Graph& g, TensorId q, TensorId k, TensorId v, std::optional<double> scale, bool causal,
+             std::string name) {
+            auto [out, lse] = g.attention(q, k, v, scale, causal, std::move(name));
+            return std::make_pair(out, lse);
+          },
+          py::arg("q"), py::arg("k"), py::arg("v"), py::arg("scale") = py::none(), py::arg("causal") = false,
+          py::arg("name") = "",
+          "Fused attention: (out, lse) with out = softmax(scale * q @ k^T) @ v over q[..., s, d], "
+          "k[..., t, d], v[..., t, e] and lse[..., s] (f32) the log-sum-exp of each score row; scale "
+          "defaults to 1/sqrt(d); causal keeps key j <= query i (torch's is_causal). Its backward saves "
+          "out and lse, not the s x t probabilities.")
       .def("opaque", &Graph::opaque, py::arg("inputs"), py::arg("shape"), py::arg("flops"),
            py::arg("name") = "",
            "An op the planner cannot split (replicated), with a given output shape and FLOPs.")
@@ -422,9 +436,10 @@ void bind_ir(py::module_& m) {
           "updated in f32 with f32 optimizer states (mixed-precision Adam: 16 bytes per parameter); "
           "False updates half-precision parameters in their own dtype. f32/f64 parameters are their "
           "own master either way.")
-      .def("fingerprint", [](const Graph& g) { return graph_fingerprint(g); },
-           "Content hash of the graph's structure (tensors, ops, shapes, dtypes, roles; not its name or "
-           "values): what plans and programs record of the graph they were made for.")
+      .def(
+          "fingerprint", [](const Graph& g) { return graph_fingerprint(g); },
+          "Content hash of the graph's structure (tensors, ops, shapes, dtypes, roles; not its name or "
+          "values): what plans and programs record of the graph they were made for.")
       .def("validate", &Graph::validate)
       .def("dump", &Graph::dump)
       .def(

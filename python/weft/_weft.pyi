@@ -359,6 +359,10 @@ class Graph:
         ...
     def add(self, a: typing.SupportsInt | typing.SupportsIndex, b: typing.SupportsInt | typing.SupportsIndex, name: str = '') -> int:
         ...
+    def attention(self, q: typing.SupportsInt | typing.SupportsIndex, k: typing.SupportsInt | typing.SupportsIndex, v: typing.SupportsInt | typing.SupportsIndex, scale: typing.SupportsFloat | typing.SupportsIndex | None = None, causal: bool = False, name: str = '') -> tuple[int, int]:
+        """
+        Fused attention: (out, lse) with out = softmax(scale * q @ k^T) @ v over q[..., s, d], k[..., t, d], v[..., t, e] and lse[..., s] (f32) the log-sum-exp of each score row; scale defaults to 1/sqrt(d); causal keeps key j <= query i (torch's is_causal). Its backward saves out and lse, not the s x t probabilities.
+        """
     def binary(self, fn: str, a: typing.SupportsInt | typing.SupportsIndex, b: typing.SupportsInt | typing.SupportsIndex, name: str = '') -> int:
         """
         Elementwise add, sub, mul, div, max with numpy broadcasting.

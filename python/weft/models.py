@@ -76,12 +76,19 @@ def _config(family: str, name: Optional[str], given: Dict[str, Any], defaults: D
 
 def gpt(name: Optional[str] = None, *, layers: Optional[int] = None, hidden: Optional[int] = None,
         heads: Optional[int] = None, ffn: Optional[int] = None, seq: Optional[int] = None,
-        vocab: Optional[int] = None, batch: int = 1, dtype: str = "f32"):
-    """GPT (pre-LN, fused QKV, FFN 4h GeLU, tied logits). Presets GPT-Medium ... GPT-175B."""
+        vocab: Optional[int] = None, batch: int = 1, dtype: str = "f32", fused_attention: bool = False):
+    """GPT (pre-LN, fused QKV, FFN 4h GeLU, tied logits). Presets GPT-Medium ... GPT-175B.
+
+    ``fused_attention``: each block's softmax(q kᵀ/√d)·v as the IR's fused ``attention`` op (flash
+    attention: its backward keeps the output and the log-sum-exp, not the s x s probabilities)
+    instead of einsum, softmax, einsum; the same function."""
+    if not isinstance(fused_attention, bool):
+        raise TypeError(f"fused_attention must be a bool, got {type(fused_attention).__name__}")
     c = _config("gpt", name, dict(layers=layers, hidden=hidden, heads=heads, ffn=ffn, seq=seq, vocab=vocab),
                 dict(layers=None, hidden=None, heads=None, ffn=0, seq=1024, vocab=51200),
                 ("layers", "hidden", "heads"))
-    return _m.gpt(c["name"], c["layers"], c["hidden"], c["heads"], c["ffn"], c["seq"], c["vocab"], batch, dtype)
+    return _m.gpt(c["name"], c["layers"], c["hidden"], c["heads"], c["ffn"], c["seq"], c["vocab"], batch, dtype,
+                  fused_attention)
 
 
 def moe(name: Optional[str] = None, *, layers: Optional[int] = None, hidden: Optional[int] = None,

@@ -96,6 +96,7 @@ _TENSOR_PARAMS: Dict[str, Tuple[Tuple[str, int], ...]] = {
     "cross_entropy": (("logits", 0), ("labels", 1), ("weight", 3)), "transpose": (("x", 0),), "reshape": (("x", 0),),
     "concat": (("xs", 0),), "slice": (("x", 0),), "conv2d": (("x", 0), ("w", 1)), "pool2d": (("x", 1),),
     "opaque": (("inputs", 0),), "set_loss": (("t", 0),), "mark_output": (("t", 0),),
+    "attention": (("q", 0), ("k", 1), ("v", 2)),
 }
 for _fn in ("relu", "gelu", "tanh", "exp", "log", "sigmoid", "sqrt", "rsqrt", "square", "neg"):
     _TENSOR_PARAMS[_fn] = (("x", 0),)
@@ -111,7 +112,10 @@ def _wrap_builder(name: str, orig: Callable, params: Tuple[Tuple[str, int], ...]
         bare = [p for p, pos in params if _bare(args[pos] if pos < len(args) else kwargs.get(p))]
         if bare:
             _warn_bare(name, bare, sys._getframe(1))
-        return handle(self, orig(self, *args, **kwargs))
+        out = orig(self, *args, **kwargs)
+        if isinstance(out, tuple):  # several results (attention's out and lse): a handle each
+            return tuple(handle(self, t) for t in out)
+        return handle(self, out)
 
     method.__doc__ = (orig.__doc__ or "") + "\n\nReturns a :class:`weft.Tensor` handle (an int subclass: the id)."
     return method

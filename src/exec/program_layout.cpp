@@ -171,6 +171,11 @@ ir::KernelContext ProgramLayout::kernel_context(int r, const lower::Instr& i, in
       }
       break;
     }
+    case ir::OpKind::Attention:
+    case ir::OpKind::AttentionGrad:
+      // A causal mask compares global positions: a split query sequence starts past 0.
+      if (op.attrs.ints.at(0) != 0) ctx.element_index = tile(i.out[0], r).global;
+      break;
     default: break;
   }
   return ctx;

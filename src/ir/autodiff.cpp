@@ -428,6 +428,19 @@ class Backward {
         add(in[0], scatter_zero(op.outputs[1], dy, at.axes[0], T(in[0]).shape, "in0"));
         return;
       }
+      case OpKind::Attention: {
+        // One fused backward from what the forward saved (q, k, v, out and the log-sum-exp): the
+        // probabilities are recomputed, never stored. The log-sum-exp is a statistic for that
+        // backward; a loss that reads it has no rule here.
+        if (dys[1] >= 0)
+          fail("op '{}': the loss depends on the log-sum-exp of an attention, which has no gradient rule",
+               op.name);
+        if (dy < 0) return;
+        auto d = emit(OpKind::AttentionGrad, {in[0], in[1], in[2], y, op.outputs[1], dy}, at, "qkv");
+        for (std::size_t i = 0; i < 3; ++i)
+          if (need(i)) add(in[i], d[i]);
+        return;
+      }
       default:
         fail("op '{}' of kind {} is not differentiable, but the loss depends on a parameter through it",
              op.name, op_kind_name(op.kind));

@@ -5,10 +5,10 @@
 
 #include <cmath>
 #include <cstdint>
-#include <string_view>
-#include <type_traits>
 #include <queue>
 #include <set>
+#include <string_view>
+#include <type_traits>
 #include <unordered_map>
 
 #include "weft/core/error.hpp"
@@ -289,6 +289,17 @@ std::pair<TensorId, TensorId> Graph::topk(TensorId x, std::int64_t k, int axis, 
   a.axes = {stored_axis(axis, tensor(x))};
   a.ints = {k, largest ? 1 : 0};
   auto out = add_op(OpKind::TopK, {x}, std::move(a), std::move(name));
+  return {out[0], out[1]};
+}
+
+std::pair<TensorId, TensorId> Graph::attention(TensorId q, TensorId k, TensorId v,
+                                               std::optional<double> scale, bool causal, std::string name) {
+  const auto& qs = tensor(q).shape;
+  WEFT_CHECK(!qs.empty(), "attention '{}': q must be [..., seq, head_dim], got a scalar", name);
+  OpAttrs a;
+  a.scalar = scale ? *scale : 1.0 / std::sqrt(static_cast<double>(qs.back()));
+  a.ints = {causal ? 1 : 0};
+  auto out = add_op(OpKind::Attention, {q, k, v}, std::move(a), std::move(name));
   return {out[0], out[1]};
 }
 

@@ -12,6 +12,7 @@
 #include <map>
 #include <numbers>
 
+#include "attention.hpp"
 #include "routing.hpp"
 #include "weft/core/error.hpp"
 #include "weft/ir/op_rules.hpp"
@@ -416,6 +417,8 @@ std::vector<HostTensor> run_op(const Graph& g, const Op& op, const std::vector<c
       if (in.size() == 2) return {routing::scatter_add(op, nullptr, *in[0], *in[1], out_shape(0))};
       return {routing::scatter_add(op, in[0], *in[1], *in[2], out_shape(0))};
     case OpKind::TopK: return routing::topk(op, *in[0]);
+    case OpKind::Attention: return attention::forward(op, *in[0], *in[1], *in[2], ctx);
+    case OpKind::AttentionGrad: return attention::backward(op, in, ctx);
     case OpKind::Reduce: return {run_reduce(a.reduce, *in[0], a.axes, out_shape(0), ctx.mean_count)};
     case OpKind::Softmax: return {run_softmax(*in[0], axis_of(a.axes[0], in[0]->shape.size()))};
     case OpKind::SoftmaxGrad:

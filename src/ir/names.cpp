@@ -40,7 +40,7 @@ constexpr std::array<std::pair<FactorKind, std::string_view>, 3> kFactorKinds{
      {FactorKind::NeedReplication, "need_replication"}}};
 constexpr std::array<std::pair<ReduceKind, std::string_view>, 3> kReduceKinds{
     {{ReduceKind::None, "none"}, {ReduceKind::Sum, "sum"}, {ReduceKind::Max, "max"}}};
-constexpr std::array<std::pair<OpKind, std::string_view>, 32> kOpKinds{{
+constexpr std::array<std::pair<OpKind, std::string_view>, 34> kOpKinds{{
     {OpKind::Einsum, "einsum"},
     {OpKind::Unary, "unary"},
     {OpKind::Binary, "binary"},
@@ -73,6 +73,8 @@ constexpr std::array<std::pair<OpKind, std::string_view>, 32> kOpKinds{{
     {OpKind::Pool2dGrad, "pool2d_grad"},
     {OpKind::SgdUpdate, "sgd_update"},
     {OpKind::AdamUpdate, "adam_update"},
+    {OpKind::Attention, "attention"},
+    {OpKind::AttentionGrad, "attention_grad"},
 }};
 constexpr std::array<std::pair<UnaryFn, std::string_view>, 13> kUnary{{{UnaryFn::Identity, "identity"},
                                                                        {UnaryFn::Neg, "neg"},

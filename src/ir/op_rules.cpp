@@ -11,6 +11,7 @@
 #include <numeric>
 #include <set>
 
+#include "attention.hpp"
 #include "routing.hpp"
 #include "weft/core/error.hpp"
 
@@ -386,6 +387,8 @@ OpSignature derive_unchecked(OpKind kind, const OpAttrs& a, const std::vector<Sh
     case OpKind::Gather: return routing::gather_rule(a, in, dt, op);
     case OpKind::ScatterAdd: return routing::scatter_add_rule(a, in, dt, op);
     case OpKind::TopK: return routing::topk_rule(a, in, dt, op);
+    case OpKind::Attention:
+    case OpKind::AttentionGrad: return attention::rule(kind, a, in, dt, op);
     case OpKind::Reduce: {
       check_arity(in, 1, op, kname);
       WEFT_CHECK(!a.axes.empty(), "op '{}': reduce needs at least one axis", op);
@@ -480,7 +483,8 @@ OpSignature derive_unchecked(OpKind kind, const OpAttrs& a, const std::vector<Sh
     case OpKind::EmbeddingGrad: {
       check_arity(in, 2, op, kname);
       WEFT_CHECK(a.ints.size() == 2 || a.ints.size() == 3,
-                 "op '{}': embedding grad needs the table shape in ints (and optionally the padding row)", op);
+                 "op '{}': embedding grad needs the table shape in ints (and optionally the padding row)",
+                 op);
       WEFT_CHECK(is_int(dt[0]), "op '{}': embedding ids must be i32 or i64", op);
       Shape dyexp = in[0];
       dyexp.push_back(a.ints[1]);

@@ -35,8 +35,9 @@ void transformer(const std::string& model, std::int64_t layers, std::int64_t hid
 void GptConfig::validate() const { transformer(name, layers, hidden, heads, ffn, seq, vocab, batch, dtype); }
 
 std::string GptConfig::to_string() const {
-  return fmt::format("GptConfig({}: layers={} hidden={} heads={} ffn={} seq={} vocab={} batch={} dtype={})",
-                     name, layers, hidden, heads, ffn_size(), seq, vocab, batch, dtype_name(dtype));
+  return fmt::format("GptConfig({}: layers={} hidden={} heads={} ffn={} seq={} vocab={} batch={} dtype={}{})",
+                     name, layers, hidden, heads, ffn_size(), seq, vocab, batch, dtype_name(dtype),
+                     fused_attention ? " fused_attention" : "");
 }
 
 void MoeConfig::validate() const {

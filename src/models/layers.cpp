@@ -17,7 +17,7 @@ TensorId Net::layer_norm(TensorId x, std::int64_t h, const std::string& name) {
 }
 
 TensorId Net::attention(TensorId x, std::int64_t b, std::int64_t s, std::int64_t h, std::int64_t heads,
-                        const std::string& name) {
+                        const std::string& name, bool fused) {
   const std::int64_t d = h / heads;
   // The fused projection's output dim 3h is the product of factors (3, n, d): sharding the
   // heads factor of this einsum's output is a strided sharding of its dim (Rhino's case).
@@ -28,6 +28,18 @@ TensorId Net::attention(TensorId x, std::int64_t b, std::int64_t s, std::int64_t
     return g_.reshape(p, {b, s, heads, d}, name + "." + which);
   };
   TensorId q = part(0, "q"), k = part(1, "k"), v = part(2, "v");
+  if (fused) {
+    // [b,s,n,d] -> [b,n,s,d] (torch's SDPA layout), one op for the core, and back.
+    // (one statement each: the ops' order must not depend on the order a call evaluates its arguments)
+    const TensorId qh = g_.transpose(q, {0, 2, 1, 3}, name + ".q_heads");
+    const TensorId kh = g_.transpose(k, {0, 2, 1, 3}, name + ".k_heads");
+    const TensorId vh = g_.transpose(v, {0, 2, 1, 3}, name + ".v_heads");
+    const TensorId core =  // (its log-sum-exp is for the backward)
+        g_.attention(qh, kh, vh, 1.0 / std::sqrt(static_cast<double>(d)), false, name + ".core").first;
+    TensorId ctx = g_.transpose(core, {0, 2, 1, 3}, name + ".context");
+    ctx = g_.reshape(ctx, {b, s, h}, name + ".context_merged");
+    return linear(ctx, h, h, name + ".proj");
+  }
   q = g_.unary(ir::UnaryFn::Scale, q, name + ".q_scaled", 1.0 / std::sqrt(static_cast<double>(d)));
   TensorId scores = g_.einsum("bsnd,btnd->bnst", {q, k}, name + ".scores");
   TensorId probs = g_.softmax(scores, -1, name + ".probs");

@@ -25,9 +25,10 @@ class Net {
   TensorId layer_norm(TensorId x, std::int64_t h, const std::string& name);
   // Multi-head self-attention of x[b,s,h] with a fused QKV weight [h,3h] whose output is viewed
   // as [b,s,3,n,d]; Q scaled by 1/sqrt(d); no causal mask (it changes neither FLOPs nor
-  // parameters). Returns the output projection [b,s,h] (before the residual add).
+  // parameters). Returns the output projection [b,s,h] (before the residual add). `fused`: the
+  // core softmax(q·kᵀ/√d)·v as one ir Attention op on q, k, v viewed as [b,n,s,d].
   TensorId attention(TensorId x, std::int64_t b, std::int64_t s, std::int64_t h, std::int64_t heads,
-                     const std::string& name);
+                     const std::string& name, bool fused = false);
   // Dense FFN h -> f (GeLU) -> h with biases.
   TensorId ffn(TensorId x, std::int64_t h, std::int64_t f, const std::string& name);
   // conv2d without bias: x[n,cin,H,W] * w[cout,cin,k,k].

@@ -25,7 +25,7 @@ namespace {
 // with the token embedding and the cross-entropy loss.
 template <class Ffn>
 void decoder_lm(ir::Graph& g, Net& net, std::int64_t B, std::int64_t S, std::int64_t H, std::int64_t heads,
-                std::int64_t layers, std::int64_t vocab, Ffn&& ffn) {
+                std::int64_t layers, std::int64_t vocab, Ffn&& ffn, bool fused_attention = false) {
   TensorId ids = g.input("tokens", {B, S}, DType::I32);
   TensorId labels = g.input("labels", {B, S}, DType::I32);
   TensorId wte = net.param("wte", {vocab, H});
@@ -35,7 +35,7 @@ void decoder_lm(ir::Graph& g, Net& net, std::int64_t B, std::int64_t S, std::int
   for (std::int64_t l = 0; l < layers; ++l) {
     const std::string p = fmt::format("h{}", l);
     TensorId a = net.layer_norm(x, H, p + ".ln1");
-    x = g.add(x, net.attention(a, B, S, H, heads, p + ".attn"), p + ".res1");
+    x = g.add(x, net.attention(a, B, S, H, heads, p + ".attn", fused_attention), p + ".res1");
     TensorId m = net.layer_norm(x, H, p + ".ln2");
     x = g.add(x, ffn(l, m, p), p + ".res2");
   }
@@ -50,10 +50,12 @@ ir::Graph gpt(const GptConfig& c) {
   c.validate();
   ir::Graph g(c.name);
   Net net(g, c.dtype);
-  decoder_lm(g, net, c.batch, c.seq, c.hidden, c.heads, c.layers, c.vocab,
-             [&](std::int64_t, TensorId m, const std::string& p) {
-               return net.ffn(m, c.hidden, c.ffn_size(), p + ".mlp");
-             });
+  decoder_lm(
+      g, net, c.batch, c.seq, c.hidden, c.heads, c.layers, c.vocab,
+      [&](std::int64_t, TensorId m, const std::string& p) {
+        return net.ffn(m, c.hidden, c.ffn_size(), p + ".mlp");
+      },
+      c.fused_attention);
   return g;
 }
 

@@ -453,12 +453,14 @@ SpmdPlan spmd_search(const ir::Graph& g, const cluster::Cluster& cl, const clust
         for (ir::TensorId ti : g.op(o).outputs)
           if (fwd[o]) tensor_anchor[ti] = topo_pos[o];
         order_pos[o] = 4 * op_anchor[o] + (fwd[o] ? 2 : 1);
-        // Compute-heavy = a forward contraction (einsum / convolution); the heavy fraction is
-        // taken relative to the largest one, low enough that a vocabulary projection 100x a
-        // layer's matmuls does not hide the layers.
+        // Compute-heavy = a forward contraction (einsum / convolution / fused attention); the heavy
+        // fraction is taken relative to the largest one, low enough that a vocabulary projection
+        // 100x a layer's matmuls does not hide the layers.
         const auto kind = g.op(o).kind;
-        weight[o] =
-            fwd[o] && (kind == ir::OpKind::Einsum || kind == ir::OpKind::Conv2d) ? g.op(o).flops() : 0.0;
+        weight[o] = fwd[o] && (kind == ir::OpKind::Einsum || kind == ir::OpKind::Conv2d ||
+                               kind == ir::OpKind::Attention)
+                        ? g.op(o).flops()
+                        : 0.0;
       }
       for (int v = m.n_ops; v < m.num_nodes(); ++v) {
         int first = big;

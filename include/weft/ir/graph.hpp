@@ -74,6 +74,11 @@ class Graph {
   // (values, indices) of the k largest (or smallest) along axis, sorted best first.
   std::pair<TensorId, TensorId> topk(TensorId x, std::int64_t k, int axis, bool largest = true,
                                      std::string name = {});
+  // Fused attention (op.hpp): (out, lse) of softmax(scale·q·kᵀ)·v over q[..., s, d], k[..., t, d],
+  // v[..., t, e]; scale defaults to 1/√d; causal keeps key j <= query i.
+  std::pair<TensorId, TensorId> attention(TensorId q, TensorId k, TensorId v,
+                                          std::optional<double> scale = {}, bool causal = false,
+                                          std::string name = {});
 
   // ---- outputs: the loss (a scalar) and any other tensors a caller wants kept
   void set_loss(TensorId t);

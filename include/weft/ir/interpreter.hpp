@@ -29,6 +29,11 @@
 //   TopK          values, indices of the k = attrs.ints[0] largest (ints[1] = 1; else smallest) along
 //                 the axis, best first; NaN counts as the largest; ties: the lower index first
 //                 (torch.argmax's documented first maximum; torch.topk leaves tie order unspecified)
+//   Attention     S = scale·q·kᵀ over q[..., s, d], k[..., t, d] (causal: S[i, j] = −∞ for key j >
+//                 query i, top-left aligned as torch's is_causal); lse[i] = log Σ_j exp(S[i, j]) (f32);
+//                 out = exp(S − lse)·v[..., t, e]
+//   AttentionGrad P = exp(scale·q·kᵀ − lse) recomputed; dv = Pᵀ·dout; D[i] = Σ_c dout[i, c]·out[i, c];
+//                 dS = P ∘ (dout·vᵀ − D); dq = scale·dS·k; dk = scale·dSᵀ·q
 //   UnaryGrad     dx = dy·f'(x) with f' of the same fn (relu' = [x > 0]; gelu' of the tanh form)
 //   BroadcastTo   out[i] = x[i without the inserted dims attrs.axes], size-1 dims of x broadcast
 //   SoftmaxGrad   dx = y·(dy − Σ_axis dy·y)
@@ -53,7 +58,6 @@
 #include "weft/ir/host_tensor.hpp"
 
 namespace weft::ir {
-
 
 // Runs every op in topological order. `feeds` must give every Input, Parameter, Constant and
 // OptimizerState leaf, with the tensor's shape (a master copy should start equal to its

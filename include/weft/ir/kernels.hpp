@@ -40,7 +40,8 @@ struct KernelContext {
   double step = 0;
   // Dropout: the global index of each local position along every dim of the result (dim 0 already
   // offset by the samples of earlier micro-batches and replicas), and the shape whose row-major
-  // flat index keys the mask (its dim 0 is not read). Empty = the whole tensor.
+  // flat index keys the mask (its dim 0 is not read). Empty = the whole tensor. A causal Attention
+  // reads the global position of its local query rows from it (its result's dim rank − 2).
   std::vector<std::vector<std::int64_t>> element_index;
   Shape element_shape;
 };

@@ -62,6 +62,17 @@ enum class OpKind : std::uint8_t {
                // {lr} or {lr, momentum} (the momentum form reads and writes buf)
   AdamUpdate,  // (param, grad[, master], m, v) -> (param'[, master'], m', v'),
                // attrs.scalars = {lr, b1, b2, eps, step}
+  // Kinds added later go last: a graph's fingerprint (plans and programs record it) hashes a kind's
+  // number, so inserting one above would change the fingerprint of every graph saved before.
+  // Fused (flash) attention: (q[..., s, d], k[..., t, d], v[..., t, e]) -> (out[..., s, e],
+  // lse[..., s] f32) with out = softmax(scale·q·kᵀ)·v and lse the log-sum-exp of each score row;
+  // scale = attrs.scalar, attrs.ints = {causal}: causal keeps key j <= query i (torch's is_causal,
+  // top-left aligned). What it saves for the backward is O(s): out and lse, never the s x t
+  // probabilities. Leading dims (batch, heads) and the query sequence are parallel; the key/value
+  // sequence and the head dims need replication (attention.hpp).
+  Attention,
+  AttentionGrad,  // (q, k, v, out, lse, dout) -> (dq, dk, dv), Attention's attrs: the
+                  // probabilities recomputed from q, k and lse (flash attention's backward)
 };
 
 enum class UnaryFn : std::uint8_t {

@@ -23,6 +23,9 @@ struct GptConfig {
   std::int64_t ffn = 0;  // 0: 4 * hidden
   std::int64_t seq = 1024, vocab = 51200, batch = 1;
   DType dtype = DType::F32;
+  // Attention as the IR's fused op (ir::OpKind::Attention: out and the log-sum-exp saved, not
+  // the s x s probabilities) instead of einsum-softmax-einsum; the same function (no mask).
+  bool fused_attention = false;
   void validate() const;  // weft::Error naming the bad field
   std::int64_t ffn_size() const { return ffn > 0 ? ffn : 4 * hidden; }
   std::string to_string() const;

@@ -118,6 +118,7 @@ class _Ctx:
         self._n_scalars = 0
         self._n_dropouts = 0
         self.out_perm: Dict[Any, List[int]] = {}  # fx node -> permutation fused into its final einsum
+        self.fused_attention = True  # scaled_dot_product_attention without mask / dropout as one op
 
     # -- naming
     def name(self, suffix: str = "") -> str:
@@ -1326,6 +1327,9 @@ def _embedding(ctx, node, table, ids, padding_idx=-1, scale_grad_by_freq=False, 
 
 @_reg("scaled_dot_product_attention.default")
 def _sdpa(ctx, node, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    """Without a mask or dropout: the IR's fused attention op (is_causal, scale); with them (or with
+    from_torch(fused_attention=False)): scores, mask, softmax, dropout and the product with v as
+    separate ops, exactly."""
     torch = _torch()
     q, k, v = (x if _is_graph(x) else ctx.tensor(x) for x in (q, k, v))
     if q.shape[:-2] != k.shape[:-2] or k.shape[:-2] != v.shape[:-2]:
@@ -1334,6 +1338,13 @@ def _sdpa(ctx, node, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, sc
     L, S, E = q.shape[-2], k.shape[-2], q.shape[-1]
     lead = _LETTERS[:len(q.shape) - 2]
     s = 1.0 / math.sqrt(E) if scale is None else scale
+    if ctx.fused_attention and attn_mask is None and not dropout_p:
+        out, _ = ctx.g.attention(ctx.tensor(q).id, ctx.tensor(k).id, ctx.tensor(v).id, float(s), bool(is_causal),
+                                 ctx.op_name(""))
+        perm = ctx.out_perm.get(node)
+        if perm is not None:  # the transpose of this result that capture folded into it
+            return ctx._t(ctx.g.transpose(out, list(perm), ctx.op_name("transpose")))
+        return ctx._t(out)
     qs = _scale(ctx, q, s, "q_scaled")
     scores = ctx.einsum(f"{lead}ly,{lead}sy->{lead}ls", [qs, k], "scores")
     dev = _device(node)
@@ -1729,7 +1740,8 @@ def _export(module, example_inputs, loss_fn, targets):
     return ep, root, names, prefix
 
 
-def _import(module, example_inputs, loss_fn=None, targets=(), dtype=None, name=None, values=None):
+def _import(module, example_inputs, loss_fn=None, targets=(), dtype=None, name=None, values=None,
+            fused_attention=True):
     torch = _torch()
     ep, root, user_names, prefix = _export(module, example_inputs, loss_fn, targets)
     if isinstance(example_inputs, dict):
@@ -1748,6 +1760,7 @@ def _import(module, example_inputs, loss_fn=None, targets=(), dtype=None, name=N
         dtype = _float_dtype_of(fp.dtype) if fp is not None else "f32"
     g = _weft.Graph(name or type(module).__name__)
     ctx = _Ctx(g, dtype)
+    ctx.fused_attention = bool(fused_attention)
 
     nodes = list(gm.graph.nodes)
     out_node = next(n for n in nodes if n.op == "output")
@@ -1987,7 +2000,7 @@ def _record_values(g, leaf_values) -> None:
 
 def from_torch(module, example_inputs: Sequence[Any], *, loss_fn: Optional[Callable] = None,
                targets: Sequence[Any] = (), dtype: Optional[str] = None, name: Optional[str] = None,
-               values=None):
+               values=None, fused_attention: bool = True):
     """The forward graph of ``module`` on ``example_inputs`` with a scalar loss.
 
     If the module returns a scalar, that is the loss; otherwise the loss is
@@ -2002,11 +2015,18 @@ def from_torch(module, example_inputs: Sequence[Any], *, loss_fn: Optional[Calla
     never seeded (``Graph.seed_parameters`` is False). A module on the meta device imports without
     allocating anything and records none: give ``values=`` (a ``state_dict``-like mapping, or a
     ``.safetensors`` path for the parameters) — its buffers are then used for the folded constants
-    too — or :func:`weft.load_values` later (for the parameters and buffers)."""
+    too — or :func:`weft.load_values` later (for the parameters and buffers).
+
+    ``fused_attention`` (default True): ``F.scaled_dot_product_attention`` without a mask and
+    without dropout imports as the IR's fused ``attention`` op (``is_causal`` and ``scale`` kept;
+    its backward saves the output and the log-sum-exp, not the s x s probabilities); with a mask or
+    dropout, or with False, as scores, mask, softmax, dropout and a product with v."""
+    if not isinstance(fused_attention, bool):
+        raise TypeError(f"weft.from_torch: fused_attention must be a bool, got {type(fused_attention).__name__}")
     state = None
     if values is not None and not isinstance(values, (str, bytes)) and hasattr(values, "items"):
         state = dict(values.items())
-    g, _ = _import(module, example_inputs, loss_fn, targets, dtype, name, state)
+    g, _ = _import(module, example_inputs, loss_fn, targets, dtype, name, state, fused_attention)
     if values is not None:
         from ..values import load_values
 
@@ -2015,13 +2035,15 @@ def from_torch(module, example_inputs: Sequence[Any], *, loss_fn: Optional[Calla
 
 
 def feeds_from_torch(module, example_inputs: Sequence[Any], targets: Sequence[Any] = (), *,
-                     loss_fn: Optional[Callable] = None, dtype: Optional[str] = None) -> Dict[str, np.ndarray]:
+                     loss_fn: Optional[Callable] = None, dtype: Optional[str] = None,
+                     fused_attention: bool = True) -> Dict[str, np.ndarray]:
     """Leaf name -> numpy array (float64, or int64 for integer tensors) for every leaf of the graph
-    that :func:`from_torch` builds from the same arguments: parameters (the module's weights),
-    inputs, targets, buffers and folded constants, so that ``weft.interpret(graph, feeds)``
-    reproduces the module."""
+    that :func:`from_torch` builds from the same arguments (``fused_attention`` included: the
+    unfused causal attention folds a mask constant): parameters (the module's weights), inputs,
+    targets, buffers and folded constants, so that ``weft.interpret(graph, feeds)`` reproduces the
+    module."""
     torch = _torch()
-    _, values = _import(module, example_inputs, loss_fn, targets, dtype, None)
+    _, values = _import(module, example_inputs, loss_fn, targets, dtype, None, None, bool(fused_attention))
     out = {}
     for k, v in values.items():
         if v.device.type == "meta":

@@ -641,6 +641,117 @@ def _topk(op, x, ctx):
     return [values.narrow(ax, 0, k).contiguous(), indices.narrow(ax, 0, k).contiguous()]
 
 
+# ---- fused attention (attention, attention_grad): a tile holds the keys, values and head dims
+# whole (need-replication) and any share of the leading (batch, head) dims and, forward, of the
+# queries. torch's fused kernels where they run the tile, else the math form (the probabilities
+# recomputed from q, k and the log-sum-exp, the s x t matrix alive only inside the kernel). On CPU:
+# the flash kernels (_scaled_dot_product_flash_attention_for_cpu and its backward; any float dtype,
+# equal head dims). On CUDA: the forward by the flash kernel (f16 / bf16) or the memory-efficient one
+# (f32), which return the log-sum-exp; the backward by autograd through F.scaled_dot_product_attention
+# (its forward runs again: torch's flash backward wants the forward's RNG state and sequence
+# offsets, which the IR does not carry). The CUDA paths have not been run (no GPU was lent).
+
+def _attn_attrs(op, q: torch.Tensor, t: int, ctx: dict):
+    """(scale, causal, keep): keep is the [s, t] causal mask where the tile's queries are not the
+    positions 0..s-1 (a split query sequence: element_index gives their global positions), else None
+    (torch's is_causal is then the same mask); worked out once per instruction."""
+    a = op["attrs"]
+    scale, causal = float(a.get("scalar", 0.0)), bool(int(a["ints"][0]))
+    keep = ctx.get("_attn_keep")
+    if keep is None:
+        keep = False
+        index = ctx.get("element_index") if causal else None
+        if index is not None:
+            pos = torch.as_tensor(index[len(index) - 2], dtype=torch.int64)
+            if pos.numel() and not torch.equal(pos, torch.arange(pos.numel(), dtype=torch.int64)):
+                keep = torch.arange(t, dtype=torch.int64).unsqueeze(0) <= pos.unsqueeze(1)
+        ctx["_attn_keep"] = keep
+    if keep is not False and keep.device != q.device:
+        keep = ctx["_attn_keep"] = keep.to(q.device)
+    return scale, causal, None if keep is False else keep
+
+
+def _attn_mask(causal: bool, keep, s: int, t: int, device) -> Optional[torch.Tensor]:
+    if keep is not None:
+        return keep
+    return torch.ones(s, t, dtype=torch.bool, device=device).tril() if causal else None
+
+
+def _flash_ok(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep, causal: bool) -> bool:
+    """Whether torch's fused kernels run this tile: equal head dims, a non-empty tile, no query
+    offset; on CPU any float dtype, on CUDA head dims a multiple of 8 up to 256 and, causal, as many
+    queries as keys (FlashAttention's own causal mask is aligned bottom-right when they differ)."""
+    if keep is not None or q.shape[-1] != v.shape[-1] or q.numel() == 0 or v.numel() == 0:
+        return False
+    if q.device.type == "cpu":
+        return True
+    return (q.device.type == "cuda" and q.shape[-1] % 8 == 0 and q.shape[-1] <= 256
+            and not (causal and q.shape[-2] != k.shape[-2]))
+
+
+def _as4(x: torch.Tensor) -> torch.Tensor:
+    """[..., n, d] as [1, Π leading, n, d] (the flash kernels' [batch, heads, seq, dim])."""
+    return x.reshape(1, -1, x.shape[-2], x.shape[-1])
+
+
+def _attention(op, x, ctx):
+    q, k, v = x
+    scale, causal, keep = _attn_attrs(op, q, k.shape[-2], ctx)
+    lead, s = list(q.shape[:-2]), q.shape[-2]
+    if _flash_ok(q, k, v, keep, causal):
+        q4, k4, v4 = _as4(q), _as4(k), _as4(v)
+        if q.device.type == "cpu":
+            out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q4, k4, v4, 0.0, causal,
+                                                                                  scale=scale)
+        elif q.dtype in _HALF:
+            out, lse = torch.ops.aten._scaled_dot_product_flash_attention(q4, k4, v4, 0.0, causal, False,
+                                                                          scale=scale)[:2]
+        else:  # its log-sum-exp may be padded along the queries
+            out, lse = torch.ops.aten._scaled_dot_product_efficient_attention(q4, k4, v4, None, True, 0.0, causal,
+                                                                              scale=scale)[:2]
+            lse = lse[..., :s]
+        return [out.reshape(lead + [s, v.shape[-1]]), lse.reshape(lead + [s]).contiguous()]
+    qh, kh, vh = _hi(ctx, q), _hi(ctx, k), _hi(ctx, v)
+    scores = torch.matmul(qh, kh.transpose(-1, -2)).mul_(scale)
+    mask = _attn_mask(causal, keep, s, k.shape[-2], q.device)
+    if mask is not None:
+        scores.masked_fill_(~mask, -math.inf)
+    lse = torch.logsumexp(scores, dim=-1)
+    out = torch.matmul(scores.sub_(lse.unsqueeze(-1)).exp_(), vh)
+    return [out, lse]
+
+
+def _attention_grad(op, x, ctx):
+    q, k, v, out, lse, dout = x
+    if q.dtype != k.dtype or q.dtype != v.dtype:  # (the runtime does not promote this kernel's operands)
+        q, k, v, out, dout = _promoted([q, k, v, out, dout])
+    scale, causal, keep = _attn_attrs(op, q, k.shape[-2], ctx)
+    s, t = q.shape[-2], k.shape[-2]
+    if _flash_ok(q, k, v, keep, causal):
+        q4, k4, v4, o4, do4 = _as4(q), _as4(k), _as4(v), _as4(out.to(q.dtype)), _as4(dout.to(q.dtype))
+        # the log-sum-exp as the CPU kernels keep it: f32 for f16 / bf16 operands, else q's dtype
+        l4 = lse.reshape(1, -1, s).to(torch.float32 if q.dtype in _HALF else q.dtype)
+        if q.device.type == "cpu":
+            g = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+                do4, q4, k4, v4, o4, l4, 0.0, causal, scale=scale)
+        else:
+            with torch.enable_grad():
+                qkv = [y.detach().requires_grad_(True) for y in (q4, k4, v4)]
+                o = F.scaled_dot_product_attention(*qkv, is_causal=causal, scale=scale)
+                g = torch.autograd.grad(o, qkv, do4)
+        return [g[0].reshape(q.shape), g[1].reshape(k.shape), g[2].reshape(v.shape)]
+    qh, kh, vh, oh, doh = (_hi(ctx, y) for y in (q, k, v, out, dout))
+    p = torch.matmul(qh, kh.transpose(-1, -2)).mul_(scale).sub_(lse.to(qh.dtype).unsqueeze(-1)).exp_()
+    mask = _attn_mask(causal, keep, s, t, q.device)
+    if mask is not None:
+        p.masked_fill_(~mask, 0.0)
+    dv = torch.matmul(p.transpose(-1, -2), doh)
+    ds = torch.matmul(doh, vh.transpose(-1, -2)).sub_((doh * oh).sum(dim=-1, keepdim=True)).mul_(p)
+    dq = torch.matmul(ds, kh).mul_(scale)
+    dk = torch.matmul(ds.transpose(-1, -2), qh).mul_(scale)
+    return [dq, dk, dv]
+
+
 def _opaque(op, x, ctx):
     raise KernelError(f"op '{op['name']}' is opaque: the runtime cannot execute it")
 
@@ -665,6 +776,7 @@ KERNELS: Dict[str, Callable[[dict, Sequence[torch.Tensor], dict], List[torch.Ten
     "gather": _gather,
     "scatter_add": _scatter_add,
     "topk": _topk,
+    "attention": _attention,
     "unary_grad": _unary_grad,
     "broadcast_to": _broadcast_to,
     "softmax_grad": _softmax_grad,
@@ -676,6 +788,7 @@ KERNELS: Dict[str, Callable[[dict, Sequence[torch.Tensor], dict], List[torch.Ten
     "conv2d_grad_input": _conv2d_grad_input,
     "conv2d_grad_weight": _conv2d_grad_weight,
     "pool2d_grad": _pool2d_grad,
+    "attention_grad": _attention_grad,
     "sgd_update": _sgd,
     "adam_update": _adam,
 }
@@ -686,6 +799,8 @@ def run_kernel(op: dict, inputs: Sequence[torch.Tensor], ctx: Optional[dict] = N
     fn = KERNELS.get(op["kind"])
     if fn is None:
         raise KernelError(f"op '{op['name']}': no torch kernel for op kind {op['kind']!r}")
-    if op["kind"] not in ("sgd_update", "adam_update"):  # an update reads its f32 master and states as they are
+    # An update reads its f32 master and states as they are; attention's backward its f32 log-sum-exp
+    # beside f16 / bf16 operands (promoting them all to f32 would leave torch's half-precision kernels).
+    if op["kind"] not in ("sgd_update", "adam_update", "attention_grad"):
         inputs = _promoted(inputs)
     return fn(op, inputs, ctx or {})

@@ -58,3 +58,26 @@ TEST_CASE("op_cost_fractional: an uneven column split of a matmul, by hand") {
   CHECK_THROWS_AS(cost::op_cost_fractional(g, op, v100, frac), Error);
   CHECK_THROWS_AS(cost::op_cost_fractional(g, op, v100, {1.0}), Error);
 }
+
+TEST_CASE("op_cost of fused attention: flash FLOPs at the ceiling, its operands and results as bytes") {
+  // q, k, v [b=4, h=8, s=512, d=64] f16 on the H100 preset: FLOPs 4·b·h·s²·d, bytes q, k, v, out
+  // (2 B each) + lse (f32), no GEMM shape (the ceiling). Heads split 4 ways: a quarter of each.
+  ir::Graph g;
+  const auto q = g.input("q", {4, 8, 512, 64}, DType::F16), k = g.input("k", {4, 8, 512, 64}, DType::F16),
+             v = g.input("v", {4, 8, 512, 64}, DType::F16);
+  g.attention(q, k, v, {}, false, "attn");
+  const ir::Op& op = g.op(0);
+  const auto h100 = cluster::Cluster::preset("H100").device(0).spec;
+  const double flops = 4.0 * 4 * 8 * 512 * 512 * 64;
+  const double bytes = 4.0 * 2 * (4 * 8 * 512 * 64) + 4.0 * (4 * 8 * 512);
+  std::vector<std::int64_t> shards(op.index_map.factors.size(), 1);
+  shards[1] = 4;  // the heads factor (leading dims first)
+  const cost::OpCost c = cost::op_cost(g, op, h100, shards);
+  CHECK(c.flops == doctest::Approx(flops / 4).epsilon(1e-12));
+  CHECK(c.bytes == doctest::Approx(bytes / 4).epsilon(1e-12));
+  const auto& me = h100.matmul(DType::F16);
+  CHECK(c.time == doctest::Approx(std::max(flops / 4 / (h100.peak_flops.at(DType::F16) * me.ceiling),
+                                           bytes / 4 / (h100.memory_bandwidth * h100.memory_efficiency)) +
+                                  h100.kernel_overhead)
+                      .epsilon(1e-12));
+}

@@ -408,6 +408,26 @@ TEST_CASE("models: a tiny GPT computes the loss of a plain-loop transformer") {
     loss += -(lg[static_cast<std::size_t>(at("labels", r))] - mx - std::log(z)) / (B * S);
   }
   CHECK(got == doctest::Approx(loss).epsilon(1e-9));
+
+  // fused_attention: the same leaves and the same function, the core one Attention op.
+  c.fused_attention = true;
+  ir::Graph fg = gpt(c);
+  CHECK(fg.num_params() == g.num_params());
+  int attention = 0, softmax = 0;
+  for (const auto& op : fg.ops()) {
+    attention += op.kind == OpKind::Attention;
+    softmax += op.kind == OpKind::Softmax;
+  }
+  CHECK(attention == 1);
+  CHECK(softmax == 0);
+  CHECK(c.to_string().find("fused_attention") != std::string::npos);
+  std::map<ir::TensorId, ir::HostTensor> ffeeds;
+  for (ir::TensorId t = 0; t < static_cast<ir::TensorId>(fg.tensors().size()); ++t) {
+    const auto& info = fg.tensor(t);
+    if (info.producer == ir::kNoOp) ffeeds[t] = ir::HostTensor{info.shape, val.at(info.name)};
+  }
+  CHECK(ir::interpret(fg, ffeeds)[static_cast<std::size_t>(*fg.loss())].data.at(0) ==
+        doctest::Approx(loss).epsilon(1e-9));
 }
 
 TEST_CASE("models: GPT training FLOPs (autodiff, no recomputation) within 1% of Megatron's formula") {
