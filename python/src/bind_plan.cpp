@@ -339,6 +339,8 @@ void bind_plan(py::module_& m) {
         o.memory_limit = py::cast<double>(v);
       else if (key == "memory_fraction")
         o.memory_fraction = py::cast<double>(v);
+      else if (key == "memory_reserve")
+        o.memory_reserve = v.is_none() ? -1.0 : py::cast<double>(v);
       else if (key == "overlap_grad_sync")
         o.overlap_grad_sync = py::cast<bool>(v);
       else if (key == "grad_bucket_bytes")

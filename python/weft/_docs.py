@@ -112,6 +112,11 @@ DOCS: Dict[str, Dict[str, str]] = {
                       "blocks": "The Blocks, in forward order.", "block_of_op": "Block index of every op.",
                       "forward_order": "Forward op ids in order.", "crossing_bytes": "Bytes crossing each cut.",
                       "max_block_flops": "FLOPs of the largest block.", "cut_bytes": "Bytes crossing all cuts."},
+    "RepeatedLayers": {"__doc__": "The model's repeated layers (pipeline.repeated_layers): the run of the forward "
+                                  "order that repeats one op pattern back to back.",
+                       "count": "Number of layers (0 when nothing repeats).", "period": "Forward ops per layer.",
+                       "starts": "Per layer, the forward-order position of its first op.",
+                       "forward_ops": "Forward ops of the whole graph (count x period of them are the layers')."},
     "StageCost": {"__doc__": "A stage's cost on a submesh.", "time_s": "Stage time (s).",
                   "memory_bytes": "Memory per device (bytes).", "fits_memory": "True when it fits."},
     "DpStage": {"__doc__": "One stage of a DP partition.", "first_block": "First block (inclusive).",

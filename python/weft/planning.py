@@ -182,7 +182,11 @@ def plan(model_graph, cluster, schedule: str = "1F1B", *, num_microbatches: Opti
     need in one layout is resharded once, see ``weft.spmd_search``), time_limit (seconds for the whole planning, default 300: at
     the limit the best plan found so far is returned with ``search_status == "timeout"``, within
     1.5 x the limit + 0.5 s; ValueError only when nothing was found), threads (SPMD searches in
-    parallel; default 0 = every core; the plan is the same for any count), memory_limit (bytes per device), memory_fraction, overlap_grad_sync (default True:
+    parallel; default 0 = every core; the plan is the same for any count), memory_limit (bytes per device;
+    default the device's), memory_reserve (bytes per device the plan may not use: the CUDA context,
+    NCCL buffers; default None = 1 GiB on devices of 8 GiB or more, none under a memory_limit),
+    memory_fraction (of the rest; default 0.9: the allocator's fragmentation margin) — usable memory
+    = (memory_limit or the device's - memory_reserve) x memory_fraction, overlap_grad_sync (default True:
     gradient synchronisation overlapped with the last backward in buckets), grad_bucket_bytes, whole_nodes_only,
     power_of_two_nodes, all_node_counts, bound_search, max_logical_shapes, two_d_meshes, pipeline, max_data_parallel, stage_ilp,
     compare_megatron, uneven_split (mixed GPUs: Whale's uneven tensor split), max_alternatives. Raises ValueError for bad input and when the model cannot
