@@ -226,10 +226,14 @@ def megatron_plan(model_graph, cluster, t: Optional[int] = None, p: Optional[int
     so in ``Plan.strategy``) — or, with none set, the best Megatron-style (t, p, d) layout of the
     sweep :func:`plan` compares against (each block's layout searched on its t-device mesh), under
     the same cost model as :func:`plan`.
+    With t, p, d given and no ``num_blocks``, the blocks are the model's repeated layers (one each,
+    ``weft.pipeline.repeated_layers``) and each stage holds layers / p of them, as Megatron-LM
+    splits; a depth beyond the layers keeps the planner's automatic blocks.
     ``allow_infeasible=True`` (with t, p, d given): a layout that does not fit is returned anyway,
-    ``Plan.feasible`` False, priced at each stage's unconstrained layouts (the micro-batch count
-    with the least peak memory), ``Plan.infeasible_reason`` saying what does not fit; otherwise
-    ValueError. ``recompute="full"`` evaluates the layout as Megatron-LM ran its large models
+    ``Plan.feasible`` False, priced at each stage's unconstrained layouts (with ``zero="auto"`` at
+    the ZeRO option that keeps the least; the micro-batch count with the least peak memory),
+    ``Plan.infeasible_reason`` naming the worst stage with its figures; otherwise ValueError with
+    that reason. ``recompute="full"`` evaluates the layout as Megatron-LM ran its large models
     (default "auto": per stage the cheapest mode that fits; see :func:`plan`). ``zero``: the ZeRO
     level across the d replicas ("auto", default: the fastest that fits; 1 is Megatron's distributed
     optimizer; ``t=1, p=1, d=N, zero=3`` is FSDP over every device)."""
