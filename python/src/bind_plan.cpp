@@ -212,6 +212,7 @@ void bind_plan(py::module_& m) {
                     "dimension each device of the stage holds (empty: even).")
       .def_property_readonly("global_batch", &Plan::global_batch)
       .def_readonly("num_blocks", &Plan::num_blocks)
+      .def_readonly("block_cuts", &Plan::block_cuts)
       .def_readwrite("grad_bucket_bytes", &Plan::grad_bucket_bytes,
                      "Bytes per gradient bucket of the replicas' all-reduces, each issued in the last "
                      "micro-batch's backward (0: no buckets); lower() lays them out so.")

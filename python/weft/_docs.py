@@ -168,6 +168,8 @@ DOCS: Dict[str, Dict[str, str]] = {
              "schedule_v": "Interleaved virtual stages.", "num_microbatches": "Micro-batches per step.",
              "microbatch_size": "Samples per micro-batch.", "data_parallel": "Pipeline replicas (data parallel).",
              "global_batch": "Samples per step.", "num_blocks": "Layer-grouping blocks.",
+             "block_cuts": "Forward-order positions where the blocks after the first begin (megatron_plan: the "
+                           "model's repeated layers); empty: cut anywhere.",
              "stages": "The PlanStages.", "cross_tensors": "Tensors crossing stages (with their resharding).",
              "send_time": "Cross-stage transfer time per micro-batch (s).",
              "boundary_bytes": "Bytes crossing stage boundaries per micro-batch.",

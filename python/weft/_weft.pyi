@@ -1007,6 +1007,9 @@ class Plan:
     def alternatives(self) -> list[PlanAlternative]:
         ...
     @property
+    def block_cuts(self) -> list[int]:
+        ...
+    @property
     def boundary_bytes(self) -> list[float]:
         ...
     @property

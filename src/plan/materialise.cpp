@@ -52,6 +52,7 @@ Built materialise_in_place(Context& ctx, const std::vector<SubmeshOptions>& subs
   p.microbatch_size = cand.bs;
   p.data_parallel = cand.dp;
   p.num_blocks = ctx.L();
+  p.block_cuts = ctx.block_cuts;
   // The buckets the replicas' collectives were priced in (the lowering lays them out so; without
   // overlap_grad_sync they are priced exposed, not one per tensor).
   p.grad_bucket_bytes = opt.grad_bucket_bytes;

@@ -192,6 +192,7 @@ class Context {
   std::vector<char> weight_grad_op;  // backward op producing a parameter's gradient
   pipeline::LayerGrouping grouping;
   int layers = 0;  // > 0: the blocks are the model's repeated layers (init_blocks' layer_blocks)
+  std::vector<int> block_cuts;        // init_blocks' cuts (Plan::block_cuts)
   pipeline::RepeatedLayers repeated;  // the model's, where init_layout_blocks found them (messages)
   std::int64_t global_batch = 1;
   struct AtBatch {
@@ -338,6 +339,7 @@ class Context {
   // (Context::layers then counts them; errors and splits speak of layers).
   void init_blocks(int num_blocks, const std::vector<int>& cuts = {}, bool layer_blocks = false) {
     layers = layer_blocks ? num_blocks : 0;
+    block_cuts = cuts;
     phase = pipeline::classify_ops(g_);
     weight_grad_op.assign(g_.ops().size(), 0);
     for (ir::OpId o = 0; o < static_cast<ir::OpId>(g_.ops().size()); ++o) {

@@ -81,3 +81,50 @@ def test_repeated_layers_of_the_zoo():
         # Identical layers, identical blocks (the first holds the embedding, the last the head too).
         inner = [blk.compute_flops for blk in lg.blocks[1:-1]]
         assert max(inner) == pytest.approx(min(inner), rel=1e-12)
+
+
+def _forward_runs(prog, rank):
+    """A rank's forward computes in runs: a run ends at a backward or update op, or where an op
+    repeats (a full recomputation re-makes one unit right before the backward that reads it, so a
+    run that is not a whole stage's forward is such a unit)."""
+    runs, cur = [], None
+    for i in prog.instructions(rank):
+        if i["kind"] != "compute":
+            continue
+        op = i["op"]
+        if op.startswith("d:") or op.startswith("adam"):
+            cur = None
+            continue
+        if cur is None or op in cur:
+            cur = []
+            runs.append(cur)
+        cur.append(op)
+    return runs
+
+
+def test_the_lowering_regroups_at_the_plans_layer_cuts():
+    # A GPT whose LM head outweighs a layer: the FLOP-balanced grouping into 4 blocks cuts inside
+    # layers, the plan's layer blocks do not; the lowering must re-make what the plan priced (one
+    # layer at a time under full recomputation), so it regroups at Plan.block_cuts.
+    from test_execute import assert_same
+
+    step = weft.models.gpt(layers=4, hidden=32, heads=4, seq=8, vocab=512, batch=8).train_step(optimizer="adam")
+    rl = weft.pipeline.repeated_layers(step)
+    anywhere = weft.pipeline.group_layers(step, 4)
+    by_layer = weft.pipeline.group_by_layers(step, rl)
+    assert [b.forward_ops for b in anywhere.blocks] != [b.forward_ops for b in by_layer.blocks]
+    c = weft.Cluster.preset("p3.8xlarge")
+    plan = weft.megatron_plan(step, c, t=1, p=2, d=2, num_microbatches=2, recompute="full")
+    assert list(plan.block_cuts) == list(rl.starts[1:])
+    assert list(weft.Plan.from_json(plan.to_json()).block_cuts) == list(plan.block_cuts)
+    prog = weft.lower(plan, step, c)
+    for rank, stage_layers in [(0, {0, 1}), (2, {2, 3})]:  # rank 2: stage 1's first device
+        runs = _forward_runs(prog, rank)
+        whole = [r for r in runs if {int(m.group(1)) for n in r if (m := re.match(r"h(\d+)\.", n))} == stage_layers]
+        units = [r for r in runs if r not in whole]
+        assert len(whole) == 2 and len(units) == 2 * 2  # per micro-batch: its forward, then two units
+        for run in units:  # each re-made unit is one whole layer (its 25 ops), as the plan priced
+            got = {int(m.group(1)) for n in run if (m := re.match(r"h(\d+)\.", n))}
+            assert len(got) == 1 and got <= stage_layers, run
+            assert sum(1 for n in run if n.startswith("h")) == 25, run
+    assert_same(weft.execute(plan, step, c), weft.execute_reference(step), 1e-10)
