@@ -22,12 +22,9 @@ namespace weft::plan {
 namespace detail {
 
 // Blocks first..last on `mesh` at their unconstrained layouts (the fast variant searched without
-// the memory-bound shortcut) with no memory check: how a layout evaluation asked for an infeasible
-// plan (PlanOptions::allow_infeasible) prices a stage that fits nowhere; materialise then marks the
-// plan infeasible with the memory it needs.
-std::optional<StageChoice> unconstrained_stage(Context& ctx, const MeshOption& mesh, int first, int last,
-                                               std::int64_t bs, int inflight, int forced_dp,
-                                               int replicas = 1) {
+// the memory-bound shortcut) in one boundary mode, with no memory check.
+std::optional<StageChoice> unconstrained_stage_in(Context& ctx, const MeshOption& mesh, int first, int last,
+                                                  std::int64_t bs, int inflight, int forced_dp, int replicas) {
   // With recompute=auto the layout is priced as it would run where it fits: without recomputation.
   // With zero=auto at the ZeRO option the planner turns to when memory binds: of the levels and
   // shard groups it would search (zero_levels, shard_groups), the one that keeps the least (ties:
@@ -62,6 +59,23 @@ std::optional<StageChoice> unconstrained_stage(Context& ctx, const MeshOption& m
                      a.recompute,
                      a.zero,
                      a.zero_group};
+}
+
+// How a layout evaluation prices a stage that fits nowhere (the report then names the worst
+// stage; PlanOptions::allow_infeasible returns the plan): its unconstrained layouts, in the
+// boundary mode the stage chooser would pick with room — of free and agreed boundaries (forced_dp
+// 0 on a mesh of several devices) the faster; a forced mode (Megatron's) as given. materialise
+// then marks the plan infeasible with the memory it needs.
+std::optional<StageChoice> unconstrained_stage(Context& ctx, const MeshOption& mesh, int first, int last,
+                                               std::int64_t bs, int inflight, int forced_dp,
+                                               int replicas = 1) {
+  std::optional<StageChoice> best = unconstrained_stage_in(ctx, mesh, first, last, bs, inflight, forced_dp, replicas);
+  if (forced_dp == 0 && mesh.mesh.size() > 1) {
+    auto agreed = unconstrained_stage_in(ctx, mesh, first, last, bs, inflight,
+                                         static_cast<int>(mesh.mesh.shape()[0]), replicas);
+    if (agreed && (!best || agreed->time < best->time)) best = agreed;
+  }
+  return best;
 }
 
 // A plan with a stage that the stage chooser refused and that was priced at its unconstrained

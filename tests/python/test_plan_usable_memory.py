@@ -115,3 +115,21 @@ def test_allow_infeasible_prices_the_zero_level_the_planner_would_turn_to():
     # An explicit level is kept.
     forced = weft.megatron_plan(g, c, zero=0, memory_limit=limit, allow_infeasible=True, **opts)
     assert forced.stages[0].zero == 0 and forced.peak_memory == pytest.approx(z0.peak_memory, rel=1e-9)
+
+
+def test_layout_plan_reports_its_worst_stage_too():
+    # Two stages of a head-heavy GPT, both over the limit: the reason names the last (the worst),
+    # not stage 0 (the first refused), before and with allow_infeasible.
+    g = weft.models.gpt(layers=4, hidden=128, heads=4, seq=256, vocab=32768, batch=32).train_step(optimizer="adam")
+    c = weft.Cluster.preset("DGX-A100", nodes=1)
+    stages = [(0, 1, [0, 1, 2, 3], None), (2, 3, [4, 5, 6, 7], None)]
+    opts = dict(num_microbatches=1, num_blocks=4, recompute="none", memory_fraction=1.0)
+    room = weft.layout_plan(g, c, stages, memory_limit=1e12, **opts)
+    peaks = [s.peak_memory for s in room.stages]
+    assert peaks[1] / peaks[0] > 1.5, peaks
+    limit = peaks[0] * 0.9
+    with pytest.raises(ValueError, match=r"does not fit: stage 1 \(the worst of 2 over\)") as e:
+        weft.layout_plan(g, c, stages, memory_limit=limit, **opts)
+    assert _figure(str(e.value), "peak") == pytest.approx(peaks[1], rel=5e-3)
+    lp = weft.layout_plan(g, c, stages, memory_limit=limit, allow_infeasible=True, **opts)
+    assert not lp.feasible and lp.infeasible_reason.startswith("stage 1 (the worst of 2 over)")
