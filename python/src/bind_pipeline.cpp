@@ -122,7 +122,22 @@ void bind_pipeline(py::module_& root) {
       .def("__repr__", &LayerGrouping::to_string);
   m.def("classify_ops", &classify_ops, py::arg("graph"));
   m.def("owner_forward_op", &owner_forward_op, py::arg("graph"));
-  m.def("group_layers", &group_layers, py::arg("graph"), py::arg("num_blocks"));
+  m.def(
+      "group_layers",
+      [](const weft::ir::Graph& g, int num_blocks, const std::vector<int>& cut_positions) {
+        return group_layers(g, num_blocks, cut_positions);
+      },
+      py::arg("graph"), py::arg("num_blocks"), py::arg("cut_positions") = std::vector<int>{});
+  py::class_<RepeatedLayers>(m, "RepeatedLayers")
+      .def_readonly("count", &RepeatedLayers::count)
+      .def_readonly("period", &RepeatedLayers::period)
+      .def_readonly("starts", &RepeatedLayers::starts)
+      .def_readonly("forward_ops", &RepeatedLayers::forward_ops)
+      .def("__repr__", [](const RepeatedLayers& r) {
+        return "RepeatedLayers(count=" + std::to_string(r.count) + ", period=" + std::to_string(r.period) + ")";
+      });
+  m.def("repeated_layers", &repeated_layers, py::arg("graph"));
+  m.def("group_by_layers", &group_by_layers, py::arg("graph"), py::arg("layers"));
   m.def("extract_stage", &extract_stage, py::arg("graph"), py::arg("ops"));
   m.def(
       "extract_stage_mapped",

@@ -212,6 +212,7 @@ void bind_plan(py::module_& m) {
                     "dimension each device of the stage holds (empty: even).")
       .def_property_readonly("global_batch", &Plan::global_batch)
       .def_readonly("num_blocks", &Plan::num_blocks)
+      .def_readonly("block_cuts", &Plan::block_cuts)
       .def_readwrite("grad_bucket_bytes", &Plan::grad_bucket_bytes,
                      "Bytes per gradient bucket of the replicas' all-reduces, each issued in the last "
                      "micro-batch's backward (0: no buckets); lower() lays them out so.")
@@ -339,6 +340,8 @@ void bind_plan(py::module_& m) {
         o.memory_limit = py::cast<double>(v);
       else if (key == "memory_fraction")
         o.memory_fraction = py::cast<double>(v);
+      else if (key == "memory_reserve")
+        o.memory_reserve = v.is_none() ? -1.0 : py::cast<double>(v);
       else if (key == "overlap_grad_sync")
         o.overlap_grad_sync = py::cast<bool>(v);
       else if (key == "grad_bucket_bytes")

@@ -115,6 +115,11 @@ DOCS: Dict[str, Dict[str, str]] = {
                       "blocks": "The Blocks, in forward order.", "block_of_op": "Block index of every op.",
                       "forward_order": "Forward op ids in order.", "crossing_bytes": "Bytes crossing each cut.",
                       "max_block_flops": "FLOPs of the largest block.", "cut_bytes": "Bytes crossing all cuts."},
+    "RepeatedLayers": {"__doc__": "The model's repeated layers (pipeline.repeated_layers): the run of the forward "
+                                  "order that repeats one op pattern back to back.",
+                       "count": "Number of layers (0 when nothing repeats).", "period": "Forward ops per layer.",
+                       "starts": "Per layer, the forward-order position of its first op.",
+                       "forward_ops": "Forward ops of the whole graph (count x period of them are the layers')."},
     "StageCost": {"__doc__": "A stage's cost on a submesh.", "time_s": "Stage time (s).",
                   "memory_bytes": "Memory per device (bytes).", "fits_memory": "True when it fits."},
     "DpStage": {"__doc__": "One stage of a DP partition.", "first_block": "First block (inclusive).",
@@ -166,6 +171,8 @@ DOCS: Dict[str, Dict[str, str]] = {
              "schedule_v": "Interleaved virtual stages.", "num_microbatches": "Micro-batches per step.",
              "microbatch_size": "Samples per micro-batch.", "data_parallel": "Pipeline replicas (data parallel).",
              "global_batch": "Samples per step.", "num_blocks": "Layer-grouping blocks.",
+             "block_cuts": "Forward-order positions where the blocks after the first begin (megatron_plan: the "
+                           "model's repeated layers); empty: cut anywhere.",
              "stages": "The PlanStages.", "cross_tensors": "Tensors crossing stages (with their resharding).",
              "send_time": "Cross-stage transfer time per micro-batch (s).",
              "boundary_bytes": "Bytes crossing stage boundaries per micro-batch.",

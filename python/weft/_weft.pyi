@@ -1014,6 +1014,9 @@ class Plan:
     def alternatives(self) -> list[PlanAlternative]:
         ...
     @property
+    def block_cuts(self) -> list[int]:
+        ...
+    @property
     def boundary_bytes(self) -> list[float]:
         ...
     @property

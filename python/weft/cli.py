@@ -110,7 +110,11 @@ _PLAN_OPTIONS = [
      "seconds for the whole search (then the best plan so far, marked timeout)"),
     ("--threads", "threads", int, "threads for the SPMD searches (default: all cores)"),
     ("--memory-limit", "memory_limit", "bytes", "bytes per device (e.g. 16e9 or 16GB; default: the device's)"),
-    ("--memory-fraction", "memory_fraction", float, "fraction of a device's memory the plan may use"),
+    ("--memory-reserve", "memory_reserve", "bytes",
+     "bytes per device kept from the plan for the CUDA context and communication buffers (default: 1 GiB on "
+     "devices of 8 GiB or more, none under a --memory-limit)"),
+    ("--memory-fraction", "memory_fraction", float,
+     "fraction of a device's memory less the reserve the plan may use (the rest: fragmentation margin)"),
     ("--grad-bucket-bytes", "grad_bucket_bytes", "bytes", "gradient all-reduce bucket size (bytes, e.g. 25MB)"),
     ("--pipeline", "pipeline", bool, "consider pipelines (--no-pipeline: SPMD / data parallel only)"),
     ("--two-d-meshes", "two_d_meshes", bool, "2-D logical meshes inside stages (slower)"),

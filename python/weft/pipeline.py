@@ -34,6 +34,9 @@ IlpPartition = _p.IlpPartition
 classify_ops = _p.classify_ops
 owner_forward_op = _p.owner_forward_op
 group_layers = _p.group_layers
+RepeatedLayers = _p.RepeatedLayers
+repeated_layers = _p.repeated_layers
+group_by_layers = _p.group_by_layers
 extract_stage = _p.extract_stage
 extract_stage_mapped = _p.extract_stage_mapped
 structurally_equal = _p.structurally_equal
@@ -57,7 +60,7 @@ CostResult = Union[None, float, int, StageCost, tuple]
 __all__ = [
     "SubmeshShape", "SubmeshPlacement", "ReplicatedPipeline", "OpPhase", "Block", "LayerGrouping", "StageCost",
     "DpStage", "DpPartition", "PartitionDag", "StageBounds", "IlpPartition", "classify_ops", "owner_forward_op",
-    "group_layers", "extract_stage", "extract_stage_mapped", "structurally_equal", "structural_hash",
+    "group_layers", "RepeatedLayers", "repeated_layers", "group_by_layers", "extract_stage", "extract_stage_mapped", "structurally_equal", "structural_hash",
     "submesh_shapes", "logical_mesh_shapes", "assign_submeshes", "replicate_pipeline", "partition_dp",
     "partition_dp_exhaustive", "dag_from_graph", "cut_bytes", "stage_compute", "feasible_partition",
     "stage_bounds", "partition_ilp", "partition_dag_ilp", "partition_dag_exhaustive",

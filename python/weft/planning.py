@@ -182,7 +182,11 @@ def plan(model_graph, cluster, schedule: str = "1F1B", *, num_microbatches: Opti
     need in one layout is resharded once, see ``weft.spmd_search``), time_limit (seconds for the whole planning, default 300: at
     the limit the best plan found so far is returned with ``search_status == "timeout"``, within
     1.5 x the limit + 0.5 s; ValueError only when nothing was found), threads (SPMD searches in
-    parallel; default 0 = every core; the plan is the same for any count), memory_limit (bytes per device), memory_fraction, overlap_grad_sync (default True:
+    parallel; default 0 = every core; the plan is the same for any count), memory_limit (bytes per device;
+    default the device's), memory_reserve (bytes per device the plan may not use: the CUDA context,
+    NCCL buffers; default None = 1 GiB on devices of 8 GiB or more, none under a memory_limit),
+    memory_fraction (of the rest; default 0.9: the allocator's fragmentation margin) — usable memory
+    = (memory_limit or the device's - memory_reserve) x memory_fraction, overlap_grad_sync (default True:
     gradient synchronisation overlapped with the last backward in buckets), grad_bucket_bytes,
     step_allreduce_bytes (default 16: the Trainer's per-step all-reduce of the gradient norm and loss over
     every device, priced before the updates; 0 for weft.run's bare programs), whole_nodes_only,
@@ -224,10 +228,14 @@ def megatron_plan(model_graph, cluster, t: Optional[int] = None, p: Optional[int
     so in ``Plan.strategy``) — or, with none set, the best Megatron-style (t, p, d) layout of the
     sweep :func:`plan` compares against (each block's layout searched on its t-device mesh), under
     the same cost model as :func:`plan`.
+    With t, p, d given and no ``num_blocks``, the blocks are the model's repeated layers (one each,
+    ``weft.pipeline.repeated_layers``) and each stage holds layers / p of them, as Megatron-LM
+    splits; a depth beyond the layers keeps the planner's automatic blocks.
     ``allow_infeasible=True`` (with t, p, d given): a layout that does not fit is returned anyway,
-    ``Plan.feasible`` False, priced at each stage's unconstrained layouts (the micro-batch count
-    with the least peak memory), ``Plan.infeasible_reason`` saying what does not fit; otherwise
-    ValueError. ``recompute="full"`` evaluates the layout as Megatron-LM ran its large models
+    ``Plan.feasible`` False, priced at each stage's unconstrained layouts (with ``zero="auto"`` at
+    the ZeRO option that keeps the least; the micro-batch count with the least peak memory),
+    ``Plan.infeasible_reason`` naming the worst stage with its figures; otherwise ValueError with
+    that reason. ``recompute="full"`` evaluates the layout as Megatron-LM ran its large models
     (default "auto": per stage the cheapest mode that fits; see :func:`plan`). ``zero``: the ZeRO
     level across the d replicas ("auto", default: the fastest that fits; 1 is Megatron's distributed
     optimizer; ``t=1, p=1, d=N, zero=3`` is FSDP over every device)."""

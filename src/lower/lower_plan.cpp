@@ -81,11 +81,12 @@ std::vector<PipelineStage> interleave(const ir::Graph& g, const std::vector<Pipe
 }
 
 // The planner's layer-grouping block of every op (an op owned by no forward op: the last block),
-// the unit a full recomputation re-makes at a time.
-std::vector<int> grouping_blocks(const ir::Graph& g, int num_blocks) {
+// the unit a full recomputation re-makes at a time: the plan's blocks, cut where it cut them
+// (Plan::block_cuts; none: anywhere).
+std::vector<int> grouping_blocks(const ir::Graph& g, int num_blocks, const std::vector<int>& cuts) {
   std::vector<int> out(g.ops().size(), 0);
   if (num_blocks < 1) return out;
-  const auto gr = pipeline::group_layers(g, num_blocks);
+  const auto gr = pipeline::group_layers(g, num_blocks, cuts);
   for (std::size_t o = 0; o < out.size(); ++o) out[o] = gr.block_of_op[o] >= 0 ? gr.block_of_op[o] : num_blocks - 1;
   return out;
 }
@@ -172,7 +173,7 @@ Program lower(const plan::Plan& plan, const ir::Graph& step, const cluster::Clus
     // Recomputation as planned: full re-makes one layer-grouping block at a time, selective one
     // attention core at a time.
     if (st.recompute == "full") {
-      ps.recompute_unit = grouping_blocks(g, plan.num_blocks);
+      ps.recompute_unit = grouping_blocks(g, plan.num_blocks, plan.block_cuts);
       if (!st.recompute_blocks.empty())  // some blocks only: the others keep their activations
         for (int& u : ps.recompute_unit)
           if (std::find(st.recompute_blocks.begin(), st.recompute_blocks.end(), u) == st.recompute_blocks.end())
@@ -186,13 +187,13 @@ Program lower(const plan::Plan& plan, const ir::Graph& step, const cluster::Clus
     }
     ps.zero = lead > 0 ? st.zero : 0;
     if (ps.zero > 0 && !st.zero_blocks.empty()) {  // ZeRO-3 on these blocks, the stage's level elsewhere
-      ps.zero_level = grouping_blocks(g, plan.num_blocks);
+      ps.zero_level = grouping_blocks(g, plan.num_blocks, plan.block_cuts);
       for (int& z : ps.zero_level)
         z = std::find(st.zero_blocks.begin(), st.zero_blocks.end(), z) != st.zero_blocks.end() ? 3 : ps.zero;
     }
     // FSDP's unit: the planner's blocks (its ZeRO-3 price gathers one block at a time, the next
     // prefetched); a plan without blocks: each op its own unit.
-    if (ps.zero > 0 && plan.num_blocks >= 1) ps.zero_unit = grouping_blocks(g, plan.num_blocks);
+    if (ps.zero > 0 && plan.num_blocks >= 1) ps.zero_unit = grouping_blocks(g, plan.num_blocks, plan.block_cuts);
     stages.push_back(std::move(ps));
     spmd_shapes.push_back(spmd_shape);
   }

@@ -203,7 +203,9 @@ std::string LayerGrouping::to_string() const {
   return s;
 }
 
-LayerGrouping group_layers(const Graph& g, int num_blocks) {
+LayerGrouping group_layers(const Graph& g, int num_blocks) { return group_layers(g, num_blocks, {}); }
+
+LayerGrouping group_layers(const Graph& g, int num_blocks, const std::vector<int>& cut_positions) {
   const auto& ops = g.ops();
   const auto& ts = g.tensors();
   const auto phase = classify_ops(g);
@@ -213,18 +215,29 @@ LayerGrouping group_layers(const Graph& g, int num_blocks) {
     if (phase[o] == OpPhase::Forward) order.push_back(o);
   const int n = static_cast<int>(order.size());
   WEFT_CHECK(n > 0, "group_layers: graph '{}' has no forward op", g.name());
-  WEFT_CHECK(num_blocks >= 1 && num_blocks <= n,
-             "group_layers: num_blocks = {} must be in 1..{} (forward ops)", num_blocks, n);
+  // Items the blocks are made of: single forward ops, or the runs between the allowed cuts.
+  std::vector<int> item_start{0};
+  if (cut_positions.empty()) {
+    for (int p = 1; p < n; ++p) item_start.push_back(p);
+  } else {
+    std::vector<int> cp = cut_positions;
+    std::sort(cp.begin(), cp.end());
+    cp.erase(std::unique(cp.begin(), cp.end()), cp.end());
+    for (int p : cp) {
+      WEFT_CHECK(p > 0 && p < n, "group_layers: cut position {} must be in 1..{} (forward ops)", p, n - 1);
+      item_start.push_back(p);
+    }
+  }
+  const int m = static_cast<int>(item_start.size());
+  WEFT_CHECK(num_blocks >= 1 && num_blocks <= m, "group_layers: num_blocks = {} must be in 1..{} ({})",
+             num_blocks, m, cut_positions.empty() ? "forward ops" : "runs between the allowed cuts");
   std::vector<int> pos(ops.size(), -1);
   for (int i = 0; i < n; ++i) pos[order[i]] = i;
 
-  // Weights w_p and prefix sums.
-  std::vector<double> w(n, 0);
+  // Weights w_p.
+  std::vector<double> wp(n, 0);
   for (OpId o = 0; o < static_cast<OpId>(ops.size()); ++o)
-    if (owner[o] != kNoOp && phase[o] != OpPhase::Update) w[pos[owner[o]]] += ops[o].flops();
-  std::vector<double> prefix(n + 1, 0);
-  for (int i = 0; i < n; ++i) prefix[i + 1] = prefix[i] + w[i];
-  auto seg = [&](int b, int e) { return prefix[e] - prefix[b]; };  // positions [b, e)
+    if (owner[o] != kNoOp && phase[o] != OpPhase::Update) wp[pos[owner[o]]] += ops[o].flops();
 
   // Crossing bytes c_p for p in 1..n-1: a forward activation made at a and last read (by a
   // forward op) at z > a crosses every cut p in (a, z].
@@ -245,11 +258,24 @@ LayerGrouping group_layers(const Graph& g, int num_blocks) {
   std::vector<std::int64_t> cross(n + 1, 0);  // cross[p] for a cut before position p
   for (int p = 1; p <= n; ++p) cross[p] = cross[p - 1] + diff[p];
 
+  // The cuts below are chosen between items (w: an item's weight, icross: the bytes of a cut
+  // before it); positions are items when every cut is allowed.
+  item_start.push_back(n);
+  std::vector<double> w(m, 0);
+  std::vector<std::int64_t> icross(m + 1, 0);
+  for (int i = 0; i < m; ++i) {
+    for (int p = item_start[i]; p < item_start[i + 1]; ++p) w[i] += wp[p];
+    icross[i] = cross[item_start[i]];
+  }
+  std::vector<double> prefix(m + 1, 0);
+  for (int i = 0; i < m; ++i) prefix[i + 1] = prefix[i] + w[i];
+  auto seg = [&](int b, int e) { return prefix[e] - prefix[b]; };  // items [b, e)
+
   // (1) min max by bisection + greedy.
   auto greedy = [&](double cap, double* achieved) {
     int blocks = 1;
     double cur = 0, mx = 0;
-    for (int i = 0; i < n; ++i) {
+    for (int i = 0; i < m; ++i) {
       if (w[i] > cap) return std::numeric_limits<int>::max();
       if (cur + w[i] > cap && i > 0) {
         ++blocks;
@@ -262,8 +288,8 @@ LayerGrouping group_layers(const Graph& g, int num_blocks) {
     if (achieved) *achieved = mx;
     return blocks;
   };
-  double lo = 0, hi = prefix[n];
-  for (int i = 0; i < n; ++i) lo = std::max(lo, w[i]);
+  double lo = 0, hi = prefix[m];
+  for (int i = 0; i < m; ++i) lo = std::max(lo, w[i]);
   double mstar = 0;
   if (greedy(lo, &mstar) <= num_blocks) {
     hi = lo;
@@ -284,19 +310,19 @@ LayerGrouping group_layers(const Graph& g, int num_blocks) {
   // (2) min cut bytes with K blocks, each <= cap: F(k, e) over e = end position (exclusive).
   constexpr std::int64_t kInf = std::numeric_limits<std::int64_t>::max() / 4;
   const int K = num_blocks;
-  std::vector<std::vector<std::int64_t>> F(K + 1, std::vector<std::int64_t>(n + 1, kInf));
-  std::vector<std::vector<int>> from(K + 1, std::vector<int>(n + 1, -1));
-  for (int e = 1; e <= n; ++e)
+  std::vector<std::vector<std::int64_t>> F(K + 1, std::vector<std::int64_t>(m + 1, kInf));
+  std::vector<std::vector<int>> from(K + 1, std::vector<int>(m + 1, -1));
+  for (int e = 1; e <= m; ++e)
     if (seg(0, e) <= cap) F[1][e] = 0;
   for (int k = 2; k <= K; ++k) {
     std::deque<int> dq;  // candidate b (ascending), values F(k-1, b) + cross[b] increasing
     int next_b = k - 1, lo_b = k - 1;
-    for (int e = k; e <= n; ++e) {
+    for (int e = k; e <= m; ++e) {
       for (; next_b < e; ++next_b) {
-        std::int64_t v = F[k - 1][next_b] >= kInf ? kInf : F[k - 1][next_b] + cross[next_b];
+        std::int64_t v = F[k - 1][next_b] >= kInf ? kInf : F[k - 1][next_b] + icross[next_b];
         while (!dq.empty()) {
           int b = dq.back();
-          std::int64_t vb = F[k - 1][b] >= kInf ? kInf : F[k - 1][b] + cross[b];
+          std::int64_t vb = F[k - 1][b] >= kInf ? kInf : F[k - 1][b] + icross[b];
           if (vb > v)
             dq.pop_back();  // ties keep the earlier cut (deterministic)
           else
@@ -309,14 +335,15 @@ LayerGrouping group_layers(const Graph& g, int num_blocks) {
       if (dq.empty()) continue;
       int b = dq.front();
       if (F[k - 1][b] >= kInf) continue;
-      F[k][e] = F[k - 1][b] + cross[b];
+      F[k][e] = F[k - 1][b] + icross[b];
       from[k][e] = b;
     }
   }
-  if (F[K][n] >= kInf) throw InternalError("group_layers: no grouping under the min-max bound");
-  std::vector<int> cuts(K + 1, 0);
-  cuts[K] = n;
+  if (F[K][m] >= kInf) throw InternalError("group_layers: no grouping under the min-max bound");
+  std::vector<int> cuts(K + 1, 0);  // in items, then in positions
+  cuts[K] = m;
   for (int k = K; k >= 2; --k) cuts[k - 1] = from[k][cuts[k]];
+  for (int& c : cuts) c = item_start[c];
 
   LayerGrouping out;
   out.forward_order = order;
@@ -363,6 +390,87 @@ LayerGrouping group_layers(const Graph& g, int num_blocks) {
   out.crossing_bytes.assign(K - 1, 0);
   for (int k = 1; k < K; ++k) out.crossing_bytes[k - 1] = cross[cuts[k]];
   return out;
+}
+
+RepeatedLayers repeated_layers(const Graph& g) {
+  const auto& ts = g.tensors();
+  const auto phase = classify_ops(g);
+  std::vector<OpId> order;
+  for (OpId o : g.topo_order())
+    if (phase[o] == OpPhase::Forward) order.push_back(o);
+  const int n = static_cast<int>(order.size());
+  RepeatedLayers out;
+  out.forward_ops = n;
+  if (n < 2) return out;
+  std::vector<int> pos(g.ops().size(), -1);
+  for (int i = 0; i < n; ++i) pos[order[i]] = i;
+  // An op's signature: what it computes on what, without names, seeds or scalars (a layer's
+  // dropout seed or a per-layer constant must not hide the repetition): the shapes and dtypes of
+  // its operands and results, an operand told apart only as an activation (made by a forward op,
+  // or an input: the first layer of a chain reads the model's input where the others read the
+  // previous layer) or a leaf of its role (a parameter, a constant).
+  std::vector<int> sig(n);
+  std::unordered_map<std::string, int> interned;
+  for (int i = 0; i < n; ++i) {
+    const auto& op = g.op(order[i]);
+    std::string k = fmt::format("{}|{}|{}|{}|{}|{}|", static_cast<int>(op.kind), op.attrs.equation,
+                                static_cast<int>(op.attrs.unary), static_cast<int>(op.attrs.binary),
+                                static_cast<int>(op.attrs.reduce), fmt::join(op.attrs.axes, ","));
+    for (TensorId t : op.inputs) {
+      const auto& ti = ts[t];
+      const bool activation =
+          ti.producer != kNoOp || ti.role == Role::Input || ti.role == Role::Activation;
+      k += fmt::format("{}{}:{};", activation ? std::string("a") : fmt::format("l{}", static_cast<int>(ti.role)),
+                       fmt::join(ti.shape, "x"), static_cast<int>(ti.dtype));
+    }
+    for (TensorId t : op.outputs)
+      k += fmt::format("o{}:{};", fmt::join(ts[t].shape, "x"), static_cast<int>(ts[t].dtype));
+    sig[i] = interned.emplace(k, static_cast<int>(interned.size())).first->second;
+  }
+  // The period P whose longest back-to-back run covers the most ops (ties: the shortest period —
+  // a multiple of the layer covers no more): R consecutive positions i with sig[i] == sig[i + P]
+  // make [s, s + R + P) P-periodic, floor((R + P) / P) layers.
+  int best_cover = 0, best_p = 0, best_s = 0, best_r = 0;
+  for (int P = 1; 2 * P <= n; ++P) {
+    int run = 0;
+    for (int i = 0; i + P < n; ++i) {
+      run = sig[i] == sig[i + P] ? run + 1 : 0;
+      if (run < P) continue;
+      const int cover = (run + P) / P * P;
+      if (cover > best_cover) best_cover = cover, best_p = P, best_s = i - run + 1, best_r = run;
+    }
+  }
+  if (best_p == 0) return out;
+  // The layers' phase inside the periodic run: as many whole layers as the run holds, cut where
+  // the fewest forward bytes cross (between two transformer layers only the residual stream does).
+  std::vector<std::int64_t> diff(n + 1, 0), cross(n + 1, 0);
+  const auto cons = g.consumer_index();
+  for (TensorId t = 0; t < static_cast<TensorId>(ts.size()); ++t) {
+    const OpId p = ts[t].producer;
+    if (p == kNoOp || phase[p] != OpPhase::Forward) continue;
+    int z = -1;
+    for (OpId c : cons[t])
+      if (phase[c] == OpPhase::Forward) z = std::max(z, pos[c]);
+    if (z > pos[p]) {
+      diff[pos[p] + 1] += ts[t].bytes();
+      diff[z + 1] -= ts[t].bytes();
+    }
+  }
+  for (int p = 1; p <= n; ++p) cross[p] = cross[p - 1] + diff[p];
+  const int end = best_s + best_r + best_p, count = (best_r + best_p) / best_p;
+  int phase0 = best_s;
+  for (int f = best_s; f < best_s + best_p && f + count * best_p <= end; ++f)
+    if (cross[f] < cross[phase0]) phase0 = f;
+  out.count = count;
+  out.period = best_p;
+  for (int k = 0; k < count; ++k) out.starts.push_back(phase0 + k * best_p);
+  return out;
+}
+
+LayerGrouping group_by_layers(const Graph& g, const RepeatedLayers& layers) {
+  WEFT_CHECK(layers.count >= 1 && static_cast<int>(layers.starts.size()) == layers.count,
+             "group_by_layers: {} layer starts for {} layers", layers.starts.size(), layers.count);
+  return group_layers(g, layers.count, std::vector<int>(layers.starts.begin() + 1, layers.starts.end()));
 }
 
 StageGraph extract_stage_mapped(const Graph& g, const std::vector<OpId>& ops_in) {

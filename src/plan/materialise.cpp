@@ -61,6 +61,7 @@ Built materialise_in_place(Context& ctx, const std::vector<SubmeshOptions>& subs
   p.microbatch_size = cand.bs;
   p.data_parallel = cand.dp;
   p.num_blocks = ctx.L();
+  p.block_cuts = ctx.block_cuts;
   // The buckets the replicas' collectives were priced in (the lowering lays them out so; without
   // overlap_grad_sync they are priced exposed, not one per tensor).
   p.grad_bucket_bytes = opt.grad_bucket_bytes;
@@ -348,7 +349,10 @@ Built materialise_in_place(Context& ctx, const std::vector<SubmeshOptions>& subs
   const schedule::Schedule sched = schedule_of(p);
   const auto inflight = sched.peak_in_flight_device();
   double peak = 0;
-  std::string over;  // the first stage over its devices' usable memory
+  // The stages over their devices' usable memory; the report names the worst (the largest peak
+  // over usable), with its parts.
+  int over_count = 0, worst = -1;
+  double worst_ratio = 0, worst_usable = 0;
   for (int s = 0; s < S; ++s) {
     auto& st = p.stages[s];
     st.in_flight = inflight[s];
@@ -358,9 +362,11 @@ Built materialise_in_place(Context& ctx, const std::vector<SubmeshOptions>& subs
     peak = std::max(peak, st.peak_memory);
     double usable = kInf;
     for (int d : st.devices) usable = std::min(usable, ctx.usable_of_device(d));
-    if (over.empty() && st.peak_memory > usable * (1 + 1e-9))
-      over = fmt::format("stage {}: peak {}/device > {} usable", s, format_bytes(st.peak_memory),
-                         format_bytes(usable));
+    if (st.peak_memory > usable * (1 + 1e-9)) {
+      ++over_count;
+      const double ratio = usable > 0 ? st.peak_memory / usable : kInf;
+      if (worst < 0 || ratio > worst_ratio) worst = s, worst_ratio = ratio, worst_usable = usable;
+    }
     for (int d : st.devices) {
       p.devices_used.push_back(d);
       p.device_memory.push_back(st.peak_memory);
@@ -388,8 +394,20 @@ Built materialise_in_place(Context& ctx, const std::vector<SubmeshOptions>& subs
     p.cluster_peak_flops += peak_or_f32(spec, dt);
   }
   p.mfu = p.step_time > 0 ? p.model_flops / (p.step_time * p.cluster_peak_flops) : 0;
-  out.feasible = over.empty();
-  if (!out.feasible) out.note = over;
+  out.feasible = worst < 0;
+  if (!out.feasible) {
+    const auto& st = p.stages[static_cast<std::size_t>(worst)];
+    const double act = st.activation_memory / sched.virtual_stages();
+    out.note = fmt::format(
+        "stage {}{}: peak {}/device > {} usable ({:.2f}x): static {} (parameters, gradients, optimizer "
+        "states{}), activations {} x {} in flight, transient {}{}; {}",
+        worst, S > 1 ? fmt::format(" (the worst of {} over)", over_count) : std::string(),
+        format_bytes(st.peak_memory), format_bytes(worst_usable), worst_ratio, format_bytes(st.static_memory),
+        st.zero > 0 ? fmt::format(" under ZeRO-{}", st.zero) : std::string(), format_bytes(act), st.in_flight,
+        format_bytes(st.transient_memory),
+        st.recompute != "none" ? fmt::format(", recompute {}", st.recompute) : std::string(),
+        usable_memory_text(opt, c.device(st.devices.front()).spec));
+  }
   return out;
 }
 

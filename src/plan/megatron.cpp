@@ -22,21 +22,32 @@ namespace weft::plan {
 namespace detail {
 
 // Blocks first..last on `mesh` at their unconstrained layouts (the fast variant searched without
-// the memory-bound shortcut) with no memory check: how a layout evaluation asked for an infeasible
-// plan (PlanOptions::allow_infeasible) prices a stage that fits nowhere; materialise then marks the
-// plan infeasible with the memory it needs.
-std::optional<StageChoice> unconstrained_stage(Context& ctx, const MeshOption& mesh, int first, int last,
-                                               std::int64_t bs, int inflight, int forced_dp,
-                                               int replicas = 1) {
-  // With recompute=auto the layout is priced as it would run where it fits: without recomputation;
-  // with zero=auto likewise at ZeRO level 0.
+// the memory-bound shortcut) in one boundary mode, with no memory check.
+std::optional<StageChoice> unconstrained_stage_in(Context& ctx, const MeshOption& mesh, int first, int last,
+                                                  std::int64_t bs, int inflight, int forced_dp, int replicas) {
+  // With recompute=auto the layout is priced as it would run where it fits: without recomputation.
+  // With zero=auto at the ZeRO option the planner turns to when memory binds: of the levels and
+  // shard groups it would search (zero_levels, shard_groups), the one that keeps the least (ties:
+  // the faster) — ZeRO-3 over every replica as a rule; ZeRO-0 held 3.6x its state on GPT-3.
   const Recompute mode = ctx.opt_.recompute == Recompute::Auto ? Recompute::None : ctx.opt_.recompute;
   StageAgg a = recomputed(aggregate(ctx, first, last, bs, mesh, kUnboundedVariant, forced_dp), mode);
   if (!a.ok) return std::nullopt;
-  if (replicas > 1)
-    a = with_replicas(a, std::max(0, ctx.opt_.zero),
-                      ctx.canonical_replica_links(static_cast<int>(mesh.mesh.size()), replicas, replicas),
-                      a.param_mem, ctx.opt_);
+  if (replicas > 1) {
+    const int n = static_cast<int>(mesh.mesh.size());
+    std::optional<StageAgg> pick;
+    for (int level : zero_levels(ctx.opt_, replicas))
+      for (int z : level == 0 ? std::vector<int>{replicas} : shard_groups(ctx.c_, ctx.opt_, replicas, n)) {
+        StageAgg w = with_replicas(a, level, ctx.canonical_replica_links(n, replicas, z), a.param_mem, ctx.opt_);
+        const double mem = stage_memory(w, inflight), t = w.fwd + w.bwd;
+        if (!pick) {
+          pick = std::move(w);
+          continue;
+        }
+        const double pm = stage_memory(*pick, inflight);
+        if (mem < pm * (1 - 1e-12) || (mem <= pm * (1 + 1e-12) && t < pick->fwd + pick->bwd)) pick = std::move(w);
+      }
+    a = std::move(*pick);
+  }
   return StageChoice{first,
                      last,
                      0,
@@ -50,6 +61,33 @@ std::optional<StageChoice> unconstrained_stage(Context& ctx, const MeshOption& m
                      a.zero_group};
 }
 
+// How a layout evaluation prices a stage that fits nowhere (the report then names the worst
+// stage; PlanOptions::allow_infeasible returns the plan): its unconstrained layouts, in the
+// boundary mode the stage chooser would pick with room — of free and agreed boundaries (forced_dp
+// 0 on a mesh of several devices) the faster; a forced mode (Megatron's) as given. materialise
+// then marks the plan infeasible with the memory it needs.
+std::optional<StageChoice> unconstrained_stage(Context& ctx, const MeshOption& mesh, int first, int last,
+                                               std::int64_t bs, int inflight, int forced_dp,
+                                               int replicas = 1) {
+  std::optional<StageChoice> best = unconstrained_stage_in(ctx, mesh, first, last, bs, inflight, forced_dp, replicas);
+  if (forced_dp == 0 && mesh.mesh.size() > 1) {
+    auto agreed = unconstrained_stage_in(ctx, mesh, first, last, bs, inflight,
+                                         static_cast<int>(mesh.mesh.shape()[0]), replicas);
+    if (agreed && (!best || agreed->time < best->time)) best = agreed;
+  }
+  return best;
+}
+
+// A plan with a stage that the stage chooser refused and that was priced at its unconstrained
+// layout is infeasible even where that layout's peak fits (the chooser's reason stands).
+Built refused_stays_refused(Built b, const std::string& first_refused) {
+  if (b.feasible && !first_refused.empty()) {
+    b.feasible = false;
+    b.note = first_refused;
+  }
+  return b;
+}
+
 // A layout evaluation's result: the plan, or with allow_infeasible the plan marked infeasible.
 Plan evaluated(Built b, const Context& ctx, double start, const std::string& what) {
   if (!b.feasible) {
@@ -60,6 +98,17 @@ Plan evaluated(Built b, const Context& ctx, double start, const std::string& wha
   b.plan.search_status = ctx.timed_out ? "timeout" : "complete";
   b.plan.plan_seconds = now_s() - start;
   return std::move(b.plan);
+}
+
+// Megatron's stages: with one block per layer and a depth dividing the layers, layers / p each
+// (Megatron-LM's split: the embedding rides with the first stage, the LM head and loss with the
+// last); otherwise the blocks' balanced FLOP split.
+std::vector<std::pair<int, int>> megatron_split(const Context& ctx, int p) {
+  if (ctx.layers == 0 || ctx.L() % p != 0) return balanced_split(ctx.grouping, p);
+  const int per = ctx.L() / p;
+  std::vector<std::pair<int, int>> out;
+  for (int s = 0; s < p; ++s) out.emplace_back(s * per, s * per + per - 1);
+  return out;
 }
 
 // `splits`: Megatron's column / row / vocabulary splits fixed in the tensor-parallel stages
@@ -78,7 +127,12 @@ Built megatron_build(Context& ctx, const MegatronLayout& lay, int M, bool splits
   WEFT_CHECK(lay.t >= 1 && lay.p >= 1 && lay.d >= 1 && lay.t * lay.p * lay.d == N,
              "megatron layout {}: t·p·d must equal the {} devices", lay.to_string(), N);
   if (lay.p > ctx.L()) {
-    b.note = fmt::format("{} stages but only {} blocks", lay.p, ctx.L());
+    b.note = fmt::format("{} stages but only {} blocks{}", lay.p, ctx.L(),
+                         ctx.repeated.count > 0
+                             ? fmt::format(" (the model repeats {} layers of {} forward ops; a stage holds at least "
+                                           "one block)",
+                                           ctx.repeated.count, ctx.repeated.period)
+                             : std::string(" (num_blocks)"));
     return b;
   }
   if (ctx.global_batch % (static_cast<std::int64_t>(M) * lay.d) != 0) {
@@ -91,12 +145,13 @@ Built megatron_build(Context& ctx, const MegatronLayout& lay, int M, bool splits
     return b;
   }
   Candidate cand;
+  std::string first_refused;  // the first stage best_stage refused (priced unconstrained instead)
   cand.strategy = b.plan.strategy;
   cand.M = M;
   cand.dp = lay.d;
   cand.bs = ctx.global_batch / (static_cast<std::int64_t>(M) * lay.d);
   const int per = N / lay.p;  // devices of a stage: d replicas × t
-  const auto split = balanced_split(ctx.grouping, lay.p);
+  const auto split = megatron_split(ctx, lay.p);
   for (int s = 0; s < lay.p; ++s) {
     std::vector<int> ids(per);
     std::iota(ids.begin(), ids.end(), s * per);  // Megatron's rank order: t fastest, then d, then p
@@ -110,16 +165,20 @@ Built megatron_build(Context& ctx, const MegatronLayout& lay, int M, bool splits
     std::string why;
     auto sc = best_stage(ctx, {cand.meshes.back()}, split[s].first, split[s].second, 0, cand.bs, M, inf, mode,
                          &why, lay.d);
-    if (!sc && ctx.opt_.allow_infeasible)
+    // A layout evaluation (megatron_plan) prices a stage that fits nowhere at its unconstrained
+    // layout, so that what does not fit is reported by the worst stage and its figures.
+    if (!sc && (ctx.opt_.allow_infeasible || splits)) {
       sc = unconstrained_stage(ctx, cand.meshes.back(), split[s].first, split[s].second, cand.bs, inf, mode,
                                lay.d);
+      if (sc && first_refused.empty()) first_refused = fmt::format("stage {}: {}", s, why);
+    }
     if (!sc) {
       b.note = fmt::format("stage {}: {}", s, why);
       return b;
     }
     cand.stages.push_back(*sc);
   }
-  return materialise(ctx, {}, cand, reshard::Balancer::LargestFirst);
+  return refused_stays_refused(materialise(ctx, {}, cand, reshard::Balancer::LargestFirst), first_refused);
 }
 
 // The first t devices of the cluster as a 1-D tensor-parallel mesh: Megatron's stage meshes all
@@ -230,7 +289,7 @@ Plan megatron_plan(const ir::Graph& g, const cluster::Cluster& c, const Megatron
                    const PlanOptions& o) {
   const double start = now_s();
   Context ctx = make_context(g, c, o, start, true);
-  ctx.init_blocks(auto_blocks(g, o));
+  init_layout_blocks(ctx, o, layout.p);
   const auto Ms = microbatch_counts(o, ctx.global_batch);
   std::optional<Built> best, closest;  // closest: the infeasible one with the least peak memory
   std::string why;
@@ -246,7 +305,11 @@ Plan megatron_plan(const ir::Graph& g, const cluster::Cluster& c, const Megatron
   }
   if (!best && ctx.opt_.allow_infeasible && closest)
     return evaluated(std::move(*closest), ctx, start, "megatron layout " + layout.to_string());
-  WEFT_CHECK(best.has_value(), "megatron layout {} does not fit: {}", layout.to_string(), why);
+  // The reason of the micro-batch count that came closest (least peak memory): its worst stage.
+  WEFT_CHECK(best.has_value(), "megatron layout {} does not fit: {}{}", layout.to_string(),
+             closest ? closest->note : why,
+             closest ? fmt::format(" (the micro-batch count that came closest: {})", closest->plan.num_microbatches)
+                     : std::string());
   return evaluated(std::move(*best), ctx, start, "megatron layout " + layout.to_string());
 }
 
@@ -265,6 +328,7 @@ Plan layout_plan(const ir::Graph& g, const cluster::Cluster& c, const std::vecto
   cand.dp = 1;
   cand.bs = ctx.global_batch / M;
   std::set<int> used;
+  std::string first_refused;
   int next = 0;
   for (int s = 0; s < S; ++s) {
     const auto& st = layout[static_cast<std::size_t>(s)];
@@ -293,14 +357,19 @@ Plan layout_plan(const ir::Graph& g, const cluster::Cluster& c, const std::vecto
     const int inf = in_flight(o.schedule, S - s, M, o.schedule_k);
     auto sc =
         best_stage(ctx, {cand.meshes.back()}, st.first_block, st.last_block, 0, cand.bs, M, inf, 0, &why);
-    if (!sc && o.allow_infeasible)
+    // Priced at its unconstrained layout so that the report names the worst stage.
+    if (!sc) {
       sc = unconstrained_stage(ctx, cand.meshes.back(), st.first_block, st.last_block, cand.bs, inf, 0);
-    WEFT_CHECK(sc.has_value(), "layout_plan: stage {} (blocks {}-{} on {} devices) does not fit: {}", s,
-               st.first_block, st.last_block, n, why);
+      const std::string r = fmt::format("stage {} (blocks {}-{} on {} devices): {}", s, st.first_block,
+                                        st.last_block, n, why);
+      WEFT_CHECK(sc.has_value(), "layout_plan: the layout does not fit: {}", r);
+      if (first_refused.empty()) first_refused = r;
+    }
     cand.stages.push_back(*sc);
   }
   WEFT_CHECK(next == ctx.L(), "layout_plan: the stages cover blocks 0-{} of {}", next - 1, ctx.L());
-  return evaluated(materialise(ctx, {}, cand, reshard::Balancer::Best), ctx, start, "layout_plan");
+  return evaluated(refused_stays_refused(materialise(ctx, {}, cand, reshard::Balancer::Best), first_refused), ctx,
+                   start, "layout_plan: the layout does not fit");
 }
 
 Plan best_megatron_plan(const ir::Graph& g, const cluster::Cluster& c, const PlanOptions& o) {

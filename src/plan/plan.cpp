@@ -335,6 +335,7 @@ std::string Plan::to_json() const {
          {"replica_microbatch", replica_microbatch},
          {"split_fraction", split_fraction},
          {"num_blocks", num_blocks},
+         {"block_cuts", block_cuts},
          {"grad_bucket_bytes", grad_bucket_bytes},
          {"stages", stages_j},
          {"cross_tensors", cross_j},
@@ -382,6 +383,8 @@ Plan Plan::from_json(std::string_view text) {
   if (j.contains("split_fraction"))  // absent in plans written before the uneven tensor split
     p.split_fraction = field<std::vector<double>>(j, "split_fraction", root);
   p.num_blocks = field<int>(j, "num_blocks", root);
+  if (j.contains("block_cuts"))  // absent in plans written before blocks followed the layers
+    p.block_cuts = field<std::vector<int>>(j, "block_cuts", root);
   p.grad_bucket_bytes =
       kReader.field_or<double>(j, "grad_bucket_bytes", root, 25e6);  // absent before buckets
   WEFT_CHECK(p.grad_bucket_bytes >= 0, "Plan JSON: grad_bucket_bytes must be >= 0, got {}",
@@ -430,6 +433,12 @@ Plan Plan::from_json(std::string_view text) {
   at_least("schedule_k", p.schedule_k, 1);
   at_least("schedule_v", p.schedule_v, 1);
   at_least("num_blocks", p.num_blocks, 1);
+  WEFT_CHECK(p.block_cuts.empty() || static_cast<int>(p.block_cuts.size()) == p.num_blocks - 1,
+             "Plan JSON: {}.block_cuts has {} cuts for {} blocks (num_blocks - 1, or none)", root,
+             p.block_cuts.size(), p.num_blocks);
+  for (std::size_t i = 0; i < p.block_cuts.size(); ++i)
+    if (p.block_cuts[i] < 1 || (i > 0 && p.block_cuts[i] <= p.block_cuts[i - 1]))
+      kReader.bad(JsonReader::index(root + ".block_cuts", i), "cuts must be ascending positions >= 1");
   // The per-block lists name layer-grouping blocks: 0 .. num_blocks - 1.
   for (std::size_t i = 0; i < p.stages.size(); ++i)
     for (const auto* list : {&p.stages[i].recompute_blocks, &p.stages[i].zero_blocks})

@@ -77,6 +77,14 @@ void validate_options(const PlanOptions& o, const cluster::Cluster& c) {
   WEFT_CHECK(o.spmd_time_limit_s > 0 && o.time_limit_s > 0, "make_plan: time limits must be > 0");
   WEFT_CHECK(o.memory_fraction > 0 && o.memory_fraction <= 1, "make_plan: memory_fraction must be in (0, 1]");
   WEFT_CHECK(o.memory_limit >= 0, "make_plan: memory_limit must be >= 0 (0 = the device's memory)");
+  WEFT_CHECK(o.memory_reserve == -1 || o.memory_reserve >= 0,
+             "make_plan: memory_reserve must be >= 0 bytes, or -1 (auto; got {})", o.memory_reserve);
+  for (const auto& d : c.devices()) {
+    const double cap = o.memory_limit > 0 ? o.memory_limit : d.spec.memory_bytes;
+    WEFT_CHECK(memory_reserve_of(o, d.spec) < cap,
+               "make_plan: memory_reserve {} leaves nothing of the {} of device {} ({})",
+               format_bytes(memory_reserve_of(o, d.spec)), format_bytes(cap), d.id, d.spec.kind);
+  }
   WEFT_CHECK(o.zero >= -1 && o.zero <= 3, "make_plan: zero must be -1 (auto) or a ZeRO level 0..3 (got {})",
              o.zero);
   WEFT_CHECK(o.grad_bucket_bytes > 0, "make_plan: grad_bucket_bytes must be > 0 (got {})",
@@ -88,9 +96,16 @@ void validate_options(const PlanOptions& o, const cluster::Cluster& c) {
 
 double usable_memory_of(const PlanOptions& o, const cluster::Cluster& c) {
   double mem = kInf;
-  for (const auto& d : c.devices()) mem = std::min(mem, d.spec.memory_bytes);
-  if (o.memory_limit > 0) mem = o.memory_limit;
-  return mem * o.memory_fraction;
+  for (const auto& d : c.devices()) mem = std::min(mem, usable_memory(o, d.spec));
+  return mem;
+}
+
+// The device whose usable memory is the least (the one the messages speak of).
+const cluster::DeviceSpec& tightest_device(const PlanOptions& o, const cluster::Cluster& c) {
+  const cluster::Device* best = &c.devices().front();
+  for (const auto& d : c.devices())
+    if (usable_memory(o, d.spec) < usable_memory(o, best->spec)) best = &d;
+  return best->spec;
 }
 
 int auto_blocks(const ir::Graph& g, const PlanOptions& o) {
@@ -101,6 +116,26 @@ int auto_blocks(const ir::Graph& g, const PlanOptions& o) {
   return std::max(1, std::min(fwd, 16));
 }
 
+std::string Context::usable_text() const { return usable_memory_text(opt_, tightest_device(opt_, c_)); }
+
+void init_layout_blocks(Context& ctx, const PlanOptions& o, int depth) {
+  ctx.repeated = {};
+  if (o.num_blocks == 0) {
+    // Layers that are most of the model (a conv net's longest run of identical blocks may be a
+    // small part of it: its blocks would then be few and uneven).
+    const pipeline::RepeatedLayers rl = pipeline::repeated_layers(ctx.g_);
+    if (rl.count >= 2 && 2 * rl.count * rl.period >= rl.forward_ops) {
+      ctx.repeated = rl;
+      if (depth <= rl.count) {
+        ctx.init_blocks(rl.count, std::vector<int>(rl.starts.begin() + 1, rl.starts.end()), true);
+        return;
+      }
+    }
+  }
+  // Deeper than the layers (a repeated unit of an MoE model is two layers): the blocks as before.
+  ctx.init_blocks(auto_blocks(ctx.g_, o));
+}
+
 void check_total_memory(const Context& ctx) {
   const auto& c = ctx.c_;
   const double need = model_state_bytes(ctx.g_);
@@ -109,9 +144,9 @@ void check_total_memory(const Context& ctx) {
   if (need > have)
     fail(
         "make_plan: the model cannot fit: its parameters, gradients and optimizer states need {}, "
-        "the cluster has {} usable ({} devices, {} on the smallest): {} missing",
+        "the cluster has {} usable ({} devices, {} on the smallest): {} missing ({})",
         format_bytes(need), format_bytes(have), c.num_devices(), format_bytes(ctx.usable_memory),
-        format_bytes(need - have));
+        format_bytes(need - have), ctx.usable_text());
 }
 
 // Micro-batch counts to try: the given one, or the powers of two dividing the batch (auto).
@@ -196,6 +231,24 @@ Context given_shares_context(const ir::Graph& g, const cluster::Cluster& c, cons
 
 using namespace detail;
 
+double memory_reserve_of(const PlanOptions& o, const cluster::DeviceSpec& d) {
+  if (o.memory_reserve >= 0) return o.memory_reserve;
+  return o.memory_limit == 0 && d.memory_bytes >= kMemoryReserveFrom ? kMemoryReserve : 0.0;
+}
+
+double usable_memory(const PlanOptions& o, const cluster::DeviceSpec& d) {
+  const double cap = o.memory_limit > 0 ? o.memory_limit : d.memory_bytes;
+  return std::max(0.0, cap - memory_reserve_of(o, d)) * o.memory_fraction;
+}
+
+std::string usable_memory_text(const PlanOptions& o, const cluster::DeviceSpec& d) {
+  const double cap = o.memory_limit > 0 ? o.memory_limit : d.memory_bytes;
+  const double r = memory_reserve_of(o, d);
+  return fmt::format("usable {} = ({} {} − {} reserve) × {:.3g}", format_bytes(usable_memory(o, d)),
+                     format_bytes(cap), o.memory_limit > 0 ? "memory_limit" : "capacity", format_bytes(r),
+                     o.memory_fraction);
+}
+
 double model_state_bytes(const ir::Graph& g) {
   double b = 0;
   for (const auto& t : g.tensors())
@@ -244,9 +297,9 @@ Plan make_plan_fixed(const ir::Graph& g, const cluster::Cluster& c, const PlanOp
     fail(
         "make_plan: the model cannot fit: with {} micro-batches of {} samples and one replica over all {} "
         "devices, parameter state {} plus one micro-batch of saved activations {} need "
-        ">= {} per device, {} usable",
+        ">= {} per device, {} usable ({})",
         ctx.global_batch / bs, bs, c.num_devices(), format_bytes(state), format_bytes(act),
-        format_bytes((state + act) / c.num_devices()), format_bytes(ctx.usable_memory));
+        format_bytes((state + act) / c.num_devices()), format_bytes(ctx.usable_memory), ctx.usable_text());
   }
   prefetch_stage_costs(ctx, subs, configs);
   // Branch and bound over the (M, replicas) pairs: each pair's relaxed stage DP (unconstrained
@@ -380,8 +433,8 @@ Plan make_plan_fixed(const ir::Graph& g, const cluster::Cluster& c, const PlanOp
           "the search: num_blocks, whole_nodes_only, power_of_two_nodes, max_logical_shapes, "
           "num_microbatches); candidates so far:{}",
           o.time_limit_s, g.name(), c.to_string(), why.empty() ? std::string(" none") : why);
-    fail("make_plan: no plan fits in {} per device for {} on {}; closest candidates:{}",
-         format_bytes(ctx.usable_memory), g.name(), c.to_string(), why);
+    fail("make_plan: no plan fits in {} per device ({}) for {} on {}; closest candidates:{}",
+         format_bytes(ctx.usable_memory), ctx.usable_text(), g.name(), c.to_string(), why);
   }
   // The winner with the best resharding plans (skipped at the deadline: the largest-first plans
   // it was simulated with stand).

@@ -178,10 +178,10 @@ class Context {
   double usable_memory = 0;  // min over the cluster's devices (homogeneous: every device's)
   // Usable bytes of one device (PlanOptions::memory_limit or its own memory, × memory_fraction),
   // and of a mesh (its smallest device): heterogeneous clusters have one per device kind.
-  double usable_of_device(int id) const {
-    return (opt_.memory_limit > 0 ? opt_.memory_limit : c_.device(id).spec.memory_bytes) *
-           opt_.memory_fraction;
-  }
+  double usable_of_device(int id) const { return plan::usable_memory(opt_, c_.device(id).spec); }
+  // How the usable memory of the tightest device came about (messages: "usable X = (C − R
+  // reserve) × f").
+  std::string usable_text() const;
   double usable(const cluster::DeviceMesh& m) const {
     double u = kInf;
     for (int d : m.device_ids()) u = std::min(u, usable_of_device(d));
@@ -191,6 +191,9 @@ class Context {
   std::vector<pipeline::OpPhase> phase;
   std::vector<char> weight_grad_op;  // backward op producing a parameter's gradient
   pipeline::LayerGrouping grouping;
+  int layers = 0;  // > 0: the blocks are the model's repeated layers (init_blocks' layer_blocks)
+  std::vector<int> block_cuts;        // init_blocks' cuts (Plan::block_cuts)
+  pipeline::RepeatedLayers repeated;  // the model's, where init_layout_blocks found them (messages)
   std::int64_t global_batch = 1;
   struct AtBatch {
     std::vector<pipeline::StageGraph> blocks;
@@ -331,7 +334,12 @@ class Context {
     if (opt_.progress) opt_.progress({phase_name, std::clamp(f, 0.0, 1.0), msg});
   }
 
-  void init_blocks(int num_blocks) {
+  // The blocks: num_blocks cut anywhere (pipeline::group_layers), or at the given cuts of the
+  // forward order only; `layer_blocks`: the blocks are the model's repeated layers, one each
+  // (Context::layers then counts them; errors and splits speak of layers).
+  void init_blocks(int num_blocks, const std::vector<int>& cuts = {}, bool layer_blocks = false) {
+    layers = layer_blocks ? num_blocks : 0;
+    block_cuts = cuts;
     phase = pipeline::classify_ops(g_);
     weight_grad_op.assign(g_.ops().size(), 0);
     for (ir::OpId o = 0; o < static_cast<ir::OpId>(g_.ops().size()); ++o) {
@@ -342,7 +350,7 @@ class Context {
           weight_grad_op[o] = 1;
       }
     }
-    grouping = pipeline::group_layers(g_, num_blocks);
+    grouping = pipeline::group_layers(g_, num_blocks, cuts);
     crossings.clear();
     for (ir::TensorId t = 0; t < static_cast<ir::TensorId>(g_.tensors().size()); ++t) {
       const ir::OpId p = g_.tensor(t).producer;
@@ -751,6 +759,11 @@ Context make_context(const ir::Graph& g, const cluster::Cluster& c, const PlanOp
 Context given_shares_context(const ir::Graph& g, const cluster::Cluster& c, const PlanOptions& o,
                              double start, int M, std::size_t shares, const char* who, const char* what);
 int auto_blocks(const ir::Graph& g, const PlanOptions& o);
+// The blocks of a layout evaluation that asks for a pipeline depth (megatron_plan): the given
+// num_blocks, else one block per repeated layer (pipeline::repeated_layers), so that every depth
+// dividing the layer count splits the layers equally; a model without repeated layers that make
+// at least half of its forward ops, or a depth beyond them, gets auto_blocks.
+void init_layout_blocks(Context& ctx, const PlanOptions& o, int depth);
 std::vector<int> microbatch_counts(const PlanOptions& o, std::int64_t B);
 // Replica counts a step of M micro-batches of per_mb samples can use (PlanOptions limits).
 std::vector<int> dp_degrees(const PlanOptions& o, const cluster::Cluster& c, std::int64_t per_mb);

@@ -73,6 +73,28 @@ struct LayerGrouping {
 // then, among the groupings reaching that max, the total boundary cut bytes. weft::Error when
 // num_blocks < 1 or exceeds the number of forward ops, or when the graph has no forward op.
 LayerGrouping group_layers(const ir::Graph& training_graph, int num_blocks);
+// The same with cuts allowed only before the given positions of the forward order
+// (LayerGrouping::forward_order; empty = anywhere): blocks made of whole runs between them.
+// weft::Error on a position outside 1..n−1 or more blocks than runs.
+LayerGrouping group_layers(const ir::Graph& training_graph, int num_blocks, const std::vector<int>& cut_positions);
+
+// The repeated layers of a model (transformer layers, residual blocks): the run of the forward
+// order that repeats one pattern of ops back to back and covers the most forward ops. Ops are
+// compared by kind, equation, elementwise / reduction kind and axes, and the shapes and dtypes of
+// their operands and results, an operand told apart only as an activation (forward-made or an
+// input) or a leaf of its role — not by names, seeds or scalars. The layers are cut where the
+// fewest forward bytes cross inside the run (between transformer layers: the residual stream).
+// count = 0 when nothing repeats (fewer than two copies).
+struct RepeatedLayers {
+  int count = 0;            // layers
+  int period = 0;           // forward ops per layer
+  std::vector<int> starts;  // per layer, the forward-order position of its first op
+  int forward_ops = 0;      // of the whole graph (count · period of them are the layers')
+};
+RepeatedLayers repeated_layers(const ir::Graph& training_graph);
+// One block per repeated layer: the ops before the first layer join it (an embedding), the ops
+// after the last join the last (the final norm, the LM head and the loss).
+LayerGrouping group_by_layers(const ir::Graph& training_graph, const RepeatedLayers& layers);
 
 // A subset of a graph's ops as a graph of its own (op names and tensor names kept):
 // - tensors read by the ops but produced by an op outside the set become leaves: an Activation

@@ -164,6 +164,10 @@ struct Plan {
   // per op.
   std::vector<double> split_fraction;
   int num_blocks = 0;  // layer-grouping blocks
+  // Where the blocks begin (after the first), as positions of the forward order: the cuts
+  // pipeline::group_layers was restricted to (megatron_plan: the model's repeated layers, one
+  // block each). Empty: group_layers(graph, num_blocks) cut anywhere. lower() regroups with them.
+  std::vector<int> block_cuts;
   // Gradient buckets the replicas' gradient all-reduces (and ZeRO's collectives) are grouped in,
   // each issued as soon as its last gradient is made (PlanOptions::grad_bucket_bytes, with or
   // without overlap_grad_sync, which says only whether the compute hides them; 0: no buckets, one

@@ -45,6 +45,11 @@ Recompute parse_recompute(std::string_view name);  // weft::Error naming the acc
 // op lists (forward ops, the closing contraction included), in topological order of their starts.
 std::vector<std::vector<ir::OpId>> selective_regions(const ir::Graph& training_graph);
 
+// The default reserve per device (PlanOptions::memory_reserve = -1) and the device memory from
+// which it applies (toy and test devices below it get none); sources in plan.md, "Usable memory".
+inline constexpr double kMemoryReserve = 1024.0 * 1024 * 1024;        // 1 GiB
+inline constexpr double kMemoryReserveFrom = 8.0 * 1024 * 1024 * 1024;  // 8 GiB
+
 struct PlanProgress {
   std::string phase;  // "grouping", "spmd", "partition", "simulate", "baseline", "done"
   double fraction = 0;
@@ -80,8 +85,15 @@ struct PlanOptions {
   // and the best plan so far is returned (Plan::search_status "timeout"; within 1.5 × the limit +
   // 0.5 s); weft::Error only when no plan was found by then.
   double time_limit_s = 300;
-  double memory_limit = 0;          // bytes per device; 0 = the device's memory
-  double memory_fraction = 0.9;     // usable part of memory_limit (fragmentation, workspace)
+  // Usable memory per device = (capacity − memory_reserve) × memory_fraction (plan.md, "Usable
+  // memory"): capacity = memory_limit, or the device's memory when 0; the reserve holds what the
+  // plan's tensors cannot use (the CUDA context, NCCL / communication buffers, library
+  // workspaces); the fraction leaves the caching allocator's fragmentation margin.
+  double memory_limit = 0;     // bytes per device; 0 = the device's memory
+  double memory_reserve = -1;  // bytes per device; -1 = auto: kMemoryReserve on a device's own
+                               // memory of >= kMemoryReserveFrom, else 0 (a memory_limit is the
+                               // plan's budget as given)
+  double memory_fraction = 0.9;  // the rest less a fragmentation margin (1 − fraction)
   // Gradient synchronisation (inside a stage's mesh and across data-parallel replicas) overlapped
   // with the last micro-batch's backward in buckets (PyTorch DDP, Horovod, Megatron's
   // overlap_grad_reduce): exposed = max(one bucket's share, sync − backward). false: all exposed.
@@ -201,6 +213,12 @@ struct StageLayout {
 Plan layout_plan(const ir::Graph& training_graph, const cluster::Cluster& cluster,
                  const std::vector<StageLayout>& stages, int num_microbatches,
                  const PlanOptions& options = {});
+
+// The reserve and the usable bytes of a device under the options (PlanOptions::memory_reserve).
+double memory_reserve_of(const PlanOptions& options, const cluster::DeviceSpec& device);
+double usable_memory(const PlanOptions& options, const cluster::DeviceSpec& device);
+// "usable 70.6 GB = (80 GB − 1.07 GB reserve) × 0.9": how usable_memory came about, for messages.
+std::string usable_memory_text(const PlanOptions& options, const cluster::DeviceSpec& device);
 
 // Bytes per device of state that cannot be split below its total / devices: parameters, their
 // gradients and optimizer states of the whole model.

@@ -303,3 +303,108 @@ TEST_CASE("pipeline: structural_hash identifies stages cut from identical layers
   std::sort(l12.begin(), l12.end());
   CHECK(!structurally_equal(extract_stage(gpt, l12), extract_stage(gpt, l1)));
 }
+
+TEST_CASE("pipeline: group_layers at allowed cuts equals exhaustive enumeration of those cuts") {
+  // The same lexicographic objective (max block compute, then cut bytes), recomputed by hand over
+  // every choice of K − 1 cuts among the allowed positions only.
+  ir::Graph g = tiny_gpt(2);
+  const auto phase = classify_ops(g);
+  const auto owner = owner_forward_op(g);
+  const auto order = group_layers(g, 1).forward_order;
+  const int n = static_cast<int>(order.size());
+  std::vector<int> pos(g.ops().size(), -1);
+  for (int i = 0; i < n; ++i) pos[order[i]] = i;
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 12; ++trial) {
+    std::vector<int> allowed;
+    for (int p = 1; p < n; ++p)
+      if (rng() % 4 == 0) allowed.push_back(p);
+    if (allowed.size() < 3) continue;
+    for (int K : {1, 2, 3, 4}) {
+      auto score = [&](const std::vector<int>& cuts) {
+        auto block_of = [&](int p) {
+          return static_cast<int>(std::upper_bound(cuts.begin(), cuts.end(), p) - cuts.begin());
+        };
+        std::vector<double> w(K, 0);
+        for (OpId o = 0; o < static_cast<OpId>(g.ops().size()); ++o)
+          if (phase[o] != OpPhase::Update) w[block_of(pos[owner[o]])] += g.op(o).flops();
+        std::int64_t cut = 0;
+        for (TensorId t = 0; t < static_cast<TensorId>(g.tensors().size()); ++t) {
+          const auto& ti = g.tensor(t);
+          if (ti.producer == ir::kNoOp || phase[ti.producer] != OpPhase::Forward) continue;
+          int last = -1;
+          for (OpId c : g.consumers(t))
+            if (phase[c] == OpPhase::Forward) last = std::max(last, block_of(pos[c]));
+          if (last > block_of(pos[ti.producer])) cut += ti.bytes() * (last - block_of(pos[ti.producer]));
+        }
+        return std::make_pair(*std::max_element(w.begin(), w.end()), cut);
+      };
+      std::pair<double, std::int64_t> best{std::numeric_limits<double>::infinity(), 0};
+      std::vector<int> cuts;
+      std::function<void(std::size_t)> rec = [&](std::size_t from) {
+        if (static_cast<int>(cuts.size()) == K - 1) {
+          auto s = score(cuts);
+          if (s.first < best.first * (1 - 1e-12) || (s.first <= best.first * (1 + 1e-12) && s.second < best.second))
+            best = s;
+          return;
+        }
+        for (std::size_t i = from; i < allowed.size(); ++i) {
+          cuts.push_back(allowed[i]);
+          rec(i + 1);
+          cuts.pop_back();
+        }
+      };
+      rec(0);
+      CAPTURE(trial);
+      CAPTURE(K);
+      const LayerGrouping lg = group_layers(g, K, allowed);
+      REQUIRE(static_cast<int>(lg.blocks.size()) == K);
+      CHECK(lg.max_block_flops() == doctest::Approx(best.first).epsilon(1e-12));
+      CHECK(lg.cut_bytes() == best.second);
+      for (int b = 1; b < K; ++b) {  // every cut is an allowed one
+        const int start = pos[lg.blocks[b].forward_ops.front()];
+        CHECK(std::find(allowed.begin(), allowed.end(), start) != allowed.end());
+      }
+    }
+  }
+  CHECK_THROWS_AS(group_layers(g, 5, {3, 9, 20}), Error);  // 4 runs between 3 cuts
+  CHECK_THROWS_AS(group_layers(g, 2, {0}), Error);
+  CHECK_THROWS_AS(group_layers(g, 2, {n}), Error);
+}
+
+TEST_CASE("pipeline: repeated_layers finds a GPT's layers and a chain's, one block each") {
+  for (int layers : {2, 3, 5}) {
+    const ir::Graph g = tiny_gpt(layers);
+    const RepeatedLayers rl = repeated_layers(g);
+    CAPTURE(layers);
+    REQUIRE(rl.count == layers);
+    REQUIRE(static_cast<int>(rl.starts.size()) == layers);
+    const LayerGrouping lg = group_by_layers(g, rl);
+    REQUIRE(static_cast<int>(lg.blocks.size()) == layers);
+    // By the zoo's names: block i holds exactly layer i's forward ops ("h<i>."), the embedding
+    // rides with the first layer, the final norm, the LM head and the loss with the last; a layer
+    // is the zoo's 25 forward ops of a pre-LN block (ln1 .. res2, from its op list).
+    for (int b = 0; b < layers; ++b) {
+      int own = 0;
+      for (OpId o : lg.blocks[b].forward_ops) {
+        const std::string& name = g.op(o).name;
+        if (name.rfind("h", 0) == 0 && name.find('.') != std::string::npos) {
+          CHECK(name.substr(0, name.find('.')) == "h" + std::to_string(b));
+          ++own;
+        } else {
+          CHECK((b == 0 ? name.rfind("embed", 0) == 0 : b == layers - 1));
+        }
+      }
+      CHECK(own == 25);
+    }
+    CHECK(rl.period == 25);
+  }
+  // A chain whose first layer reads the model's input (an Input leaf, not a forward result).
+  const ir::Graph chain = mlp_chain(4);
+  const RepeatedLayers rc = repeated_layers(chain);
+  CHECK(rc.count == 4);
+  CHECK(rc.period == 2);
+  CHECK(rc.starts == std::vector<int>{0, 2, 4, 6});
+  // One layer: nothing repeats.
+  CHECK(repeated_layers(mlp_chain(1)).count == 0);
+}

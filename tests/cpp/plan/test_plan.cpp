@@ -603,3 +603,36 @@ TEST_CASE("plan: the alternatives list each layout once and the candidates that 
   CHECK(q.alternatives.size() == 3);
   CHECK(!q.alternatives.back().feasible);
 }
+
+TEST_CASE("plan: usable memory = (capacity - reserve) x fraction") {
+  const auto a100 = cluster::Cluster::preset("DGX-A100", 1).device(0).spec;
+  const double GiB = 1024.0 * 1024 * 1024;
+  REQUIRE(a100.memory_bytes == 80 * GiB);
+  plan::PlanOptions o;  // defaults: 1 GiB reserve on a device's own memory, fraction 0.9
+  CHECK(plan::memory_reserve_of(o, a100) == GiB);
+  CHECK(plan::usable_memory(o, a100) == doctest::Approx(79 * GiB * 0.9).epsilon(1e-15));
+  o.memory_limit = 16e9;  // a limit is the budget as given: no reserve by default
+  CHECK(plan::memory_reserve_of(o, a100) == 0);
+  CHECK(plan::usable_memory(o, a100) == doctest::Approx(16e9 * 0.9).epsilon(1e-15));
+  o.memory_reserve = 2e9;
+  o.memory_fraction = 0.8;
+  CHECK(plan::usable_memory(o, a100) == doctest::Approx(14e9 * 0.8).epsilon(1e-15));
+  const std::string text = plan::usable_memory_text(o, a100);
+  CHECK(text.find("reserve") != std::string::npos);
+  CHECK(text.find("memory_limit") != std::string::npos);
+  // Devices under 8 GiB (toy and test devices) get no default reserve.
+  cluster::DeviceSpec toy = a100;
+  toy.memory_bytes = 4 * GiB;
+  CHECK(plan::memory_reserve_of(plan::PlanOptions{}, toy) == 0);
+  // A reserve that leaves nothing, or a negative one, is refused before any search.
+  models::GptConfig small;
+  small.layers = 1, small.hidden = 16, small.heads = 2, small.seq = 8, small.vocab = 32, small.batch = 2;
+  const ir::Graph g = ir::build_training_graph(models::gpt(small));
+  plan::PlanOptions bad;
+  bad.memory_reserve = -3;
+  CHECK_THROWS_WITH_AS(plan::make_plan(g, cluster::Cluster::preset("DGX-A100", 1), bad),
+                       doctest::Contains("memory_reserve must be"), Error);
+  bad.memory_reserve = 100 * GiB;
+  CHECK_THROWS_WITH_AS(plan::make_plan(g, cluster::Cluster::preset("DGX-A100", 1), bad),
+                       doctest::Contains("leaves nothing"), Error);
+}
