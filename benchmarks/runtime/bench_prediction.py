@@ -156,7 +156,9 @@ def main():
     texts = {name: p.to_json() for name, p in plans}
     pick_name = next((name for name, p in plans if p.to_json() == pick.to_json()), None)
     if pick_name is None:
-        pick_name = f"weft.plan ({pick.strategy})"
+        zero = max((st.zero for st in pick.stages), default=0)
+        pick_name = (f"weft.plan ({pick.strategy}, {len(pick.stages)} stage(s), M={pick.num_microbatches}, "
+                     f"dp={pick.data_parallel}, ZeRO-{zero})")
         texts[pick_name] = pick.to_json()
     predicted = {name: p.step_time for name, p in plans}
     if pick_name not in predicted:

@@ -105,6 +105,10 @@ class CollectiveTiming:
     nproc: int
 
 
+# Collective timings at least this large set collective_factors (their bandwidth term dominates).
+FACTOR_MIN_BYTES = 256 * 1024
+
+
 def collective_coefficients(collective: str, nproc: int) -> tuple[float, float]:
     """(c_α, c_β) with time = c_α·α + c_β·bytes·β on a flat ring of ``nproc`` (the cost model's forms,
     weft/cluster/alpha_beta.hpp); send_recv is one hop between two processes."""
@@ -487,19 +491,25 @@ class CalibrationReport:
                                  collective_factors=self.collective_factors())])
 
     def collective_factors(self) -> dict:
-        """Per collective, its fitted β over the joint link's (``collective_fits`` against ``link_fit``):
-        how much more (or less) than the ring's bytes this backend's implementation of it costs here,
-        the factor the cost model applies to its bandwidth term (``weft.NodeSpec.collective_factors``).
-        gloo's reduce-scatter, for one, runs over an all-reduce. Clamped to [1/4, 8] (a fit on few
-        sizes can be far off); {} without a joint fit."""
+        """Per collective, how much more (or less) than the joint α-β fit's ring this backend's
+        implementation of it costs here: the median, over its timings of at least
+        ``FACTOR_MIN_BYTES`` (where the bandwidth term dominates; all of them when none is that
+        large), of measured / ``link_fit.predict`` — the factor the cost model applies to the
+        collective's bandwidth term (``weft.NodeSpec.collective_factors``). gloo's reduce-scatter,
+        for one, runs over an all-reduce. A median of ratios, not a ratio of per-collective α-β
+        fits: on a loaded 2-core host those swing by 2x from one calibration to the next. Clamped
+        to [1/4, 8]; {} without a joint fit."""
         if not self.link_fit or self.link_fit.beta <= 0:
             return {}
         out = {}
         for name, key in (("all_reduce", "all_reduce"), ("all_gather", "all_gather"),
                           ("reduce_scatter", "reduce_scatter"), ("send_recv", "p2p")):
-            f = self.collective_fits.get(name)
-            if f is not None and f.beta > 0:
-                out[key] = float(min(8.0, max(0.25, f.beta / self.link_fit.beta)))
+            rows = [x for x in self.collectives if x.collective == name and x.seconds > 0]
+            big = [x for x in rows if x.bytes >= FACTOR_MIN_BYTES] or rows
+            ratios = [x.seconds / self.link_fit.predict(name, x.bytes, x.nproc) for x in big
+                      if self.link_fit.predict(name, x.bytes, x.nproc) > 0]
+            if ratios:
+                out[key] = float(min(8.0, max(0.25, statistics.median(ratios))))
         return out
 
     def summary(self) -> str:
