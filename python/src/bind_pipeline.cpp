@@ -134,7 +134,8 @@ void bind_pipeline(py::module_& root) {
       .def_readonly("starts", &RepeatedLayers::starts)
       .def_readonly("forward_ops", &RepeatedLayers::forward_ops)
       .def("__repr__", [](const RepeatedLayers& r) {
-        return "RepeatedLayers(count=" + std::to_string(r.count) + ", period=" + std::to_string(r.period) + ")";
+        return "RepeatedLayers(count=" + std::to_string(r.count) + ", period=" + std::to_string(r.period) +
+               ")";
       });
   m.def("repeated_layers", &repeated_layers, py::arg("graph"));
   m.def("group_by_layers", &group_by_layers, py::arg("graph"), py::arg("layers"));

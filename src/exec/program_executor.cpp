@@ -1,5 +1,4 @@
 // CPU executor of lowered programs and the single-device reference (see program_executor.hpp).
-#include "weft/ir/autodiff.hpp"
 #include "weft/exec/program_executor.hpp"
 
 #include <fmt/format.h>
@@ -20,6 +19,7 @@
 #include "weft/exec/ce_fractions.hpp"
 #include "weft/exec/init.hpp"
 #include "weft/exec/program_layout.hpp"
+#include "weft/ir/autodiff.hpp"
 #include "weft/ir/kernels.hpp"
 #include "weft/lower/lower.hpp"
 #include "weft/sharding/sharding_spec.hpp"

@@ -193,7 +193,8 @@ Program lower(const plan::Plan& plan, const ir::Graph& step, const cluster::Clus
     }
     // FSDP's unit: the planner's blocks (its ZeRO-3 price gathers one block at a time, the next
     // prefetched); a plan without blocks: each op its own unit.
-    if (ps.zero > 0 && plan.num_blocks >= 1) ps.zero_unit = grouping_blocks(g, plan.num_blocks, plan.block_cuts);
+    if (ps.zero > 0 && plan.num_blocks >= 1)
+      ps.zero_unit = grouping_blocks(g, plan.num_blocks, plan.block_cuts);
     stages.push_back(std::move(ps));
     spmd_shapes.push_back(spmd_shape);
   }

@@ -418,9 +418,9 @@ RepeatedLayers repeated_layers(const Graph& g) {
                                 static_cast<int>(op.attrs.reduce), fmt::join(op.attrs.axes, ","));
     for (TensorId t : op.inputs) {
       const auto& ti = ts[t];
-      const bool activation =
-          ti.producer != kNoOp || ti.role == Role::Input || ti.role == Role::Activation;
-      k += fmt::format("{}{}:{};", activation ? std::string("a") : fmt::format("l{}", static_cast<int>(ti.role)),
+      const bool activation = ti.producer != kNoOp || ti.role == Role::Input || ti.role == Role::Activation;
+      k += fmt::format("{}{}:{};",
+                       activation ? std::string("a") : fmt::format("l{}", static_cast<int>(ti.role)),
                        fmt::join(ti.shape, "x"), static_cast<int>(ti.dtype));
     }
     for (TensorId t : op.outputs)

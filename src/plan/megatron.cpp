@@ -24,7 +24,8 @@ namespace detail {
 // Blocks first..last on `mesh` at their unconstrained layouts (the fast variant searched without
 // the memory-bound shortcut) in one boundary mode, with no memory check.
 std::optional<StageChoice> unconstrained_stage_in(Context& ctx, const MeshOption& mesh, int first, int last,
-                                                  std::int64_t bs, int inflight, int forced_dp, int replicas) {
+                                                  std::int64_t bs, int inflight, int forced_dp,
+                                                  int replicas) {
   // With recompute=auto the layout is priced as it would run where it fits: without recomputation.
   // With zero=auto at the ZeRO option the planner turns to when memory binds: of the levels and
   // shard groups it would search (zero_levels, shard_groups), the one that keeps the least (ties:
@@ -37,14 +38,16 @@ std::optional<StageChoice> unconstrained_stage_in(Context& ctx, const MeshOption
     std::optional<StageAgg> pick;
     for (int level : zero_levels(ctx.opt_, replicas))
       for (int z : level == 0 ? std::vector<int>{replicas} : shard_groups(ctx.c_, ctx.opt_, replicas, n)) {
-        StageAgg w = with_replicas(a, level, ctx.canonical_replica_links(n, replicas, z), a.param_mem, ctx.opt_);
+        StageAgg w =
+            with_replicas(a, level, ctx.canonical_replica_links(n, replicas, z), a.param_mem, ctx.opt_);
         const double mem = stage_memory(w, inflight), t = w.fwd + w.bwd;
         if (!pick) {
           pick = std::move(w);
           continue;
         }
         const double pm = stage_memory(*pick, inflight);
-        if (mem < pm * (1 - 1e-12) || (mem <= pm * (1 + 1e-12) && t < pick->fwd + pick->bwd)) pick = std::move(w);
+        if (mem < pm * (1 - 1e-12) || (mem <= pm * (1 + 1e-12) && t < pick->fwd + pick->bwd))
+          pick = std::move(w);
       }
     a = std::move(*pick);
   }
@@ -69,7 +72,8 @@ std::optional<StageChoice> unconstrained_stage_in(Context& ctx, const MeshOption
 std::optional<StageChoice> unconstrained_stage(Context& ctx, const MeshOption& mesh, int first, int last,
                                                std::int64_t bs, int inflight, int forced_dp,
                                                int replicas = 1) {
-  std::optional<StageChoice> best = unconstrained_stage_in(ctx, mesh, first, last, bs, inflight, forced_dp, replicas);
+  std::optional<StageChoice> best =
+      unconstrained_stage_in(ctx, mesh, first, last, bs, inflight, forced_dp, replicas);
   if (forced_dp == 0 && mesh.mesh.size() > 1) {
     auto agreed = unconstrained_stage_in(ctx, mesh, first, last, bs, inflight,
                                          static_cast<int>(mesh.mesh.shape()[0]), replicas);
@@ -127,12 +131,13 @@ Built megatron_build(Context& ctx, const MegatronLayout& lay, int M, bool splits
   WEFT_CHECK(lay.t >= 1 && lay.p >= 1 && lay.d >= 1 && lay.t * lay.p * lay.d == N,
              "megatron layout {}: t·p·d must equal the {} devices", lay.to_string(), N);
   if (lay.p > ctx.L()) {
-    b.note = fmt::format("{} stages but only {} blocks{}", lay.p, ctx.L(),
-                         ctx.repeated.count > 0
-                             ? fmt::format(" (the model repeats {} layers of {} forward ops; a stage holds at least "
-                                           "one block)",
-                                           ctx.repeated.count, ctx.repeated.period)
-                             : std::string(" (num_blocks)"));
+    b.note = fmt::format(
+        "{} stages but only {} blocks{}", lay.p, ctx.L(),
+        ctx.repeated.count > 0
+            ? fmt::format(" (the model repeats {} layers of {} forward ops; a stage holds at least "
+                          "one block)",
+                          ctx.repeated.count, ctx.repeated.period)
+            : std::string(" (num_blocks)"));
     return b;
   }
   if (ctx.global_batch % (static_cast<std::int64_t>(M) * lay.d) != 0) {
@@ -306,10 +311,11 @@ Plan megatron_plan(const ir::Graph& g, const cluster::Cluster& c, const Megatron
   if (!best && ctx.opt_.allow_infeasible && closest)
     return evaluated(std::move(*closest), ctx, start, "megatron layout " + layout.to_string());
   // The reason of the micro-batch count that came closest (least peak memory): its worst stage.
-  WEFT_CHECK(best.has_value(), "megatron layout {} does not fit: {}{}", layout.to_string(),
-             closest ? closest->note : why,
-             closest ? fmt::format(" (the micro-batch count that came closest: {})", closest->plan.num_microbatches)
-                     : std::string());
+  WEFT_CHECK(
+      best.has_value(), "megatron layout {} does not fit: {}{}", layout.to_string(),
+      closest ? closest->note : why,
+      closest ? fmt::format(" (the micro-batch count that came closest: {})", closest->plan.num_microbatches)
+              : std::string());
   return evaluated(std::move(*best), ctx, start, "megatron layout " + layout.to_string());
 }
 
@@ -360,16 +366,16 @@ Plan layout_plan(const ir::Graph& g, const cluster::Cluster& c, const std::vecto
     // Priced at its unconstrained layout so that the report names the worst stage.
     if (!sc) {
       sc = unconstrained_stage(ctx, cand.meshes.back(), st.first_block, st.last_block, cand.bs, inf, 0);
-      const std::string r = fmt::format("stage {} (blocks {}-{} on {} devices): {}", s, st.first_block,
-                                        st.last_block, n, why);
+      const std::string r =
+          fmt::format("stage {} (blocks {}-{} on {} devices): {}", s, st.first_block, st.last_block, n, why);
       WEFT_CHECK(sc.has_value(), "layout_plan: the layout does not fit: {}", r);
       if (first_refused.empty()) first_refused = r;
     }
     cand.stages.push_back(*sc);
   }
   WEFT_CHECK(next == ctx.L(), "layout_plan: the stages cover blocks 0-{} of {}", next - 1, ctx.L());
-  return evaluated(refused_stays_refused(materialise(ctx, {}, cand, reshard::Balancer::Best), first_refused), ctx,
-                   start, "layout_plan: the layout does not fit");
+  return evaluated(refused_stays_refused(materialise(ctx, {}, cand, reshard::Balancer::Best), first_refused),
+                   ctx, start, "layout_plan: the layout does not fit");
 }
 
 Plan best_megatron_plan(const ir::Graph& g, const cluster::Cluster& c, const PlanOptions& o) {

@@ -191,8 +191,8 @@ class Context {
   std::vector<pipeline::OpPhase> phase;
   std::vector<char> weight_grad_op;  // backward op producing a parameter's gradient
   pipeline::LayerGrouping grouping;
-  int layers = 0;  // > 0: the blocks are the model's repeated layers (init_blocks' layer_blocks)
-  std::vector<int> block_cuts;        // init_blocks' cuts (Plan::block_cuts)
+  int layers = 0;               // > 0: the blocks are the model's repeated layers (init_blocks' layer_blocks)
+  std::vector<int> block_cuts;  // init_blocks' cuts (Plan::block_cuts)
   pipeline::RepeatedLayers repeated;  // the model's, where init_layout_blocks found them (messages)
   std::int64_t global_batch = 1;
   struct AtBatch {

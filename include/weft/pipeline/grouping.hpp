@@ -76,7 +76,8 @@ LayerGrouping group_layers(const ir::Graph& training_graph, int num_blocks);
 // The same with cuts allowed only before the given positions of the forward order
 // (LayerGrouping::forward_order; empty = anywhere): blocks made of whole runs between them.
 // weft::Error on a position outside 1..n−1 or more blocks than runs.
-LayerGrouping group_layers(const ir::Graph& training_graph, int num_blocks, const std::vector<int>& cut_positions);
+LayerGrouping group_layers(const ir::Graph& training_graph, int num_blocks,
+                           const std::vector<int>& cut_positions);
 
 // The repeated layers of a model (transformer layers, residual blocks): the run of the forward
 // order that repeats one pattern of ops back to back and covers the most forward ops. Ops are

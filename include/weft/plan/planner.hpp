@@ -47,7 +47,7 @@ std::vector<std::vector<ir::OpId>> selective_regions(const ir::Graph& training_g
 
 // The default reserve per device (PlanOptions::memory_reserve = -1) and the device memory from
 // which it applies (toy and test devices below it get none); sources in plan.md, "Usable memory".
-inline constexpr double kMemoryReserve = 1024.0 * 1024 * 1024;        // 1 GiB
+inline constexpr double kMemoryReserve = 1024.0 * 1024 * 1024;          // 1 GiB
 inline constexpr double kMemoryReserveFrom = 8.0 * 1024 * 1024 * 1024;  // 8 GiB
 
 struct PlanProgress {
@@ -89,10 +89,10 @@ struct PlanOptions {
   // memory"): capacity = memory_limit, or the device's memory when 0; the reserve holds what the
   // plan's tensors cannot use (the CUDA context, NCCL / communication buffers, library
   // workspaces); the fraction leaves the caching allocator's fragmentation margin.
-  double memory_limit = 0;     // bytes per device; 0 = the device's memory
-  double memory_reserve = -1;  // bytes per device; -1 = auto: kMemoryReserve on a device's own
-                               // memory of >= kMemoryReserveFrom, else 0 (a memory_limit is the
-                               // plan's budget as given)
+  double memory_limit = 0;       // bytes per device; 0 = the device's memory
+  double memory_reserve = -1;    // bytes per device; -1 = auto: kMemoryReserve on a device's own
+                                 // memory of >= kMemoryReserveFrom, else 0 (a memory_limit is the
+                                 // plan's budget as given)
   double memory_fraction = 0.9;  // the rest less a fragmentation margin (1 − fraction)
   // Gradient synchronisation (inside a stage's mesh and across data-parallel replicas) overlapped
   // with the last micro-batch's backward in buckets (PyTorch DDP, Horovod, Megatron's

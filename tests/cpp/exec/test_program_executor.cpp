@@ -543,8 +543,8 @@ TEST_CASE("exec program: torch's mean cross entropy over ignored labels and clas
   eo.inputs = {{"x", X}, {"y", ir::HostTensor{{8}, {0, -100, 2, 3, -100, -100, 1, 4}}}};
   const auto ref = exec::execute_reference(step, eo);  // the whole batch: torch's own D
   const auto mb = plan::rebatch(step, 2);
-  auto prog = lower::lower_spmd(mb, m8(), cluster::DeviceMesh::iota({2, 2}), test::random_layout(mb, {2}, 7),
-                                {2, 2});
+  auto prog =
+      lower::lower_spmd(mb, m8(), cluster::DeviceMesh::iota({2, 2}), test::random_layout(mb, {2}, 7), {2, 2});
   // ρ = Σ w[y] over the valid labels / all labels = (1 + 3 + 4 + 2 + 5) / 8, for the loss and its gradient
   exec::ProgramLayout layout(prog);
   exec::CeValidFractions fractions(layout);

@@ -344,7 +344,8 @@ TEST_CASE("pipeline: group_layers at allowed cuts equals exhaustive enumeration 
       std::function<void(std::size_t)> rec = [&](std::size_t from) {
         if (static_cast<int>(cuts.size()) == K - 1) {
           auto s = score(cuts);
-          if (s.first < best.first * (1 - 1e-12) || (s.first <= best.first * (1 + 1e-12) && s.second < best.second))
+          if (s.first < best.first * (1 - 1e-12) ||
+              (s.first <= best.first * (1 + 1e-12) && s.second < best.second))
             best = s;
           return;
         }
