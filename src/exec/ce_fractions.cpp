@@ -7,20 +7,13 @@
 #include <set>
 #include <tuple>
 
+#include "row_major.hpp"
 #include "weft/core/error.hpp"
 #include "weft/ir/kernels.hpp"
 
 namespace weft::exec {
 
-namespace {
-
-std::vector<std::int64_t> strides_of(const std::vector<std::int64_t>& s) {
-  std::vector<std::int64_t> st(s.size(), 1);
-  for (std::size_t i = s.size(); i-- > 1;) st[i - 1] = st[i] * s[i];
-  return st;
-}
-
-}  // namespace
+using detail::strides_of;
 
 CeValidFractions::CeValidFractions(const ProgramLayout& layout) : layout_(layout) {
   const auto& p = layout.program();

@@ -15,6 +15,7 @@
 #include <thread>
 #include <tuple>
 
+#include "row_major.hpp"
 #include "weft/core/error.hpp"
 #include "weft/exec/ce_fractions.hpp"
 #include "weft/exec/init.hpp"
@@ -25,6 +26,8 @@
 #include "weft/sharding/sharding_spec.hpp"
 
 namespace weft::exec {
+
+using detail::strides_of;
 
 std::int64_t RankStats::total_sent() const {
   std::int64_t n = 0;
@@ -50,12 +53,6 @@ void round_to(HostTensor& t, DType dtype) {
 }
 
 // Row-major strides of a shape.
-std::vector<std::int64_t> strides_of(const std::vector<std::int64_t>& s) {
-  std::vector<std::int64_t> st(s.size(), 1);
-  for (std::size_t i = s.size(); i-- > 1;) st[i - 1] = st[i] * s[i];
-  return st;
-}
-
 template <typename F>
 void for_each_index(const std::vector<std::int64_t>& shape, F&& f) {
   std::int64_t n = 1;

@@ -3,6 +3,7 @@
 
 #include <numeric>
 
+#include "row_major.hpp"
 #include "weft/core/error.hpp"
 #include "weft/pipeline/hetero.hpp"
 #include "weft/plan/rebatch.hpp"
@@ -10,15 +11,7 @@
 
 namespace weft::exec {
 
-namespace {
-
-std::vector<std::int64_t> strides_of(const std::vector<std::int64_t>& s) {
-  std::vector<std::int64_t> st(s.size(), 1);
-  for (std::size_t i = s.size(); i-- > 1;) st[i - 1] = st[i] * s[i];
-  return st;
-}
-
-}  // namespace
+using detail::strides_of;
 
 TileIndex make_tile(const sharding::ShardingSpec& spec, const std::vector<std::int64_t>& coord,
                     const std::vector<double>& fraction) {

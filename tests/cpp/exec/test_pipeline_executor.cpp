@@ -693,6 +693,10 @@ TEST_CASE("exec pipeline: ZeRO-1/2/3 hold what the planner counts: states, gradi
     po.recompute = plan::Recompute::None;
     po.grad_bucket_bytes = static_cast<double>(
         gc.hidden * 4 * gc.hidden * 4);  // the lowering reduce-scatters tensor by tensor: the largest
+    // ZeRO-3's units are the plan's blocks, one per layer by default: with 2 layers the gathered
+    // unit and the prefetched next one are the whole model, and level 3 saves nothing over level 2
+    // (as FSDP wrapping 2 blocks). 16 finer blocks keep a unit small.
+    po.num_blocks = 16;
     const auto p = plan::megatron_plan(step, c, {1, 1, 4}, po);
     REQUIRE(p.stages[0].zero == zero);
     const auto [prog, got, d] = run_plan(p, step, c, eo, ref);

@@ -24,6 +24,29 @@ using ir::TensorId;
 
 namespace {
 
+// Independent recomputation of group_layers' objective for K − 1 ascending cut positions (in
+// 1..n−1 of the forward order; pos: an op's position): (largest block compute, bytes crossing cuts).
+std::pair<double, std::int64_t> brute_score(const ir::Graph& g, const std::vector<OpPhase>& phase,
+                                            const std::vector<OpId>& owner, const std::vector<int>& pos,
+                                            const std::vector<int>& cuts, int K) {
+  auto block_of = [&](int p) {
+    return static_cast<int>(std::upper_bound(cuts.begin(), cuts.end(), p) - cuts.begin());
+  };
+  std::vector<double> w(static_cast<std::size_t>(K), 0);
+  for (OpId o = 0; o < static_cast<OpId>(g.ops().size()); ++o)
+    if (phase[o] != OpPhase::Update) w[static_cast<std::size_t>(block_of(pos[owner[o]]))] += g.op(o).flops();
+  std::int64_t cut = 0;
+  for (TensorId t = 0; t < static_cast<TensorId>(g.tensors().size()); ++t) {
+    const auto& ti = g.tensor(t);
+    if (ti.producer == ir::kNoOp || phase[ti.producer] != OpPhase::Forward) continue;
+    int last = -1;
+    for (OpId c : g.consumers(t))
+      if (phase[c] == OpPhase::Forward) last = std::max(last, block_of(pos[c]));
+    if (last > block_of(pos[ti.producer])) cut += ti.bytes() * (last - block_of(pos[ti.producer]));
+  }
+  return {*std::max_element(w.begin(), w.end()), cut};
+}
+
 ir::Graph tiny_gpt(int layers, ir::Optimizer opt = ir::Optimizer::Adam) {
   models::GptConfig c;
   c.layers = layers, c.hidden = 4, c.heads = 2, c.seq = 3, c.vocab = 5, c.batch = 2;
@@ -106,24 +129,7 @@ TEST_CASE("pipeline: group_layers equals exhaustive enumeration of cut positions
       std::vector<int> pos(g.ops().size(), -1);
       for (int i = 0; i < n; ++i) pos[order[i]] = i;
       // Independent recomputation of (max compute, cut bytes) of a cut vector.
-      auto score = [&](const std::vector<int>& cuts) {  // cuts: K-1 ascending positions in 1..n-1
-        auto block_of = [&](int p) {
-          return static_cast<int>(std::upper_bound(cuts.begin(), cuts.end(), p) - cuts.begin());
-        };
-        std::vector<double> w(K, 0);
-        for (OpId o = 0; o < static_cast<OpId>(g.ops().size()); ++o)
-          if (phase[o] != OpPhase::Update) w[block_of(pos[owner[o]])] += g.op(o).flops();
-        std::int64_t cut = 0;
-        for (TensorId t = 0; t < static_cast<TensorId>(g.tensors().size()); ++t) {
-          const auto& ti = g.tensor(t);
-          if (ti.producer == ir::kNoOp || phase[ti.producer] != OpPhase::Forward) continue;
-          int last = -1;
-          for (OpId c : g.consumers(t))
-            if (phase[c] == OpPhase::Forward) last = std::max(last, block_of(pos[c]));
-          if (last > block_of(pos[ti.producer])) cut += ti.bytes() * (last - block_of(pos[ti.producer]));
-        }
-        return std::make_pair(*std::max_element(w.begin(), w.end()), cut);
-      };
+      auto score = [&](const std::vector<int>& cuts) { return brute_score(g, phase, owner, pos, cuts, K); };
       std::pair<double, std::int64_t> best{std::numeric_limits<double>::infinity(), 0};
       std::vector<int> cuts;
       std::function<void(int)> rec = [&](int from) {
@@ -321,24 +327,7 @@ TEST_CASE("pipeline: group_layers at allowed cuts equals exhaustive enumeration 
       if (rng() % 4 == 0) allowed.push_back(p);
     if (allowed.size() < 3) continue;
     for (int K : {1, 2, 3, 4}) {
-      auto score = [&](const std::vector<int>& cuts) {
-        auto block_of = [&](int p) {
-          return static_cast<int>(std::upper_bound(cuts.begin(), cuts.end(), p) - cuts.begin());
-        };
-        std::vector<double> w(K, 0);
-        for (OpId o = 0; o < static_cast<OpId>(g.ops().size()); ++o)
-          if (phase[o] != OpPhase::Update) w[block_of(pos[owner[o]])] += g.op(o).flops();
-        std::int64_t cut = 0;
-        for (TensorId t = 0; t < static_cast<TensorId>(g.tensors().size()); ++t) {
-          const auto& ti = g.tensor(t);
-          if (ti.producer == ir::kNoOp || phase[ti.producer] != OpPhase::Forward) continue;
-          int last = -1;
-          for (OpId c : g.consumers(t))
-            if (phase[c] == OpPhase::Forward) last = std::max(last, block_of(pos[c]));
-          if (last > block_of(pos[ti.producer])) cut += ti.bytes() * (last - block_of(pos[ti.producer]));
-        }
-        return std::make_pair(*std::max_element(w.begin(), w.end()), cut);
-      };
+      auto score = [&](const std::vector<int>& cuts) { return brute_score(g, phase, owner, pos, cuts, K); };
       std::pair<double, std::int64_t> best{std::numeric_limits<double>::infinity(), 0};
       std::vector<int> cuts;
       std::function<void(std::size_t)> rec = [&](std::size_t from) {
