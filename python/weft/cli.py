@@ -116,6 +116,9 @@ _PLAN_OPTIONS = [
     ("--memory-fraction", "memory_fraction", float,
      "fraction of a device's memory less the reserve the plan may use (the rest: fragmentation margin)"),
     ("--grad-bucket-bytes", "grad_bucket_bytes", "bytes", "gradient all-reduce bucket size (bytes, e.g. 25MB)"),
+    ("--step-allreduce-bytes", "step_allreduce_bytes", "bytes",
+     "the training loop's per-step all-reduce over every device (default 16: weft.Trainer's gradient norm "
+     "and loss; 0: none, for weft.run's bare programs)"),
     ("--pipeline", "pipeline", bool, "consider pipelines (--no-pipeline: SPMD / data parallel only)"),
     ("--two-d-meshes", "two_d_meshes", bool, "2-D logical meshes inside stages (slower)"),
     ("--overlap-grad-sync", "overlap_grad_sync", bool, "overlap gradient sync with the last backward"),

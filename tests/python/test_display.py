@@ -116,5 +116,5 @@ def test_plan_and_stage_reprs_use_readable_units():
     assert text.startswith("Plan(gpt.train on Cluster(1x p3.8xlarge[4x V100-SXM2-16GB]): megatron t=1 p=2 d=2, 2 stage(s)")
     assert " µs, " in text and " kB/device)" in text and "e-0" not in text, text
     st = repr(p.stages[0])
-    assert st.startswith("PlanStage(0: blocks 0-8 on 2 devices, mesh (2x1), F ") and "ZeRO-3 over 2" in st, st
+    assert st.startswith("PlanStage(0: blocks 0-0 on 2 devices, mesh (2x1), F ") and "ZeRO-3 over 2" in st, st
     assert "e-0" not in st and " kB" in st, st
