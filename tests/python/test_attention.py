@@ -387,3 +387,68 @@ def test_weft_run_random_layout_with_split_queries(imported_sgd, cluster):
                    if [4, 5, 6, 7] in query_rows(imported_sgd, p))
     got = weft.run(program, steps=2, dtype="f64")
     assert got.max_relative_error(weft.execute_reference(imported_sgd, steps=2)) < 1e-12
+
+
+# ---- attention written out (nanoGPT / minGPT): recognised as the fused op
+
+class WrittenOut(nn.Module):
+    """One causal attention block written out: q @ kᵀ, a scale, masked_fill of a causal buffer with
+    -inf, softmax, @ v. ``form``: "not_tril" (masked_fill(~tril)), "eq0" (nanoGPT: the buffer
+    [1, 1, S, S] sliced to the sequence, == 0), "mul" (a multiplied scale), "triu" (an anti-causal
+    mask: not fused), "used" (the probabilities also feed the loss: not fused)."""
+
+    def __init__(self, vocab=32, d=16, heads=2, seq=8, form="not_tril"):
+        super().__init__()
+        self.heads, self.hd, self.form = heads, d // heads, form
+        self.emb = nn.Embedding(vocab, d)
+        self.q, self.k, self.v = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+        self.proj = nn.Linear(d, d)
+        tril = torch.tril(torch.ones(seq + 2, seq + 2, dtype=torch.bool))
+        self.register_buffer("bias", tril.view(1, 1, seq + 2, seq + 2) if form == "eq0" else tril[:seq, :seq])
+
+    def forward(self, tokens, labels):
+        b, s = tokens.shape
+        x = self.emb(tokens)
+        q, k, v = (f(x).view(b, s, self.heads, self.hd).transpose(1, 2) for f in (self.q, self.k, self.v))
+        att = q @ k.transpose(-2, -1)
+        att = att * (1.0 / math.sqrt(self.hd)) if self.form == "mul" else att / math.sqrt(self.hd)
+        if self.form == "eq0":
+            att = att.masked_fill(self.bias[:, :, :s, :s] == 0, float("-inf"))
+        elif self.form == "triu":
+            att = att.masked_fill(~self.bias.t(), float("-inf"))  # keeps the future: not causal
+        else:
+            att = att.masked_fill(~self.bias, float("-inf"))
+        att = att.softmax(-1)
+        y = (att @ v).transpose(1, 2).reshape(b, s, -1)
+        loss = F.cross_entropy((x + self.proj(y)).reshape(b * s, -1) @ self.emb.weight.t(), labels.reshape(-1))
+        return loss + att.mean() if self.form == "used" else loss
+
+
+@pytest.mark.parametrize("form", ["not_tril", "eq0", "mul"])
+def test_written_out_causal_attention_imports_as_the_fused_op(form):
+    torch.manual_seed(0)
+    m = WrittenOut(form=form).double()
+    g = check(m, lm_example())  # forward and gradients equal torch's
+    assert kinds(g).count("attention") == 1 and "softmax" not in kinds(g), kinds(g)
+    op = next(o for o in g.ops if o["kind"] == "attention")
+    assert op["attrs"]["ints"] == [1]  # causal
+    assert op["attrs"]["scalar"] == pytest.approx(1 / math.sqrt(8), rel=1e-15)
+    plain = weft.from_torch(m, lm_example(), fused_attention=False)
+    assert "attention" not in kinds(plain) and "softmax" in kinds(plain)
+
+
+@pytest.mark.parametrize("form", ["triu", "used"])
+def test_written_out_attention_that_is_not_causal_or_is_reused_stays_unfused(form):
+    torch.manual_seed(0)
+    m = WrittenOut(form=form).double()
+    g = check(m, lm_example())
+    assert "attention" not in kinds(g) and "softmax" in kinds(g)
+
+
+def test_written_out_attention_trains_like_torch_on_the_executor():
+    torch.manual_seed(1)
+    module = WrittenOut().double()
+    ex = lm_example()
+    step = weft.from_torch(module, ex).train_step(optimizer="adam", lr=1e-2)
+    assert "attention" in kinds(step)
+    assert_trained_like_torch(weft.execute_reference(step, steps=3), *torch_train(module, step, ex))

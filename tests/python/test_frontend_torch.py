@@ -404,9 +404,21 @@ def test_gpt_forward(mask):
     assert "wte.weight" in params and "lm_head.weight" not in params  # tied: one tensor
     assert "h.0.attn.c_attn.weight" in params
     assert {t["name"] for t in g.tensors if t["role"] == "input"} == {"idx", "targets"}
-    if mask == "buffer":  # the registered causal mask is fed as a constant
-        assert any(t["role"] == "constant" for t in g.tensors)
-        assert all(k in feeds for k in (t["name"] for t in g.tensors if t["role"] == "constant"))
+    if mask == "buffer":
+        # nanoGPT's written-out causal attention (a scaled q, the sliced tril buffer == 0) is
+        # recognised as the fused causal attention op ...
+        ops = [o["kind"] for o in g.ops]
+        assert "attention" in ops and "softmax" not in ops
+        assert next(o for o in g.ops if o["kind"] == "attention")["attrs"]["ints"] == [1]
+        # ... and imported op by op, the registered causal mask is fed as a constant
+        inputs = gpt_inputs()
+        plain = weft.from_torch(m, inputs, fused_attention=False)
+        assert "softmax" in [o["kind"] for o in plain.ops]
+        assert any(t["role"] == "constant" for t in plain.tensors)
+        pfeeds = weft.feeds_from_torch(m, inputs, fused_attention=False)
+        assert all(k in pfeeds for k in (t["name"] for t in plain.tensors if t["role"] == "constant"))
+        with torch.no_grad():
+            assert_close(loss_of(plain, pfeeds), m(*inputs).item(), 1e-10)
 
 
 def test_llama_block_forward():

@@ -103,7 +103,9 @@ def test_f64_equals_torch():
 def dtypes_of(tr):
     """The storage dtypes the rank uses, per tensor role (sets of dtype names)."""
     e = tr.engine
-    out = {k: set() for k in ("param", "grad", "master", "moment", "grad_buffers", "loss", "activation")}
+    out = {k: set() for k in ("param", "grad", "master", "moment", "grad_buffers", "loss", "activation", "lse")}
+    gops = e.program.graph.ops
+    lse = {o["outputs"][1] for o in gops if o["kind"] == "attention"}  # the fused attention's log-sum-exp
     for ins in e.updates:
         i = ins["inputs"]
         out["param"].add(str(e.dtype_of(i[0])))
@@ -120,6 +122,8 @@ def dtypes_of(tr):
             out["grad_buffers"].add(str(e.dtype_of(b)))
         elif t == e.loss_tensor:
             out["loss"].add(str(e.dtype_of(b)))
+        elif t in lse:
+            out["lse"].add(str(e.dtype_of(b)))
         elif e.tensors[t]["role"] == "activation":
             out["activation"].add(str(e.dtype_of(b)))
     # the values really held (after a step): the parameters bf16, the masters f32
@@ -141,6 +145,7 @@ def run_bf16(steps, plan_kw, grad_reduce_dtype=None):
 def check_bf16_dtypes(d):
     bf, f32 = "torch.bfloat16", "torch.float32"
     assert d["param"] == {bf} and d["activation"] == {bf}
+    assert d["lse"] <= {f32}  # the fused attention keeps its log-sum-exp in f32 (as flash attention)
     assert d["grad"] == {f32} and d["grad_buffers"] == {f32}  # reduced and accumulated in f32
     assert d["master"] == {f32} and d["moment"] == {f32} and d["loss"] == {f32}
     assert d["held"] == {"param": bf, "master": f32, "adam_m": f32, "adam_v": f32}
