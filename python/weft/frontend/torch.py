@@ -1771,8 +1771,8 @@ def _fuse_written_attention(ep, root_state, real_buffer=lambda target, obj: obj)
         if n.op == "placeholder":
             v = consts.get(n.name)
             return None if v is None or getattr(v, "is_meta", False) else v
-        if n.op != "call_function" or depth > 8:
-            return None
+        if n.op != "call_function" or depth > 8 or str(n.target).split(".")[1].endswith("_"):
+            return None  # (an in-place op would write into the module's own buffer)
         args = [value(a, depth + 1) for a in n.args]
         if any(a is None and isinstance(b, torch.fx.Node) for a, b in zip(args, n.args)):
             return None
