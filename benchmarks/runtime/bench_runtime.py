@@ -117,7 +117,7 @@ def main():
     case = f"GPT {preset} {args.dtype} {args.device}"
     tw, lw, pw, n_instr = run_weft(args, step, cluster, device, args.dtype)
     tt, lt, pt = run_torch(args, step, device, dtype, layers, heads)
-    tf, lf, pf = run_torch(args, step, device, dtype, layers, heads, fastest=True)
+    tf, lf, _ = run_torch(args, step, device, dtype, layers, heads, fastest=True)
     w, t, f = (statistics.median(x[1:] or x) for x in (tw, tt, tf))
     emit(args, case, "weft runtime step", w, "s")
     emit(args, case, "PyTorch eager step", t, "s")

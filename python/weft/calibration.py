@@ -506,8 +506,8 @@ class CalibrationReport:
                           ("reduce_scatter", "reduce_scatter"), ("send_recv", "p2p")):
             rows = [x for x in self.collectives if x.collective == name and x.seconds > 0]
             big = [x for x in rows if x.bytes >= FACTOR_MIN_BYTES] or rows
-            ratios = [x.seconds / self.link_fit.predict(name, x.bytes, x.nproc) for x in big
-                      if self.link_fit.predict(name, x.bytes, x.nproc) > 0]
+            predicted = [(x, self.link_fit.predict(name, x.bytes, x.nproc)) for x in big]
+            ratios = [x.seconds / p for x, p in predicted if p > 0]
             if ratios:
                 out[key] = float(min(8.0, max(0.25, statistics.median(ratios))))
         return out
