@@ -73,8 +73,9 @@ def main():
           f" {'M':>4} {'MFU':>6} {'plan s':>7}")
     ratios = []
     for name, layers, hidden, heads, t, p, gpus, batch, published in rows:
+        # Megatron-LM's default dropout (hidden and attention 0.1), as its runs trained.
         graph = weft.models.gpt(layers=layers, hidden=hidden, heads=heads, seq=SEQ, vocab=VOCAB, batch=batch,
-                                dtype="f16").train_step(optimizer="adam")
+                                dtype="f16", hidden_dropout=0.1, attention_dropout=0.1).train_step(optimizer="adam")
         cluster = weft.Cluster.preset("DGX-A100", nodes=gpus // 8)
         d = gpus // (t * p)
         t0 = time.perf_counter()

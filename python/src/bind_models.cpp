@@ -24,6 +24,7 @@ py::dict config_dict(const std::string& preset) {
     auto c = gpt_config(preset);
     d["layers"] = c.layers, d["hidden"] = c.hidden, d["heads"] = c.heads, d["ffn"] = c.ffn_size();
     d["seq"] = c.seq, d["vocab"] = c.vocab;
+    d["hidden_dropout"] = c.hidden_dropout, d["attention_dropout"] = c.attention_dropout;
   } else if (p.family == "moe") {
     auto c = moe_config(preset);
     d["layers"] = c.layers, d["hidden"] = c.hidden, d["heads"] = c.heads, d["ffn"] = c.ffn_size();
@@ -44,6 +45,7 @@ py::dict config_dict(const std::string& preset) {
     auto c = bert_config(preset);
     d["layers"] = c.layers, d["hidden"] = c.hidden, d["heads"] = c.heads, d["ffn"] = c.ffn_size();
     d["seq"] = c.seq, d["vocab"] = c.vocab, d["type_vocab"] = c.type_vocab;
+    d["hidden_dropout"] = c.hidden_dropout, d["attention_dropout"] = c.attention_dropout;
   }
   return d;
 }
@@ -75,15 +77,17 @@ void bind_models(py::module_& root) {
   m.def(
       "gpt",
       [](const std::string& name, i64 layers, i64 hidden, i64 heads, i64 ffn, i64 seq, i64 vocab, i64 batch,
-         const std::string& dtype, bool fused_attention) {
+         const std::string& dtype, bool fused_attention, double hidden_dropout, double attention_dropout) {
         GptConfig c;
         c.name = name, c.layers = layers, c.hidden = hidden, c.heads = heads, c.ffn = ffn, c.seq = seq;
         c.vocab = vocab, c.batch = batch, c.dtype = weft::parse_dtype(dtype);
         c.fused_attention = fused_attention;
+        c.hidden_dropout = hidden_dropout, c.attention_dropout = attention_dropout;
         return gpt(c);
       },
       py::arg("name"), py::arg("layers"), py::arg("hidden"), py::arg("heads"), py::arg("ffn"), py::arg("seq"),
-      py::arg("vocab"), py::arg("batch"), py::arg("dtype"), py::arg("fused_attention") = false);
+      py::arg("vocab"), py::arg("batch"), py::arg("dtype"), py::arg("fused_attention") = false,
+      py::arg("hidden_dropout") = 0.0, py::arg("attention_dropout") = 0.0);
   m.def(
       "moe",
       [](const std::string& name, i64 layers, i64 hidden, i64 heads, i64 ffn, i64 experts, i64 moe_every,
@@ -132,14 +136,16 @@ void bind_models(py::module_& root) {
   m.def(
       "bert",
       [](const std::string& name, i64 layers, i64 hidden, i64 heads, i64 ffn, i64 seq, i64 vocab,
-         i64 type_vocab, i64 batch, const std::string& dtype) {
+         i64 type_vocab, i64 batch, const std::string& dtype, double hidden_dropout, double attention_dropout) {
         BertConfig c;
         c.name = name, c.layers = layers, c.hidden = hidden, c.heads = heads, c.ffn = ffn, c.seq = seq;
         c.vocab = vocab, c.type_vocab = type_vocab, c.batch = batch, c.dtype = weft::parse_dtype(dtype);
+        c.hidden_dropout = hidden_dropout, c.attention_dropout = attention_dropout;
         return bert(c);
       },
       py::arg("name"), py::arg("layers"), py::arg("hidden"), py::arg("heads"), py::arg("ffn"), py::arg("seq"),
-      py::arg("vocab"), py::arg("type_vocab"), py::arg("batch"), py::arg("dtype"));
+      py::arg("vocab"), py::arg("type_vocab"), py::arg("batch"), py::arg("dtype"), py::arg("hidden_dropout") = 0.0,
+      py::arg("attention_dropout") = 0.0);
   m.def(
       "megatron_flops",
       [](i64 layers, i64 hidden, i64 seq, i64 vocab, i64 batch) {

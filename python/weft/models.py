@@ -76,19 +76,36 @@ def _config(family: str, name: Optional[str], given: Dict[str, Any], defaults: D
 
 def gpt(name: Optional[str] = None, *, layers: Optional[int] = None, hidden: Optional[int] = None,
         heads: Optional[int] = None, ffn: Optional[int] = None, seq: Optional[int] = None,
-        vocab: Optional[int] = None, batch: int = 1, dtype: str = "f32", fused_attention: bool = False):
+        vocab: Optional[int] = None, batch: int = 1, dtype: str = "f32", fused_attention: bool = False,
+        hidden_dropout: Optional[float] = None, attention_dropout: Optional[float] = None):
     """GPT (pre-LN, fused QKV, FFN 4h GeLU, tied logits). Presets GPT-Medium ... GPT-175B.
 
     ``fused_attention``: each block's softmax(q kᵀ/√d)·v as the IR's fused ``attention`` op (flash
     attention: its backward keeps the output and the log-sum-exp, not the s x s probabilities)
-    instead of einsum, softmax, einsum; the same function."""
+    instead of einsum, softmax, einsum; the same function.
+
+    ``hidden_dropout`` / ``attention_dropout``: training-mode dropout where Megatron-LM puts it (the
+    embedding's output and each branch's output before its residual add; the attention
+    probabilities). The presets carry the papers' 0.1, other configs 0. The fused op has no dropout:
+    with ``fused_attention`` the attention dropout defaults to 0 and a positive one is refused."""
     if not isinstance(fused_attention, bool):
         raise TypeError(f"fused_attention must be a bool, got {type(fused_attention).__name__}")
-    c = _config("gpt", name, dict(layers=layers, hidden=hidden, heads=heads, ffn=ffn, seq=seq, vocab=vocab),
-                dict(layers=None, hidden=None, heads=None, ffn=0, seq=1024, vocab=51200),
+    if fused_attention and attention_dropout is None:
+        attention_dropout = 0.0
+    c = _config("gpt", name, dict(layers=layers, hidden=hidden, heads=heads, ffn=ffn, seq=seq, vocab=vocab,
+                                  hidden_dropout=hidden_dropout, attention_dropout=attention_dropout),
+                dict(layers=None, hidden=None, heads=None, ffn=0, seq=1024, vocab=51200, hidden_dropout=0.0,
+                     attention_dropout=0.0),
                 ("layers", "hidden", "heads"))
     return _m.gpt(c["name"], c["layers"], c["hidden"], c["heads"], c["ffn"], c["seq"], c["vocab"], batch, dtype,
-                  fused_attention)
+                  fused_attention, _probability(c, "hidden_dropout"), _probability(c, "attention_dropout"))
+
+
+def _probability(cfg: Dict[str, Any], field: str) -> float:
+    v = cfg[field]
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise TypeError(f"{field} must be a number, got {type(v).__name__}")
+    return float(v)
 
 
 def moe(name: Optional[str] = None, *, layers: Optional[int] = None, hidden: Optional[int] = None,
@@ -139,14 +156,21 @@ def vgg19(name: Optional[str] = None, *, classes: Optional[int] = None, image: O
 
 def bert(name: Optional[str] = None, *, layers: Optional[int] = None, hidden: Optional[int] = None,
          heads: Optional[int] = None, ffn: Optional[int] = None, seq: Optional[int] = None,
-         vocab: Optional[int] = None, type_vocab: Optional[int] = None, batch: int = 1, dtype: str = "f32"):
-    """BERT with the masked-LM head; the defaults are BERT-large (L24 h1024 a16, seq 512)."""
+         vocab: Optional[int] = None, type_vocab: Optional[int] = None, batch: int = 1, dtype: str = "f32",
+         hidden_dropout: Optional[float] = None, attention_dropout: Optional[float] = None):
+    """BERT with the masked-LM head; the defaults are BERT-large's shape (L24 h1024 a16, seq 512).
+
+    Dropout at BERT's sites (``hidden_dropout``: after the embeddings' LN and on each branch's output;
+    ``attention_dropout``: the attention probabilities): the preset ``"BERT-large"`` carries BERT's
+    0.1, other configs 0."""
     c = _config("bert", name,
                 dict(layers=layers, hidden=hidden, heads=heads, ffn=ffn, seq=seq, vocab=vocab,
-                     type_vocab=type_vocab),
-                dict(layers=24, hidden=1024, heads=16, ffn=0, seq=512, vocab=30522, type_vocab=2))
+                     type_vocab=type_vocab, hidden_dropout=hidden_dropout, attention_dropout=attention_dropout),
+                dict(layers=24, hidden=1024, heads=16, ffn=0, seq=512, vocab=30522, type_vocab=2,
+                     hidden_dropout=0.0, attention_dropout=0.0))
     return _m.bert(c["name"], c["layers"], c["hidden"], c["heads"], c["ffn"], c["seq"], c["vocab"],
-                   c["type_vocab"], batch, dtype)
+                   c["type_vocab"], batch, dtype, _probability(c, "hidden_dropout"),
+                   _probability(c, "attention_dropout"))
 
 
 def megatron_flops(*, layers: int, hidden: int, seq: int = 1024, vocab: int = 51200, batch: int = 1) -> float:

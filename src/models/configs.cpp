@@ -30,14 +30,31 @@ void transformer(const std::string& model, std::int64_t layers, std::int64_t hid
   floating(dt, model);
 }
 
+void probability(double p, const std::string& model, const char* field) {
+  WEFT_CHECK(std::isfinite(p) && p >= 0 && p < 1, "{} config: {} must be in [0, 1), got {}", model, field, p);
+}
+
+// ", dropout=0.1/0.1" when any dropout site is on.
+std::string dropout_text(double hidden, double attention) {
+  return hidden > 0 || attention > 0 ? fmt::format(" dropout={}/{}", hidden, attention) : std::string();
+}
+
 }  // namespace
 
-void GptConfig::validate() const { transformer(name, layers, hidden, heads, ffn, seq, vocab, batch, dtype); }
+void GptConfig::validate() const {
+  transformer(name, layers, hidden, heads, ffn, seq, vocab, batch, dtype);
+  probability(hidden_dropout, name, "hidden_dropout");
+  probability(attention_dropout, name, "attention_dropout");
+  WEFT_CHECK(!(fused_attention && attention_dropout > 0),
+             "{} config: fused_attention has no dropout inside the fused op; set attention_dropout = 0 "
+             "(got {})",
+             name, attention_dropout);
+}
 
 std::string GptConfig::to_string() const {
-  return fmt::format("GptConfig({}: layers={} hidden={} heads={} ffn={} seq={} vocab={} batch={} dtype={}{})",
+  return fmt::format("GptConfig({}: layers={} hidden={} heads={} ffn={} seq={} vocab={} batch={} dtype={}{}{})",
                      name, layers, hidden, heads, ffn_size(), seq, vocab, batch, dtype_name(dtype),
-                     fused_attention ? " fused_attention" : "");
+                     dropout_text(hidden_dropout, attention_dropout), fused_attention ? " fused_attention" : "");
 }
 
 void MoeConfig::validate() const {
@@ -113,12 +130,15 @@ std::string Vgg19Config::to_string() const {
 void BertConfig::validate() const {
   transformer(name, layers, hidden, heads, ffn, seq, vocab, batch, dtype);
   positive(type_vocab, name, "type_vocab");
+  probability(hidden_dropout, name, "hidden_dropout");
+  probability(attention_dropout, name, "attention_dropout");
 }
 
 std::string BertConfig::to_string() const {
   return fmt::format(
-      "BertConfig({}: layers={} hidden={} heads={} ffn={} seq={} vocab={} type_vocab={} batch={} dtype={})",
-      name, layers, hidden, heads, ffn_size(), seq, vocab, type_vocab, batch, dtype_name(dtype));
+      "BertConfig({}: layers={} hidden={} heads={} ffn={} seq={} vocab={} type_vocab={} batch={} dtype={}{})",
+      name, layers, hidden, heads, ffn_size(), seq, vocab, type_vocab, batch, dtype_name(dtype),
+      dropout_text(hidden_dropout, attention_dropout));
 }
 
 }  // namespace weft::models

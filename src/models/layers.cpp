@@ -3,6 +3,8 @@
 
 #include <cmath>
 
+#include "weft/core/error.hpp"
+
 namespace weft::models::detail {
 
 TensorId Net::linear(TensorId x, std::int64_t in, std::int64_t out, const std::string& name, bool bias) {
@@ -17,7 +19,7 @@ TensorId Net::layer_norm(TensorId x, std::int64_t h, const std::string& name) {
 }
 
 TensorId Net::attention(TensorId x, std::int64_t b, std::int64_t s, std::int64_t h, std::int64_t heads,
-                        const std::string& name, bool fused) {
+                        const std::string& name, bool fused, double probs_dropout) {
   const std::int64_t d = h / heads;
   // The fused projection's output dim 3h is the product of factors (3, n, d): sharding the
   // heads factor of this einsum's output is a strided sharding of its dim (Rhino's case).
@@ -28,6 +30,7 @@ TensorId Net::attention(TensorId x, std::int64_t b, std::int64_t s, std::int64_t
     return g_.reshape(p, {b, s, heads, d}, name + "." + which);
   };
   TensorId q = part(0, "q"), k = part(1, "k"), v = part(2, "v");
+  WEFT_CHECK(!(fused && probs_dropout > 0), "{}: the fused attention op has no dropout", name);
   if (fused) {
     // [b,s,n,d] -> [b,n,s,d] (torch's SDPA layout), one op for the core, and back.
     // (one statement each: the ops' order must not depend on the order a call evaluates its arguments)
@@ -42,7 +45,7 @@ TensorId Net::attention(TensorId x, std::int64_t b, std::int64_t s, std::int64_t
   }
   q = g_.unary(ir::UnaryFn::Scale, q, name + ".q_scaled", 1.0 / std::sqrt(static_cast<double>(d)));
   TensorId scores = g_.einsum("bsnd,btnd->bnst", {q, k}, name + ".scores");
-  TensorId probs = g_.softmax(scores, -1, name + ".probs");
+  TensorId probs = dropout(g_.softmax(scores, -1, name + ".probs"), probs_dropout, name + ".probs_dropout");
   TensorId ctx = g_.einsum("bnst,btnd->bsnd", {probs, v}, name + ".context");
   ctx = g_.reshape(ctx, {b, s, h}, name + ".context_merged");
   return linear(ctx, h, h, name + ".proj");

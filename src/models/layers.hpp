@@ -27,8 +27,14 @@ class Net {
   // as [b,s,3,n,d]; Q scaled by 1/sqrt(d); no causal mask (it changes neither FLOPs nor
   // parameters). Returns the output projection [b,s,h] (before the residual add). `fused`: the
   // core softmax(q·kᵀ/√d)·v as one ir Attention op on q, k, v viewed as [b,n,s,d].
+  // `probs_dropout` drops the softmax probabilities (not with `fused`).
   TensorId attention(TensorId x, std::int64_t b, std::int64_t s, std::int64_t h, std::int64_t heads,
-                     const std::string& name, bool fused = false);
+                     const std::string& name, bool fused = false, double probs_dropout = 0.0);
+  // Training-mode dropout with probability p (x itself when p = 0); every site of the model gets
+  // its own mask seed, numbered in build order, so a model's masks are the same build after build.
+  TensorId dropout(TensorId x, double p, const std::string& name) {
+    return p > 0 ? g_.dropout(x, p, next_dropout_seed_++, name) : x;
+  }
   // Dense FFN h -> f (GeLU) -> h with biases.
   TensorId ffn(TensorId x, std::int64_t h, std::int64_t f, const std::string& name);
   // conv2d without bias: x[n,cin,H,W] * w[cout,cin,k,k].
@@ -44,6 +50,7 @@ class Net {
  private:
   ir::Graph& g_;
   DType dt_;
+  std::int64_t next_dropout_seed_ = 1;
 };
 
 }  // namespace weft::models::detail

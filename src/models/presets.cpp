@@ -119,11 +119,17 @@ const Preset& find_preset(std::string_view name) {
   fail("unknown model preset '{}' (known: {})", name, known);
 }
 
+// GPT-2 (Radford et al. 2019, as GPT-1: residual, embedding and attention dropout 0.1), GPT-3
+// (Brown et al. 2020 trains as GPT-2), Megatron-LM (hidden_dropout = attention_dropout = 0.1, its
+// default arguments) and BERT (Devlin et al.: 0.1 on all layers): the presets train with 0.1.
+constexpr double kPaperDropout = 0.1;
+
 GptConfig gpt_config(std::string_view preset, std::int64_t batch, DType dtype) {
   const auto& r = row(kGpt, preset, "gpt");
   GptConfig c;
   c.name = r.name, c.layers = r.layers, c.hidden = r.hidden, c.heads = r.heads, c.batch = batch,
   c.dtype = dtype;
+  c.hidden_dropout = c.attention_dropout = kPaperDropout;
   c.validate();
   return c;
 }
@@ -168,6 +174,7 @@ BertConfig bert_config(std::string_view preset, std::int64_t batch, DType dtype)
   WEFT_CHECK(p.family == "bert", "preset '{}' is a {} model, not bert", preset, p.family);
   BertConfig c;
   c.name = p.name, c.batch = batch, c.dtype = dtype;
+  c.hidden_dropout = c.attention_dropout = kPaperDropout;
   c.validate();
   return c;
 }

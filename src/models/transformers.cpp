@@ -23,21 +23,30 @@ namespace {
 // The decoder LM that GPT and MoE share: token + learned position embedding, `layers` pre-LN
 // blocks (attention, then ffn(l, x, prefix) on the second LN's output), a final LN, logits tied
 // with the token embedding and the cross-entropy loss.
+// Dropout (GPT only; the MoE builder passes none) as Megatron-LM places it: hidden on the embedding's
+// output and on each branch's output before its residual add, attention on the probabilities.
+struct Dropouts {
+  double hidden = 0, attention = 0;
+};
+
 template <class Ffn>
 void decoder_lm(ir::Graph& g, Net& net, std::int64_t B, std::int64_t S, std::int64_t H, std::int64_t heads,
-                std::int64_t layers, std::int64_t vocab, Ffn&& ffn, bool fused_attention = false) {
+                std::int64_t layers, std::int64_t vocab, Ffn&& ffn, bool fused_attention = false,
+                Dropouts drop = {}) {
   TensorId ids = g.input("tokens", {B, S}, DType::I32);
   TensorId labels = g.input("labels", {B, S}, DType::I32);
   TensorId wte = net.param("wte", {vocab, H});
   TensorId wpe = net.param("wpe", {S, H});
   TensorId x = g.embedding(wte, ids, "embed.tokens");
   x = g.add(x, wpe, "embed");  // [b,s,h] + [s,h]: positions broadcast over the batch
+  x = net.dropout(x, drop.hidden, "embed.dropout");
   for (std::int64_t l = 0; l < layers; ++l) {
     const std::string p = fmt::format("h{}", l);
     TensorId a = net.layer_norm(x, H, p + ".ln1");
-    x = g.add(x, net.attention(a, B, S, H, heads, p + ".attn", fused_attention), p + ".res1");
+    a = net.attention(a, B, S, H, heads, p + ".attn", fused_attention, drop.attention);
+    x = g.add(x, net.dropout(a, drop.hidden, p + ".attn.dropout"), p + ".res1");
     TensorId m = net.layer_norm(x, H, p + ".ln2");
-    x = g.add(x, ffn(l, m, p), p + ".res2");
+    x = g.add(x, net.dropout(ffn(l, m, p), drop.hidden, p + ".mlp.dropout"), p + ".res2");
   }
   x = net.layer_norm(x, H, "ln_f");
   TensorId logits = g.einsum("bsh,vh->bsv", {x, wte}, "logits");  // tied with the token embedding
@@ -55,7 +64,7 @@ ir::Graph gpt(const GptConfig& c) {
       [&](std::int64_t, TensorId m, const std::string& p) {
         return net.ffn(m, c.hidden, c.ffn_size(), p + ".mlp");
       },
-      c.fused_attention);
+      c.fused_attention, Dropouts{c.hidden_dropout, c.attention_dropout});
   return g;
 }
 
@@ -121,11 +130,14 @@ ir::Graph bert(const BertConfig& c) {
   TensorId x = g.embedding(wte, ids, "embed.tokens");
   x = g.add(x, net.param("embed.position", {S, H}), "embed.with_positions");
   x = g.add(x, g.embedding(net.param("embed.type", {c.type_vocab, H}), types, "embed.types"), "embed.sum");
-  x = net.layer_norm(x, H, "embed.ln");
+  x = net.dropout(net.layer_norm(x, H, "embed.ln"), c.hidden_dropout, "embed.dropout");
   for (std::int64_t l = 0; l < c.layers; ++l) {  // post-LN blocks
     const std::string p = fmt::format("layer{}", l);
-    x = net.layer_norm(g.add(x, net.attention(x, B, S, H, c.heads, p + ".attn"), p + ".res1"), H, p + ".ln1");
-    x = net.layer_norm(g.add(x, net.ffn(x, H, c.ffn_size(), p + ".mlp"), p + ".res2"), H, p + ".ln2");
+    TensorId a = net.attention(x, B, S, H, c.heads, p + ".attn", false, c.attention_dropout);
+    a = net.dropout(a, c.hidden_dropout, p + ".attn.dropout");
+    x = net.layer_norm(g.add(x, a, p + ".res1"), H, p + ".ln1");
+    TensorId m = net.dropout(net.ffn(x, H, c.ffn_size(), p + ".mlp"), c.hidden_dropout, p + ".mlp.dropout");
+    x = net.layer_norm(g.add(x, m, p + ".res2"), H, p + ".ln2");
   }
   TensorId t = net.gelu(net.linear(x, H, H, "mlm.dense"), "mlm.gelu");
   t = net.layer_norm(t, H, "mlm.ln");

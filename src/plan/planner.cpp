@@ -149,16 +149,26 @@ void check_total_memory(const Context& ctx) {
         format_bytes(need - have), ctx.usable_text());
 }
 
-// Micro-batch counts to try: the given one, or the powers of two dividing the batch (auto).
+// Micro-batch counts to try: the given one, or the powers of two dividing the batch (auto). The
+// interleaved schedule needs at least as many micro-batches as pipeline stages, which a batch with
+// an odd factor may offer no power of two for (12 samples on 8 stages): for it, each power of two
+// 2^k <= B that does not divide B is stood in for by the smallest divisor of B above it (12 here).
 std::vector<int> microbatch_counts(const PlanOptions& o, std::int64_t B) {
   if (o.num_microbatches > 0) {
     WEFT_CHECK(B % o.num_microbatches == 0, "make_plan: the batch {} is not divisible by num_microbatches {}",
                B, o.num_microbatches);
     return {o.num_microbatches};
   }
+  const bool interleaved = o.schedule == "interleaved";
   std::vector<int> out;
-  for (std::int64_t m = 1; m <= B && (o.max_microbatches <= 0 || m <= o.max_microbatches); m *= 2)
-    if (B % m == 0) out.push_back(static_cast<int>(m));
+  for (std::int64_t m = 1; m <= B && (o.max_microbatches <= 0 || m <= o.max_microbatches); m *= 2) {
+    std::int64_t n = m;
+    if (interleaved)
+      while (B % n) ++n;
+    if (B % n == 0 && (o.max_microbatches <= 0 || n <= o.max_microbatches) &&
+        (out.empty() || out.back() != static_cast<int>(n)))
+      out.push_back(static_cast<int>(n));
+  }
   return out;
 }
 

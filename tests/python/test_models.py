@@ -83,3 +83,80 @@ def test_bad_input_is_value_error():
         wm.wide_resnet(layers=34, channels=64, width_factor=2)
     with pytest.raises(ValueError):
         wm.gpt("GPT-Medium", dtype="f99")
+
+
+# ---- dropout (issue 37): the papers' dropout in the GPT / BERT presets, at Megatron-LM's sites
+
+TINY = dict(layers=2, hidden=32, heads=4, seq=16, vocab=64, batch=8, dtype="f32")
+
+
+def dropout_ops(g):
+    return {o["name"]: o["attrs"]["scalar"] for o in g.ops if o["kind"] == "dropout"}
+
+
+def test_presets_carry_the_papers_dropout_at_megatrons_sites():
+    for name in ("GPT-Medium", "GPT-175B", "BERT-large"):
+        c = wm.preset_config(name)
+        assert (c["hidden_dropout"], c["attention_dropout"]) == (0.1, 0.1)
+    L = 24
+    d = dropout_ops(wm.gpt("GPT-Medium", seq=64))
+    # the embedding's output; per block the attention probabilities and each branch before its residual
+    want = {"embed.dropout"} | {f"h{l}.attn.{s}" for l in range(L) for s in ("probs_dropout", "dropout")} | \
+        {f"h{l}.mlp.dropout" for l in range(L)}
+    assert set(d) == want and set(d.values()) == {0.1}
+    assert len(dropout_ops(wm.bert("BERT-large", seq=64))) == 1 + 3 * 24
+    # other configs have none unless asked; each site has its own mask seed
+    assert dropout_ops(wm.gpt(**TINY)) == {}
+    g = wm.gpt(**TINY, hidden_dropout=0.2, attention_dropout=0.05)
+    seeds = [o["attrs"]["ints"][0] for o in g.ops if o["kind"] == "dropout"]
+    assert len(seeds) == 1 + 3 * 2 == len(set(seeds))
+    assert sorted(dropout_ops(g).values()) == [0.05, 0.05] + [0.2] * 5
+    # dropout adds no parameter
+    assert g.num_params() == wm.gpt(**TINY).num_params() == gpt_params(2, 32, V=64, S=16)
+
+
+def test_dropout_in_the_saved_activations_by_hand():
+    # Counter-based masks are recomputed, never saved; the probabilities' dropout output is saved for
+    # the product with v beside the softmax's output its own backward reads: + b·n·s² per layer. The
+    # hidden sites' outputs feed an add (nothing saved) or a LayerNorm that saved its input before.
+    cl = weft.Cluster.preset("DGX-A100", nodes=1)
+
+    def saved(**kw):
+        st = wm.gpt(**TINY, **kw).train_step(optimizer="adam")
+        return weft.megatron_plan(st, cl, t=1, p=1, d=8, recompute="none", zero=0).stages[0].activation_memory
+
+    base = saved()
+    assert saved(hidden_dropout=0.1) == base
+    assert saved(attention_dropout=0.1) - base == 2 * 1 * 4 * 16 * 16 * 4  # L · b(=8/8) · n · s² · f32
+    # and priced: the dropout ops take time
+    st = wm.gpt(**TINY, hidden_dropout=0.1, attention_dropout=0.1).train_step(optimizer="adam")
+    plain = wm.gpt(**TINY).train_step(optimizer="adam")
+    t = [weft.megatron_plan(s, cl, t=1, p=1, d=8, zero=0).step_time for s in (st, plain)]
+    assert t[0] > t[1]
+
+
+def test_a_zoo_gpt_with_dropout_trains_equal_to_one_device_under_a_split_layout():
+    step = wm.gpt(**{**TINY, "dtype": "f64"}, hidden_dropout=0.1, attention_dropout=0.1).train_step(
+        optimizer="adam")
+    ref = weft.execute_reference(step, steps=2)
+    plain = weft.execute_reference(wm.gpt(**{**TINY, "dtype": "f64"}).train_step(optimizer="adam"), steps=2)
+    assert abs(plain.losses[0] - ref.losses[0]) > 1e-4  # the masks matter
+    c4 = weft.Cluster.preset("p3.8xlarge")
+    for t, p, d in ((2, 1, 2), (1, 2, 2)):
+        plan = weft.megatron_plan(step, c4, t=t, p=p, d=d, num_microbatches=2)
+        got = weft.execute(plan, step, c4, steps=2)
+        assert got.max_relative_error(ref) < 1e-10, (t, p, d)
+
+
+def test_dropout_config_errors():
+    with pytest.raises(ValueError, match=r"hidden_dropout must be in \[0, 1\)"):
+        wm.gpt(**TINY, hidden_dropout=1.0)
+    with pytest.raises(ValueError, match="attention_dropout"):
+        wm.bert(**{k: v for k, v in TINY.items() if k != "layers"}, attention_dropout=-0.1)
+    with pytest.raises(TypeError, match="hidden_dropout must be a number"):
+        wm.gpt(**TINY, hidden_dropout="0.1")
+    with pytest.raises(ValueError, match="fused_attention has no dropout"):
+        wm.gpt(**TINY, fused_attention=True, attention_dropout=0.1)
+    # a fused preset drops no attention probabilities (the op has none) but keeps the hidden dropout
+    d = dropout_ops(wm.gpt("GPT-Medium", seq=64, fused_attention=True))
+    assert len(d) == 1 + 2 * 24 and not any("probs" in n for n in d)

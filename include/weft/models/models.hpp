@@ -25,7 +25,13 @@ struct GptConfig {
   DType dtype = DType::F32;
   // Attention as the IR's fused op (ir::OpKind::Attention: out and the log-sum-exp saved, not
   // the s x s probabilities) instead of einsum-softmax-einsum; the same function (no mask).
+  // The fused op has no dropout: it needs attention_dropout = 0.
   bool fused_attention = false;
+  // Training-mode dropout as Megatron-LM places it (ir::OpKind::Dropout, one seed per site):
+  // hidden_dropout on the embedding's output and on the attention's and the FFN's outputs before
+  // each residual add; attention_dropout on the softmax probabilities. 0 leaves the site out.
+  // The presets carry the papers' 0.1 (GPT-2 / GPT-3 / Megatron-LM).
+  double hidden_dropout = 0.0, attention_dropout = 0.0;
   void validate() const;  // weft::Error naming the bad field
   std::int64_t ffn_size() const { return ffn > 0 ? ffn : 4 * hidden; }
   std::string to_string() const;
@@ -99,6 +105,9 @@ struct BertConfig {
   std::int64_t ffn = 0;  // 0: 4 * hidden
   std::int64_t seq = 512, vocab = 30522, type_vocab = 2, batch = 1;
   DType dtype = DType::F32;
+  // Dropout at BERT's sites (after the embeddings' LN, on the attention probabilities, on the
+  // attention's and the FFN's outputs before each residual add); the preset carries BERT's 0.1.
+  double hidden_dropout = 0.0, attention_dropout = 0.0;
   void validate() const;
   std::int64_t ffn_size() const { return ffn > 0 ? ffn : 4 * hidden; }
   std::string to_string() const;

@@ -298,7 +298,9 @@ TEST_CASE("hetero: acceptance — data parallel 8 V100-32GB + 8 P100-16GB, BERT-
   // every replica at one batch size).
   std::int64_t k = 1;
   while (p.peak_memory(static_cast<double>(k + 1)) <= c.device(8).spec.memory_bytes) ++k;
-  CHECK(k == 48);
+  // 44 since the preset carries BERT's dropout 0.1 (48 without): the probabilities' dropout output
+  // is saved beside the softmax's, 16 heads · 128² · 4 B = 1 MiB per sample and layer more.
+  CHECK(k == 44);
   const std::int64_t B = 16 * k;
   const DpEvaluation even = evaluate_data_parallel(p, c, ids, even_units(B, 16));
   const HeteroShares s = balance_data_parallel(p, c, ids, B);
@@ -327,7 +329,7 @@ TEST_CASE("hetero: acceptance — data parallel 8 V100-32GB + 8 P100-16GB, BERT-
   CHECK(ceiling == doctest::Approx(1.316).epsilon(0.005));
   CHECK(ratio <= ceiling);
   CHECK(ratio >= 0.985 * ceiling);  // integer shares and the fixed optimizer/bucket times cost < 1.5%
-  // The issue's target (Whale reports 1.3-1.4x): 1.301 at the batch the P100 holds (48/GPU).
+  // The issue's target (Whale reports 1.3-1.4x): 1.306 at the batch the P100 holds (44/GPU).
   CHECK(ratio >= 1.3);
   // Without overlapping the all-reduce the gain is smaller but still there.
   DataParallelOptions no;
