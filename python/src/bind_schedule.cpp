@@ -95,6 +95,7 @@ void bind_schedule(py::module_& m) {
   m.def("zb_interleaved", &zb_interleaved, py::arg("devices"), py::arg("virtual_stages"),
         py::arg("micro_batches"));
   m.def("zbv", &zbv, py::arg("devices"), py::arg("micro_batches"));
+  m.def("dualpipev", &dualpipev, py::arg("devices"), py::arg("micro_batches"));
   m.def("kfkb_interleaved", &kfkb_interleaved, py::arg("devices"), py::arg("virtual_stages"),
         py::arg("micro_batches"), py::arg("k"));
   m.def("loop_placement", &loop_placement, py::arg("stages"), py::arg("devices"));

@@ -278,8 +278,9 @@ def _simulate(args) -> int:
     import weft
 
     _check_writable(args.out)
-    kind = {"eager": "eager_1f1b", "zb-h1": "zb_h1", "zbh1": "zb_h1", "zb-v": "zbv",
-            "zb-interleaved": "zb_interleaved"}.get(args.schedule.lower(), args.schedule.lower())
+    aliases = {"eager": "eager_1f1b", "zb-h1": "zb_h1", "zbh1": "zb_h1", "zb-v": "zbv",
+               "zb-interleaved": "zb_interleaved", "dualpipe-v": "dualpipev"}
+    kind = aliases.get(args.schedule.lower(), args.schedule.lower())
     sched = weft.schedule(kind, stages=args.stages, micro_batches=args.microbatches, k=args.k, v=args.v)
     spec = weft.StageSpec(forward_time=args.forward, backward_time=args.backward, weight_time=args.weight)
     r = weft.simulate(sched, spec)
@@ -405,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
     zp.add_argument("--family", default=None, help="only this family (gpt, moe, bert, wresnet, unet, vgg)")
     sp = sub.add_parser("simulate", parents=[common], help="simulate a pipeline schedule with given stage times")
     sp.add_argument("--schedule", default="1F1B", help="GPipe, 1F1B, kFkB, eager-1F1B, interleaved, ZB-H1, "
-                    "zb_interleaved, ZB-V, kfkb_interleaved")
+                    "zb_interleaved, ZB-V, DualPipeV, kfkb_interleaved")
     sp.add_argument("--stages", type=int, default=4, help="pipeline stages (default: 4)")
     sp.add_argument("--microbatches", type=int, default=8, help="micro-batches per step (default: 8)")
     sp.add_argument("--k", type=int, default=1, help="kFkB group size")
@@ -431,7 +432,8 @@ def main(argv: list[str] | None = None) -> int:
     pp.add_argument("--nodes", type=int, default=1,
                     help="nodes of a preset given without :NODES (default: 1, as Cluster.preset and weft run)")
     pp.add_argument("--schedule", default="1F1B", help="1F1B, GPipe, kFkB (--schedule-k), eager-1F1B, "
-                    "interleaved (--schedule-v), ZB-H1, zb_interleaved (--schedule-v), ZB-V, kfkb_interleaved, adaptive "
+                    "interleaved (--schedule-v), ZB-H1, zb_interleaved (--schedule-v), ZB-V, DualPipeV, "
+                    "kfkb_interleaved, adaptive "
                     "(Ada-Grouper under --trace)")
     for flag, key, kind, help_text in _PLAN_OPTIONS:
         if kind is bool:

@@ -34,6 +34,9 @@ _SCHEDULES = {
     "zb-v": "zbv",
     "zb_v": "zbv",
     "zbvzerobubble": "zbv",
+    "dualpipev": "dualpipev",
+    "dualpipe-v": "dualpipev",
+    "dualpipe_v": "dualpipev",
     "kfkb_interleaved": "kfkb_interleaved",
     "kfkb-interleaved": "kfkb_interleaved",
     "adaptive": "adaptive",  # weft.plan only: Ada-Grouper's k per window of bandwidth_trace
@@ -44,7 +47,7 @@ def _schedule_name(name: str) -> str:
     key = name.strip().lower()
     if key not in _SCHEDULES:
         raise ValueError(f"unknown schedule {name!r}; one of 1F1B, GPipe, kFkB, eager-1F1B, interleaved, ZB-H1, "
-                         f"zb_interleaved, ZB-V, kfkb_interleaved, adaptive (weft.plan)")
+                         f"zb_interleaved, ZB-V, DualPipeV, kfkb_interleaved, adaptive (weft.plan)")
     return _SCHEDULES[key]
 
 
@@ -144,7 +147,7 @@ def plan(model_graph, cluster, schedule: str = "1F1B", *, num_microbatches: Opti
 
     ``schedule``: 1F1B (default), GPipe, kFkB (``schedule_k``), eager-1F1B, interleaved
     (``schedule_v``), ZB-H1, zb_interleaved (interleaved zero bubble, ``schedule_v``), ZB-V (two
-    chunks per stage in the V placement), kfkb_interleaved
+    chunks per stage in the V placement), DualPipeV (the same V, torch's ScheduleDualPipeV), kfkb_interleaved
     (``schedule_k``, ``schedule_v``), adaptive (Ada-Grouper: the layout planned under 1F1B, then
     ``Plan.adaptive``, the k to run in each window of ``bandwidth_trace``). ``bandwidth_trace``: a
     ``weft.BandwidthTrace`` (fraction of nominal bandwidth over time) on the inter-stage links:

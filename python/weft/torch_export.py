@@ -308,11 +308,12 @@ def to_dtensor(plan: Plan, step=None, device_mesh=None, *, stage: Optional[int] 
 
 def _schedule_of(plan: Plan):
     """The plan's schedule (as C++ plan::schedule_of): plan stages = pipeline ranks; the
-    interleaved schedules have plan.schedule_v virtual stages per rank, ZB-V two in the V shape."""
+    interleaved schedules have plan.schedule_v virtual stages per rank, ZB-V and DualPipeV two in
+    the V shape."""
     if plan.num_stages < 1 or plan.num_microbatches < 1:
         raise ValueError("the plan needs at least one stage and one micro-batch")
     return _make_schedule(plan.schedule, plan.num_stages, plan.num_microbatches, k=plan.schedule_k,
-                          v=2 if plan.schedule == "zbv" else plan.schedule_v)
+                          v=2 if plan.schedule in ("zbv", "dualpipev") else plan.schedule_v)
 
 
 def _actions(plan: Plan) -> Dict[int, list]:
@@ -341,11 +342,13 @@ def to_torch_schedule(plan: Plan, format: str = "actions", path=None):
     ``format="actions"``: ``{pipeline rank: [_Action, ...]}`` in weft's order, the shape of a
     torch schedule's ``pipeline_order``. Pipeline rank r runs plan stage r (with data parallelism
     every replica runs the same schedule in its own pipeline group). Actions are ``F``, ``B``
-    (full backward) or, when the schedule splits the backward (ZB-H1, zb_interleaved, ZB-V),
-    ``I`` (input gradient) and ``W`` (weight gradient); ``stage_index`` is the logical stage, which
-    for the interleaved schedules is virtual stage c*ranks + r on rank r (torch's loop-style
-    placement) and for ZB-V stages r and 2*ranks-1-r on rank r (torch's "v" style; torch's loader
-    infers the stage-to-rank mapping from the actions).
+    (full backward) or, when the schedule splits the backward (ZB-H1, zb_interleaved, ZB-V,
+    DualPipeV), ``I`` (input gradient) and ``W`` (weight gradient); ``stage_index`` is the logical
+    stage, which for the interleaved schedules is virtual stage c*ranks + r on rank r (torch's
+    loop-style placement) and for ZB-V and DualPipeV stages r and 2*ranks-1-r on rank r (torch's
+    "v" style; torch's loader infers the stage-to-rank mapping from the actions). DualPipeV comes
+    out one action at a time: torch's OVERLAP_F_B pairs as their F then their backward, its whole
+    backwards as I then W (the same computation; see docs/modules/runtime_export.md).
     ``format="csv"``: the CSV text ``_PipelineScheduleRuntime._load_csv(f, format="compute_only")``
     reads. ``path``: also write that CSV to the file."""
     if format not in ("actions", "csv"):

@@ -138,10 +138,10 @@ class PipelineLowering {
     WEFT_CHECK(S_ % D == 0, "lowering: {} stages on {} device groups: every group must hold as many stages",
                S_, D);
     const bool chunked = opt_.schedule == "interleaved" || opt_.schedule == "zb_interleaved" ||
-                         opt_.schedule == "kfkb_interleaved" || opt_.schedule == "zbv";
+                         opt_.schedule == "kfkb_interleaved" || schedule::v_shaped(opt_.schedule);
     WEFT_CHECK(S_ == D || chunked,
                "lowering: several stages per device group need an interleaved schedule (interleaved, "
-               "zb_interleaved, kfkb_interleaved), not '{}'",
+               "zb_interleaved, kfkb_interleaved) or a V one (zbv, dualpipev), not '{}'",
                opt_.schedule);
     sched_ = std::make_unique<schedule::Schedule>(
         schedule::make_schedule(opt_.schedule, D, M_, opt_.schedule_k, S_ / D));

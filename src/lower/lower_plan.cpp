@@ -18,9 +18,9 @@ namespace {
 // Megatron's interleaving of a pipeline of D stages with v chunks each: every stage's ops are cut
 // into v chunks of consecutive forward ops (with their backward and update ops), balanced by FLOPs;
 // the model's k-th chunk (stage k / v, chunk k mod v) becomes logical stage k, on the devices of
-// stage k mod D — or, with v_shape (ZB-V, v = 2), of stage k for k < D and 2D − 1 − k after (the
-// V: device d holds chunks d and 2D − 1 − d). The chunks keep their ops' layouts, so every stage
-// must have the same mesh shape.
+// stage k mod D — or, with v_shape (ZB-V, DualPipeV; v = 2), of stage k for k < D and 2D − 1 − k
+// after (the V: device d holds chunks d and 2D − 1 − d). The chunks keep their ops' layouts, so
+// every stage must have the same mesh shape.
 std::vector<PipelineStage> interleave(const ir::Graph& g, const std::vector<PipelineStage>& stages, int v,
                                       bool v_shape = false) {
   const int D = static_cast<int>(stages.size());
@@ -124,7 +124,8 @@ Program lower(const plan::Plan& plan, const ir::Graph& step, const cluster::Clus
   const bool interleaved = (plan.schedule == "interleaved" || plan.schedule == "zb_interleaved" ||
                             plan.schedule == "kfkb_interleaved") &&
                            plan.num_stages() > 1 && plan.schedule_v > 1;
-  const bool v_shape = plan.schedule == "zbv" && plan.num_stages() > 1;  // two chunks per stage, in a V
+  const bool v_shape =
+      schedule::v_shaped(plan.schedule) && plan.num_stages() > 1;  // two chunks per stage, in a V
   WEFT_CHECK(even_shares || (plan.num_stages() == 1 &&
                              static_cast<int>(plan.replica_microbatch.size()) == plan.data_parallel),
              "lower: uneven replica shares are lowered for one-stage plans with one share per replica; this "

@@ -674,13 +674,14 @@ schedule::Schedule schedule_of(const Plan& p) {
   if (k == "zb_interleaved") return schedule::zb_interleaved(S, p.schedule_v, M);
   if (k == "kfkb_interleaved") return schedule::kfkb_interleaved(S, p.schedule_v, M, p.schedule_k);
   if (k == "zbv") return schedule::zbv(S, M);  // two chunks per plan stage in the V shape
+  if (k == "dualpipev") return schedule::dualpipev(S, M);
   fail("plan: unknown schedule '{}'", k);
 }
 
 namespace {
 // Logical stages per plan stage (device group) under the plan's schedule.
 int chunks_per_stage(const Plan& p) {
-  if (p.schedule == "zbv") return 2;
+  if (schedule::v_shaped(p.schedule)) return 2;
   if (p.schedule == "interleaved" || p.schedule == "zb_interleaved" || p.schedule == "kfkb_interleaved")
     return p.schedule_v;
   return 1;
@@ -689,12 +690,12 @@ int chunks_per_stage(const Plan& p) {
 
 sim::Pipeline pipeline_of(const Plan& p) {
   const int S = p.num_stages();
-  const bool split = p.schedule == "zb_h1" || p.schedule == "zb_interleaved" || p.schedule == "zbv";
-  const bool vee = p.schedule == "zbv";
+  const bool split = schedule::splits_backward(p.schedule);
+  const bool vee = schedule::v_shaped(p.schedule);
   const int v = chunks_per_stage(p);
   sim::Pipeline pipe;
   // Interleaved: logical stage c·S + d is chunk c of plan stage d, 1/v of its work (an
-  // approximation: the plan's stages are contiguous block ranges). ZB-V: logical stage j is a
+  // approximation: the plan's stages are contiguous block ranges). ZB-V, DualPipeV: logical stage j is a
   // chunk of plan stage j (j < S) or 2S−1−j (the V), half its work.
   for (int c = 0; c < v; ++c)
     for (int i = 0; i < S; ++i) {

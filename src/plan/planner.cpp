@@ -61,11 +61,12 @@ namespace weft::plan {
 namespace detail {
 
 void validate_options(const PlanOptions& o, const cluster::Cluster& c) {
-  static const std::set<std::string> kinds{"1f1b",  "gpipe",          "kfkb", "eager_1f1b", "interleaved",
-                                           "zb_h1", "zb_interleaved", "zbv",  "kfkb_interleaved"};
+  static const std::set<std::string> kinds{"1f1b",        "gpipe",           "kfkb",           "eager_1f1b",
+                                           "interleaved", "zb_h1",           "zb_interleaved", "zbv",
+                                           "dualpipev",   "kfkb_interleaved"};
   WEFT_CHECK(kinds.count(o.schedule),
              "make_plan: unknown schedule '{}' (1f1b, gpipe, kfkb, eager_1f1b, interleaved, zb_h1, "
-             "zb_interleaved, zbv, kfkb_interleaved)",
+             "zb_interleaved, zbv, dualpipev, kfkb_interleaved)",
              o.schedule);
   WEFT_CHECK(o.num_microbatches >= 0, "make_plan: num_microbatches must be >= 0 (0 = auto; got {})",
              o.num_microbatches);

@@ -60,7 +60,7 @@ inline int in_flight(const std::string& schedule, int s, int M, int k) {
   if (schedule == "gpipe") return M;
   if (schedule == "eager_1f1b") return std::min(M, 2 * s - 1);
   if (schedule == "kfkb" || schedule == "kfkb_interleaved") return std::min(M, s * std::max(1, k));
-  // 1f1b, zb_h1, interleaved, zb_interleaved, zbv (per device in whole-stage activations,
+  // 1f1b, zb_h1, interleaved, zb_interleaved, zbv, dualpipev (per device in whole-stage activations,
   // approximately; materialisation charges the schedule's exact peaks)
   return std::min(M, s);
 }

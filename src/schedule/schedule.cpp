@@ -15,6 +15,7 @@
 //    against M·v·(tf+tb) of work (tf, tb per chunk).
 //  * ZB-H1 (Qi et al.): stage i emits, for x = 0..M+S−2, F(x), B(x−(S−1−i)), W(x−(S−1)) when in
 //    range. Bubble (S−1)(Tf+Tb−Tw).
+//  * ZB-V and DualPipeV: torch's constructions step by step, on the V placement (the header).
 // check_order: Kahn's algorithm on (per-device order edges ∪ data edges) finds cycles = deadlocks;
 // pairing compares the message sequences of each (src device, dst device, activation|gradient)
 // FIFO channel at both ends.
@@ -472,6 +473,87 @@ Schedule zbv(int D, int M) {
   return Schedule("zbv", S, D, M, true, std::move(order), v_placement(D));
 }
 
+Schedule dualpipev(int D, int M) {
+  check_sm(D, M, "dualpipev");
+  // torch's ScheduleDualPipeV step by step (the header lists the steps). Its counters become
+  // f/b per chunk; its FULL_BACKWARD becomes B then W at once (whole()); its BACKWARD_INPUT a B
+  // whose W joins the device's FIFO queue (plain()), popped by queued_w(); an OVERLAP_F_B pair
+  // becomes its forward then its whole backward. Step 4 runs n − 2D + d + 1 times, at least once
+  // only when n >= 2D, hence the order for n = max(M, 2D) with the ops of micro-batches >= M
+  // left out (dropping a micro-batch's ops from every device keeps the order acyclic and every
+  // FIFO channel's two ends equal; checked over a grid in the tests).
+  const int S = 2 * D;
+  const int n = std::max(M, 2 * D);
+  std::vector<std::vector<Op>> order(static_cast<std::size_t>(D));
+  for (int d = 0; d < D; ++d) {
+    auto& o = order[static_cast<std::size_t>(d)];
+    o.reserve(static_cast<std::size_t>(6 * M));
+    const int c0 = d, c1 = S - 1 - d;
+    int f0 = 0, f1 = 0, b0 = 0, b1 = 0;
+    std::vector<Op> queue;  // W's of plain B's, oldest first
+    std::size_t popped = 0;
+    auto emit = [&](OpKind k, int stage, int m) {
+      if (m < M) o.push_back({k, stage, m});
+    };
+    auto fwd = [&](int c) {
+      int& f = c == c0 ? f0 : f1;
+      emit(OpKind::F, c, f++);
+    };
+    auto whole = [&](int c) {
+      int& b = c == c0 ? b0 : b1;
+      emit(OpKind::B, c, b);
+      emit(OpKind::W, c, b++);
+    };
+    auto plain = [&](int c) {
+      int& b = c == c0 ? b0 : b1;
+      emit(OpKind::B, c, b);
+      queue.push_back({OpKind::W, c, b++});
+    };
+    auto queued_w = [&]() {
+      if (popped < queue.size()) {
+        const Op w = queue[popped++];
+        emit(OpKind::W, w.stage, w.micro);
+      }
+    };
+    for (int i = 0; i < 2 * (D - 1 - d); ++i) fwd(c0);  // 1
+    for (int i = 0; i < d + 1; ++i) fwd(c0), fwd(c1);   // 2
+    for (int i = 0; i < D - 1 - d; ++i) {               // 3
+      plain(c1);
+      queued_w();
+      fwd(c1);
+    }
+    for (int i = 0; i < n - S + d + 1; ++i) {  // 4
+      fwd(c0), whole(c1);
+      fwd(c1), whole(c0);
+    }
+    for (int i = 0; i < D - 1 - d; ++i) {  // 5
+      whole(c1);
+      fwd(c1), whole(c0);
+    }
+    const int h = (d + 1) / 2;  // 6: the second half of the pairs split their backward (zero bubble)
+    for (int i = 0; i < d + 1; ++i) {
+      if (i > h || (i == h && d % 2 == 1))
+        plain(c1);
+      else
+        whole(c1);
+      if (i >= h)
+        plain(c0);
+      else
+        whole(c0);
+    }
+    for (int i = 0; i < D - 1 - d; ++i) {  // 7
+      queued_w();
+      plain(c0);
+    }
+    for (int i = 0; i < d + 1; ++i) queued_w();  // 8
+    WEFT_ASSERT(
+        f0 == n && f1 == n && b0 == n && b1 == n && popped == queue.size(),
+        fmt::format("dualpipev: device {} ran {}/{} F, {}/{} B and {} of {} queued W of {} micro-batches", d,
+                    f0, f1, b0, b1, popped, queue.size(), n));
+  }
+  return Schedule("dualpipev", S, D, M, true, std::move(order), v_placement(D));
+}
+
 Schedule kfkb_interleaved(int D, int v, int M, int k) {
   check_sm(D, M, "kfkb_interleaved");
   WEFT_CHECK(k >= 1, "kfkb_interleaved: group size k must be >= 1, got {}", k);
@@ -506,11 +588,21 @@ Schedule make_schedule(const std::string& kind, int S, int M, int k, int v) {
     WEFT_CHECK(v == 1 || v == 2, "zbv: two stages per device in the V shape (v = 2), got v = {}", v);
     return zbv(S, M);
   }
+  if (kind == "dualpipev") {
+    WEFT_CHECK(v == 1 || v == 2, "dualpipev: two stages per device in the V shape (v = 2), got v = {}", v);
+    return dualpipev(S, M);
+  }
   if (kind == "kfkb_interleaved") return kfkb_interleaved(S, v, M, k);
   fail(
       "unknown schedule kind '{}' (expected gpipe, 1f1b, kfkb, eager_1f1b, interleaved, zb_h1, "
-      "zb_interleaved, zbv, kfkb_interleaved)",
+      "zb_interleaved, zbv, dualpipev, kfkb_interleaved)",
       kind);
+}
+
+bool v_shaped(const std::string& kind) { return kind == "zbv" || kind == "dualpipev"; }
+
+bool splits_backward(const std::string& kind) {
+  return kind == "zb_h1" || kind == "zbh1" || kind == "zb_interleaved" || v_shaped(kind);
 }
 
 // ---------------------------------------------------------------- checks

@@ -58,6 +58,13 @@ def test_simulate(tmp_path, capsys):
     assert "step 33 s" in out and "bubble 27.3 %" in out
     assert (tmp_path / "g.png").read_bytes()[:4] == b"\x89PNG"
     assert main(["simulate", "--schedule", "nope"]) == 2
+    # DualPipeV, 2 devices (4 chunks in the V), 4 micro-batches, every chunk op 1 s: 24 ops per
+    # device and one idle second each (worked out in tests/cpp/sim/test_simulator_dualpipev.cpp)
+    for name in ("DualPipeV", "dualpipe-v"):
+        assert main(["simulate", "--schedule", name, "--stages", "2", "--microbatches", "4", "--forward", "1",
+                     "--backward", "1", "--weight", "1"]) == 0
+        out = capsys.readouterr().out
+        assert out.startswith("dualpipev:") and "step 25 s" in out and "bubble 4.0 %" in out
 
 
 _RESHARD = ["reshard", "--shape", "8,4", "--dtype", "f32", "--src", "S(0) R", "--src-mesh", "2x2",

@@ -133,6 +133,20 @@ def test_zbv_v_placement_runs_on_four_gloo_processes(step, cluster, reference):
     assert_same(weft.execute(prog, steps=3), reference, 1e-10)
 
 
+@pytest.mark.parametrize("p,d,m", [(2, 2, 4), (4, 1, 8)])
+def test_dualpipev_runs_on_four_gloo_processes(step, cluster, reference, p, d, m):
+    # DualPipeV on the same V as ZB-V: 2 devices x 2 replicas (M = 2D) and one pipeline over 4
+    # devices (M = 2D); its whole backwards (B then W at once) and overlapped pairs (F, then the
+    # whole backward of the other chunk) run as the lowering's ordinary B and W instructions.
+    plan = weft.megatron_plan(step, cluster, t=1, p=p, d=d, schedule="DualPipeV", num_microbatches=m)
+    assert plan.schedule == "dualpipev" and plan.num_stages == p
+    prog = weft.lower(plan, step, cluster)
+    assert prog.num_ranks == 4
+    got = weft.run(prog, steps=3, dtype="f64")
+    assert_same(got, reference, 1e-10)
+    assert_same(weft.execute(prog, steps=3), reference, 1e-10)
+
+
 def test_full_recomputation_runs_on_four_gloo_processes(step, cluster, reference):
     # A plan with full recomputation runs as planned: each block's forward re-made before its
     # backward (more compute instructions), the same values as one device on 4 gloo processes.

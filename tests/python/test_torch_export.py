@@ -371,3 +371,42 @@ def test_interleaved_with_m_not_a_multiple_of_the_devices_passes_torchs_validati
     # and it runs: the CPU executor's 4 ranks equal one device
     got, ref = weft.execute(plan, g, c4, steps=2), weft.execute_reference(g, steps=2)
     assert got.max_relative_error(ref) < 1e-10
+
+
+def _torch_dualpipev_expanded(ranks, num_microbatches):
+    """torch's ScheduleDualPipeV pipeline_order (its per-rank generator, no process group) in the
+    one-action-at-a-time form weft exports: an OVERLAP_F_B as its forward then its backward, a
+    whole backward (FULL_BACKWARD) as BACKWARD_INPUT then BACKWARD_WEIGHT."""
+    from torch.distributed.pipelining.schedules import _Action, _ComputationType as T, ScheduleDualPipeV
+
+    o = object.__new__(ScheduleDualPipeV)
+    o.pp_group_size, o._n_microbatches, o.n_local_stages = ranks, num_microbatches, 2
+    o._num_stages = o.num_stages = 2 * ranks
+    out = {}
+    for r in range(ranks):
+        acts = []
+        for a in o._calculate_single_rank_operations(r):
+            for x in (a.sub_actions if a.computation_type == T.OVERLAP_F_B else (a,)):
+                if x.computation_type == T.FULL_BACKWARD:
+                    acts += [_Action(x.stage_index, T.BACKWARD_INPUT, x.microbatch_index),
+                             _Action(x.stage_index, T.BACKWARD_WEIGHT, x.microbatch_index)]
+                else:
+                    acts.append(x)
+        out[r] = acts
+    return out
+
+
+@pytest.mark.parametrize("p,d,m", [(2, 2, 4), (4, 1, 8)])
+def test_dualpipev_exports_torchs_own_order_and_loads(cluster, tiny, tmp_path, p, d, m):
+    # weft's DualPipeV exported for torch is torch's ScheduleDualPipeV order (expanded as above),
+    # on torch's "v" stage placement, and torch's runtime loads it.
+    plan = weft.megatron_plan(tiny, cluster, t=1, p=p, d=d, schedule="DualPipeV", num_microbatches=m)
+    assert plan.schedule == "dualpipev" and plan.num_stages == p
+    actions = plan.to_torch_schedule()
+    assert actions == _torch_dualpipev_expanded(p, m)
+    path = tmp_path / "dualpipev.csv"
+    plan.to_torch_schedule(path=str(path))
+    rt = _runtime(p, 2 * p, m)
+    rt._load_csv(str(path), format="compute_only")
+    assert rt.pipeline_order == actions
+    assert rt.stage_index_to_group_rank == {s: s if s < p else 2 * p - 1 - s for s in range(2 * p)}

@@ -57,8 +57,8 @@ struct PlanProgress {
 };
 
 struct PlanOptions {
-  // "1f1b", "gpipe", "kfkb", "eager_1f1b", "interleaved", "zb_h1", "zb_interleaved", "zbv" (two
-  // chunks per stage in the V shape), "kfkb_interleaved"; make_plan also takes "adaptive":
+  // "1f1b", "gpipe", "kfkb", "eager_1f1b", "interleaved", "zb_h1", "zb_interleaved", "zbv" and
+  // "dualpipev" (two chunks per stage in the V shape), "kfkb_interleaved"; make_plan also takes "adaptive":
   // Ada-Grouper — the layout planned under 1F1B, then Plan::adaptive, the k per window of
   // bandwidth_trace (a constant network when none is given).
   std::string schedule = "1f1b";

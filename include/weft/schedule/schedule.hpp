@@ -111,15 +111,39 @@ Schedule zb_interleaved(int D, int v, int M);
 // (B, W first chunk), then the remaining W. For M < 2D−1 the same order for 2D−1 micro-batches
 // with the ops of the missing ones left out.
 Schedule zbv(int D, int M);
+// DualPipeV (DeepSeek's DualPipe folded into a V, torch's ScheduleDualPipeV): 2D stages in the V
+// placement, split backward. Device d has chunks c0 = d and c1 = 2D−1−d; B̄ below is a whole
+// backward, written as B then W of the same (stage, micro) at once; a plain B defers its W to a
+// per-device FIFO queue. With n = max(M, 2D) micro-batches, device d runs:
+//   1. 2(D−1−d) times F c0;
+//   2. d+1 times (F c0, F c1);
+//   3. D−1−d times (B c1 then its W at once, F c1);
+//   4. n−2D+d+1 times the two overlapped pairs (F c0, B̄ c1), (F c1, B̄ c0);
+//   5. D−1−d times B̄ c1, then the overlapped pair (F c1, B̄ c0);
+//   6. d+1 times (B c1, B c0): whole backwards (B̄) before pair h = ⌊(d+1)/2⌋, plain B (W
+//      queued) after it; in pair h itself c1 is whole iff d is even, c0 plain;
+//   7. D−1−d times (W of the oldest queued B, B c0);
+//   8. the d+1 queued W's, oldest first.
+// torch runs an overlapped pair as one OVERLAP_F_B action (its forward and backward may overlap
+// each other's communication); in weft's one-op-at-a-time order a pair is F then B, W of the
+// other chunk (torch's device D−1 runs its first pair of step 4 apart: the same ops). Below 2D
+// micro-batches (torch refuses them) the order for 2D is kept with the missing ones' ops left
+// out, as zbv does.
+Schedule dualpipev(int D, int M);
 // kFkB × interleaving: interleaved 1F1B over G = ceil(M/k) groups of k consecutive micro-batches
 // (the last holds M mod k when k ∤ M), each op of the group order run for the group's micro-batches
 // in turn. k = 1 is interleaved_1f1b (for M >= D); v = 1 is kfkb. Any G >= 1 (one round of G
 // groups when G < D, as torch's rounds).
 Schedule kfkb_interleaved(int D, int v, int M, int k);
 // By name: "gpipe", "1f1b", "kfkb" (k), "eager_1f1b", "interleaved" (v; S devices, S·v logical
-// stages), "zb_h1", "zb_interleaved" (v), "zbv" (2S logical stages, v must be 1 or 2),
-// "kfkb_interleaved" (k, v). S is the number of devices.
+// stages), "zb_h1", "zb_interleaved" (v), "zbv" and "dualpipev" (2S logical stages, v must be 1 or
+// 2), "kfkb_interleaved" (k, v). S is the number of devices.
 Schedule make_schedule(const std::string& kind, int S, int M, int k = 1, int v = 1);
+// Properties of a kind by name, for the planner and the lowering: two stages per device in the V
+// placement (zbv, dualpipev), and the backward split into B and W (zb_h1, zb_interleaved, zbv,
+// dualpipev).
+bool v_shaped(const std::string& kind);
+bool splits_backward(const std::string& kind);
 
 // ---- static checks ----
 struct OrderCheck {

@@ -282,42 +282,46 @@ TEST_CASE("exec pipeline: interleaved 1F1B, two chunks per device group, equals 
   }
 }
 
-TEST_CASE("exec pipeline: ZB-V (V placement, stages d and 2D-1-d on group d) equals one device") {
+TEST_CASE(
+    "exec pipeline: ZB-V and DualPipeV (V placement, stages d and 2D-1-d on group d) equal one device") {
   const auto step = test::tiny_gpt(8);
   exec::ExecuteOptions eo;
   const auto ref = exec::execute_reference(step, eo);
   // 4 stages on 2 groups of 2 devices: group 0 runs stages 0 and 3, group 1 stages 1 and 2; the
   // hand-over between stages 1 and 2 stays on group 1's devices (a resharding between two layouts
   // of the same devices: sends to themselves or to their group), random layouts and arrivals.
-  // Three random layouts (one under the sanitizers, 5-10x slower).
+  // Three random layouts (one under the sanitizers, 5-10x slower). DualPipeV (M = 4 = 2D) runs
+  // on the same V with its own order: whole backwards and pairs of F and the other chunk's B, W.
   const std::vector<std::uint32_t> seeds = std::getenv("WEFT_SANITIZED")
                                                ? std::vector<std::uint32_t>{41u}
                                                : std::vector<std::uint32_t>{41u, 42u, 43u};
-  for (std::uint32_t seed : seeds) {
-    CAPTURE(seed);
-    const auto mb = plan::rebatch(step, 2);
-    const auto cut = random_pipeline(mb, {{2}, {2}, {2}, {2}}, seed, 1, true, 2, true);
-    auto prog = lower::lower_pipeline(mb, m8(), cut.stages, cut.cross, options("zbv", 4));
-    CHECK(prog.stages.size() == 2);
-    CHECK(prog.num_ranks() == 4);
-    std::string worst;
-    const double d = max_rel_diff(exec::execute_program(prog, eo), ref, &worst);
-    CAPTURE(worst);
-    CHECK(d < 1e-10);
-    const std::set<int> stages_run = stages_computed(prog, cut, 0);
-    CHECK(stages_run == std::set<int>{0, 3});
-    // The hand-overs inside a group include sends a rank makes to itself (its own elements).
-    int self_sends = 0;
-    for (const auto& r : prog.ranks)
-      for (const auto& i : r.instrs())
-        if (r.runs(i) && i.kind == lower::InstrKind::Send)
-          self_sends += std::find(i.group.begin(), i.group.end(), r.rank) != i.group.end();
-    CHECK(self_sends > 0);
-    MESSAGE(
-        fmt::format("ZB-V 4 stages on 2 groups (seed {}): {} instructions on rank 0, {} sends ({} to self), "
-                    "diff {:.1e}",
-                    seed, prog.num_instructions(0), count(prog, lower::InstrKind::Send), self_sends, d));
-  }
+  for (const std::string kind : {"zbv", "dualpipev"})
+    for (std::uint32_t seed : seeds) {
+      CAPTURE(kind);
+      CAPTURE(seed);
+      const auto mb = plan::rebatch(step, 2);
+      const auto cut = random_pipeline(mb, {{2}, {2}, {2}, {2}}, seed, 1, true, 2, true);
+      auto prog = lower::lower_pipeline(mb, m8(), cut.stages, cut.cross, options(kind, 4));
+      CHECK(prog.stages.size() == 2);
+      CHECK(prog.num_ranks() == 4);
+      std::string worst;
+      const double d = max_rel_diff(exec::execute_program(prog, eo), ref, &worst);
+      CAPTURE(worst);
+      CHECK(d < 1e-10);
+      const std::set<int> stages_run = stages_computed(prog, cut, 0);
+      CHECK(stages_run == std::set<int>{0, 3});
+      // The hand-overs inside a group include sends a rank makes to itself (its own elements).
+      int self_sends = 0;
+      for (const auto& r : prog.ranks)
+        for (const auto& i : r.instrs())
+          if (r.runs(i) && i.kind == lower::InstrKind::Send)
+            self_sends += std::find(i.group.begin(), i.group.end(), r.rank) != i.group.end();
+      CHECK(self_sends > 0);
+      MESSAGE(fmt::format(
+          "{} 4 stages on 2 groups (seed {}): {} instructions on rank 0, {} sends ({} to self), "
+          "diff {:.1e}",
+          kind, seed, prog.num_instructions(0), count(prog, lower::InstrKind::Send), self_sends, d));
+    }
 }
 
 TEST_CASE(
@@ -658,7 +662,7 @@ TEST_CASE("exec pipeline: ZeRO across replicas shards the optimizer states and e
   // per-micro-batch reduce-scatters and the per-phase gathers follow each schedule's order.
   const auto four = cluster::Cluster::preset("p3.8xlarge", 1);
   for (int zero : {2, 3})
-    for (const std::string sched : {"zb_h1", "interleaved", "zbv"}) {
+    for (const std::string sched : {"zb_h1", "interleaved", "zbv", "dualpipev"}) {
       CAPTURE(zero);
       CAPTURE(sched);
       plan::PlanOptions po;

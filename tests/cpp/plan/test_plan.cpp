@@ -141,7 +141,7 @@ TEST_CASE("plan: every schedule gives a plan whose stored numbers re-simulate to
   const auto g = small_gpt(4, 64, 16);
   const auto c = one_node(2);
   for (const std::string sched : {"1f1b", "gpipe", "kfkb", "eager_1f1b", "zb_h1", "interleaved",
-                                  "zb_interleaved", "zbv", "kfkb_interleaved"}) {
+                                  "zb_interleaved", "zbv", "dualpipev", "kfkb_interleaved"}) {
     plan::PlanOptions o;
     o.schedule = sched;
     o.num_microbatches = 4;
