@@ -370,6 +370,8 @@ void bind_plan(py::module_& m) {
         o.compare_megatron = py::cast<bool>(v);
       else if (key == "uneven_split")
         o.uneven_split = py::cast<bool>(v);
+      else if (key == "sequence_parallel")
+        o.sequence_parallel = py::cast<bool>(v);
       else if (key == "recompute") {
         if (!py::isinstance<py::str>(v))
           throw py::type_error("plan: recompute must be a string ('auto', 'none', 'selective' or 'full')");
@@ -517,8 +519,8 @@ void bind_plan(py::module_& m) {
   m.def("megatron_layouts", &megatron_layouts, py::arg("cluster"), py::arg("max_p") = 0);
   m.def(
       "megatron_specs",
-      [](const weft::ir::Graph& g, int t) {
-        const auto ms = weft::plan::megatron_specs(g, t);
+      [](const weft::ir::Graph& g, int t, bool sequence_parallel) {
+        const auto ms = weft::plan::megatron_specs(g, t, sequence_parallel);
         py::dict params;
         for (const auto& [name, p] : ms.params) {
           py::dict d;
@@ -536,10 +538,11 @@ void bind_plan(py::module_& m) {
         out["results"] = ms.results;
         out["boundaries"] = ms.boundaries;
         out["recognised"] = ms.recognised;
+        out["sequence"] = ms.sequence;
         out["summary"] = ms.summary();
         return out;
       },
-      py::arg("graph"), py::arg("t"),
+      py::arg("graph"), py::arg("t"), py::arg("sequence_parallel") = false,
       "Megatron's tensor-parallel roles of the graph's parameters, recognised from its structure, and "
       "their fixed specs on a 1-D mesh of t devices: {'t', 'params': {name: {'role', 'dim', 'stride', "
       "'spec', 'note'}}, 'fixed': {tensor: spec} (parameters, their optimizer states, the results below), "

@@ -132,6 +132,8 @@ _PLAN_OPTIONS = [
     ("--stage-ilp", "stage_ilp", bool, "Rhino's stage ILP on non-linear block graphs"),
     ("--uneven-split", "uneven_split", bool, "mixed GPUs: Whale's uneven tensor split"),
     ("--compare-megatron", "compare_megatron", bool, "also cost the Megatron-style baseline"),
+    ("--sequence-parallel", "sequence_parallel", bool,
+     "Megatron's sequence parallelism in tensor-parallel stages (the residual stream split along the tokens)"),
     ("--adaptive-window", "adaptive_window", float, "with --trace / --schedule adaptive: seconds per policy window"),
     ("--adaptive-k-max", "adaptive_k_max", int, "with --trace / --schedule adaptive: largest kFkB group size"),
     ("--adaptive-duration", "adaptive_duration", float,

@@ -252,7 +252,7 @@ def megatron_plan(model_graph, cluster, t: Optional[int] = None, p: Optional[int
     return _weft.best_megatron_plan(g, cluster, **opts)
 
 
-def megatron_specs(model_graph, t: int, *, detail: bool = False):
+def megatron_specs(model_graph, t: int, *, detail: bool = False, sequence_parallel: bool = False):
     """Megatron's tensor-parallel layout of a model's parameters on ``t`` devices, as
     :func:`megatron_plan` forces it: ``{parameter: (role, spec)}``, the spec on a 1-D mesh of ``t``
     devices. Roles are recognised from the graph's structure, never from names (docs/modules/plan.md,
@@ -268,12 +268,19 @@ def megatron_specs(model_graph, t: int, *, detail: bool = False):
     Megatron splits a tensor), ``fixed`` (everything the block searches are given: parameters,
     optimizer states, results), ``recognised`` (False for a graph with none of the roles, e.g. a
     conv net: :func:`megatron_plan` then searches freely and says so in ``Plan.strategy``) and a
-    one-line ``summary``."""
+    one-line ``summary``. ``sequence_parallel=True``: also Megatron's sequence parallelism —
+    ``sequence`` (in ``detail``) names the residual-stream tensors (bias adds, dropout, residual adds,
+    norms between a partial result and the next weight matmul) split along their token dim, which
+    ``results``, ``boundaries`` and ``fixed`` then carry too; ``megatron_plan(...,
+    sequence_parallel=True)`` runs with them (a reduce-scatter and an all-gather where the plain
+    layout all-reduces)."""
     if isinstance(t, bool) or not isinstance(t, int):
         raise TypeError(f"megatron_specs: t must be an int, got {type(t).__name__}")
     if not isinstance(model_graph, _weft.Graph):
         raise TypeError(f"megatron_specs: expected a weft.Graph, got {type(model_graph).__name__}")
-    out = _weft.megatron_specs(model_graph, t)
+    if not isinstance(sequence_parallel, bool):
+        raise TypeError(f"megatron_specs: sequence_parallel must be a bool, got {type(sequence_parallel).__name__}")
+    out = _weft.megatron_specs(model_graph, t, sequence_parallel)
     if detail:
         return out
     return {name: (p["role"], p["spec"]) for name, p in out["params"].items()}

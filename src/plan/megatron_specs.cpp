@@ -233,11 +233,12 @@ std::string MegatronSpecs::summary() const {
       kept ? fmt::format("; {} kept replicated (t does not divide them)", kept) : std::string());
 }
 
-MegatronSpecs megatron_specs(const ir::Graph& g, int t) {
+MegatronSpecs megatron_specs(const ir::Graph& g, int t, bool sequence_parallel) {
   WEFT_CHECK(t >= 1, "megatron_specs: t must be >= 1, got {}", t);
   const Analysis an(g);
   MegatronSpecs out;
   out.t = t;
+  out.sequence_parallel = sequence_parallel;
   const auto& tensors = g.tensors();
 
   // 1. The weight matmuls in topological order, each with the weight matmuls its activation
@@ -534,7 +535,103 @@ MegatronSpecs megatron_specs(const ir::Graph& g, int t) {
     }
   }
 
-  // 7. The fixed specs: the parameters, the optimizer states kept beside them (an update op's state
+  // 7. Sequence parallelism (Korthikanti et al., MLSys 2023): the residual stream from a partial
+  //    result (a row-parallel matmul's, the vocabulary-parallel embedding's) up to the next weight
+  //    matmul — bias adds, dropout, residual adds, layer norms, element-wise ops — split along its
+  //    token dim (the one before the hidden dim of a rank >= 3 activation) over the t devices. The
+  //    search then resolves each partial sum by a reduce-scatter instead of an all-reduce, and a
+  //    column-parallel matmul all-gathers its input; what the region saves for the backward is 1/t.
+  if (t > 1 && sequence_parallel) {
+    std::vector<char> region(tensors.size(), 0);
+    for (TensorId x = 0; x < static_cast<TensorId>(tensors.size()); ++x)
+      if (auto it = out.results.find(tensors[static_cast<std::size_t>(x)].name);
+          it != out.results.end() && it->second.find("P(") != std::string::npos &&
+          tensors[static_cast<std::size_t>(x)].rank() >= 3)
+        region[static_cast<std::size_t>(x)] = 1;  // a seed: resolved into the region, not itself split
+    for (OpId o : g.topo_order()) {
+      const auto& op = g.op(o);
+      if (an.phase[static_cast<std::size_t>(o)] != pipeline::OpPhase::Forward || weight_matmul(g, o) ||
+          op.outputs.size() != 1)
+        continue;
+      if (op.kind != ir::OpKind::Unary && op.kind != ir::OpKind::Binary && op.kind != ir::OpKind::Dropout &&
+          op.kind != ir::OpKind::LayerNorm)
+        continue;
+      const TensorId y = op.outputs[0];
+      const auto& info = tensors[static_cast<std::size_t>(y)];
+      bool reads_region = false;
+      for (TensorId in : op.inputs)
+        reads_region = reads_region || (region[static_cast<std::size_t>(in)] &&
+                                        tensors[static_cast<std::size_t>(in)].shape == info.shape);
+      const int dim = info.rank() - 2;
+      if (!reads_region || info.rank() < 3 || info.shape[static_cast<std::size_t>(dim)] % t != 0 ||
+          out.results.count(info.name))
+        continue;
+      region[static_cast<std::size_t>(y)] = 1;
+      const std::string spec = spec_text(info, dim, 0, t);
+      out.sequence.emplace(info.name, spec);
+      out.results.emplace(info.name, spec);
+      out.boundaries.emplace(info.name, spec);
+    }
+    // Their gradients keep the split (the backward's partial input gradients of the column
+    // matmuls reduce-scattered, as Megatron's backward does, not all-reduced), the terms of a
+    // gradient summed from several readers too.
+    std::map<TensorId, std::string> grad_spec;
+    for (TensorId x = 0; x < static_cast<TensorId>(tensors.size()); ++x) {
+      const auto& info = tensors[static_cast<std::size_t>(x)];
+      const auto of = g.grad_of(x);
+      if (!of || info.producer == ir::kNoOp || info.role != ir::Role::Gradient) continue;
+      auto it = out.sequence.find(tensors[static_cast<std::size_t>(*of)].name);
+      if (it != out.sequence.end() && info.shape == tensors[static_cast<std::size_t>(*of)].shape)
+        grad_spec.emplace(x, it->second);
+    }
+    // A matmul's input gradient stays free: it is made as partial sums (the column's weight split
+    // contracted) and reduce-scattered on the way to its reader; fixed split along the tokens, the
+    // matmul would have to gather its weight to make it.
+    auto from_matmul = [&](TensorId x) {
+      const auto p = tensors[static_cast<std::size_t>(x)].producer;
+      return p != ir::kNoOp && g.op(p).kind == ir::OpKind::Einsum;
+    };
+    const auto order = g.topo_order();
+    for (auto it = order.rbegin(); it != order.rend(); ++it) {
+      const auto& op = g.op(*it);
+      if (an.phase[static_cast<std::size_t>(*it)] != pipeline::OpPhase::Backward ||
+          op.kind != ir::OpKind::Binary || op.attrs.binary != ir::BinaryFn::Add || op.outputs.size() != 1)
+        continue;
+      auto sum = grad_spec.find(op.outputs[0]);
+      if (sum == grad_spec.end()) continue;
+      for (TensorId in : op.inputs) {
+        const auto& info = g.tensor(in);
+        if (info.role == ir::Role::Gradient && info.producer != ir::kNoOp &&
+            info.shape == g.tensor(op.outputs[0]).shape)
+          grad_spec.emplace(in, sum->second);
+      }
+    }
+    for (const auto& [x, spec] : grad_spec) {
+      if (from_matmul(x)) continue;
+      const auto& name = tensors[static_cast<std::size_t>(x)].name;
+      out.sequence.emplace(name, spec);
+      out.results.emplace(name, spec);
+      out.boundaries.emplace(name, spec);
+    }
+    // The backward mirrors the forward as Megatron's does: a partial result's gradient is the
+    // all-gathered (replicated) one its matmul's backward reads, and the gradients of the
+    // activations between a column and its row keep the column's split (a search left free
+    // would split them along the tokens too and pay all-to-alls and weight all-gathers).
+    for (TensorId x = 0; x < static_cast<TensorId>(tensors.size()); ++x) {
+      const auto& info = tensors[static_cast<std::size_t>(x)];
+      const auto of = g.grad_of(x);
+      if (!of || info.producer == ir::kNoOp || info.role != ir::Role::Gradient ||
+          info.shape != tensors[static_cast<std::size_t>(*of)].shape || out.results.count(info.name))
+        continue;
+      const auto& fwd = tensors[static_cast<std::size_t>(*of)];
+      if (region[static_cast<std::size_t>(*of)] && !out.sequence.count(fwd.name))
+        out.results.emplace(info.name, "R");  // a seed's gradient
+      else if (auto b = out.boundaries.find(info.name); b != out.boundaries.end() && !is_param_leaf(fwd))
+        out.results.emplace(info.name, b->second);
+    }
+  }
+
+  // 8. The fixed specs: the parameters, the optimizer states kept beside them (an update op's state
   //    leaves of the parameter's shape), the gradients the updates read, the results above.
   for (const auto& [name, p] : out.params) out.fixed.emplace(name, p.spec);
   for (const auto& op : g.ops()) {

@@ -288,7 +288,7 @@ class Context {
   std::map<int, MegatronSpecs> megatron;
   const MegatronSpecs& megatron_for(int t) {
     auto it = megatron.find(t);
-    if (it == megatron.end()) it = megatron.emplace(t, megatron_specs(g_, t)).first;
+    if (it == megatron.end()) it = megatron.emplace(t, megatron_specs(g_, t, opt_.sequence_parallel)).first;
     return it->second;
   }
   // The boundary mode of Megatron's t-device stages: kMegatronTp where the graph has Megatron

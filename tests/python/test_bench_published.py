@@ -15,8 +15,14 @@ def test_published_measurements_benchmark_quick():
     rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
     ratios = {r["case"]: r["value"] for r in rows if r["metric"] == "ratio_to_published"}
     tflops = {r["case"]: (r["value"], r["baseline"]) for r in rows if r["metric"] == "tflops_per_gpu"}
-    assert set(ratios) == set(tflops) == {"GPT-1.7B", "GPT-3.6B"}
-    for case, (predicted, published) in tflops.items():
-        # The ratio printed is the prediction over the paper's figure (Megatron-LM SC'21, Table 1).
+    tokens = {r["case"]: (r["value"], r["baseline"]) for r in rows if r["metric"] == "tokens_per_s_per_gpu"}
+    assert set(tflops) == {"GPT-1.7B", "GPT-3.6B"} and set(tokens) == {"MPT-7B/8xA100-40GB"}
+    assert set(ratios) == set(tflops) | set(tokens)
+    # The ratio printed is the prediction over the published figure: Megatron-LM SC'21 Table 1 in
+    # TFLOP/s per GPU, MosaicML's FSDP table in tokens per second per GPU (3679 for this row).
+    assert tokens["MPT-7B/8xA100-40GB"][1] == 3679
+    for case, (predicted, published) in {**tflops, **tokens}.items():
         assert predicted > 0 and abs(ratios[case] - predicted / published) < 1e-12
+    geo = next(r["value"] for r in rows if r["metric"] == "geometric_mean_ratio")
+    assert abs(geo - (ratios["GPT-1.7B"] * ratios["GPT-3.6B"] * ratios["MPT-7B/8xA100-40GB"]) ** (1 / 3)) < 1e-12
     assert "within 0.8-1.25" in out.stdout

@@ -111,7 +111,7 @@ def test_plan_forwards_every_planner_option(monkeypatch):
             "--memory-reserve", "512MB", "--memory-fraction", "0.8", "--grad-bucket-bytes", "25MB", "--step-allreduce-bytes", "0", "--no-pipeline", "--two-d-meshes",
             "--no-overlap-grad-sync", "--whole-nodes-only", "--power-of-two-nodes", "--all-node-counts",
             "--no-bound-search", "--uniform-partitions",
-            "--stage-ilp", "--uneven-split", "--no-compare-megatron", "--threads", "3", "--trace", "preempted:1:60",
+            "--stage-ilp", "--uneven-split", "--no-compare-megatron", "--sequence-parallel", "--threads", "3", "--trace", "preempted:1:60",
             "--adaptive-window", "20", "--adaptive-k-max", "4", "--adaptive-duration", "50",
             "--adaptive-forward-overhead", "0.001", "--adaptive-backward-overhead", "0.002", "-vv"]
     with pytest.raises(Stop):
@@ -124,7 +124,7 @@ def test_plan_forwards_every_planner_option(monkeypatch):
                         grad_bucket_bytes=25e6, step_allreduce_bytes=0.0, pipeline=False, two_d_meshes=True, overlap_grad_sync=False,
                         whole_nodes_only=True, power_of_two_nodes=True, all_node_counts=True, bound_search=False,
                         uniform_partitions=True, stage_ilp=True,
-                        uneven_split=True, compare_megatron=False, threads=3,
+                        uneven_split=True, compare_megatron=False, sequence_parallel=True, threads=3,
                         bandwidth_trace=weft.BandwidthTrace.preempted(1, duration=60), adaptive_window=20.0,
                         adaptive_k_max=4, adaptive_duration=50.0, adaptive_forward_overhead=0.001,
                         adaptive_backward_overhead=0.002)

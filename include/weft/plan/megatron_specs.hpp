@@ -77,12 +77,18 @@ struct MegatronSpecs {
   // Some parameter is split by a Megatron role (column, row or vocabulary). False: nothing
   // GPT-like was found (a conv net), and megatron_plan keeps the free search, saying so.
   bool recognised = false;
+  // Sequence parallelism: the residual stream between a partial result and the next weight matmul
+  // (bias adds, dropout, residual adds, norms) split along its token dim, by name (also in
+  // `results`, `boundaries` and `fixed`). Empty without sequence_parallel.
+  bool sequence_parallel = false;
+  std::map<std::string, std::string> sequence;
   int count(MegatronRole r) const;
   std::string summary() const;  // "24 column, 8 row, ... (t=4)"
 };
 
 // The roles and specs of `graph`'s parameters on t devices (t >= 1; t = 1: every spec "R" but the
 // roles still recognised). `graph` may be a forward graph or a training step.
-MegatronSpecs megatron_specs(const ir::Graph& graph, int t);
+// sequence_parallel: also Megatron's sequence parallelism (MegatronSpecs::sequence).
+MegatronSpecs megatron_specs(const ir::Graph& graph, int t, bool sequence_parallel = false);
 
 }  // namespace weft::plan

@@ -129,6 +129,9 @@ struct PlanOptions {
   // over the block orders of its solutions (stages that are not contiguous in the grouping's order).
   bool stage_ilp = true;
   bool compare_megatron = true;  // evaluate the Megatron-style baseline and list it
+  // Megatron's sequence parallelism in its tensor-parallel stages (megatron_plan, the Megatron
+  // baseline): the residual stream split along the tokens over the t devices (megatron_specs).
+  bool sequence_parallel = false;
   // Mixed GPU kinds: also Whale's `split` — one SPMD stage over every device with every split
   // dimension cut unevenly in proportion to each device's speed (split_plan), and its even split.
   bool uneven_split = true;
