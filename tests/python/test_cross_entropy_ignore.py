@@ -279,10 +279,24 @@ def test_execute_trains_like_torch(loss, cluster):
     want = torch_train(module, batch)
     assert_trained_like_torch(weft.execute_reference(step, inputs=feeds(batch)), want)
     for t, p, d, mb in LAYOUTS:
-        if loss == "sum" and t > 1:  # a summed loss has no tensor-parallel Megatron layout (nor on main)
-            continue
         plan = weft.megatron_plan(step, cluster, t=t, p=p, d=d, num_microbatches=mb)
         assert_trained_like_torch(weft.execute(plan, step, cluster, inputs=feeds(batch)), want)
+
+
+def _parameter_specs(step, cluster, t, p, d, mb):
+    program = weft.lower(weft.megatron_plan(step, cluster, t=t, p=p, d=d, num_microbatches=mb), step, cluster)
+    params = {"emb.weight", "fc.weight", "fc.bias", "head.weight", "head.bias"}
+    return sorted((b["tensor"], b["spec"], b["stage"]) for b in program.buffers if b["tensor"] in params)
+
+
+def test_a_summed_loss_gets_the_mean_losss_megatron_layout(cluster):
+    """reduction="sum" imports as the op times the token count: a block of one scalar `scale` op (and
+    its gradient) that no mesh splits. It runs replicated; the layers keep Megatron's splits (before,
+    the planner refused every t > 1 layout)."""
+    for t, p, d, mb in [lay for lay in LAYOUTS if lay[0] > 1] + [(2, 1, 2, 2), (4, 1, 1, 1)]:
+        got = _parameter_specs(build("sum")[2], cluster, t, p, d, mb)
+        assert got == _parameter_specs(build("ignore")[2], cluster, t, p, d, mb)
+        assert any("S(" in spec for _, spec, _ in got)  # split over the tensor-parallel devices
 
 
 def _vocab_parallel(step, cluster, n=4):
