@@ -50,6 +50,37 @@ void check_rank(const lower::Program& p, int rank) {
              p.num_ranks());
 }
 
+const exec::CeValidFractions& ce_fractions_of(LayoutHolder& h) {
+  if (!h.ce_fractions) h.ce_fractions = std::make_unique<exec::CeValidFractions>(*h.layout);
+  return *h.ce_fractions;
+}
+
+// The global inputs (name -> array) the program's cross entropies make their labels and weights from,
+// as f64 host tensors kept in `held` (the others are left out).
+std::map<ir::TensorId, const ir::HostTensor*> ce_inputs(LayoutHolder& h,
+                                                        const std::map<std::string, py::array>& inputs,
+                                                        std::vector<ir::HostTensor>& held) {
+  const auto& ce = ce_fractions_of(h);
+  held.reserve(inputs.size());
+  std::map<ir::TensorId, const ir::HostTensor*> by_id;
+  for (const auto& [name, a] : inputs) {
+    auto t = h.program.graph.find_tensor(name);
+    if (!t || h.program.graph.tensor(*t).role != ir::Role::Input || !ce.reads(*t))
+      continue;  // not an input the labels or class weights are made from
+    auto f = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(a);
+    WEFT_CHECK(f, "inputs['{}'] is not numeric", name);
+    ir::HostTensor v;
+    for (py::ssize_t d = 0; d < f.ndim(); ++d) v.shape.push_back(f.shape(d));
+    WEFT_CHECK(v.shape == h.layout->global_input_shape(*t),
+               "inputs['{}'] has shape {}, the input has {} (the global batch)", name, v.shape,
+               h.layout->global_input_shape(*t));
+    v.data.assign(f.data(), f.data() + f.size());
+    held.push_back(std::move(v));
+    by_id[*t] = &held.back();
+  }
+  return by_id;
+}
+
 py::dict tile_dict(const exec::TileIndex& t) {
   py::dict d;
   d["local_shape"] = t.local_shape;
@@ -186,37 +217,55 @@ void bind_runtime(py::module_& m) {
           },
           py::arg("tensor"), "The global-batch shape of an Input leaf.")
       .def(
+          "global_batch", [](const LayoutHolder& h) { return h.layout->global_batch(); },
+          "Samples of the step's global batch.")
+      .def(
+          "rows_read",
+          [](const LayoutHolder& h, int rank) {
+            check_rank(h.program, rank);
+            return h.layout->rows_read(rank);
+          },
+          py::arg("rank"),
+          "The positions in the global batch (sorted) whose samples the rank's load-input instructions "
+          "read: every position when it loads an input without a batch dim, none on a stage that loads "
+          "no input.")
+      .def(
           "ce_valid_fractions",
           [](LayoutHolder& h, const exec::LeafValues& leaves, const std::map<std::string, py::array>& inputs,
              int step) {
-            if (!h.ce_fractions) h.ce_fractions = std::make_unique<exec::CeValidFractions>(*h.layout);
-            std::map<ir::OpId, double> out;
-            if (h.ce_fractions->empty()) return out;
+            const auto& ce = ce_fractions_of(h);
+            if (ce.empty()) return std::map<ir::OpId, double>{};
             std::vector<ir::HostTensor> held;
-            held.reserve(inputs.size());
-            std::map<ir::TensorId, const ir::HostTensor*> by_id;
-            for (const auto& [name, a] : inputs) {
-              auto t = h.program.graph.find_tensor(name);
-              if (!t || h.program.graph.tensor(*t).role != ir::Role::Input || !h.ce_fractions->reads(*t))
-                continue;  // not an input the labels or class weights are made from
-              auto f = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(a);
-              WEFT_CHECK(f, "inputs['{}'] is not numeric", name);
-              ir::HostTensor v;
-              for (py::ssize_t d = 0; d < f.ndim(); ++d) v.shape.push_back(f.shape(d));
-              WEFT_CHECK(v.shape == h.layout->global_input_shape(*t),
-                         "inputs['{}'] has shape {}, the input has {} (the global batch)", name, v.shape,
-                         h.layout->global_input_shape(*t));
-              v.data.assign(f.data(), f.data() + f.size());
-              held.push_back(std::move(v));
-              by_id[*t] = &held.back();
-            }
-            return h.ce_fractions->compute(leaves, by_id, step);
+            return ce.compute(leaves, ce_inputs(h, inputs, held), step);
           },
           py::arg("leaf_values"), py::arg("inputs"), py::arg("step"),
           "Per cross-entropy op id (those dividing by a weighted count): the step's weighted valid fraction "
           "ρ = Σ w[y]·[y != ignore_index] / tokens over every label of the step (exec::CeValidFractions), "
           "from the global inputs (name -> array) and the leaf values; empty when the program has no such "
           "op.")
+      .def(
+          "ce_valid_counts",
+          [](LayoutHolder& h, const exec::LeafValues& leaves, const std::map<std::string, py::array>& inputs,
+             int step, int rank) {
+            check_rank(h.program, rank);
+            const auto& ce = ce_fractions_of(h);
+            std::vector<ir::HostTensor> held;
+            return ce.counts(leaves, ce_inputs(h, inputs, held), step, rank);
+          },
+          py::arg("leaf_values"), py::arg("inputs"), py::arg("step"), py::arg("rank"),
+          "[Σ w[y]·[y != ignore_index], labels] per loss group over the parts of the step this rank "
+          "counts (each part by one rank that holds its rows: rows_read), from inputs holding at least "
+          "those rows; summed over the ranks they give ce_fractions_from_counts the step's fractions.")
+      .def(
+          "ce_fractions_from_counts",
+          [](LayoutHolder& h, const std::vector<double>& counts) {
+            return ce_fractions_of(h).fractions(counts);
+          },
+          py::arg("counts"), "Per cross-entropy op id: ρ from the step's summed ce_valid_counts.")
+      .def(
+          "ce_unheld_rows", [](LayoutHolder& h) { return ce_fractions_of(h).unheld_rows(); },
+          "The global-batch rows of the loss parts no single rank reads whole (usually none): rank 0 "
+          "counts those parts from these rows gathered.")
       .def(
           "describe",
           [](const LayoutHolder& h, int rank, int pc) {

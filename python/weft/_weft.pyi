@@ -1331,6 +1331,18 @@ class ProgramLayout:
         """
         Checks the program (ValueError naming the rank and instruction) and wraps it.
         """
+    def ce_fractions_from_counts(self, counts: collections.abc.Sequence[typing.SupportsFloat | typing.SupportsIndex]) -> dict[int, float]:
+        """
+        Per cross-entropy op id: ρ from the step's summed ce_valid_counts.
+        """
+    def ce_unheld_rows(self) -> list[int]:
+        """
+        The global-batch rows of the loss parts no single rank reads whole (usually none): rank 0 counts those parts from these rows gathered.
+        """
+    def ce_valid_counts(self, leaf_values: typing.Any, inputs: collections.abc.Mapping[str, numpy.ndarray], step: typing.SupportsInt | typing.SupportsIndex, rank: typing.SupportsInt | typing.SupportsIndex) -> list[float]:
+        """
+        [Σ w[y]·[y != ignore_index], labels] per loss group over the parts of the step this rank counts (each part by one rank that holds its rows: rows_read), from inputs holding at least those rows; summed over the ranks they give ce_fractions_from_counts the step's fractions.
+        """
     def ce_valid_fractions(self, leaf_values: typing.Any, inputs: collections.abc.Mapping[str, numpy.ndarray], step: typing.SupportsInt | typing.SupportsIndex) -> dict[int, float]:
         """
         Per cross-entropy op id (those dividing by a weighted count): the step's weighted valid fraction ρ = Σ w[y]·[y != ignore_index] / tokens over every label of the step (exec::CeValidFractions), from the global inputs (name -> array) and the leaf values; empty when the program has no such op.
@@ -1341,6 +1353,10 @@ class ProgramLayout:
         """
     def describe(self, rank: typing.SupportsInt | typing.SupportsIndex, pc: typing.SupportsInt | typing.SupportsIndex) -> str:
         ...
+    def global_batch(self) -> int:
+        """
+        Samples of the step's global batch.
+        """
     def global_input_shape(self, tensor: typing.SupportsInt | typing.SupportsIndex) -> list[int]:
         """
         The global-batch shape of an Input leaf.
@@ -1352,6 +1368,10 @@ class ProgramLayout:
     def instructions(self, rank: typing.SupportsInt | typing.SupportsIndex) -> list:
         """
         What rank runs, in order, with buffer and op ids: dicts {pc, kind, op, inputs, outputs, axis, group, reduce, internal, tag, region} plus context (compute / ce steps: out_shapes, mean_count, tokens, vocab_index, vocab_size; dropout: element_index, element_shape), contribute (ce-loss), offset (load-input: samples before the tile), factor (scale).
+        """
+    def rows_read(self, rank: typing.SupportsInt | typing.SupportsIndex) -> list[int]:
+        """
+        The positions in the global batch (sorted) whose samples the rank's load-input instructions read: every position when it loads an input without a batch dim, none on a stage that loads no input.
         """
     def tile(self, buffer: typing.SupportsInt | typing.SupportsIndex, rank: typing.SupportsInt | typing.SupportsIndex) -> dict:
         """

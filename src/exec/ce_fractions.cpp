@@ -94,16 +94,95 @@ bool CeValidFractions::reads(ir::TensorId t) const {
 
 std::map<ir::OpId, double> CeValidFractions::compute(
     const LeafValues& leaves, const std::map<ir::TensorId, const ir::HostTensor*>& inputs, int step) const {
-  const auto& p = layout_.program();
+  return fractions(counts(leaves, inputs, step));
+}
+
+std::map<ir::OpId, double> CeValidFractions::fractions(const std::vector<double>& counts) const {
+  WEFT_CHECK(counts.size() == 2 * groups_.size(), "cross-entropy counts: {} numbers for {} losses (2 each)",
+             counts.size(), groups_.size());
   std::map<ir::OpId, double> out;
+  for (std::size_t k = 0; k < groups_.size(); ++k) {
+    const double rho = counts[2 * k] / counts[2 * k + 1];
+    for (ir::OpId o : groups_[k].ops) out[o] = rho;
+  }
+  return out;
+}
+
+void CeValidFractions::assign_parts() const {
+  std::call_once(assigned_, [this] {
+    const auto& p = layout_.program();
+    const std::int64_t batch = layout_.global_batch();
+    std::vector<std::vector<char>> held;  // per rank: whether it reads each row
+    for (int r = 0; r < p.num_ranks(); ++r) {
+      held.emplace_back(static_cast<std::size_t>(batch), 0);
+      for (std::int64_t k : layout_.rows_read(r)) held.back()[static_cast<std::size_t>(k)] = 1;
+    }
+    std::vector<char> unheld(static_cast<std::size_t>(batch), 0);
+    for (const auto& grp : groups_) {
+      grp.counter.clear();
+      for (int r : grp.part_ranks) {
+        const auto& st = p.stages[static_cast<std::size_t>(p.ranks[static_cast<std::size_t>(r)].stage)];
+        const ir::Graph& g = layout_.graph_of(r);
+        for (int m = 0; m < st.microbatches; ++m) {
+          // The rows the part's labels are made from: its samples of each batched input, every row
+          // when an input has no batch dim (a rank holds it whole only with every row), none without
+          // an input (the leaves' values: any rank, so the part's own).
+          std::vector<std::int64_t> rows;
+          bool inputs = false;
+          for (ir::TensorId t : grp.leaves) {
+            const auto& info = g.tensor(t);
+            const auto& pinfo = p.graph.tensor(t);
+            if (info.role != ir::Role::Input) continue;
+            inputs = true;
+            const bool batched = pinfo.rank() >= 1 && pinfo.shape[0] == st.microbatch_size;
+            const std::int64_t off = batched ? layout_.sample_offset(r, m) : 0;
+            const std::int64_t n = batched ? info.shape[0] : batch;
+            for (std::int64_t k = off; k < off + n; ++k) rows.push_back(k);
+          }
+          int counter = inputs ? -1 : r;
+          for (int c = 0; inputs && c < p.num_ranks() && counter < 0; ++c)
+            if (std::all_of(rows.begin(), rows.end(), [&](std::int64_t k) {
+                  return held[static_cast<std::size_t>(c)][static_cast<std::size_t>(k)];
+                }))
+              counter = c;
+          if (counter < 0)
+            for (std::int64_t k : rows) unheld[static_cast<std::size_t>(k)] = 1;
+          grp.counter.push_back(counter);
+        }
+      }
+    }
+    for (std::int64_t k = 0; k < batch; ++k)
+      if (unheld[static_cast<std::size_t>(k)]) unheld_.push_back(k);
+  });
+}
+
+std::vector<std::int64_t> CeValidFractions::unheld_rows() const {
+  assign_parts();
+  return unheld_;
+}
+
+std::vector<double> CeValidFractions::counts(const LeafValues& leaves,
+                                             const std::map<ir::TensorId, const ir::HostTensor*>& inputs,
+                                             int step, int rank) const {
+  const auto& p = layout_.program();
+  if (rank >= 0) {
+    WEFT_CHECK(rank < p.num_ranks(), "cross-entropy counts: rank {} of {}", rank, p.num_ranks());
+    assign_parts();
+  }
+  std::vector<double> out;
   for (const auto& grp : groups_) {
     const ir::Op& first = p.graph.op(grp.ops.front());
     double weighted = 0, tokens = 0;
+    std::size_t part = 0;
     for (int r : grp.part_ranks) {
       const auto& st = p.stages[static_cast<std::size_t>(p.ranks[static_cast<std::size_t>(r)].stage)];
       const ir::Graph& g = layout_.graph_of(r);
       const std::int64_t classes = g.tensor(first.inputs[0]).shape.back();
-      for (int m = 0; m < st.microbatches; ++m) {
+      for (int m = 0; m < st.microbatches; ++m, ++part) {
+        if (rank >= 0) {
+          const int counter = grp.counter[part];
+          if (counter != rank && !(counter < 0 && rank == 0)) continue;
+        }
         // This part's leaves: an Input's rows of the part (as its load-input reads them), others whole.
         std::map<ir::TensorId, ir::HostTensor> val;
         for (ir::TensorId t : grp.leaves) {
@@ -149,8 +228,8 @@ std::map<ir::OpId, double> CeValidFractions::compute(
         }
       }
     }
-    const double rho = weighted / tokens;
-    for (ir::OpId o : grp.ops) out[o] = rho;
+    out.push_back(weighted);
+    out.push_back(tokens);
   }
   return out;
 }

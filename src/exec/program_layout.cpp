@@ -1,6 +1,7 @@
 // The tiles, rank graphs and per-instruction numbers of a lowered program (program_layout.hpp).
 #include "weft/exec/program_layout.hpp"
 
+#include <algorithm>
 #include <numeric>
 
 #include "row_major.hpp"
@@ -110,6 +111,38 @@ std::int64_t ProgramLayout::samples_per_microbatch(const lower::StageMesh& st) {
   std::int64_t n = 0;
   for (auto b : st.replica_microbatch) n += b;
   return st.replica_microbatch.empty() ? st.microbatch_size * st.replicas : n;
+}
+
+std::int64_t ProgramLayout::global_batch() const {
+  const auto& st = p_.stages.front();
+  return samples_per_microbatch(st) * st.microbatches;
+}
+
+std::vector<std::int64_t> ProgramLayout::rows_read(int r) const {
+  WEFT_CHECK(r >= 0 && r < p_.num_ranks(), "rows_read: rank {} of {}", r, p_.num_ranks());
+  const std::int64_t batch = global_batch();
+  std::vector<char> read(static_cast<std::size_t>(std::max<std::int64_t>(batch, 0)), 0);
+  const auto& rp = p_.ranks[static_cast<std::size_t>(r)];
+  for (const auto& i : rp.instrs()) {
+    if (i.kind != lower::InstrKind::LoadInput || !rp.runs(i)) continue;
+    const int b = i.out.at(0);
+    const auto& t = tile(b, r);
+    const auto shape = global_input_shape(p_.buffers[static_cast<std::size_t>(b)].tensor);
+    if (t.global.empty() || shape.empty() || shape[0] != batch) {  // not per sample: every row
+      std::fill(read.begin(), read.end(), 1);
+      break;
+    }
+    const std::int64_t off = load_offset(r, i);
+    for (std::int64_t g : t.global[0]) {
+      WEFT_CHECK(g + off >= 0 && g + off < batch, "rank {} loads sample {} of a batch of {}", r, g + off,
+                 batch);
+      read[static_cast<std::size_t>(g + off)] = 1;
+    }
+  }
+  std::vector<std::int64_t> rows;
+  for (std::int64_t k = 0; k < batch; ++k)
+    if (read[static_cast<std::size_t>(k)]) rows.push_back(k);
+  return rows;
 }
 
 ir::Shape ProgramLayout::global_input_shape(ir::TensorId t) const {

@@ -87,6 +87,13 @@ class ReplicaModel {
     auto it = memo_.find(key);
     if (it != memo_.end()) return it->second;
     ReplicaCost rc;
+    // A graph that cannot be cut to u samples (a batch-sized Constant pins its batch): no cost,
+    // the reason instead (plan::rebatch_obstacle names what pins it).
+    if (const auto& why = ctx_.rebatch_note(std::max<std::int64_t>(u, 1)); !why.empty()) {
+      rc.error = fmt::format("the graph cannot run {} samples per micro-batch (the batch is {}): {}",
+                             std::max<std::int64_t>(u, 1), ctx_.global_batch, why);
+      return memo_.emplace(key, std::move(rc)).first->second;
+    }
     const StageAgg a = aggregate(ctx_, 0, ctx_.L() - 1, std::max<std::int64_t>(u, 1), mesh_of(kind), 0, 0);
     if (!a.ok) {
       rc.error = a.error;
@@ -387,6 +394,34 @@ std::vector<Candidate> pipeline_candidates(Context& ctx, const std::vector<std::
   return out;
 }
 
+// The search space of make_hetero_plan, for Plan::search_space: the families and micro-batch counts
+// searched, and what the graph's batch left out (sizes it cannot be cut to: shares, micro-batches).
+std::string hetero_search_space_text(const Context& ctx, const std::vector<int>& Ms, bool dp,
+                                     std::size_t orders) {
+  const auto& o = ctx.opt_;
+  std::string s = fmt::format("mixed cluster of {} devices; micro-batch counts {}", ctx.c_.num_devices(),
+                              fmt::join(Ms, ","));
+  s += dp ? "; data parallel: uneven shares (Algorithm 1) and even shares"
+          : "; data parallel: off (max_data_parallel)";
+  s += o.uneven_split && ctx.c_.num_devices() >= 2 ? "; Whale's split: uneven and even"
+                                                   : "; Whale's split: off";
+  s += o.pipeline ? fmt::format("; pipelines over {} device-kind orders", orders) : "; pipelines: off";
+  std::vector<std::int64_t> sizes;
+  std::string why;
+  for (const auto& [bs, note] : ctx.rebatch_notes)
+    if (!note.empty()) {
+      sizes.push_back(bs);
+      why = note;
+    }
+  if (!sizes.empty())
+    s += fmt::format(
+        "; {} samples per micro-batch or replica left out (shares, micro-batches and their plans: the batch "
+        "{} "
+        "cannot be cut that way): {}",
+        fmt::join(sizes, ", "), ctx.global_batch, why);
+  return s;
+}
+
 }  // namespace
 
 Plan make_hetero_plan(Context& ctx) {
@@ -416,8 +451,18 @@ Plan make_hetero_plan(Context& ctx) {
     a.note = why.size() > 240 ? why.substr(0, 240) + "..." : why;
     alts.push_back(std::move(a));
   };
-  const auto Ms = microbatch_counts(o, B);
-  // 1. Data parallel: uneven (Algorithm 1) and even shares.
+  // Micro-batch counts the graph can be cut into (a batch-sized Constant pins the batch: M = 1
+  // only); the others are left out and the search space says why.
+  std::vector<int> Ms;
+  for (int M : microbatch_counts(o, B))
+    if (ctx.rebatch_note(B / M).empty()) Ms.push_back(M);
+  if (Ms.empty()) {
+    const auto all = microbatch_counts(o, B);
+    fail("make_plan: the batch {} cannot be split into {} micro-batches: {}", B, fmt::join(all, " or "),
+         ctx.rebatch_note(B / all.front()));
+  }
+  // 1. Data parallel: uneven (Algorithm 1) and even shares; a share the graph cannot be cut to
+  //    leaves its plan out, with the reason (ReplicaModel::cost).
   ReplicaModel rm(ctx);
   const bool dp_allowed = o.max_data_parallel == 0 || o.max_data_parallel >= c.num_devices();
   for (int M : Ms) {
@@ -479,8 +524,11 @@ Plan make_hetero_plan(Context& ctx) {
     std::string why;
     for (std::size_t i = 0; i < std::min<std::size_t>(4, alts.size()); ++i)
       why += fmt::format("\n  {} {}: {}", alts[i].strategy, alts[i].layout, alts[i].note);
-    fail("make_plan: no plan fits the devices' memory for {} on {}; closest candidates:{}", ctx.g_.name(),
-         c.to_string(), why);
+    // (or the batch: a share or micro-batch size the graph cannot be cut to)
+    const bool pinned = std::any_of(ctx.rebatch_notes.begin(), ctx.rebatch_notes.end(),
+                                    [](const auto& kv) { return !kv.second.empty(); });
+    fail("make_plan: no plan fits the devices' memory{} for {} on {}; closest candidates:{}",
+         pinned ? " and the graph's batch" : "", ctx.g_.name(), c.to_string(), why);
   }
   if (best_cand) {  // the winning pipeline with the best resharding plans
     Built fin = materialise(ctx, {}, *best_cand, reshard::Balancer::Best);
@@ -489,6 +537,7 @@ Plan make_hetero_plan(Context& ctx) {
   sort_alternatives(alts, o.max_alternatives);
   Plan p = std::move(best->plan);
   p.alternatives = std::move(alts);
+  p.search_space = hetero_search_space_text(ctx, Ms, dp_allowed, orders.size());
   return p;
 }
 

@@ -154,6 +154,10 @@ BlockCost Context::search_block(int b, const AtBatch& ab, const MeshOption& m, i
   const double share = need_all > 0 ? min_bytes(ab, b, b, 1, true) / need_all : 1.0 / std::max(1, L());
   so.memory_limit = variant != 1 ? -1.0 : usable(m.mesh) * share;
   so.strided_candidates = false;
+  // A block of scalar ops only (a summed loss's `scale` and its gradient, which the grouping may
+  // cut off) has nothing to split: it runs replicated on its stage instead of refusing the mesh.
+  so.require_split = std::any_of(bg.tensors().begin(), bg.tensors().end(),
+                                 [](const ir::TensorInfo& t) { return t.rank() >= 1; });
   so.reshard_cache = sc.reshard_cache;
   so.stop = stop;
   if (mixed(m.mesh)) so.device = mesh_spec(m.mesh);  // an uneven split: re-priced per device later

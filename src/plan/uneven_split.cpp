@@ -295,6 +295,11 @@ Built split_build(Context& ctx, const MeshOption& m, int M, const std::vector<do
   const std::int64_t bs = ctx.global_batch / M;
   Built out;
   out.plan.strategy = strategy;
+  if (const auto& why = ctx.rebatch_note(bs); !why.empty()) {  // nothing to cost: no stages
+    out.note =
+        fmt::format("the batch {} cannot be split into {} micro-batches: {}", ctx.global_batch, M, why);
+    return out;
+  }
   // The block boundaries free or agreed (as best_stage), the fast SPMD variant or the lean one
   // when the fast one does not fit; the fractions given or balanced for each. The feasible choice
   // with the shortest period M·(F + B) + update wins; none feasible: the last one tried, noted.

@@ -275,7 +275,7 @@ SpmdPlan spmd_search(const ir::Graph& g, const cluster::Cluster& cl, const clust
   stop.throw_if_cancelled("spmd_search");
   progress("strategies", 0.0, "enumerating strategies");
   Model m = build_model(g, cl, mesh, opt.device, stop);
-  check_mesh_usable(m);
+  if (opt.require_split) check_mesh_usable(m);
   phase("strategies");
   if (opt.strided_candidates) {
     // A fixed leaf spec the enumeration lacks (a strided one) joins its leaf's list first, so that

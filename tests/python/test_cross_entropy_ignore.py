@@ -279,10 +279,24 @@ def test_execute_trains_like_torch(loss, cluster):
     want = torch_train(module, batch)
     assert_trained_like_torch(weft.execute_reference(step, inputs=feeds(batch)), want)
     for t, p, d, mb in LAYOUTS:
-        if loss == "sum" and t > 1:  # a summed loss has no tensor-parallel Megatron layout (nor on main)
-            continue
         plan = weft.megatron_plan(step, cluster, t=t, p=p, d=d, num_microbatches=mb)
         assert_trained_like_torch(weft.execute(plan, step, cluster, inputs=feeds(batch)), want)
+
+
+def _parameter_specs(step, cluster, t, p, d, mb):
+    program = weft.lower(weft.megatron_plan(step, cluster, t=t, p=p, d=d, num_microbatches=mb), step, cluster)
+    params = {"emb.weight", "fc.weight", "fc.bias", "head.weight", "head.bias"}
+    return sorted((b["tensor"], b["spec"], b["stage"]) for b in program.buffers if b["tensor"] in params)
+
+
+def test_a_summed_loss_gets_the_mean_losss_megatron_layout(cluster):
+    """reduction="sum" imports as the op times the token count: a block of one scalar `scale` op (and
+    its gradient) that no mesh splits. It runs replicated; the layers keep Megatron's splits (before,
+    the planner refused every t > 1 layout)."""
+    for t, p, d, mb in [lay for lay in LAYOUTS if lay[0] > 1] + [(2, 1, 2, 2), (4, 1, 1, 1)]:
+        got = _parameter_specs(build("sum")[2], cluster, t, p, d, mb)
+        assert got == _parameter_specs(build("ignore")[2], cluster, t, p, d, mb)
+        assert any("S(" in spec for _, spec, _ in got)  # split over the tensor-parallel devices
 
 
 def _vocab_parallel(step, cluster, n=4):
@@ -335,15 +349,35 @@ def test_a_step_with_every_label_ignored_is_nan_everywhere(cluster):
 
 # ---- weft.Trainer: the global batch, and local batches (each rank holds only its rows)
 
-def _trainer_run(local):
+TRAINER_LAYOUTS = [(1, 2, 2, 2), (2, 1, 2, 2)]  # Megatron t, p, d, micro-batches on 4 processes
+
+
+class _CountingDist:
+    """torch.distributed with every all-reduce's element count recorded."""
+
+    def __init__(self, dist):
+        self._dist, self.sizes = dist, []
+
+    def __getattr__(self, name):
+        return getattr(self._dist, name)
+
+    def all_reduce(self, t, *args, **kwargs):
+        self.sizes.append(t.numel())
+        return self._dist.all_reduce(t, *args, **kwargs)
+
+
+def _trainer_run(local, layout):
     import torch.distributed as dist
+
+    from weft.training import trainer as trainer_mod
 
     module, batch, _ = build("weighted_smoothed")
     world = dist.get_world_size()
     cluster = weft.Cluster.preset("p3.8xlarge")
     opt = weft.optim.Adam(lr=1e-2)
     graph = weft.Trainer.training_graph(module, batch, opt)
-    plan = weft.megatron_plan(graph, cluster, t=1, p=2, d=2, num_microbatches=2)
+    t, p, d, mb = layout
+    plan = weft.megatron_plan(graph, cluster, t=t, p=p, d=d, num_microbatches=mb)
     tr = weft.Trainer(module, batch, plan=plan, cluster=cluster, optimizer=opt, precision="f64")
     assert world == 4
     losses = []
@@ -353,17 +387,117 @@ def _trainer_run(local):
             losses.append(tr.step(tr.local_batch((batch[0][rows], batch[1][rows])))["loss"])
         else:
             losses.append(tr.step(batch)["loss"])
-    return losses, {k: v.numpy() for k, v in tr.full_state_dict().items()}, len(tr.local_indices())
+    counted = None
+    if local:  # the local count's collectives, against the fractions of the whole batch
+        rows = tr.local_indices()
+        local_inputs = tr._inputs(tr.local_batch((batch[0][rows], batch[1][rows])), ())
+        real, counting = trainer_mod._dist, _CountingDist(dist)
+        trainer_mod._dist = lambda: counting
+        try:
+            got = tr._local_ce_fractions(local_inputs, 4)
+        finally:
+            trainer_mod._dist = real
+        want = tr.layout.ce_valid_fractions(tr.engine.leaves.leaf_values, feeds(batch), 4)
+        counted = (got, want, counting.sizes)
+    return losses, {k: v.numpy() for k, v in tr.full_state_dict().items()}, len(tr.local_indices()), counted
 
 
+@pytest.mark.parametrize("layout", TRAINER_LAYOUTS)
 @pytest.mark.parametrize("local", [False, True])
-def test_trainer_trains_like_torch(local):
+def test_trainer_trains_like_torch(local, layout):
     module, batch, _ = build("weighted_smoothed")
     losses, params = torch_train(module, batch)
-    results = weft.launch(_trainer_run, local, nproc=4)
-    got_losses, state, read = results[0]
+    results = weft.launch(_trainer_run, local, layout, nproc=4)
+    got_losses, state, read, _ = results[0]
     np.testing.assert_allclose(got_losses, losses, rtol=RTOL, atol=0)
     for n, p in params.items():
         np.testing.assert_allclose(state[n], p, rtol=RTOL, atol=RTOL * np.max(np.abs(p)), err_msg=n)
     if local:  # the ranks of one replica read half of the batch
         assert min(r[2] for r in results) < 8
+        for _, _, _, (got, want, sizes) in results:
+            # one loss: one all-reduce of [weighted count, labels] on every rank, whatever the batch
+            # (the old max-reduce of the whole batch's ids and labels sent 2 x 8 x 7 numbers)
+            assert sizes == [2]
+            assert want and got.keys() == want.keys()  # the loss and its gradient op
+            for o in want:
+                assert got[o] == pytest.approx(want[o], rel=1e-15)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS + [(2, 2, 1, 2), (4, 1, 1, 1)])
+def test_each_part_is_counted_once(layout, cluster):
+    """Every rank's counts from only the rows it reads (zeros elsewhere), summed over the ranks, are
+    the whole batch's: each (micro-batch, replica) part counted by one rank that holds its rows, also
+    where tensor-parallel ranks read the same rows. The truth: torch's weighted count of the batch."""
+    module, batch, step = build("weighted")
+    ids, labels = batch
+    y = labels[:, 1:].reshape(-1)
+    w = module.class_weight
+    valid = y != -100
+    weighted = float(w[y[valid]].sum())  # torch's normaliser D
+    t, p, d, mb = layout
+    program = weft.lower(weft.megatron_plan(step, cluster, t=t, p=p, d=d, num_microbatches=mb), step, cluster)
+    lay = weft._weft.ProgramLayout(program)
+    leaves = weft._weft.LeafValues(program.graph, 0, True)
+    assert list(lay.ce_unheld_rows()) == []
+    total = np.zeros(2)
+    readers = np.zeros(8, dtype=int)
+    for r in range(program.num_ranks):
+        rows = list(lay.rows_read(r))
+        readers[rows] += 1
+        local = {k: np.zeros_like(v) for k, v in feeds(batch).items()}
+        for k, v in feeds(batch).items():
+            local[k][rows] = v[rows]
+        total += np.asarray(lay.ce_valid_counts(leaves, local, 1, r))
+    assert total[0] == pytest.approx(weighted, rel=1e-14)
+    assert total[1] == y.numel()
+    if t > 1:  # rows several ranks read (the tensor-parallel ranks of a replica)
+        assert readers.max() >= 2
+    rho = lay.ce_fractions_from_counts(list(total))  # the loss's op and its gradient's
+    assert len(rho) == 2 and all(v == pytest.approx(weighted / y.numel(), rel=1e-14) for v in rho.values())
+
+
+def _batch_split_program(step, cluster):
+    """One replica whose 2 devices each load half of the batch (the batch split inside the stage
+    mesh): no single rank holds a part's rows."""
+    mesh = weft.DeviceMesh([2], range(2))
+    fixed = {"ids": "S(0)", "labels": "S(0)"}
+    result = weft.spmd_search(step, cluster, mesh, level="O2", time_limit=10, fixed_specs=fixed,
+                              shared_resharding=False)
+    return weft.lower_spmd(step, cluster, mesh, result)
+
+
+def test_a_part_no_rank_holds_is_counted_by_rank_0_from_gathered_rows(cluster):
+    module, batch, step = build("weighted")
+    program = _batch_split_program(step, cluster)
+    lay = weft._weft.ProgramLayout(program)
+    leaves = weft._weft.LeafValues(program.graph, 0, True)
+    assert [list(lay.rows_read(r)) for r in range(2)] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert list(lay.ce_unheld_rows()) == list(range(8))
+    y = batch[1][:, 1:].reshape(-1)
+    weighted = float(module.class_weight[y[y != -100]].sum())
+    whole = feeds(batch)
+    assert lay.ce_valid_counts(leaves, whole, 1, 0) == pytest.approx([weighted, y.numel()], rel=1e-14)
+    assert lay.ce_valid_counts(leaves, whole, 1, 1) == [0, 0]
+
+
+def _trainer_batch_split_run():
+    module, batch, step = build("weighted_smoothed")
+    cluster = weft.Cluster.preset("p3.8xlarge")
+    opt = weft.optim.Adam(lr=1e-2)
+    program = _batch_split_program(weft.Trainer.training_graph(module, batch, opt), cluster)
+    tr = weft.Trainer(module, batch, plan=program, cluster=cluster, optimizer=opt, precision="f64")
+    rows = tr.local_indices()
+    losses = [tr.step(tr.local_batch((batch[0][rows], batch[1][rows])))["loss"] for _ in range(3)]
+    return losses, {k: v.numpy() for k, v in tr.full_state_dict().items()}, rows
+
+
+def test_trainer_local_batches_split_inside_a_replica_train_like_torch():
+    """The fallback: the rows of the parts no rank holds are gathered, rank 0 counts them."""
+    module, batch, _ = build("weighted_smoothed")
+    losses, params = torch_train(module, batch)
+    results = weft.launch(_trainer_batch_split_run, nproc=2)
+    got_losses, state, _ = results[0]
+    assert [r[2] for r in results] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    np.testing.assert_allclose(got_losses, losses, rtol=RTOL, atol=0)
+    for n, p in params.items():
+        np.testing.assert_allclose(state[n], p, rtol=RTOL, atol=RTOL * np.max(np.abs(p)), err_msg=n)

@@ -230,3 +230,52 @@ def test_uneven_shares_and_mixed_cluster_plans_match_reference():
     prog = weft.lower(shares, step, weft.Cluster.preset("p3.8xlarge"))
     assert prog.num_ranks == 3  # the device without samples is left out
     assert_same(weft.execute(prog), ref, 1e-10)
+
+
+def _per_sample_constant_step(batch=24):
+    """A graph whose batch cannot be re-batched: x scaled by a batch-sized Constant (cumsum of
+    ones(B, 8), as OPT makes its position ids), an MLP and a cross entropy."""
+    torch = pytest.importorskip("torch")
+
+    class PerSample(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.out = torch.nn.Linear(8, 8), torch.nn.Linear(8, 4)
+
+        def forward(self, x, y):
+            pos = torch.ones(x.shape[0], x.shape[1], dtype=x.dtype).cumsum(1)
+            return torch.nn.functional.cross_entropy(self.out(torch.tanh(self.fc(x * pos))), y)
+
+    torch.manual_seed(0)
+    x = torch.randn(batch, 8, dtype=torch.float64)
+    y = torch.randint(0, 4, (batch,))
+    return weft.from_torch(PerSample().double(), (x, y)).train_step(optimizer="adam")
+
+
+def test_a_graph_that_cannot_be_rebatched_on_mixed_gpus_falls_back_and_matches_reference():
+    """Uneven shares, the hetero planner and Whale's split on a graph with a batch-sized Constant
+    (no share or micro-batch can be cut from it): the planner keeps the plans that hold the batch
+    whole (one micro-batch, no data-parallel share) and says why; explicit requests it cannot meet
+    are ValueErrors naming the constant. Every plan runs equal to one device."""
+    step = _per_sample_constant_step()
+    assert any(t["role"] == "constant" and t["shape"][0] == 24 for t in step.tensors)
+    ref = weft.execute_reference(step)
+    mixed = weft.Cluster.concat(weft.Cluster.preset("p3.8xlarge"), weft.Cluster.preset("P100"))  # 4 V100 + 8 P100
+    for opts in ({}, {"pipeline": False}):
+        plan = weft.plan(step, mixed, **opts)
+        assert plan.num_microbatches == 1 and not plan.replica_microbatch, plan.strategy
+        assert "Constant leaf 'const.cumsum'" in plan.search_space and "batch-sized Constant" in plan.search_space
+        assert not any(a.strategy.startswith("data parallel") and a.feasible for a in plan.alternatives)
+        assert_same(weft.execute(plan, step, mixed), ref, 1e-10)
+    # Whale's split keeps the batch whole in one micro-batch: its pieces are the tensors', not graphs'
+    split = weft.split_plan(step, mixed, [2] * 4 + [1] * 8)
+    assert split.split_fraction
+    assert_same(weft.execute(split, step, mixed), ref, 1e-10)
+    with pytest.raises(ValueError, match=r"cannot be split into 2 micro-batches: .*Constant leaf 'const.cumsum'"):
+        weft.split_plan(step, mixed, [2] * 4 + [1] * 8, num_microbatches=2)
+    with pytest.raises(ValueError, match=r"cannot run 4 samples per micro-batch .*Constant leaf 'const.cumsum'"):
+        weft.data_parallel_plan(step, mixed, [4] * 4 + [1] * 8)
+    with pytest.raises(ValueError, match=r"(?s)and the graph's batch .*Constant leaf 'const.cumsum'"):
+        weft.plan(step, mixed, pipeline=False, uneven_split=False)  # data parallelism only: nothing holds it
+    with pytest.raises(ValueError, match=r"cannot be split into 2 micro-batches: .*Constant leaf 'const.cumsum'"):
+        weft.plan(step, mixed, num_microbatches=2)

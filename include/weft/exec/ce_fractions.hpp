@@ -14,7 +14,15 @@
 // labels[:, 1:]): their producing ops are evaluated on each part's inputs with the f64 kernels,
 // micro-batch by micro-batch and replica by replica, at each replica's own share. A cone that reads
 // a parameter is refused (the labels of a loss are data).
+//
+// A run whose ranks hold only the rows they read (the Trainer's local batches,
+// ProgramLayout::rows_read) counts instead: each part (replica × micro-batch) is counted by ONE rank,
+// the lowest whose rows hold all of the part's samples (tensor-parallel ranks of a replica read the
+// same rows: counted once), so the ranks' counts() summed — one all-reduce of two numbers per loss —
+// are the step's, and fractions() of the sum is compute(). A part no single rank holds (its batch
+// split inside a replica) is counted by rank 0 from its rows gathered first (unheld_rows()).
 #include <map>
+#include <mutex>
 #include <vector>
 
 #include "weft/exec/init.hpp"
@@ -39,18 +47,34 @@ class CeValidFractions {
   std::map<ir::OpId, double> compute(const LeafValues& leaves,
                                      const std::map<ir::TensorId, const ir::HostTensor*>& inputs,
                                      int step) const;
+  // Per group of losses, in order: {Σ w[y]·[y ≠ ii], labels} over the parts `rank` counts (every part
+  // when rank < 0). Inputs as compute(); only the rows of the parts counted are read.
+  std::vector<double> counts(const LeafValues& leaves,
+                             const std::map<ir::TensorId, const ir::HostTensor*>& inputs, int step,
+                             int rank = -1) const;
+  // ρ of each op id from the step's counts (counts() of every rank, summed).
+  std::map<ir::OpId, double> fractions(const std::vector<double>& counts) const;
+  // The global-batch rows of the parts no single rank holds whole (sorted; usually none): a run with
+  // local batches gathers them to rank 0, which counts those parts.
+  std::vector<std::int64_t> unheld_rows() const;
 
  private:
+  // Which rank counts part (replica q, micro-batch m) of every group (lazily: the rows every rank reads).
+  void assign_parts() const;
   struct Group {
     std::vector<ir::OpId> ops;
     ir::TensorId labels = -1, weight = -1;
     std::int64_t ignore_index = -100;
     std::vector<ir::OpId> cone;  // the ops that make labels and weights, in topological order
     std::vector<ir::TensorId> leaves;
-    std::vector<int> part_ranks;  // one rank per replica of the stage running the loss
+    std::vector<int> part_ranks;       // one rank per replica of the stage running the loss
+    mutable std::vector<int> counter;  // per part q * microbatches + m: the rank counting it (-1: rank 0,
+                                       // from gathered rows); filled by assign_parts()
   };
   const ProgramLayout& layout_;
   std::vector<Group> groups_;
+  mutable std::once_flag assigned_;
+  mutable std::vector<std::int64_t> unheld_;
 };
 
 }  // namespace weft::exec

@@ -55,6 +55,13 @@ class ProgramLayout {
   ir::Shape global_input_shape(ir::TensorId t) const;
   // Samples of one micro-batch over all replicas of a stage.
   static std::int64_t samples_per_microbatch(const lower::StageMesh& st);
+  // Samples of the step's global batch.
+  std::int64_t global_batch() const;
+  // The positions in the global batch (sorted) whose samples rank r's LoadInput instructions read:
+  // every position when it loads an input without a batch dim, none on a stage that loads no input.
+  // A run that hands each rank only these rows (the Trainer's local batches) holds every input
+  // whole at them and zeros elsewhere.
+  std::vector<std::int64_t> rows_read(int rank) const;
 
   // Compute / Ce* instructions: the kernel context of the op on rank r's tiles at `step` (a cross
   // entropy's ce_valid_fraction is the step's data, left unset: exec::CeValidFractions computes it).

@@ -80,6 +80,10 @@ struct SearchOptions {
   bool shared_resharding = true;
   int shared_layouts_per_tensor = 2;  // candidate layouts a per tensor (the largest saving first)
   std::map<std::string, std::string> fixed_specs;  // tensor name -> spec text, forced
+  // Refuse a mesh no op of the graph can be split over (weft::Error: "use a smaller mesh"). The
+  // planner's blocks turn it off: a block of scalar ops (a summed loss's `scale`, a loss times a
+  // constant) runs replicated on its stage's devices.
+  bool require_split = true;
   // tensor name -> spec text its readers outside the graph need (a block's outputs read by the
   // next block): the producer pays the resharding to it, counted as communication.
   std::map<std::string, std::string> output_specs;

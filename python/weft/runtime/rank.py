@@ -68,7 +68,7 @@ class RankRuntime:
         self.comm = Comm(rank, layout, self.buffers, self.groups, self.device)
         self.values: Dict[int, torch.Tensor] = {}
         self.ce_fraction: Dict[int, float] = {}  # op id -> the step's valid fraction (set_ce_fractions)
-        self.ce_inputs: Optional[Mapping[str, np.ndarray]] = None  # the global inputs it reads, when not self.inputs
+        self.ce_given: Optional[Dict[int, float]] = None  # the step's fractions, counted by its caller
         self.pending: Dict[int, callable] = {}
         self.live_bytes = 0
         self.peak_bytes = 0
@@ -236,11 +236,15 @@ class RankRuntime:
         return ctx
 
     def set_ce_fractions(self, step: int, inputs: Optional[Mapping[str, np.ndarray]] = None) -> None:
-        """The step's weighted valid fraction of each cross entropy (exec::CeValidFractions): from the
-        step's global inputs (``inputs``, else ``ce_inputs``, else the run's), the graph's values or the
-        seeded data — the same on every rank, so no communication."""
+        """The step's weighted valid fraction of each cross entropy (exec::CeValidFractions): given
+        (``ce_given``: the Trainer counts local batches across the ranks), else from the step's global
+        inputs (``inputs``, else the run's), the graph's values or the seeded data — the same on every
+        rank, so no communication."""
+        if inputs is None and self.ce_given is not None:
+            self.ce_fraction = dict(self.ce_given)
+            return
         if inputs is None:
-            inputs = self.ce_inputs if self.ce_inputs is not None else self.inputs
+            inputs = self.inputs
         self.ce_fraction = self.layout.ce_valid_fractions(self.leaves.leaf_values, inputs, int(step))
 
     def step(self, step: int) -> None:

@@ -307,20 +307,8 @@ class Trainer:
         """The positions in the global batch (0 .. batch-1) whose samples this rank's program reads
         (its micro-batches of its data-parallel share; every position on a rank that holds the batch
         whole, and none on a pipeline stage that reads no input)."""
-        if self._local is None:
-            batch = self._example[0].shape[0] if self._example[0].dim() else 1
-            rows = set()
-            for ins in self.engine.instrs:
-                if ins["kind"] != "load-input":
-                    continue
-                b = ins["outputs"][0]
-                shape = self.layout.global_input_shape(self.program.buffers[b]["tensor_id"])
-                glob = self.layout.tile(b, self.rank)["global"]
-                if not glob or int(shape[0]) != batch:  # not a per-sample input: no saving
-                    rows.update(range(batch))
-                else:
-                    rows.update(int(i) + int(ins["offset"]) for i in glob[0])
-            self._local = sorted(rows)
+        if self._local is None:  # (exec::ProgramLayout::rows_read: the rows the loss's counts assume)
+            self._local = [int(k) for k in self.layout.rows_read(self.rank)]
         return list(self._local)
 
     def sampler(self, dataset, *, shuffle: bool = True, seed: int = 0, drop_last: bool = True):
@@ -378,9 +366,9 @@ class Trainer:
         if self.check_batch and self.world > 1 and not isinstance(batch, (_LocalTuple, _LocalDict)):
             self._check_same_batch(inputs)
         self.engine.inputs = inputs
-        self.engine.ce_inputs = None
+        self.engine.ce_given = None
         if isinstance(batch, (_LocalTuple, _LocalDict)) and self.world > 1 and self._needs_ce_labels():
-            self.engine.ce_inputs = self._global_ints(inputs)
+            self.engine.ce_given = self._local_ce_fractions(inputs, self.steps_done + 1)
         factor = float(self.schedule(self.steps_done))
         if not math.isfinite(factor) or factor < 0:
             raise ValueError(f"lr_schedule({self.steps_done}) = {factor}: not a finite factor >= 0")
@@ -416,24 +404,47 @@ class Trainer:
             self._ce_needed = bool(self.layout.ce_valid_fractions(self.engine.leaves.leaf_values, {}, 1))
         return self._ce_needed
 
-    def _global_ints(self, inputs: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
-        """The global batch's integer inputs (labels, ids) from local batches: every rank holds only its
-        rows (zeros elsewhere), but the loss divides by the count of valid labels of the WHOLE step, so
-        each rank's rows are max-reduced over a floor below any label (rows several ranks read are equal)."""
+    def _local_ce_fractions(self, inputs: Dict[str, np.ndarray], step: int) -> Dict[int, float]:
+        """The step's weighted valid fraction of each cross entropy (exec::CeValidFractions) from local
+        batches: every rank holds only its rows, but the loss divides by the count of valid labels of
+        the WHOLE step. Each rank counts the parts (micro-batch x replica) assigned to it — each part
+        to one rank that holds its rows, so rows several ranks read count once — and one all-reduce
+        (sum) of two numbers per loss gives the step's counts. Rows of a part no single rank holds
+        (its batch split inside a replica; usually none) are max-reduced to every rank first."""
         torch = _torch()
-        local = self.local_indices()
-        out = {}
-        for name, v in inputs.items():
-            if np.issubdtype(v.dtype, np.floating):
-                continue
-            t = torch.full(v.shape, -2.0 ** 62, dtype=torch.float64, device=self.device)
-            if local:
-                idx = torch.as_tensor(local, dtype=torch.int64)
-                t[idx] = torch.from_numpy(v[local].astype(np.float64)).to(self.device)
-            _dist().all_reduce(t, op=_dist().ReduceOp.MAX)
-            t[t == -2.0 ** 62] = 0  # rows no rank reads (no loss reads them either)
-            out[name] = t.to("cpu").numpy().astype(np.int64)
-        return out
+        dist = _dist()
+        leaves = self.engine.leaves.leaf_values
+        unheld = list(self.layout.ce_unheld_rows())
+        if unheld:
+            local = self.local_indices()
+            held = set(local)
+            mine = [k for k, row in enumerate(unheld) if row in held]
+            batch = int(self.layout.global_batch())
+            gathered = {}
+            for name, v in inputs.items():
+                full = v.astype(np.float64)  # (copied: the step's own inputs stay as given)
+                if v.ndim >= 1 and v.shape[0] == batch:  # per sample: the unheld rows
+                    t = torch.full((len(unheld),) + v.shape[1:], -math.inf, dtype=torch.float64, device=self.device)
+                    if mine:
+                        t[torch.as_tensor(mine, dtype=torch.int64)] = torch.from_numpy(
+                            full[[unheld[k] for k in mine]]).to(self.device)
+                else:  # whole, from the ranks that hold every row (they alone were given it)
+                    t = torch.full(v.shape, -math.inf, dtype=torch.float64, device=self.device)
+                    if len(local) == batch:
+                        t.copy_(torch.from_numpy(full))
+                dist.all_reduce(t, op=dist.ReduceOp.MAX)
+                got = t.to("cpu").numpy()
+                got[got == -math.inf] = 0  # held by no rank: no loss part reads it
+                if v.ndim >= 1 and v.shape[0] == batch:
+                    full[unheld] = got
+                else:
+                    full = got
+                gathered[name] = full
+            inputs = {**inputs, **gathered}
+        counts = self.layout.ce_valid_counts(leaves, inputs, int(step), self.rank)
+        t = torch.tensor(counts, dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        return self.layout.ce_fractions_from_counts(t.to("cpu").tolist())
 
     def _check_same_batch(self, inputs: Dict[str, np.ndarray]) -> None:
         """Every rank must be given the same global batch (each reads its rows of it): a CRC of the
