@@ -481,7 +481,7 @@ def _to(ctx, node, x, *args, **kwargs):
     the identity; int -> float only where the input was declared floating point (see
     _only_converted_to_float), else refused."""
     out = node.meta["val"].dtype
-    src = ctx.dtype_of(x)
+    src = ctx.dtype_of(x) or ctx.g.tensor(ctx.tensor(x).id)["dtype"]  # a value weft cannot use fails here
     if out.is_floating_point != (not src.startswith("i")):
         ctx.fail("a conversion between integer and floating point tensors is not supported")
     if out.is_floating_point:
@@ -2050,7 +2050,7 @@ def _import(module, example_inputs, loss_fn=None, targets=(), dtype=None, name=N
                 f"{path or '<root>'!r}"
                 f"{' ' + _type_name(list(stack.values())[-1][1]) if stack else ''}{_source_line(node)}); "
                 f"weft.frontend.supported_ops() lists the {len(supported_ops())} ops it maps")
-        if h is not _to:
+        if h is not _to and h is not _getitem:  # a conversion makes its own dtype; getitem picks one
             ctx.cur_float = ctx.node_float(node) or ctx.float_dtype
             if ctx.mixed:
                 args, kwargs = ctx.harmonise(args, kwargs, ctx.node_float(node))
