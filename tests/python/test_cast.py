@@ -169,6 +169,7 @@ def test_a_bf16_model_keeps_its_f32_region():
     x, target = torch.randn(B, H, dtype=torch.bfloat16), torch.randn(B, H, dtype=torch.bfloat16)
     g = weft.from_torch(m, (x, target))
     assert g.base_dtype == "bf16"
-    region = [g.tensor(o["outputs"][0]) for o in g.ops if o["kind"] == "binary" and o["name"] in ("mul", "mul_1", "add")]
+    region = [g.tensor(o["outputs"][0]) for o in g.ops
+              if o["kind"] == "binary" and o["name"] in ("mul", "mul_1", "add")]
     assert region and {t["dtype"] for t in region} == {"f32"}
     assert {held_dtype(t["dtype"], g.base_dtype, "bf16") for t in region} == {"f32"}
