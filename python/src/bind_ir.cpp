@@ -18,6 +18,7 @@
 #include "weft/ir/graph.hpp"
 #include "weft/ir/interpreter.hpp"
 #include "weft/ir/json.hpp"
+#include "weft/ir/precision.hpp"
 #include "weft/ir/value_file.hpp"
 
 namespace py = pybind11;
@@ -240,6 +241,11 @@ void bind_ir(py::module_& m) {
       .def_property("seed_parameters", &Graph::seed_parameters, &Graph::set_seed_parameters,
                     "Whether Parameters without a value may be initialised from the seed (graphs built in "
                     "code: True; an imported module: False, its weights are its own).")
+      .def_property_readonly(
+          "base_dtype", [](const Graph& g) { return std::string(weft::dtype_name(base_float_dtype(g))); },
+          "The graph's base float dtype (its parameters' most common one): what an executor runs at its "
+          "own dtype; a float tensor of another dtype is held at its own precision where the run is wider "
+          "than it (narrower than the base) or never below it (wider than the base).")
       // ---- ops
       .def("einsum", &Graph::einsum, py::arg("equation"), py::arg("operands"), py::arg("name") = "",
            "Einsum over any equation, e.g. 'bsh,hf->bsf'.")
@@ -264,6 +270,15 @@ void bind_ir(py::module_& m) {
            "Training-mode dropout: x * keep / (1 - p), keep a counter-based hash of (seed, step, the "
            "element's global index), so every shard of a distributed plan computes its part of the same "
            "mask.")
+      .def(
+          "cast",
+          [](Graph& g, TensorId x, const std::string& dtype, std::string name) {
+            return g.cast(x, weft::parse_dtype(dtype), std::move(name));
+          },
+          py::arg("x"), py::arg("dtype"), py::arg("name") = "",
+          "x converted to the floating dtype 'f64', 'f32', 'bf16' or 'f16' (torch's x.to(dtype)): executors "
+          "hold the result at that precision; x itself when it has that dtype already. Its gradient is "
+          "the output's gradient converted back to x's dtype.")
       .def(
           "binary",
           [](Graph& g, const std::string& fn, TensorId a, TensorId b, std::string name) {

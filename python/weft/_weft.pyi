@@ -375,6 +375,10 @@ class Graph:
         """
         A buffer leaf: state that is not trained (running statistics, position tables); give its value with set_value.
         """
+    def cast(self, x: typing.SupportsInt | typing.SupportsIndex, dtype: str, name: str = '') -> int:
+        """
+        x converted to the floating dtype 'f64', 'f32', 'bf16' or 'f16' (torch's x.to(dtype)): executors hold the result at that precision; x itself when it has that dtype already. Its gradient is the output's gradient converted back to x's dtype.
+        """
     def clear_value(self, t: typing.SupportsInt | typing.SupportsIndex) -> None:
         ...
     def concat(self, xs: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], axis: typing.SupportsInt | typing.SupportsIndex, name: str = '') -> int:
@@ -550,6 +554,11 @@ class Graph:
     def value_source(self, t: typing.SupportsInt | typing.SupportsIndex) -> typing.Any:
         """
         None, 'memory', or (file, key) for a file-backed value.
+        """
+    @property
+    def base_dtype(self) -> str:
+        """
+        The graph's base float dtype (its parameters' most common one): what an executor runs at its own dtype; a float tensor of another dtype is held at its own precision where the run is wider than it (narrower than the base) or never below it (wider than the base).
         """
     @property
     def loss(self) -> int | None:

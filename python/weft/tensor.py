@@ -91,7 +91,7 @@ def _warn_bare(method: str, params, frame) -> None:
 _TENSOR_PARAMS: Dict[str, Tuple[Tuple[str, int], ...]] = {
     "input": (), "parameter": (), "constant": (),
     "einsum": (("operands", 1),), "matmul": (("a", 0), ("b", 1)), "unary": (("x", 1),), "scale": (("x", 0),),
-    "dropout": (("x", 0),), "binary": (("a", 1), ("b", 2)), "reduce": (("x", 1),), "softmax": (("x", 0),),
+    "dropout": (("x", 0),), "cast": (("x", 0),), "binary": (("a", 1), ("b", 2)), "reduce": (("x", 1),), "softmax": (("x", 0),),
     "layer_norm": (("x", 0), ("gamma", 1), ("beta", 2)), "embedding": (("table", 0), ("ids", 1)),
     "cross_entropy": (("logits", 0), ("labels", 1), ("weight", 3)), "transpose": (("x", 0),), "reshape": (("x", 0),),
     "concat": (("xs", 0),), "slice": (("x", 0),), "conv2d": (("x", 0), ("w", 1)), "pool2d": (("x", 1),),

@@ -22,6 +22,7 @@
 #include "weft/exec/program_layout.hpp"
 #include "weft/ir/autodiff.hpp"
 #include "weft/ir/kernels.hpp"
+#include "weft/ir/precision.hpp"
 #include "weft/lower/lower.hpp"
 #include "weft/sharding/sharding_spec.hpp"
 
@@ -47,9 +48,12 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-void round_to(HostTensor& t, DType dtype) {
-  if (dtype == DType::F32)
-    for (auto& v : t.data) v = static_cast<double>(static_cast<float>(v));
+// The precision each tensor of g is held at when the run's dtype is `run` (ir::held_dtype).
+std::vector<DType> held_dtypes(const ir::Graph& g, DType run) {
+  const DType base = ir::base_float_dtype(g);
+  std::vector<DType> held;
+  for (const auto& t : g.tensors()) held.push_back(ir::held_dtype(t.dtype, base, run));
+  return held;
 }
 
 // Row-major strides of a shape.
@@ -113,6 +117,9 @@ class Executor {
       for (int step = 1; step <= opt.steps; ++step)
         ce_fraction_.push_back(fractions.compute(init_, inputs_, step));
     stats_.assign(static_cast<std::size_t>(nr), RankStats{});
+    const auto held = held_dtypes(p.graph, opt.dtype);
+    for (const auto& b : p.buffers)
+      held_.push_back(b.tensor >= 0 ? held[static_cast<std::size_t>(b.tensor)] : opt.dtype);
     recv_from_.assign(static_cast<std::size_t>(nr), {});
     losses_.assign(static_cast<std::size_t>(nr), {});
   }
@@ -178,8 +185,8 @@ class Executor {
       std::int64_t n = 1;
       for (auto d : t.local_shape) n *= d;
       WEFT_CHECK(static_cast<std::int64_t>(v->data.size()) == n,
-                 "execute: rank {} holds {} elements of '{}', its tile {} has {}", r, v->data.size(), buf.name,
-                 t.local_shape, n);
+                 "execute: rank {} holds {} elements of '{}', its tile {} has {}", r, v->data.size(),
+                 buf.name, t.local_shape, n);
       auto& s = seen[static_cast<std::size_t>(t.partial_index)];
       for_each_index(t.local_shape, [&](const std::vector<std::int64_t>& idx, std::int64_t k) {
         std::int64_t g = 0;
@@ -252,7 +259,7 @@ class Executor {
     return *v;
   }
   void write(int r, int b, HostTensor v) {
-    round_to(v, opt_.dtype);
+    ir::round_to_dtype(v, held_.at(static_cast<std::size_t>(b)));
     values_.at(static_cast<std::size_t>(r)).at(static_cast<std::size_t>(b)) = std::move(v);
     std::int64_t live = 0;
     for (const auto& x : values_[static_cast<std::size_t>(r)])
@@ -585,6 +592,7 @@ class Executor {
   std::vector<std::vector<std::optional<HostTensor>>> values_;
   std::vector<std::map<ir::OpId, double>> ce_fraction_;  // per step: op -> CeValidFractions' ρ
   std::vector<RankStats> stats_;
+  std::vector<DType> held_;  // per buffer: the precision its values are held at (ir::held_dtype)
   std::vector<std::vector<std::vector<int>>> axis_groups_;  // per rank and stage-mesh axis
   std::vector<std::map<std::tuple<int, std::string, bool>, std::int64_t>> recv_from_;
   std::vector<std::vector<HostTensor>> losses_;
@@ -617,6 +625,7 @@ ExecutionResult execute_reference(const ir::Graph& g, const ExecuteOptions& opt)
   for (const auto& [name, v] : opt.inputs) check_input_name(g, name, "execute_reference");
   const auto n = g.tensors().size();
   std::vector<HostTensor> val(n);
+  const auto held = held_dtypes(g, opt.dtype);
   auto fill = [&](ir::TensorId t, int step) {
     const auto& info = g.tensor(t);
     HostTensor v{info.shape, {}};
@@ -631,7 +640,7 @@ ExecutionResult execute_reference(const ir::Graph& g, const ExecuteOptions& opt)
       for (std::int64_t k = 0; k < v.numel(); ++k)
         v.data[static_cast<std::size_t>(k)] = init.value(t, step, k);
     }
-    round_to(v, opt.dtype);
+    ir::round_to_dtype(v, held[static_cast<std::size_t>(t)]);
     val[static_cast<std::size_t>(t)] = std::move(v);
   };
   const auto carries = ir::updated_states(g);
@@ -652,7 +661,7 @@ ExecutionResult execute_reference(const ir::Graph& g, const ExecuteOptions& opt)
       ctx.step = step;
       auto outs = ir::run_kernel(g, op, in, ctx);
       for (std::size_t k = 0; k < outs.size(); ++k) {
-        round_to(outs[k], opt.dtype);
+        ir::round_to_dtype(outs[k], held[static_cast<std::size_t>(op.outputs[k])]);
         val[static_cast<std::size_t>(op.outputs[k])] = std::move(outs[k]);
       }
     }

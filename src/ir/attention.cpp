@@ -14,7 +14,7 @@
 namespace weft::ir::attention {
 namespace {
 
-bool is_float(DType t) { return t == DType::F32 || t == DType::F16 || t == DType::BF16; }
+bool is_float(DType t) { return is_floating(t); }
 
 bool causal_of(const OpAttrs& a) { return a.ints.at(0) != 0; }
 
@@ -155,7 +155,8 @@ OpSignature rule(OpKind kind, const OpAttrs& a, const std::vector<Shape>& in, co
   m.work_factors = std::move(work);
   if (grad) return {{q, k, v}, {dt[0], dt[1], dt[2]}, std::move(m)};
   // The log-sum-exp is f32 whatever q's dtype (as torch's flash kernels keep it).
-  return {{out, lse}, {dt[0], DType::F32}, std::move(m)};
+  // lse in f32 for half precision (torch's flash kernels), in q's dtype for f32 / f64
+  return {{out, lse}, {dt[0], dt[0] == DType::F64 ? DType::F64 : DType::F32}, std::move(m)};
 }
 
 std::vector<HostTensor> forward(const Op& op, const HostTensor& q, const HostTensor& k, const HostTensor& v,

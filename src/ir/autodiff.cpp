@@ -219,6 +219,9 @@ class Backward {
       }
       case OpKind::Unary: add(in[0], unary_grad(at.unary, at.scalar, in[0], dy, "in0")); return;
       case OpKind::Dropout: add(in[0], emit1(OpKind::Dropout, {dy}, at, "in0")); return;  // same mask
+      case OpKind::Cast:  // torch's: dy converted back to x's dtype
+        add(in[0], emit1(OpKind::Cast, {dy}, encode_cast_attrs(T(in[0]).dtype), "in0"));
+        return;
       case OpKind::Binary: {
         const Shape sa = T(in[0]).shape, sb = T(in[1]).shape;
         TensorId ga = -1, gb = -1;  // gradients in the broadcast (output) shape

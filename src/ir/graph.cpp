@@ -180,6 +180,12 @@ TensorId Graph::dropout(TensorId x, double p, std::int64_t seed, std::string nam
   return add_op(OpKind::Dropout, {x}, std::move(a), std::move(name))[0];
 }
 
+TensorId Graph::cast(TensorId x, DType to, std::string name) {
+  WEFT_CHECK(x >= 0 && x < static_cast<TensorId>(tensors_.size()), "cast: tensor id {} does not exist", x);
+  if (tensors_[static_cast<std::size_t>(x)].dtype == to) return x;  // an identity conversion is free
+  return add_op(OpKind::Cast, {x}, encode_cast_attrs(to), std::move(name))[0];
+}
+
 TensorId Graph::binary(BinaryFn fn, TensorId x, TensorId y, std::string name) {
   OpAttrs a;
   a.binary = fn;

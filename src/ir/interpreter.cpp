@@ -6,6 +6,7 @@
 
 #include "weft/core/error.hpp"
 #include "weft/ir/kernels.hpp"
+#include "weft/ir/precision.hpp"
 
 namespace weft::ir {
 
@@ -32,6 +33,12 @@ std::vector<HostTensor> interpret(const Graph& g, const std::map<TensorId, HostT
     val[id] = v;
     have[id] = true;
   }
+  // Every tensor at the precision its dtype asks for (precision.hpp): the interpreter runs the base
+  // dtype in f64, an f32 region of an f64 model in f32.
+  const DType base = base_float_dtype(g);
+  auto held = [&](TensorId t) { return held_dtype(ts[static_cast<std::size_t>(t)].dtype, base, DType::F64); };
+  for (TensorId t = 0; t < static_cast<TensorId>(ts.size()); ++t)
+    if (have[static_cast<std::size_t>(t)]) round_to_dtype(val[static_cast<std::size_t>(t)], held(t));
   auto loss = g.loss();
   for (TensorId t = 0; t < static_cast<TensorId>(ts.size()); ++t) {
     if (ts[t].producer != kNoOp || have[t]) continue;
@@ -48,6 +55,7 @@ std::vector<HostTensor> interpret(const Graph& g, const std::map<TensorId, HostT
     WEFT_ASSERT(outs.size() == op.outputs.size(), "kernel result count");
     for (std::size_t i = 0; i < outs.size(); ++i) {
       WEFT_ASSERT(outs[i].shape == ts[op.outputs[i]].shape, "kernel result shape for op " + op.name);
+      round_to_dtype(outs[i], held(op.outputs[i]));
       val[op.outputs[i]] = std::move(outs[i]);
     }
   }

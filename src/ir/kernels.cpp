@@ -412,6 +412,9 @@ std::vector<HostTensor> run_op(const Graph& g, const Op& op, const std::vector<c
     }
     case OpKind::Binary: return {run_binary(a.binary, *in[0], *in[1], out_shape(0))};
     case OpKind::Dropout: return {run_dropout(op, *in[0], ctx)};
+    // The values unchanged: an executor holds every result at its dtype's precision
+    // (ir::held_dtype), which is where a cast rounds.
+    case OpKind::Cast: return {*in[0]};
     case OpKind::Gather: return {routing::gather(op, *in[0], *in[1])};
     case OpKind::ScatterAdd:
       if (in.size() == 2) return {routing::scatter_add(op, nullptr, *in[0], *in[1], out_shape(0))};

@@ -40,7 +40,7 @@ constexpr std::array<std::pair<FactorKind, std::string_view>, 3> kFactorKinds{
      {FactorKind::NeedReplication, "need_replication"}}};
 constexpr std::array<std::pair<ReduceKind, std::string_view>, 3> kReduceKinds{
     {{ReduceKind::None, "none"}, {ReduceKind::Sum, "sum"}, {ReduceKind::Max, "max"}}};
-constexpr std::array<std::pair<OpKind, std::string_view>, 34> kOpKinds{{
+constexpr std::array<std::pair<OpKind, std::string_view>, 35> kOpKinds{{
     {OpKind::Einsum, "einsum"},
     {OpKind::Unary, "unary"},
     {OpKind::Binary, "binary"},
@@ -57,6 +57,7 @@ constexpr std::array<std::pair<OpKind, std::string_view>, 34> kOpKinds{{
     {OpKind::Pool2d, "pool2d"},
     {OpKind::Opaque, "opaque"},
     {OpKind::Dropout, "dropout"},
+    {OpKind::Cast, "cast"},
     {OpKind::Gather, "gather"},
     {OpKind::ScatterAdd, "scatter_add"},
     {OpKind::TopK, "topk"},

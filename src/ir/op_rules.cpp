@@ -384,6 +384,15 @@ OpSignature derive_unchecked(OpKind kind, const OpAttrs& a, const std::vector<Sh
       WEFT_CHECK(a.axes.empty() || a.axes == std::vector<int>{0},
                  "op '{}': dropout's batch axes must be empty or {{0}}", op);
       return {{in[0]}, {dt[0]}, same_shape_map(in[0], 1, 1, 4)};  // hash, compare, scale
+    case OpKind::Cast: {
+      check_arity(in, 1, op, kname);
+      const DType to = cast_dtype(a, op);
+      WEFT_CHECK(is_floating(dt[0]),
+                 "op '{}': cast converts floating tensors, got {} (integer inputs are "
+                 "declared floating point where they are only converted)",
+                 op, dtype_name(dt[0]));
+      return {{in[0]}, {to}, same_shape_map(in[0], 1, 1, 1)};  // one conversion per element: memory-bound
+    }
     case OpKind::Gather: return routing::gather_rule(a, in, dt, op);
     case OpKind::ScatterAdd: return routing::scatter_add_rule(a, in, dt, op);
     case OpKind::TopK: return routing::topk_rule(a, in, dt, op);
@@ -549,7 +558,8 @@ OpSignature derive_unchecked(OpKind kind, const OpAttrs& a, const std::vector<Sh
       }
       b.output({});
       if (weighted) b.input({{fv}});
-      return {{Shape{}}, {DType::F32}, b.done_all(4)};
+      // the loss in f32 (mixed precision's), in f64 for f64 logits
+      return {{Shape{}}, {dt[0] == DType::F64 ? DType::F64 : DType::F32}, b.done_all(4)};
     }
     case OpKind::Transpose: {
       check_arity(in, 1, op, kname);

@@ -172,7 +172,8 @@ struct Analysis {
       switch (op.kind) {
         case ir::OpKind::Reshape: shape_only = g.tensor(op.outputs[0]).shape.back() == w.out_size; break;
         case ir::OpKind::Unary:
-        case ir::OpKind::Dropout: shape_only = true; break;
+        case ir::OpKind::Dropout:
+        case ir::OpKind::Cast: shape_only = true; break;
         case ir::OpKind::Binary:
           shape_only = op.inputs.size() == 2 &&
                        is_leaf(g.tensor(op.inputs[0] == t ? op.inputs[1] : op.inputs[0])) &&

@@ -600,17 +600,19 @@ def test_hugging_face_bert(attn):
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
 def test_hugging_face_llama(attn):
     """RMSNorm, rotary embedding (an autocast-disabled submodule, folded), GQA, SwiGLU. Hugging
-    Face's Llama casts activations to float32 inside RMSNorm and the rotary embedding, also in a
-    float64 model; weft treats float casts as the identity (the IR has no cast and the interpreter
-    computes in f64), so the two agree to float32 precision here, not 1e-10."""
+    Face's Llama computes in float32 inside RMSNorm, its softmax and its loss (logits.float()), also
+    in a float64 model; weft imports those conversions as casts and holds the regions in f32, but
+    its f32 sums, exp and rsqrt (f64 then one rounding) round differently from torch's f32 kernels:
+    measured 6.9e-8 on the loss and 3.8e-7 on the gradients (eager and SDPA), not 1e-10."""
     transformers = pytest.importorskip("transformers", reason=_NO_HF)
     cfg = transformers.LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
                                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16)
     cfg._attn_implementation = attn
     m = _HfLoss(transformers.LlamaForCausalLM(cfg).double().eval())
     ids, labels = torch.randint(0, 32, (2, 8)), torch.randint(0, 32, (2, 8))
-    check_forward(m, (ids, labels), rel=1e-6)
-    check_gradients(m, (ids, labels), rel=1e-5)
+    g, _ = check_forward(m, (ids, labels), rel=5e-7)
+    assert g.base_dtype == "f64" and any(o["kind"] == "cast" for o in g.ops)
+    check_gradients(m, (ids, labels), rel=2e-6)
 
 
 # ---- gradients

@@ -449,11 +449,17 @@ def _hf_torch_train(m, step, steps=2, lr=1e-2):
 
 
 # GPT-2 and GPT-NeoX compute in the module's dtype throughout: exact. Llama, Qwen2, Mistral and Phi
-# round to float32 inside (RMSNorm's hidden_states.to(torch.float32), the rotary tables under autocast
-# disabled): torch's own f64 run holds f32 roundings that weft (f64 everywhere) does not, so they agree
-# to the f32 rounding those casts make (measured 7e-6 to 1.3e-4 after 2 Adam steps), not to 1e-9.
-@pytest.mark.parametrize("name,rtol", [("gpt2", RTOL), ("gpt_neox", RTOL), ("llama", 1e-3), ("qwen2", 1e-3),
-                                       ("mistral", 1e-3), ("phi", 1e-3)])
+# compute parts in float32 (RMSNorm's hidden_states.to(torch.float32), the loss's logits.float()),
+# which weft imports as casts and holds in f32 too; but f32 sums, exp and rsqrt round differently from
+# torch's f32 kernels (another summation order, vectorised approximations): gradients agree to ~2.5e-7
+# of their largest, and Adam, whose step is ±lr wherever a gradient is near 0 whatever its size,
+# amplifies that. Measured after 2 Adam steps (largest |weft − torch| / largest |weight|): weft.run
+# (torch's own f32 kernels in the region) Llama 5.7e-6 (1.2e-4 before the cast); weft.execute (f64
+# then one rounding per op) Qwen2 1.1e-5, Phi 2.9e-6, Mistral 2.8e-4 (one near-zero gradient of
+# layer 0's gate_proj; 5.7e-6 on weft.run). Losses: within 1.4e-7. Not 1e-9: that needs torch's f32
+# summation order.
+@pytest.mark.parametrize("name,rtol", [("gpt2", RTOL), ("gpt_neox", RTOL), ("llama", 2e-5), ("qwen2", 3e-5),
+                                       ("mistral", 1e-3), ("phi", 1e-5)])
 def test_hugging_face_causal_lm_with_labels_trains_like_torch(name, rtol, cluster):
     m, V = _hf(name)
     g = torch.Generator().manual_seed(1)

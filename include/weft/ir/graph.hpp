@@ -43,6 +43,8 @@ class Graph {
   // Training-mode dropout with probability p in [0, 1); `seed` keys its mask (give each dropout
   // of a model its own).
   TensorId dropout(TensorId x, double p, std::int64_t seed, std::string name = {});
+  // x converted to the floating dtype `to` (torch's x.to(dtype)); x itself when it has that dtype.
+  TensorId cast(TensorId x, DType to, std::string name = {});
   TensorId add(TensorId a, TensorId b, std::string name = {}) {
     return binary(BinaryFn::Add, a, b, std::move(name));
   }

@@ -1,7 +1,8 @@
 #pragma once
-// A small reference interpreter: executes a graph on real numbers (f64 whatever the dtype) with
-// plain loops. It is the oracle for autodiff and, later, for distributed execution. Small shapes
-// only: an einsum loops over every point of its index space.
+// A small reference interpreter: executes a graph on real numbers (f64 arithmetic; each result
+// and leaf rounded to its held dtype, precision.hpp: the graph's base dtype at f64, an f32 region
+// of an f64 graph at f32) with plain loops. It is the oracle for autodiff and, later, for
+// distributed execution. Small shapes only: an einsum loops over every point of its index space.
 //
 // Semantics of every op kind (x, y, dy, ... as in OpKind; N = number of tokens = Π leading dims):
 //   Einsum        out[o] = Σ over the letters not in the output of Π_k operand_k[...]  (any equation)
@@ -21,6 +22,7 @@
 //                 elements (0 for a window entirely in the padding); Mean = Σ in-bounds / k²
 //                 (padding counts as zeros, PyTorch's count_include_pad)
 //   Opaque        not executable: weft::Error
+//   Cast          x (the held-dtype rounding of its result is the conversion)
 //   Dropout       x·keep·(1/(1−p)), keep = dropout_keep(seed, step, global flat index, p) (kernels.hpp;
 //                 the interpreter runs step 1 and whole tensors)
 //   Gather        out[i] = x[i with i[axis] := index[i]]   (torch.gather; index out of range: weft::Error)

@@ -73,6 +73,9 @@ enum class OpKind : std::uint8_t {
   Attention,
   AttentionGrad,  // (q, k, v, out, lse, dout) -> (dq, dk, dv), Attention's attrs: the
                   // probabilities recomputed from q, k and lse (flash attention's backward)
+  // A floating dtype conversion (torch's x.to(dtype)): x -> x rounded to the dtype in attrs.ints =
+  // {DType number} (floating only); elementwise. Its gradient is the cast of dy back to x's dtype.
+  Cast,
 };
 
 enum class UnaryFn : std::uint8_t {
@@ -146,6 +149,10 @@ struct Op {
 // The attributes of a CrossEntropy / CrossEntropyGrad op, and their encoding.
 CrossEntropyAttrs cross_entropy_attrs(const Op& op);
 OpAttrs encode_cross_entropy_attrs(const CrossEntropyAttrs& a);
+// A Cast op's target dtype (attrs.ints = {DType number}); weft::Error naming `op` unless it is one
+// floating dtype.
+DType cast_dtype(const OpAttrs& a, std::string_view op);
+OpAttrs encode_cast_attrs(DType to);
 // Whether the op has class weights (the forward's operand 2, the gradient's operand 3).
 bool cross_entropy_weighted(const Op& op);
 

@@ -99,23 +99,32 @@ def _weft_dtype(tdtype, float_dtype: str) -> str:
     raise ValueError(f"weft.from_torch: tensors of dtype {tdtype} are not supported as graph inputs")
 
 
+_SIGNIFICAND = {"bf16": 8, "f16": 11, "f32": 24, "f64": 53}
+
+
 def _float_dtype_of(tdtype) -> str:
     torch = _torch()
-    return {torch.float16: "f16", torch.bfloat16: "bf16"}.get(tdtype, "f32")
+    return {torch.float16: "f16", torch.bfloat16: "bf16", torch.float64: "f64"}.get(tdtype, "f32")
 
 
 class _Ctx:
     """State of one import: the graph, the current node, constants and leaf values."""
 
-    def __init__(self, g, float_dtype: str):
+    def __init__(self, g, float_dtype: str, module_dtype=None):
         self.g = g
         self.float_dtype = float_dtype
+        # The module's own float dtype is the graph's (float_dtype); a value of another float dtype
+        # (an f32 region of an f64 model: Llama's RMSNorm) keeps its own, reached through a cast.
+        self.module_dtype = module_dtype
+        self.cur_float = float_dtype  # the float dtype of the node being imported (new constants take it)
+        self.mixed = False  # whether a cast was emitted: only then are operands of each node converted
+        self._casts: Dict[Tuple[int, str], _T] = {}
         self.node = None
         self.path = ""
         self.values: Dict[str, Any] = {}  # leaf name -> torch tensor (or None for user inputs)
         self.buffer_names: set = set()  # the module's buffers (Buffer leaves; other folded values are Constants)
         self.batch: Optional[int] = None  # the leading size of the first user input (the batch)
-        self._const_ids: Dict[str, Tuple[int, List[int]]] = {}  # constant leaf name -> (id, shape)
+        self._const_ids: Dict[str, Tuple[int, List[int], str]] = {}  # constant leaf name -> (id, shape, dtype)
         self._n_scalars = 0
         self._n_dropouts = 0
         self.out_perm: Dict[Any, List[int]] = {}  # fx node -> permutation fused into its final einsum
@@ -173,19 +182,86 @@ class _Ctx:
         val = v.value
         shape = [int(s) for s in val.shape]
         name = v.name or f"const.{self.node.name}"
-        # One leaf per name: a buffer reached through several shape-preserving views is one tensor.
+        # One leaf per name: a buffer reached through several shape-preserving views is one tensor
+        # (read at another float dtype -- the same constant in an f32 region -- it is a leaf of its own).
+        dt = self.cur_float if (val.dtype.is_floating_point or val.dtype == torch.bool) else \
+            _weft_dtype(val.dtype, self.float_dtype)
         key = name
-        while key in self._const_ids and self._const_ids[key][1] != shape:
+        while key in self._const_ids and self._const_ids[key][1:] != (shape, dt):
             key += "'"
         if key not in self._const_ids:
-            dt = self.float_dtype if (val.dtype.is_floating_point or val.dtype == torch.bool) else \
-                _weft_dtype(val.dtype, self.float_dtype)
             if val.dtype == torch.bool:
                 val = val.to(torch.float64)
             make = self.g.buffer if name in self.buffer_names else self.g.constant
-            self._const_ids[key] = (make(key, shape, dt), shape)
+            self._const_ids[key] = (make(key, shape, dt), shape, dt)
             self.values[key] = val
         return _T(self._const_ids[key][0], tuple(shape))
+
+    # -- float dtypes (a cast, and what a node computes in)
+    def weft_float(self, tdtype) -> str:
+        """The graph's dtype of a torch float dtype: the module's own is the graph's, any other its own."""
+        if self.module_dtype is None or tdtype == self.module_dtype:
+            return self.float_dtype
+        return _float_dtype_of(tdtype)
+
+    def dtype_of(self, v) -> Optional[str]:
+        """The weft dtype of a graph value (a view: of its source); None for anything else."""
+        if isinstance(v, (_Perm, _Flat)):
+            v = v.src if v.done is None else v.done
+        return self.g.tensor(v.id)["dtype"] if isinstance(v, _T) else None
+
+    def cast(self, v, dtype: str) -> _T:
+        """v converted to the float dtype `dtype` (itself when it has it): one cast op per (tensor, dtype)."""
+        t = self.tensor(v)
+        if self.g.tensor(t.id)["dtype"] == dtype:
+            return t
+        key = (t.id, dtype)
+        if key not in self._casts:
+            self._casts[key] = self._t(self.g.cast(t.id, dtype, self.name("to_" + dtype)))
+            self.mixed = True
+        return self._casts[key]
+
+    def node_float(self, node) -> Optional[str]:
+        """The float dtype node computes in: its (first) result's, when floating point."""
+        torch = _torch()
+        val = node.meta.get("val")
+        if isinstance(val, (list, tuple)):
+            val = next((x for x in val if isinstance(x, torch.Tensor)), None)
+        if isinstance(val, torch.Tensor) and val.is_floating_point():
+            return self.weft_float(val.dtype)
+        return None
+
+    def harmonise(self, args, kwargs, want: Optional[str]):
+        """The node's float operands converted to the dtype it computes in (torch's promotion: a node
+        with a float result computes in that result's dtype; one without, e.g. a comparison, in the
+        widest of its operands')."""
+        floats = set()
+
+        def scan(v):
+            if isinstance(v, (list, tuple)):
+                for x in v:
+                    scan(x)
+            else:
+                d = self.dtype_of(v)
+                if d is not None and not d.startswith("i"):
+                    floats.add(d)
+
+        scan(args)
+        scan(list(kwargs.values()))
+        if want is None:
+            if len(floats) < 2:
+                return args, kwargs
+            want = max(floats, key=lambda d: _SIGNIFICAND[d])
+        if not floats or floats == {want}:
+            return args, kwargs
+
+        def conv(v):
+            if isinstance(v, (list, tuple)):
+                return type(v)(conv(x) for x in v)
+            d = self.dtype_of(v)
+            return self.cast(v, want) if d is not None and not d.startswith("i") and d != want else v
+
+        return conv(args), {k: conv(x) for k, x in kwargs.items()}
 
     # -- emitting (names: the node's name, suffixed for the 2nd.. op of a handler)
     def _t(self, tid: int) -> _T:
@@ -324,8 +400,8 @@ def _functional_of(target):
 
 def _only_converted_to_float(node, live) -> bool:
     """Whether every use of an (integer or bool) input reaches a conversion to floating point
-    through shape-only ops: then the input is declared floating point and the conversion is the
-    identity (the IR has no dtype conversion)."""
+    through shape-only ops: then the input is declared floating point (the graph's dtype) and the
+    conversion is the identity, or a cast to another float dtype (the IR converts no integers)."""
     seen, stack, found = set(), list(node.users), False
     while stack:
         u = stack.pop()
@@ -366,7 +442,7 @@ def _getitem(ctx, node, seq, i):
 
 
 # -- identities
-@_reg("contiguous.default", "clone.default", "alias.default", "lift_fresh_copy.default", "type_as.default")
+@_reg("contiguous.default", "clone.default", "alias.default", "lift_fresh_copy.default")
 def _identity(ctx, node, x, *args, **kwargs):
     return x
 
@@ -399,12 +475,17 @@ def _depends_on_parameter(g, tid: int) -> bool:
     return False
 
 
-@_reg("_to_copy.default", "to.dtype", "to.dtype_layout", "to.device")
+@_reg("_to_copy.default", "to.dtype", "to.dtype_layout", "to.device", "type_as.default")
 def _to(ctx, node, x, *args, **kwargs):
+    """A conversion: float -> float is the IR's cast (an identity where the dtypes agree); int -> int
+    the identity; int -> float only where the input was declared floating point (see
+    _only_converted_to_float), else refused."""
     out = node.meta["val"].dtype
-    src = ctx.g.tensor((x.src if isinstance(x, (_Perm, _Flat)) else x).id)["dtype"]
+    src = ctx.dtype_of(x) or ctx.g.tensor(ctx.tensor(x).id)["dtype"]  # a value weft cannot use fails here
     if out.is_floating_point != (not src.startswith("i")):
         ctx.fail("a conversion between integer and floating point tensors is not supported")
+    if out.is_floating_point:
+        return ctx.cast(x, ctx.weft_float(out))
     return x
 
 
@@ -1756,11 +1837,11 @@ def _import(module, example_inputs, loss_fn=None, targets=(), dtype=None, name=N
         canon.setdefault(id(b), n)
     root_state = dict(root.named_parameters(remove_duplicate=False))
     root_state.update(dict(root.named_buffers(remove_duplicate=False)))
+    fp = next((p for p in module.parameters() if p.is_floating_point()), None)
     if dtype is None:
-        fp = next((p for p in module.parameters() if p.is_floating_point()), None)
         dtype = _float_dtype_of(fp.dtype) if fp is not None else "f32"
     g = _weft.Graph(name or type(module).__name__)
-    ctx = _Ctx(g, dtype)
+    ctx = _Ctx(g, dtype, fp.dtype if fp is not None else torch.float32)
     ctx.fused_attention = bool(fused_attention)
     if fused_attention:
         def real_buffer(target, obj):
@@ -1969,7 +2050,12 @@ def _import(module, example_inputs, loss_fn=None, targets=(), dtype=None, name=N
                 f"{path or '<root>'!r}"
                 f"{' ' + _type_name(list(stack.values())[-1][1]) if stack else ''}{_source_line(node)}); "
                 f"weft.frontend.supported_ops() lists the {len(supported_ops())} ops it maps")
+        if h is not _to and h is not _getitem:  # a conversion makes its own dtype; getitem picks one
+            ctx.cur_float = ctx.node_float(node) or ctx.float_dtype
+            if ctx.mixed:
+                args, kwargs = ctx.harmonise(args, kwargs, ctx.node_float(node))
         env[node] = h(ctx, node, *args, **kwargs)
+        ctx.cur_float = ctx.float_dtype
         if inplace is not None and isinstance(node.args[0], torch.fx.Node):
             # x.add_(y): later readers of x see the new value (x must not be a view of another tensor)
             src = node.args[0]
@@ -2018,8 +2104,9 @@ def from_torch(module, example_inputs: Sequence[Any], *, loss_fn: Optional[Calla
 
     If the module returns a scalar, that is the loss; otherwise the loss is
     ``loss_fn(module(*example_inputs), *targets)``, captured together with the module.
-    ``dtype`` is the weft dtype of every floating point tensor (default: the module's parameter
-    dtype; float64 maps to "f32", weft having no f64 -- the interpreter computes in f64 anyway).
+    ``dtype`` is the weft dtype of the module's floating point tensors (default: the module's
+    parameter dtype: "f64", "f32", "bf16", "f16"); a value the module converts to another float dtype
+    (Llama's RMSNorm in f32) keeps it, through the IR's cast.
     Integer inputs (token ids, labels) become i64 / i32 inputs. Works on meta tensors.
     Raises ValueError for an op without an exact mapping (see :func:`supported_ops`).
 

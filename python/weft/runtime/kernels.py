@@ -773,6 +773,9 @@ KERNELS: Dict[str, Callable[[dict, Sequence[torch.Tensor], dict], List[torch.Ten
     "pool2d": _pool2d,
     "opaque": _opaque,
     "dropout": _dropout,
+    # The values as they are: the rank stores the result in the buffer's dtype (held_dtype in rank.py),
+    # which is the conversion (torch's .to, round to nearest even).
+    "cast": lambda op, xs, ctx: [xs[0]],
     "gather": _gather,
     "scatter_add": _scatter_add,
     "topk": _topk,

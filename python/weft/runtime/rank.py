@@ -24,6 +24,19 @@ from .kernels import ce_grad, ce_loss, ce_row_max, ce_row_sum_target, check_defe
 # Storage dtypes: the runtime's float policy, and the graph's dtype names.
 TORCH_DTYPES = {"f64": torch.float64, "f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 _INT_DTYPES = {"i32", "i64", "bool"}
+_SIGNIFICAND = {"bf16": 8, "f16": 11, "f32": 24, "f64": 53}
+
+
+def held_dtype(dt: str, base: str, run: str) -> str:
+    """The dtype a float tensor of IR dtype ``dt`` is held (and computed) at when the graph's base
+    dtype ``base`` runs at ``run`` -- ir::held_dtype (include/weft/ir/precision.hpp): the base at the
+    run's dtype; a tensor narrower than the base at the narrower of (its own, the run's) -- an f32
+    region of an f64 model stays f32 in an f64 run --, one wider than the base at the wider of
+    them -- a bf16 model's upcast to f32 stays f32 in a bf16 run."""
+    if dt == base:
+        return run
+    narrower = _SIGNIFICAND[dt] < _SIGNIFICAND[base]
+    return dt if narrower == (_SIGNIFICAND[dt] < _SIGNIFICAND[run]) else run
 
 
 class RankError(RuntimeError):
@@ -64,6 +77,8 @@ class RankRuntime:
         self.leaves = LeafInit(self.program.graph, seed, seed_all_parameters)
         self.inputs = {k: np.asarray(v) for k, v in (inputs or {}).items()}
         self.float_dtype = TORCH_DTYPES[dtype] if dtype else None
+        self.run_dtype = dtype
+        self.base_dtype = self.program.graph.base_dtype
         self.groups = groups if groups is not None else ProcessGroups(layout.collective_groups())
         self.comm = Comm(rank, layout, self.buffers, self.groups, self.device)
         self.values: Dict[int, torch.Tensor] = {}
@@ -105,6 +120,8 @@ class RankRuntime:
         dt = self.tensors[t]["dtype"] if t is not None and t >= 0 else "f32"
         if dt in _INT_DTYPES:
             return torch.int64
+        if self.run_dtype and dt in _SIGNIFICAND and t is not None and t >= 0:  # statistics: the run's
+            return TORCH_DTYPES[held_dtype(dt, self.base_dtype, self.run_dtype)]
         return self.float_dtype or TORCH_DTYPES.get(dt, torch.float32)
 
     def local_shape(self, b: int) -> List[int]:

@@ -81,3 +81,20 @@ TEST_CASE("op_cost of fused attention: flash FLOPs at the ceiling, its operands 
                                   h100.kernel_overhead)
                       .epsilon(1e-12));
 }
+
+TEST_CASE("op_cost: a cast is a memory-bound copy (f64 read, f32 written), split like its operand") {
+  ir::Graph g;
+  const auto x = g.input("x", {1024, 4096}, DType::F64);
+  (void)g.cast(x, DType::F32, "down");
+  const ir::Op& op = g.op(0);
+  const auto dev = cluster::Cluster::preset("M8").device(0).spec;
+  const double n = 1024.0 * 4096;
+  const cost::OpCost whole = cost::op_cost(g, op, dev, {1, 1});
+  CHECK(whole.flops == n);                // one conversion per element
+  CHECK(whole.bytes == (8.0 + 4.0) * n);  // read f64, write f32
+  CHECK(whole.time ==
+        doctest::Approx(whole.bytes / (dev.memory_bandwidth * dev.memory_efficiency) + dev.kernel_overhead)
+            .epsilon(1e-12));  // memory-bound: the bytes, not the FLOPs, set the time
+  const cost::OpCost half = cost::op_cost(g, op, dev, {2, 1});  // rows split over 2 devices
+  CHECK(half.bytes == whole.bytes / 2);
+}
