@@ -138,7 +138,7 @@ def test_indexing_by_a_data_dependent_mask_is_refused():
         def forward(self, x, ids):
             return self.p(x)[ids == 2].sum()  # a data-dependent shape
 
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="indexing by a mask computed in the graph"):
         weft.from_torch(M().double(), (f64(4, 5), torch.tensor([2, 1, 2, 0])))
 
 
@@ -395,7 +395,7 @@ def test_new_ops_are_listed():
     ops = weft.frontend.supported_ops()
     for op in ("aten.index.Tensor", "aten.index_select.default", "aten.one_hot.default", "aten.scatter.src",
                "aten.scatter.value", "aten.eq.Scalar", "aten.copy.default", "aten.fill.Scalar",
-               "aten.slice_scatter.default", "aten.select_scatter.default"):
+               "aten.slice_scatter.default", "aten.select_scatter.default", "aten.index_put.default"):
         assert op in ops, op
 
 
@@ -443,3 +443,93 @@ def test_switch_router_trains_like_torch_on_4_processes():
     want = torch_train(module, step, ex)
     for plan in (weft.plan(step, cluster), weft.data_parallel_plan(step, cluster, [1, 1, 1, 1], num_microbatches=2)):
         assert_trained_like_torch(weft.run(plan, step, cluster, steps=3, dtype="f64"), *want)
+
+
+def test_in_place_writes_into_parts_of_a_split_and_into_constants():
+    # (torch refuses writes into the parts of a split of a tensor that requires grad: integer ids here)
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(32, 6)
+            self.q = Proj(5, 6)
+
+        def forward(self, labels, x):  # labels [4, 5]
+            u = self.q(x)
+            shifted = labels.new_zeros(labels.shape)
+            first, rest = shifted.split([1, 4], dim=-1)
+            rest.copy_(labels[:, :-1])  # into part 1 of a split
+            first.fill_(7)
+            r0, r1, r2, r3 = shifted.unbind(0)
+            r2.add_(1)  # into a row of an unbind (a view of a view of the same tensor)
+            m = torch.zeros(6, dtype=torch.float64)
+            m[2:4] = 1.5  # a constant written with a constant: folded in torch
+            k = torch.zeros(4, 6, dtype=torch.float64)
+            k[:, :3] = u[:, 3:]  # a constant written with a graph value
+            h = self.emb(shifted).sum(1)  # [4, 6]
+            return (h * u).sum() + (h * m).sum() + (k * h).sum()
+
+    labels = torch.tensor([[5, 7, 1, 9, 3], [1, 0, 2, 31, 4], [8, 8, 8, 8, 8], [0, 1, 2, 3, 4]])
+    check(M().double(), (labels, f64(4, 5)))
+
+
+@pytest.mark.parametrize("case", ["constant", "add_into", "accumulate_repeated", "graph_accumulate", "one_per_row",
+                                  "bool_mask", "two_apart", "int_labels"])
+def test_index_put(case):
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.p = Proj(5, 6)
+            self.q = Proj(5, 6)
+            if case == "int_labels":
+                self.emb = nn.Embedding(10, 6)
+
+        def forward(self, x, ids):  # ids [4] in [0, 10)
+            h, u = self.p(x) * 1.0, self.q(x)  # [4, 6]
+            if case == "constant":  # x[:, idx] = v
+                h[:, torch.tensor([0, 3])] = u[:, :2]
+            elif case == "add_into":  # x[:, idx] += v: index, add, index_put
+                h[:, torch.tensor([5, 1, 2])] += u[:, 3:]
+            elif case == "accumulate_repeated":
+                h.index_put_((torch.tensor([1, 1, 3]),), u[:3], accumulate=True)
+            elif case == "graph_accumulate":  # the top-1 of each row gets a bonus (positions from the graph)
+                top = torch.topk(u, 1).indices.squeeze(1)
+                h.index_put_((torch.arange(4), top), u.sum(-1), accumulate=True)
+            elif case == "one_per_row":  # the chosen entry of each row overwritten (positions from the graph)
+                h[torch.arange(4), torch.topk(u, 1).indices.squeeze(1)] = u[:, 0]
+            elif case == "bool_mask":
+                h[:, torch.tensor([True, False, True, False, False, True])] = 0.25
+            elif case == "two_apart":  # x[i, :, j] = v on a 3-d view
+                w = h.view(4, 2, 3)
+                w[torch.tensor([0, 2]), :, torch.tensor([1, 2])] = u[:2, :2]
+            else:  # an integer tensor written at constant positions, then used as ids
+                ids2 = ids.clone()
+                ids2[torch.tensor([0, 2])] = torch.tensor([9, 8])
+                h = h + self.emb(ids2)
+            return (h * u).sum() + h.pow(2).sum()
+
+    check(M().double(), (f64(4, 5), torch.tensor([3, 1, 4, 1])))
+
+
+def test_index_put_it_cannot_do_exactly_is_refused():
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.p = Proj(5, 6)
+
+        def forward(self, x):
+            h = self.p(x) * 1.0
+            h[:, torch.tensor([1, 1])] = 0.5  # a repeated position
+            return h.sum()
+
+    with pytest.raises(ValueError, match="index_put with a repeated position"):
+        weft.from_torch(M().double(), (f64(4, 5),))
+
+    class G(M):
+        def forward(self, x):
+            h = self.p(x) * 1.0
+            i = torch.topk(h, 2).indices  # two positions per row from the graph, overwritten
+            h[torch.arange(4).unsqueeze(1), i] = 0.0
+            return h.sum()
+
+    with pytest.raises(ValueError, match="accumulate=True, or one position per row"):
+        weft.from_torch(G().double(), (f64(4, 5),))

@@ -1,5 +1,5 @@
 """Indexing and data-dependent selection for the torch importer: advanced indexing
-(``x[:, :, idx]``, ``aten.index.Tensor``), ``index_select``, ``one_hot``, ``scatter`` (overwrite),
+(``x[:, :, idx]``, ``aten.index.Tensor``), ``index_select``, ``index_put``, ``one_hot``, ``scatter`` (overwrite),
 comparisons of integer tensors (``labels == -100``) and the ``masked_fill`` / ``where`` they drive.
 
 Everything maps to existing IR ops, exactly:
@@ -19,7 +19,8 @@ Everything maps to existing IR ops, exactly:
   source into zeros, covered where a ``scatter_add`` of ones is ≥ 1: exact when no position is
   written twice — torch leaves the winner of a repeated position unspecified — so the source form is
   imported only where the index's positions are distinct along the dim (a constant index, checked;
-  or the indices of a ``topk`` along that dim); the ``value`` form takes any index.
+  or the indices of a ``topk`` along that dim); the ``value`` form takes any index; ``index_put``
+  (``x[idx] = v``) likewise, or adds (``accumulate=True``).
 
 Handlers register into frontend/torch.py's table (this module is imported at its end)."""
 from __future__ import annotations
@@ -81,7 +82,8 @@ class _IntCmp(_Lazy):
                 d = _ibin(ctx, "sub", x, c, s + ".diff") if c else x
                 eq = _is_zero(ctx, d, s + (".eq" if self.op == "ne" else ""))
                 self._pick = eq if self.op == "eq" else _ibin(ctx, "sub", 1, eq, s)
-            else:  # x > c ⟺ x − c > 0; x >= c ⟺ x − c + 1 > 0; x < c ⟺ c − x > 0; x <= c ⟺ c + 1 − x > 0
+            else:  # integers: x > c ⟺ x − c > 0, x >= c ⟺ x − (c − 1) > 0, x < c ⟺ c − x > 0,
+                # x <= c ⟺ c + 1 − x > 0
                 d = {"gt": lambda: _ibin(ctx, "sub", x, c, s + ".diff"),
                      "ge": lambda: _ibin(ctx, "sub", x, c - 1, s + ".diff"),
                      "lt": lambda: _ibin(ctx, "sub", c, x, s + ".diff"),
@@ -285,12 +287,38 @@ def _index_select(ctx, node, x, dim, index):
     return take(ctx, x, d, idx)
 
 
-@_reg("index.Tensor")
-def _index(ctx, node, x, indices):
-    """x[i0, i1, ...] with tensors (advanced indexing): the indexed dims (after every constant bool
-    mask is turned into its positions) are merged into one, the indices into one linear index, and
-    that dim taken (`take`). Adjacent indexed dims keep their place in the result, others go first,
-    as torch does."""
+class _Positions:
+    """Advanced indexing's positions in x: x (transposed so that the indexed dims are adjacent, `perm`,
+    or None), the indexed dims `dims`, the index operands `ops` (negatives counted from the end) and
+    their broadcast shape `ishape`."""
+
+    def __init__(self, x, perm, dims, ops, ishape):
+        self.x, self.perm, self.dims, self.ops, self.ishape = x, perm, dims, ops, ishape
+
+    def linear(self, ctx):
+        """x with the indexed dims merged into one (dim dims[0]) and the linear index into it (a constant,
+        or a graph tensor of shape ishape)."""
+        x, dims, ops, ishape = self.x, self.dims, self.ops, self.ishape
+        sizes = [x.shape[d] for d in dims]
+        strides = [int(np.prod(sizes[j + 1:])) for j in range(len(sizes))]
+        if all(isinstance(o, _C) for o in ops):
+            lin = ctx.const(sum(o.value * s for o, s in zip(ops, strides)), "linear")
+        else:  # Σ idx_j · stride_j in integer ops, each index broadcast to their common shape
+            lin = None
+            for j, (o, s) in enumerate(zip(ops, strides)):
+                t = ctx.tensor(o)
+                if list(t.shape) != ishape:
+                    t = _broadcast(ctx, ctx.node, t, ishape, f"index{j}.broadcast")
+                t = _ibin(ctx, "mul", t, s, f"index{j}.stride") if s != 1 else t
+                lin = t if lin is None else ctx.binary("add", lin, t, f"index{j}.linear")
+        d0 = dims[0]
+        merged = list(x.shape[:d0]) + [int(np.prod(sizes))] + list(x.shape[dims[-1] + 1:])
+        xm = ctx.tensor(ctx.reshape(x, merged, "indexed_merged")) if len(dims) > 1 else x
+        return xm, lin
+
+
+def _positions(ctx, x, indices, what) -> Optional[_Positions]:
+    """The positions x[indices] reads (None: no index tensor)."""
     torch = _torch()
     x = ctx.tensor(x)
     r = len(x.shape)
@@ -298,47 +326,113 @@ def _index(ctx, node, x, indices):
     for i in indices:  # a bool mask over k dims is k integer indices (its positions: constant only)
         if isinstance(i, _C) and i.value.dtype in (torch.bool, torch.uint8):
             if i.value.device.type == "meta":
-                ctx.fail("indexing by a bool mask on the meta device (its positions are unknown)")
+                ctx.fail(f"{what} by a bool mask on the meta device (its positions are unknown)")
             idx.extend(ctx.const(p, f"mask{len(idx)}.{k}")
                        for k, p in enumerate(torch.nonzero(i.value.to(torch.bool), as_tuple=True)))
         else:
             idx.append(i)
-    idx += [None] * (r - len(idx))
     if len(idx) > r:
         ctx.fail(f"too many indices ({len(idx)}) for a tensor of rank {r}")
+    idx += [None] * (r - len(idx))
     dims = [d for d, i in enumerate(idx) if i is not None]
     if not dims:
-        return x
-    adjacent = dims == list(range(dims[0], dims[-1] + 1))
-    if not adjacent:  # the indexed dims first, in order (where torch puts the result's dims)
+        return None
+    perm = None
+    if dims != list(range(dims[0], dims[-1] + 1)):  # the indexed dims first, in order (where torch puts them)
         perm = dims + [d for d in range(r) if d not in dims]
         x = ctx._t(ctx.g.transpose(x.id, perm, ctx.name("indexed_first")))
         idx = [idx[d] for d in dims] + [None] * (r - len(dims))
         dims = list(range(len(dims)))
-    sizes = [x.shape[d] for d in dims]
-    ops = [_index_of(ctx, idx[d], x.shape[d], "indexing", f"index{j}") for j, d in enumerate(dims)]
+    ops = [_index_of(ctx, idx[d], x.shape[d], what, f"index{j}") for j, d in enumerate(dims)]
     ishape = list(torch.broadcast_shapes(*[tuple(o.value.shape) if isinstance(o, _C) else tuple(o.shape)
                                            for o in ops]))
-    rows = _rows_then_index(ctx, x, dims, ops, ishape)
+    return _Positions(x, perm, dims, ops, ishape)
+
+
+@_reg("index.Tensor")
+def _index(ctx, node, x, indices):
+    """x[i0, i1, ...] with tensors (advanced indexing): the indexed dims (after every constant bool
+    mask is turned into its positions) are merged into one, the indices into one linear index, and
+    that dim taken (`take`). Adjacent indexed dims keep their place in the result, others go first,
+    as torch does."""
+    pos = _positions(ctx, x, indices, "indexing")
+    if pos is None:
+        return x
+    x, dims, ishape = pos.x, pos.dims, pos.ishape
+    rows = _rows_then_index(ctx, x, dims, pos.ops, ishape)
     if rows is not None:
         return rows
-    strides = [int(np.prod(sizes[j + 1:])) for j in range(len(sizes))]
-    if all(isinstance(o, _C) for o in ops):
-        lin = ctx.const(sum(o.value * s for o, s in zip(ops, strides)), "linear")
-    else:  # Σ idx_j · stride_j in integer ops, each index broadcast to their common shape
-        lin = None
-        for j, (o, s) in enumerate(zip(ops, strides)):
-            t = ctx.tensor(o)
-            if list(t.shape) != ishape:
-                t = _broadcast(ctx, ctx.node, t, ishape, f"index{j}.broadcast")
-            t = _ibin(ctx, "mul", t, s, f"index{j}.stride") if s != 1 else t
-            lin = t if lin is None else ctx.binary("add", lin, t, f"index{j}.linear")
-    d0 = dims[0]
-    merged = x.shape[:d0] + (int(np.prod(sizes)),) + x.shape[dims[-1] + 1:]
-    xm = ctx.tensor(ctx.reshape(x, list(merged), "indexed_merged")) if len(dims) > 1 else x
-    y = take(ctx, xm, d0, lin if isinstance(lin, _C) else ctx.tensor(lin), "take")
+    xm, lin = pos.linear(ctx)
+    y = take(ctx, xm, dims[0], lin if isinstance(lin, _C) else ctx.tensor(lin), "take")
     # (the shape from the operands: a bool mask's count is symbolic in the export's metadata)
-    return ctx.reshape(y, list(x.shape[:d0]) + ishape + list(x.shape[dims[-1] + 1:]))
+    return ctx.reshape(y, list(x.shape[:dims[0]]) + ishape + list(x.shape[dims[-1] + 1:]))
+
+
+def _one_per_row(pos: _Positions) -> bool:
+    """x[arange(n), idx] with idx of shape [n]: one position in each row, so no position twice."""
+    torch = _torch()
+    if len(pos.dims) != 2 or not isinstance(pos.ops[0], _C) or pos.ishape != [pos.x.shape[pos.dims[0]]]:
+        return False
+    return torch.equal(pos.ops[0].value.expand(pos.ishape), torch.arange(pos.ishape[0]))
+
+
+@_reg("index_put.default")
+def _index_put(ctx, node, x, indices, values, accumulate=False):
+    """x[i0, i1, ...] = values (index_put; `x[idx] = v`, `x.index_put_(idx, v, accumulate=True)`): with
+    the positions merged as for indexing, `scatter_add(0, index, values)` added to x (accumulate) or
+    selected where a position is written (the selection of `scatter`: exact where no position is written
+    twice — a constant index, checked; torch keeps one of the values at a repeated position, which one
+    unspecified); a graph index without accumulate: ValueError."""
+    torch = _torch()
+    pos = _positions(ctx, x, indices, "index_put")
+    if pos is None:
+        ctx.fail("index_put without an index tensor")
+    xm, lin = pos.linear(ctx)
+    d0 = pos.dims[0]
+    pre, post = list(xm.shape[:d0]), list(xm.shape[d0 + 1:])
+    k = int(np.prod(pos.ishape)) if pos.ishape else 1
+    if isinstance(lin, _C):
+        flat = lin.value.reshape(-1)
+        if not accumulate and flat.numel() != torch.unique(flat).numel():
+            ctx.fail("index_put with a repeated position: torch keeps one of the values (which one is unspecified); "
+                     "use accumulate=True or distinct positions")
+        lin = ctx.tensor(ctx.const(flat.to(torch.int64), "positions"))
+    elif not accumulate and not _one_per_row(pos):
+        ctx.fail("index_put at positions computed in the graph is supported with accumulate=True, or one position "
+                 "per row (x[arange(n), idx] = v), only: a position written twice keeps one of the values in torch, "
+                 "which one unspecified")
+    gshape = pre + [k] + post
+    index = ctx.tensor(ctx.reshape(ctx.tensor(lin), [1] * len(pre) + [k] + [1] * len(post), "positions.shape"))
+    if list(index.shape) != gshape:
+        index = _broadcast(ctx, node, index, gshape, "positions.broadcast")
+    floating = _is_float_weft(ctx.g, xm.id)
+    vshape = pre + list(pos.ishape) + post  # what x[indices] reads: values broadcast to it
+    if isinstance(values, _Lazy):
+        values = values.materialise(ctx, floating)
+    if not _is_graph(values):
+        val = values.value if isinstance(values, _C) else values
+        values = ctx.const(torch.as_tensor(val).to(torch.float64 if floating else _int_dtype(ctx, xm)), "values")
+    v = ctx.tensor(values)
+    if _is_float_weft(ctx.g, v.id) != floating:
+        ctx.fail("index_put of values whose dtype kind (integer / floating point) differs from the input's")
+    if list(v.shape) != vshape:
+        v = _broadcast(ctx, node, v, vshape, "values.broadcast")
+    v = ctx.tensor(ctx.reshape(v, gshape, "values.flat"))
+    zero = ctx.tensor(ctx.const(torch.zeros((), dtype=torch.float64 if floating else _int_dtype(ctx, xm)), "zero"))
+    written = ctx._t(ctx.g.scatter_add(_broadcast(ctx, node, zero, list(xm.shape), "zeros").id, index.id, v.id, d0,
+                                       ctx.name("written")))
+    if accumulate:
+        y = ctx.binary("add", xm, written, "accumulated")
+    else:
+        ones = _broadcast(ctx, node, _int_const(ctx, 1, index, "one"), gshape, "ones")
+        izero = _broadcast(ctx, node, _int_const(ctx, 0, index, "izero"), list(xm.shape), "izeros")
+        hits = ctx._t(ctx.g.scatter_add(izero.id, index.id, ones.id, d0, ctx.name("hits")))
+        y = choose(ctx, _is_positive(ctx, hits, "covered"), written, xm, list(xm.shape), "put")
+    y = ctx.tensor(ctx.reshape(y, list(pos.x.shape), "unmerged"))
+    if pos.perm is not None:  # back to x's order
+        inv = [pos.perm.index(i) for i in range(len(pos.perm))]
+        y = ctx._t(ctx.g.transpose(y.id, inv, ctx.name("indexed_back")))
+    return y
 
 
 def _rows_then_index(ctx, x: _T, dims, ops, ishape):

@@ -338,7 +338,8 @@ def _handler_for(target):
 
 _VIEW_OPS = ("view", "reshape", "_unsafe_view", "transpose", "permute", "t", "numpy_T", "mT", "mH", "adjoint",
              "slice", "select", "expand",
-             "unsqueeze", "squeeze", "split", "chunk", "unbind", "alias", "flatten", "unflatten", "view_as",
+             "unsqueeze", "squeeze", "split", "split_with_sizes", "chunk", "unbind", "alias", "flatten", "unflatten",
+             "view_as",
              "as_strided", "diagonal", "narrow")
 
 
@@ -1005,10 +1006,9 @@ def _masked_fill(ctx, node, x, mask, value):
     if _is_graph(mask):  # a comparison of integer tensors (labels == -100): a selection
         from .indexing import choose, lazy_mask
         pick = lazy_mask(ctx, mask)
-        if pick is None:
-            ctx.fail("masked_fill by a mask that is not a comparison is not supported")
-        return choose(ctx, pick, value.value if isinstance(value, _C) else value, x, _out_shape(node))
-    m = _const_mask(ctx, mask, x.shape)
+        if pick is not None:
+            return choose(ctx, pick, value.value if isinstance(value, _C) else value, x, _out_shape(node))
+    m = _const_mask(ctx, mask, x.shape)  # (a float mask computed in the graph: refused there)
     if isinstance(value, _C):
         value = value.value.to(torch.float64)
     elif not isinstance(value, (int, float)):
@@ -1022,10 +1022,9 @@ def _where(ctx, node, cond, a, b):
     if _is_graph(cond):  # a comparison of integer tensors: a selection
         from .indexing import choose, lazy_mask
         pick = lazy_mask(ctx, cond)
-        if pick is None:
-            ctx.fail("where with a condition that is not a comparison is not supported")
-        return choose(ctx, pick, a, b, _out_shape(node))
-    m = _const_mask(ctx, cond, _out_shape(node))
+        if pick is not None:
+            return choose(ctx, pick, a, b, _out_shape(node))
+    m = _const_mask(ctx, cond, _out_shape(node))  # (a float condition computed in the graph: refused there)
     val = lambda v: v.value.to(torch.float64) if isinstance(v, _C) else v  # noqa: E731
     if not _is_graph(a):
         return _select_fill(ctx, b, ~m, val(a))
@@ -1674,12 +1673,27 @@ def _batch_norm(ctx, node, x, weight, bias, running_mean, running_var, training,
 
 # ---- in-place writes into views, functionalised
 
-def _view_base(n):
-    """The tensor a chain of view ops (slice, select, view, transpose, ...) starts from (n itself if not a view)."""
+_PARTS = ("split", "split_with_sizes", "chunk", "unbind")  # views returned as a tuple (read by getitem)
+
+
+def _view_name(n) -> Optional[str]:
+    """The view op an fx node applies ('slice', 'transpose', ...; 'part' for the getitem of a split /
+    chunk / unbind), or None when it is not a view."""
     torch = _torch()
-    while (isinstance(n, torch.fx.Node) and n.op == "call_function"
-           and str(n.target).split(".")[1:2] and str(n.target).split(".")[1] in _VIEW_OPS):
-        n = n.args[0]
+    if not isinstance(n, torch.fx.Node) or n.op != "call_function":
+        return None
+    if n.target is operator.getitem:
+        src = n.args[0]
+        return "part" if _view_name(src) in _PARTS else None
+    parts = str(n.target).split(".")
+    return parts[1] if len(parts) == 3 and parts[0] == "aten" and parts[1] in _VIEW_OPS else None
+
+
+def _view_base(n):
+    """The tensor a chain of view ops (slice, select, view, transpose, a split's part, ...) starts from
+    (n itself if not a view)."""
+    while _view_name(n) is not None:
+        n = n.args[0].args[0] if _view_name(n) == "part" else n.args[0]
     return n
 
 
@@ -1696,16 +1710,19 @@ def _check_no_stale_view(ctx, node, base, order, live):
         if _view_base(v) is not base or order[v] > i:
             continue
         stack.extend(v.users)
-        if any(order[u] > i and u in live for u in v.users):
-            late = next(u for u in v.users if order[u] > i and u in live)
+        # (an overwrite of the whole view -- copy_, fill_ -- reads none of its values: not stale)
+        late = [u for u in v.users if order[u] > i and u in live
+                and not (str(u.target) in _OVERWRITES and u.args[0] is v)]
+        if late:
+            late = late[0]
             ctx.fail(f"an in-place write changes '{base.name}', and its view '{v.name}' taken before the write is "
                      f"read after it (by '{late.name}'): not supported (torch's views share memory; take the view "
                      "after the write)")
 
 
 _OVERWRITES = ("aten.copy_.default", "aten.fill_.Scalar", "aten.fill_.Tensor")
-_WRITABLE_VIEWS = ("slice", "select", "alias", "view", "reshape", "_unsafe_view", "unsqueeze", "squeeze", "flatten",
-                   "unflatten", "view_as", "transpose", "permute", "t", "numpy_T", "mT")
+_WRITABLE_VIEWS = ("slice", "select", "part", "alias", "view", "reshape", "_unsafe_view", "unsqueeze", "squeeze",
+                   "flatten", "unflatten", "view_as", "transpose", "permute", "t", "numpy_T", "mT")
 
 
 def _write_through_views(ctx, env, node, view, new, view_base):
@@ -1716,13 +1733,13 @@ def _write_through_views(ctx, env, node, view, new, view_base):
     chain = []
     n = view
     while n is not base:
-        op = str(n.target).split(".")[1]
+        op = _view_name(n)
         if op not in _WRITABLE_VIEWS:
             ctx.fail(f"an in-place write into a view made by {op} ('{n.name}') is not supported")
         if op == "slice" and len(n.args) > 4 and n.args[4] != 1:
             ctx.fail(f"an in-place write into a slice with a step != 1 ('{n.name}') is not supported")
         chain.append(n)
-        n = n.args[0]
+        n = n.args[0].args[0] if op == "part" else n.args[0]
     chain.reverse()
     cur = [ctx.tensor(env[base])]  # the values along the chain (but the written view), from the base's current value
     for j, v in enumerate(chain[:-1]):
@@ -1741,9 +1758,24 @@ def _write_through_views(ctx, env, node, view, new, view_base):
 
 
 def _slice_bounds(v, shape):
-    """(dim, begin, end) of a slice.Tensor / select.int node on a tensor of `shape` (step 1)."""
-    op = str(v.target).split(".")[1]
+    """(dim, begin, end[, step]) of a slice.Tensor / select.int node, or of part k of a split / chunk /
+    unbind (its getitem), on a tensor of `shape`."""
+    op = _view_name(v)
     r = len(shape)
+    if op == "part":
+        src, k = v.args[0], v.args[1]
+        kind = _view_name(src)
+        args = list(src.args) + [None] * 3
+        d = _norm((args[1] if kind == "unbind" else args[2]) or 0, r)
+        n = shape[d]
+        if kind == "unbind":
+            return d, k, k + 1
+        if kind == "split_with_sizes":
+            sizes = list(args[1])
+        else:
+            size = args[1] if kind == "split" else -(-n // args[1])
+            sizes = [min(size, n - b) for b in range(0, n, size)]
+        return d, sum(sizes[:k]), sum(sizes[:k + 1])
     if op == "select":
         d = _norm(v.args[1], r)
         i = v.args[2] + shape[d] if v.args[2] < 0 else v.args[2]
@@ -1757,14 +1789,19 @@ def _slice_bounds(v, shape):
     return d, max(0, min(s, n)), max(0, min(e, n)), step
 
 
+def _selects(v) -> bool:
+    """A view that drops its dim (select, a part of unbind)."""
+    return _view_name(v) == "select" or (_view_name(v) == "part" and _view_name(v.args[0]) == "unbind")
+
+
 def _apply_view(ctx, v, x: _T, suffix) -> _T:
-    op = str(v.target).split(".")[1]
-    if op in ("slice", "select"):
+    op = _view_name(v)
+    if op in ("slice", "select", "part"):
         d, b, e, *step = _slice_bounds(v, x.shape)
         if step and step[0] != 1:
             ctx.fail("an in-place write into a slice with a step != 1 is not supported")
         y = _slice_t(ctx, x, d, b, e, suffix)
-        return ctx.tensor(ctx.reshape(y, _out_shape(v), suffix + ".squeeze")) if op == "select" else y
+        return ctx.tensor(ctx.reshape(y, _out_shape(v), suffix + ".squeeze")) if _selects(v) else y
     if op in ("transpose", "permute", "t", "numpy_T", "mT"):
         perm = _perm_of(v, len(x.shape))
         return x if perm == list(range(len(perm))) else ctx._t(ctx.g.transpose(x.id, perm, ctx.name(suffix)))
@@ -1773,10 +1810,10 @@ def _apply_view(ctx, v, x: _T, suffix) -> _T:
 
 def _unview(ctx, v, parent: _T, new: _T, suffix) -> _T:
     """`parent` with its view `v` replaced by `new`."""
-    op = str(v.target).split(".")[1]
-    if op in ("slice", "select"):
+    op = _view_name(v)
+    if op in ("slice", "select", "part"):
         d, b, e, *_ = _slice_bounds(v, parent.shape)
-        if op == "select":
+        if _selects(v):
             new = ctx.tensor(ctx.reshape(new, [1 if k == d else s for k, s in enumerate(parent.shape)],
                                          suffix + ".unsqueeze"))
         parts = ([_slice_t(ctx, parent, d, 0, b, suffix + ".before")] if b > 0 else []) + [new] + \
@@ -2164,10 +2201,10 @@ def _import(module, example_inputs, loss_fn=None, targets=(), dtype=None, name=N
         ctx.node, ctx.path = node, path
         target = node.target
         opname = str(target)
-        if (str(target).split(".")[1:2] and str(target).split(".")[1] in _VIEW_OPS and node.users
+        if (_view_name(node) is not None and node.users and has_t(load(node.args))
                 and all(str(u.target) in _OVERWRITES and u.args[0] is node for u in node.users)):
-            # a view only overwritten (x[..., 1:] = y: copy_ / fill_ read no value of it): the write
-            # replaces that region of the base (_write_through_views); nothing to emit for the view
+            # a view (of a graph tensor) only overwritten (x[..., 1:] = y: copy_ / fill_ read no value of
+            # it): the write replaces that region of the base (_write_through_views); nothing to emit
             env[node] = _Unusable(f"the view '{node.name}' (only overwritten)")
             continue
         if node in fused_out and not isinstance(env[node.args[0]], _C):
