@@ -395,7 +395,8 @@ def test_new_ops_are_listed():
     ops = weft.frontend.supported_ops()
     for op in ("aten.index.Tensor", "aten.index_select.default", "aten.one_hot.default", "aten.scatter.src",
                "aten.scatter.value", "aten.eq.Scalar", "aten.copy.default", "aten.fill.Scalar",
-               "aten.slice_scatter.default", "aten.select_scatter.default", "aten.index_put.default"):
+               "aten.slice_scatter.default", "aten.select_scatter.default", "aten.index_put.default",
+               "aten.stack.default"):
         assert op in ops, op
 
 
@@ -533,3 +534,36 @@ def test_index_put_it_cannot_do_exactly_is_refused():
 
     with pytest.raises(ValueError, match="accumulate=True, or one position per row"):
         weft.from_torch(G().double(), (f64(4, 5),))
+
+
+@pytest.mark.parametrize("sl", [(None, None, 2), (1, None, 2), (0, 5, 3), (1, 6, 4), (2, 3, 5), (-5, None, 3)])
+def test_strided_slices(sl):
+    """x[..., a:b:k] (GPT-J's rotate_every_two: x[..., ::2] and x[..., 1::2]) against torch, including a
+    last stride cut short by the end of the dim or by b."""
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.p = Proj(5, 12)
+
+        def forward(self, x):
+            h = self.p(x).view(4, 2, 6)
+            y = h[..., slice(*sl)]
+            return (y * torch.arange(1.0, y.shape[-1] + 1, dtype=torch.float64)).pow(2).sum()
+
+    check(M().double(), (f64(4, 5),))
+
+
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_stack(dim):
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.p = Proj(5, 6)
+            self.q = Proj(5, 6)
+
+        def forward(self, x):
+            h, u = self.p(x), self.q(x)
+            y = torch.stack([h, u * 2, h * u], dim=dim)
+            return (y * torch.arange(1.0, y.shape[-1] + 1, dtype=torch.float64)).pow(2).sum()
+
+    check(M().double(), (f64(4, 5),))

@@ -716,8 +716,8 @@ def _slice_t(ctx, x, axis, begin, end, suffix=""):
 @_reg("slice.Tensor")
 def _slice(ctx, node, x, dim=0, start=None, end=None, step=1):
     x = ctx.tensor(x)
-    if step != 1:
-        ctx.fail("slicing with a step != 1 is not supported")
+    if step < 1:
+        ctx.fail(f"slicing with a step {step} < 1 is not supported")
     r = len(x.shape)
     dim = _norm(dim, r)
     n = x.shape[dim]
@@ -726,7 +726,29 @@ def _slice(ctx, node, x, dim=0, start=None, end=None, step=1):
     s, e = max(0, min(s, n)), max(0, min(e, n))
     if e <= s:
         ctx.fail("an empty slice is not supported")
-    return _slice_t(ctx, x, dim, s, e)
+    if step == 1:
+        return _slice_t(ctx, x, dim, s, e)
+    return _strided_slice(ctx, x, dim, s, e, step)
+
+
+def _strided_slice(ctx, x, dim, s, e, step):
+    """x[.., s:e:step, ..] (GPT-J's rotate_every_two: x[..., ::2]): the whole strides [s, s + step·k) viewed
+    as [.., k, step, ..] and the first of each taken (a reshape and a slice: the dim stays one factor
+    pair, as the convolutions' strided windows), plus the last element when the final stride is cut short
+    by e (a slice, concatenated)."""
+    count = -(-(e - s) // step)  # the elements s, s + step, ..., < e
+    whole = count if s + step * count <= x.shape[dim] else count - 1  # strides that fit in x
+    shp = list(x.shape)
+    parts = []
+    if whole > 0:
+        w = _slice_t(ctx, x, dim, s, s + step * whole, "strides")
+        split = ctx.tensor(ctx.reshape(w, shp[:dim] + [whole, step] + shp[dim + 1:], "strides.split"))
+        first = _slice_t(ctx, split, dim + 1, 0, 1, "strides.first")
+        parts.append(ctx.tensor(ctx.reshape(first, shp[:dim] + [whole] + shp[dim + 1:], "strides.taken")))
+    if whole < count:
+        last = s + step * whole
+        parts.append(_slice_t(ctx, x, dim, last, last + 1, "last"))
+    return parts[0] if len(parts) == 1 else ctx._t(ctx.g.concat([p.id for p in parts], dim, ctx.name()))
 
 
 @_reg("select.int")
@@ -786,6 +808,17 @@ def _unbind(ctx, node, x, dim=0):
     parts = _split_at(ctx, x, [1] * x.shape[dim], dim)
     shape = list(x.shape[:dim]) + list(x.shape[dim + 1:])
     return [ctx.reshape(p, shape, f"{i}.squeeze") for i, p in enumerate(parts)]
+
+
+@_reg("stack.default")
+def _stack(ctx, node, xs, dim=0):
+    """torch.stack: each operand with a size-1 dim inserted (a reshape), concatenated along it."""
+    ts = [ctx.tensor(x) for x in xs]
+    r = len(ts[0].shape) + 1
+    d = _norm(dim, r)
+    parts = [ctx.tensor(ctx.reshape(t, list(t.shape[:d]) + [1] + list(t.shape[d:]), f"{i}.unsqueeze"))
+             for i, t in enumerate(ts)]
+    return parts[0] if len(parts) == 1 else ctx._t(ctx.g.concat([p.id for p in parts], d, ctx.name()))
 
 
 @_reg("cat.default")
