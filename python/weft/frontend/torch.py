@@ -1774,7 +1774,7 @@ def _write_through_views(ctx, env, node, view, new, view_base):
         chain.append(n)
         n = n.args[0].args[0] if op == "part" else n.args[0]
     chain.reverse()
-    cur = [ctx.tensor(env[base])]  # the values along the chain (but the written view), from the base's current value
+    cur = [ctx.tensor(env[base])]  # the values along the chain (all but the written view) from the base's current one
     for j, v in enumerate(chain[:-1]):
         cur.append(_apply_view(ctx, v, cur[-1], f"view{j}"))
     new = ctx.tensor(new, cur[0])
