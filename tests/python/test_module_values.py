@@ -479,7 +479,8 @@ def test_hugging_face_causal_lm_with_labels_trains_like_torch(name, rtol, cluste
 
 def test_an_in_place_write_into_a_view_is_never_dropped():
     # Hugging Face's _shift_right: x = labels.new_zeros(...); x[..., 1:] = labels[..., :-1]. The write's
-    # result is read by no one (x changes through its view): importing it as dead code made x zeros.
+    # result is read by no one (x changes through its view): importing it as dead code made x zeros. It is
+    # now functionalised (x becomes concat(x[..., :1], labels[..., :-1])): the loss is torch's, not emb(0)'s.
     class ShiftRight(nn.Module):
         def __init__(self):
             super().__init__()
@@ -490,8 +491,21 @@ def test_an_in_place_write_into_a_view_is_never_dropped():
             shifted[..., 1:] = labels[..., :-1].clone()
             return self.emb(shifted).pow(2).mean()
 
-    with pytest.raises(ValueError, match="in-place write into a view"):
-        weft.from_torch(ShiftRight(), (torch.randint(1, 32, (2, 5)),))
+    m, labels = ShiftRight().double(), torch.randint(1, 32, (2, 5))
+    g = weft.from_torch(m, (labels,))
+    got = weft.interpret(g, weft.feeds_from_torch(m, (labels,)))[g.tensor(g.loss)["name"]]
+    np.testing.assert_allclose(got, float(m(labels)), rtol=1e-13)
+    assert abs(got - float(m.emb.weight[0].pow(2).mean())) > 1e-3  # (what dropping the write would give)
+
+    class Stale(ShiftRight):  # a view taken before the write and read after it: refused, never stale
+        def forward(self, labels):
+            shifted = labels.new_zeros(labels.shape)
+            tail = shifted[..., 2:]
+            shifted[..., 1:] = labels[..., :-1].clone()
+            return self.emb(tail).pow(2).mean()
+
+    with pytest.raises(ValueError, match="in-place write changes .* taken before the write is read after it"):
+        weft.from_torch(Stale(), (labels,))
 
 
 def test_detach_is_exact_or_refused():

@@ -76,6 +76,18 @@ class _Perm:
         self.done: Optional[_T] = None
 
 
+class _Lazy:
+    """A value made when something reads it, in the form the reader needs (frontend/indexing.py: an
+    integer comparison — a bool tensor in torch —, a one-hot): `materialise(ctx, floating)` gives the
+    weft tensor, floating point where the reader converts it to a float or combines it with one (the
+    IR has no dtype conversion), else integer."""
+
+    shape: Tuple[int, ...] = ()
+
+    def materialise(self, ctx, floating: bool) -> _T:
+        raise NotImplementedError
+
+
 @dataclass
 class _LogSoftmax(_T):
     """A log_softmax result, remembered so that nll_loss(log_softmax(x)) becomes cross_entropy."""
@@ -164,6 +176,8 @@ class _Ctx:
             return v
         if isinstance(v, _Unusable):
             self.fail(f"uses {v.what}, which weft does not compute")
+        if isinstance(v, _Lazy):
+            return v.materialise(self, like is not None and _is_float_weft(self.g, like.id))
         if isinstance(v, _Flat):
             if v.done is None:
                 v.done = self._t(self.g.reshape(v.src.id, list(v.shape), v.node_name))
@@ -304,6 +318,9 @@ class _Ctx:
         return self._t(self.g.dropout(self.tensor(x).id, p, self._n_dropouts, self.op_name(suffix)))
 
     def binary(self, fn, a, b, suffix=""):
+        if isinstance(a, _Lazy) or isinstance(b, _Lazy):  # torch promotes a bool / int operand to the other's kind
+            a, b = (v.materialise(self, _floating_operand(self, w)) if isinstance(v, _Lazy) else v
+                    for v, w in ((a, b), (b, a)))
         if isinstance(a, _C) and _is_graph(b):
             a = _squeeze_const(a, b.shape)
         if isinstance(b, _C) and _is_graph(a):
@@ -316,6 +333,8 @@ class _Ctx:
         shape = tuple(int(s) for s in shape)
         if tuple(x.shape) == shape:
             return x
+        if isinstance(x, _Lazy) and hasattr(x, "reshaped"):  # a view of a comparison stays one
+            return x.reshaped(self, shape)
         src = x.src if isinstance(x, _Flat) else self.tensor(x)
         if tuple(src.shape) == shape:
             return src
@@ -348,7 +367,18 @@ def _broadcast_shape(a, b):
 
 def _is_graph(v) -> bool:
     """A value that lives in the weft graph (emitted or lazily pending)."""
-    return isinstance(v, (_T, _Perm, _Flat))
+    return isinstance(v, (_T, _Perm, _Flat, _Lazy))
+
+
+def _floating_operand(ctx, v) -> bool:
+    """Whether an operand is floating point (a float scalar, a float constant or graph tensor)."""
+    if isinstance(v, _Lazy):
+        return False
+    if _is_graph(v):
+        return _is_float_weft(ctx.g, ctx.tensor(v).id)
+    if isinstance(v, _C):
+        return v.value.is_floating_point()
+    return isinstance(v, float)
 
 
 def _is_float_weft(g, tid: int) -> bool:
@@ -384,7 +414,8 @@ def _handler_for(target):
 
 _VIEW_OPS = ("view", "reshape", "_unsafe_view", "transpose", "permute", "t", "numpy_T", "mT", "mH", "adjoint",
              "slice", "select", "expand",
-             "unsqueeze", "squeeze", "split", "chunk", "unbind", "alias", "flatten", "unflatten", "view_as",
+             "unsqueeze", "squeeze", "split", "split_with_sizes", "chunk", "unbind", "alias", "flatten", "unflatten",
+             "view_as",
              "as_strided", "diagonal", "narrow")
 
 
@@ -481,6 +512,8 @@ def _to(ctx, node, x, *args, **kwargs):
     the identity; int -> float only where the input was declared floating point (see
     _only_converted_to_float), else refused."""
     out = node.meta["val"].dtype
+    if isinstance(x, _Lazy):  # a comparison / one-hot: made in the dtype kind asked for
+        return x.materialise(ctx, out.is_floating_point)
     src = ctx.dtype_of(x) or ctx.g.tensor(ctx.tensor(x).id)["dtype"]  # a value weft cannot use fails here
     if out.is_floating_point != (not src.startswith("i")):
         ctx.fail("a conversion between integer and floating point tensors is not supported")
@@ -764,8 +797,8 @@ def _slice_t(ctx, x, axis, begin, end, suffix=""):
 @_reg("slice.Tensor")
 def _slice(ctx, node, x, dim=0, start=None, end=None, step=1):
     x = ctx.tensor(x)
-    if step != 1:
-        ctx.fail("slicing with a step != 1 is not supported")
+    if step < 1:
+        ctx.fail(f"slicing with a step {step} < 1 is not supported")
     r = len(x.shape)
     dim = _norm(dim, r)
     n = x.shape[dim]
@@ -774,7 +807,29 @@ def _slice(ctx, node, x, dim=0, start=None, end=None, step=1):
     s, e = max(0, min(s, n)), max(0, min(e, n))
     if e <= s:
         ctx.fail("an empty slice is not supported")
-    return _slice_t(ctx, x, dim, s, e)
+    if step == 1:
+        return _slice_t(ctx, x, dim, s, e)
+    return _strided_slice(ctx, x, dim, s, e, step)
+
+
+def _strided_slice(ctx, x, dim, s, e, step):
+    """x[.., s:e:step, ..] (GPT-J's rotate_every_two: x[..., ::2]): the whole strides [s, s + step·k) viewed
+    as [.., k, step, ..] and the first of each taken (a reshape and a slice: the dim stays one factor
+    pair, as the convolutions' strided windows), plus the last element when the final stride is cut short
+    by e (a slice, concatenated)."""
+    count = -(-(e - s) // step)  # the elements s, s + step, ..., < e
+    whole = count if s + step * count <= x.shape[dim] else count - 1  # strides that fit in x
+    shp = list(x.shape)
+    parts = []
+    if whole > 0:
+        w = _slice_t(ctx, x, dim, s, s + step * whole, "strides")
+        split = ctx.tensor(ctx.reshape(w, shp[:dim] + [whole, step] + shp[dim + 1:], "strides.split"))
+        first = _slice_t(ctx, split, dim + 1, 0, 1, "strides.first")
+        parts.append(ctx.tensor(ctx.reshape(first, shp[:dim] + [whole] + shp[dim + 1:], "strides.taken")))
+    if whole < count:
+        last = s + step * whole
+        parts.append(_slice_t(ctx, x, dim, last, last + 1, "last"))
+    return parts[0] if len(parts) == 1 else ctx._t(ctx.g.concat([p.id for p in parts], dim, ctx.name()))
 
 
 @_reg("select.int")
@@ -834,6 +889,17 @@ def _unbind(ctx, node, x, dim=0):
     parts = _split_at(ctx, x, [1] * x.shape[dim], dim)
     shape = list(x.shape[:dim]) + list(x.shape[dim + 1:])
     return [ctx.reshape(p, shape, f"{i}.squeeze") for i, p in enumerate(parts)]
+
+
+@_reg("stack.default")
+def _stack(ctx, node, xs, dim=0):
+    """torch.stack: each operand with a size-1 dim inserted (a reshape), concatenated along it."""
+    ts = [ctx.tensor(x) for x in xs]
+    r = len(ts[0].shape) + 1
+    d = _norm(dim, r)
+    parts = [ctx.tensor(ctx.reshape(t, list(t.shape[:d]) + [1] + list(t.shape[d:]), f"{i}.unsqueeze"))
+             for i, t in enumerate(ts)]
+    return parts[0] if len(parts) == 1 else ctx._t(ctx.g.concat([p.id for p in parts], d, ctx.name()))
 
 
 @_reg("cat.default")
@@ -1051,7 +1117,12 @@ def _select_fill(ctx, x, keep_mask, fill_value, suffix=""):
 @_reg("masked_fill.Scalar", "masked_fill.Tensor")
 def _masked_fill(ctx, node, x, mask, value):
     torch = _torch()
-    m = _const_mask(ctx, mask, x.shape)
+    if _is_graph(mask):  # a comparison of integer tensors (labels == -100): a selection
+        from .indexing import choose, lazy_mask
+        pick = lazy_mask(ctx, mask)
+        if pick is not None:
+            return choose(ctx, pick, value.value if isinstance(value, _C) else value, x, _out_shape(node))
+    m = _const_mask(ctx, mask, x.shape)  # (a float mask computed in the graph: refused there)
     if isinstance(value, _C):
         value = value.value.to(torch.float64)
     elif not isinstance(value, (int, float)):
@@ -1062,7 +1133,12 @@ def _masked_fill(ctx, node, x, mask, value):
 @_reg("where.self", "where.ScalarOther", "where.ScalarSelf", "where.Scalar")
 def _where(ctx, node, cond, a, b):
     torch = _torch()
-    m = _const_mask(ctx, cond, _out_shape(node))
+    if _is_graph(cond):  # a comparison of integer tensors: a selection
+        from .indexing import choose, lazy_mask
+        pick = lazy_mask(ctx, cond)
+        if pick is not None:
+            return choose(ctx, pick, a, b, _out_shape(node))
+    m = _const_mask(ctx, cond, _out_shape(node))  # (a float condition computed in the graph: refused there)
     val = lambda v: v.value.to(torch.float64) if isinstance(v, _C) else v  # noqa: E731
     if not _is_graph(a):
         return _select_fill(ctx, b, ~m, val(a))
@@ -1241,8 +1317,10 @@ def _like(ctx, node, x, *args, **kwargs):
     if fill is None:  # full_like(x, v) / new_full(x, size, v)
         fill = args[0] if op == "full_like" else args[1]
     shape = tuple(int(s) for s in val.shape)
-    if shape and ctx.batch is not None and shape[0] == ctx.batch and op.endswith("_like") and len(shape) == len(x.shape):
-        # batch-sized (an RNN's zero state): one row broadcast over the batch, so the graph re-batches
+    if (shape and ctx.batch is not None and shape[0] == ctx.batch and len(shape) == len(x.shape)
+            and (op.endswith("_like") or shape == tuple(x.shape))):
+        # batch-sized (an RNN's zero state, T5's labels.new_zeros(labels.shape)): one row broadcast over
+        # the batch, so the graph re-batches
         row = ctx.tensor(ctx.const(torch.full(shape[1:], fill, dtype=val.dtype, device=_device(node)), "row"))
         return ctx._t(ctx.g.broadcast_to(row.id, list(shape), [0], ctx.op_name("")))
     return ctx.const(torch.full(shape, fill, dtype=val.dtype, device=_device(node)), "")
@@ -1415,8 +1493,15 @@ def _sdpa(ctx, node, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, sc
     torch = _torch()
     q, k, v = (x if _is_graph(x) else ctx.tensor(x) for x in (q, k, v))
     if q.shape[:-2] != k.shape[:-2] or k.shape[:-2] != v.shape[:-2]:
-        ctx.fail(f"q, k, v batch dims differ ({q.shape}, {k.shape}, {v.shape}): grouped-query attention "
-                 "is not supported")
+        lead = _broadcast_shape(list(q.shape[:-2]), _broadcast_shape(list(k.shape[:-2]), list(v.shape[:-2])))
+        if -1 in lead or len(q.shape) != len(k.shape) or len(k.shape) != len(v.shape):
+            ctx.fail(f"q, k, v batch dims differ ({q.shape}, {k.shape}, {v.shape}) and do not broadcast: "
+                     "grouped-query attention is not supported (repeat k and v to the query heads)")
+        # torch broadcasts them (multi-query attention: one k / v head for every query head, Falcon's):
+        # so does broadcast_to, whose gradient sums over the broadcast heads
+        q, k, v = (x if tuple(x.shape[:-2]) == tuple(lead) else
+                   _broadcast(ctx, node, x, list(lead) + list(x.shape[-2:]), f"{n}.broadcast")
+                   for x, n in ((q, "q"), (k, "k"), (v, "v")))
     L, S, E = q.shape[-2], k.shape[-2], q.shape[-1]
     lead = _LETTERS[:len(q.shape) - 2]
     s = 1.0 / math.sqrt(E) if scale is None else scale
@@ -1700,6 +1785,220 @@ def _batch_norm(ctx, node, x, weight, bias, running_mean, running_var, training,
     return y
 
 
+# ---- in-place writes into views, functionalised
+
+_PARTS = ("split", "split_with_sizes", "chunk", "unbind")  # views returned as a tuple (read by getitem)
+
+
+def _view_name(n) -> Optional[str]:
+    """The view op an fx node applies ('slice', 'transpose', ...; 'part' for the getitem of a split /
+    chunk / unbind), or None when it is not a view."""
+    torch = _torch()
+    if not isinstance(n, torch.fx.Node) or n.op != "call_function":
+        return None
+    if n.target is operator.getitem:
+        src = n.args[0]
+        return "part" if _view_name(src) in _PARTS else None
+    parts = str(n.target).split(".")
+    return parts[1] if len(parts) == 3 and parts[0] == "aten" and parts[1] in _VIEW_OPS else None
+
+
+def _view_base(n):
+    """The tensor a chain of view ops (slice, select, view, transpose, a split's part, ...) starts from
+    (n itself if not a view)."""
+    while _view_name(n) is not None:
+        n = n.args[0].args[0] if _view_name(n) == "part" else n.args[0]
+    return n
+
+
+def _check_no_stale_view(ctx, node, base, order, live):
+    """An in-place op changes `base` (and every view of it). A view of base taken before the op and read
+    after it would need the new values too (torch's views share memory): refused, never stale."""
+    i = order[node]
+    stack, seen = list(base.users), set()
+    while stack:
+        v = stack.pop()
+        if v in seen or v is node:
+            continue
+        seen.add(v)
+        if _view_base(v) is not base or order[v] > i:
+            continue
+        stack.extend(v.users)
+        # (an overwrite of the whole view -- copy_, fill_ -- reads none of its values: not stale)
+        late = [u for u in v.users if order[u] > i and u in live
+                and not (str(u.target) in _OVERWRITES and u.args[0] is v)]
+        if late:
+            late = late[0]
+            ctx.fail(f"an in-place write changes '{base.name}', and its view '{v.name}' taken before the write is "
+                     f"read after it (by '{late.name}'): not supported (torch's views share memory; take the view "
+                     "after the write)")
+
+
+_OVERWRITES = ("aten.copy_.default", "aten.fill_.Scalar", "aten.fill_.Tensor")
+_WRITABLE_VIEWS = ("slice", "select", "part", "alias", "view", "reshape", "_unsafe_view", "unsqueeze", "squeeze",
+                   "flatten", "unflatten", "view_as", "transpose", "permute", "t", "numpy_T", "mT")
+
+
+def _write_through_views(ctx, env, node, view, new, view_base):
+    """`node` wrote `new` into `view`, a chain of views of a tensor: that tensor becomes itself with the
+    view's region replaced — through a slice (or select): concat(the part before, new, the part after);
+    through a reshape or transpose: new reshaped or transposed back — exactly (values and gradients)."""
+    base = view_base(view)
+    chain = []
+    n = view
+    while n is not base:
+        op = _view_name(n)
+        if op not in _WRITABLE_VIEWS:
+            ctx.fail(f"an in-place write into a view made by {op} ('{n.name}') is not supported")
+        if op == "slice" and len(n.args) > 4 and n.args[4] != 1:
+            ctx.fail(f"an in-place write into a slice with a step != 1 ('{n.name}') is not supported")
+        chain.append(n)
+        n = n.args[0].args[0] if op == "part" else n.args[0]
+    chain.reverse()
+    cur = [ctx.tensor(env[base])]  # the values along the chain (all but the written view) from the base's current one
+    for j, v in enumerate(chain[:-1]):
+        cur.append(_apply_view(ctx, v, cur[-1], f"view{j}"))
+    new = ctx.tensor(new, cur[0])
+    dt = ctx.g.tensor(cur[0].id)["dtype"]
+    if ctx.g.tensor(new.id)["dtype"] != dt:
+        ctx.fail(f"an in-place write of a {ctx.g.tensor(new.id)['dtype']} value into a view of a {dt} tensor is not "
+                 "supported")
+    shape = list(_out_shape(chain[-1]))
+    if list(new.shape) != shape:
+        new = _broadcast(ctx, node, new, shape, "written.broadcast")
+    for j in reversed(range(len(chain))):
+        new = _unview(ctx, chain[j], cur[j], new, f"unview{j}")
+    env[base] = new
+
+
+def _slice_bounds(v, shape):
+    """(dim, begin, end[, step]) of a slice.Tensor / select.int node, or of part k of a split / chunk /
+    unbind (its getitem), on a tensor of `shape`."""
+    op = _view_name(v)
+    r = len(shape)
+    if op == "part":
+        src, k = v.args[0], v.args[1]
+        kind = _view_name(src)
+        args = list(src.args) + [None] * 3
+        d = _norm((args[1] if kind == "unbind" else args[2]) or 0, r)
+        n = shape[d]
+        if kind == "unbind":
+            return d, k, k + 1
+        if kind == "split_with_sizes":
+            sizes = list(args[1])
+        else:
+            size = args[1] if kind == "split" else -(-n // args[1])
+            sizes = [min(size, n - b) for b in range(0, n, size)]
+        return d, sum(sizes[:k]), sum(sizes[:k + 1])
+    if op == "select":
+        d = _norm(v.args[1], r)
+        i = v.args[2] + shape[d] if v.args[2] < 0 else v.args[2]
+        return d, i, i + 1
+    args = list(v.args) + [None] * (5 - len(v.args))
+    d = _norm(args[1] if args[1] is not None else 0, r)
+    start, end, step = args[2], args[3], args[4] if args[4] is not None else 1
+    n = shape[d]
+    s = 0 if start is None else (start + n if start < 0 else start)
+    e = n if end is None else (end + n if end < 0 else end)
+    return d, max(0, min(s, n)), max(0, min(e, n)), step
+
+
+def _selects(v) -> bool:
+    """A view that drops its dim (select, a part of unbind)."""
+    return _view_name(v) == "select" or (_view_name(v) == "part" and _view_name(v.args[0]) == "unbind")
+
+
+def _apply_view(ctx, v, x: _T, suffix) -> _T:
+    op = _view_name(v)
+    if op in ("slice", "select", "part"):
+        d, b, e, *step = _slice_bounds(v, x.shape)
+        if step and step[0] != 1:
+            ctx.fail("an in-place write into a slice with a step != 1 is not supported")
+        y = _slice_t(ctx, x, d, b, e, suffix)
+        return ctx.tensor(ctx.reshape(y, _out_shape(v), suffix + ".squeeze")) if _selects(v) else y
+    if op in ("transpose", "permute", "t", "numpy_T", "mT"):
+        perm = _perm_of(v, len(x.shape))
+        return x if perm == list(range(len(perm))) else ctx._t(ctx.g.transpose(x.id, perm, ctx.name(suffix)))
+    return ctx.tensor(ctx.reshape(x, _out_shape(v), suffix))  # alias, view, reshape, (un)squeeze, ...
+
+
+def _unview(ctx, v, parent: _T, new: _T, suffix) -> _T:
+    """`parent` with its view `v` replaced by `new`."""
+    op = _view_name(v)
+    if op in ("slice", "select", "part"):
+        d, b, e, *_ = _slice_bounds(v, parent.shape)
+        if _selects(v):
+            new = ctx.tensor(ctx.reshape(new, [1 if k == d else s for k, s in enumerate(parent.shape)],
+                                         suffix + ".unsqueeze"))
+        parts = ([_slice_t(ctx, parent, d, 0, b, suffix + ".before")] if b > 0 else []) + [new] + \
+            ([_slice_t(ctx, parent, d, e, parent.shape[d], suffix + ".after")] if e < parent.shape[d] else [])
+        return parts[0] if len(parts) == 1 else ctx._t(ctx.g.concat([p.id for p in parts], d, ctx.name(suffix)))
+    if op in ("transpose", "permute", "t", "numpy_T", "mT"):
+        perm = _perm_of(v, len(parent.shape))
+        inv = [perm.index(i) for i in range(len(perm))]
+        return new if perm == inv == list(range(len(perm))) else ctx._t(ctx.g.transpose(new.id, inv, ctx.name(suffix)))
+    return ctx.tensor(ctx.reshape(new, list(parent.shape), suffix))
+
+
+@_reg("copy.default")
+def _copy(ctx, node, x, src, non_blocking=False):
+    """x.copy_(src) (an assignment x[...] = src): src, broadcast to x's shape, in x's dtype kind."""
+    torch = _torch()
+    out = node.meta["val"]
+    if isinstance(src, _Lazy):
+        src = src.materialise(ctx, out.is_floating_point())
+    if isinstance(src, _C):
+        src = _C(src.value.to(torch.float64 if out.is_floating_point() else out.dtype), src.name)
+    elif isinstance(src, (bool, int, float)):
+        return _fill(ctx, node, x, src)
+    s = ctx.tensor(src)
+    if _is_float_weft(ctx.g, s.id) != out.is_floating_point():
+        ctx.fail("a copy between integer and floating point tensors is not supported")
+    shape = [int(d) for d in out.shape]
+    return s if list(s.shape) == shape else _broadcast(ctx, node, s, shape, "broadcast")
+
+
+@_reg("fill.Scalar", "fill.Tensor")
+def _fill(ctx, node, x, value):
+    """x.fill_(v) (x[..., 0] = v): v broadcast to x's shape (no constant of x's size)."""
+    torch = _torch()
+    out = node.meta["val"]
+    shape = [int(d) for d in out.shape]
+    if _is_graph(value):
+        v = ctx.tensor(value)
+        if _is_float_weft(ctx.g, v.id) != out.is_floating_point():
+            ctx.fail("a fill of an integer tensor with a float (or the converse) is not supported")
+    else:
+        val = value.value if isinstance(value, _C) else value
+        v = ctx.tensor(ctx.const(torch.as_tensor(val).to(torch.float64 if out.is_floating_point() else out.dtype)
+                                 .reshape(()), "value"))
+    return v if list(v.shape) == shape else _broadcast(ctx, node, v, shape, "broadcast")
+
+
+@_reg("slice_scatter.default", "select_scatter.default")
+def _slice_scatter(ctx, node, x, src, dim=0, *args):
+    """torch.slice_scatter(x, src, dim, start, end, step) / select_scatter(x, src, dim, index): x with the
+    slice replaced by src (the functional form of x[..., a:b] = src)."""
+    x, src = ctx.tensor(x), ctx.tensor(src)
+    r = len(x.shape)
+    d = _norm(dim, r)
+    n = x.shape[d]
+    if "select" in str(node.target):
+        i = args[0] + n if args[0] < 0 else args[0]
+        b, e = i, i + 1
+        src = ctx.tensor(ctx.reshape(src, [1 if k == d else s for k, s in enumerate(x.shape)], "unsqueeze"))
+    else:
+        start, end, step = (list(args) + [None, None, 1])[:3]
+        if step not in (None, 1):
+            ctx.fail("slice_scatter with a step != 1 is not supported")
+        b = 0 if start is None else (start + n if start < 0 else start)
+        e = n if end is None else (end + n if end < 0 else end)
+        b, e = max(0, min(b, n)), max(0, min(e, n))
+    parts = ([_slice_t(ctx, x, d, 0, b, "before")] if b > 0 else []) + [src] + \
+        ([_slice_t(ctx, x, d, e, n, "after")] if e < n else [])
+    return parts[0] if len(parts) == 1 else ctx._t(ctx.g.concat([p.id for p in parts], d, ctx.name()))
+
+
 # ---- capture
 
 _PERM_OPS = ("aten.t.", "aten.transpose.", "aten.permute.", "aten.numpy_T.", "aten.mT.", "aten.mH.",
@@ -1872,13 +2171,9 @@ def _import(module, example_inputs, loss_fn=None, targets=(), dtype=None, name=N
             live.add(n)
             stack.extend(n.all_input_nodes)
 
-    def view_base(n):
-        while (isinstance(n, torch.fx.Node) and n.op == "call_function"
-               and str(n.target).split(".")[1:2] and str(n.target).split(".")[1] in _VIEW_OPS):
-            n = n.args[0]
-        return n
-
+    view_base = _view_base
     mark(out_node)
+    order = {n: i for i, n in enumerate(nodes)}
     writes = [n for n in nodes if n.op == "call_function" and str(n.target).startswith("aten.")
               and str(n.target).split(".")[1].endswith("_") and n.args and isinstance(n.args[0], torch.fx.Node)
               and view_base(n.args[0]) is not n.args[0]]
@@ -1966,7 +2261,7 @@ def _import(module, example_inputs, loss_fn=None, targets=(), dtype=None, name=N
         return torch.fx.node.map_arg(a, lambda n: env[n])
 
     def has_t(v) -> bool:
-        if isinstance(v, (_T, _Unusable, _Flat, _Perm)):
+        if isinstance(v, (_T, _Unusable, _Flat, _Perm, _Lazy)):
             return True
         if isinstance(v, (list, tuple)):
             return any(has_t(x) for x in v)
@@ -2020,6 +2315,12 @@ def _import(module, example_inputs, loss_fn=None, targets=(), dtype=None, name=N
         ctx.node, ctx.path = node, path
         target = node.target
         opname = str(target)
+        if (_view_name(node) is not None and node.users and has_t(load(node.args))
+                and all(str(u.target) in _OVERWRITES and u.args[0] is node for u in node.users)):
+            # a view (of a graph tensor) only overwritten (x[..., 1:] = y: copy_ / fill_ read no value of
+            # it): the write replaces that region of the base (_write_through_views); nothing to emit
+            env[node] = _Unusable(f"the view '{node.name}' (only overwritten)")
+            continue
         if node in fused_out and not isinstance(env[node.args[0]], _C):
             env[node] = env[node.args[0]]  # already permuted by the producing einsum
             continue
@@ -2041,15 +2342,16 @@ def _import(module, example_inputs, loss_fn=None, targets=(), dtype=None, name=N
             inplace = _functional_of(target)
             h = _handler_for(inplace) if inplace is not None else None
         if h is None and node in writes:
-            ctx.fail("an in-place write into a view of a tensor (x[..., a:b] = y, x[:, 0] = v) is not supported: "
-                     "build the tensor with torch.cat instead (Hugging Face encoder-decoders: pass "
-                     "decoder_input_ids rather than labels alone)")
+            ctx.fail("an in-place write into a view of a tensor by this op is not supported (copy_, fill_ and the "
+                     "in-place forms of the supported ops are): build the tensor with torch.cat instead")
         if h is None:
             raise ValueError(
                 f"weft.from_torch: unsupported op {opname} (node '{node.name}', module "
                 f"{path or '<root>'!r}"
                 f"{' ' + _type_name(list(stack.values())[-1][1]) if stack else ''}{_source_line(node)}); "
                 f"weft.frontend.supported_ops() lists the {len(supported_ops())} ops it maps")
+        if inplace is not None and isinstance(node.args[0], torch.fx.Node):
+            _check_no_stale_view(ctx, node, view_base(node.args[0]), order, live)
         if h is not _to and h is not _getitem:  # a conversion makes its own dtype; getitem picks one
             ctx.cur_float = ctx.node_float(node) or ctx.float_dtype
             if ctx.mixed:
@@ -2057,11 +2359,13 @@ def _import(module, example_inputs, loss_fn=None, targets=(), dtype=None, name=N
         env[node] = h(ctx, node, *args, **kwargs)
         ctx.cur_float = ctx.float_dtype
         if inplace is not None and isinstance(node.args[0], torch.fx.Node):
-            # x.add_(y): later readers of x see the new value (x must not be a view of another tensor)
+            # x.add_(y): later readers of x see the new value; x[..., 1:] = y (copy_ into a view of x):
+            # x becomes x with that region replaced (functionalised: slices of x and the new part, concatenated)
             src = node.args[0]
-            if str(src.target).split(".")[1:2] in ([p] for p in _VIEW_OPS):
-                ctx.fail("an in-place op on a view is not supported")
-            env[src] = env[node]
+            if view_base(src) is not src:
+                _write_through_views(ctx, env, node, src, env[node], view_base)
+            else:
+                env[src] = env[node]
     outs = load(out_node.args[0])
     out = outs[0] if isinstance(outs, (list, tuple)) else outs
     if isinstance(outs, (list, tuple)) and len(outs) != 1:
@@ -2153,3 +2457,6 @@ def feeds_from_torch(module, example_inputs: Sequence[Any], targets: Sequence[An
             v = v.to(torch.float64)
         out[k] = v.numpy().astype(np.float64 if v.is_floating_point() else np.int64)
     return out
+
+
+from . import indexing  # noqa: E402,F401 (registers the indexing handlers: index, index_select, one_hot, scatter, ...)
