@@ -192,6 +192,53 @@ std::vector<BatchDim> batch_dims(const ir::Graph& g) {
   return bd;
 }
 
+// A mean over the batch is exact under a split batch only where the loss is linear in it: the
+// parts' means, weighted by their shares (as a plan sums the parts' gradients), make the whole
+// batch's. Every forward reader on the way from `t` to the loss must be linear in its operand: an
+// add or subtraction, a negation or scale, a product or quotient with a leaf (a parameter or
+// constant), a reshape, transpose or broadcast, a further sum or mean. Returns the first reader
+// that is not (a square, a product of two activations, a softmax...), or nullptr.
+const ir::Op* nonlinear_reader(const ir::Graph& g, const std::vector<std::vector<ir::OpId>>& readers,
+                               ir::TensorId t) {
+  std::vector<ir::TensorId> todo{t};
+  std::vector<char> seen(g.tensors().size(), 0);
+  while (!todo.empty()) {
+    const ir::TensorId x = todo.back();
+    todo.pop_back();
+    if (seen[x]) continue;
+    seen[x] = 1;
+    for (ir::OpId r : readers[x]) {
+      const ir::Op& op = g.op(r);
+      if (op.outputs.size() != 1 || g.tensor(op.outputs[0]).role != ir::Role::Activation) continue;  // backward
+      bool linear = false;
+      switch (op.kind) {
+        case ir::OpKind::Reshape:
+        case ir::OpKind::Transpose:
+        case ir::OpKind::BroadcastTo: linear = true; break;
+        case ir::OpKind::Reduce: linear = op.attrs.reduce != ir::ReduceFn::Max; break;
+        case ir::OpKind::Unary:
+          linear = op.attrs.unary == ir::UnaryFn::Identity || op.attrs.unary == ir::UnaryFn::Neg ||
+                   op.attrs.unary == ir::UnaryFn::Scale;
+          break;
+        case ir::OpKind::Binary:
+          if (op.attrs.binary == ir::BinaryFn::Add || op.attrs.binary == ir::BinaryFn::Sub) {
+            linear = true;
+          } else if (op.attrs.binary == ir::BinaryFn::Mul ||
+                     (op.attrs.binary == ir::BinaryFn::Div && op.inputs.size() == 2 && op.inputs[0] == x)) {
+            linear = true;  // by a leaf only: a product of two activations is not linear in either
+            for (ir::TensorId in : op.inputs)
+              if (in != x && g.tensor(in).producer != ir::kNoOp) linear = false;
+          }
+          break;
+        default: break;
+      }
+      if (!linear) return &op;
+      todo.push_back(op.outputs[0]);
+    }
+  }
+  return nullptr;
+}
+
 ir::Graph rebatch(const ir::Graph& g, std::int64_t nb) {
   WEFT_CHECK(nb >= 1, "rebatch: the new batch must be >= 1 (got {})", nb);
   const std::int64_t B = batch_size(g);
@@ -284,14 +331,21 @@ ir::Graph rebatch(const ir::Graph& g, std::int64_t nb) {
     // A forward sum over the batch (a batch statistic, or a loss summed over the batch) has no exact
     // split: a plan sums each part's gradients with weight 1/parts (the mean over the step), which
     // is right for means only. Refused, saying what to write instead.
-    if (op.kind == ir::OpKind::Reduce && op.attrs.reduce == ir::ReduceFn::Sum && in0.dim >= 0 &&
+    if (op.kind == ir::OpKind::Reduce && op.attrs.reduce != ir::ReduceFn::Max && in0.dim >= 0 &&
         g.tensor(op.outputs[0]).role == ir::Role::Activation) {
       const int r = static_cast<int>(g.tensor(op.inputs[0]).shape.size());
-      for (int a : op.attrs.axes)
-        if ((a < 0 ? a + r : a) == in0.dim)
-          cannot("it sums over the batch (a batch statistic, or a loss summed over the batch); a split batch "
-                 "computes means exactly: write a summed loss as its mean times the batch size "
-                 "(weft.from_torch does so for a sum to a scalar)");
+      bool over_batch = false;
+      for (int a : op.attrs.axes) over_batch = over_batch || (a < 0 ? a + r : a) == in0.dim;
+      if (over_batch && op.attrs.reduce == ir::ReduceFn::Sum)
+        cannot("it sums over the batch (a batch statistic, or a loss summed over the batch); a split batch "
+               "computes means exactly: write a summed loss as its mean times the batch size "
+               "(weft.from_torch does so for a sum to a scalar)");
+      if (over_batch)
+        if (const ir::Op* nl = nonlinear_reader(g, readers, old_op.outputs[0]))
+          cannot(fmt::format("it averages over the batch and '{}' ({}) reads the mean non-linearly: a batch "
+                             "statistic (a load-balancing loss, batch norm) differs between a micro-batch and "
+                             "the whole batch, so the batch must stay whole",
+                             nl->name, ir::op_kind_name(nl->kind)));
     }
     ir::OpSignature sig;
     try {

@@ -394,6 +394,52 @@ def test_a_forward_sum_over_the_batch_is_refused_when_the_batch_is_split():
         weft.execute(weft.data_parallel_plan(step, cl, [2, 2, 2, 2]), step, cl, steps=1)
 
 
+class BalancedRouter(nn.Module):
+    # A router's load-balancing term: the square of the mean routing probability over the batch. A
+    # micro-batch's mean squared is not the whole batch's, so no split of the batch computes it.
+    def __init__(self):
+        super().__init__()
+        self.gate = nn.Linear(6, 4)
+
+    def forward(self, x, y):
+        p = torch.softmax(self.gate(x), -1)
+        return F.mse_loss(p, y) + (p.mean(0) ** 2).sum()
+
+
+def test_a_mean_over_the_batch_read_nonlinearly_keeps_the_batch_whole():
+    torch.manual_seed(0)
+    m = BalancedRouter().double()
+    x, y = torch.randn(16, 6, dtype=torch.float64), torch.randn(16, 4, dtype=torch.float64)
+    step = weft.from_torch(m, {"x": x, "y": y}).train_step(optimizer="sgd", lr=0.1)
+    cl = weft.Cluster.preset("p3.8xlarge")
+    inputs = {"x": x.numpy(), "y": y.numpy()}
+    # Split, it trained silently to another loss (1.1424 and 1.1526 against torch's 1.1357): refused.
+    for shares, m_ in (([4, 4, 4, 4], 1), ([2, 2, 2, 2], 2)):
+        with pytest.raises(ValueError, match=r"averages over the batch and 'pow_1' \(unary\) reads the mean "
+                                             r"non-linearly"):
+            weft.data_parallel_plan(step, cl, shares, num_microbatches=m_)
+    with pytest.raises(ValueError, match="cannot be split into 2 micro-batches"):
+        weft.plan(step, cl, num_microbatches=2)
+    plan = weft.plan(step, cl)
+    assert plan.data_parallel == 1 and plan.num_microbatches == 1 and "reads the mean non-linearly" in plan.search_space
+    got = weft.execute(plan, step, cl, steps=2, inputs=inputs)
+    tm = copy.deepcopy(m)
+    opt = torch.optim.SGD(tm.parameters(), lr=0.1)
+    losses = []
+    for _ in range(2):
+        opt.zero_grad()
+        loss = tm(x, y)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    np.testing.assert_allclose(got.losses, losses, rtol=1e-12)
+    # a mean the loss is linear in (a scaled sum of two means over the batch) still splits exactly
+    lin = weft.from_torch(nn.Sequential(nn.Linear(6, 4)).double(), (x,), loss_fn=lambda o, t: 0.5 * F.mse_loss(o, t) +
+                          (o - t).mean() * 2.0, targets=(y,)).train_step(optimizer="sgd", lr=0.1)
+    split = weft.execute(weft.data_parallel_plan(lin, cl, [2, 2, 2, 2], num_microbatches=2), lin, cl, steps=2)
+    assert split.max_relative_error(weft.execute_reference(lin, steps=2)) < 1e-12
+
+
 def test_unsupported_op_errors_are_short_and_say_where():
     class Spectral(nn.Module):
         def __init__(self):
