@@ -136,7 +136,8 @@ void bind_models(py::module_& root) {
   m.def(
       "bert",
       [](const std::string& name, i64 layers, i64 hidden, i64 heads, i64 ffn, i64 seq, i64 vocab,
-         i64 type_vocab, i64 batch, const std::string& dtype, double hidden_dropout, double attention_dropout) {
+         i64 type_vocab, i64 batch, const std::string& dtype, double hidden_dropout,
+         double attention_dropout) {
         BertConfig c;
         c.name = name, c.layers = layers, c.hidden = hidden, c.heads = heads, c.ffn = ffn, c.seq = seq;
         c.vocab = vocab, c.type_vocab = type_vocab, c.batch = batch, c.dtype = weft::parse_dtype(dtype);
@@ -144,8 +145,8 @@ void bind_models(py::module_& root) {
         return bert(c);
       },
       py::arg("name"), py::arg("layers"), py::arg("hidden"), py::arg("heads"), py::arg("ffn"), py::arg("seq"),
-      py::arg("vocab"), py::arg("type_vocab"), py::arg("batch"), py::arg("dtype"), py::arg("hidden_dropout") = 0.0,
-      py::arg("attention_dropout") = 0.0);
+      py::arg("vocab"), py::arg("type_vocab"), py::arg("batch"), py::arg("dtype"),
+      py::arg("hidden_dropout") = 0.0, py::arg("attention_dropout") = 0.0);
   m.def(
       "megatron_flops",
       [](i64 layers, i64 hidden, i64 seq, i64 vocab, i64 batch) {

@@ -2041,7 +2041,7 @@ def megatron_layouts(cluster: Cluster, max_p: typing.SupportsInt | typing.Suppor
     ...
 def megatron_plan(training_graph: Graph, cluster: Cluster, layout: MegatronLayout, **kwargs) -> Plan:
     ...
-def megatron_specs(graph: Graph, t: typing.SupportsInt | typing.SupportsIndex) -> dict:
+def megatron_specs(graph: Graph, t: typing.SupportsInt | typing.SupportsIndex, sequence_parallel: bool = False) -> dict:
     """
     Megatron's tensor-parallel roles of the graph's parameters, recognised from its structure, and their fixed specs on a 1-D mesh of t devices: {'t', 'params': {name: {'role', 'dim', 'stride', 'spec', 'note'}}, 'fixed': {tensor: spec} (parameters, their optimizer states, the results below), 'results': {tensor: spec} (what the split matmuls, the embedding and the activations between a column and its row make; the gradients the updates read), 'boundaries': {tensor: spec} (what a block boundary carries), 'recognised', 'summary'} (weft.megatron_specs).
     """

@@ -52,9 +52,10 @@ void GptConfig::validate() const {
 }
 
 std::string GptConfig::to_string() const {
-  return fmt::format("GptConfig({}: layers={} hidden={} heads={} ffn={} seq={} vocab={} batch={} dtype={}{}{})",
-                     name, layers, hidden, heads, ffn_size(), seq, vocab, batch, dtype_name(dtype),
-                     dropout_text(hidden_dropout, attention_dropout), fused_attention ? " fused_attention" : "");
+  return fmt::format(
+      "GptConfig({}: layers={} hidden={} heads={} ffn={} seq={} vocab={} batch={} dtype={}{}{})", name,
+      layers, hidden, heads, ffn_size(), seq, vocab, batch, dtype_name(dtype),
+      dropout_text(hidden_dropout, attention_dropout), fused_attention ? " fused_attention" : "");
 }
 
 void MoeConfig::validate() const {

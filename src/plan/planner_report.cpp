@@ -112,10 +112,11 @@ std::string search_space_text(const Context& ctx, const std::vector<SubmeshOptio
                        ? fmt::format("{}", fmt::join(Ms, ","))
                        : fmt::format("{},{},...,{} ({} counts)", Ms[0], Ms[1], Ms.back(), Ms.size());
   const std::string ms_rule =
-      o.num_microbatches > 0 ? std::string("given")
-      : fmt::format("auto: powers of two dividing the batch{}{}",
-                    o.schedule == "interleaved" ? " (or the next divisor above a power of two)" : "",
-                    o.max_microbatches > 0 ? fmt::format(", <= {}", o.max_microbatches) : std::string());
+      o.num_microbatches > 0
+          ? std::string("given")
+          : fmt::format("auto: powers of two dividing the batch{}{}",
+                        o.schedule == "interleaved" ? " (or the next divisor above a power of two)" : "",
+                        o.max_microbatches > 0 ? fmt::format(", <= {}", o.max_microbatches) : std::string());
   const int nodes = static_cast<int>(ctx.c_.nodes().size());
   const std::string node_rule = o.whole_nodes_only ? "whole nodes" : "node slices and whole nodes";
   const std::string count_rule =

@@ -209,7 +209,8 @@ const ir::Op* nonlinear_reader(const ir::Graph& g, const std::vector<std::vector
     seen[x] = 1;
     for (ir::OpId r : readers[x]) {
       const ir::Op& op = g.op(r);
-      if (op.outputs.size() != 1 || g.tensor(op.outputs[0]).role != ir::Role::Activation) continue;  // backward
+      if (op.outputs.size() != 1 || g.tensor(op.outputs[0]).role != ir::Role::Activation)
+        continue;  // backward
       bool linear = false;
       switch (op.kind) {
         case ir::OpKind::Reshape:
@@ -337,15 +338,17 @@ ir::Graph rebatch(const ir::Graph& g, std::int64_t nb) {
       bool over_batch = false;
       for (int a : op.attrs.axes) over_batch = over_batch || (a < 0 ? a + r : a) == in0.dim;
       if (over_batch && op.attrs.reduce == ir::ReduceFn::Sum)
-        cannot("it sums over the batch (a batch statistic, or a loss summed over the batch); a split batch "
-               "computes means exactly: write a summed loss as its mean times the batch size "
-               "(weft.from_torch does so for a sum to a scalar)");
+        cannot(
+            "it sums over the batch (a batch statistic, or a loss summed over the batch); a split batch "
+            "computes means exactly: write a summed loss as its mean times the batch size "
+            "(weft.from_torch does so for a sum to a scalar)");
       if (over_batch)
         if (const ir::Op* nl = nonlinear_reader(g, readers, old_op.outputs[0]))
-          cannot(fmt::format("it averages over the batch and '{}' ({}) reads the mean non-linearly: a batch "
-                             "statistic (a load-balancing loss, batch norm) differs between a micro-batch and "
-                             "the whole batch, so the batch must stay whole",
-                             nl->name, ir::op_kind_name(nl->kind)));
+          cannot(
+              fmt::format("it averages over the batch and '{}' ({}) reads the mean non-linearly: a batch "
+                          "statistic (a load-balancing loss, batch norm) differs between a micro-batch and "
+                          "the whole batch, so the batch must stay whole",
+                          nl->name, ir::op_kind_name(nl->kind)));
     }
     ir::OpSignature sig;
     try {
