@@ -406,13 +406,7 @@ std::string hetero_search_space_text(const Context& ctx, const std::vector<int>&
   s += o.uneven_split && ctx.c_.num_devices() >= 2 ? "; Whale's split: uneven and even"
                                                    : "; Whale's split: off";
   s += o.pipeline ? fmt::format("; pipelines over {} device-kind orders", orders) : "; pipelines: off";
-  std::vector<std::int64_t> sizes;
-  std::string why;
-  for (const auto& [bs, note] : ctx.rebatch_notes)
-    if (!note.empty()) {
-      sizes.push_back(bs);
-      why = note;
-    }
+  const auto [sizes, why] = batch_sizes_left_out(ctx);
   if (!sizes.empty())
     s += fmt::format(
         "; {} samples per micro-batch or replica left out (shares, micro-batches and their plans: the batch "

@@ -188,6 +188,26 @@ struct Analysis {
   }
 };
 
+// A gradient summed from contributions (a tied embedding's, an activation read twice): each
+// backward Add of gradients, from the last back, as (sum, term) for every term of the sum's shape,
+// so that a spec given to a sum reaches the terms of the sums before it.
+template <class Visit>
+void for_summed_gradient_terms(const ir::Graph& g, const Analysis& an, Visit&& visit) {
+  const auto order = g.topo_order();
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    const auto& op = g.op(*it);
+    if (an.phase[static_cast<std::size_t>(*it)] != pipeline::OpPhase::Backward ||
+        op.kind != ir::OpKind::Binary || op.attrs.binary != ir::BinaryFn::Add || op.outputs.size() != 1)
+      continue;
+    for (TensorId in : op.inputs) {
+      const auto& info = g.tensor(in);
+      if (info.role == ir::Role::Gradient && info.producer != ir::kNoOp &&
+          info.shape == g.tensor(op.outputs[0]).shape)
+        visit(op.outputs[0], in);
+    }
+  }
+}
+
 std::string spec_text(const ir::TensorInfo& t, int dim, std::int64_t stride, int tp) {
   if (dim < 0 || tp <= 1) return "R";
   const auto s = sharding::ShardingSpec::try_make(t.shape, {tp}, {sharding::Placement::shard(dim, stride)});
@@ -518,22 +538,10 @@ MegatronSpecs megatron_specs(const ir::Graph& g, int t, bool sequence_parallel) 
     }
     // A gradient summed from contributions (a tied embedding's, an activation read twice): its
     // terms carry its split too.
-    const auto order = g.topo_order();
-    for (auto it = order.rbegin(); it != order.rend(); ++it) {
-      const auto& op = g.op(*it);
-      if (an.phase[static_cast<std::size_t>(*it)] != pipeline::OpPhase::Backward ||
-          op.kind != ir::OpKind::Binary || op.attrs.binary != ir::BinaryFn::Add || op.outputs.size() != 1)
-        continue;
-      auto b = out.boundaries.find(g.tensor(op.outputs[0]).name);
-      if (b == out.boundaries.end()) continue;
-      const std::string spec = b->second;
-      for (TensorId in : op.inputs) {
-        const auto& info = g.tensor(in);
-        if (info.role == ir::Role::Gradient && info.producer != ir::kNoOp &&
-            info.shape == g.tensor(op.outputs[0]).shape)
-          out.boundaries.emplace(info.name, spec);
-      }
-    }
+    for_summed_gradient_terms(g, an, [&](TensorId sum, TensorId term) {
+      if (auto b = out.boundaries.find(g.tensor(sum).name); b != out.boundaries.end())
+        out.boundaries.emplace(g.tensor(term).name, std::string(b->second));
+    });
   }
 
   // 7. Sequence parallelism (Korthikanti et al., MLSys 2023): the residual stream from a partial
@@ -592,21 +600,9 @@ MegatronSpecs megatron_specs(const ir::Graph& g, int t, bool sequence_parallel) 
       const auto p = tensors[static_cast<std::size_t>(x)].producer;
       return p != ir::kNoOp && g.op(p).kind == ir::OpKind::Einsum;
     };
-    const auto order = g.topo_order();
-    for (auto it = order.rbegin(); it != order.rend(); ++it) {
-      const auto& op = g.op(*it);
-      if (an.phase[static_cast<std::size_t>(*it)] != pipeline::OpPhase::Backward ||
-          op.kind != ir::OpKind::Binary || op.attrs.binary != ir::BinaryFn::Add || op.outputs.size() != 1)
-        continue;
-      auto sum = grad_spec.find(op.outputs[0]);
-      if (sum == grad_spec.end()) continue;
-      for (TensorId in : op.inputs) {
-        const auto& info = g.tensor(in);
-        if (info.role == ir::Role::Gradient && info.producer != ir::kNoOp &&
-            info.shape == g.tensor(op.outputs[0]).shape)
-          grad_spec.emplace(in, sum->second);
-      }
-    }
+    for_summed_gradient_terms(g, an, [&](TensorId sum, TensorId term) {
+      if (auto it = grad_spec.find(sum); it != grad_spec.end()) grad_spec.emplace(term, std::string(it->second));
+    });
     for (const auto& [x, spec] : grad_spec) {
       if (from_matmul(x)) continue;
       const auto& name = tensors[static_cast<std::size_t>(x)].name;

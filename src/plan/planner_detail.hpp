@@ -792,6 +792,8 @@ std::vector<Candidate> partition_candidates(Context& ctx, const std::vector<Subm
 // and a row per layout tried.
 std::pair<std::optional<Built>, std::vector<Alternative>> megatron_all(Context& ctx);
 // The search space of a homogeneous make_plan, rule by rule, for Plan::search_space.
+// The micro-batch sizes the graph cannot be cut to (Context::rebatch_notes) and the last reason.
+std::pair<std::vector<std::int64_t>, std::string> batch_sizes_left_out(const Context& ctx);
 std::string search_space_text(const Context& ctx, const std::vector<SubmeshOptions>& subs,
                               const std::vector<int>& Ms, std::size_t configs, int pruned, int bounded);
 

@@ -89,14 +89,18 @@ void sort_alternatives(std::vector<Alternative>& alts, int max_n, bool summarise
 
 // Why micro-batch sizes were left out: the graph could not be cut to them (rebatch_note), so the
 // plan keeps larger micro-batches, or the whole batch (M = d = 1).
-std::string kept_batch_text(const Context& ctx) {
-  std::vector<std::int64_t> sizes;
-  std::string why;
+std::pair<std::vector<std::int64_t>, std::string> batch_sizes_left_out(const Context& ctx) {
+  std::pair<std::vector<std::int64_t>, std::string> out;
   for (const auto& [bs, note] : ctx.rebatch_notes)
     if (!note.empty()) {
-      sizes.push_back(bs);
-      why = note;
+      out.first.push_back(bs);
+      out.second = note;
     }
+  return out;
+}
+
+std::string kept_batch_text(const Context& ctx) {
+  const auto [sizes, why] = batch_sizes_left_out(ctx);
   if (sizes.empty()) return {};
   return fmt::format("; micro-batches of {} samples left out (the batch {} cannot be split that way): {}",
                      fmt::join(sizes, ", "), ctx.global_batch, why);
