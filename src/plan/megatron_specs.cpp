@@ -601,7 +601,8 @@ MegatronSpecs megatron_specs(const ir::Graph& g, int t, bool sequence_parallel) 
       return p != ir::kNoOp && g.op(p).kind == ir::OpKind::Einsum;
     };
     for_summed_gradient_terms(g, an, [&](TensorId sum, TensorId term) {
-      if (auto it = grad_spec.find(sum); it != grad_spec.end()) grad_spec.emplace(term, std::string(it->second));
+      if (auto it = grad_spec.find(sum); it != grad_spec.end())
+        grad_spec.emplace(term, std::string(it->second));
     });
     for (const auto& [x, spec] : grad_spec) {
       if (from_matmul(x)) continue;
