@@ -327,3 +327,23 @@ def test_new_constructs_stay_rebatchable():
     small = weft._weft.rebatch(g.train_step(optimizer=None), 2)  # raises if the batch is pinned
     assert small.tensor(small.find("x"))["shape"] == (2, 4, 10)
     assert all(6 not in t["shape"] for t in g.tensors if t["role"] == "constant")
+
+
+class PromotedMask(nn.Module):
+    # An integer mask added to float scores without a conversion: torch promotes it (Hugging Face T5's
+    # `causal_mask + attention_mask[:, None, None, :]`); the input is then declared floating point.
+    def __init__(self):
+        super().__init__()
+        self.fc = Reg(5, 4)
+
+    def forward(self, x, mask):
+        scores = self.fc(x) + (1 - mask[:, None, :]) * -1e4
+        return torch.softmax(scores, -1).sum(-1).mean() + (scores * mask[:, None, :]).pow(2).mean()
+
+
+def test_an_integer_input_promoted_by_arithmetic_is_a_float_input():
+    torch.manual_seed(0)
+    mask = torch.ones(6, 4, dtype=torch.long)
+    mask[1, 2:] = 0
+    g = check(PromotedMask().double(), (f64(6, 3, 5), mask))
+    assert {t["name"]: t["dtype"] for t in g.tensors if t["role"] == "input"}["mask"] == "f64"

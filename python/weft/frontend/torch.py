@@ -432,7 +432,9 @@ def _functional_of(target):
 def _only_converted_to_float(node, live) -> bool:
     """Whether every use of an (integer or bool) input reaches a conversion to floating point
     through shape-only ops: then the input is declared floating point (the graph's dtype) and the
-    conversion is the identity, or a cast to another float dtype (the IR converts no integers)."""
+    conversion is the identity, or a cast to another float dtype (the IR converts no integers). An
+    arithmetic op whose result is floating point converts too: torch promotes the integer operand
+    (Hugging Face T5's `causal_mask + attention_mask[:, None, None, :]`)."""
     seen, stack, found = set(), list(node.users), False
     while stack:
         u = stack.pop()
@@ -444,6 +446,11 @@ def _only_converted_to_float(node, live) -> bool:
         val = u.meta.get("val")
         if op in ("_to_copy", "to", "type_as") and val is not None and val.is_floating_point():
             found = True
+        elif op in ("add", "sub", "rsub", "mul", "div") and val is not None and val.is_floating_point():
+            found = True  # promoted by the op
+        elif op in ("add", "sub", "rsub", "mul") and val is not None and not val.is_floating_point() \
+                and "bool" not in str(val.dtype):
+            stack.extend(u.users)  # integer arithmetic before the promotion (1 - mask): exact in floats
         elif op in _VIEW_OPS or op in ("contiguous", "clone", "detach", "expand_as", "broadcast_to"):
             stack.extend(u.users)
         else:
