@@ -226,7 +226,8 @@ const ir::Op* nonlinear_reader(const ir::Graph& g, const std::vector<std::vector
             linear = true;
           } else if (op.attrs.binary == ir::BinaryFn::Mul ||
                      (op.attrs.binary == ir::BinaryFn::Div && op.inputs.size() == 2 && op.inputs[0] == x)) {
-            linear = true;  // by a leaf only: a product of two activations is not linear in either
+            // by a leaf only: a product of two activations (x · x included) is not linear in either
+            linear = std::count(op.inputs.begin(), op.inputs.end(), x) == 1;
             for (ir::TensorId in : op.inputs)
               if (in != x && g.tensor(in).producer != ir::kNoOp) linear = false;
           }

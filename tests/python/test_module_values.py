@@ -397,13 +397,23 @@ def test_a_forward_sum_over_the_batch_is_refused_when_the_batch_is_split():
 class BalancedRouter(nn.Module):
     # A router's load-balancing term: the square of the mean routing probability over the batch. A
     # micro-batch's mean squared is not the whole batch's, so no split of the batch computes it.
-    def __init__(self):
+    def __init__(self, square="pow"):
         super().__init__()
         self.gate = nn.Linear(6, 4)
+        self.square = square
 
     def forward(self, x, y):
         p = torch.softmax(self.gate(x), -1)
-        return F.mse_loss(p, y) + (p.mean(0) ** 2).sum()
+        f = p.mean(0)
+        return F.mse_loss(p, y) + ((f ** 2) if self.square == "pow" else (f * f)).sum()
+
+
+def test_a_product_of_a_batch_mean_with_itself_keeps_the_batch_whole():
+    torch.manual_seed(0)
+    x, y = torch.randn(16, 6, dtype=torch.float64), torch.randn(16, 4, dtype=torch.float64)
+    step = weft.from_torch(BalancedRouter("mul").double(), {"x": x, "y": y}).train_step(optimizer="sgd", lr=0.1)
+    with pytest.raises(ValueError, match=r"averages over the batch and 'mul\w*' \(binary\) reads the mean"):
+        weft.data_parallel_plan(step, weft.Cluster.preset("p3.8xlarge"), [4, 4, 4, 4])
 
 
 def test_a_mean_over_the_batch_read_nonlinearly_keeps_the_batch_whole():
