@@ -233,8 +233,9 @@ def test_uneven_shares_and_mixed_cluster_plans_match_reference():
 
 
 def _per_sample_constant_step(batch=24):
-    """A graph whose batch cannot be re-batched: x scaled by a batch-sized Constant (cumsum of
-    ones(B, 8), as OPT makes its position ids), an MLP and a cross entropy."""
+    """A graph whose batch cannot be re-batched: x scaled by a batch-sized Constant with a row per
+    sample (a cumsum of a per-sample ramp; OPT's cumsum of ones(B, 8) has the same row for every
+    sample and re-batches), an MLP and a cross entropy."""
     torch = pytest.importorskip("torch")
 
     class PerSample(torch.nn.Module):
@@ -243,7 +244,7 @@ def _per_sample_constant_step(batch=24):
             self.fc, self.out = torch.nn.Linear(8, 8), torch.nn.Linear(8, 4)
 
         def forward(self, x, y):
-            pos = torch.ones(x.shape[0], x.shape[1], dtype=x.dtype).cumsum(1)
+            pos = (torch.arange(x.shape[0] * x.shape[1], dtype=x.dtype) % 5 + 1).reshape(x.shape).cumsum(1)
             return torch.nn.functional.cross_entropy(self.out(torch.tanh(self.fc(x * pos))), y)
 
     torch.manual_seed(0)

@@ -106,6 +106,32 @@ def test_t5_without_its_float32_casts_trains_exactly(cluster, monkeypatch):
     assert_like_torch(trained(m, inputs, cluster, "execute"), torch_adam(m, inputs), rtol=RTOL)
 
 
+def test_t5_splits_its_batch_over_replicas_and_micro_batches(cluster, monkeypatch):
+    """The all-ones attention masks T5 builds when none is given (torch.ones(batch, seq)) are imported
+    as one row broadcast over the batch: T5 splits its batch. 4 replicas on 4 gloo processes (the
+    padded labels differ between them) train like torch to T5's f32 roundings; without its two f32
+    casts, 4 replicas x 2 micro-batches on the CPU executor train exactly."""
+    m, inputs = t5()
+    step = weft.from_torch(m, inputs).train_step(optimizer="adam", lr=1e-2)
+    assert not [t["name"] for t in step.tensors if t["role"] == "constant" and t["shape"][:1] == [8]]
+    feeds = {k: v.numpy() for k, v in inputs.items()}
+    got = weft.run(weft.data_parallel_plan(step, cluster, [2, 2, 2, 2]), step, cluster, steps=3, dtype="f64",
+                   inputs=feeds)
+    assert_like_torch(got, torch_adam(m, inputs), rtol=1e-4)
+
+    t5_mod = pytest.importorskip("transformers.models.t5.modeling_t5")
+    as_f32 = torch.Tensor.float
+    monkeypatch.setattr(t5_mod.T5LayerNorm, "forward", lambda self, h: self.weight * (
+        h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)))
+    monkeypatch.setattr(torch.Tensor, "float",
+                        lambda self, *a, **k: self if self.dtype == torch.float64 else as_f32(self, *a, **k))
+    m, inputs = t5()
+    step = weft.from_torch(m, inputs).train_step(optimizer="adam", lr=1e-2)
+    plan = weft.data_parallel_plan(step, cluster, [1, 1, 1, 1], num_microbatches=2)
+    got = weft.execute(plan, step, cluster, steps=3, inputs={k: v.numpy() for k, v in inputs.items()})
+    assert_like_torch(got, torch_adam(m, inputs), rtol=RTOL)
+
+
 def test_t5_shifts_its_labels_as_torch_does():
     """The decoder's input ids the graph computes from the labels (-100 → the pad id 0, the start id
     first) equal T5's own _shift_right."""

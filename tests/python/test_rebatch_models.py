@@ -163,13 +163,25 @@ def _t5_onehot():
 
 
 class MaskedMean(nn.Module):
-    """A batch that lives in a constant: a per-sample mask built in forward (Hugging Face's
-    `attention_mask = torch.ones(batch, seq)` when none is given), folded into a Constant leaf."""
+    """A batch that lives in a constant: a per-sample weight built in forward from the batch size,
+    different for every sample, folded into a Constant leaf. (`torch.ones(batch, seq)`, Hugging
+    Face's mask when none is given, has the same row for every sample: it is imported as one row
+    broadcast over the batch and re-batches, `OnesMask` below.)"""
 
     def __init__(self, dim=8, classes=5):
         super().__init__()
         self.fc = nn.Linear(dim, dim)
         self.head = nn.Linear(dim, classes)
+
+    def forward(self, x, labels):
+        mask = (torch.arange(x.shape[0] * x.shape[1], dtype=x.dtype) % 5 + 1).reshape(x.shape[0], x.shape[1], 1)
+        h = (torch.tanh(self.fc(x)) * mask).mean(dim=1)
+        return F.cross_entropy(self.head(h), labels)
+
+
+class OnesMask(MaskedMean):
+    """Hugging Face's `attention_mask = torch.ones(batch, seq)` when none is given: a batch-sized
+    constant whose rows are all the same."""
 
     def forward(self, x, labels):
         mask = torch.ones(x.shape[0], x.shape[1], 1, dtype=x.dtype)
@@ -271,6 +283,21 @@ def test_a_batch_in_a_constant_keeps_the_batch_and_says_why(cluster):
     err = weft.execute(plan, step, cluster, steps=2, inputs=feeds).max_relative_error(
         weft.execute_reference(step, steps=2, inputs=feeds))
     assert err < 1e-9
+
+
+def test_a_constant_with_the_same_row_for_every_sample_rebatches(cluster):
+    """torch.ones(batch, seq) folded: imported as one row broadcast over the batch (no batch-sized
+    leaf), so the planner may split the batch; split plans equal one device."""
+    module = OnesMask().double()
+    torch.manual_seed(3)
+    example = (torch.randn(B, 6, 8, dtype=torch.float64), torch.randint(0, 5, (B,)))
+    g = weft.from_torch(module, example)
+    assert all(t["shape"][:1] != [B] for t in g.tensors if t["role"] == "constant")
+    step = g.train_step(optimizer="adam")
+    feeds = _feeds(g, example)
+    ref = weft.execute_reference(step, steps=2, inputs=feeds)
+    plan = weft.megatron_plan(step, cluster, t=1, p=1, d=4, num_microbatches=2)
+    assert weft.execute(plan, step, cluster, steps=2, inputs=feeds).max_relative_error(ref) < 1e-9
 
 
 def test_class_token_gradient_is_summed_over_the_batch():

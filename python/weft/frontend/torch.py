@@ -203,6 +203,15 @@ class _Ctx:
         key = name
         while key in self._const_ids and self._const_ids[key][1:] != (shape, dt):
             key += "'"
+        if (key not in self._const_ids and name not in self.buffer_names and self.batch is not None
+                and len(shape) >= 1 and shape[0] == self.batch > 1 and val.device.type != "meta"
+                and bool((val == val[:1]).all())):
+            # Batch-sized with every sample's row the same (T5's all-ones masks, OPT's position ids from
+            # a cumsum of ones(batch, seq)): one row broadcast over the batch, so the graph re-batches.
+            row = self.tensor(_C(val[0], name + ".row"), like)
+            out = self.g.broadcast_to(row.id, shape, [0], name + ".rows")
+            self._const_ids[key] = (out, shape, dt)
+            return _T(out, tuple(shape))
         if key not in self._const_ids:
             if val.dtype == torch.bool:
                 val = val.to(torch.float64)
