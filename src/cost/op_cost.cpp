@@ -5,6 +5,7 @@
 
 #include "weft/core/error.hpp"
 #include "weft/cost/gemm_shape.hpp"
+#include "weft/ir/op_rules.hpp"
 
 namespace weft::cost {
 
@@ -68,6 +69,11 @@ OpCost op_cost(const ir::Graph& g, const ir::Op& op, const cluster::DeviceSpec& 
   double work = 1;
   for (int f : m.work_factors) work *= static_cast<double>(fs[f]);
   c.flops = m.flops() / work;
+  // A causal fused attention split along its queries (context parallelism) waits for its busiest
+  // tile: the last one's queries keep the most keys.
+  if (op.kind == ir::OpKind::Attention || op.kind == ir::OpKind::AttentionGrad)
+    for (std::size_t f = 0; f < m.factors.size(); ++f)
+      if (m.factors[f].name == "s" && fs[f] > 1) c.flops *= ir::attention_tile_imbalance(op, fs[f]);
   for (int i = 0; i < static_cast<int>(op.inputs.size()); ++i)
     c.bytes += local_tensor_bytes(g, op, false, i, fs);
   for (int i = 0; i < static_cast<int>(op.outputs.size()); ++i)

@@ -75,6 +75,19 @@ double unmasked_pairs(std::int64_t s, std::int64_t t, bool causal) {
          static_cast<double>(s - tri) * static_cast<double>(t);
 }
 
+double tile_imbalance(const Op& op, std::int64_t shards) {
+  if (shards <= 1 || !causal_of(op.attrs)) return 1.0;
+  std::int64_t s = 0, t = 0;
+  for (const auto& f : op.index_map.factors) {
+    if (f.name == "s") s = f.size;
+    if (f.name == "t") t = f.size;
+  }
+  const double all = unmasked_pairs(s, t, true);
+  if (s % shards != 0 || all <= 0) return 1.0;
+  const double last = all - unmasked_pairs(s - s / shards, t, true);
+  return last * static_cast<double>(shards) / all;
+}
+
 OpSignature rule(OpKind kind, const OpAttrs& a, const std::vector<Shape>& in, const std::vector<DType>& dt,
                  std::string_view op) {
   const bool grad = kind == OpKind::AttentionGrad;
@@ -127,7 +140,10 @@ OpSignature rule(OpKind kind, const OpAttrs& a, const std::vector<Shape>& in, co
     bd.push_back({factor("b" + std::to_string(i), lead[i], FactorKind::Parallel)});
     work.push_back(bd.back()[0]);
   }
-  const int fs = factor("s", s, grad ? FactorKind::NeedReplication : FactorKind::Parallel);
+  // The backward's query sequence is a sum reduction that dq also carries: split, it leaves dq
+  // split and dk, dv partial sums over the local queries (context parallelism's reduce-scatter).
+  const int fs = factor("s", s, grad ? FactorKind::Reduction : FactorKind::Parallel);
+  if (grad) m.factors[static_cast<std::size_t>(fs)].reduce = ReduceKind::Sum;
   const int ft = factor("t", t, FactorKind::NeedReplication);
   const int fd = factor("d", d, FactorKind::NeedReplication);
   const int fe = factor("e", e, FactorKind::NeedReplication);

@@ -345,6 +345,11 @@ OpSignature derive_unchecked(OpKind kind, const OpAttrs& a, const std::vector<Sh
 
 }  // namespace
 
+double attention_tile_imbalance(const Op& op, std::int64_t shards) {
+  if (op.kind != OpKind::Attention && op.kind != OpKind::AttentionGrad) return 1.0;
+  return attention::tile_imbalance(op, shards);
+}
+
 OpSignature derive_signature(OpKind kind, const OpAttrs& a, const std::vector<Shape>& in,
                              const std::vector<DType>& dt, std::string_view op) {
   WEFT_ASSERT(in.size() == dt.size(), "shapes and dtypes differ in length");

@@ -80,6 +80,22 @@ def test_megatrons_collectives_and_less_memory_on_a_wide_gpt():
     assert plans[True].step_time < plans[False].step_time
 
 
+def test_the_free_search_finds_sequence_parallelism_itself():
+    """Sequence parallelism is in make_plan's search space without the option: an SPMD stage's search
+    (no fixed specs) on 8 A100s of a wide GPT with dropout keeps the residual stream and the norms
+    split along the tokens ([b, s, h]: S(1)) and resolves the row matmuls' partial sums by
+    reduce-scatters, with no all-reduce at all."""
+    step = wm.gpt(layers=2, hidden=2560, heads=32, seq=2048, vocab=51200, batch=4, dtype="bf16",
+                  hidden_dropout=0.1, attention_dropout=0.1).train_step(optimizer="adam")
+    cl = weft.Cluster.preset("DGX-A100", nodes=1)
+    result = weft.spmd_search(step, cl, weft.DeviceMesh([8], range(8)), level="O2", time_limit=60)
+    for layer in ("h0", "h1"):
+        assert result.specs[f"{layer}.res1"] == result.specs[f"{layer}.ln2"] == "S(1)"
+        assert result.specs[f"{layer}.mlp.fc2.matmul"] == "P(sum)"
+    counts = weft.spmd.evaluate_plan(result, cl)["collectives"]
+    assert counts.get("reduce-scatter", 0) > 0 and "all-reduce" not in counts, counts
+
+
 @pytest.mark.parametrize("t,p,d", [(2, 1, 2), (4, 1, 1), (2, 2, 1)])
 def test_sequence_parallel_plans_equal_one_device_on_the_cpu_executor(t, p, d):
     step = tiny()

@@ -5,8 +5,11 @@
 // result, strides through reshapes, FLOPs — derives from this one description.
 //
 //   factor kinds: Parallel        appears in a result; splitting it splits the work, no comm.
-//                 Reduction       appears only in operands; splitting it leaves a partial
-//                                 result (sum or max) that a collective must resolve.
+//                 Reduction       splitting it leaves a partial result (sum or max) that a
+//                                 collective must resolve, in every result it does not appear
+//                                 in; a result that carries it is split along it (fused
+//                                 attention's backward: dq split by the queries, dk and dv
+//                                 partial sums over them).
 //                 NeedReplication cannot be split without a halo/exchange (conv spatial dims,
 //                                 the normalised dim of softmax/layer-norm, concat axis, ...).
 //   A dim whose factor list is empty has size 1 (a broadcast dim).

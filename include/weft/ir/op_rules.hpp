@@ -38,4 +38,11 @@ EinsumTerms split_einsum(std::string_view equation, std::string_view op_name = "
 bool reshape_factors(const Shape& in, const Shape& out, std::vector<std::vector<std::int64_t>>& in_dims,
                      std::vector<std::vector<std::int64_t>>& out_dims);
 
+// A fused attention op (Attention, AttentionGrad) whose query sequence is split into `shards`
+// contiguous tiles: the (query, key) pairs of its busiest tile over the even share (1 / shards of
+// the pairs). 1 without a causal mask; with one the last tile's queries keep the most keys
+// (2 − 1/n for as many queries as keys): context parallelism's load imbalance, which a cyclic
+// (strided) split of the sequence would even out. 1 for any other op or shards <= 1.
+double attention_tile_imbalance(const Op& op, std::int64_t shards);
+
 }  // namespace weft::ir

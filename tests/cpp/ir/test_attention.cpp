@@ -109,7 +109,7 @@ TEST_CASE("attention rule: shapes, lse in f32, batch and queries parallel, keys 
   const TensorId o3 = g.attention(q, k3, v3, 0.25, true, "wide").first;
   CHECK(g.op(g.tensor(o3).producer).flops() == doctest::Approx(6 * 12 * 20));
 
-  // The backward: 2·(3d + 2e) per pair (2.5x the forward when d = e), its queries replicated.
+  // The backward: 2·(3d + 2e) per pair (2.5x the forward when d = e).
   Graph h("b");
   auto hq = h.parameter("q", {2, 3, 5, 4}), hk = h.parameter("k", {2, 3, 7, 4}),
        hv = h.parameter("v", {2, 3, 7, 4});
@@ -126,7 +126,10 @@ TEST_CASE("attention rule: shapes, lse in f32, batch and queries parallel, keys 
     CHECK(gop.inputs[3] == ho);  // it reads the saved output and the log-sum-exp
     CHECK(gop.flops() == doctest::Approx(2.5 * h.op(h.tensor(ho).producer).flops()));
     CHECK(factor_of(gop, false, 0, 0).kind == FactorKind::Parallel);
-    CHECK(factor_of(gop, false, 0, 2).kind == FactorKind::NeedReplication);
+    // its queries a sum reduction that dq carries (context parallelism: dk, dv partial sums)
+    CHECK(factor_of(gop, false, 0, 2).kind == FactorKind::Reduction);
+    CHECK(factor_of(gop, false, 0, 2).reduce == ReduceKind::Sum);
+    CHECK(factor_of(gop, true, 0, 2).name == "s");
     CHECK(*tg.grad(hq) == gop.outputs[0]);
     CHECK(*tg.grad(hk) == gop.outputs[1]);
     CHECK(*tg.grad(hv) == gop.outputs[2]);
