@@ -60,7 +60,7 @@ double local_tensor_bytes(const ir::Graph& g, const ir::Op& op, bool is_output, 
 }
 
 OpCost op_cost(const ir::Graph& g, const ir::Op& op, const cluster::DeviceSpec& device,
-               const std::vector<std::int64_t>& fs) {
+               const std::vector<std::int64_t>& fs, const std::vector<std::int64_t>& stride) {
   const auto& m = op.index_map;
   WEFT_CHECK(fs.size() == m.factors.size(), "op_cost: {} factor shards for op '{}' with {} factors",
              fs.size(), op.name, m.factors.size());
@@ -73,7 +73,8 @@ OpCost op_cost(const ir::Graph& g, const ir::Op& op, const cluster::DeviceSpec& 
   // tile: the last one's queries keep the most keys.
   if (op.kind == ir::OpKind::Attention || op.kind == ir::OpKind::AttentionGrad)
     for (std::size_t f = 0; f < m.factors.size(); ++f)
-      if (m.factors[f].name == "s" && fs[f] > 1) c.flops *= ir::attention_tile_imbalance(op, fs[f]);
+      if (m.factors[f].name == "s" && fs[f] > 1)
+        c.flops *= ir::attention_tile_imbalance(op, fs[f], f < stride.size() ? stride[f] : 0);
   for (int i = 0; i < static_cast<int>(op.inputs.size()); ++i)
     c.bytes += local_tensor_bytes(g, op, false, i, fs);
   for (int i = 0; i < static_cast<int>(op.outputs.size()); ++i)

@@ -42,8 +42,9 @@ std::vector<char> view_ops(const ir::Graph& g) {
 }
 
 double compute_time(const ir::Graph& g, const ir::Op& op, const cluster::DeviceSpec& device,
-                    const std::vector<std::int64_t>& factor_shards, bool is_view) {
-  return is_view ? 0.0 : op_cost(g, op, device, factor_shards).time;
+                    const std::vector<std::int64_t>& factor_shards, bool is_view,
+                    const std::vector<std::int64_t>& factor_stride) {
+  return is_view ? 0.0 : op_cost(g, op, device, factor_shards, factor_stride).time;
 }
 
 }  // namespace weft::cost

@@ -75,7 +75,7 @@ double unmasked_pairs(std::int64_t s, std::int64_t t, bool causal) {
          static_cast<double>(s - tri) * static_cast<double>(t);
 }
 
-double tile_imbalance(const Op& op, std::int64_t shards) {
+double tile_imbalance(const Op& op, std::int64_t shards, std::int64_t stride) {
   if (shards <= 1 || !causal_of(op.attrs)) return 1.0;
   std::int64_t s = 0, t = 0;
   for (const auto& f : op.index_map.factors) {
@@ -83,9 +83,23 @@ double tile_imbalance(const Op& op, std::int64_t shards) {
     if (f.name == "t") t = f.size;
   }
   const double all = unmasked_pairs(s, t, true);
-  if (s % shards != 0 || all <= 0) return 1.0;
-  const double last = all - unmasked_pairs(s - s / shards, t, true);
-  return last * static_cast<double>(shards) / all;
+  if (stride <= 0) stride = s / shards;
+  if (stride <= 0 || s % (stride * shards) != 0 || all <= 0) return 1.0;
+  // Runs of `stride` queries dealt to the tiles in turn: tile c holds runs c, c + n, c + 2n, ...
+  // A later query keeps at least as many keys, so the last tile is the busiest.
+  const std::int64_t runs = s / (stride * shards);
+  double busiest = 0;
+  if (t >= s) {  // no query reaches past the keys: run [a, a + w) keeps w·a + w(w + 1)/2 pairs
+    const double w = static_cast<double>(stride), n = static_cast<double>(shards), k = static_cast<double>(runs);
+    const double c = n - 1;  // Σ_j a_j with a_j = (c + j·n)·w over the tile's k runs
+    busiest = w * w * (k * c + n * k * (k - 1) / 2) + k * w * (w + 1) / 2;
+  } else {
+    for (std::int64_t j = 0; j < runs; ++j) {
+      const std::int64_t a = ((shards - 1) + j * shards) * stride;
+      busiest += unmasked_pairs(a + stride, t, true) - unmasked_pairs(a, t, true);
+    }
+  }
+  return busiest * static_cast<double>(shards) / all;
 }
 
 OpSignature rule(OpKind kind, const OpAttrs& a, const std::vector<Shape>& in, const std::vector<DType>& dt,

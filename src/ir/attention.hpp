@@ -34,7 +34,7 @@ OpSignature rule(OpKind kind, const OpAttrs& a, const std::vector<Shape>& in, co
 double unmasked_pairs(std::int64_t s, std::int64_t t, bool causal);
 
 // ir::attention_tile_imbalance (op_rules.hpp) of an Attention / AttentionGrad op.
-double tile_imbalance(const Op& op, std::int64_t shards);
+double tile_imbalance(const Op& op, std::int64_t shards, std::int64_t stride);
 
 // Kernels on f64 tiles. A causal forward whose query sequence is split reads the global position
 // of each local query row from ctx.element_index[rank − 2] (the result's tile; empty = 0..s−1).

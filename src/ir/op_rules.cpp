@@ -345,9 +345,9 @@ OpSignature derive_unchecked(OpKind kind, const OpAttrs& a, const std::vector<Sh
 
 }  // namespace
 
-double attention_tile_imbalance(const Op& op, std::int64_t shards) {
+double attention_tile_imbalance(const Op& op, std::int64_t shards, std::int64_t stride) {
   if (op.kind != OpKind::Attention && op.kind != OpKind::AttentionGrad) return 1.0;
-  return attention::tile_imbalance(op, shards);
+  return attention::tile_imbalance(op, shards, stride);
 }
 
 OpSignature derive_signature(OpKind kind, const OpAttrs& a, const std::vector<Shape>& in,

@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "weft/core/error.hpp"
+#include "weft/ir/op_rules.hpp"
 
 namespace weft::spmd {
 
@@ -80,6 +81,7 @@ std::optional<OpStrategy> make_strategy(const ir::Graph& g, const ir::Op& op,
   OpStrategy s;
   s.axes = axes;
   s.factor_shards.assign(m.factors.size(), 1);
+  s.factor_stride.assign(m.factors.size(), 0);
   std::vector<int> explicit_count(m.factors.size(), 0), default_count(m.factors.size(), 0);
   for (std::size_t a = 0; a < mesh.size(); ++a) {
     const int f = axes[a].factor;
@@ -88,6 +90,7 @@ std::optional<OpStrategy> make_strategy(const ir::Graph& g, const ir::Op& op,
     if (m.factors[f].kind == ir::FactorKind::NeedReplication) return std::nullopt;
     s.factor_shards[f] *= mesh[a];
     (axes[a].inner_stride > 0 ? explicit_count : default_count)[f]++;
+    if (axes[a].inner_stride > 0) s.factor_stride[f] = axes[a].inner_stride;
     if (axes[a].inner_stride > 0 && (m.factors[f].size % (axes[a].inner_stride * mesh[a]) != 0))
       return std::nullopt;
   }
@@ -125,6 +128,21 @@ std::vector<OpStrategy> enumerate_strategies(const ir::Graph& g, const ir::Op& o
       idx[a] = -1;
     }
     if (a == mesh.size()) break;
+  }
+  // A causal attention split by its queries: the cyclic variant beside the block one.
+  const std::size_t defaults = out.size();
+  for (std::size_t i = 0; i < defaults; ++i) {
+    const auto& axes = out[i].axes;
+    for (std::size_t a = 0; a < axes.size(); ++a) {
+      const int f = axes[a].factor;
+      if (f < 0 || op.index_map.factors[static_cast<std::size_t>(f)].name != "s" ||
+          out[i].factor_shards[static_cast<std::size_t>(f)] != mesh[a] ||
+          ir::attention_tile_imbalance(op, mesh[a]) <= 1.0)
+        continue;
+      std::vector<AxisAssign> cyclic = axes;
+      cyclic[a].inner_stride = 1;
+      if (auto s = make_strategy(g, op, mesh, cyclic)) out.push_back(std::move(*s));
+    }
   }
   return out;
 }

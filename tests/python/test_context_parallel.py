@@ -25,26 +25,28 @@ def zoo_step():
     return weft.models.gpt(**KW, fused_attention=True).train_step(optimizer="adam")
 
 
-def cp_specs(step, axes):
+def cp_specs(step, axes, cyclic=False):
     """Fixed specs that split the sequence on every mesh axis in `axes` ("seq", or "batch" for data
     parallelism beside it): the inputs' [b, s], every attention's q, k, v [b, h, s, d] (k and v must
-    then be gathered) and its gradient dq (dk, dv are then partial sums to reduce)."""
+    then be gathered), its results and its gradient dq (dk, dv are then partial sums to reduce). cyclic: the
+    sequence dealt one position at a time (stride 1) instead of in blocks."""
     def spec(seq_dim):
-        return " ".join(f"S({seq_dim if a == 'seq' else 0})" for a in axes)
+        return " ".join((f"S({seq_dim},1)" if cyclic else f"S({seq_dim})") if a == "seq" else "S(0)" for a in axes)
     name = lambda i: step.tensor(i)["name"]  # noqa: E731
     fixed = {name(i): spec(1) for i in range(len(step.tensors))
              if step.tensor(i)["role"] == "input" and len(step.tensor(i)["shape"]) == 2}
     for op in step.ops:
-        if op["kind"] == "attention":
-            fixed.update({name(i): spec(2) for i in op["inputs"]})
+        if op["kind"] == "attention":  # q, k, v; out [b, h, s, e] and lse [b, h, s]
+            fixed.update({name(i): spec(2) for i in op["inputs"] + op["outputs"]})
         elif op["kind"] == "attention_grad":  # dq; dk and dv are the partial sums
             fixed[name(op["outputs"][0])] = spec(2)
     return fixed
 
 
-def cp_program(step, cluster, dims, axes):
+def cp_program(step, cluster, dims, axes, cyclic=False):
     mesh = weft.DeviceMesh(dims, range(int(np.prod(dims))))
-    result = weft.spmd_search(step, cluster, mesh, level="O2", time_limit=20, fixed_specs=cp_specs(step, axes))
+    result = weft.spmd_search(step, cluster, mesh, level="O2", time_limit=20,
+                              fixed_specs=cp_specs(step, axes, cyclic))
     return result, weft.lower_spmd(step, cluster, mesh, result)
 
 
@@ -81,11 +83,14 @@ def query_rows(step, program):
             for ins in layout.instructions(r) if ins["kind"] == "compute" and kinds[ins["op"]] == "attention_grad"]
 
 
-def test_causal_context_parallel_on_2_gloo_processes_equals_one_device(causal_step, cluster):
-    result, program = cp_program(causal_step, cluster, [2], ["seq"])
-    assert set(attention_strategies(causal_step, result).values()) == {"s:x"}
-    # each rank's causal mask compares its queries' global positions (rank 1: queries 4..7)
-    assert query_rows(causal_step, program) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+@pytest.mark.parametrize("cyclic", [False, True])
+def test_causal_context_parallel_on_2_gloo_processes_equals_one_device(cyclic, causal_step, cluster):
+    result, program = cp_program(causal_step, cluster, [2], ["seq"], cyclic)
+    assert set(attention_strategies(causal_step, result).values()) == {"s/1:x" if cyclic else "s:x"}
+    # each rank's causal mask compares its queries' global positions (block: rank 1 holds queries
+    # 4..7; cyclic: the odd ones)
+    assert query_rows(causal_step, program) == ([[0, 2, 4, 6], [1, 3, 5, 7]] if cyclic else
+                                                [[0, 1, 2, 3], [4, 5, 6, 7]])
     ref = weft.execute_reference(causal_step, steps=2)
     assert weft.execute(program, steps=2).max_relative_error(ref) < 1e-12
     got = weft.run(program, steps=2, dtype="f64")
@@ -121,3 +126,42 @@ def test_weft_plan_picks_context_parallelism_for_a_long_sequence_with_few_heads(
     assert {tuple(lay.factors) for lay in plan.stages[0].op_layouts if lay.op in attention} == {(2,)}
     megatron = [a for a in plan.alternatives if a.strategy.startswith("megatron t=8")]
     assert megatron and plan.step_time < megatron[0].step_time
+
+
+def causal_stack(s, layers=2, n=2, d=128, h=256):
+    """x [1, s, h] through `layers` causal attention blocks with 2 heads (q, k, v and out projections,
+    residual adds), loss mean(x · r): nothing to split but the sequence or the 2 heads."""
+    g = weft.Graph("causal")
+    x, r = g.input("x", [1, s, h]), g.input("r", [1, s, h])
+    for i in range(layers):
+        q, k, v = (g.einsum("bsh,hnd->bnsd", [x, g.parameter(f"w{i}{c}", [h, n, d])], f"{c}{i}") for c in "qkv")
+        o, _ = g.attention(q, k, v, causal=True, name=f"attn{i}")
+        x = g.add(x, g.einsum("bnsd,ndh->bsh", [o, g.parameter(f"wo{i}", [n, d, h])], f"y{i}"), f"res{i}")
+    g.set_loss(g.reduce("mean", g.mul(x, r, "xr"), [0, 1, 2], "loss"))
+    return g.train_step(optimizer="adam")
+
+
+def test_a_causal_split_is_dealt_cyclically_to_balance_the_tiles():
+    """A causal mask gives the last block of queries the most keys (on 8 tiles of 32,768 queries the
+    busiest does 1.875x the even share); dealt one query at a time every tile does about the same.
+    The search takes the cyclic split through both attention ops and the residual stream (S(1,1)),
+    and prices it below the block split forced on the same mesh."""
+    step = causal_stack(32768)
+    cl, mesh = weft.Cluster.preset("DGX-A100"), weft.DeviceMesh([8], range(8))
+    free = weft.spmd_search(step, cl, mesh, level="O2", time_limit=60)
+    assert set(attention_strategies(step, free).values()) == {"s/1:x"}
+    assert free.specs["res0"] == "S(1,1)"
+    block = weft.spmd_search(step, cl, mesh, level="O2", time_limit=60, fixed_specs=cp_specs(step, ["seq"]))
+    assert set(attention_strategies(step, block).values()) == {"s:x"}
+    # attention is most of the work at this length: the imbalance shows in the compute time
+    assert free.compute_time < 0.7 * block.compute_time
+
+
+def test_a_cyclic_causal_split_equals_one_device_on_4_devices(cluster):
+    step = causal_stack(16, d=4, h=8)
+    ref = weft.execute_reference(step, steps=3)
+    result, program = cp_program(step, cluster, [4], ["seq"], cyclic=True)
+    assert set(attention_strategies(step, result).values()) == {"s/1:x"}
+    # per rank, its two layers' backward attention: queries r, r + 4, r + 8, r + 12
+    assert query_rows(step, program) == [[r, r + 4, r + 8, r + 12] for r in range(4) for _ in range(2)]
+    assert weft.execute(program, steps=3).max_relative_error(ref) < 1e-9

@@ -21,6 +21,7 @@ std::vector<char> view_ops(const ir::Graph& g);
 // The compute time the SPMD model charges an op under a factor split: 0 for a view, else the
 // roofline time of cost::op_cost.
 double compute_time(const ir::Graph& g, const ir::Op& op, const cluster::DeviceSpec& device,
-                    const std::vector<std::int64_t>& factor_shards, bool is_view);
+                    const std::vector<std::int64_t>& factor_shards, bool is_view,
+                    const std::vector<std::int64_t>& factor_stride = {});
 
 }  // namespace weft::cost

@@ -39,10 +39,12 @@ bool reshape_factors(const Shape& in, const Shape& out, std::vector<std::vector<
                      std::vector<std::vector<std::int64_t>>& out_dims);
 
 // A fused attention op (Attention, AttentionGrad) whose query sequence is split into `shards`
-// contiguous tiles: the (query, key) pairs of its busiest tile over the even share (1 / shards of
-// the pairs). 1 without a causal mask; with one the last tile's queries keep the most keys
-// (2 − 1/n for as many queries as keys): context parallelism's load imbalance, which a cyclic
-// (strided) split of the sequence would even out. 1 for any other op or shards <= 1.
-double attention_tile_imbalance(const Op& op, std::int64_t shards);
+// tiles: the (query, key) pairs of its busiest tile over the even share (1 / shards of the
+// pairs). `stride` is the split's (sharding::Placement's: runs of `stride` queries dealt to the
+// tiles in turn); 0 = block (s / shards). 1 without a causal mask; with one a block split leaves
+// the last tile's queries the most keys (2 − 1/n for n tiles of a square mask) — context
+// parallelism's load imbalance — and a cyclic one (stride 1) evens it out (1 + (n − 1)/(s + 1)
+// for a square mask). 1 for any other op or shards <= 1.
+double attention_tile_imbalance(const Op& op, std::int64_t shards, std::int64_t stride = 0);
 
 }  // namespace weft::ir

@@ -35,6 +35,8 @@ struct OpStrategy {
   std::vector<sharding::ShardingSpec> inputs;   // required operand specs
   std::vector<sharding::ShardingSpec> outputs;  // produced result specs
   std::vector<std::int64_t> factor_shards;      // per factor: pieces it is cut into
+  // per factor: the explicit inner stride of its split (AxisAssign::inner_stride), 0 = block
+  std::vector<std::int64_t> factor_stride;
   // "b:x f:y" (factor names; strided ones as "f/4:y"), "R" when nothing is split.
   std::string describe(const ir::IndexMap& map, const std::vector<std::string>& axis_names) const;
   bool operator==(const OpStrategy& o) const { return axes == o.axes; }
@@ -46,7 +48,10 @@ std::optional<OpStrategy> make_strategy(const ir::Graph& g, const ir::Op& op,
                                         const std::vector<std::int64_t>& mesh,
                                         const std::vector<AxisAssign>& axes);
 
-// Every valid default-stride assignment, deterministic order (all-replicated first).
+// Every valid default-stride assignment, deterministic order (all-replicated first); for a causal
+// fused attention op also each one that splits the query sequence on one axis, again with the
+// sequence split cyclically (inner stride 1): every tile then keeps about as many (query, key)
+// pairs (ir::attention_tile_imbalance), where the block split leaves the last tile the most.
 std::vector<OpStrategy> enumerate_strategies(const ir::Graph& g, const ir::Op& op,
                                              const std::vector<std::int64_t>& mesh);
 

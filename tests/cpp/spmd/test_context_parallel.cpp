@@ -80,6 +80,20 @@ TEST_CASE("context parallel: a causal split is priced at its busiest tile") {
       CHECK(split / even == doctest::Approx(causal ? 15.0 / 9.0 : 1.0));
       CHECK(ir::attention_tile_imbalance(op, 4) == doctest::Approx(causal ? 15.0 / 9.0 : 1.0));
       CHECK(ir::attention_tile_imbalance(op, 1) == 1.0);
+      // Dealt one query at a time (stride 1) the busiest tile holds queries 3 and 7: 4 + 8 = 12
+      // pairs; in runs of 2 over 2 tiles (queries 2, 3, 6, 7): 3 + 4 + 7 + 8 = 22 of an even 18.
+      CHECK(ir::attention_tile_imbalance(op, 4, 1) == doctest::Approx(causal ? 12.0 / 9.0 : 1.0));
+      CHECK(ir::attention_tile_imbalance(op, 2, 2) == doctest::Approx(causal ? 22.0 / 18.0 : 1.0));
+      CHECK(ir::attention_tile_imbalance(op, 4, 2) == ir::attention_tile_imbalance(op, 4));  // the block split
+      std::vector<std::int64_t> cyclic(op.index_map.factors.size(), 0);
+      cyclic[static_cast<std::size_t>(factor_named(op, "s"))] = 1;
+      CHECK(cost::op_cost(g, op, dev, by_queries, cyclic).flops / even ==
+            doctest::Approx(causal ? 12.0 / 9.0 : 1.0));
+      // A causal op offers the cyclic split of its queries beside the block one; no other op does.
+      int cyclic_strategies = 0;
+      for (const auto& st : spmd::enumerate_strategies(g, op, {4}))
+        cyclic_strategies += st.axes[0].factor == factor_named(op, "s") && st.axes[0].inner_stride == 1;
+      CHECK(cyclic_strategies == (causal ? 1 : 0));
     }
   }
 }
