@@ -1,7 +1,8 @@
 """Hugging Face models that needed the importer's indexing and functionalised writes (issue 34), from
 small configs: T5ForConditionalGeneration trained with ``labels=`` (its _shift_right writes the
 labels into a fresh tensor through views and replaces -100 by the pad id: integer Inputs through
-concat / slice / a comparison and a selection) and FalconForCausalLM (multi-query attention:
+concat / slice / a comparison and a selection), and with ``attention_mask`` and
+``decoder_attention_mask`` (a float comparison, ``padding_mask == 0``) and FalconForCausalLM (multi-query attention:
 ``fused_qkv[..., [-2]]``, aten.index.Tensor with a constant index; and the new decoder architecture),
 and GPTJForCausalLM (strided slices and a stack in its rotary embedding).
 Each is imported with its own weights, planned by weft.plan and trained 3 Adam steps by weft.run on 4
@@ -16,6 +17,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers", reason="transformers is not installed")
 
 import weft  # noqa: E402
+from f64_torch import Float64Throughout, FloatDtypesSeen  # noqa: E402
 
 RTOL, ATOL = 1e-9, 1e-12
 V = 32
@@ -49,21 +51,30 @@ def falcon(new_decoder_architecture):
                "labels": torch.randint(0, V, (8, 8), generator=g)}
 
 
-def torch_adam(m, inputs, steps=3, lr=1e-2):
+def torch_adam(m, inputs, steps=3, lr=1e-2, float64_throughout=False):
+    """torch autograd + Adam on the module; float64_throughout: under Float64Throughout (its float32
+    conversions kept at float64), checked to produce no float32 tensor."""
     tm = copy.deepcopy(m)
     opt = torch.optim.Adam(tm.parameters(), lr=lr)
-    losses = []
+    losses, seen = [], FloatDtypesSeen()
     for _ in range(steps):
         opt.zero_grad()
-        out = tm(**inputs)
-        out.loss.backward()
+        if float64_throughout:
+            with Float64Throughout(), seen:
+                out = tm(**inputs)
+                out.loss.backward()
+        else:
+            out = tm(**inputs)
+            out.loss.backward()
         opt.step()
         losses.append(float(out.loss.detach()))
+    if float64_throughout:
+        assert seen.dtypes == {torch.float64}, seen.ops_by_dtype.get(torch.float32)
     return losses, {n: p.detach().numpy() for n, p in tm.named_parameters()}
 
 
-def trained(m, inputs, cluster, how):
-    step = weft.from_torch(m, inputs).train_step(optimizer="adam", lr=1e-2)
+def trained(m, inputs, cluster, how, float_casts="module"):
+    step = weft.from_torch(m, inputs, float_casts=float_casts).train_step(optimizer="adam", lr=1e-2)
     assert {t["name"] for t in step.tensors if t["role"] == "input"} == set(inputs)
     plan = weft.plan(step, cluster)
     feeds = {k: v.numpy() for k, v in inputs.items()}
@@ -130,6 +141,41 @@ def test_t5_splits_its_batch_over_replicas_and_micro_batches(cluster, monkeypatc
     plan = weft.data_parallel_plan(step, cluster, [1, 1, 1, 1], num_microbatches=2)
     got = weft.execute(plan, step, cluster, steps=3, inputs={k: v.numpy() for k, v in inputs.items()})
     assert_like_torch(got, torch_adam(m, inputs), rtol=RTOL)
+
+
+def t5_with_masks():
+    """T5 with both attention masks given: padded encoder inputs, and the decoder's mask of its padded
+    labels (Hugging Face's convention). The decoder's mask preparation compares a float sum with 0
+    (padding_mask == 0: the causal mask's min plus the 0 / 1 mask) and masked_fills by it."""
+    m, inputs = t5()
+    am = torch.ones(8, 6, dtype=torch.long)
+    am[2, 4:] = 0
+    am[6, 5:] = 0
+    inputs.update(attention_mask=am, decoder_attention_mask=(inputs["labels"] != -100).long())
+    return m, inputs
+
+
+@pytest.mark.parametrize("float_casts,rtol", [("module", 1e-4), ("ignore", RTOL)])
+def test_t5_with_attention_masks_trains_like_torch_on_4_processes(float_casts, rtol, cluster):
+    """As the module is written (its two float32 casts honoured: to their rounding, 1e-4 as above), and
+    in float64 throughout (float_casts="ignore" against torch under Float64Throughout): to 1e-9."""
+    m, inputs = t5_with_masks()
+    g = weft.from_torch(m, inputs, float_casts=float_casts)
+    masks = {t["name"]: t for t in g.tensors if t["role"] == "input" and "mask" in t["name"]}
+    assert set(masks) == {"attention_mask", "decoder_attention_mask"}
+    assert "topk" in [op["kind"] for op in g.ops]  # the float comparison (padding_mask == 0)
+    with torch.no_grad():  # the masks matter: without them the loss differs
+        unmasked = float(m(input_ids=inputs["input_ids"], labels=inputs["labels"]).loss)
+    feeds = weft.feeds_from_torch(m, inputs, float_casts=float_casts)
+    loss = float(weft.interpret(g, feeds)[g.tensor(g.loss)["name"]])
+    assert abs(loss - unmasked) > 1e-3
+    want = torch_adam(m, inputs, float64_throughout=float_casts == "ignore")
+    assert_like_torch(trained(m, inputs, cluster, "run", float_casts), want, rtol=rtol)
+    if float_casts == "ignore":  # the masks split with their samples: 4 replicas x 2 micro-batches
+        step = weft.from_torch(m, inputs, float_casts="ignore").train_step(optimizer="adam", lr=1e-2)
+        plan = weft.data_parallel_plan(step, cluster, [1, 1, 1, 1], num_microbatches=2)
+        assert_like_torch(weft.execute(plan, step, cluster, steps=3, inputs={k: v.numpy() for k, v in inputs.items()}),
+                          want, rtol=rtol)
 
 
 def test_t5_shifts_its_labels_as_torch_does():

@@ -1182,7 +1182,7 @@ def _select_fill(ctx, x, keep_mask, fill_value, suffix=""):
 @_reg("masked_fill.Scalar", "masked_fill.Tensor")
 def _masked_fill(ctx, node, x, mask, value):
     torch = _torch()
-    if _is_graph(mask):  # a comparison of integer tensors (labels == -100): a selection
+    if _is_graph(mask):  # a comparison (labels == -100, padding_mask == 0): a selection
         from .indexing import choose, lazy_mask
         pick = lazy_mask(ctx, mask)
         if pick is not None:
@@ -1198,7 +1198,7 @@ def _masked_fill(ctx, node, x, mask, value):
 @_reg("where.self", "where.ScalarOther", "where.ScalarSelf", "where.Scalar")
 def _where(ctx, node, cond, a, b):
     torch = _torch()
-    if _is_graph(cond):  # a comparison of integer tensors: a selection
+    if _is_graph(cond):  # a comparison: a selection
         from .indexing import choose, lazy_mask
         pick = lazy_mask(ctx, cond)
         if pick is not None:
