@@ -1895,12 +1895,36 @@ def _export_hint(exc: BaseException) -> str:
     if not data_dependent:
         return ""
     randomness = any(f"aten.{r}." in text or f"torch.{r}(" in text for r in _RANDOM_OPS)
+    where = _raising_line(text)
+    if where is not None and not randomness:
+        # the number drawn a few lines above the branch (HF BART / mBART / Whisper's LayerDrop:
+        # `dropout_probability = torch.rand([])` then `if dropout_probability < self.layerdrop:`, which
+        # branches in training mode even when layerdrop is 0)
+        randomness = any(f"{r}(" in line for line in where[2] for r in ("rand", "randn", "bernoulli", "rand_like"))
+    at = f" at {where[0]}:{where[1]}" if where is not None else ""
     if randomness:
         return ("the module branches in Python on a random number (data-dependent control flow from "
-                "torch.rand & co., e.g. training-mode LayerDrop or stochastic depth): torch.export cannot "
-                "capture that; import the module in eval() mode (or with the drop probability 0)")
-    return ("the module branches in Python on a tensor's value (data-dependent control flow), which "
+                f"torch.rand & co.{at}, e.g. training-mode LayerDrop or stochastic depth): torch.export cannot "
+                "capture that; import the module in eval() mode (dropout is then off too: give the modules "
+                "dropout 0 if training should match)")
+    return (f"the module branches in Python on a tensor's value (data-dependent control flow{at}), which "
             "torch.export cannot capture")
+
+
+def _raising_line(text: str):
+    """(file name, line, [that line and the 3 before it]) of the user's code where torch.export's
+    data-dependent guard was raised, from its message ("The following call raised this error: File
+    ..., line N"), or None."""
+    import linecache
+    import os
+    import re
+
+    m = re.search(r'The following call raised this error:\s*File "([^"]+)", line (\d+)', text)
+    if m is None:
+        return None
+    path, n = m.group(1), int(m.group(2))
+    lines = [linecache.getline(path, i) for i in range(max(1, n - 3), n + 1)]
+    return os.path.basename(path), n, lines
 
 
 def _signature_names(fn, n: int, skip: int, fallback: str) -> List[str]:
