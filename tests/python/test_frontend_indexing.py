@@ -1,5 +1,5 @@
 """weft.from_torch: advanced indexing (aten.index.Tensor), index_select, one_hot, scatter, comparisons of
-integer tensors with the masked_fill / where they drive, in-place writes into views (x[..., 1:] = y,
+integer and of floating point tensors with the masked_fill / where they drive, in-place writes into views (x[..., 1:] = y,
 functionalised), slice_scatter / select_scatter and SDPA with broadcast k / v heads (issue 34) --
 each checked in float64 against torch: the loss through weft.interpret (1e-10 relative) and every
 parameter gradient of train_step(optimizer=None) against autograd (1e-8), as test_frontend_torch's
@@ -214,18 +214,79 @@ def test_masked_fill_and_where_by_an_integer_comparison():
     assert "gather" in kinds(g)
 
 
-def test_a_comparison_of_float_activations_is_refused():
+# ---- comparisons of floating point tensors (T5's padding_mask == 0), masked_fill / where by them
+
+SPECIAL = [-float("inf"), -2.0, -0.0, 0.0, 1.0, 2.0, 2.5, float("inf"), float("nan")]
+
+
+@pytest.mark.parametrize("op", ["eq", "ne", "gt", "ge", "lt", "le"])
+def test_float_comparisons_equal_torchs(op):
+    """Every pair of ±inf, ±0, finite values and NaN (brute force through the interpreter): two inputs
+    broadcast against each other, an input against numbers (0, an int, inf, NaN), a number on the left
+    and a constant with a NaN. Each mask weighs a parameter: its gradient is the mask itself, so every
+    element is checked against torch's, not only their sum."""
+    n = len(SPECIAL)
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(8, n, n, dtype=torch.float64))
+            self.register_buffer("c", torch.tensor(SPECIAL[::-1], dtype=torch.float64))
+
+        def forward(self, x, y):
+            cmp = getattr(torch, op)
+            masks = [cmp(x[:, None], y[None, :]), cmp(x[:, None], 0.0), cmp(x[:, None], 2), cmp(x[:, None], float("inf")),
+                     cmp(x[:, None], float("nan")), cmp(x[:, None], self.c[None, :]), cmp(self.c[:, None], y[None, :]),
+                     cmp(torch.tensor(-0.0, dtype=torch.float64), y[None, :].expand(n, n))]  # a 0-d tensor left
+            return sum((self.w[i] * m.to(torch.float64)).sum() for i, m in enumerate(masks))
+
+    x = torch.tensor(SPECIAL, dtype=torch.float64)
+    g = check(M().double(), (x, x.flip(0)))
+    assert "topk" in kinds(g) and "cast" not in kinds(g)
+
+
+@pytest.mark.parametrize("op", ["eq", "ne", "gt", "ge", "lt", "le"])
+def test_masked_fill_and_where_by_a_float_comparison(op):
+    """Comparisons of activations that depend on parameters (with ties: relu's zeros, and positions where
+    the two sides are the same value) drive a where, masked_fills (of -inf before a softmax) and a float
+    mask; no gradient flows through the comparison itself, only through the selected sides."""
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.p, self.q = Proj(5, 6), Proj(5, 6)
+            self.register_buffer("same", torch.rand(4, 6) < 0.5)
+
+        def forward(self, x):
+            h, k = self.p(x), self.q(x)
+            k = torch.where(self.same, h, k)  # equal to h where `same`: ties for eq / ne / ge / le
+            r = torch.relu(h)  # exact zeros
+            cmp = getattr(torch, op)
+            y = torch.where(cmp(h, k), h * 3, k)
+            z = r.masked_fill(cmp(r, 0), -1.5) + h.masked_fill(cmp(k, 0.25), -4.0)
+            keep = cmp(torch.full((), 0.1, dtype=torch.float64), h).to(torch.float64)
+            s = torch.cat([h[:, :1], h[:, 1:].masked_fill(cmp(h[:, 1:], -0.2), float("-inf"))], -1)  # (column 0 kept)
+            return (y * z).sum() + (h * keep).sum() + (torch.softmax(s, -1) * k).sum()
+
+    m = M().double()
+    x = f64(4, 5)
+    with torch.no_grad():  # (both sides of each comparison occur)
+        h = m.p(x)
+        assert (h > -0.2).any() and (h < -0.2).any() and (torch.relu(h) == 0).any() and m.same.any() and not m.same.all()
+    check(m, (x,))
+
+
+def test_a_comparison_of_an_integer_with_a_float_tensor_is_refused():
     class M(nn.Module):
         def __init__(self):
             super().__init__()
             self.p = Proj()
 
-        def forward(self, x):
+        def forward(self, x, ids):
             h = self.p(x)
-            return h.masked_fill(h > 0, 0.0).sum()
+            return h.masked_fill(ids > h, 0.0).sum()
 
-    with pytest.raises(ValueError, match="comparison of floating point activations"):
-        weft.from_torch(M().double(), (f64(4, 5),))
+    with pytest.raises(ValueError, match="comparison of an integer tensor with a floating point one"):
+        weft.from_torch(M().double(), (f64(4, 5), torch.randint(0, 3, (4, 6))))
 
 
 # ---- scatter (overwrite)

@@ -19,6 +19,7 @@ F = torch.nn.functional
 import weft  # noqa: E402
 from weft.runtime.launch import free_port  # noqa: E402
 from test_frontend_torch import RMSNorm  # noqa: E402 (a hand-written RMSNorm: eps is a constant)
+from f64_torch import Float64Throughout, FloatDtypesSeen  # noqa: E402
 from weft_env import subprocess_env  # noqa: E402
 
 RTOL, ATOL = 1e-9, 1e-12
@@ -487,33 +488,48 @@ def _hf(name):
     return make().double().train(), V
 
 
-def _hf_torch_train(m, step, steps=2, lr=1e-2):
+def _hf_torch_train(m, step, steps=2, lr=1e-2, float64_throughout=False):
+    """The module trained by torch autograd + Adam on weft's data; float64_throughout: under
+    Float64Throughout (its float32 islands kept at float64), and checked to produce no float32 tensor."""
     vals = weft._weft.LeafValues(step, 0)
     ins = [t for t in step.tensors if t["role"] == "input" and t["producer"] is None]
     tm = copy.deepcopy(m)
     opt = torch.optim.Adam(tm.parameters(), lr=lr)
-    losses = []
+    losses, seen = [], FloatDtypesSeen()
     for s in range(1, steps + 1):
         d = {t["name"]: torch.from_numpy(vals.values(t["id"], s, np.arange(int(np.prod(t["shape"]))))
                                          .reshape(t["shape"])).long() for t in ins}
         opt.zero_grad()
-        out = tm(**d)
-        out.loss.backward()
+        if float64_throughout:
+            with Float64Throughout(), seen:
+                out = tm(**d)
+                out.loss.backward()
+        else:
+            out = tm(**d)
+            out.loss.backward()
         opt.step()
         losses.append(float(out.loss.detach()))
+    if float64_throughout:
+        assert seen.dtypes == {torch.float64}, seen.ops_by_dtype.get(torch.float32)
     return losses, {n: p.detach().numpy() for n, p in tm.named_parameters()}
 
 
 # GPT-2 and GPT-NeoX compute in the module's dtype throughout: exact. Llama, Qwen2, Mistral and Phi
-# compute parts in float32 (RMSNorm's hidden_states.to(torch.float32), the loss's logits.float()),
-# which weft imports as casts and holds in f32 too; but f32 sums, exp and rsqrt round differently from
-# torch's f32 kernels (another summation order, vectorised approximations): gradients agree to ~2.5e-7
-# of their largest, and Adam, whose step is ±lr wherever a gradient is near 0 whatever its size,
-# amplifies that. Measured after 2 Adam steps (largest |weft − torch| / largest |weight|): weft.run
-# (torch's own f32 kernels in the region) Llama 5.7e-6 (1.2e-4 before the cast); weft.execute (f64
-# then one rounding per op) Qwen2 1.1e-5, Phi 2.9e-6, Mistral 2.8e-4 (one near-zero gradient of
-# layer 0's gate_proj; 5.7e-6 on weft.run). Losses: within 1.4e-7. Not 1e-9: that needs torch's f32
-# summation order.
+# compute parts in float32 whatever the module's dtype (RMSNorm's hidden_states.to(torch.float32), the
+# rotary tables' .float(), the loss's logits.float()). Two results:
+# - As the module is written (this test): weft imports those conversions as casts and holds the regions
+#   in f32 too; but f32 sums, exp and rsqrt round differently from torch's f32 kernels (another
+#   summation order, vectorised approximations): gradients agree to ~2.5e-7 of their largest, and Adam,
+#   whose step is ±lr wherever a gradient is near 0 whatever its size, amplifies that. Measured after 2
+#   Adam steps (largest |weft − torch| / largest |weight|): weft.run (torch's own f32 kernels in the
+#   region) Llama 5.7e-6 (1.2e-4 before the cast); weft.execute (f64 then one rounding per op) Qwen2
+#   1.1e-5, Phi 2.9e-6, Mistral 2.8e-4 (one near-zero gradient of layer 0's gate_proj; 5.7e-6 on
+#   weft.run). Losses: within 1.4e-7. Not 1e-9: that would need torch's f32 summation order, which no
+#   other implementation reproduces (it differs between torch's own CPU and GPU kernels too).
+# - Without the float32 islands (test_hugging_face_causal_lm_in_float64_throughout_trains_exactly):
+#   imported with float_casts="ignore" (no cast; constants folded in f64) and trained by torch under
+#   Float64Throughout (every float32 conversion kept at float64; no float32 tensor is produced), weft.run
+#   on 4 gloo processes and weft.execute equal torch within 1e-9 after 3 Adam steps.
 @pytest.mark.parametrize("name,rtol", [("gpt2", RTOL), ("gpt_neox", RTOL), ("llama", 2e-5), ("qwen2", 3e-5),
                                        ("mistral", 1e-3), ("phi", 1e-5)])
 def test_hugging_face_causal_lm_with_labels_trains_like_torch(name, rtol, cluster):
@@ -531,6 +547,53 @@ def test_hugging_face_causal_lm_with_labels_trains_like_torch(name, rtol, cluste
     for n, want in params.items():
         np.testing.assert_allclose(got.parameters[n], want, rtol=rtol, atol=max(ATOL, rtol * np.max(np.abs(want))),
                                    err_msg=n)
+
+
+@pytest.mark.parametrize("how", ["run", "execute"])
+@pytest.mark.parametrize("name", ["llama", "qwen2", "mistral", "phi"])
+def test_hugging_face_causal_lm_in_float64_throughout_trains_exactly(name, how, cluster):
+    m, V = _hf(name)
+    g = torch.Generator().manual_seed(1)
+    inputs = {"input_ids": torch.randint(0, V, (8, 8), generator=g), "labels": torch.randint(0, V, (8, 8), generator=g)}
+    honoured = weft.from_torch(m, inputs)
+    assert any(op["kind"] == "cast" for op in honoured.ops)  # (the islands this test removes)
+    step = weft.from_torch(m, inputs, float_casts="ignore").train_step(optimizer="adam", lr=1e-2)
+    assert not [op["name"] for op in step.ops if op["kind"] == "cast"]
+    assert {t["dtype"] for t in step.tensors} <= {"f64", "i64"}
+    plan = weft.plan(step, cluster)
+    got = weft.run(plan, step, cluster, steps=3, dtype="f64") if how == "run" else \
+        weft.execute(plan, step, cluster, steps=3)
+    losses, params = _hf_torch_train(m, step, steps=3, float64_throughout=True)
+    np.testing.assert_allclose(got.losses, losses, rtol=RTOL, atol=ATOL)
+    assert set(got.parameters) == set(params)
+    for n, want in params.items():
+        np.testing.assert_allclose(got.parameters[n], want, rtol=RTOL, atol=max(ATOL, RTOL * np.max(np.abs(want))),
+                                   err_msg=n)
+
+
+def test_float64_throughout_removes_every_float32_tensor_from_torchs_run():
+    # The reference above is only f64 if the mode catches every island: the recorder sees float32 ops
+    # (forward and backward) without it, none with it; the loss moves by the islands' rounding only.
+    m, V = _hf("llama")
+    ids = torch.randint(0, V, (2, 8), generator=torch.Generator().manual_seed(1))
+    plain, held = FloatDtypesSeen(), FloatDtypesSeen()
+    with plain:
+        a = m(input_ids=ids, labels=ids)
+        a.loss.backward()
+    with Float64Throughout(), held:
+        b = m(input_ids=ids, labels=ids)
+        b.loss.backward()
+    assert torch.float32 in plain.dtypes and "aten.rsqrt.default" in plain.ops_by_dtype[torch.float32]
+    assert held.dtypes == {torch.float64}
+    assert 0 < abs(float(a.loss.detach()) - float(b.loss.detach())) < 1e-6
+
+
+def test_float_casts_is_validated():
+    m = nn.Linear(4, 1).double()
+    with pytest.raises(ValueError, match="float_casts must be one of 'module', 'ignore', got 'f64'"):
+        weft.from_torch(m, (torch.randn(2, 4, dtype=torch.float64),), float_casts="f64")
+    with pytest.raises(ValueError, match="float_casts must be one of"):
+        weft.feeds_from_torch(m, (torch.randn(2, 4, dtype=torch.float64),), float_casts=None)
 
 
 def test_an_in_place_write_into_a_view_is_never_dropped():

@@ -1,6 +1,7 @@
 """Indexing and data-dependent selection for the torch importer: advanced indexing
 (``x[:, :, idx]``, ``aten.index.Tensor``), ``index_select``, ``index_put``, ``one_hot``, ``scatter`` (overwrite),
-comparisons of integer tensors (``labels == -100``) and the ``masked_fill`` / ``where`` they drive.
+comparisons (of integer tensors: ``labels == -100``; of floating point ones: T5's ``padding_mask == 0``) and
+the ``masked_fill`` / ``where`` they drive.
 
 Everything maps to existing IR ops, exactly:
 - a constant index (Falcon's ``fused_qkv[..., [-2]]``) is slices of the indexed dim and a concat
@@ -9,6 +10,12 @@ Everything maps to existing IR ops, exactly:
 - an integer comparison is integer arithmetic: for integers d, ``[d == 0] = relu(1 − max(d, −d))``
   and ``[d > 0] = 1 − relu(1 − relu(d))``, so ``x == c``, ``x > c``, ... are a few integer ``binary``
   / ``unary`` ops on the tensor (no rounding: the values are integers);
+- a floating point comparison is read off the IR's ``topk`` (its ``i64`` indices; no gradient): with
+  a and b stacked on a new last axis as ``[b, a]``, the index of the largest is ``[a > b]`` and the
+  index of the smallest ``[a < b]`` (ties: the lower index, 0), so ``==``, ``!=``, ``<=``, ``>=`` are
+  integer arithmetic on those two; NaN (which topk orders as the largest) is taken out by
+  ``[x is NaN]`` = the index of the largest of ``[+inf, x]``, so every comparison with a NaN is false
+  (``!=`` true), as torch's;
 - a selection by a {0, 1} integer tensor p between a and b (``where``, ``masked_fill``, ``scatter``
   onto its base) is ``gather(concat([b, a], -1), p, -1)``: exact for every value, infinities and
   NaN included (``a·p + b·(1 − p)`` would turn ``0·inf`` into NaN), and its gradient is exact
@@ -30,7 +37,7 @@ from typing import List, Optional
 import numpy as np
 
 from .torch import (_C, _T, _broadcast, _is_float_weft, _is_graph, _Lazy, _norm, _out_shape, _reg, _slice_t,
-                    _torch, _within)
+                    _squeeze_const, _torch, _within)
 
 
 # ---- integer constants of a tensor's own integer dtype (the IR's binary ops take equal dtypes)
@@ -65,10 +72,24 @@ def _is_positive(ctx, d: _T, suffix: str) -> _T:
     return _ibin(ctx, "sub", 1, ctx.unary("relu", _ibin(ctx, "sub", 1, r, suffix + ".gap"), suffix + ".under"), suffix)
 
 
-class _IntCmp(_Lazy):
-    """``x <op> c`` for an integer graph tensor x and an integer c: a bool tensor in torch, here a
-    {0, 1} integer tensor made when something reads it (the selection of masked_fill / where, a sum,
-    or a conversion to floating point)."""
+class _Cmp(_Lazy):
+    """A comparison: a bool tensor in torch, here a {0, 1} integer tensor (`pick`) read by a selection
+    (masked_fill / where), a sum, or a conversion to floating point (`materialise`)."""
+
+    name = ""
+
+    def pick(self, ctx) -> _T:
+        raise NotImplementedError
+
+    def materialise(self, ctx, floating: bool) -> _T:
+        p = self.pick(ctx)
+        if not floating:
+            return p
+        return _float_of_pick(ctx, p, self.name + ".float")
+
+
+class _IntCmp(_Cmp):
+    """``x <op> c`` for an integer graph tensor x and an integer c, made when something reads it."""
 
     def __init__(self, x: _T, op: str, c: int, name: str):
         self.x, self.op, self.c, self.name = x, op, int(c), name
@@ -95,11 +116,19 @@ class _IntCmp(_Lazy):
         """A view of the comparison (mask.unsqueeze(-1), ...): the comparison of the view."""
         return _IntCmp(ctx.tensor(ctx.reshape(self.x, shape, self.name + ".view")), self.op, self.c, self.name + "v")
 
-    def materialise(self, ctx, floating: bool) -> _T:
-        p = self.pick(ctx)
-        if not floating:
-            return p
-        return _float_of_pick(ctx, p, self.name + ".float")
+
+class _FloatCmp(_Cmp):
+    """A comparison of floating point values, its {0, 1} i64 tensor already made (see _float_compare)."""
+
+    def __init__(self, p: _T, name: str):
+        self.p, self.name = p, name
+        self.shape = tuple(p.shape)
+
+    def pick(self, ctx) -> _T:
+        return self.p
+
+    def reshaped(self, ctx, shape) -> "_FloatCmp":
+        return _FloatCmp(ctx.tensor(ctx.reshape(self.p, shape, self.name + ".view")), self.name + "v")
 
 
 def _float_of_pick(ctx, p: _T, name: str) -> _T:
@@ -133,7 +162,7 @@ def lazy_mask(ctx, m) -> Optional[_T]:
     """The {0, 1} integer tensor of a data-dependent mask (a comparison of integer tensors), or None. An
     integer graph tensor as a mask is one already made (a bool in torch, which refuses other masks: only
     comparisons make them here)."""
-    if isinstance(m, _IntCmp):
+    if isinstance(m, _Cmp):
         return m.pick(ctx)
     if _is_graph(m) and not isinstance(m, _Lazy) and not _is_float_weft(ctx.g, ctx.tensor(m).id):
         return ctx.tensor(m)
@@ -142,17 +171,107 @@ def lazy_mask(ctx, m) -> Optional[_T]:
 
 # ---- comparisons
 
+def _float_operand(ctx, v, shape, tag: str):
+    """A comparison's operand on the result's shape with a new last axis of 1 (a constant or a Python
+    number: a Constant, without the leading dims it is broadcast along), and [v is NaN] for a constant
+    (a torch bool tensor) or None for a graph tensor."""
+    torch = _torch()
+    nan = None
+    if not _is_graph(v):
+        c = _C((v.value if isinstance(v, _C) else torch.as_tensor(v)).to(torch.float64),
+               v.name if isinstance(v, _C) else None)
+        c = _squeeze_const(c, shape)
+        nan = torch.isnan(c.value) if c.value.device.type != "meta" else torch.zeros(c.value.shape, dtype=torch.bool)
+        v = c if c.name is not None else ctx.const(c.value, tag)
+    t = ctx.tensor(v)
+    if list(t.shape) != shape:
+        t = _broadcast(ctx, ctx.node, t, shape, tag + ".broadcast")
+    return ctx.tensor(ctx.reshape(t, shape + [1], tag + ".last")), nan
+
+
+def _index_of_best(ctx, first: _T, second: _T, largest: bool, suffix: str) -> _T:
+    """The index (0 or 1, i64) of the largest (smallest) of [first, second] per element: 1 iff second
+    is strictly larger (smaller), ties the lower index 0, NaN the largest (the IR's topk)."""
+    r = len(first.shape) - 1
+    both = ctx._t(ctx.g.concat([first.id, second.id], r, ctx.name(suffix + ".pair")))
+    _, i = ctx.g.topk(both.id, 1, r, bool(largest), ctx.name(suffix))
+    return ctx.tensor(ctx.reshape(ctx._t(i), list(first.shape[:-1]), suffix + ".squeeze"))
+
+
+def _float_compare(ctx, op: str, a, b, shape, name: str) -> _T:
+    """[a <op> b] as a {0, 1} i64 tensor of `shape`, for floating point a, b (graph tensors, constants or
+    Python numbers), exactly — infinities included, and every comparison with a NaN false (!= true)."""
+    torch = _torch()
+    shape = [int(s) for s in shape]
+    # constants take the graph operands' float dtype (both have it: harmonised to the wider), so that
+    # the pairs concatenate in one dtype (a comparison inside an f32 region of an f64 model)
+    ctx.cur_float = next(ctx.dtype_of(v) for v in (a, b) if _is_graph(v)) or ctx.float_dtype
+    ta, nan_a = _float_operand(ctx, a, shape, "a")
+    tb, nan_b = _float_operand(ctx, b, shape, "b")
+
+    def is_nan(t, nan, tag):
+        if nan is None:  # a graph tensor: the largest of [+inf, x] is x only when x is NaN
+            inf = ctx.tensor(ctx.const(torch.tensor(float("inf"), dtype=torch.float64), "inf"))
+            inf = ctx.tensor(ctx.reshape(_broadcast(ctx, ctx.node, inf, shape, tag + ".inf.broadcast"),
+                                         shape + [1], tag + ".inf.last"))
+            return _index_of_best(ctx, inf, t, True, tag)
+        if not bool(nan.any()):
+            return None
+        c = ctx.tensor(ctx.const(nan.to(torch.int64), tag))
+        return c if list(c.shape) == shape else ctx.tensor(_broadcast(ctx, ctx.node, c, shape, tag + ".broadcast"))
+
+    gt = lt = None
+    if op in ("gt", "le", "eq", "ne"):
+        gt = _index_of_best(ctx, tb, ta, True, name + ".gt")  # [a > b], or a NaN a
+    if op in ("lt", "ge", "eq", "ne"):
+        lt = _index_of_best(ctx, tb, ta, False, name + ".lt")  # [a < b], or a NaN b
+    # NaN is topk's largest: [a > b] reads 1 for a NaN a (b not NaN), [a < b] for a NaN b. So gt and ge
+    # (1 - [a < b]) are wrong only for a NaN a, lt and le only for a NaN b, and eq (1 - [a > b] - [a < b])
+    # only when both are NaN (a tie): each takes that one term out
+    na = is_nan(ta, nan_a, "a_nan") if op in ("gt", "ge", "eq", "ne") else None
+    nb = is_nan(tb, nan_b, "b_nan") if op in ("lt", "le") else None
+
+    def minus(x, *ys):
+        for i, y in enumerate(ys):
+            if y is not None:
+                x = _ibin(ctx, "sub", x, y, f"{name}.minus{i}")
+        return x
+
+    relu = lambda x, tag: ctx.unary("relu", x, name + tag)  # noqa: E731
+    if op == "gt":  # a NaN makes the largest index 1: taken out
+        return relu(minus(gt, na), ".gt.clean") if na is not None else gt
+    if op == "lt":
+        return relu(minus(lt, nb), ".lt.clean") if nb is not None else lt
+    if op == "ge":  # not (a < b), and a not NaN
+        return relu(minus(_ibin(ctx, "sub", 1, lt, name + ".not_lt"), na, nb), ".ge")
+    if op == "le":
+        return relu(minus(_ibin(ctx, "sub", 1, gt, name + ".not_gt"), na, nb), ".le")
+    eq = relu(minus(_ibin(ctx, "sub", 1, gt, name + ".not_gt"), lt, na, nb), ".eq")
+    return eq if op == "eq" else _ibin(ctx, "sub", 1, eq, name + ".ne")
+
+
+def _is_float_value(ctx, v) -> bool:
+    if _is_graph(v):
+        return not isinstance(v, _Lazy) and _is_float_weft(ctx.g, ctx.tensor(v).id)
+    if isinstance(v, _C):
+        return v.value.is_floating_point()
+    return isinstance(v, float)
+
+
 def _compare(op):
     def h(ctx, node, x, other):
         if isinstance(other, _C) and other.value.dim() == 0 and not other.value.is_floating_point():
             other = int(other.value.item())  # a 0-d integer constant (a lifted literal)
-        if _is_graph(x) and _is_float_weft(ctx.g, ctx.tensor(x).id):
-            ctx.fail("a comparison of floating point activations (a data-dependent mask) is not supported; "
-                     "comparisons of an integer tensor (ids, labels) with an integer are")
-        if not _is_graph(x) or isinstance(other, float) or not isinstance(other, int):
-            ctx.fail("a comparison of a tensor computed from the inputs with another tensor or a float (a "
-                     "data-dependent mask) is not supported; comparisons of an integer tensor (ids, labels) with "
-                     "an integer are")
+        if (_is_graph(x) or _is_graph(other)) and (_is_float_value(ctx, x) or _is_float_value(ctx, other)):
+            for v in (x, other):
+                if _is_graph(v) and not _is_float_value(ctx, v):
+                    ctx.fail("a comparison of an integer tensor with a floating point one is not supported (the IR "
+                             "converts no integer tensor to floating point)")
+            return _FloatCmp(_float_compare(ctx, op, x, other, list(_out_shape(node)), node.name), node.name)
+        if not _is_graph(x) or not isinstance(other, int):
+            ctx.fail("a comparison of an integer tensor computed from the inputs with another tensor is not "
+                     "supported; comparisons of an integer tensor (ids, labels) with an integer, and of floating "
+                     "point tensors with each other or with numbers, are")
         return _IntCmp(ctx.tensor(x), op, int(other), node.name)
     return h
 
@@ -172,6 +291,8 @@ def choose(ctx, pick: _T, on_true, on_false, shape, suffix: str = "") -> _T:
     r = len(shape)
     ref = next((v for v in (on_true, on_false) if _is_graph(v)), None)
     floating = ref is None or _is_float_weft(ctx.g, ctx.tensor(ref).id)
+    if ref is not None and floating:  # a constant side takes the graph side's float dtype (one concat)
+        ctx.cur_float = ctx.g.tensor(ctx.tensor(ref).id)["dtype"]
 
     def side(v, tag):
         torch = _torch()

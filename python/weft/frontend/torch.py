@@ -119,6 +119,55 @@ def _float_dtype_of(tdtype) -> str:
     return {torch.float16: "f16", torch.bfloat16: "bf16", torch.float64: "f64"}.get(tdtype, "f32")
 
 
+class _HoldFloatDtype:
+    """A torch function mode (made on first use: torch is imported lazily) under which every ATen op's
+    float dtype argument is `dtype` (`to(x, float32)`, `_to_copy(dtype=...)`, `softmax(x, d, float32)`,
+    a factory's `dtype=`): constants folded during an import with float_casts="ignore" hold the
+    module's float dtype, as the graph does. Higher-order ops (an autocast-disabled region) are called
+    as they are: the ATen ops inside them meet the mode."""
+
+    def __init__(self, dtype):
+        self.dtype = dtype
+        self._mode = None
+
+    def __enter__(self):
+        if self._mode is None:
+            torch = _torch()
+            from torch.overrides import TorchFunctionMode  # noqa: PLC0415
+
+            want = self.dtype
+
+            def hold(v):
+                if isinstance(v, torch.dtype) and v.is_floating_point and v != want:
+                    return want
+                if isinstance(v, (list, tuple)):
+                    return type(v)(hold(x) for x in v)
+                return v
+
+            class Mode(TorchFunctionMode):
+                def __torch_function__(self, func, types, args=(), kwargs=None):
+                    kwargs = kwargs or {}
+                    if isinstance(func, torch._ops.OpOverload):
+                        args, kwargs = hold(tuple(args)), {k: hold(v) for k, v in kwargs.items()}
+                    return func(*args, **kwargs)
+
+            self._mode = Mode()
+        return self._mode.__enter__()
+
+    def __exit__(self, *exc):
+        return self._mode.__exit__(*exc)
+
+
+_FLOAT_CASTS = ("module", "ignore")
+
+
+def _check_float_casts(float_casts, who: str) -> str:
+    if not isinstance(float_casts, str) or float_casts not in _FLOAT_CASTS:
+        raise ValueError(f"weft.{who}: float_casts must be one of {', '.join(map(repr, _FLOAT_CASTS))}, "
+                         f"got {float_casts!r}")
+    return float_casts
+
+
 class _Ctx:
     """State of one import: the graph, the current node, constants and leaf values."""
 
@@ -1133,7 +1182,7 @@ def _select_fill(ctx, x, keep_mask, fill_value, suffix=""):
 @_reg("masked_fill.Scalar", "masked_fill.Tensor")
 def _masked_fill(ctx, node, x, mask, value):
     torch = _torch()
-    if _is_graph(mask):  # a comparison of integer tensors (labels == -100): a selection
+    if _is_graph(mask):  # a comparison (labels == -100, padding_mask == 0): a selection
         from .indexing import choose, lazy_mask
         pick = lazy_mask(ctx, mask)
         if pick is not None:
@@ -1149,7 +1198,7 @@ def _masked_fill(ctx, node, x, mask, value):
 @_reg("where.self", "where.ScalarOther", "where.ScalarSelf", "where.Scalar")
 def _where(ctx, node, cond, a, b):
     torch = _torch()
-    if _is_graph(cond):  # a comparison of integer tensors: a selection
+    if _is_graph(cond):  # a comparison: a selection
         from .indexing import choose, lazy_mask
         pick = lazy_mask(ctx, cond)
         if pick is not None:
@@ -1846,12 +1895,36 @@ def _export_hint(exc: BaseException) -> str:
     if not data_dependent:
         return ""
     randomness = any(f"aten.{r}." in text or f"torch.{r}(" in text for r in _RANDOM_OPS)
+    where = _raising_line(text)
+    if where is not None and not randomness:
+        # the number drawn a few lines above the branch (HF BART / mBART / Whisper's LayerDrop:
+        # `dropout_probability = torch.rand([])` then `if dropout_probability < self.layerdrop:`, which
+        # branches in training mode even when layerdrop is 0)
+        randomness = any(f"{r}(" in line for line in where[2] for r in ("rand", "randn", "bernoulli", "rand_like"))
+    at = f" at {where[0]}:{where[1]}" if where is not None else ""
     if randomness:
         return ("the module branches in Python on a random number (data-dependent control flow from "
-                "torch.rand & co., e.g. training-mode LayerDrop or stochastic depth): torch.export cannot "
-                "capture that; import the module in eval() mode (or with the drop probability 0)")
-    return ("the module branches in Python on a tensor's value (data-dependent control flow), which "
+                f"torch.rand & co.{at}, e.g. training-mode LayerDrop or stochastic depth): torch.export cannot "
+                "capture that; import the module in eval() mode (dropout is then off too: give the modules "
+                "dropout 0 if training should match)")
+    return (f"the module branches in Python on a tensor's value (data-dependent control flow{at}), which "
             "torch.export cannot capture")
+
+
+def _raising_line(text: str):
+    """(file name, line, [that line and the 3 before it]) of the user's code where torch.export's
+    data-dependent guard was raised, from its message ("The following call raised this error: File
+    ..., line N"), or None."""
+    import linecache
+    import os
+    import re
+
+    m = re.search(r'The following call raised this error:\s*File "([^"]+)", line (\d+)', text)
+    if m is None:
+        return None
+    path, n = m.group(1), int(m.group(2))
+    lines = [linecache.getline(path, i) for i in range(max(1, n - 3), n + 1)]
+    return os.path.basename(path), n, lines
 
 
 def _signature_names(fn, n: int, skip: int, fallback: str) -> List[str]:
@@ -1924,7 +1997,7 @@ def _export(module, example_inputs, loss_fn, targets):
 
 
 def _import(module, example_inputs, loss_fn=None, targets=(), dtype=None, name=None, values=None,
-            fused_attention=True):
+            fused_attention=True, float_casts="module"):
     torch = _torch()
     ep, root, user_names, prefix = _export(module, example_inputs, loss_fn, targets)
     if isinstance(example_inputs, dict):
@@ -1942,8 +2015,12 @@ def _import(module, example_inputs, loss_fn=None, targets=(), dtype=None, name=N
     if dtype is None:
         dtype = _float_dtype_of(fp.dtype) if fp is not None else "f32"
     g = _weft.Graph(name or type(module).__name__)
-    ctx = _Ctx(g, dtype, fp.dtype if fp is not None else torch.float32)
+    module_dtype = fp.dtype if fp is not None else torch.float32
+    # float_casts="ignore": no value of another float dtype (ctx.weft_float maps every one to the graph's),
+    # and constants folded in torch hold the module's dtype too (a float32 rotary table of an f64 Llama)
+    ctx = _Ctx(g, dtype, module_dtype if float_casts == "module" else None)
     ctx.fused_attention = bool(fused_attention)
+    fold_mode = _HoldFloatDtype(module_dtype) if float_casts == "ignore" else None
     if fused_attention:
         def real_buffer(target, obj):
             if values is None or not getattr(obj, "is_meta", False):
@@ -2135,7 +2212,11 @@ def _import(module, example_inputs, loss_fn=None, targets=(), dtype=None, name=N
             if (str(target).split(".")[1:2] in (["full"], ["ones"], ["zeros"], ["scalar_tensor"])
                     and isinstance(val, torch.Tensor) and val.is_floating_point()):
                 fkw["dtype"] = torch.float64  # weft computes in f64: no overflow of e.g. finfo(f64).min
-            result = target(*to_torch(args), **fkw)
+            if fold_mode is not None:
+                with fold_mode:
+                    result = target(*to_torch(args), **fkw)
+            else:
+                result = target(*to_torch(args), **fkw)
             env[node] = wrap(result, fold_name(node, args, result))
             continue
         h = _handler_for(target)
@@ -2205,7 +2286,7 @@ def _record_values(g, leaf_values) -> None:
 
 def from_torch(module, example_inputs: Sequence[Any], *, loss_fn: Optional[Callable] = None,
                targets: Sequence[Any] = (), dtype: Optional[str] = None, name: Optional[str] = None,
-               values=None, fused_attention: bool = True):
+               values=None, fused_attention: bool = True, float_casts: str = "module"):
     """The forward graph of ``module`` on ``example_inputs`` with a scalar loss.
 
     If the module returns a scalar, that is the loss; otherwise the loss is
@@ -2226,13 +2307,21 @@ def from_torch(module, example_inputs: Sequence[Any], *, loss_fn: Optional[Calla
     ``fused_attention`` (default True): ``F.scaled_dot_product_attention`` without a mask and
     without dropout imports as the IR's fused ``attention`` op (``is_causal`` and ``scale`` kept;
     its backward saves the output and the log-sum-exp, not the s x s probabilities); with a mask or
-    dropout, or with False, as scores, mask, softmax, dropout and a product with v."""
+    dropout, or with False, as scores, mask, softmax, dropout and a product with v.
+
+    ``float_casts`` (default ``"module"``): how conversions between float dtypes are imported.
+    ``"module"``: as the module writes them (an IR ``cast``; the region after it computes in its own
+    dtype, as torch does). ``"ignore"``: as the identity — the whole graph, and every constant folded
+    at import (rotary tables computed in float32), holds the module's float dtype; for proofs that an
+    f64 model with float32 islands (Hugging Face's RMSNorm, softmax and loss upcasts) trains exactly
+    like torch running it in f64 throughout."""
     if not isinstance(fused_attention, bool):
         raise TypeError(f"weft.from_torch: fused_attention must be a bool, got {type(fused_attention).__name__}")
+    _check_float_casts(float_casts, "from_torch")
     state = None
     if values is not None and not isinstance(values, (str, bytes)) and hasattr(values, "items"):
         state = dict(values.items())
-    g, _ = _import(module, example_inputs, loss_fn, targets, dtype, name, state, fused_attention)
+    g, _ = _import(module, example_inputs, loss_fn, targets, dtype, name, state, fused_attention, float_casts)
     if values is not None:
         from ..values import load_values
 
@@ -2242,14 +2331,16 @@ def from_torch(module, example_inputs: Sequence[Any], *, loss_fn: Optional[Calla
 
 def feeds_from_torch(module, example_inputs: Sequence[Any], targets: Sequence[Any] = (), *,
                      loss_fn: Optional[Callable] = None, dtype: Optional[str] = None,
-                     fused_attention: bool = True) -> Dict[str, np.ndarray]:
+                     fused_attention: bool = True, float_casts: str = "module") -> Dict[str, np.ndarray]:
     """Leaf name -> numpy array (float64, or int64 for integer tensors) for every leaf of the graph
     that :func:`from_torch` builds from the same arguments (``fused_attention`` included: the
-    unfused causal attention folds a mask constant): parameters (the module's weights), inputs,
-    targets, buffers and folded constants, so that ``weft.interpret(graph, feeds)`` reproduces the
-    module."""
+    unfused causal attention folds a mask constant; ``float_casts`` too: "ignore" folds constants in
+    the module's dtype): parameters (the module's weights), inputs, targets, buffers and folded
+    constants, so that ``weft.interpret(graph, feeds)`` reproduces the module."""
     torch = _torch()
-    _, values = _import(module, example_inputs, loss_fn, targets, dtype, None, None, bool(fused_attention))
+    _check_float_casts(float_casts, "feeds_from_torch")
+    _, values = _import(module, example_inputs, loss_fn, targets, dtype, None, None, bool(fused_attention),
+                        float_casts)
     out = {}
     for k, v in values.items():
         if v.device.type == "meta":
