@@ -550,6 +550,10 @@ void bind_plan(py::module_& m) {
       "and its row make; the gradients the updates read), 'boundaries': {tensor: spec} (what a block "
       "boundary carries), 'recognised', 'summary'} (weft.megatron_specs).");
   m.def("model_state_bytes", &model_state_bytes, py::arg("training_graph"));
+  m.def("state_bytes_factor", &weft::plan::state_bytes_factor, py::arg("graph"), py::arg("tensor"),
+        "Bytes a device holds per byte of state leaf `tensor` (an id): an optimizer state 1; a parameter with "
+        "its gradient, 3 for a bf16 / f16 parameter whose update reads an f32 master copy (weft.Trainer "
+        "keeps its gradient in f32), else 2; 0 for any other tensor.");
   py::class_<weft::plan::ZeroMemory>(
       m, "ZeroMemory", "Bytes per device a ZeRO level keeps of a stage's state (weft.zero_memory).")
       .def_readonly("params", &weft::plan::ZeroMemory::params)
@@ -571,9 +575,10 @@ void bind_plan(py::module_& m) {
            "Bytes per step with that many micro-batches.");
   m.def("zero_memory", &weft::plan::zero_memory, py::arg("level"), py::arg("param_bytes"),
         py::arg("optimizer_bytes"), py::arg("group"), py::arg("largest_block_param_bytes") = 0.0,
-        py::arg("bucket_bytes") = 25e6,
-        "Per device: what ZeRO level 0..3 over `group` replicas keeps of P parameter bytes (and as many "
-        "gradient bytes) and O optimizer-state bytes, with the working set it adds.");
+        py::arg("bucket_bytes") = 25e6, py::arg("grad_bytes") = -1.0,
+        "Per device: what ZeRO level 0..3 over `group` replicas keeps of P parameter bytes, their gradient "
+        "bytes as held (grad_bytes; < 0: as many as P; f32 under mixed precision: state_bytes_factor) and O "
+        "optimizer-state bytes, with the working set it adds.");
   m.def("zero_traffic", &weft::plan::zero_traffic, py::arg("level"), py::arg("param_bytes"), py::arg("group"),
         py::arg("groups") = 1,
         "Bytes one device sends per micro-batch and per step for ZeRO level 0..3 over a ring of `group` "

@@ -13,7 +13,7 @@ hetero: _types.ModuleType
 models: _types.ModuleType
 pipeline: _types.ModuleType
 spmd: _types.ModuleType
-__all__: list[str] = ['AdaptivePolicy', 'AdaptiveWindow', 'AxisLink', 'BandwidthTrace', 'Calibration', 'Candidate', 'Cluster', 'CrossMeshOp', 'CrossMeshPlan', 'CrossMeshUnitTask', 'Device', 'DeviceMesh', 'DeviceSpec', 'DriverResult', 'Graph', 'LeafValues', 'MatmulEfficiency', 'MegatronLayout', 'NodeSpec', 'OrderCheck', 'PipelineLink', 'Placement', 'Plan', 'PlanAlternative', 'PlanCrossTensor', 'PlanOpLayout', 'PlanParamSpec', 'PlanStage', 'Program', 'ProgramLayout', 'ReplicaCollectives', 'ReshardPlan', 'ReshardPlanner', 'ReshardStep', 'Schedule', 'ScheduleOp', 'ShardingSpec', 'SimResult', 'StageModel', 'StageSpec', 'TuneResult', 'ZeroMemory', 'ZeroTraffic', 'adagrouper_drive', 'adagrouper_frontier', 'adagrouper_tune', 'adaptive_policy', 'axis_links', 'batch_size', 'best_megatron_plan', 'calibrated_cluster', 'candidate_step_time', 'check_dependencies', 'check_order', 'check_pairing', 'collective_time', 'compute_time', 'data_parallel_plan', 'dtype_size', 'dualpipev', 'eager_1f1b', 'enumerate_specs', 'format_bytes', 'format_flops', 'format_seconds', 'gpipe', 'hetero', 'interleaved_1f1b', 'interpret', 'is_training_graph', 'kfkb', 'kfkb_interleaved', 'layout_plan', 'links_from_cluster', 'loop_placement', 'make_plan', 'make_schedule', 'megatron_layouts', 'megatron_plan', 'megatron_specs', 'model_state_bytes', 'models', 'one_f_one_b', 'pipeline', 'propagate_reshape', 'rebatch', 'roofline', 'split_plan', 'spmd', 'v_placement', 'zb_h1', 'zb_interleaved', 'zbv', 'zero_memory', 'zero_traffic']
+__all__: list[str] = ['AdaptivePolicy', 'AdaptiveWindow', 'AxisLink', 'BandwidthTrace', 'Calibration', 'Candidate', 'Cluster', 'CrossMeshOp', 'CrossMeshPlan', 'CrossMeshUnitTask', 'Device', 'DeviceMesh', 'DeviceSpec', 'DriverResult', 'Graph', 'LeafValues', 'MatmulEfficiency', 'MegatronLayout', 'NodeSpec', 'OrderCheck', 'PipelineLink', 'Placement', 'Plan', 'PlanAlternative', 'PlanCrossTensor', 'PlanOpLayout', 'PlanParamSpec', 'PlanStage', 'Program', 'ProgramLayout', 'ReplicaCollectives', 'ReshardPlan', 'ReshardPlanner', 'ReshardStep', 'Schedule', 'ScheduleOp', 'ShardingSpec', 'SimResult', 'StageModel', 'StageSpec', 'TuneResult', 'ZeroMemory', 'ZeroTraffic', 'adagrouper_drive', 'adagrouper_frontier', 'adagrouper_tune', 'adaptive_policy', 'axis_links', 'batch_size', 'best_megatron_plan', 'calibrated_cluster', 'candidate_step_time', 'check_dependencies', 'check_order', 'check_pairing', 'collective_time', 'compute_time', 'data_parallel_plan', 'dtype_size', 'dualpipev', 'eager_1f1b', 'enumerate_specs', 'format_bytes', 'format_flops', 'format_seconds', 'gpipe', 'hetero', 'interleaved_1f1b', 'interpret', 'is_training_graph', 'kfkb', 'kfkb_interleaved', 'layout_plan', 'links_from_cluster', 'loop_placement', 'make_plan', 'make_schedule', 'megatron_layouts', 'megatron_plan', 'megatron_specs', 'model_state_bytes', 'models', 'one_f_one_b', 'pipeline', 'propagate_reshape', 'rebatch', 'roofline', 'split_plan', 'spmd', 'state_bytes_factor', 'v_placement', 'zb_h1', 'zb_interleaved', 'zbv', 'zero_memory', 'zero_traffic']
 class MatmulEfficiency:
     """
     Matmul efficiency against GEMM shape: ceiling x min(1, b*m*n / fill_elements) x k / (k + half_k) of the datasheet peak, never below floor (a calibration's smallest fitted shapes).
@@ -2061,6 +2061,10 @@ def roofline(flops: typing.SupportsFloat | typing.SupportsIndex, bytes: typing.S
     ...
 def split_plan(training_graph: Graph, cluster: Cluster, fraction: collections.abc.Sequence[typing.SupportsFloat | typing.SupportsIndex], num_microbatches: typing.SupportsInt | typing.SupportsIndex = 1, **kwargs) -> Plan:
     ...
+def state_bytes_factor(graph: Graph, tensor: typing.SupportsInt | typing.SupportsIndex) -> float:
+    """
+    Bytes a device holds per byte of state leaf `tensor` (an id): an optimizer state 1; a parameter with its gradient, 3 for a bf16 / f16 parameter whose update reads an f32 master copy (weft.Trainer keeps its gradient in f32), else 2; 0 for any other tensor.
+    """
 def v_placement(devices: typing.SupportsInt | typing.SupportsIndex) -> list[int]:
     ...
 def zb_h1(stages: typing.SupportsInt | typing.SupportsIndex, micro_batches: typing.SupportsInt | typing.SupportsIndex) -> Schedule:
@@ -2069,9 +2073,9 @@ def zb_interleaved(devices: typing.SupportsInt | typing.SupportsIndex, virtual_s
     ...
 def zbv(devices: typing.SupportsInt | typing.SupportsIndex, micro_batches: typing.SupportsInt | typing.SupportsIndex) -> Schedule:
     ...
-def zero_memory(level: typing.SupportsInt | typing.SupportsIndex, param_bytes: typing.SupportsFloat | typing.SupportsIndex, optimizer_bytes: typing.SupportsFloat | typing.SupportsIndex, group: typing.SupportsInt | typing.SupportsIndex, largest_block_param_bytes: typing.SupportsFloat | typing.SupportsIndex = 0.0, bucket_bytes: typing.SupportsFloat | typing.SupportsIndex = 25000000.0) -> ZeroMemory:
+def zero_memory(level: typing.SupportsInt | typing.SupportsIndex, param_bytes: typing.SupportsFloat | typing.SupportsIndex, optimizer_bytes: typing.SupportsFloat | typing.SupportsIndex, group: typing.SupportsInt | typing.SupportsIndex, largest_block_param_bytes: typing.SupportsFloat | typing.SupportsIndex = 0.0, bucket_bytes: typing.SupportsFloat | typing.SupportsIndex = 25000000.0, grad_bytes: typing.SupportsFloat | typing.SupportsIndex = -1.0) -> ZeroMemory:
     """
-    Per device: what ZeRO level 0..3 over `group` replicas keeps of P parameter bytes (and as many gradient bytes) and O optimizer-state bytes, with the working set it adds.
+    Per device: what ZeRO level 0..3 over `group` replicas keeps of P parameter bytes, their gradient bytes as held (grad_bytes; < 0: as many as P; f32 under mixed precision: state_bytes_factor) and O optimizer-state bytes, with the working set it adds.
     """
 def zero_traffic(level: typing.SupportsInt | typing.SupportsIndex, param_bytes: typing.SupportsFloat | typing.SupportsIndex, group: typing.SupportsInt | typing.SupportsIndex, groups: typing.SupportsInt | typing.SupportsIndex = 1) -> ZeroTraffic:
     """

@@ -51,6 +51,7 @@
 
 #include "planner_detail.hpp"
 #include "weft/core/error.hpp"
+#include "weft/ir/autodiff.hpp"
 #include "weft/core/units.hpp"
 #include "weft/pipeline/grouping.hpp"
 #include "weft/plan/adaptive.hpp"
@@ -260,10 +261,22 @@ std::string usable_memory_text(const PlanOptions& o, const cluster::DeviceSpec& 
                      o.memory_fraction);
 }
 
+double state_bytes_factor(const ir::Graph& g, ir::TensorId t) {
+  const auto& info = g.tensor(t);
+  if (!is_state_leaf(info)) return 0.0;
+  if (info.role != ir::Role::Parameter) return 1.0;
+  for (ir::OpId c : g.consumers(t)) {
+    const auto& op = g.op(c);
+    if (!op.inputs.empty() && op.inputs[0] == t && ir::master_copy(op) >= 0)
+      return 1.0 + static_cast<double>(dtype_size(DType::F32)) / static_cast<double>(dtype_size(info.dtype));
+  }
+  return 2.0;
+}
+
 double model_state_bytes(const ir::Graph& g) {
   double b = 0;
-  for (const auto& t : g.tensors())
-    if (is_state_leaf(t)) b += static_cast<double>(t.bytes()) * (t.role == ir::Role::Parameter ? 2.0 : 1.0);
+  for (ir::TensorId t = 0; t < static_cast<ir::TensorId>(g.tensors().size()); ++t)
+    b += static_cast<double>(g.tensor(t).bytes()) * state_bytes_factor(g, t);
   return b;
 }
 

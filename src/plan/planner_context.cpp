@@ -285,20 +285,31 @@ BlockCost Context::search_block(int b, const AtBatch& ab, const MeshOption& m, i
     // Saved activations: forward results (and boundary inputs) that a backward op reads.
     const std::vector<char> saved = saved_activations(sg);
     bc.mem_class.assign(nt, BlockCost::kNone);
+    // The search's peak holds each gradient in the graph's dtype; a gradient held wider (f32 under
+    // mixed precision) adds its difference on top of that peak, as static memory.
+    double wider_grads = 0;
     for (int t = 0; t < nt; ++t) {
       const auto& info = bg.tensor(t);
       if (is_state_leaf(info)) {
-        // A parameter counts twice (it and its gradient), an optimizer state once.
+        // A parameter counts with its gradient (state_bytes_factor), an optimizer state once.
+        const double factor = state_bytes_factor(bg, t);
         bc.mem_class[t] = info.role == ir::Role::Parameter ? BlockCost::kParam : BlockCost::kOptState;
-        bc.static_mem += bc.local_bytes[t] * (info.role == ir::Role::Parameter ? 2.0 : 1.0);
-        (info.role == ir::Role::Parameter ? bc.param_mem : bc.opt_mem) += bc.local_bytes[t];
-        if (info.role == ir::Role::Parameter) bc.param_tensor_bytes.push_back(bc.local_bytes[t]);
+        bc.static_mem += bc.local_bytes[t] * factor;
+        if (info.role == ir::Role::Parameter) {
+          bc.param_mem += bc.local_bytes[t];
+          bc.grad_mem += bc.local_bytes[t] * (factor - 1);
+          wider_grads += bc.local_bytes[t] * (factor - 2);
+          bc.param_tensor_bytes.push_back(bc.local_bytes[t]);
+        } else {
+          bc.opt_mem += bc.local_bytes[t];
+        }
       } else if (saved[t]) {
         bc.mem_class[t] = BlockCost::kActivation;
         bc.act_mem += bc.local_bytes[t];
       }
     }
-    bc.transient = std::max(0.0, p.peak_memory - bc.static_mem - bc.act_mem);
+    const double searched_static = bc.static_mem - wider_grads;  // the static part of the search's peak
+    bc.transient = std::max(0.0, p.peak_memory - searched_static - bc.act_mem);
     {
       // Where the peak is: at an update (the new value and states beside the old ones) or not.
       const cost::Liveness lv = cost::liveness(bg, false);
@@ -308,8 +319,8 @@ BlockCost Context::search_block(int b, const AtBatch& ab, const MeshOption& m, i
         double& peak = phase[sg.original_op[lv.order[q]]] == pipeline::OpPhase::Update ? upd_peak : rest_peak;
         peak = std::max(peak, at[q]);
       }
-      bc.upd_excess = std::clamp(upd_peak - bc.static_mem - bc.act_mem, 0.0, bc.transient);
-      bc.rest_excess = std::clamp(rest_peak - bc.static_mem - bc.act_mem, 0.0, bc.transient);
+      bc.upd_excess = std::clamp(upd_peak - searched_static - bc.act_mem, 0.0, bc.transient);
+      bc.rest_excess = std::clamp(rest_peak - searched_static - bc.act_mem, 0.0, bc.transient);
     }
     // What the recomputation modes keep and re-make (recompute.cpp).
     const RecomputeSets rs = recompute_sets(bg, forward_ops(sg), saved);
@@ -507,6 +518,7 @@ void Context::reorder_blocks(const std::vector<int>& order) {
   permute(grouping.blocks);
   permute(block_state_bytes);
   permute(block_param_bytes);
+  permute(block_grad_bytes);
   permute(original_block);
   crossing_tables.clear();  // indexed by block; the structural crossing_cost stays valid
   for (auto& b : grouping.block_of_op)

@@ -108,9 +108,10 @@ struct BlockCost {
   // full_remake: the saved results of the block's own ops (what a full recomputation re-makes
   // while the block's backward runs).
   double checkpoint_mem = 0, full_remake = 0, sel_mem = 0, sel_peak = 0, sel_time = 0;
-  // Per device: the parameter bytes (its gradients are as many) and the optimizer-state bytes
-  // (master copy and moments) of static_mem = 2·param_mem + opt_mem (ZeRO across replicas, zero.cpp).
-  double param_mem = 0, opt_mem = 0;
+  // Per device: the parameter bytes, their gradients' as held (in f32 under mixed precision:
+  // state_bytes_factor) and the optimizer-state bytes (master copy and moments) of static_mem =
+  // param_mem + grad_mem + opt_mem (ZeRO across replicas, zero.cpp).
+  double param_mem = 0, grad_mem = 0, opt_mem = 0;
   // The transient split by where it peaks: at an optimizer update (its new state beside the old:
   // a shard of it under ZeRO) and anywhere else; transient = max of the two.
   double upd_excess = 0, rest_excess = 0;
@@ -221,8 +222,9 @@ class Context {
       it = rebatch_notes.emplace(bs, bs == batch_size(g_) ? std::string() : rebatch_obstacle(g_, bs)).first;
     return it->second;
   }
-  std::vector<double> block_state_bytes;     // Σ full bytes of params (×2 for grads) + states
+  std::vector<double> block_state_bytes;     // Σ full bytes of params, their grads as held + states
   std::vector<double> block_param_bytes;     // Σ full bytes of params
+  std::vector<double> block_grad_bytes;      // Σ full bytes of their gradients as held (state_bytes_factor)
   std::vector<int> original_block;           // per block: its index in the grouping's own order
   // (block_key, mesh, variant, forced)
   std::map<std::tuple<int, int, int, int>, BlockCost> cache;
@@ -364,18 +366,24 @@ class Context {
     global_batch = batch_size(g_);
     block_state_bytes.clear();
     block_param_bytes.clear();
+    block_grad_bytes.clear();
     original_block.assign(grouping.blocks.size(), 0);
     for (std::size_t b = 0; b < original_block.size(); ++b) original_block[b] = static_cast<int>(b);
     const auto& ab = blocks_at(global_batch);
     for (const auto& bg : ab.blocks) {
-      double sb = 0, pb = 0;
-      for (const auto& t : bg.graph.tensors())
-        if (is_state_leaf(t)) {
-          sb += static_cast<double>(t.bytes()) * (t.role == ir::Role::Parameter ? 2.0 : 1.0);
-          if (t.role == ir::Role::Parameter) pb += static_cast<double>(t.bytes());
+      double sb = 0, pb = 0, gb = 0;
+      for (ir::TensorId i = 0; i < static_cast<ir::TensorId>(bg.graph.tensors().size()); ++i) {
+        const auto& t = bg.graph.tensor(i);
+        const double factor = state_bytes_factor(bg.graph, i);
+        sb += static_cast<double>(t.bytes()) * factor;
+        if (is_state_leaf(t) && t.role == ir::Role::Parameter) {
+          pb += static_cast<double>(t.bytes());
+          gb += static_cast<double>(t.bytes()) * (factor - 1);
         }
+      }
       block_state_bytes.push_back(sb);
       block_param_bytes.push_back(pb);
+      block_grad_bytes.push_back(gb);
     }
   }
 
@@ -441,10 +449,10 @@ class Context {
   }
   double state_bound(int b, int replicas) const {
     if (replicas <= 1) return block_state_bytes[b];
-    const double P = block_param_bytes[b], O = block_state_bytes[b] - 2 * P;
+    const double P = block_param_bytes[b], G = block_grad_bytes[b], O = block_state_bytes[b] - P - G;
     double best = block_state_bytes[b];
     for (int level : zero_levels(opt_, replicas))
-      best = std::min(best, zero_memory(level, P, O, replicas).state());
+      best = std::min(best, zero_memory(level, P, O, replicas, 0, 25e6, G).state());
     return best;
   }
   // Links of the replicas of an n-device stage at a canonical placement (replica r on devices
@@ -617,7 +625,7 @@ struct StageAgg {
   Recompute recompute = Recompute::None;
   // For with_replicas(): Σ of the blocks' parameter and optimizer-state bytes, the largest block's
   // parameter bytes (ZeRO-3's gathered working set and overlap unit) and the update's compute.
-  double param_mem = 0, opt_mem = 0, max_block_param = 0, upd_compute = 0;
+  double param_mem = 0, grad_mem = 0, opt_mem = 0, max_block_param = 0, upd_compute = 0;
   double upd_excess = 0, rest_excess = 0;  // the blocks' largest (BlockCost)
   int zero = 0, zero_group = 1;  // ZeRO level across the replicas, replicas per shard group
   ReplicaComm replica;           // with_replicas(): the collectives above, for the simulator's streams

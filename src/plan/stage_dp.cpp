@@ -50,6 +50,7 @@ StageAgg aggregate(Context& ctx, int first, int last, std::int64_t bs, const Mes
     a.sel_mem += bc.sel_mem;
     a.sel_time += bc.sel_time;
     a.param_mem += bc.param_mem;
+    a.grad_mem += bc.grad_mem;
     a.opt_mem += bc.opt_mem;
     a.max_block_param = std::max(a.max_block_param, bc.param_mem);
     a.upd_excess = std::max(a.upd_excess, bc.upd_excess);

@@ -80,8 +80,8 @@ MemoryParts memory_parts(Context& ctx, int first, int last, std::int64_t bs, con
       const bool split = local < static_cast<double>(bg.tensor(t).bytes()) * (1 - 1e-9);
       if (cls == BlockCost::kActivation)
         (split ? mp.act_split : mp.act_whole) += local;
-      else  // a parameter counts twice (it and its gradient), an optimizer state once
-        (split ? mp.static_split : mp.static_whole) += (cls == BlockCost::kParam ? 2.0 : 1.0) * local;
+      else  // a parameter counts with its gradient, an optimizer state once (state_bytes_factor)
+        (split ? mp.static_split : mp.static_whole) += state_bytes_factor(bg, t) * local;
     }
     mp.transient = std::max(mp.transient, bc.transient);
   }

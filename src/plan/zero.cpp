@@ -19,11 +19,11 @@ int parse_zero(std::string_view text) {
 }
 
 ZeroMemory zero_memory(int level, double param_bytes, double optimizer_bytes, int group,
-                       double largest_block_param_bytes, double bucket_bytes) {
+                       double largest_block_param_bytes, double bucket_bytes, double grad_bytes) {
   WEFT_CHECK(level >= 0 && level <= 3, "zero_memory: level {} is not 0..3", level);
   WEFT_CHECK(group >= 1, "zero_memory: a shard group of {} replicas", group);
   const double z = group;
-  ZeroMemory m{param_bytes, param_bytes, optimizer_bytes, 0};
+  ZeroMemory m{param_bytes, grad_bytes < 0 ? param_bytes : grad_bytes, optimizer_bytes, 0};
   if (level >= 1) m.optimizer /= z;
   if (level >= 2) m.grads /= z;
   if (level >= 3) m.params /= z;
@@ -176,8 +176,8 @@ StageAgg with_replicas(const StageAgg& a, int level, const ReplicaLinks& l, doub
   }
   const double across = AR(l.across_groups, G / z);  // hybrid: the shards' all-reduce across groups
   const ZeroMemory mem =
-      zero_memory(level, a.param_mem, a.opt_mem, z, a.max_block_param, o.grad_bucket_bytes);
-  r.static_mem = a.static_mem - 2 * a.param_mem - a.opt_mem + mem.state();
+      zero_memory(level, a.param_mem, a.opt_mem, z, a.max_block_param, o.grad_bucket_bytes, a.grad_mem);
+  r.static_mem = a.static_mem - a.param_mem - a.grad_mem - a.opt_mem + mem.state();
   // The update runs on the shard: where the transient peaked at an update (its new state beside
   // the old), only a shard's worth of it remains.
   const double unsharded = std::max(a.rest_excess, a.upd_excess);

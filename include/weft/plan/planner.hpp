@@ -224,8 +224,14 @@ double usable_memory(const PlanOptions& options, const cluster::DeviceSpec& devi
 std::string usable_memory_text(const PlanOptions& options, const cluster::DeviceSpec& device);
 
 // Bytes per device of state that cannot be split below its total / devices: parameters, their
-// gradients and optimizer states of the whole model.
+// gradients and optimizer states of the whole model (state_bytes_factor each).
 double model_state_bytes(const ir::Graph& training_graph);
+// Bytes a device holds per byte of state leaf t of g: an optimizer state 1; a parameter itself and
+// its gradient, which weft.Trainer holds in f32 under mixed precision (the update reads an f32
+// master copy: torch's and Megatron-LM's f32 gradient accumulation), so 1 + 4/2 = 3 for a bf16 /
+// f16 parameter with a master copy (Adam: 2 + 4 + 4 master + 8 moments = 18 bytes per parameter),
+// else 2; 0 for any other tensor.
+double state_bytes_factor(const ir::Graph& g, ir::TensorId t);
 
 // The object form (for callers that keep options around).
 class Planner {

@@ -46,9 +46,10 @@ ir::Graph step(DType dt, ir::Optimizer opt, bool master = true, double momentum 
 TEST_CASE("mixed precision: static bytes per parameter of a GPT layer, by hand") {
   const double n = gpt_params(gpt_config(DType::F16));
   REQUIRE(static_cast<double>(models::gpt(gpt_config(DType::F16)).num_params()) == n);
-  // Adam, f16 with f32 master weights (the default): param 2 + grad 2 + master 4 + m 4 + v 4.
-  CHECK(plan::model_state_bytes(step(DType::F16, ir::Optimizer::Adam)) == 16 * n);
-  CHECK(plan::model_state_bytes(step(DType::BF16, ir::Optimizer::Adam)) == 16 * n);
+  // Adam, f16 with f32 master weights (the default): param 2 + grad 4 (weft.Trainer keeps a master-
+  // copied parameter's gradient in f32, as Megatron-LM's main_grad) + master 4 + m 4 + v 4.
+  CHECK(plan::model_state_bytes(step(DType::F16, ir::Optimizer::Adam)) == 18 * n);
+  CHECK(plan::model_state_bytes(step(DType::BF16, ir::Optimizer::Adam)) == 18 * n);
   // f32 Adam: param 4 + grad 4 + m 4 + v 4; the flag changes nothing for f32 parameters.
   CHECK(plan::model_state_bytes(step(DType::F32, ir::Optimizer::Adam)) == 16 * n);
   CHECK(step(DType::F32, ir::Optimizer::Adam, false) == step(DType::F32, ir::Optimizer::Adam, true));
@@ -57,11 +58,25 @@ TEST_CASE("mixed precision: static bytes per parameter of a GPT layer, by hand")
   // SGD without momentum: param + grad (2 × the parameter bytes), plus the f32 master copy.
   CHECK(plan::model_state_bytes(step(DType::F32, ir::Optimizer::Sgd)) == 2 * 4 * n);
   CHECK(plan::model_state_bytes(step(DType::F16, ir::Optimizer::Sgd, false)) == 2 * 2 * n);
-  CHECK(plan::model_state_bytes(step(DType::F16, ir::Optimizer::Sgd)) == (2 + 2 + 4) * n);
+  CHECK(plan::model_state_bytes(step(DType::F16, ir::Optimizer::Sgd)) == (2 + 4 + 4) * n);
   // With momentum: one more state, f32 under master weights.
   CHECK(plan::model_state_bytes(step(DType::F32, ir::Optimizer::Sgd, true, 0.9)) == 3 * 4 * n);
   CHECK(plan::model_state_bytes(step(DType::F16, ir::Optimizer::Sgd, false, 0.9)) == 3 * 2 * n);
-  CHECK(plan::model_state_bytes(step(DType::F16, ir::Optimizer::Sgd, true, 0.9)) == (2 + 2 + 4 + 4) * n);
+  CHECK(plan::model_state_bytes(step(DType::F16, ir::Optimizer::Sgd, true, 0.9)) == (2 + 4 + 4 + 4) * n);
+  // Per leaf: 3 bytes per byte of a master-copied f16 parameter (itself and its f32 gradient), 2 of
+  // one without a master copy or in f32, 1 of an optimizer state, 0 of anything else.
+  const auto g = step(DType::F16, ir::Optimizer::Adam);
+  const auto f32 = step(DType::F32, ir::Optimizer::Adam);
+  const auto pure = step(DType::F16, ir::Optimizer::Adam, false);
+  for (const auto* graph : {&g, &f32, &pure})
+    for (ir::TensorId t = 0; t < static_cast<ir::TensorId>(graph->tensors().size()); ++t) {
+      const auto& info = graph->tensor(t);
+      const double want = !ir::is_state_leaf(info)                  ? 0.0
+                          : info.role != ir::Role::Parameter        ? 1.0
+                          : graph == &g                             ? 3.0
+                                                                    : 2.0;
+      CHECK(plan::state_bytes_factor(*graph, t) == want);
+    }
   // No optimizer: gradients only, no states whatever the flag.
   CHECK(plan::model_state_bytes(step(DType::F16, ir::Optimizer::None)) == 2 * 2 * n);
 }

@@ -65,6 +65,11 @@ TEST_CASE("zero: memory per device of the four levels, ZeRO's Figure 1 by hand")
   CHECK(plan::zero_memory(1, P, O, 64).state() == doctest::Approx(4 * psi + 12 * psi / n));
   CHECK(plan::zero_memory(2, P, O, 64).state() == doctest::Approx(2 * psi + 14 * psi / n));
   CHECK(plan::zero_memory(3, P, O, 64).state() == doctest::Approx(16 * psi / n));
+  // Gradients held in f32 (4ψ: weft.Trainer's and Megatron-LM's mixed precision): 18ψ unsharded;
+  // ZeRO-1 keeps them whole, ZeRO-2 shards them.
+  CHECK(plan::zero_memory(0, P, O, 64, 0, 25e6, 4 * psi).state() == doctest::Approx(18 * psi));
+  CHECK(plan::zero_memory(1, P, O, 64, 0, 25e6, 4 * psi).state() == doctest::Approx(6 * psi + 12 * psi / n));
+  CHECK(plan::zero_memory(2, P, O, 64, 0, 25e6, 4 * psi).state() == doctest::Approx(2 * psi + 16 * psi / n));
   // Working sets: ZeRO-3 holds a block gathered, the next prefetched and its whole gradients.
   const auto z3 = plan::zero_memory(3, P, O, 64, 0.1 * P);
   CHECK(z3.working == doctest::Approx(3 * 0.1 * P * (1 - 1 / n)));
@@ -100,7 +105,9 @@ TEST_CASE("zero: the planner's stage at each level equals the closed forms and t
   const auto g = fp16_adam_step();
   const auto c = cluster::Cluster::preset("M8", 1);
   const double psi = static_cast<double>(models::gpt(layer_config()).num_params());
-  const double P = 2 * psi, O = 12 * psi;
+  // f16 parameters 2ψ, their gradients held in f32 (weft.Trainer's mixed precision) 4ψ, the f32
+  // master copy and moments 12ψ.
+  const double P = 2 * psi, G = 4 * psi, O = 12 * psi;
   const int n = 8;
   // t=1 p=1 d=8: each replica is one device, so the SPMD layout keeps every tensor whole.
   std::vector<plan::Plan> at;
@@ -111,7 +118,8 @@ TEST_CASE("zero: the planner's stage at each level equals the closed forms and t
     REQUIRE(at.back().stages.size() == 1);
     CHECK(at.back().stages[0].zero == level);
     CHECK(at.back().stages[0].zero_group == (level ? n : 1));
-    CHECK(at.back().stages[0].static_memory == doctest::Approx(plan::zero_memory(level, P, O, n).state()));
+    CHECK(at.back().stages[0].static_memory ==
+          doctest::Approx(plan::zero_memory(level, P, O, n, 0, 25e6, G).state()));
   }
   const auto& s0 = at[0].stages[0];
   const auto& s1 = at[1].stages[0];
