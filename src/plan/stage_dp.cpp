@@ -62,6 +62,9 @@ StageAgg aggregate(Context& ctx, int first, int last, std::int64_t bs, const Mes
     a.blk_fwd_compute.push_back(bc.fwd_compute);
     a.blk_remake.push_back(bc.transient + bc.full_remake);
     a.blk_param.push_back(bc.param_mem);
+    a.blk_sel_mem.push_back(bc.sel_mem);
+    a.blk_sel_time.push_back(bc.sel_time);
+    a.blk_sel_remake.push_back(bc.transient + bc.sel_peak);
     tensors->bytes.insert(tensors->bytes.end(), bc.param_tensor_bytes.begin(), bc.param_tensor_bytes.end());
     a.sel_transient = std::max(a.sel_transient, bc.transient + bc.sel_peak);
   }
@@ -138,9 +141,20 @@ std::optional<StageChoice> best_stage(Context& ctx, const std::vector<MeshOption
           const double t = a.fwd + a.bwd;
           const double share = M * t + a.upd;
           if (!best || share < best_share) {
-            best = StageChoice{
-                first,           last,       sub, mi, v, f, t, mem, a.recompute, a.zero, a.zero_group,
-                a.recompute_set, a.zero3_set};
+            best = StageChoice{first,
+                               last,
+                               sub,
+                               mi,
+                               v,
+                               f,
+                               t,
+                               mem,
+                               a.recompute,
+                               a.zero,
+                               a.zero_group,
+                               a.recompute_set,
+                               a.zero3_set,
+                               a.selective_set};
             best_share = share;
           }
         };
@@ -187,6 +201,30 @@ std::optional<StageChoice> best_stage(Context& ctx, const std::vector<MeshOption
             for (int k = 1; k < nb; ++k)
               if (consider(recomputed_blocks(plain, std::vector<int>(order.begin(), order.begin() + k)), zi))
                 break;
+          // Per-block selective (issue 37), a greedy heuristic, one step at a time and each step
+          // adding time, so the first assignment that fits is the sequence's cheapest (per ZeRO
+          // option): selective on the blocks with attention cores in selective_order (the most
+          // peak bytes saved per second of re-made forward first), all but the last of them (all
+          // is the uniform mode tried above); then, from selective on every one of them, full on
+          // blocks in recompute_order of what they keep there, up to all but one block.
+          const std::vector<int> sel = selective_order(plain, inflight);
+          StageAgg base = plain;  // selective on every block: what a full block then saves
+          for (std::size_t i = 0; i < base.blk_act.size(); ++i) base.blk_act[i] -= base.blk_sel_mem[i];
+          const std::vector<int> full_order = recompute_order(base, inflight);
+          for (std::size_t zi = 0; zi < options && !sel.empty(); ++zi) {
+            bool fitted = false;
+            for (std::size_t k = 1; k < sel.size() && !fitted; ++k)
+              fitted = consider(
+                  recomputed_per_block(plain, {}, std::vector<int>(sel.begin(), sel.begin() + k)), zi);
+            for (int k = 1; k < nb && !fitted; ++k) {
+              const std::vector<int> full(full_order.begin(), full_order.begin() + k);
+              std::vector<int> rest;
+              for (int b : sel)
+                if (std::find(full.begin(), full.end(), b) == full.end()) rest.push_back(b);
+              if (rest.empty()) break;  // full on some blocks alone: tried above
+              fitted = consider(recomputed_per_block(plain, full, std::move(rest)), zi);
+            }
+          }
         }
         // With zero=auto: ZeRO-3 on some blocks only, level 1 or 2 on the rest (per shard grouping,
         // per recomputation mode): the fewest blocks, most parameter bytes first, that fit —
