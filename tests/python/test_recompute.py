@@ -120,6 +120,17 @@ def test_selective_on_some_blocks_runs_as_planned():
     assert peaks["both"] / 2 == pytest.approx(st.peak_memory, rel=0.15)
 
 
+def test_selective_on_some_blocks_runs_on_the_torch_runtime():
+    # The same per-block plan on two gloo processes (weft.run): the values of one device.
+    pytest.importorskip("torch")
+    g, c, layout = _two_stage_plans()
+    n0, s0 = layout("none").stages[0].peak_memory, layout("selective").stages[0].peak_memory
+    p = layout("auto", n0 - (n0 - s0) / 2)
+    assert p.stages[0].selective_blocks == [0]
+    got = weft.run(weft.lower(p, g, c), steps=2, dtype="f64")
+    assert got.max_relative_error(weft.execute_reference(g, steps=2)) < 1e-10
+
+
 def test_selective_blocks_json_round_trip_and_bad_input():
     import json
 
