@@ -193,8 +193,9 @@ Program lower(const plan::Plan& plan, const ir::Graph& step, const cluster::Clus
       for (std::size_t r = 0; r < regions.size(); ++r) {
         if (!block.empty() && !listed(st.selective_blocks, block[static_cast<std::size_t>(regions[r][0])]))
           continue;
-        for (ir::OpId o : regions[r])
-          ps.recompute_unit[static_cast<std::size_t>(o)] = plan.num_blocks + static_cast<int>(r);
+        for (ir::OpId o : regions[r])  // an op of a full block stays in its block's unit
+          if (int& u = ps.recompute_unit[static_cast<std::size_t>(o)]; u < 0)
+            u = plan.num_blocks + static_cast<int>(r);
       }
     }
     ps.zero = lead > 0 ? st.zero : 0;
