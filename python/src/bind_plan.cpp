@@ -86,12 +86,18 @@ void bind_plan(py::module_& m) {
       .def_readonly("peak_memory", &Stage::peak_memory)
       .def_readonly(
           "recompute", &Stage::recompute,
-          "Activation recomputation of the stage: 'none', 'selective' or 'full' (backward_time includes the "
-          "recomputed forward, activation_memory is what stays saved).")
+          "Activation recomputation of the stage: 'none', 'selective' or 'full', the strongest mode of any "
+          "of its blocks (backward_time includes the recomputed forward, activation_memory is what stays "
+          "saved); recompute_blocks / selective_blocks say which blocks when not every one.")
       .def_readonly(
           "recompute_blocks", &Stage::recompute_blocks,
-          "With recompute 'full': the layer-grouping blocks recomputed (the grouping's order); empty = "
+          "With recompute 'full': the layer-grouping blocks recomputed whole (the grouping's order); empty = "
           "every block of the stage.")
+      .def_readonly(
+          "selective_blocks", &Stage::selective_blocks,
+          "The layer-grouping blocks whose attention cores are recomputed (the grouping's order): with "
+          "recompute 'selective' these only (empty = every block), with 'full' beside recompute_blocks; "
+          "blocks in neither list keep their activations.")
       .def_readonly(
           "zero", &Stage::zero,
           "ZeRO level 0..3 of the stage across the plan's data-parallel replicas: 1 optimizer states "
@@ -224,7 +230,8 @@ void bind_plan(py::module_& m) {
             for (const auto& st : p.stages) r.push_back(st.recompute);
             return r;
           },
-          "Activation recomputation per stage: 'none', 'selective' or 'full'.")
+          "Activation recomputation per stage: 'none', 'selective' or 'full', the strongest mode of its "
+          "blocks (PlanStage.recompute_blocks / selective_blocks say which when not every one).")
       .def_property_readonly(
           "zero",
           [](const Plan& p) {

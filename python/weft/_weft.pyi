@@ -791,12 +791,12 @@ class PlanStage:
     @property
     def recompute(self) -> str:
         """
-        Activation recomputation of the stage: 'none', 'selective' or 'full' (backward_time includes the recomputed forward, activation_memory is what stays saved).
+        Activation recomputation of the stage: 'none', 'selective' or 'full', the strongest mode of any of its blocks (backward_time includes the recomputed forward, activation_memory is what stays saved); recompute_blocks / selective_blocks say which blocks when not every one.
         """
     @property
     def recompute_blocks(self) -> list[int]:
         """
-        With recompute 'full': the layer-grouping blocks recomputed (the grouping's order); empty = every block of the stage.
+        With recompute 'full': the layer-grouping blocks recomputed whole (the grouping's order); empty = every block of the stage.
         """
     @property
     def replica_collectives(self) -> typing.Any:
@@ -807,6 +807,11 @@ class PlanStage:
     def replica_exposed(self) -> dict:
         """
         What forward_time / backward_time / optimizer_time hold of those collectives by the planner's closed-form overlap rule (the simulator takes it out and runs the collectives instead).
+        """
+    @property
+    def selective_blocks(self) -> list[int]:
+        """
+        The layer-grouping blocks whose attention cores are recomputed (the grouping's order): with recompute 'selective' these only (empty = every block), with 'full' beside recompute_blocks; blocks in neither list keep their activations.
         """
     @property
     def static_memory(self) -> float:
@@ -1113,7 +1118,7 @@ class Plan:
     @property
     def recompute(self) -> list[str]:
         """
-        Activation recomputation per stage: 'none', 'selective' or 'full'.
+        Activation recomputation per stage: 'none', 'selective' or 'full', the strongest mode of its blocks (PlanStage.recompute_blocks / selective_blocks say which when not every one).
         """
     @property
     def replica_microbatch(self) -> list[int]:

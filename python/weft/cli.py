@@ -97,7 +97,8 @@ _PLAN_OPTIONS = [
     ("--max-alternatives", "max_alternatives", int, "alternatives kept in the plan"),
     ("--level", "spmd_level", str, "SPMD search level: O2 (segments) or O3 (one ILP)"),
     ("--recompute", "recompute", str,
-     "activation recomputation per stage: auto (default: the planner picks), none, selective, full"),
+     "activation recomputation per stage: auto (default: the planner picks, per block where that is enough), "
+     "none, selective, full"),
     ("--zero", "zero", str,
      "ZeRO level across data-parallel replicas: auto (default: the planner picks per stage), 0, 1, 2, 3 (FSDP)"),
     ("--hybrid-sharding", "hybrid_sharding", bool,

@@ -169,8 +169,11 @@ def plan(model_graph, cluster, schedule: str = "1F1B", *, num_microbatches: Opti
     stage none / selective / full, the fastest that fits, so it is used when memory forces it or
     when it lets a faster layout fit), "none", "selective" (attention scores, softmax and dropout
     recomputed in the backward, Korthikanti et al. 2022) or "full" (only each block's inputs kept,
-    one extra forward of the stage in the backward). ``Plan.recompute`` lists the choice per stage
-    and the summary shows it.
+    one extra forward of the stage in the backward). With "auto", a stage that cannot keep every
+    activation may also run a mode per block (selective on some blocks, full on others).
+    ``Plan.recompute`` lists the choice per stage (the strongest mode of its blocks),
+    ``PlanStage.recompute_blocks`` / ``PlanStage.selective_blocks`` which blocks when not every
+    one, and the summary shows it.
     ``zero``: sharded data parallelism across a stage's data-parallel replicas — "auto" (default:
     per stage the fastest ZeRO level that fits, searched together with ``recompute``) or a level
     0 (replicated states, DDP), 1 (optimizer states sharded), 2 (+ gradients), 3 (+ parameters:

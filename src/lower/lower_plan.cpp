@@ -172,19 +172,31 @@ Program lower(const plan::Plan& plan, const ir::Graph& step, const cluster::Clus
       ps.layout.leaf_specs.emplace(*t, sharding::ShardingSpec::parse(l.spec, g.tensor(*t).shape, spmd_shape));
     }
     // Recomputation as planned: full re-makes one layer-grouping block at a time, selective one
-    // attention core at a time.
+    // attention core at a time. Per-block modes: the full blocks' units are the blocks (numbered
+    // as the grouping), the selective blocks' attention cores (a core is in the block of its first
+    // op, the score contraction) are units numbered after the blocks, the other ops none.
+    auto listed = [](const std::vector<int>& l, int b) {
+      return std::find(l.begin(), l.end(), b) != l.end();
+    };
     if (st.recompute == "full") {
       ps.recompute_unit = grouping_blocks(g, plan.num_blocks, plan.block_cuts);
       if (!st.recompute_blocks.empty())  // some blocks only: the others keep their activations
         for (int& u : ps.recompute_unit)
-          if (std::find(st.recompute_blocks.begin(), st.recompute_blocks.end(), u) == st.recompute_blocks.end())
-            u = -1;
+          if (!listed(st.recompute_blocks, u)) u = -1;
     }
-    if (st.recompute == "selective") {
-      ps.recompute_unit.assign(g.ops().size(), -1);
+    if (st.recompute == "selective" || !st.selective_blocks.empty()) {
+      const std::vector<int> block = st.selective_blocks.empty()
+                                         ? std::vector<int>()
+                                         : grouping_blocks(g, plan.num_blocks, plan.block_cuts);
+      if (ps.recompute_unit.empty()) ps.recompute_unit.assign(g.ops().size(), -1);
       const auto regions = plan::selective_regions(g);
-      for (std::size_t r = 0; r < regions.size(); ++r)
-        for (ir::OpId o : regions[r]) ps.recompute_unit[static_cast<std::size_t>(o)] = static_cast<int>(r);
+      for (std::size_t r = 0; r < regions.size(); ++r) {
+        if (!block.empty() && !listed(st.selective_blocks, block[static_cast<std::size_t>(regions[r][0])]))
+          continue;
+        for (ir::OpId o : regions[r])  // an op of a full block stays in its block's unit
+          if (int& u = ps.recompute_unit[static_cast<std::size_t>(o)]; u < 0)
+            u = plan.num_blocks + static_cast<int>(r);
+      }
     }
     ps.zero = lead > 0 ? st.zero : 0;
     if (ps.zero > 0 && !st.zero_blocks.empty()) {  // ZeRO-3 on these blocks, the stage's level elsewhere

@@ -123,13 +123,17 @@ Built materialise_in_place(Context& ctx, const std::vector<SubmeshOptions>& subs
     if (dp > 1) stage.mesh_shape.insert(stage.mesh_shape.begin(), dp);
     const StageAgg plain = aggregate(ctx, st.first, st.last, cand.bs, *mopt[s], st.variant, st.forced_dp);
     WEFT_ASSERT(plain.ok, "a chosen stage has a failed block cost");
-    StageAgg a = !st.recompute_set.empty() ? recomputed_blocks(plain, st.recompute_set)
-                                           : recomputed(plain, st.recompute);
+    StageAgg a = !st.recompute_set.empty() || !st.selective_set.empty()
+                     ? recomputed_per_block(plain, st.recompute_set, st.selective_set)
+                     : recomputed(plain, st.recompute);
     stage.recompute = std::string(recompute_name(a.recompute));
     // Some blocks only: in the grouping's own numbering (what the lowering's units are).
     for (int b : a.recompute_set)
       stage.recompute_blocks.push_back(ctx.original_block[static_cast<std::size_t>(st.first + b)]);
     std::sort(stage.recompute_blocks.begin(), stage.recompute_blocks.end());
+    for (int b : a.selective_set)
+      stage.selective_blocks.push_back(ctx.original_block[static_cast<std::size_t>(st.first + b)]);
+    std::sort(stage.selective_blocks.begin(), stage.selective_blocks.end());
     stage.forward_time = a.fwd;
     stage.backward_time = a.bwd;
     stage.weight_time = a.wgt;

@@ -68,6 +68,7 @@ json to_j(const Stage& s) {
               {"peak_memory", s.peak_memory},
               {"recompute", s.recompute},
               {"recompute_blocks", s.recompute_blocks},
+              {"selective_blocks", s.selective_blocks},
               {"zero", s.zero},
               {"zero_group", s.zero_group},
               {"zero_blocks", s.zero_blocks},
@@ -177,6 +178,24 @@ Stage stage_from(const json& j, const std::string& path) {
                "Plan JSON: {}.recompute_blocks lists blocks but recompute is '{}', not full", path,
                s.recompute);
   }
+  if (j.contains("selective_blocks")) {  // absent in plans written before per-block selective
+    s.selective_blocks = field<std::vector<int>>(j, "selective_blocks", path);
+    WEFT_CHECK(s.selective_blocks.empty() || s.recompute == "selective" ||
+                   (s.recompute == "full" && !s.recompute_blocks.empty()),
+               "Plan JSON: {}.selective_blocks lists blocks but recompute is '{}'{}", path, s.recompute,
+               s.recompute == "full" ? " on every block (recompute_blocks is empty)"
+                                     : ", not selective or full on some blocks");
+    for (int b : s.selective_blocks)
+      WEFT_CHECK(
+          std::find(s.recompute_blocks.begin(), s.recompute_blocks.end(), b) == s.recompute_blocks.end(),
+          "Plan JSON: {} names block {} in both recompute_blocks and selective_blocks", path, b);
+  }
+  for (const auto* list : {&s.recompute_blocks, &s.selective_blocks})
+    for (std::size_t i = 1; i < list->size(); ++i)
+      WEFT_CHECK(std::find(list->begin(), list->begin() + static_cast<std::ptrdiff_t>(i), (*list)[i]) ==
+                     list->begin() + static_cast<std::ptrdiff_t>(i),
+                 "Plan JSON: {}.{} names block {} twice", path,
+                 list == &s.selective_blocks ? "selective_blocks" : "recompute_blocks", (*list)[i]);
   if (j.contains("zero")) {  // absent in plans written before sharded data parallelism
     s.zero = field<int>(j, "zero", path);
     s.zero_group = field<int>(j, "zero_group", path);
@@ -441,11 +460,15 @@ Plan Plan::from_json(std::string_view text) {
       kReader.bad(JsonReader::index(root + ".block_cuts", i), "cuts must be ascending positions >= 1");
   // The per-block lists name layer-grouping blocks: 0 .. num_blocks - 1.
   for (std::size_t i = 0; i < p.stages.size(); ++i)
-    for (const auto* list : {&p.stages[i].recompute_blocks, &p.stages[i].zero_blocks})
+    for (const auto* list :
+         {&p.stages[i].recompute_blocks, &p.stages[i].selective_blocks, &p.stages[i].zero_blocks})
       for (int b : *list)
         WEFT_CHECK(b >= 0 && b < p.num_blocks,
                    "Plan JSON: {}.stages[{}].{} names block {}, the plan has {} blocks", root, i,
-                   list == &p.stages[i].zero_blocks ? "zero_blocks" : "recompute_blocks", b, p.num_blocks);
+                   list == &p.stages[i].zero_blocks        ? "zero_blocks"
+                   : list == &p.stages[i].selective_blocks ? "selective_blocks"
+                                                           : "recompute_blocks",
+                   b, p.num_blocks);
   for (std::size_t i = 0; i < p.replica_microbatch.size(); ++i)
     if (p.replica_microbatch[i] < 0)
       kReader.bad(JsonReader::index(root + ".replica_microbatch", i), "a share must be >= 0");
@@ -524,10 +547,14 @@ std::string Plan::summary() const {
     std::vector<std::string> modes;
     bool any = false;
     for (const auto& st : stages) {
-      modes.push_back(st.recompute_blocks.empty()
-                          ? fmt::format("[{}] {}", st.index, st.recompute)
-                          : fmt::format("[{}] full on {} of {} blocks", st.index, st.recompute_blocks.size(),
-                                        st.last_block - st.first_block + 1));
+      // Per-block modes: "[0] full on 1, selective on 2 of 4 blocks".
+      std::vector<std::string> some;
+      if (!st.recompute_blocks.empty()) some.push_back(fmt::format("full on {}", st.recompute_blocks.size()));
+      if (!st.selective_blocks.empty())
+        some.push_back(fmt::format("selective on {}", st.selective_blocks.size()));
+      modes.push_back(some.empty() ? fmt::format("[{}] {}", st.index, st.recompute)
+                                   : fmt::format("[{}] {} of {} blocks", st.index, fmt::join(some, ", "),
+                                                 st.last_block - st.first_block + 1));
       any = any || st.recompute != "none";
     }
     s += fmt::format("  recompute     {}\n", any ? fmt::format("{}", fmt::join(modes, " ")) : std::string("none"));
@@ -606,14 +633,21 @@ std::string Plan::summary() const {
     if (!st.recompute_blocks.empty())
       s += fmt::format(
           "        recompute full on blocks {}: their forward runs again in the backward (B includes "
-          "it); the other blocks keep their activations\n",
-          fmt::join(st.recompute_blocks, ","));
-    else if (st.recompute != "none")
-      s += fmt::format("        recompute {}: {} (B includes the recomputed forward; only {} kept)\n",
-                       st.recompute,
-                       st.recompute == "full" ? "the stage's forward runs again in the backward, block by block"
-                                              : "attention cores (scores, softmax, dropout) run again in the backward",
-                       st.recompute == "full" ? "the blocks' inputs are" : "the rest is");
+          "it); {}\n",
+          fmt::join(st.recompute_blocks, ","),
+          st.selective_blocks.empty() ? "the other blocks keep their activations" : "only their inputs kept");
+    if (!st.selective_blocks.empty())
+      s += fmt::format(
+          "        recompute selective on blocks {}: their attention cores (scores, softmax, dropout) run "
+          "again in the backward (B includes them); {} keep their activations\n",
+          fmt::join(st.selective_blocks, ","),
+          st.recompute_blocks.empty() ? "the other blocks" : "the blocks in neither list");
+    if (st.recompute_blocks.empty() && st.selective_blocks.empty() && st.recompute != "none")
+      s += fmt::format(
+          "        recompute {}: {} (B includes the recomputed forward; only {} kept)\n", st.recompute,
+          st.recompute == "full" ? "the stage's forward runs again in the backward, block by block"
+                                 : "attention cores (scores, softmax, dropout) run again in the backward",
+          st.recompute == "full" ? "the blocks' inputs are" : "the rest is");
     // The largest parameters' specs.
     std::vector<const ParamSpec*> ps;
     for (const auto& p : st.params) ps.push_back(&p);

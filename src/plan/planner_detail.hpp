@@ -576,8 +576,9 @@ struct StageChoice {
   double memory = 0;
   Recompute recompute = Recompute::None;
   int zero = 0, zero_group = 1;    // ZeRO level across the replicas, replicas per shard group
-  std::vector<int> recompute_set;  // Full on these blocks only (offsets; recomputed_blocks); empty = all
+  std::vector<int> recompute_set;  // Full on these blocks only (offsets; recomputed_per_block); empty = all
   std::vector<int> zero3_set;      // ZeRO-3 on these blocks only, `zero` on the rest (with_mixed_zero)
+  std::vector<int> selective_set;  // Selective on these blocks (offsets; recomputed_per_block)
 };
 
 struct Candidate {
@@ -633,25 +634,41 @@ struct StageAgg {
   // (recomputed_blocks): its saved activations, what full recomputation keeps of them, its forward
   // time (compute part apart) and its transient while it is re-made.
   std::vector<double> blk_act, blk_ckpt, blk_fwd, blk_fwd_compute, blk_remake;
+  // Per block, for selective recomputation of some blocks only (recomputed_per_block): the saved
+  // bytes its attention cores drop, their forward time (compute) and its transient while one of
+  // them is re-made (BlockCost's transient + sel_peak).
+  std::vector<double> blk_sel_mem, blk_sel_time, blk_sel_remake;
   std::vector<double> blk_param;   // per block: its parameter bytes (ZeRO-3 on some blocks only)
   // The blocks' parameter leaves' bytes (BlockCost::param_tensor_bytes), shared: with_replicas
   // copies a stage's aggregate for every level and placement it prices.
   std::shared_ptr<const ParamTensors> param_tensors;
   std::vector<int> recompute_set;  // Full on these blocks only (offsets from the first); empty = every block
   std::vector<int> zero3_set;      // ZeRO-3 on these blocks, `zero` on the others (offsets); empty = none
+  std::vector<int> selective_set;  // Selective on these blocks only (offsets), with recompute_set or alone
 };
 // The stage under a recomputation mode (None: unchanged): Full adds one forward of the stage to
 // the backward (its compute and its collectives) and keeps only the checkpoints; Selective adds
 // the attention cores' forward compute and drops their saved results.
 StageAgg recomputed(const StageAgg& a, Recompute mode);
-// Full recomputation of some of the stage's blocks only (Megatron's "block" method): `set` (offsets
-// from the stage's first block, a proper subset) keep only their checkpoints and re-make their
-// forward in the backward; the others keep their activations.
+// A mode per block (offsets from the stage's first block; disjoint sets, not both empty): `full`
+// keep only their checkpoints and re-make their forward in the backward (Megatron's "block"
+// method), `selective` drop their attention cores' saved results and re-make those cores, the
+// others keep their activations. Exact sums of the blocks' figures: B grows by the full blocks'
+// forward and the selective blocks' cores' forward, the saved bytes drop by theirs; the transient
+// is the largest re-make above one micro-batch's share (the blocks behind the re-made one have
+// freed theirs). recompute is Full when any block is, else Selective.
+StageAgg recomputed_per_block(const StageAgg& a, std::vector<int> full, std::vector<int> selective);
+// Full on some blocks only (`set` a proper subset), the others none.
 StageAgg recomputed_blocks(const StageAgg& a, std::vector<int> set);
 // The blocks in the order the planner adds them to the set: the most peak bytes saved first with
 // `inflight` micro-batches in flight (their activations less their checkpoints, less the transient
 // their re-make adds), then the cheaper forward. The planner takes the shortest prefix that fits.
 std::vector<int> recompute_order(const StageAgg& a, int inflight);
+// The blocks with attention cores in the order the planner makes them selective (a heuristic): the
+// most peak bytes saved per second of re-made forward first, each priced alone (with `inflight`
+// micro-batches in flight: its dropped bytes less what its re-make adds to the transient), then
+// the lower offset.
+std::vector<int> selective_order(const StageAgg& a, int inflight);
 
 // The stage (one replica's costs, after recomputed()) with its replicas: the gradient
 // synchronisation across them and, at ZeRO `level` over l.group replicas, the sharded states

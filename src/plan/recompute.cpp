@@ -189,34 +189,75 @@ std::vector<int> recompute_order(const StageAgg& a, int inflight) {
   return order;
 }
 
+std::vector<int> selective_order(const StageAgg& a, int inflight) {
+  std::vector<int> order;
+  for (int b = 0; b < static_cast<int>(a.blk_sel_mem.size()); ++b)
+    if (a.blk_sel_mem[static_cast<std::size_t>(b)] > 0) order.push_back(b);
+  // Peak bytes saved per second of re-made forward by this block alone (recomputed_per_block's
+  // price): its dropped bytes per in-flight micro-batch, less what its re-make adds to the transient
+  // (the blocks up to it kept, the later ones freed).
+  std::vector<double> upto(a.blk_act.size());
+  for (std::size_t i = 0; i < upto.size(); ++i) upto[i] = (i ? upto[i - 1] : 0.0) + a.blk_act[i];
+  auto per_second = [&](int b) {
+    const auto i = static_cast<std::size_t>(b);
+    const double rise = std::max(0.0, upto[i] + a.blk_sel_remake[i] - a.act_mem - a.transient);
+    const double saved = inflight * a.blk_sel_mem[i] - rise;
+    return a.blk_sel_time[i] > 0 ? saved / a.blk_sel_time[i] : saved > 0 ? kInf : saved;
+  };
+  std::stable_sort(order.begin(), order.end(), [&](int x, int y) { return per_second(x) > per_second(y); });
+  return order;
+}
+
+StageAgg recomputed_per_block(const StageAgg& a, std::vector<int> full, std::vector<int> selective) {
+  const std::size_t n = a.blk_act.size();
+  WEFT_ASSERT(!full.empty() || !selective.empty(), "recomputed_per_block: no block recomputed");
+  std::sort(full.begin(), full.end());
+  std::sort(selective.begin(), selective.end());
+  StageAgg r = a;
+  r.recompute = full.empty() ? Recompute::Selective : Recompute::Full;
+  // Per block: 0 keeps its activations, 1 selective, 2 full.
+  std::vector<char> mode(n, 0);
+  for (const auto* set : {&selective, &full})
+    for (int b : *set) {
+      WEFT_ASSERT(b >= 0 && b < static_cast<int>(n) && mode[static_cast<std::size_t>(b)] == 0,
+                  "recomputed_per_block: a block out of range or in both sets");
+      mode[static_cast<std::size_t>(b)] = set == &full ? 2 : 1;
+    }
+  std::vector<double> kept(n);  // per block: what it keeps per micro-batch
+  for (std::size_t i = 0; i < n; ++i) {
+    kept[i] = a.blk_act[i];
+    if (mode[i] == 2) {
+      r.bwd += a.blk_fwd[i];
+      r.compute += a.blk_fwd_compute[i];
+      r.comm += a.blk_fwd[i] - a.blk_fwd_compute[i];
+      kept[i] = a.blk_ckpt[i];
+    } else if (mode[i] == 1) {
+      r.bwd += a.blk_sel_time[i];
+      r.compute += a.blk_sel_time[i];
+      kept[i] = a.blk_act[i] - a.blk_sel_mem[i];
+    }
+    r.act_mem -= a.blk_act[i] - kept[i];
+  }
+  // Block b is re-made (whole, or one attention core at a time) in a micro-batch's backward after
+  // the blocks behind it have freed theirs: that micro-batch then holds the blocks before b as
+  // kept, b's kept share and b's re-made results (its remake) instead of its full share — the peak
+  // over the other in-flight micro-batches' shares, as a transient above one share.
+  double prefix = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (mode[i] != 0)
+      r.transient = std::max(
+          r.transient, prefix + kept[i] + (mode[i] == 2 ? a.blk_remake[i] : a.blk_sel_remake[i]) - r.act_mem);
+    prefix += kept[i];
+  }
+  r.recompute_set = std::move(full);
+  r.selective_set = std::move(selective);
+  return r;
+}
+
 StageAgg recomputed_blocks(const StageAgg& a, std::vector<int> set) {
   WEFT_ASSERT(!set.empty() && set.size() < a.blk_act.size(),
               "recomputed_blocks: not a proper subset of the blocks");
-  std::sort(set.begin(), set.end());
-  StageAgg r = a;
-  r.recompute = Recompute::Full;
-  const std::size_t n = a.blk_act.size();
-  std::vector<char> in_set(n, 0);
-  for (int b : set) {
-    WEFT_ASSERT(b >= 0 && b < static_cast<int>(n), "recomputed_blocks: block out of range");
-    const auto i = static_cast<std::size_t>(b);
-    in_set[i] = 1;
-    r.bwd += a.blk_fwd[i];
-    r.compute += a.blk_fwd_compute[i];
-    r.comm += a.blk_fwd[i] - a.blk_fwd_compute[i];
-    r.act_mem -= a.blk_act[i] - a.blk_ckpt[i];
-  }
-  // Block b is re-made in a micro-batch's backward after the blocks behind it have freed theirs:
-  // that micro-batch then holds the blocks before b as kept, b's checkpoint and b's re-made
-  // results (its remake) instead of its full share — the peak over the other in-flight
-  // micro-batches' shares, as a transient above one share.
-  double prefix = 0;
-  for (std::size_t i = 0; i < n; ++i) {
-    if (in_set[i]) r.transient = std::max(r.transient, prefix + a.blk_ckpt[i] + a.blk_remake[i] - r.act_mem);
-    prefix += in_set[i] ? a.blk_ckpt[i] : a.blk_act[i];
-  }
-  r.recompute_set = std::move(set);
-  return r;
+  return recomputed_per_block(a, std::move(set), {});
 }
 
 }  // namespace detail

@@ -63,6 +63,9 @@ StageAgg aggregate(Context& ctx, int first, int last, std::int64_t bs, const Mes
     a.blk_fwd_compute.push_back(bc.fwd_compute);
     a.blk_remake.push_back(bc.transient + bc.full_remake);
     a.blk_param.push_back(bc.param_mem);
+    a.blk_sel_mem.push_back(bc.sel_mem);
+    a.blk_sel_time.push_back(bc.sel_time);
+    a.blk_sel_remake.push_back(bc.transient + bc.sel_peak);
     tensors->bytes.insert(tensors->bytes.end(), bc.param_tensor_bytes.begin(), bc.param_tensor_bytes.end());
     a.sel_transient = std::max(a.sel_transient, bc.transient + bc.sel_peak);
   }
@@ -139,9 +142,20 @@ std::optional<StageChoice> best_stage(Context& ctx, const std::vector<MeshOption
           const double t = a.fwd + a.bwd;
           const double share = M * t + a.upd;
           if (!best || share < best_share) {
-            best = StageChoice{
-                first,           last,       sub, mi, v, f, t, mem, a.recompute, a.zero, a.zero_group,
-                a.recompute_set, a.zero3_set};
+            best = StageChoice{first,
+                               last,
+                               sub,
+                               mi,
+                               v,
+                               f,
+                               t,
+                               mem,
+                               a.recompute,
+                               a.zero,
+                               a.zero_group,
+                               a.recompute_set,
+                               a.zero3_set,
+                               a.selective_set};
             best_share = share;
           }
         };
@@ -179,15 +193,43 @@ std::optional<StageChoice> best_stage(Context& ctx, const std::vector<MeshOption
           fits_as_is = fits_as_is || mode == Recompute::None;
           if (sharding.empty()) break;
         }
-        // With recompute=auto, when every activation does not fit: full recomputation of only as
-        // many blocks as needed (per ZeRO option the fewest that fit: each more block costs its forward).
+        // With recompute=auto, when every activation does not fit: a mode per block, along three
+        // walks per ZeRO option, each adding time at every step (a block's forward is at least its
+        // attention cores'), so the first assignment of a walk that fits is the walk's cheapest:
+        //  - selective on some blocks (issue 37; a greedy heuristic): the blocks with attention
+        //    cores in selective_order (the most peak bytes saved per second of re-made forward
+        //    first), all but the last of them (all is the uniform mode tried above);
+        //  - full on some blocks (issue 22), the others none: in recompute_order;
+        //  - full on some blocks, selective on the others with cores: from selective on every one,
+        //    full on blocks in recompute_order of what they keep there, up to all but one block.
+        // A step whose F + B alone already loses to the best choice ends its walk (the replicas
+        // only add time): the cheap selective walk first prunes the others.
         const int nb = static_cast<int>(plain.blk_act.size());
         if (ctx.opt_.recompute == Recompute::Auto && !fits_as_is && nb >= 2) {
+          auto loses = [&](const StageAgg& rc) { return best && M * (rc.fwd + rc.bwd) >= best_share; };
+          // One step of a walk: true when the walk ends (it fits, or it and the rest lose).
+          auto step = [&](const StageAgg& rc, std::size_t zi) { return loses(rc) || consider(rc, zi); };
+          const std::vector<int> sel = selective_order(plain, inflight);
           const std::vector<int> order = recompute_order(plain, inflight);
-          for (std::size_t zi = 0; zi < options; ++zi)
-            for (int k = 1; k < nb; ++k)
-              if (consider(recomputed_blocks(plain, std::vector<int>(order.begin(), order.begin() + k)), zi))
+          StageAgg base = plain;  // selective on every block: what a full block then saves
+          for (std::size_t i = 0; i < base.blk_act.size(); ++i) base.blk_act[i] -= base.blk_sel_mem[i];
+          const std::vector<int> full_order = recompute_order(base, inflight);
+          for (std::size_t zi = 0; zi < options; ++zi) {
+            for (std::size_t k = 1; k < sel.size(); ++k)
+              if (step(recomputed_per_block(plain, {}, std::vector<int>(sel.begin(), sel.begin() + k)), zi))
                 break;
+            for (int k = 1; k < nb; ++k)
+              if (step(recomputed_blocks(plain, std::vector<int>(order.begin(), order.begin() + k)), zi))
+                break;
+            for (int k = 1; k < nb && !sel.empty(); ++k) {
+              const std::vector<int> full(full_order.begin(), full_order.begin() + k);
+              std::vector<int> rest;
+              for (int b : sel)
+                if (std::find(full.begin(), full.end(), b) == full.end()) rest.push_back(b);
+              if (rest.empty()) break;  // full on some blocks alone: the walk above
+              if (step(recomputed_per_block(plain, full, std::move(rest)), zi)) break;
+            }
+          }
         }
         // With zero=auto: ZeRO-3 on some blocks only, level 1 or 2 on the rest (per shard grouping,
         // per recomputation mode): the fewest blocks, most parameter bytes first, that fit —

@@ -88,13 +88,20 @@ struct Stage {
   double transient_memory = 0;             // working set of one micro-batch beyond the two above
   int in_flight = 0;                       // peak in-flight micro-batches under the schedule
   double peak_memory = 0;                  // static + in_flight × activation + transient
-  // Activation recomputation of the stage: "none", "selective" or "full" (planner.hpp, Recompute).
-  // backward_time includes the recomputed forward; activation_memory is what stays saved.
+  // Activation recomputation of the stage: "none", "selective" or "full" (planner.hpp, Recompute),
+  // the strongest mode any of its blocks uses. backward_time includes the recomputed forward;
+  // activation_memory is what stays saved.
   std::string recompute = "none";
-  // With "full": the layer-grouping blocks recomputed, in the grouping's own order (Plan's
-  // num_blocks; pipeline::group_layers); empty = every block of the stage. The planner recomputes
-  // only some blocks when that is enough to fit (Megatron's "block" recomputation).
+  // Per-block modes (layer-grouping blocks in the grouping's own numbering: Plan's num_blocks,
+  // pipeline::group_layers) where the stage does not run `recompute` on every block; both empty:
+  // `recompute` on every block of the stage. The planner takes per-block modes when they are
+  // enough to fit and cheaper (Megatron's "block" recomputation; selective on some blocks).
+  //   recompute_blocks: with "full", the blocks recomputed whole;
+  //   selective_blocks: the blocks whose attention cores are re-made: with "selective" these only,
+  //   with "full" beside a non-empty recompute_blocks (disjoint from it).
+  // Blocks in neither list keep their activations.
   std::vector<int> recompute_blocks;
+  std::vector<int> selective_blocks;
   // Sharded data parallelism across the plan's data_parallel replicas (zero.hpp): ZeRO level 0..3
   // and the replicas of one shard group (zero_group = data_parallel: fully sharded; fewer: hybrid,
   // the groups replicate each other; 1 with level 0). static_memory, the times and transient_memory

@@ -37,7 +37,9 @@ enum class SpmdLevel { O2, O3 };
 //             ops after it (mask, softmax, dropout) are dropped; their forward runs again;
 //   Full      only each block's forward inputs are kept; the whole forward of the stage runs
 //             again in the backward (one extra forward), one block at a time;
-//   Auto      (options only) the planner picks per stage the cheapest of the three that fits.
+//   Auto      (options only) the planner picks per stage the cheapest of the three that fits, or,
+//             where none does not fit, a mode per block (Stage::recompute_blocks / selective_blocks)
+//             when that fits and is cheaper.
 enum class Recompute : std::uint8_t { Auto, None, Selective, Full };
 std::string_view recompute_name(Recompute r);  // "auto", "none", "selective", "full"
 Recompute parse_recompute(std::string_view name);  // weft::Error naming the accepted values
@@ -135,9 +137,10 @@ struct PlanOptions {
   // Mixed GPU kinds: also Whale's `split` — one SPMD stage over every device with every split
   // dimension cut unevenly in proportion to each device's speed (split_plan), and its even split.
   bool uneven_split = true;
-  // Activation recomputation per stage: Auto searches none / selective / full per stage (the
-  // fastest that fits: recomputation only costs time, so it is picked when memory forces it or
-  // when it lets a faster layout fit); an explicit mode is used by every stage.
+  // Activation recomputation per stage: Auto searches none / selective / full per stage, and
+  // per-block modes where none does not fit (the fastest that fits: recomputation only costs
+  // time, so it is picked when memory forces it or when it lets a faster layout fit); an explicit
+  // mode is used by every block of every stage.
   Recompute recompute = Recompute::Auto;
   // Sharded data parallelism across a stage's data-parallel replicas (zero.hpp: ZeRO levels 0-3,
   // FSDP): -1 = per stage the fastest level that fits (with recompute=auto both are searched

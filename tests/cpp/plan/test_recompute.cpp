@@ -8,8 +8,10 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <limits>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "weft/cluster/cluster.hpp"
 #include "weft/core/error.hpp"
@@ -230,4 +232,116 @@ TEST_CASE("recompute: the planner uses it when memory forces it, not when it doe
   MESSAGE(tight.summary());
   CHECK(tight.summary().find("recompute     [0]") != std::string::npos);
   CHECK(plan::Plan::from_json(tight.to_json()) == tight);
+}
+
+TEST_CASE("recompute: selective on some blocks only, priced by hand, and chosen where it is cheapest") {
+  // Issue 37. A 4-layer GPT as one stage of 4 blocks (one layer each) on one device, 1 micro-batch.
+  const models::GptConfig cfg = small();
+  const ir::Graph g = ir::build_training_graph(models::gpt(cfg));
+  const auto phase = pipeline::classify_ops(g);
+  const pipeline::LayerGrouping gr = pipeline::group_layers(g, 4);
+  const plan::Stage none = one_device_stage(g, 4, plan::Recompute::None);
+  const plan::Stage sel = one_device_stage(g, 4, plan::Recompute::Selective);
+  // By hand, per block: the softmax output one attention core drops (batch × heads × seq², f32)
+  // and the forward time of its score contraction, softmax and context contraction.
+  const double probs = static_cast<double>(cfg.batch * cfg.heads * cfg.seq * cfg.seq * 4);
+  const cluster::DeviceSpec dev = one_node().device(0).spec;
+  std::vector<double> core_time(4, 0.0);
+  for (ir::OpId o = 0; o < static_cast<ir::OpId>(g.ops().size()); ++o) {
+    const auto& op = g.op(o);
+    if (phase[o] != pipeline::OpPhase::Forward ||
+        !(ends_with(op.name, ".scores") || ends_with(op.name, ".probs") || ends_with(op.name, ".context")))
+      continue;
+    core_time[static_cast<std::size_t>(gr.block_of_op[o])] +=
+        cost::op_cost(g, op, dev, std::vector<std::int64_t>(op.index_map.factors.size(), 1)).time;
+  }
+  for (double t : core_time) REQUIRE(t > 0);
+  // Each block alone (one block per stage, one device each): its forward, its saved activations
+  // kept and under full recomputation.
+  auto per_block = [&](plan::Recompute r) {
+    plan::PlanOptions o;
+    o.num_blocks = 4;
+    o.recompute = r;
+    o.memory_fraction = 1.0;
+    return plan::layout_plan(g, one_node(),
+                             {{0, 0, {0}, {}}, {1, 1, {1}, {}}, {2, 2, {2}, {}}, {3, 3, {3}, {}}}, 1, o);
+  };
+  const plan::Plan kept = per_block(plan::Recompute::None), ckpt = per_block(plan::Recompute::Full);
+  double least_fwd = std::numeric_limits<double>::infinity();
+  for (const auto& st : kept.stages) least_fwd = std::min(least_fwd, st.forward_time);
+  // The price of an assignment by hand: B grows by the full blocks' forward and the selective
+  // blocks' cores' forward; the saved bytes are each block's share under its mode.
+  auto check_price = [&](const plan::Stage& st) {
+    double extra = 0, act = 0;
+    for (int b = 0; b < 4; ++b) {
+      const auto i = static_cast<std::size_t>(b);
+      const auto has = [b](const std::vector<int>& l) { return std::find(l.begin(), l.end(), b) != l.end(); };
+      const bool full_b = has(st.recompute_blocks), sel_b = has(st.selective_blocks);
+      CHECK(!(full_b && sel_b));
+      extra += full_b ? kept.stages[i].forward_time : sel_b ? core_time[i] : 0.0;
+      act += full_b ? ckpt.stages[i].activation_memory
+                    : kept.stages[i].activation_memory - (sel_b ? probs : 0.0);
+    }
+    CHECK(st.backward_time == doctest::Approx(none.backward_time + extra).epsilon(1e-9));
+    CHECK(st.forward_time == doctest::Approx(none.forward_time).epsilon(1e-12));
+    CHECK(st.activation_memory == doctest::Approx(act).epsilon(1e-12));
+  };
+  // Between selective on every block and none: selective on block b drops `probs` per in-flight
+  // micro-batch, and while its core is re-made the blocks behind it have freed theirs (each far
+  // more than one core), so the transient stays: k selective blocks peak at none − k·probs. At
+  // none − 1.5·probs two are the fewest that fit; the layers are equal, so the first two (the
+  // last block's re-make would add to the transient: it is the one freed last).
+  const double limit = none.peak_memory - 1.5 * probs;
+  REQUIRE(sel.peak_memory <= limit);  // selective on every block fits too, and costs more
+  const plan::Stage mixed = one_device_stage(g, 4, plan::Recompute::Auto, limit);
+  CHECK(mixed.recompute == "selective");
+  CHECK(mixed.recompute_blocks.empty());
+  CHECK(mixed.selective_blocks == std::vector<int>{0, 1});
+  CHECK(mixed.peak_memory == doctest::Approx(none.peak_memory - 2 * probs).epsilon(1e-12));
+  CHECK(mixed.activation_memory == doctest::Approx(none.activation_memory - 2 * probs).epsilon(1e-12));
+  check_price(mixed);
+  CHECK(mixed.backward_time < sel.backward_time);
+  // Cheaper than any full recomputation of some blocks would be: that adds at least one block's forward.
+  CHECK(mixed.backward_time < none.backward_time + least_fwd);
+  // Between selective's peak and full's: full on some blocks beside selective on others, where
+  // that fits and is the fastest (the limits from selective's peak down to full's, in 40 steps).
+  const plan::Stage full = one_device_stage(g, 4, plan::Recompute::Full);
+  plan::Stage both;
+  double at = 0;
+  for (int i = 1; i < 40 && both.recompute_blocks.empty(); ++i) {
+    at = sel.peak_memory - (sel.peak_memory - full.peak_memory) * i / 40;
+    const plan::Stage st = one_device_stage(g, 4, plan::Recompute::Auto, at);
+    if (!st.recompute_blocks.empty() && !st.selective_blocks.empty()) both = st;
+  }
+  REQUIRE(!both.recompute_blocks.empty());
+  CHECK(both.recompute == "full");
+  CHECK(both.peak_memory <= at);
+  check_price(both);
+  CHECK(both.backward_time < full.backward_time);
+  MESSAGE(fmt::format(
+      "limit {:.4g} MB: selective on blocks {} (peak {:.4g} MB, B {:.4g} ms; none {:.4g} MB {:.4g} ms, "
+      "selective {:.4g} MB {:.4g} ms); limit {:.4g} MB: full on {} + selective on {} (B {:.4g} ms; full "
+      "{:.4g} ms)",
+      limit / 1e6, fmt::join(mixed.selective_blocks, ","), mixed.peak_memory / 1e6, mixed.backward_time * 1e3,
+      none.peak_memory / 1e6, none.backward_time * 1e3, sel.peak_memory / 1e6, sel.backward_time * 1e3,
+      at / 1e6, fmt::join(both.recompute_blocks, ","), fmt::join(both.selective_blocks, ","),
+      both.backward_time * 1e3, full.backward_time * 1e3));
+}
+
+TEST_CASE("recompute: per-block modes survive the plan JSON and show in the summary") {
+  const ir::Graph g = ir::build_training_graph(models::gpt(small()));
+  const plan::Stage none = one_device_stage(g, 4, plan::Recompute::None);
+  const double probs =
+      4.0 * 4 * 32 * 32 * 4;  // one core's softmax output (small(): batch 4, 4 heads, seq 32)
+  plan::PlanOptions o;
+  o.num_blocks = 4;
+  o.memory_fraction = 1.0;
+  o.memory_limit = none.peak_memory - 1.5 * probs;
+  const plan::Plan p = plan::layout_plan(g, one_node(), {{0, 3, {0}, {}}}, 1, o);
+  REQUIRE(p.stages[0].selective_blocks == std::vector<int>{0, 1});
+  const plan::Plan back = plan::Plan::from_json(p.to_json());
+  CHECK(back == p);
+  CHECK(back.stages[0].selective_blocks == std::vector<int>{0, 1});
+  CHECK(p.summary().find("recompute     [0] selective on 2 of 4 blocks") != std::string::npos);
+  CHECK(p.summary().find("recompute selective on blocks 0,1") != std::string::npos);
 }
