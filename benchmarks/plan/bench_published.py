@@ -52,7 +52,7 @@ MEGATRON_SC21 = [
     ("GPT-310.1B", 96, 16384, 128, 8, 16, 1920, 2160, 155),
 ]
 SEQ, VOCAB = 2048, 51200
-QUICK = ("GPT-1.7B", "GPT-3.6B", "MPT-7B/8xA100-40GB")
+QUICK = ("GPT-1.7B", "GPT-3.6B", "MPT-7B/8xA100-40GB", "Llama3.1-8B/8xH100")
 
 # FSDP (ZeRO-3: FULL_SHARD) runs of MosaicML's MPT models with Composer / llm-foundry, published in
 # mosaicml/llm-foundry, scripts/train/benchmarking/README.md, tables "A100 80GB with 1600 Gbps
