@@ -1,6 +1,7 @@
 // The papers' named configurations. Sources: Rhino Tables 1-4 (GPT, MoE, VGG19/UNet,
 // Wide-ResNet), Megatron-LM / Alpa's GPT suite for the larger GPTs, Alpa's MoE suite for the
-// FFN size (8h) and the every-other-layer MoE placement; S = 1024, V = 51200 (GPT) / 32000 (MoE).
+// FFN size (8h) and the every-other-layer MoE placement; S = 1024, V = 51200 (GPT) / 32000 (MoE);
+// Llama 2 / 3 from Meta's papers and published config.json files (kLlama below).
 // Where a table's printed config cannot give the printed size (Wide-ResNet, U-Net-33M), the
 // preset keeps the architecture and changes the channel count; docs/modules/models.md says why.
 #include <algorithm>

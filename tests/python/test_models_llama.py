@@ -114,7 +114,6 @@ def to_hf(m, values, layers):
     state = {k: torch.tensor(np.ascontiguousarray(v), dtype=torch.float64) for k, v in sd.items()}
     missing, unexpected = m.load_state_dict(state, strict=False)
     assert not unexpected and all("rotary" in k for k in missing), (missing, unexpected)
-    return {k: n for k, n in zip(sd, sd)}
 
 
 def hf_loss_and_grads(m, ids, labels, layers):
