@@ -41,6 +41,11 @@ py::dict config_dict(const std::string& preset) {
   } else if (p.family == "vgg19") {
     auto c = vgg19_config(preset);
     d["classes"] = c.classes, d["image"] = c.image;
+  } else if (p.family == "llama") {
+    auto c = llama_config(preset);
+    d["layers"] = c.layers, d["hidden"] = c.hidden, d["heads"] = c.heads, d["kv_heads"] = c.kv_heads;
+    d["ffn"] = c.ffn, d["seq"] = c.seq, d["vocab"] = c.vocab, d["rope_theta"] = c.rope_theta;
+    d["norm_eps"] = c.norm_eps;
   } else {
     auto c = bert_config(preset);
     d["layers"] = c.layers, d["hidden"] = c.hidden, d["heads"] = c.heads, d["ffn"] = c.ffn_size();
@@ -48,6 +53,16 @@ py::dict config_dict(const std::string& preset) {
     d["hidden_dropout"] = c.hidden_dropout, d["attention_dropout"] = c.attention_dropout;
   }
   return d;
+}
+
+LlamaConfig llama_cfg(const std::string& name, i64 layers, i64 hidden, i64 heads, i64 kv_heads, i64 ffn,
+                      i64 seq, i64 vocab, i64 batch, const std::string& dtype, bool fused_attention,
+                      double rope_theta, double norm_eps) {
+  LlamaConfig c;
+  c.name = name, c.layers = layers, c.hidden = hidden, c.heads = heads, c.kv_heads = kv_heads, c.ffn = ffn;
+  c.seq = seq, c.vocab = vocab, c.batch = batch, c.dtype = weft::parse_dtype(dtype);
+  c.fused_attention = fused_attention, c.rope_theta = rope_theta, c.norm_eps = norm_eps;
+  return c;
 }
 
 }  // namespace
@@ -147,6 +162,28 @@ void bind_models(py::module_& root) {
       py::arg("name"), py::arg("layers"), py::arg("hidden"), py::arg("heads"), py::arg("ffn"), py::arg("seq"),
       py::arg("vocab"), py::arg("type_vocab"), py::arg("batch"), py::arg("dtype"),
       py::arg("hidden_dropout") = 0.0, py::arg("attention_dropout") = 0.0);
+  m.def(
+      "llama",
+      [](const std::string& name, i64 layers, i64 hidden, i64 heads, i64 kv_heads, i64 ffn, i64 seq,
+         i64 vocab, i64 batch, const std::string& dtype, bool fused_attention, double rope_theta,
+         double norm_eps) {
+        return llama(llama_cfg(name, layers, hidden, heads, kv_heads, ffn, seq, vocab, batch, dtype,
+                               fused_attention, rope_theta, norm_eps));
+      },
+      py::arg("name"), py::arg("layers"), py::arg("hidden"), py::arg("heads"), py::arg("kv_heads"),
+      py::arg("ffn"), py::arg("seq"), py::arg("vocab"), py::arg("batch"), py::arg("dtype"),
+      py::arg("fused_attention"), py::arg("rope_theta"), py::arg("norm_eps"));
+  m.def(
+      "llama_flops",
+      [](const std::string& name, i64 layers, i64 hidden, i64 heads, i64 kv_heads, i64 ffn, i64 seq,
+         i64 vocab, i64 batch, double rope_theta, double norm_eps) {
+        return llama_flops(llama_cfg(name, layers, hidden, heads, kv_heads, ffn, seq, vocab, batch, "f32",
+                                     false, rope_theta, norm_eps));
+      },
+      py::arg("name"), py::arg("layers"), py::arg("hidden"), py::arg("heads"), py::arg("kv_heads"),
+      py::arg("ffn"), py::arg("seq"), py::arg("vocab"), py::arg("batch"), py::arg("rope_theta"),
+      py::arg("norm_eps"),
+      "A Llama step's model FLOPs: 6·N·T + 12·L·h·s·T (N: every parameter but the embedding table).");
   m.def(
       "megatron_flops",
       [](i64 layers, i64 hidden, i64 seq, i64 vocab, i64 batch) {

@@ -406,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="cmd", required=True)
     sub.add_parser("version", parents=[common], help="print the version")
     zp = sub.add_parser("zoo", parents=[common], help="list the model zoo's presets with their sizes")
-    zp.add_argument("--family", default=None, help="only this family (gpt, moe, bert, wresnet, unet, vgg)")
+    zp.add_argument("--family", default=None, help="only this family (gpt, moe, bert, llama, wide_resnet, unet, vgg19)")
     sp = sub.add_parser("simulate", parents=[common], help="simulate a pipeline schedule with given stage times")
     sp.add_argument("--schedule", default="1F1B", help="GPipe, 1F1B, kFkB, eager-1F1B, interleaved, ZB-H1, "
                     "zb_interleaved, ZB-V, DualPipeV, kfkb_interleaved")

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional
 
 from . import _weft
+from ._checks import integer
 
 _m = _weft.models
 
@@ -27,7 +28,9 @@ __all__ = [
     "unet",
     "vgg19",
     "bert",
+    "llama",
     "megatron_flops",
+    "llama_flops",
 ]
 
 
@@ -171,6 +174,63 @@ def bert(name: Optional[str] = None, *, layers: Optional[int] = None, hidden: Op
     return _m.bert(c["name"], c["layers"], c["hidden"], c["heads"], c["ffn"], c["seq"], c["vocab"],
                    c["type_vocab"], batch, dtype, _probability(c, "hidden_dropout"),
                    _probability(c, "attention_dropout"))
+
+
+_LLAMA_INTS = ("layers", "hidden", "heads", "kv_heads", "ffn", "seq", "vocab")
+
+
+def _llama_config(name, given: Dict[str, Any]) -> Dict[str, Any]:
+    c = _config("llama", name, given,
+                dict(layers=None, hidden=None, heads=None, kv_heads=None, ffn=None, seq=2048, vocab=32000,
+                     rope_theta=10000.0, norm_eps=1e-5),
+                ("layers", "hidden", "heads", "ffn"))
+    if c["kv_heads"] is None:
+        c["kv_heads"] = c["heads"]  # multi-head attention
+    for k in _LLAMA_INTS:
+        c[k] = integer(f"llama: {k}", c[k], 1)
+    for k in ("rope_theta", "norm_eps"):
+        v = c[k]
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise TypeError(f"llama: {k} must be a number, got {type(v).__name__}")
+        c[k] = float(v)
+    return c
+
+
+def llama(name: Optional[str] = None, *, layers: Optional[int] = None, hidden: Optional[int] = None,
+          heads: Optional[int] = None, kv_heads: Optional[int] = None, ffn: Optional[int] = None,
+          seq: Optional[int] = None, vocab: Optional[int] = None, batch: int = 1, dtype: str = "f32",
+          fused_attention: bool = False, rope_theta: Optional[float] = None, norm_eps: Optional[float] = None):
+    """Llama (Llama 2 / Llama 3): pre-norm RMSNorm, grouped-query attention (``kv_heads`` key/value heads,
+    repeated to the ``heads`` query heads), rotary position embedding (θ = ``rope_theta``), SwiGLU MLP of
+    hidden size ``ffn``, untied LM head, no biases, causal attention. Presets ``llama2-7b``,
+    ``llama2-13b``, ``llama2-70b``, ``llama3-8b``, ``llama3-70b``, ``llama3-405b`` (the published
+    shapes; docs/modules/models.md); without a preset ``layers``, ``hidden``, ``heads`` and ``ffn`` are
+    required and ``kv_heads`` defaults to ``heads``, ``seq`` 2048, ``vocab`` 32000, ``rope_theta`` 10000
+    (Llama 2's; Llama 3's is 500000), ``norm_eps`` 1e-5.
+
+    ``fused_attention``: each block's causal softmax(q kᵀ/√d)·v as the IR's fused ``attention`` op
+    (causal = true; flash attention: its backward keeps the output and the log-sum-exp) instead of
+    einsum, a causal mask, softmax, einsum; the same function."""
+    if not isinstance(fused_attention, bool):
+        raise TypeError(f"llama: fused_attention must be a bool, got {type(fused_attention).__name__}")
+    batch = integer("llama: batch", batch, 1)
+    c = _llama_config(name, dict(layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn=ffn, seq=seq,
+                                 vocab=vocab, rope_theta=rope_theta, norm_eps=norm_eps))
+    return _m.llama(c["name"], c["layers"], c["hidden"], c["heads"], c["kv_heads"], c["ffn"], c["seq"], c["vocab"],
+                    batch, dtype, fused_attention, c["rope_theta"], c["norm_eps"])
+
+
+def llama_flops(name: Optional[str] = None, *, batch: int = 1, **fields) -> float:
+    """A Llama training step's model FLOPs as torchtitan counts them: 6·N·T + 12·L·h·s·T for T = batch·seq
+    tokens, N every parameter but the embedding table (the attention's causal mask not discounted).
+    ``name`` / ``fields`` as :func:`llama`."""
+    unknown = set(fields) - set(_LLAMA_INTS) - {"rope_theta", "norm_eps"}
+    if unknown:
+        raise TypeError(f"llama_flops: unknown field(s) {', '.join(sorted(unknown))}")
+    batch = integer("llama_flops: batch", batch, 1)
+    c = _llama_config(name, fields)
+    return _m.llama_flops(c["name"], c["layers"], c["hidden"], c["heads"], c["kv_heads"], c["ffn"], c["seq"],
+                          c["vocab"], batch, c["rope_theta"], c["norm_eps"])
 
 
 def megatron_flops(*, layers: int, hidden: int, seq: int = 1024, vocab: int = 51200, batch: int = 1) -> float:

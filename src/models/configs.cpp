@@ -58,6 +58,31 @@ std::string GptConfig::to_string() const {
       dropout_text(hidden_dropout, attention_dropout), fused_attention ? " fused_attention" : "");
 }
 
+void LlamaConfig::validate() const {
+  transformer(name, layers, hidden, heads, ffn, seq, vocab, batch, dtype);
+  positive(ffn, name, "ffn");
+  positive(kv_heads, name, "kv_heads");
+  WEFT_CHECK(
+      heads % kv_heads == 0,
+      "{} config: heads {} is not divisible by kv_heads {} (each key/value head serves heads / kv_heads "
+      "query heads)",
+      name, heads, kv_heads);
+  WEFT_CHECK(head_dim() % 2 == 0, "{} config: the head dim hidden / heads = {} must be even (rotary pairs)",
+             name, head_dim());
+  WEFT_CHECK(std::isfinite(rope_theta) && rope_theta > 1,
+             "{} config: rope_theta must be a finite number > 1, got {}", name, rope_theta);
+  WEFT_CHECK(std::isfinite(norm_eps) && norm_eps > 0, "{} config: norm_eps must be a positive number, got {}",
+             name, norm_eps);
+}
+
+std::string LlamaConfig::to_string() const {
+  return fmt::format(
+      "LlamaConfig({}: layers={} hidden={} heads={} kv_heads={} ffn={} seq={} vocab={} batch={} dtype={} "
+      "rope_theta={} norm_eps={}{})",
+      name, layers, hidden, heads, kv_heads, ffn, seq, vocab, batch, dtype_name(dtype), rope_theta, norm_eps,
+      fused_attention ? " fused_attention" : "");
+}
+
 void MoeConfig::validate() const {
   transformer(name, layers, hidden, heads, ffn, seq, vocab, batch, dtype);
   WEFT_CHECK(experts >= 2, "{} config: top-2 gating needs experts >= 2, got {}", name, experts);

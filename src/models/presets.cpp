@@ -1,6 +1,7 @@
 // The papers' named configurations. Sources: Rhino Tables 1-4 (GPT, MoE, VGG19/UNet,
 // Wide-ResNet), Megatron-LM / Alpa's GPT suite for the larger GPTs, Alpa's MoE suite for the
-// FFN size (8h) and the every-other-layer MoE placement; S = 1024, V = 51200 (GPT) / 32000 (MoE).
+// FFN size (8h) and the every-other-layer MoE placement; S = 1024, V = 51200 (GPT) / 32000 (MoE);
+// Llama 2 / 3 from Meta's papers and published config.json files (kLlama below).
 // Where a table's printed config cannot give the printed size (Wide-ResNet, U-Net-33M), the
 // preset keeps the architecture and changes the channel count; docs/modules/models.md says why.
 #include <algorithm>
@@ -51,19 +52,44 @@ struct UnetRow {
 };
 constexpr std::array<UnetRow, 2> kUnet{{{"UNet-33M", 66}, {"UNet-768M", 320}}};
 
+// Llama: the published model cards' config.json / the papers' tables (layers, hidden, heads, kv
+// heads, FFN, vocab, rope θ, training context):
+//   Llama 2 (Touvron et al. 2023, Table 1 and meta-llama/Llama-2-*-hf config.json): 7B and 13B
+//   multi-head (kv = heads), 70B grouped-query with 8 kv heads; FFN 11008 / 13824 / 28672; vocab
+//   32000; θ 10000; context 4096.
+//   Llama 3 ("The Llama 3 Herd of Models", Llama Team, AI @ Meta 2024, arXiv:2407.21783, Table 3 and
+//   meta-llama/Meta-Llama-3-8B / -70B, Llama-3.1-405B config.json): 8 kv heads throughout; FFN
+//   14336 / 28672 / 53248; vocab 128256 (128K tokens, the config's exact size); θ 500000; context
+//   8192 (the pre-training length; 3.1's long-context rope scaling changes the tables' values only).
+struct LlamaRow {
+  const char* name;
+  std::int64_t layers, hidden, heads, kv_heads, ffn, vocab, seq;
+  double rope_theta, named;
+};
+constexpr std::array<LlamaRow, 6> kLlama{
+    {{"llama2-7b", 32, 4096, 32, 32, 11008, 32000, 4096, 1e4, 7e9},
+     {"llama2-13b", 40, 5120, 40, 40, 13824, 32000, 4096, 1e4, 13e9},
+     {"llama2-70b", 80, 8192, 64, 8, 28672, 32000, 4096, 1e4, 70e9},
+     {"llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192, 5e5, 8e9},
+     {"llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192, 5e5, 70e9},
+     {"llama3-405b", 126, 16384, 128, 8, 53248, 128256, 8192, 5e5, 405e9}}};
+
 struct Alias {
   const char* alias;
   const char* name;
 };
-constexpr std::array<Alias, 9> kAliases{{{"GPT-350M", "GPT-Medium"},
-                                         {"GPT-760M", "GPT-Large"},
-                                         {"GPT-1.3B", "GPT-XL"},
-                                         {"GPT-3", "GPT-175B"},
-                                         {"GPT-3-175B", "GPT-175B"},
-                                         {"GPT-3 175B", "GPT-175B"},
-                                         {"MoE-380M", "MoE-8E-380M"},
-                                         {"MoE-10B", "MoE-32E-10B"},
-                                         {"VGG19-1M", "VGG19-4.2B"}}};
+constexpr std::array<Alias, 12> kAliases{{{"llama3.1-8b", "llama3-8b"},
+                                          {"llama3.1-70b", "llama3-70b"},
+                                          {"llama3.1-405b", "llama3-405b"},
+                                          {"GPT-350M", "GPT-Medium"},
+                                          {"GPT-760M", "GPT-Large"},
+                                          {"GPT-1.3B", "GPT-XL"},
+                                          {"GPT-3", "GPT-175B"},
+                                          {"GPT-3-175B", "GPT-175B"},
+                                          {"GPT-3 175B", "GPT-175B"},
+                                          {"MoE-380M", "MoE-8E-380M"},
+                                          {"MoE-10B", "MoE-32E-10B"},
+                                          {"VGG19-1M", "VGG19-4.2B"}}};
 
 std::vector<Preset> make_presets() {
   const char* rhino_gpt = "Rhino Table 1 / Megatron-LM (L, h, heads; ffn 4h; S 1024, V 51200)";
@@ -85,6 +111,11 @@ std::vector<Preset> make_presets() {
   v.push_back({"VGG19", "vgg19", 143.7e6, "Simonyan & Zisserman configuration E, 1000 classes"});
   v.push_back({"VGG19-4.2B", "vgg19", 4.2e9, "Rhino Table 3: VGG19 with a 1,000,000-class classifier"});
   v.push_back({"BERT-large", "bert", 340e6, "Devlin et al.: L24 h1024 a16, vocab 30522, seq 512"});
+  for (const auto& r : kLlama)
+    v.push_back({r.name, "llama", r.named,
+                 r.vocab == 32000
+                     ? "Touvron et al. 2023 (Llama 2) Table 1 / Llama-2 config.json (θ 1e4, S 4096)"
+                     : "Llama 3 Herd of Models Table 3 / Llama-3(.1) config.json (θ 5e5, S 8192)"});
   return v;
 }
 
@@ -179,6 +210,16 @@ BertConfig bert_config(std::string_view preset, std::int64_t batch, DType dtype)
   return c;
 }
 
+LlamaConfig llama_config(std::string_view preset, std::int64_t batch, DType dtype) {
+  const auto& r = row(kLlama, preset, "llama");
+  LlamaConfig c;
+  c.name = r.name, c.layers = r.layers, c.hidden = r.hidden, c.heads = r.heads, c.kv_heads = r.kv_heads;
+  c.ffn = r.ffn, c.vocab = r.vocab, c.seq = r.seq, c.rope_theta = r.rope_theta;
+  c.batch = batch, c.dtype = dtype;
+  c.validate();
+  return c;
+}
+
 ir::Graph gpt_preset(std::string_view preset, std::int64_t batch, DType dtype) {
   return gpt(gpt_config(preset, batch, dtype));
 }
@@ -194,6 +235,7 @@ ir::Graph build_preset(std::string_view preset, std::int64_t batch, DType dtype)
   if (f == "wide_resnet") return wide_resnet(wide_resnet_config(preset, batch, dtype));
   if (f == "unet") return unet(unet_config(preset, batch, dtype));
   if (f == "vgg19") return vgg19(vgg19_config(preset, batch, dtype));
+  if (f == "llama") return llama(llama_config(preset, batch, dtype));
   return bert(bert_config(preset, batch, dtype));
 }
 

@@ -13,16 +13,17 @@
 // (Q·Kᵀ: neither operand is a parameter, state or constant, and an index is contracted) starts a
 // region, which grows through the forward ops of the same result shape that read only region
 // tensors and constants (scale, mask, softmax, dropout — a dropout's mask is regenerated from its
-// counter-based seed). The contraction that reads the region (probabilities × values) closes it:
-// it runs again as well (Megatron's and torch's checkpointed attention core recompute it; its result
-// stays saved). The region's saved results are dropped; its ops' forward time is added to the
-// backward; one region's dropped bytes are re-made at a time.
+// counter-based seed); a constant is a Constant / Buffer leaf or what forward ops make from
+// constants alone (the zoo Llama's causal mask, made from a positions table in each layer). The contraction
+// that reads the region (probabilities × values) closes it: it runs again as well (Megatron's and torch's
+// checkpointed attention core recompute it; its result stays saved). The region's saved results are dropped;
+// its ops' forward time is added to the backward; one region's dropped bytes are re-made at a time.
 #include <algorithm>
 #include <deque>
 
 #include "planner_detail.hpp"
-#include "weft/pipeline/grouping.hpp"
 #include "weft/core/error.hpp"
+#include "weft/pipeline/grouping.hpp"
 
 namespace weft::plan {
 
@@ -99,8 +100,23 @@ RecomputeSets recompute_sets(const ir::Graph& g, const std::vector<char>& forwar
         out.checkpoint[t] = 1;
     }
   }
+  // Tensors fixed by constants alone: Constant / Buffer leaves and forward results of them only.
+  const auto order = g.topo_order();
+  std::vector<char> fixed(nt, 0);
+  for (ir::TensorId t = 0; t < nt; ++t) {
+    const auto& info = g.tensor(t);
+    fixed[t] =
+        info.producer == ir::kNoOp && (info.role == ir::Role::Constant || info.role == ir::Role::Buffer);
+  }
+  for (ir::OpId o : order) {
+    const ir::Op& op = g.op(o);
+    if (!forward_op[o] || op.inputs.empty()) continue;
+    const bool all =
+        std::all_of(op.inputs.begin(), op.inputs.end(), [&](ir::TensorId i) { return fixed[i] != 0; });
+    for (ir::TensorId r : op.outputs) fixed[r] = all;
+  }
   std::vector<char> in_region(g.ops().size(), 0), region_tensor(nt, 0);
-  for (ir::OpId start : g.topo_order()) {
+  for (ir::OpId start : order) {
     const ir::Op& op = g.op(start);
     if (!forward_op[start] || in_region[start] || op.kind != ir::OpKind::Einsum || op.inputs.size() != 2 ||
         op.outputs.size() != 1)
@@ -130,7 +146,7 @@ RecomputeSets recompute_sets(const ir::Graph& g, const std::vector<char>& forwar
         if (g.tensor(cop.outputs[0]).shape != shape) continue;
         bool only_region = true;
         for (ir::TensorId i : cop.inputs)
-          only_region = only_region && (region_tensor[i] || !activation_derived(g.tensor(i)));
+          only_region = only_region && (region_tensor[i] || fixed[i] || !activation_derived(g.tensor(i)));
         if (!only_region) continue;
         in_region[c] = 1;
         region_tensor[cop.outputs[0]] = 1;

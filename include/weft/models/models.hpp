@@ -38,6 +38,30 @@ struct GptConfig {
   bool operator==(const GptConfig&) const = default;
 };
 
+// Llama (Touvron et al. 2023, "Llama 2"; "The Llama 3 Herd of Models", Llama Team, AI @ Meta 2024,
+// arXiv:2407.21783): pre-norm decoder blocks with RMSNorm (x · rsqrt(mean(x²) + eps) · g, no bias),
+// grouped-query attention (separate q [h, n·d], k and v [h, kv·d], o [n·d, h] projections; k and v repeated
+// to the query heads, as Hugging Face's repeat_kv), rotary position embedding on q and k (x·cos +
+// rotate_half(x)·sin, the cos / sin tables Constant leaves with their values), a SwiGLU MLP (down(silu(gate
+// x) · up x)), an untied LM head, no biases anywhere, causal attention, cross-entropy on i32 labels.
+struct LlamaConfig {
+  std::string name = "llama";
+  std::int64_t layers = 32, hidden = 4096, heads = 32;
+  std::int64_t kv_heads = 8;  // heads % kv_heads == 0; kv_heads == heads is multi-head attention
+  std::int64_t ffn = 14336;   // the SwiGLU hidden size (given: Llama rounds 8h/3 · multiplier up)
+  std::int64_t seq = 8192, vocab = 128256, batch = 1;
+  DType dtype = DType::F32;
+  double rope_theta = 500000.0;  // Llama 3; Llama 2: 10000
+  double norm_eps = 1e-5;        // RMSNorm's eps (both generations' configs)
+  // Attention as the IR's fused op with causal = true (out and the log-sum-exp saved, not the
+  // s x s probabilities) instead of einsum-softmax-einsum with a causal mask; the same function.
+  bool fused_attention = false;
+  void validate() const;  // weft::Error naming the bad field
+  std::int64_t head_dim() const { return hidden / heads; }
+  std::string to_string() const;
+  bool operator==(const LlamaConfig&) const = default;
+};
+
 // GShard MoE (Alpa's suite): GPT-like blocks where every `moe_every`-th block (the odd ones for
 // 2) replaces its FFN by `experts` expert FFNs with top-2 gating; expert capacity
 // ceil(2 * seq * capacity_factor / experts); one routing group per sequence.
@@ -115,6 +139,7 @@ struct BertConfig {
 };
 
 ir::Graph gpt(const GptConfig& config);
+ir::Graph llama(const LlamaConfig& config);
 ir::Graph moe(const MoeConfig& config);
 ir::Graph wide_resnet(const WideResNetConfig& config);
 ir::Graph unet(const UNetConfig& config);
@@ -126,10 +151,16 @@ ir::Graph bert(const BertConfig& config);
 // FFN = 4h.
 double megatron_flops(const GptConfig& config);
 
+// A Llama step's model FLOPs as torchtitan and the Llama papers count them: 6·N·T + 12·L·h·s·T
+// for T = batch·seq tokens, N the parameters every token multiplies (all but the embedding table:
+// q, k, v, o, gate, up, down and the LM head, plus the norms' scales), 12·L·h·s the attention's
+// two s x s contractions (forward + backward, the causal mask not discounted). Matmuls only.
+double llama_flops(const LlamaConfig& config);
+
 // ---- presets: the papers' named configurations
 struct Preset {
   std::string name;     // canonical name, e.g. "GPT-2.7B"
-  std::string family;   // "gpt" | "moe" | "wide_resnet" | "unet" | "vgg19" | "bert"
+  std::string family;   // "gpt" | "moe" | "wide_resnet" | "unet" | "vgg19" | "bert" | "llama"
   double named_params;  // the parameter count the paper's name / table states
   std::string source;   // where the config comes from
   bool operator==(const Preset&) const = default;
@@ -146,6 +177,7 @@ WideResNetConfig wide_resnet_config(std::string_view preset, std::int64_t batch 
 UNetConfig unet_config(std::string_view preset, std::int64_t batch = 1, DType dtype = DType::F32);
 Vgg19Config vgg19_config(std::string_view preset, std::int64_t batch = 1, DType dtype = DType::F32);
 BertConfig bert_config(std::string_view preset, std::int64_t batch = 1, DType dtype = DType::F32);
+LlamaConfig llama_config(std::string_view preset, std::int64_t batch = 1, DType dtype = DType::F32);
 
 ir::Graph gpt_preset(std::string_view preset, std::int64_t batch = 1, DType dtype = DType::F32);
 ir::Graph moe_preset(std::string_view preset, std::int64_t batch = 1, DType dtype = DType::F32);

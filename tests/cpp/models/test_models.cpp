@@ -83,7 +83,16 @@ i64 vgg_params(const Vgg19Config& c) {
   return p + 512 * side * side * 4096 + 4096 + 4096 * 4096 + 4096 + 4096 * c.classes + c.classes;
 }
 
+// Llama, d = h / n: per block q h·n·d + k, v 2·h·kv·d + o n·d·h + gate, up, down 3·h·f + two RMSNorm
+// scales 2h; the token table V·h, the final norm h and the untied head h·V; no biases.
+i64 llama_params(const LlamaConfig& c) {
+  const i64 h = c.hidden, n = c.heads, kv = c.kv_heads, d = c.head_dim(), f = c.ffn;
+  return c.layers * (h * n * d + 2 * h * kv * d + n * d * h + 3 * h * f + 2 * h) + c.vocab * h + h +
+         h * c.vocab;
+}
+
 i64 closed_form(const Preset& p) {
+  if (p.family == "llama") return llama_params(llama_config(p.name));
   if (p.family == "gpt") return gpt_params(gpt_config(p.name));
   if (p.family == "moe") return moe_params(moe_config(p.name));
   if (p.family == "wide_resnet") return wrn_params(wide_resnet_config(p.name));
@@ -124,7 +133,7 @@ int count(const ir::Graph& g, OpKind k) {
 }  // namespace
 
 TEST_CASE("models: every preset's parameter count equals its closed form and is within 3% of its name") {
-  REQUIRE(presets().size() == 22);
+  REQUIRE(presets().size() == 28);
   for (const auto& p : presets()) {
     CAPTURE(p.name);
     ir::Graph g = build_preset(p.name, 1);
@@ -133,7 +142,8 @@ TEST_CASE("models: every preset's parameter count equals its closed form and is 
     CAPTURE(dev);
     // MoE-16E-1.3B: Rhino's and Alpa's config (L16 h768 ffn 6144, 16 experts) has 1.348B
     // parameters by Alpa's own formula too; the name rounds it down (+3.7%). Reported to the lead.
-    const double tol = p.name == "MoE-16E-1.3B" ? 0.04 : 0.03;
+    // llama2-7b: Meta's 7B has 6.738B parameters (its model card's figure too); the name rounds up (-3.7%).
+    const double tol = p.name == "MoE-16E-1.3B" || p.name == "llama2-7b" ? 0.04 : 0.03;
     CHECK(std::abs(dev) <= tol);
   }
   // Spot values derived by hand: GPT-3 175B = 96·(12h² + 13h) + 51200h + 1024h + 2h, h = 12288.
