@@ -94,12 +94,14 @@ MOSAIC_FSDP = [
 # repository's train_configs/llama3_8b.toml of the time (seq_len = 8192, activation_checkpoint mode
 # 'selective' with the 'op' policy, AdamW, bf16 FSDP mixed precision); the benchmark does not restate it.
 # The model: the zoo's llama3-8b (Llama 3.1 8B's shapes; its long-context rope scaling changes no
-# cost) with fused causal attention (torchtitan runs SDPA's flash kernel). weft evaluates
-# megatron_plan(t=1, p=1, d=GPUs, zero=3, recompute="selective", num_microbatches=1) as asked; weft's
+# cost) with fused causal attention (torchtitan runs SDPA's flash kernel). torchtitan's 'op' policy
+# recomputes every other matmul and the element-wise ops, which weft's modes cannot express (weft's
 # selective recomputation drops the attention cores' saved results only, which the fused op does not
-# keep, so on this graph it equals no recomputation (plan.md), while torchtitan's 'op' policy also
-# recomputes every other matmul and the element-wise ops: the row is printed with weft's
-# recompute="full" figure beside it (the two bracket the 'op' policy).
+# keep: on this graph it equals no recomputation, which does not fit). weft evaluates
+# megatron_plan(t=1, p=1, d=GPUs, zero=3, recompute="auto", num_microbatches=1): the recomputation
+# the memory forces, chosen per block (none / selective / full, plan.md), the nearest weft has to
+# recomputing only part of the model; the row prints weft's recompute="full" figure beside it (a
+# bound: more recomputation than torchtitan's policy).
 # Hardware as the file states: Grand Teton hosts of 8 H100 fully connected by NVLink, 96 GB HBM2e at
 # 2.4 TB/s per GPU, 400 Gb/s RDMA per GPU, a 500 W power limit; "the actual peak TFLOPs number is between
 # SXM and NVL, and we don't know its exact value". The cluster: weft's H100 preset (NVLink4 450 GB/s,
@@ -121,6 +123,10 @@ TORCHTITAN_FSDP = [
 # Transformer Models", MLSys 2023: tensor + pipeline parallel with sequence parallelism and
 # selective recomputation, measured with a data-parallel size of one).
 GPT3_PUBLISHED_MFU = 0.514
+# The published measurement of fully sharded data parallelism with tensor parallelism at that scale:
+# OPT-175B on 992 A100 80 GB, FSDP with Megatron-LM tensor parallelism, "utilization of up to 147
+# TFLOP/s per GPU" (Zhang et al., "OPT: Open Pre-trained Transformer Language Models", 2022, §2.4).
+OPT175_FSDP_TP_TFLOPS = 147.0
 
 
 def mpt_case(size, mem, gpus):
@@ -180,7 +186,7 @@ def torchtitan_rows(args, ratios):
                                   fused_attention=True).train_step(optimizer="adam")
         cluster = grand_teton_cluster(gpus)
         t0 = time.perf_counter()
-        plan = weft.megatron_plan(graph, cluster, t=1, p=1, d=gpus, zero=3, recompute="selective",
+        plan = weft.megatron_plan(graph, cluster, t=1, p=1, d=gpus, zero=3, recompute="auto",
                                   num_microbatches=1, allow_infeasible=True)
         dt = time.perf_counter() - t0
         full = weft.megatron_plan(graph, cluster, t=1, p=1, d=gpus, zero=3, recompute="full", num_microbatches=1,
@@ -212,6 +218,9 @@ def gpt3_pick(args):
           f"{plan.data_parallel}, M={plan.num_microbatches}, recompute {sorted(set(plan.recompute))}{zero}: step "
           f"{plan.step_time:.2f} s, predicted MFU {100 * plan.mfu:.1f}% vs the best published "
           f"{100 * GPT3_PUBLISHED_MFU:.1f}% ({plan.mfu / GPT3_PUBLISHED_MFU:.3f}x); planned in {dt:.1f} s", flush=True)
+    tflops = plan.mfu * 312.0  # model TFLOP/s per GPU on the A100's 312 TFLOP/s dense f16 peak
+    print(f"  {tflops:.0f} TFLOP/s per GPU; OPT-175B with FSDP + tensor parallelism on 992 A100 published "
+          f"{OPT175_FSDP_TP_TFLOPS:.0f} ({tflops / OPT175_FSDP_TP_TFLOPS:.3f}x)", flush=True)
     emit(args, "GPT-3/1024xA100", "predicted_mfu", plan.mfu, "", GPT3_PUBLISHED_MFU)
     emit(args, "GPT-3/1024xA100", "plan_seconds", dt, "s")
 
