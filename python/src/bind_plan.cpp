@@ -557,10 +557,11 @@ void bind_plan(py::module_& m) {
       "and its row make; the gradients the updates read), 'boundaries': {tensor: spec} (what a block "
       "boundary carries), 'recognised', 'summary'} (weft.megatron_specs).");
   m.def("model_state_bytes", &model_state_bytes, py::arg("training_graph"));
-  m.def("state_bytes_factor", &weft::plan::state_bytes_factor, py::arg("graph"), py::arg("tensor"),
-        "Bytes a device holds per byte of state leaf `tensor` (an id): an optimizer state 1; a parameter with "
-        "its gradient, 3 for a bf16 / f16 parameter whose update reads an f32 master copy (weft.Trainer "
-        "keeps its gradient in f32), else 2; 0 for any other tensor.");
+  m.def(
+      "state_bytes_factor", &weft::plan::state_bytes_factor, py::arg("graph"), py::arg("tensor"),
+      "Bytes a device holds per byte of state leaf `tensor` (an id): an optimizer state 1; a parameter with "
+      "its gradient, 3 for a bf16 / f16 parameter whose update reads an f32 master copy (weft.Trainer "
+      "keeps its gradient in f32), else 2; 0 for any other tensor.");
   py::class_<weft::plan::ZeroMemory>(
       m, "ZeroMemory", "Bytes per device a ZeRO level keeps of a stage's state (weft.zero_memory).")
       .def_readonly("params", &weft::plan::ZeroMemory::params)

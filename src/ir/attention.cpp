@@ -90,7 +90,8 @@ double tile_imbalance(const Op& op, std::int64_t shards, std::int64_t stride) {
   const std::int64_t runs = s / (stride * shards);
   double busiest = 0;
   if (t >= s) {  // no query reaches past the keys: run [a, a + w) keeps w·a + w(w + 1)/2 pairs
-    const double w = static_cast<double>(stride), n = static_cast<double>(shards), k = static_cast<double>(runs);
+    const double w = static_cast<double>(stride), n = static_cast<double>(shards),
+                 k = static_cast<double>(runs);
     const double c = n - 1;  // Σ_j a_j with a_j = (c + j·n)·w over the tile's k runs
     busiest = w * w * (k * c + n * k * (k - 1) / 2) + k * w * (w + 1) / 2;
   } else {

@@ -51,8 +51,8 @@
 
 #include "planner_detail.hpp"
 #include "weft/core/error.hpp"
-#include "weft/ir/autodiff.hpp"
 #include "weft/core/units.hpp"
+#include "weft/ir/autodiff.hpp"
 #include "weft/pipeline/grouping.hpp"
 #include "weft/plan/adaptive.hpp"
 #include "weft/plan/rebatch.hpp"

@@ -221,7 +221,8 @@ BlockCost Context::search_block(int b, const AtBatch& ab, const MeshOption& m, i
                   "an SPMD strategy without one assignment per mesh axis");
       bc.split_factor[o] = p.op_strategies[o].axes.empty() ? -1 : p.op_strategies[o].axes[0].factor;
       const double t =
-          cost::op_cost(bg, bg.op(o), dev, p.op_strategies[o].factor_shards, p.op_strategies[o].factor_stride).time;
+          cost::op_cost(bg, bg.op(o), dev, p.op_strategies[o].factor_shards, p.op_strategies[o].factor_stride)
+              .time;
       op_time[o] = t;
       const ir::OpId orig = sg.original_op[o];
       switch (phase[orig]) {

@@ -36,7 +36,8 @@ PlanEvaluation evaluate_plan(const ir::Graph& g, const cluster::Cluster& cl, con
   for (int o = 0; o < static_cast<int>(g.ops().size()); ++o) {
     auto s = make_strategy(g, g.op(o), mesh.shape(), op_axes[o]);
     WEFT_CHECK(s.has_value(), "evaluate_plan: assignment of op '{}' is not a valid strategy", g.op(o).name);
-    out.compute_time += cost::compute_time(g, g.op(o), device, s->factor_shards, view[o] != 0, s->factor_stride);
+    out.compute_time +=
+        cost::compute_time(g, g.op(o), device, s->factor_shards, view[o] != 0, s->factor_stride);
     st.push_back(std::move(*s));
   }
   std::vector<std::optional<ShardingSpec>> spec(g.tensors().size());

@@ -445,9 +445,8 @@ Built build_problem(Model& m, ReshardCosts& rc, double memory_limit, const Searc
     }
     if (v < m.n_ops)
       for (int s = 0; s < m.num_strategies(v); ++s)
-        p.node_cost[v][s] =
-            cost::compute_time(m.g, m.g.op(v), m.device, m.op_strats[v][s].factor_shards, m.view[v] != 0,
-                               m.op_strats[v][s].factor_stride);
+        p.node_cost[v][s] = cost::compute_time(m.g, m.g.op(v), m.device, m.op_strats[v][s].factor_shards,
+                                               m.view[v] != 0, m.op_strats[v][s].factor_stride);
   }
   // A named tensor of fixed_specs / output_specs: its id, its node and the spec asked for.
   auto named = [&](const std::string& name, const std::string& text, const char* option) {

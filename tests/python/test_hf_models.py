@@ -21,6 +21,7 @@ transformers = pytest.importorskip("transformers", reason="transformers is not i
 
 import weft  # noqa: E402
 from f64_torch import Float64Throughout, FloatDtypesSeen  # noqa: E402
+from test_module_values import hf_sgd_train  # noqa: E402
 
 RTOL, ATOL = 1e-9, 1e-12
 V = 32
@@ -255,13 +256,4 @@ def test_bart_trains_like_torch_on_4_processes(cluster):
     assert {t["name"] for t in step.tensors if t["role"] == "input"} == set(inputs)
     plan = weft.plan(step, cluster)
     got = weft.run(plan, step, cluster, steps=3, dtype="f64", inputs={k: v.numpy() for k, v in inputs.items()})
-    tm = copy.deepcopy(m)
-    opt = torch.optim.SGD(tm.parameters(), lr=0.1)
-    losses = []
-    for _ in range(3):
-        opt.zero_grad()
-        out = tm(**inputs)
-        out.loss.backward()
-        opt.step()
-        losses.append(float(out.loss.detach()))
-    assert_like_torch(got, (losses, {n: p.detach().numpy() for n, p in tm.named_parameters()}), rtol=RTOL)
+    assert_like_torch(got, hf_sgd_train(m, inputs), rtol=RTOL)

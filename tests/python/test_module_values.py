@@ -698,17 +698,23 @@ def test_hugging_face_vit_and_opt_train_like_torch_sgd(name, cluster):
     assert all(t["shape"][:1] != [8] for t in step.tensors if t["role"] == "constant")
     plan = weft.plan(step, cluster, num_microbatches=2)
     got = weft.run(plan, step, cluster, steps=3, dtype="f64", inputs={k: v.numpy() for k, v in inputs.items()})
+    losses, params = hf_sgd_train(m, inputs)
+    np.testing.assert_allclose(got.losses, losses, rtol=RTOL)
+    for n, want in params.items():
+        np.testing.assert_allclose(got.parameters[n], want, rtol=RTOL, atol=max(ATOL, RTOL * np.max(np.abs(want))),
+                                   err_msg=n)
+
+
+def hf_sgd_train(m, inputs, steps=3, lr=0.1):
+    """A Hugging Face model (its output's .loss) trained by torch autograd + SGD on a copy, the same
+    inputs every step: (losses, {name: parameter}) after each step / the last."""
     tm = copy.deepcopy(m)
-    opt = torch.optim.SGD(tm.parameters(), lr=0.1)
+    opt = torch.optim.SGD(tm.parameters(), lr=lr)
     losses = []
-    for _ in range(3):
+    for _ in range(steps):
         opt.zero_grad()
         out = tm(**inputs)
         out.loss.backward()
         opt.step()
         losses.append(float(out.loss.detach()))
-    np.testing.assert_allclose(got.losses, losses, rtol=RTOL)
-    for n, p in tm.named_parameters():
-        want = p.detach().numpy()
-        np.testing.assert_allclose(got.parameters[n], want, rtol=RTOL, atol=max(ATOL, RTOL * np.max(np.abs(want))),
-                                   err_msg=n)
+    return losses, {n: p.detach().numpy() for n, p in tm.named_parameters()}

@@ -44,7 +44,8 @@ double roofline_time(double flops, double bytes, const cluster::DeviceSpec& devi
 // or 0 = block. Only a causal fused attention's query split reads it: its FLOPs are its busiest
 // tile's (ir::attention_tile_imbalance), which a block split loads most.
 OpCost op_cost(const ir::Graph& g, const ir::Op& op, const cluster::DeviceSpec& device,
-               const std::vector<std::int64_t>& factor_shards, const std::vector<std::int64_t>& factor_stride = {});
+               const std::vector<std::int64_t>& factor_shards,
+               const std::vector<std::int64_t>& factor_stride = {});
 
 // An uneven split (Whale's `split` over mixed GPUs): per factor the fraction of it this device
 // holds, 0 <= fraction <= 1 (1 = whole). The same formulas with shards(f) = 1 / fraction(f); a

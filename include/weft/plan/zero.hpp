@@ -39,7 +39,8 @@ struct ZeroMemory {
 // grad_bytes: the gradients as held (f32 under mixed precision: plan::state_bytes_factor); < 0 =
 // as many as the parameters'.
 ZeroMemory zero_memory(int level, double param_bytes, double optimizer_bytes, int group,
-                       double largest_block_param_bytes = 0, double bucket_bytes = 25e6, double grad_bytes = -1);
+                       double largest_block_param_bytes = 0, double bucket_bytes = 25e6,
+                       double grad_bytes = -1);
 
 // Bytes one device sends over a ring of `group` replicas (ring all-reduce 2(z−1)/z·B, all-gather
 // and reduce-scatter (z−1)/z·B), gradients and parameters of P bytes each:

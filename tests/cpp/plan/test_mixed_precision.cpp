@@ -71,10 +71,10 @@ TEST_CASE("mixed precision: static bytes per parameter of a GPT layer, by hand")
   for (const auto* graph : {&g, &f32, &pure})
     for (ir::TensorId t = 0; t < static_cast<ir::TensorId>(graph->tensors().size()); ++t) {
       const auto& info = graph->tensor(t);
-      const double want = !ir::is_state_leaf(info)                  ? 0.0
-                          : info.role != ir::Role::Parameter        ? 1.0
-                          : graph == &g                             ? 3.0
-                                                                    : 2.0;
+      const double want = !ir::is_state_leaf(info)           ? 0.0
+                          : info.role != ir::Role::Parameter ? 1.0
+                          : graph == &g                      ? 3.0
+                                                             : 2.0;
       CHECK(plan::state_bytes_factor(*graph, t) == want);
     }
   // No optimizer: gradients only, no states whatever the flag.

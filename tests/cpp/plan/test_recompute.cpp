@@ -50,6 +50,16 @@ bool ends_with(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
 }
 
+// Each of g's 4 blocks alone: one block per stage, one device each, under recomputation mode r.
+plan::Plan per_block(const ir::Graph& g, plan::Recompute r) {
+  plan::PlanOptions o;
+  o.num_blocks = 4;
+  o.recompute = r;
+  o.memory_fraction = 1.0;
+  return plan::layout_plan(g, one_node(),
+                           {{0, 0, {0}, {}}, {1, 1, {1}, {}}, {2, 2, {2}, {}}, {3, 3, {3}, {}}}, 1, o);
+}
+
 }  // namespace
 
 TEST_CASE("recompute: names round-trip and bad names are refused") {
@@ -168,15 +178,7 @@ TEST_CASE("recompute: auto picks per stage the cheapest mode that fits, and refu
   CHECK(forced.recompute_blocks.size() < 4);
   CHECK(forced.peak_memory <= limit);
   CHECK(forced.backward_time < full.backward_time);
-  auto per_block = [&](plan::Recompute r) {
-    plan::PlanOptions o;
-    o.num_blocks = 4;
-    o.recompute = r;
-    o.memory_fraction = 1.0;
-    return plan::layout_plan(g, one_node(),
-                             {{0, 0, {0}, {}}, {1, 1, {1}, {}}, {2, 2, {2}, {}}, {3, 3, {3}, {}}}, 1, o);
-  };
-  const plan::Plan kept = per_block(plan::Recompute::None), ckpt = per_block(plan::Recompute::Full);
+  const plan::Plan kept = per_block(g, plan::Recompute::None), ckpt = per_block(g, plan::Recompute::Full);
   double extra = 0, act = 0;
   for (int b = 0; b < 4; ++b) {
     const bool re = std::find(forced.recompute_blocks.begin(), forced.recompute_blocks.end(), b) !=
@@ -258,15 +260,7 @@ TEST_CASE("recompute: selective on some blocks only, priced by hand, and chosen 
   for (double t : core_time) REQUIRE(t > 0);
   // Each block alone (one block per stage, one device each): its forward, its saved activations
   // kept and under full recomputation.
-  auto per_block = [&](plan::Recompute r) {
-    plan::PlanOptions o;
-    o.num_blocks = 4;
-    o.recompute = r;
-    o.memory_fraction = 1.0;
-    return plan::layout_plan(g, one_node(),
-                             {{0, 0, {0}, {}}, {1, 1, {1}, {}}, {2, 2, {2}, {}}, {3, 3, {3}, {}}}, 1, o);
-  };
-  const plan::Plan kept = per_block(plan::Recompute::None), ckpt = per_block(plan::Recompute::Full);
+  const plan::Plan kept = per_block(g, plan::Recompute::None), ckpt = per_block(g, plan::Recompute::Full);
   double least_fwd = std::numeric_limits<double>::infinity();
   for (const auto& st : kept.stages) least_fwd = std::min(least_fwd, st.forward_time);
   // The price of an assignment by hand: B grows by the full blocks' forward and the selective

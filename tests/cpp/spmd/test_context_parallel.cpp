@@ -18,7 +18,8 @@ namespace {
 // Σ out over causal (or not) attention of parameters q, k, v [b=2, h=2, s=8, d=4]; its training graph.
 ir::Graph training(bool causal) {
   ir::Graph g("cp");
-  auto q = g.parameter("q", {2, 2, 8, 4}), k = g.parameter("k", {2, 2, 8, 4}), v = g.parameter("v", {2, 2, 8, 4});
+  auto q = g.parameter("q", {2, 2, 8, 4}), k = g.parameter("k", {2, 2, 8, 4}),
+       v = g.parameter("v", {2, 2, 8, 4});
   auto out = g.attention(q, k, v, {}, causal, "attn").first;
   g.set_loss(g.reduce(ir::ReduceFn::Sum, out, {0, 1, 2, 3}));
   ir::TrainOptions o;
@@ -84,7 +85,8 @@ TEST_CASE("context parallel: a causal split is priced at its busiest tile") {
       // pairs; in runs of 2 over 2 tiles (queries 2, 3, 6, 7): 3 + 4 + 7 + 8 = 22 of an even 18.
       CHECK(ir::attention_tile_imbalance(op, 4, 1) == doctest::Approx(causal ? 12.0 / 9.0 : 1.0));
       CHECK(ir::attention_tile_imbalance(op, 2, 2) == doctest::Approx(causal ? 22.0 / 18.0 : 1.0));
-      CHECK(ir::attention_tile_imbalance(op, 4, 2) == ir::attention_tile_imbalance(op, 4));  // the block split
+      CHECK(ir::attention_tile_imbalance(op, 4, 2) ==
+            ir::attention_tile_imbalance(op, 4));  // the block split
       std::vector<std::int64_t> cyclic(op.index_map.factors.size(), 0);
       cyclic[static_cast<std::size_t>(factor_named(op, "s"))] = 1;
       CHECK(cost::op_cost(g, op, dev, by_queries, cyclic).flops / even ==
