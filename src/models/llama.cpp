@@ -67,7 +67,7 @@ Tables tables(ir::Graph& g, const LlamaConfig& c) {
 // x · rsqrt(mean(x²) + eps) · g over the last dim (Hugging Face's LlamaRMSNorm, in that order).
 TensorId rms_norm(Net& net, TensorId x, std::int64_t h, const Tables& t, const std::string& name) {
   ir::Graph& g = net.g();
-  const auto& shape = g.tensor(x).shape;
+  const ir::Shape shape = g.tensor(x).shape;  // a copy: adding ops below grows the tensor table
   const int last = static_cast<int>(shape.size()) - 1;
   TensorId ms =
       g.reduce(ir::ReduceFn::Mean, g.unary(ir::UnaryFn::Square, x, name + ".square"), {last}, name + ".mean");

@@ -132,11 +132,12 @@ std::vector<OpStrategy> enumerate_strategies(const ir::Graph& g, const ir::Op& o
   // A causal attention split by its queries: the cyclic variant beside the block one.
   const std::size_t defaults = out.size();
   for (std::size_t i = 0; i < defaults; ++i) {
-    const auto& axes = out[i].axes;
+    const std::vector<AxisAssign> axes = out[i].axes;  // a copy: out grows below
+    const std::vector<std::int64_t> shards = out[i].factor_shards;
     for (std::size_t a = 0; a < axes.size(); ++a) {
       const int f = axes[a].factor;
       if (f < 0 || op.index_map.factors[static_cast<std::size_t>(f)].name != "s" ||
-          out[i].factor_shards[static_cast<std::size_t>(f)] != mesh[a] ||
+          shards[static_cast<std::size_t>(f)] != mesh[a] ||
           ir::attention_tile_imbalance(op, mesh[a]) <= 1.0)
         continue;
       std::vector<AxisAssign> cyclic = axes;

@@ -165,3 +165,35 @@ def test_a_cyclic_causal_split_equals_one_device_on_4_devices(cluster):
     # per rank, its two layers' backward attention: queries r, r + 4, r + 8, r + 12
     assert query_rows(step, program) == [[r, r + 4, r + 8, r + 12] for r in range(4) for _ in range(2)]
     assert weft.execute(program, steps=3).max_relative_error(ref) < 1e-9
+
+
+@pytest.mark.parametrize("rows", [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [1, 4, 7, 10], [0, 3, 6, 9],
+                                  [3, 7, 11], [0, 2, 4, 6, 8, 10]])
+def test_the_runtime_runs_a_split_causal_tile_in_fused_pieces(rows):
+    """The torch runtime's kernels on a causal tile of split queries (a block, or dealt cyclically over
+    n tiles) run torch's fused kernels on pieces — never the tile's s x t mask — and combine them by
+    log-sum-exp: the forward equals the whole attention's rows, the backward (torch's CPU flash backward
+    per piece, given the tile's own out and lse) the math form's."""
+    from weft.runtime.kernels import run_kernel
+    g = weft.Graph("tile")
+    q, k, v = (g.parameter(n, [2, 3, 12, 4]) for n in "qkv")
+    o, _ = g.attention(q, k, v, causal=True, name="a")
+    g.set_loss(g.reduce("sum", g.mul(o, g.input("r", [2, 3, 12, 4])), [0, 1, 2, 3]))
+    step = g.train_step(optimizer=None)
+    fwd, bwd = (next(op for op in step.ops if op["kind"] == kind) for kind in ("attention", "attention_grad"))
+    torch.manual_seed(0)
+    Q, K, V, dO = (torch.randn(2, 3, 12, 4, dtype=torch.float64) for _ in range(4))
+    out, lse = run_kernel(fwd, [Q, K, V], {"out_shapes": [[2, 3, 12, 4], [2, 3, 12]]})
+    i, s = torch.tensor(rows), len(rows)
+    index = [[0, 1], [0, 1, 2], rows, [0, 1, 2, 3]]
+    ctx = {"out_shapes": [[2, 3, s, 4], [2, 3, s]], "element_index": index}
+    tile = run_kernel(fwd, [Q[:, :, i], K, V], ctx)
+    assert ctx["_attn_pieces"] is not None and "_attn_keep" not in ctx  # pieces, no mask made
+    torch.testing.assert_close(tile[0], out[:, :, i], rtol=1e-13, atol=1e-14)
+    torch.testing.assert_close(tile[1], lse[:, :, i], rtol=1e-13, atol=1e-14)
+    args = [Q[:, :, i], K, V, out[:, :, i], lse[:, :, i], dO[:, :, i]]
+    shapes = {"out_shapes": [[2, 3, s, 4], [2, 3, 12, 4], [2, 3, 12, 4]], "element_index": index}
+    pieces = run_kernel(bwd, args, dict(shapes))
+    math_form = run_kernel(bwd, args, {**shapes, "_attn_pieces": None})  # the pieces turned off
+    for a, b in zip(pieces, math_form):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-13)

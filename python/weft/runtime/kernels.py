@@ -642,8 +642,10 @@ def _topk(op, x, ctx):
 
 
 # ---- fused attention (attention, attention_grad): a tile holds the keys, values and head dims
-# whole (need-replication) and any share of the leading (batch, head) dims and, forward, of the
-# queries. torch's fused kernels where they run the tile, else the math form (the probabilities
+# whole (need-replication) and any share of the leading (batch, head) dims and of the queries (the
+# backward's query split leaves dk, dv partial sums: context parallelism). A causal tile of split
+# queries in blocks or dealt cyclically runs in pieces (_causal_pieces: the forward on CPU and CUDA,
+# the backward on CPU). torch's fused kernels where they run the tile, else the math form (the probabilities
 # recomputed from q, k and the log-sum-exp, the s x t matrix alive only inside the kernel). On CPU:
 # the flash kernels (_scaled_dot_product_flash_attention_for_cpu and its backward; any float dtype,
 # equal head dims). On CUDA: the forward by the flash kernel (f16 / bf16) or the memory-efficient one
@@ -694,8 +696,114 @@ def _as4(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(1, -1, x.shape[-2], x.shape[-1])
 
 
+# ---- a causal tile of split queries (context parallelism) in pieces the fused kernels run: each piece
+# is (query rows, key rows, causal) with as many queries as keys when causal (top-left aligned, as the
+# kernels mask), and the tile's (out, lse) is the log-sum-exp combine of the pieces' — so no s x t
+# matrix is made, as the planner prices the fused op.
+
+def _causal_pieces(ctx: dict, s: int, t: int):
+    """The pieces of a causal tile whose s queries sit at the global positions the instruction's
+    element_index gives, among t keys, or None where the positions have no such form (the math form then
+    runs). A block of queries o..o+s-1: keys 0..o-1 all visible, keys o..o+s-1 causal. Queries r, r+n, ...
+    (the cyclic split over n tiles, t = n·s): the keys of residue m mod n in order — causal for m <= r; for
+    m > r query k sees that residue's keys before its k-th: queries 1.. against keys ..-1, causal. Worked
+    out once per instruction."""
+    if "_attn_pieces" in ctx:
+        return ctx["_attn_pieces"]
+    pieces = None
+    index = ctx.get("element_index")
+    if index is not None and s >= 1:
+        pos = [int(x) for x in index[len(index) - 2]]
+        o = pos[0]
+        if pos == list(range(o, o + s)) and o + s <= t:
+            pieces = ([(slice(0, s), slice(0, o), False)] if o > 0 else []) + [(slice(0, s), slice(o, o + s), True)]
+        elif s >= 2:
+            n, r = pos[1] - pos[0], pos[0]
+            if 0 <= r < n and t == n * s and pos == [r + n * i for i in range(s)]:
+                pieces = [(slice(0, s), slice(m, t, n), True) if m <= r else (slice(1, s), slice(m, t - n, n), True)
+                          for m in range(n)]
+    ctx["_attn_pieces"] = pieces
+    return pieces
+
+
+def _pieces_ok(q: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether the fused kernels run a causal tile's pieces: equal head dims, a float tile; on CUDA head
+    dims a multiple of 8 up to 256 (the backward on CUDA runs the math form: see _attention_grad)."""
+    if q.shape[-1] != v.shape[-1] or q.numel() == 0 or not q.dtype.is_floating_point:
+        return False
+    return q.device.type == "cpu" or (q.device.type == "cuda" and q.shape[-1] % 8 == 0 and q.shape[-1] <= 256)
+
+
+def _fused_forward(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, causal: bool, scale: float):
+    """(out, lse) of torch's fused kernels on [1, n, s, d] operands (lse [1, n, s])."""
+    if q4.device.type == "cpu":
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q4, k4, v4, 0.0, causal, scale=scale)
+    if q4.dtype in _HALF:
+        return torch.ops.aten._scaled_dot_product_flash_attention(q4, k4, v4, 0.0, causal, False, scale=scale)[:2]
+    out, lse = torch.ops.aten._scaled_dot_product_efficient_attention(q4, k4, v4, None, True, 0.0, causal,
+                                                                      scale=scale)[:2]
+    return out, lse[..., :q4.shape[-2]]  # its log-sum-exp may be padded along the queries
+
+
+def _pieces_forward(q, k, v, pieces, scale: float):
+    """The tile's (out, lse) from its pieces' by the log-sum-exp combine (a row a piece leaves out adds
+    nothing: its lse there is -inf)."""
+    q4, k4, v4 = _as4(q), _as4(k), _as4(v)
+    s = q4.shape[-2]
+    lse = None
+    out = torch.zeros(q4.shape[:-1] + (v4.shape[-1],), dtype=q4.dtype, device=q4.device)
+    for rows, keys, causal in pieces:
+        o_p, l_p = _fused_forward(q4[..., rows, :].contiguous(), k4[..., keys, :].contiguous(),
+                                  v4[..., keys, :].contiguous(), causal, scale)
+        l_full = torch.full(q4.shape[:-1], -math.inf, dtype=l_p.dtype, device=q4.device)
+        l_full[..., rows] = l_p
+        o_full = torch.zeros_like(out)
+        o_full[..., rows, :] = o_p.to(out.dtype)
+        if lse is None:
+            lse, out = l_full, o_full
+            continue
+        new = torch.logaddexp(lse, l_full)
+        seen = torch.isfinite(new)
+        w_old = torch.where(seen, torch.exp(lse - new), torch.zeros_like(new)).unsqueeze(-1)
+        w_new = torch.where(seen, torch.exp(l_full - new), torch.zeros_like(new)).unsqueeze(-1)
+        out = out * w_old.to(out.dtype) + o_full * w_new.to(out.dtype)
+        lse = new
+    lead = list(q.shape[:-2])
+    return [out.reshape(lead + [s, v.shape[-1]]), lse.reshape(lead + [s]).contiguous()]
+
+
+def _pieces_backward(q, k, v, out, lse, dout, pieces, scale: float):
+    """(dq, dk, dv) of a causal tile from its pieces: the CPU flash backward of each piece given the
+    tile's own out and lse (its probabilities exp(scale·q·kᵀ − lse) and rowsum(dout ∘ out) are the
+    whole softmax's), dq summed over the pieces, dk and dv written at each piece's keys."""
+    q4, k4, v4 = _as4(q), _as4(k), _as4(v)
+    o4, do4 = _as4(out.to(q.dtype)), _as4(dout.to(q.dtype))
+    l4 = lse.reshape(q4.shape[:-1]).to(torch.float32 if q.dtype in _HALF else q.dtype)
+    dq, dk, dv = torch.zeros_like(q4), torch.zeros_like(k4), torch.zeros_like(v4)
+    for rows, keys, causal in pieces:
+        g = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            do4[..., rows, :].contiguous(), q4[..., rows, :].contiguous(), k4[..., keys, :].contiguous(),
+            v4[..., keys, :].contiguous(), o4[..., rows, :].contiguous(), l4[..., rows].contiguous(), 0.0, causal,
+            scale=scale)
+        dq[..., rows, :] += g[0]
+        dk[..., keys, :] += g[1]
+        dv[..., keys, :] += g[2]
+    return [dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)]
+
+
+def _split_causal_pieces(op, q, v, t: int, ctx: dict):
+    """The pieces of a causal tile with its queries' global positions given (a split query sequence), or
+    None (then no positions, not causal, or the math form); decided before any s x t mask is made."""
+    if not int(op["attrs"]["ints"][0]) or ctx.get("element_index") is None or not _pieces_ok(q, v):
+        return None
+    return _causal_pieces(ctx, q.shape[-2], t)
+
+
 def _attention(op, x, ctx):
     q, k, v = x
+    pieces = _split_causal_pieces(op, q, v, k.shape[-2], ctx)
+    if pieces is not None:
+        return _pieces_forward(q, k, v, pieces, float(op["attrs"].get("scalar", 0.0)))
     scale, causal, keep = _attn_attrs(op, q, k.shape[-2], ctx)
     lead, s = list(q.shape[:-2]), q.shape[-2]
     if _flash_ok(q, k, v, keep, causal):
@@ -725,6 +833,9 @@ def _attention_grad(op, x, ctx):
     q, k, v, out, lse, dout = x
     if q.dtype != k.dtype or q.dtype != v.dtype:  # (the runtime does not promote this kernel's operands)
         q, k, v, out, dout = _promoted([q, k, v, out, dout])
+    pieces = _split_causal_pieces(op, q, v, k.shape[-2], ctx) if q.device.type == "cpu" else None
+    if pieces is not None:
+        return _pieces_backward(q, k, v, out, lse, dout, pieces, float(op["attrs"].get("scalar", 0.0)))
     scale, causal, keep = _attn_attrs(op, q, k.shape[-2], ctx)
     s, t = q.shape[-2], k.shape[-2]
     if _flash_ok(q, k, v, keep, causal):
