@@ -60,8 +60,10 @@ QUICK = ("GPT-1.7B", "GPT-3.6B", "MPT-7B/8xA100-40GB", "Llama3.1-8B/8xH100")
 # (columns # GPUs, MicroBatchSize, GradAccum, GlobalBatchSize, Activation Checkpointing and
 # Throughput (T/s/GPU); every row at sequence 2048, bf16). The models' shapes are the repository's
 # scripts/train/yamls/pretrain/mpt-<size>.yaml (d_model, n_heads, n_layers; vocab 50368, FFN 4h,
-# flash/triton attention, no dropout): weft's zoo GPT with those shapes and fused attention (it adds
-# biases and a learned position table, < 0.5 % of the parameters). The cluster is weft's DGX-A100
+# flash/triton attention, causal (MPT is a decoder-only LM), no dropout): weft's zoo GPT with those
+# shapes and fused causal attention (it adds biases and a learned position table, < 0.5 % of the
+# parameters; ALiBi's bias is not priced). Until 2026-11-28 the rows ran the zoo's fused attention
+# without its causal mask, pricing every (query, key) pair where flash attention computes about half. The cluster is weft's DGX-A100
 # preset (8 GPUs a node, NVLink, 8 x 200 Gb/s NICs = 1600 Gbps), its memory set to 40 GiB for the
 # 40 GB rows. weft evaluates megatron_plan(t=1, p=1, d=GPUs, zero=3, recompute="full" where the run
 # checkpointed activations else "none", the run's GradAccum micro-batches); the ratio is predicted
@@ -151,7 +153,7 @@ def fsdp_rows(args, ratios):
             continue
         layers, hidden, heads = MPT[size]
         graph = weft.models.gpt(layers=layers, hidden=hidden, heads=heads, seq=SEQ, vocab=MPT_VOCAB, batch=batch,
-                                dtype="bf16", fused_attention=True).train_step(optimizer="adam")
+                                dtype="bf16", fused_attention=True, causal=True).train_step(optimizer="adam")
         t0 = time.perf_counter()
         plan = weft.megatron_plan(graph, a100_cluster(mem, gpus), t=1, p=1, d=gpus, zero=3,
                                   recompute="full" if ckpt else "none", num_microbatches=ga, allow_infeasible=True)

@@ -92,17 +92,18 @@ void bind_models(py::module_& root) {
   m.def(
       "gpt",
       [](const std::string& name, i64 layers, i64 hidden, i64 heads, i64 ffn, i64 seq, i64 vocab, i64 batch,
-         const std::string& dtype, bool fused_attention, double hidden_dropout, double attention_dropout) {
+         const std::string& dtype, bool fused_attention, double hidden_dropout, double attention_dropout,
+         bool causal) {
         GptConfig c;
         c.name = name, c.layers = layers, c.hidden = hidden, c.heads = heads, c.ffn = ffn, c.seq = seq;
         c.vocab = vocab, c.batch = batch, c.dtype = weft::parse_dtype(dtype);
-        c.fused_attention = fused_attention;
+        c.fused_attention = fused_attention, c.causal = causal;
         c.hidden_dropout = hidden_dropout, c.attention_dropout = attention_dropout;
         return gpt(c);
       },
       py::arg("name"), py::arg("layers"), py::arg("hidden"), py::arg("heads"), py::arg("ffn"), py::arg("seq"),
       py::arg("vocab"), py::arg("batch"), py::arg("dtype"), py::arg("fused_attention") = false,
-      py::arg("hidden_dropout") = 0.0, py::arg("attention_dropout") = 0.0);
+      py::arg("hidden_dropout") = 0.0, py::arg("attention_dropout") = 0.0, py::arg("causal") = false);
   m.def(
       "moe",
       [](const std::string& name, i64 layers, i64 hidden, i64 heads, i64 ffn, i64 experts, i64 moe_every,

@@ -80,12 +80,16 @@ def _config(family: str, name: Optional[str], given: Dict[str, Any], defaults: D
 def gpt(name: Optional[str] = None, *, layers: Optional[int] = None, hidden: Optional[int] = None,
         heads: Optional[int] = None, ffn: Optional[int] = None, seq: Optional[int] = None,
         vocab: Optional[int] = None, batch: int = 1, dtype: str = "f32", fused_attention: bool = False,
-        hidden_dropout: Optional[float] = None, attention_dropout: Optional[float] = None):
+        hidden_dropout: Optional[float] = None, attention_dropout: Optional[float] = None, causal: bool = False):
     """GPT (pre-LN, fused QKV, FFN 4h GeLU, tied logits). Presets GPT-Medium ... GPT-175B.
 
     ``fused_attention``: each block's softmax(q kᵀ/√d)·v as the IR's fused ``attention`` op (flash
     attention: its backward keeps the output and the log-sum-exp, not the s x s probabilities)
     instead of einsum, softmax, einsum; the same function.
+
+    ``causal``: the fused op masks causally (a query sees the keys up to its own position, as a
+    GPT trains; flash attention then does about half the work). Needs ``fused_attention`` (the
+    unfused zoo GPT has no mask); off by default, so that the two forms are the same function.
 
     ``hidden_dropout`` / ``attention_dropout``: training-mode dropout where Megatron-LM puts it (the
     embedding's output and each branch's output before its residual add; the attention
@@ -93,6 +97,10 @@ def gpt(name: Optional[str] = None, *, layers: Optional[int] = None, hidden: Opt
     with ``fused_attention`` the attention dropout defaults to 0 and a positive one is refused."""
     if not isinstance(fused_attention, bool):
         raise TypeError(f"fused_attention must be a bool, got {type(fused_attention).__name__}")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    if causal and not fused_attention:
+        raise ValueError("gpt: causal=True needs fused_attention=True (the unfused zoo GPT has no mask)")
     if fused_attention and attention_dropout is None:
         attention_dropout = 0.0
     c = _config("gpt", name, dict(layers=layers, hidden=hidden, heads=heads, ffn=ffn, seq=seq, vocab=vocab,
@@ -101,7 +109,7 @@ def gpt(name: Optional[str] = None, *, layers: Optional[int] = None, hidden: Opt
                      attention_dropout=0.0),
                 ("layers", "hidden", "heads"))
     return _m.gpt(c["name"], c["layers"], c["hidden"], c["heads"], c["ffn"], c["seq"], c["vocab"], batch, dtype,
-                  fused_attention, _probability(c, "hidden_dropout"), _probability(c, "attention_dropout"))
+                  fused_attention, _probability(c, "hidden_dropout"), _probability(c, "attention_dropout"), causal)
 
 
 def _probability(cfg: Dict[str, Any], field: str) -> float:

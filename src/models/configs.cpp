@@ -49,13 +49,18 @@ void GptConfig::validate() const {
              "{} config: fused_attention has no dropout inside the fused op; set attention_dropout = 0 "
              "(got {})",
              name, attention_dropout);
+  WEFT_CHECK(!causal || fused_attention,
+             "{} config: causal attention is the fused op's mask; set fused_attention (the unfused zoo GPT "
+             "has no mask)",
+             name);
 }
 
 std::string GptConfig::to_string() const {
   return fmt::format(
-      "GptConfig({}: layers={} hidden={} heads={} ffn={} seq={} vocab={} batch={} dtype={}{}{})", name,
+      "GptConfig({}: layers={} hidden={} heads={} ffn={} seq={} vocab={} batch={} dtype={}{}{}{})", name,
       layers, hidden, heads, ffn_size(), seq, vocab, batch, dtype_name(dtype),
-      dropout_text(hidden_dropout, attention_dropout), fused_attention ? " fused_attention" : "");
+      dropout_text(hidden_dropout, attention_dropout), fused_attention ? " fused_attention" : "",
+      causal ? " causal" : "");
 }
 
 void LlamaConfig::validate() const {

@@ -19,7 +19,7 @@ TensorId Net::layer_norm(TensorId x, std::int64_t h, const std::string& name) {
 }
 
 TensorId Net::attention(TensorId x, std::int64_t b, std::int64_t s, std::int64_t h, std::int64_t heads,
-                        const std::string& name, bool fused, double probs_dropout) {
+                        const std::string& name, bool fused, double probs_dropout, bool causal) {
   const std::int64_t d = h / heads;
   // The fused projection's output dim 3h is the product of factors (3, n, d): sharding the
   // heads factor of this einsum's output is a strided sharding of its dim (Rhino's case).
@@ -31,6 +31,7 @@ TensorId Net::attention(TensorId x, std::int64_t b, std::int64_t s, std::int64_t
   };
   TensorId q = part(0, "q"), k = part(1, "k"), v = part(2, "v");
   WEFT_CHECK(!(fused && probs_dropout > 0), "{}: the fused attention op has no dropout", name);
+  WEFT_CHECK(fused || !causal, "{}: a causal mask is the fused attention op's only", name);
   if (fused) {
     // [b,s,n,d] -> [b,n,s,d] (torch's SDPA layout), one op for the core, and back.
     // (one statement each: the ops' order must not depend on the order a call evaluates its arguments)
@@ -38,7 +39,7 @@ TensorId Net::attention(TensorId x, std::int64_t b, std::int64_t s, std::int64_t
     const TensorId kh = g_.transpose(k, {0, 2, 1, 3}, name + ".k_heads");
     const TensorId vh = g_.transpose(v, {0, 2, 1, 3}, name + ".v_heads");
     const TensorId core =  // (its log-sum-exp is for the backward)
-        g_.attention(qh, kh, vh, 1.0 / std::sqrt(static_cast<double>(d)), false, name + ".core").first;
+        g_.attention(qh, kh, vh, 1.0 / std::sqrt(static_cast<double>(d)), causal, name + ".core").first;
     TensorId ctx = g_.transpose(core, {0, 2, 1, 3}, name + ".context");
     ctx = g_.reshape(ctx, {b, s, h}, name + ".context_merged");
     return linear(ctx, h, h, name + ".proj");

@@ -27,9 +27,11 @@ class Net {
   // as [b,s,3,n,d]; Q scaled by 1/sqrt(d); no causal mask (it changes neither FLOPs nor
   // parameters). Returns the output projection [b,s,h] (before the residual add). `fused`: the
   // core softmax(q·kᵀ/√d)·v as one ir Attention op on q, k, v viewed as [b,n,s,d].
-  // `probs_dropout` drops the softmax probabilities (not with `fused`).
+  // `probs_dropout` drops the softmax probabilities (not with `fused`); `causal` masks the fused
+  // op (a query sees the keys up to its own position; only with `fused`).
   TensorId attention(TensorId x, std::int64_t b, std::int64_t s, std::int64_t h, std::int64_t heads,
-                     const std::string& name, bool fused = false, double probs_dropout = 0.0);
+                     const std::string& name, bool fused = false, double probs_dropout = 0.0,
+                     bool causal = false);
   // Training-mode dropout with probability p (x itself when p = 0); every site of the model gets
   // its own mask seed, numbered in build order, so a model's masks are the same build after build.
   TensorId dropout(TensorId x, double p, const std::string& name) {

@@ -32,7 +32,7 @@ struct Dropouts {
 template <class Ffn>
 void decoder_lm(ir::Graph& g, Net& net, std::int64_t B, std::int64_t S, std::int64_t H, std::int64_t heads,
                 std::int64_t layers, std::int64_t vocab, Ffn&& ffn, bool fused_attention = false,
-                Dropouts drop = {}) {
+                Dropouts drop = {}, bool causal = false) {
   TensorId ids = g.input("tokens", {B, S}, DType::I32);
   TensorId labels = g.input("labels", {B, S}, DType::I32);
   TensorId wte = net.param("wte", {vocab, H});
@@ -43,7 +43,7 @@ void decoder_lm(ir::Graph& g, Net& net, std::int64_t B, std::int64_t S, std::int
   for (std::int64_t l = 0; l < layers; ++l) {
     const std::string p = fmt::format("h{}", l);
     TensorId a = net.layer_norm(x, H, p + ".ln1");
-    a = net.attention(a, B, S, H, heads, p + ".attn", fused_attention, drop.attention);
+    a = net.attention(a, B, S, H, heads, p + ".attn", fused_attention, drop.attention, causal);
     x = g.add(x, net.dropout(a, drop.hidden, p + ".attn.dropout"), p + ".res1");
     TensorId m = net.layer_norm(x, H, p + ".ln2");
     x = g.add(x, net.dropout(ffn(l, m, p), drop.hidden, p + ".mlp.dropout"), p + ".res2");
@@ -64,7 +64,7 @@ ir::Graph gpt(const GptConfig& c) {
       [&](std::int64_t, TensorId m, const std::string& p) {
         return net.ffn(m, c.hidden, c.ffn_size(), p + ".mlp");
       },
-      c.fused_attention, Dropouts{c.hidden_dropout, c.attention_dropout});
+      c.fused_attention, Dropouts{c.hidden_dropout, c.attention_dropout}, c.causal);
   return g;
 }
 

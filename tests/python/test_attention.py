@@ -179,6 +179,27 @@ def test_zoo_gpt_fused_equals_unfused(fused_step, fused_reference):
         weft.models.gpt(**KW, fused_attention="yes")
 
 
+def test_a_causal_zoo_gpt_masks_its_fused_attention(cluster):
+    """causal=True: the fused op masks causally (about half the work), split by the heads it equals one
+    device, and unfused it is refused (that form has no mask)."""
+    step = weft.models.gpt(**KW, fused_attention=True, causal=True).train_step(optimizer="adam")
+    attn = [op for op in step.ops if op["kind"] == "attention"]
+    plain = [op for op in weft.models.gpt(**KW, fused_attention=True).ops if op["kind"] == "attention"]
+    assert [op["attrs"]["ints"] for op in attn] == [[1], [1]]
+    # 8 queries: 1 + ... + 8 = 36 of 64 pairs
+    assert [op["flops"] for op in attn] == pytest.approx([op["flops"] * 36 / 64 for op in plain])
+    mesh = weft.DeviceMesh([2], range(2))
+    result = weft.spmd_search(step, cluster, mesh, level="O2", time_limit=10,
+                              fixed_specs={n: "S(1)" for n in HEADS})
+    got = weft.execute(weft.lower_spmd(step, cluster, mesh, result), steps=3)
+    # (another summation order of the split projections; Adam's three steps amplify it to ~6e-12)
+    assert got.max_relative_error(weft.execute_reference(step, steps=3)) < 1e-9
+    with pytest.raises(ValueError, match="causal=True needs fused_attention=True"):
+        weft.models.gpt(**KW, causal=True)
+    with pytest.raises(TypeError, match="causal must be a bool"):
+        weft.models.gpt(**KW, fused_attention=True, causal=1)
+
+
 HEADS = ["h0.attn.q_heads", "h0.attn.k_heads", "h0.attn.v_heads", "h1.attn.q_heads", "h1.attn.k_heads",
          "h1.attn.v_heads"]
 

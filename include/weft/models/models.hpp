@@ -27,6 +27,11 @@ struct GptConfig {
   // the s x s probabilities) instead of einsum-softmax-einsum; the same function (no mask).
   // The fused op has no dropout: it needs attention_dropout = 0.
   bool fused_attention = false;
+  // A causal mask in the fused op (a query sees the keys up to its own position; flash attention
+  // then computes the unmasked pairs only: about half the work). A GPT is a causal LM; the flag
+  // is off by default so that the fused and unfused forms stay the same function (the unfused
+  // zoo GPT has no mask: causal needs fused_attention).
+  bool causal = false;
   // Training-mode dropout as Megatron-LM places it (ir::OpKind::Dropout, one seed per site):
   // hidden_dropout on the embedding's output and on the attention's and the FFN's outputs before
   // each residual add; attention_dropout on the softmax probabilities. 0 leaves the site out.

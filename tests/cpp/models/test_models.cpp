@@ -196,6 +196,33 @@ TEST_CASE("models: GPT structure — fused QKV viewed as heads, tied logits, i32
   CHECK(h.tensor(*h.find_tensor("h1.mlp.gelu")).dtype == DType::BF16);
 }
 
+TEST_CASE("models: a causal GPT masks its fused attention, about half the pairs; unfused it is refused") {
+  GptConfig c;
+  c.layers = 2, c.hidden = 64, c.heads = 4, c.seq = 16, c.vocab = 100, c.batch = 3, c.fused_attention = true;
+  const ir::Graph plain = gpt(c);
+  c.causal = true;
+  const ir::Graph causal = gpt(c);
+  CHECK(causal.num_params() == plain.num_params());
+  auto attention_ops = [](const ir::Graph& g) {
+    std::vector<const ir::Op*> out;
+    for (const auto& op : g.ops())
+      if (op.kind == OpKind::Attention) out.push_back(&op);
+    return out;
+  };
+  const auto masked = attention_ops(causal), full = attention_ops(plain);
+  REQUIRE(masked.size() == 2);
+  REQUIRE(full.size() == 2);
+  for (std::size_t i = 0; i < masked.size(); ++i) {
+    CHECK(masked[i]->attrs.ints.at(0) == 1);
+    CHECK(full[i]->attrs.ints.at(0) == 0);
+    // Per head: causal keeps 1 + 2 + … + 16 = 136 of the 16 · 16 = 256 (query, key) pairs.
+    CHECK(masked[i]->flops() == doctest::Approx(full[i]->flops() * 136.0 / 256.0));
+  }
+  CHECK(c.to_string().find(" causal") != std::string::npos);
+  c.fused_attention = false;
+  CHECK_THROWS_WITH_AS(gpt(c), doctest::Contains("causal attention is the fused op's mask"), Error);
+}
+
 TEST_CASE("models: MoE structure — expert index on the FFN weights, top-2 capacity, every other layer") {
   MoeConfig c = moe_config("MoE-8E-380M", 2);
   CHECK(c.capacity() == 2 * 1024 / 8);
