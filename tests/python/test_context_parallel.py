@@ -11,6 +11,7 @@ torch = pytest.importorskip("torch")
 
 import weft  # noqa: E402
 from test_attention import CausalLM, lm_example  # noqa: E402
+from test_module_values import assert_trained_like_torch, torch_train  # noqa: E402
 
 KW = dict(layers=2, hidden=64, heads=4, seq=8, vocab=128, batch=8)
 
@@ -126,6 +127,19 @@ def test_weft_plan_picks_context_parallelism_for_a_long_sequence_with_few_heads(
     assert {tuple(lay.factors) for lay in plan.stages[0].op_layouts if lay.op in attention} == {(2,)}
     megatron = [a for a in plan.alternatives if a.strategy.startswith("megatron t=8")]
     assert megatron and plan.step_time < megatron[0].step_time
+
+
+@pytest.mark.parametrize("cyclic", [False, True])
+def test_context_parallel_trains_the_users_module_like_torch(cyclic, cluster):
+    """The user's causal SDPA module, imported with its own weights, trained 3 Adam steps under context
+    parallelism (its sequence split over 2 gloo processes, in blocks or cyclically) equals the same module
+    trained by plain torch autograd + torch.optim.Adam."""
+    torch.manual_seed(3)
+    module, ex = CausalLM().double(), lm_example()
+    step = weft.from_torch(module, ex).train_step(optimizer="adam", lr=1e-2)
+    result, program = cp_program(step, cluster, [2], ["seq"], cyclic)
+    assert set(attention_strategies(step, result).values()) == {"s/1:x" if cyclic else "s:x"}
+    assert_trained_like_torch(weft.run(program, steps=3, dtype="f64"), *torch_train(module, step, ex))
 
 
 def causal_stack(s, layers=2, n=2, d=128, h=256):

@@ -11,7 +11,6 @@ Each is imported with its own weights, planned by weft.plan and trained 3 Adam s
 weft.run on 4 gloo processes (or weft.execute, CPU threads, where the run adds nothing new), f64, and
 compared with the module trained by torch autograd + torch.optim.Adam from the same weights on the same
 data."""
-import copy
 
 import numpy as np
 import pytest
@@ -20,8 +19,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers", reason="transformers is not installed")
 
 import weft  # noqa: E402
-from f64_torch import Float64Throughout, FloatDtypesSeen  # noqa: E402
-from test_module_values import hf_sgd_train  # noqa: E402
+from test_module_values import hf_sgd_train, hf_torch_train  # noqa: E402
 
 RTOL, ATOL = 1e-9, 1e-12
 V = 32
@@ -56,25 +54,8 @@ def falcon(new_decoder_architecture):
 
 
 def torch_adam(m, inputs, steps=3, lr=1e-2, float64_throughout=False):
-    """torch autograd + Adam on the module; float64_throughout: under Float64Throughout (its float32
-    conversions kept at float64), checked to produce no float32 tensor."""
-    tm = copy.deepcopy(m)
-    opt = torch.optim.Adam(tm.parameters(), lr=lr)
-    losses, seen = [], FloatDtypesSeen()
-    for _ in range(steps):
-        opt.zero_grad()
-        if float64_throughout:
-            with Float64Throughout(), seen:
-                out = tm(**inputs)
-                out.loss.backward()
-        else:
-            out = tm(**inputs)
-            out.loss.backward()
-        opt.step()
-        losses.append(float(out.loss.detach()))
-    if float64_throughout:
-        assert seen.dtypes == {torch.float64}, seen.ops_by_dtype.get(torch.float32)
-    return losses, {n: p.detach().numpy() for n, p in tm.named_parameters()}
+    """torch autograd + Adam on the module, the same inputs every step (hf_torch_train)."""
+    return hf_torch_train(m, [inputs] * steps, lambda ps: torch.optim.Adam(ps, lr=lr), float64_throughout)
 
 
 def trained(m, inputs, cluster, how, float_casts="module"):

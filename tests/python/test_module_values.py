@@ -488,17 +488,15 @@ def _hf(name):
     return make().double().train(), V
 
 
-def _hf_torch_train(m, step, steps=2, lr=1e-2, float64_throughout=False):
-    """The module trained by torch autograd + Adam on weft's data; float64_throughout: under
-    Float64Throughout (its float32 islands kept at float64), and checked to produce no float32 tensor."""
-    vals = weft._weft.LeafValues(step, 0)
-    ins = [t for t in step.tensors if t["role"] == "input" and t["producer"] is None]
+def hf_torch_train(m, batches, optimizer, float64_throughout=False):
+    """A Hugging Face model (its output's .loss) trained by torch autograd on a copy, one step per batch
+    of keyword inputs; optimizer(parameters) makes the torch optimizer. float64_throughout: under
+    Float64Throughout (its float32 islands kept at float64), and checked to produce no float32 tensor.
+    (losses after each step, {name: parameter} after the last)."""
     tm = copy.deepcopy(m)
-    opt = torch.optim.Adam(tm.parameters(), lr=lr)
+    opt = optimizer(tm.parameters())
     losses, seen = [], FloatDtypesSeen()
-    for s in range(1, steps + 1):
-        d = {t["name"]: torch.from_numpy(vals.values(t["id"], s, np.arange(int(np.prod(t["shape"]))))
-                                         .reshape(t["shape"])).long() for t in ins}
+    for d in batches:
         opt.zero_grad()
         if float64_throughout:
             with Float64Throughout(), seen:
@@ -512,6 +510,15 @@ def _hf_torch_train(m, step, steps=2, lr=1e-2, float64_throughout=False):
     if float64_throughout:
         assert seen.dtypes == {torch.float64}, seen.ops_by_dtype.get(torch.float32)
     return losses, {n: p.detach().numpy() for n, p in tm.named_parameters()}
+
+
+def _hf_torch_train(m, step, steps=2, lr=1e-2, float64_throughout=False):
+    """The module trained by torch autograd + Adam on weft's data (each step's inputs as weft feeds them)."""
+    vals = weft._weft.LeafValues(step, 0)
+    ins = [t for t in step.tensors if t["role"] == "input" and t["producer"] is None]
+    batches = [{t["name"]: torch.from_numpy(vals.values(t["id"], s, np.arange(int(np.prod(t["shape"]))))
+                                            .reshape(t["shape"])).long() for t in ins} for s in range(1, steps + 1)]
+    return hf_torch_train(m, batches, lambda ps: torch.optim.Adam(ps, lr=lr), float64_throughout)
 
 
 # GPT-2 and GPT-NeoX compute in the module's dtype throughout: exact. Llama, Qwen2, Mistral and Phi
@@ -706,15 +713,5 @@ def test_hugging_face_vit_and_opt_train_like_torch_sgd(name, cluster):
 
 
 def hf_sgd_train(m, inputs, steps=3, lr=0.1):
-    """A Hugging Face model (its output's .loss) trained by torch autograd + SGD on a copy, the same
-    inputs every step: (losses, {name: parameter}) after each step / the last."""
-    tm = copy.deepcopy(m)
-    opt = torch.optim.SGD(tm.parameters(), lr=lr)
-    losses = []
-    for _ in range(steps):
-        opt.zero_grad()
-        out = tm(**inputs)
-        out.loss.backward()
-        opt.step()
-        losses.append(float(out.loss.detach()))
-    return losses, {n: p.detach().numpy() for n, p in tm.named_parameters()}
+    """hf_torch_train with SGD, the same inputs every step."""
+    return hf_torch_train(m, [inputs] * steps, lambda ps: torch.optim.SGD(ps, lr=lr))

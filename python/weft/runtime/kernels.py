@@ -679,16 +679,21 @@ def _attn_mask(causal: bool, keep, s: int, t: int, device) -> Optional[torch.Ten
     return torch.ones(s, t, dtype=torch.bool, device=device).tril() if causal else None
 
 
-def _flash_ok(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep, causal: bool) -> bool:
-    """Whether torch's fused kernels run this tile: equal head dims, a non-empty tile, no query
-    offset; on CPU any float dtype, on CUDA head dims a multiple of 8 up to 256 and, causal, as many
-    queries as keys (FlashAttention's own causal mask is aligned bottom-right when they differ)."""
-    if keep is not None or q.shape[-1] != v.shape[-1] or q.numel() == 0 or v.numel() == 0:
+def _fused_dims_ok(q: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether torch's fused kernels take these operands: equal head dims, a non-empty tile; on CPU
+    any float dtype, on CUDA head dims a multiple of 8 up to 256."""
+    if q.shape[-1] != v.shape[-1] or q.numel() == 0 or v.numel() == 0:
         return False
-    if q.device.type == "cpu":
-        return True
-    return (q.device.type == "cuda" and q.shape[-1] % 8 == 0 and q.shape[-1] <= 256
-            and not (causal and q.shape[-2] != k.shape[-2]))
+    return q.device.type == "cpu" or (q.device.type == "cuda" and q.shape[-1] % 8 == 0 and q.shape[-1] <= 256)
+
+
+def _flash_ok(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep, causal: bool) -> bool:
+    """Whether torch's fused kernels run this tile whole: _fused_dims_ok, no query offset, and on CUDA,
+    causal, as many queries as keys (FlashAttention's own causal mask is aligned bottom-right when they
+    differ)."""
+    if keep is not None or not _fused_dims_ok(q, v):
+        return False
+    return q.device.type == "cpu" or not (causal and q.shape[-2] != k.shape[-2])
 
 
 def _as4(x: torch.Tensor) -> torch.Tensor:
@@ -724,14 +729,6 @@ def _causal_pieces(ctx: dict, s: int, t: int):
                           for m in range(n)]
     ctx["_attn_pieces"] = pieces
     return pieces
-
-
-def _pieces_ok(q: torch.Tensor, v: torch.Tensor) -> bool:
-    """Whether the fused kernels run a causal tile's pieces: equal head dims, a float tile; on CUDA head
-    dims a multiple of 8 up to 256 (the backward on CUDA runs the math form: see _attention_grad)."""
-    if q.shape[-1] != v.shape[-1] or q.numel() == 0 or not q.dtype.is_floating_point:
-        return False
-    return q.device.type == "cpu" or (q.device.type == "cuda" and q.shape[-1] % 8 == 0 and q.shape[-1] <= 256)
 
 
 def _fused_forward(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, causal: bool, scale: float):
@@ -794,7 +791,7 @@ def _pieces_backward(q, k, v, out, lse, dout, pieces, scale: float):
 def _split_causal_pieces(op, q, v, t: int, ctx: dict):
     """The pieces of a causal tile with its queries' global positions given (a split query sequence), or
     None (then no positions, not causal, or the math form); decided before any s x t mask is made."""
-    if not int(op["attrs"]["ints"][0]) or ctx.get("element_index") is None or not _pieces_ok(q, v):
+    if not int(op["attrs"]["ints"][0]) or ctx.get("element_index") is None or not _fused_dims_ok(q, v):
         return None
     return _causal_pieces(ctx, q.shape[-2], t)
 
@@ -807,17 +804,7 @@ def _attention(op, x, ctx):
     scale, causal, keep = _attn_attrs(op, q, k.shape[-2], ctx)
     lead, s = list(q.shape[:-2]), q.shape[-2]
     if _flash_ok(q, k, v, keep, causal):
-        q4, k4, v4 = _as4(q), _as4(k), _as4(v)
-        if q.device.type == "cpu":
-            out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q4, k4, v4, 0.0, causal,
-                                                                                  scale=scale)
-        elif q.dtype in _HALF:
-            out, lse = torch.ops.aten._scaled_dot_product_flash_attention(q4, k4, v4, 0.0, causal, False,
-                                                                          scale=scale)[:2]
-        else:  # its log-sum-exp may be padded along the queries
-            out, lse = torch.ops.aten._scaled_dot_product_efficient_attention(q4, k4, v4, None, True, 0.0, causal,
-                                                                              scale=scale)[:2]
-            lse = lse[..., :s]
+        out, lse = _fused_forward(_as4(q), _as4(k), _as4(v), causal, scale)
         return [out.reshape(lead + [s, v.shape[-1]]), lse.reshape(lead + [s]).contiguous()]
     qh, kh, vh = _hi(ctx, q), _hi(ctx, k), _hi(ctx, v)
     scores = torch.matmul(qh, kh.transpose(-1, -2)).mul_(scale)
